@@ -1,0 +1,158 @@
+# SPDX-License-Identifier: MIT
+# GNMR — one plain Makefile.
+#   make            build everything buildable here (says what it skips)
+#   make check      install what is missing, build, run every test plainly,
+#                   under ASan/UBSan and under valgrind
+#   make demo       install what is missing, build, run the demo
+#   make bench      build and run the benchmarks (ratios against limits)
+#   make install    install under $(PREFIX) (DESTDIR honoured)
+#   make clean
+# Variants build into their own directory: BUILD=build/asan SAN=asan.
+
+BUILD ?= build
+SAN ?=
+PREFIX ?= /usr/local
+DESTDIR ?=
+VERSION := 0.1.0
+CC ?= cc
+OPT ?= -O2
+
+SHARED ?= $(abspath ../shared)
+
+NVCC := $(shell command -v nvcc 2>/dev/null || \
+          { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wformat=2 \
+        -Wno-format-nonliteral
+CPPFLAGS += -D_GNU_SOURCE -DGNMR_VERSION='"$(VERSION)"' \
+            -Iinclude -Icommon -Ipolicy -Iclient
+CFLAGS ?= $(OPT) -g
+CFLAGS += -std=c11 $(WARN) -fvisibility=hidden -fPIC -pthread
+LDLIBS += -lm -pthread
+
+ifeq ($(SAN),asan)
+CFLAGS += -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
+          -fno-sanitize-recover=all
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+CHECK_CFLAGS = $(shell pkg-config --cflags check 2>/dev/null)
+CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
+
+# ---- sources -----------------------------------------------------------
+COMMON_SRC := common/error.c common/log.c common/num.c common/trace.c
+POLICY_SRC := policy/policy.c
+CLIENT_SRC := client/policy_opts.c client/replay.c
+GNMRCTL_SRC := $(wildcard client/cli/*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+
+LIB_COMMON := $(BUILD)/lib/libgnmr-common.a
+LIB_POLICY := $(BUILD)/lib/libgnmr-policy.a
+LIB_CLIENT := $(BUILD)/lib/libgnmr-client.a
+GNMRCTL := $(BUILD)/bin/gnmrctl
+
+PROGRAMS := $(GNMRCTL)
+
+TEST_SRC := $(wildcard tests/test_*.c)
+TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+BENCH_SRC := $(wildcard bench/*.c)
+BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+
+.PHONY: all check test test-valgrind demo bench install clean deps \
+        deps-check deps-demo buildinfo
+.DEFAULT_GOAL := all
+
+all: buildinfo $(PROGRAMS)
+
+buildinfo:
+	@echo "GNMR $(VERSION): building policy engine, gnmrctl into $(BUILD)/ $(if $(SAN),(sanitizer: $(SAN)))"
+	@if [ -n "$(NVCC)" ]; then \
+	  echo "  nvcc: $(NVCC) found; CUDA backend: no CUDA sources in cuda_agent/ yet, nothing to build"; \
+	else \
+	  echo "  nvcc: not found; CUDA backend skipped"; \
+	fi
+
+# ---- rules --------------------------------------------------------------
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(LIB_COMMON): $(call obj,$(COMMON_SRC))
+$(LIB_POLICY): $(call obj,$(POLICY_SRC))
+$(LIB_CLIENT): $(call obj,$(CLIENT_SRC))
+$(BUILD)/lib/%.a:
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(GNMRCTL): $(call obj,$(GNMRCTL_SRC)) $(LIB_CLIENT) $(LIB_POLICY) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+TEST_LIBS := $(LIB_CLIENT) $(LIB_POLICY) $(LIB_COMMON)
+
+$(BUILD)/obj/tests/%.o: tests/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CHECK_CFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(CHECK_LIBS) $(LDLIBS) -o $@
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+# ---- dependencies (Debian packages) --------------------------------------
+deps:
+	@scripts/deps.sh build
+deps-check:
+	@scripts/deps.sh build check
+deps-demo:
+	@scripts/deps.sh build demo
+
+# ---- tests ----------------------------------------------------------------
+# Tests find the binaries and ../shared through the environment.
+TEST_ENV = GNMR_BIN_DIR=$(abspath $(BUILD)/bin) GNMR_SHARED=$(SHARED)
+
+test: all $(TESTS)
+	@fail=0; for t in $(TESTS); do \
+	  echo "== $$t"; $(TEST_ENV) $$t || fail=1; \
+	done; \
+	if [ $$fail = 0 ]; then echo "tests ($(BUILD)): all passed"; \
+	else echo "tests ($(BUILD)): FAILED"; exit 1; fi
+
+# Unit suites under valgrind, without Check's fork so every path is seen.
+VALGRIND = valgrind -q --error-exitcode=99 --leak-check=full \
+           --errors-for-leak-kinds=definite,indirect --track-fds=no
+test-valgrind: all $(TESTS)
+	@fail=0; for t in $(TESTS); do \
+	  echo "== valgrind $$t"; \
+	  CK_FORK=no GNMR_VALGRIND=1 $(TEST_ENV) $(VALGRIND) $$t || fail=1; \
+	done; \
+	if [ $$fail = 0 ]; then echo "tests (valgrind): all passed"; \
+	else echo "tests (valgrind): FAILED"; exit 1; fi
+
+check: deps-check
+	@$(MAKE) --no-print-directory test
+	@$(MAKE) --no-print-directory BUILD=build/asan SAN=asan test
+	@$(MAKE) --no-print-directory test-valgrind
+	@echo "make check: plain, ASan/UBSan and valgrind runs all passed"
+
+# ---- demo, bench ------------------------------------------------------------
+demo: deps-demo all
+	@scripts/demo.sh $(BUILD)
+
+bench: deps $(BENCHES)
+	@for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done
+
+# ---- install ---------------------------------------------------------------------
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/gnmr
+	install -m 755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 include/gnmr/*.h $(DESTDIR)$(PREFIX)/include/gnmr/
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

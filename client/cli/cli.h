@@ -1,0 +1,18 @@
+/* SPDX-License-Identifier: MIT */
+/* cli.h — what gnmrctl's subcommands share: their entry signature and the
+ * exit codes every subcommand uses. */
+#ifndef GNMR_CLI_H
+#define GNMR_CLI_H
+
+/* Exit codes of gnmrctl: 0 success, 1 the work failed (malformed trace,
+ * I/O, daemon error), 2 the command line was wrong. */
+enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
+
+typedef struct cli_globals {
+  const char *admin; /* --admin ENDPOINT */
+} cli_globals;
+
+/* argv[0] is the subcommand's name; getopt state is reset by the caller. */
+int cmd_replay(const cli_globals *g, int argc, char **argv);
+
+#endif /* GNMR_CLI_H */

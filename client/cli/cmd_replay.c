@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: MIT */
+/* cmd_replay.c — `gnmrctl replay [policy options] [--scores[=FILE]] TRACE`:
+ * the offline interface of docs/policy.md. Decisions go to stdout; with
+ * --scores, the scores CSV goes to FILE (default: standard error). */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "gnmr/error.h"
+#include "policy_opts.h"
+#include "replay.h"
+#include "trace.h"
+
+static const char usage[] =
+    "usage: gnmrctl replay " GNMR_POLICY_OPTS_USAGE
+    " [--scores[=FILE]] TRACE\n"
+    "  Prints the decisions CSV (step,active) for TRACE ('-' = stdin).\n"
+    "  --scores[=FILE]  also write, per step, every risky or lock-held unit\n"
+    "                   with norm, g, d, s and its outcome (selected,\n"
+    "                   dropped, warmup, held) as CSV to FILE (default stderr)\n";
+
+/* Above 255 so that no value collides with a short option character. */
+enum { OPT_SCORES = 256, OPT_HELP, OPT_POLICY_BASE = 512 };
+
+int cmd_replay(const cli_globals *g, int argc, char **argv) {
+  struct option longopts[GNMR_POLICY_NOPTS + 3];
+  policy_params prm;
+  const char *scores_path = NULL;
+  int want_scores = 0, c, rv, code = CLI_FAIL;
+  char msg[256];
+  char *buf = NULL;
+  size_t len = 0;
+  trace t = {0};
+  trace_error terr;
+  FILE *scores = NULL;
+  (void)g;
+
+  policy_params_default(&prm);
+  gnmr__policy_opts_longopts(longopts, OPT_POLICY_BASE);
+  longopts[GNMR_POLICY_NOPTS] =
+      (struct option){"scores", optional_argument, NULL, OPT_SCORES};
+  longopts[GNMR_POLICY_NOPTS + 1] =
+      (struct option){"help", no_argument, NULL, OPT_HELP};
+  longopts[GNMR_POLICY_NOPTS + 2] = (struct option){0};
+
+  while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
+    if (c == OPT_SCORES) {
+      want_scores = 1;
+      scores_path = optarg;
+    } else if (c == OPT_HELP || c == 'h') {
+      fputs(usage, stdout);
+      return CLI_OK;
+    } else if (c >= OPT_POLICY_BASE &&
+               c < OPT_POLICY_BASE + GNMR_POLICY_NOPTS) {
+      if (gnmr__policy_opts_apply(&prm, c - OPT_POLICY_BASE, optarg, msg,
+                                  sizeof msg) != 0) {
+        fprintf(stderr, "gnmrctl replay: %s\n", msg);
+        return CLI_USAGE;
+      }
+    } else {
+      fputs(usage, stderr);
+      return CLI_USAGE;
+    }
+  }
+  if (optind != argc - 1) {
+    fprintf(stderr, "gnmrctl replay: %s\n%s",
+            optind >= argc ? "missing TRACE" : "more than one TRACE given",
+            usage);
+    return CLI_USAGE;
+  }
+  if (gnmr__policy_opts_check(&prm, msg, sizeof msg) != 0) {
+    fprintf(stderr, "gnmrctl replay: %s\n", msg);
+    return CLI_USAGE;
+  }
+  const char *path = argv[optind];
+  if ((rv = trace_read_file(path, &buf, &len)) != 0) {
+    fprintf(stderr, "gnmrctl replay: %s: %s\n",
+            strcmp(path, "-") == 0 ? "standard input" : path,
+            rv == GNMR_E_IO ? strerror(errno) : gnmr_strerror(rv));
+    return CLI_FAIL;
+  }
+  if ((rv = trace_parse(buf, len, &t, &terr)) != 0) {
+    if (terr.line > 0)
+      fprintf(stderr, "gnmrctl replay: %s:%zu: %s\n", path, terr.line,
+              terr.msg);
+    else
+      fprintf(stderr, "gnmrctl replay: %s: %s\n", path, terr.msg);
+    goto out;
+  }
+  if (want_scores) {
+    if (scores_path == NULL || strcmp(scores_path, "-") == 0) {
+      scores = stderr;
+    } else if ((scores = fopen(scores_path, "w")) == NULL) {
+      fprintf(stderr, "gnmrctl replay: %s: %s\n", scores_path,
+              strerror(errno));
+      goto out;
+    }
+  }
+  if ((rv = gnmr__replay(&t, &prm, stdout, scores)) != 0) {
+    fprintf(stderr, "gnmrctl replay: %s\n", gnmr_strerror(rv));
+    goto out;
+  }
+  code = CLI_OK;
+out:
+  if (scores != NULL && scores != stderr && fclose(scores) != 0 &&
+      code == CLI_OK) {
+    fprintf(stderr, "gnmrctl replay: %s: %s\n", scores_path, strerror(errno));
+    code = CLI_FAIL;
+  }
+  trace_free(&t);
+  free(buf);
+  return code;
+}

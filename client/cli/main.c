@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: MIT */
+/* main.c — gnmrctl: parses the global options and dispatches to one
+ * subcommand from the table below. Each subcommand lives in its own file. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#ifndef GNMR_VERSION
+#define GNMR_VERSION "0.0.0"
+#endif
+
+static const struct {
+  const char *name;
+  int (*run)(const cli_globals *, int, char **);
+  const char *summary;
+} commands[] = {
+    {"replay", cmd_replay, "replay a gradient-norm trace offline"},
+};
+
+static void usage(FILE *f) {
+  fputs("usage: gnmrctl [--admin ENDPOINT] COMMAND [ARGS]\n"
+        "       gnmrctl --version | --help\n\ncommands:\n",
+        f);
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+  fputs("\n'gnmrctl COMMAND --help' describes each command.\n", f);
+}
+
+int main(int argc, char **argv) {
+  cli_globals g = {.admin = getenv("GNMR_ADMIN")};
+  static const struct option longopts[] = {
+      {"admin", required_argument, NULL, 'a'},
+      {"help", no_argument, NULL, 'h'},
+      {"version", no_argument, NULL, 'V'},
+      {0},
+  };
+  int c;
+  /* '+': stop at the first non-option, the subcommand. */
+  while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'a':
+      g.admin = optarg;
+      break;
+    case 'h':
+      usage(stdout);
+      return CLI_OK;
+    case 'V':
+      printf("gnmrctl %s\n", GNMR_VERSION);
+      return CLI_OK;
+    default:
+      usage(stderr);
+      return CLI_USAGE;
+    }
+  }
+  if (optind >= argc) {
+    fputs("gnmrctl: missing COMMAND\n", stderr);
+    usage(stderr);
+    return CLI_USAGE;
+  }
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+    if (strcmp(argv[optind], commands[i].name) == 0) {
+      char **sub = argv + optind;
+      int subc = argc - optind;
+      optind = 0; /* full getopt reset (GNU) for the subcommand */
+      return commands[i].run(&g, subc, sub);
+    }
+  }
+  fprintf(stderr, "gnmrctl: unknown command '%s'\n", argv[optind]);
+  usage(stderr);
+  return CLI_USAGE;
+}

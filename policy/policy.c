@@ -1,0 +1,697 @@
+/* SPDX-License-Identifier: MIT */
+/* policy.c — the GNMR engine, exactly as docs/policy.md specifies.
+ * State is kept as arrays indexed by unit id, all sized outside the step;
+ * policy_step() touches every unit once (O(U * window) for the window means,
+ * computed in order oldest->newest as the spec reads) and selects the top
+ * max_active of the pool with a bounded heap, O(|pool| log max_active). */
+#include "policy.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gnmr/error.h"
+
+struct policy {
+  policy_params prm;
+  uint32_t n;          /* units */
+  uint64_t last_step;  /* 0 before the first step */
+
+  /* per-unit statistics */
+  uint64_t *cnt;
+  double *sum;
+  double *win;         /* n * prm.window, ring per unit */
+  uint32_t *win_len;
+  uint32_t *win_head;  /* next write position in the unit's ring */
+  uint32_t *lock;
+  uint8_t *active;     /* in the last step's active set */
+  uint64_t *promotions;
+
+  /* per-step outputs and scratch */
+  double *g, *d, *s;
+  uint32_t *pool;      /* n: P_t in ascending unit order */
+  uint32_t *heap;      /* min(max_active, n) */
+  uint8_t *chosen;     /* n: scratch flag, all zero between steps */
+  uint32_t *act;       /* n: A_t ascending */
+  uint32_t *prev_act;  /* n: A_{t-1} ascending */
+  uint32_t n_act, n_prev;
+  policy_event *ev;    /* 3n + 1, see policy_step() */
+};
+
+void policy_params_default(policy_params *p) {
+  p->alpha = 2.0;
+  p->beta = 2.0;
+  p->early_alpha = NAN;
+  p->early_beta = NAN;
+  p->window = 8;
+  p->max_active = 4;
+  p->lock_steps = 4;
+  p->warmup_steps = 20;
+  p->early_steps = 0;
+}
+
+static int threshold_ok(double x) { return isfinite(x) && x > 0; }
+
+int policy_params_validate(const policy_params *p, const char **what) {
+  const char *bad = NULL;
+  int rv = GNMR_E_INVAL;
+  if (p == NULL) {
+    bad = "params";
+  } else if (!threshold_ok(p->alpha)) {
+    bad = "alpha";
+  } else if (!threshold_ok(p->beta)) {
+    bad = "beta";
+  } else if (!isnan(p->early_alpha) && !threshold_ok(p->early_alpha)) {
+    bad = "early_alpha";
+  } else if (!isnan(p->early_beta) && !threshold_ok(p->early_beta)) {
+    bad = "early_beta";
+  } else if (p->window < 1) {
+    bad = "window";
+  } else if (p->window > POLICY_MAX_WINDOW) {
+    bad = "window";
+    rv = GNMR_E_RANGE;
+  }
+  if (what != NULL)
+    *what = bad;
+  return bad == NULL ? GNMR_OK : rv;
+}
+
+/* The buffers of an engine for n units under params prm, allocated as one
+ * set so that a change either fully happens or leaves the engine intact. */
+typedef struct bufs {
+  uint64_t *cnt, *promotions;
+  double *sum, *win, *g, *d, *s;
+  uint32_t *win_len, *win_head, *lock, *pool, *heap, *act, *prev_act;
+  uint8_t *active, *chosen;
+  policy_event *ev;
+} bufs;
+
+static void bufs_free(bufs *b) {
+  free(b->cnt);
+  free(b->promotions);
+  free(b->sum);
+  free(b->win);
+  free(b->g);
+  free(b->d);
+  free(b->s);
+  free(b->win_len);
+  free(b->win_head);
+  free(b->lock);
+  free(b->pool);
+  free(b->heap);
+  free(b->act);
+  free(b->prev_act);
+  free(b->active);
+  free(b->chosen);
+  free(b->ev);
+  memset(b, 0, sizeof *b);
+}
+
+static uint32_t heap_cap(uint32_t max_active, uint32_t n) {
+  return max_active < n ? max_active : n;
+}
+
+/* calloc with at least one element so that n == 0 still gives a pointer. */
+static void *zalloc(size_t n, size_t size) { return calloc(n ? n : 1, size); }
+
+static int bufs_alloc(bufs *b, uint32_t n, const policy_params *prm) {
+  memset(b, 0, sizeof *b);
+  size_t wn = (size_t)n * prm->window;
+  b->cnt = zalloc(n, sizeof *b->cnt);
+  b->promotions = zalloc(n, sizeof *b->promotions);
+  b->sum = zalloc(n, sizeof *b->sum);
+  b->win = zalloc(wn, sizeof *b->win);
+  b->g = zalloc(n, sizeof *b->g);
+  b->d = zalloc(n, sizeof *b->d);
+  b->s = zalloc(n, sizeof *b->s);
+  b->win_len = zalloc(n, sizeof *b->win_len);
+  b->win_head = zalloc(n, sizeof *b->win_head);
+  b->lock = zalloc(n, sizeof *b->lock);
+  b->pool = zalloc(n, sizeof *b->pool);
+  b->heap = zalloc(heap_cap(prm->max_active, n), sizeof *b->heap);
+  b->act = zalloc(n, sizeof *b->act);
+  b->prev_act = zalloc(n, sizeof *b->prev_act);
+  b->active = zalloc(n, sizeof *b->active);
+  b->chosen = zalloc(n, sizeof *b->chosen);
+  b->ev = zalloc(3 * (size_t)n + 1, sizeof *b->ev);
+  if (!b->cnt || !b->promotions || !b->sum || !b->win || !b->g || !b->d ||
+      !b->s || !b->win_len || !b->win_head || !b->lock || !b->pool ||
+      !b->heap || !b->act || !b->prev_act || !b->active || !b->chosen ||
+      !b->ev) {
+    bufs_free(b);
+    return GNMR_E_NOMEM;
+  }
+  for (uint32_t u = 0; u < n; u++)
+    b->g[u] = b->d[u] = NAN;
+  return GNMR_OK;
+}
+
+static void bufs_take(policy *p, bufs *b) {
+  p->cnt = b->cnt;
+  p->promotions = b->promotions;
+  p->sum = b->sum;
+  p->win = b->win;
+  p->g = b->g;
+  p->d = b->d;
+  p->s = b->s;
+  p->win_len = b->win_len;
+  p->win_head = b->win_head;
+  p->lock = b->lock;
+  p->pool = b->pool;
+  p->heap = b->heap;
+  p->act = b->act;
+  p->prev_act = b->prev_act;
+  p->active = b->active;
+  p->chosen = b->chosen;
+  p->ev = b->ev;
+}
+
+static bufs bufs_of(policy *p) {
+  bufs b = {p->cnt,  p->promotions, p->sum,      p->win,  p->g,
+            p->d,    p->s,          p->win_len,  p->win_head,
+            p->lock, p->pool,       p->heap,     p->act,  p->prev_act,
+            p->active, p->chosen,   p->ev};
+  return b;
+}
+
+/* Index of the oldest value of unit u's ring of capacity w. */
+static uint32_t ring_oldest(uint32_t head, uint32_t len, uint32_t w) {
+  return (head + w - len) % w;
+}
+
+/* Moves the state of p's first min(p->n, n) units into b (sized for n units
+ * under prm), keeping each ring's newest min(len, prm->window) values. */
+static void bufs_copy_state(bufs *b, const policy *p, const policy_params *prm,
+                            uint32_t n) {
+  uint32_t keep = p->n < n ? p->n : n;
+  uint32_t ow = p->prm.window, nw = prm->window;
+  for (uint32_t u = 0; u < keep; u++) {
+    b->cnt[u] = p->cnt[u];
+    b->sum[u] = p->sum[u];
+    b->promotions[u] = p->promotions[u];
+    b->lock[u] = p->lock[u] > prm->lock_steps ? prm->lock_steps : p->lock[u];
+    b->active[u] = p->active[u];
+    b->g[u] = p->g[u];
+    b->d[u] = p->d[u];
+    b->s[u] = p->s[u];
+    uint32_t len = p->win_len[u] < nw ? p->win_len[u] : nw;
+    uint32_t from = ring_oldest(p->win_head[u], len, ow);
+    for (uint32_t i = 0; i < len; i++)
+      b->win[(size_t)u * nw + i] = p->win[(size_t)u * ow + (from + i) % ow];
+    b->win_len[u] = len;
+    b->win_head[u] = len % nw;
+  }
+}
+
+/* Rebuilds the last active set (p->act, ascending) from the flags; between
+ * steps p->act holds A_{t-1}, which the next step swaps into prev_act. */
+static void rebuild_act(policy *p) {
+  p->n_act = 0;
+  for (uint32_t u = 0; u < p->n; u++)
+    if (p->active[u])
+      p->act[p->n_act++] = u;
+}
+
+int policy_create(const policy_params *params, uint32_t n_units,
+                  policy **out) {
+  int rv;
+  policy *p = NULL;
+  bufs b;
+  if (out == NULL)
+    return GNMR_E_INVAL;
+  *out = NULL;
+  if ((rv = policy_params_validate(params, NULL)) != GNMR_OK)
+    return rv;
+  if (n_units > POLICY_MAX_UNITS)
+    return GNMR_E_RANGE;
+  if ((p = calloc(1, sizeof *p)) == NULL)
+    return GNMR_E_NOMEM;
+  if ((rv = bufs_alloc(&b, n_units, params)) != GNMR_OK) {
+    free(p);
+    return rv;
+  }
+  bufs_take(p, &b);
+  p->prm = *params;
+  p->n = n_units;
+  *out = p;
+  return GNMR_OK;
+}
+
+void policy_destroy(policy **pp) {
+  if (pp == NULL || *pp == NULL)
+    return;
+  bufs b = bufs_of(*pp);
+  bufs_free(&b);
+  free(*pp);
+  *pp = NULL;
+}
+
+static int reshape(policy *p, const policy_params *prm, uint32_t n) {
+  bufs nb, ob;
+  int rv = bufs_alloc(&nb, n, prm);
+  if (rv != GNMR_OK)
+    return rv;
+  bufs_copy_state(&nb, p, prm, n);
+  ob = bufs_of(p);
+  bufs_free(&ob);
+  bufs_take(p, &nb);
+  p->prm = *prm;
+  p->n = n;
+  rebuild_act(p);
+  return GNMR_OK;
+}
+
+int policy_set_params(policy *p, const policy_params *params) {
+  int rv;
+  if (p == NULL)
+    return GNMR_E_INVAL;
+  if ((rv = policy_params_validate(params, NULL)) != GNMR_OK)
+    return rv;
+  return reshape(p, params, p->n);
+}
+
+int policy_resize(policy *p, uint32_t n_units) {
+  if (p == NULL || n_units < p->n)
+    return GNMR_E_INVAL;
+  if (n_units > POLICY_MAX_UNITS)
+    return GNMR_E_RANGE;
+  if (n_units == p->n)
+    return GNMR_OK;
+  return reshape(p, &p->prm, n_units);
+}
+
+const policy_params *policy_get_params(const policy *p) { return &p->prm; }
+uint32_t policy_units(const policy *p) { return p->n; }
+uint64_t policy_last_step(const policy *p) { return p->last_step; }
+
+int policy_unit(const policy *p, uint32_t u, policy_unit_info *info) {
+  if (p == NULL || info == NULL)
+    return GNMR_E_INVAL;
+  if (u >= p->n)
+    return GNMR_E_NOUNIT;
+  info->cnt = p->cnt[u];
+  info->mean = p->cnt[u] ? p->sum[u] / (double)p->cnt[u] : NAN;
+  info->last_g = p->g[u];
+  info->last_d = p->d[u];
+  info->last_s = p->s[u];
+  info->lock = p->lock[u];
+  info->active = p->active[u];
+  info->promotions = p->promotions[u];
+  return GNMR_OK;
+}
+
+/* Ranking of the spec: higher score first, ties to the smaller unit id.
+ * +inf compares above every finite score; scores are never NaN. */
+static int ranks_above(const double *s, uint32_t a, uint32_t b) {
+  return s[a] > s[b] || (s[a] == s[b] && a < b);
+}
+
+/* Min-heap on rank: heap[0] is the lowest-ranked of the kept units. */
+static void heap_sift_down(uint32_t *h, uint32_t n, uint32_t i,
+                           const double *s) {
+  for (;;) {
+    uint32_t l = 2 * i + 1, r = l + 1, lo = i;
+    if (l < n && ranks_above(s, h[lo], h[l]))
+      lo = l;
+    if (r < n && ranks_above(s, h[lo], h[r]))
+      lo = r;
+    if (lo == i)
+      return;
+    uint32_t t = h[i];
+    h[i] = h[lo];
+    h[lo] = t;
+    i = lo;
+  }
+}
+
+/* Scores unit u for step t with thresholds (a, b); updates its statistics
+ * as steps 1-3 of the spec say. Returns the score. */
+static double score_unit(policy *p, uint32_t u, double n, double a,
+                         double b) {
+  uint32_t w = p->prm.window;
+  p->g[u] = p->d[u] = NAN;
+  if (n == 0)
+    return 0; /* idle unit: no update */
+  if (!isfinite(n))
+    return INFINITY; /* non-finite: no update */
+  double s = 0;
+  if (p->cnt[u] > 0) {
+    double m = p->sum[u] / (double)p->cnt[u];
+    double g = n / m, d = 1;
+    uint32_t len = p->win_len[u];
+    double *ring = p->win + (size_t)u * w;
+    if (len > 0) {
+      double acc = 0;
+      uint32_t i = ring_oldest(p->win_head[u], len, w);
+      for (uint32_t k = 0; k < len; k++) {
+        acc += ring[i];
+        if (++i == w)
+          i = 0;
+      }
+      d = g / (acc / len);
+    }
+    /* fmax: a NaN d (only from inf/inf after float overflow) yields g/a. */
+    s = fmax(g / a, d / b);
+    ring[p->win_head[u]] = g;
+    p->win_head[u] = (p->win_head[u] + 1) % w;
+    if (len < w)
+      p->win_len[u] = len + 1;
+    p->g[u] = g;
+    p->d[u] = d;
+  }
+  p->sum[u] += n;
+  p->cnt[u] += 1;
+  return s;
+}
+
+static void emit(policy *p, policy_result *res, uint8_t kind, uint32_t unit,
+                 uint8_t outcome, uint32_t count) {
+  policy_event *e = &p->ev[res->n_events++];
+  e->unit = unit;
+  e->kind = kind;
+  e->outcome = outcome;
+  e->count = count;
+}
+
+/* Event bound: per unit at most one of MISSING, or NONFINITE + EXCEED, or
+ * EXCEED (2 per unit); promote + demote together at most one per unit;
+ * one BUDGET_SATURATED: 3n + 1 in all, the size of p->ev. */
+int policy_step(policy *p, uint64_t t, const double *norm,
+                const uint8_t *input, policy_result *res) {
+  if (p == NULL || res == NULL || t == 0 || (norm == NULL && p->n > 0))
+    return GNMR_E_INVAL;
+  for (uint32_t u = 0; u < p->n; u++) {
+    uint8_t in = input ? input[u] : POLICY_REPORTED;
+    if (in > POLICY_MISSING ||
+        (in == POLICY_REPORTED && norm[u] < 0 && isfinite(norm[u])))
+      return GNMR_E_INVAL;
+  }
+
+  const policy_params *prm = &p->prm;
+  int early = t <= prm->early_steps;
+  double a = early && !isnan(prm->early_alpha) ? prm->early_alpha : prm->alpha;
+  double b = early && !isnan(prm->early_beta) ? prm->early_beta : prm->beta;
+  int warm = t <= prm->warmup_steps;
+  uint32_t n_pool = 0, n_risky = 0;
+
+  memset(res, 0, sizeof *res);
+  res->step = t;
+  for (uint32_t u = 0; u < p->n; u++) {
+    uint8_t in = input ? input[u] : POLICY_REPORTED;
+    double s = 0;
+    if (in != POLICY_REPORTED) {
+      p->g[u] = p->d[u] = NAN;
+      if (in == POLICY_MISSING)
+        emit(p, res, POLICY_EV_MISSING, u, POLICY_OUT_NONE, 0);
+    } else {
+      s = score_unit(p, u, norm[u], a, b);
+      if (isinf(s))
+        emit(p, res, POLICY_EV_NONFINITE, u, POLICY_OUT_NONE, 0);
+    }
+    p->s[u] = s;
+    int risky = s > 1;
+    n_risky += risky;
+    if (warm) {
+      if (risky)
+        emit(p, res, POLICY_EV_EXCEED, u, POLICY_OUT_WARMUP, 0);
+    } else if (risky || p->lock[u] > 0) {
+      p->pool[n_pool++] = u;
+    }
+  }
+
+  /* Selection: the whole pool when it fits, else the top K by a bounded
+   * min-heap over the pool (already in ascending id order). */
+  uint32_t k = heap_cap(prm->max_active, n_pool);
+  if (k == n_pool) {
+    for (uint32_t i = 0; i < n_pool; i++)
+      p->chosen[p->pool[i]] = 1;
+  } else if (k > 0) {
+    memcpy(p->heap, p->pool, k * sizeof *p->heap);
+    for (uint32_t i = k / 2; i-- > 0;)
+      heap_sift_down(p->heap, k, i, p->s);
+    for (uint32_t i = k; i < n_pool; i++) {
+      if (ranks_above(p->s, p->pool[i], p->heap[0])) {
+        p->heap[0] = p->pool[i];
+        heap_sift_down(p->heap, k, 0, p->s);
+      }
+    }
+    for (uint32_t i = 0; i < k; i++)
+      p->chosen[p->heap[i]] = 1;
+  }
+
+  /* A_t in ascending order, exceed outcomes, and the lock rule. Every unit
+   * the lock rule can change (in A_t, or lock > 0) is in the pool. */
+  uint32_t *prev = p->act; /* A_t is written into the old prev buffer */
+  p->act = p->prev_act;
+  p->prev_act = prev;
+  p->n_prev = p->n_act;
+  p->n_act = 0;
+  for (uint32_t i = 0; i < n_pool; i++) {
+    uint32_t u = p->pool[i];
+    int risky = p->s[u] > 1, in_a = p->chosen[u];
+    if (in_a)
+      p->act[p->n_act++] = u;
+    if (risky)
+      emit(p, res, POLICY_EV_EXCEED, u,
+           in_a ? POLICY_OUT_SELECTED : POLICY_OUT_DROPPED, 0);
+    if (in_a && risky)
+      p->lock[u] = prm->lock_steps;
+    else if (p->lock[u] > 0 && !risky)
+      p->lock[u]--;
+    p->chosen[u] = 0;
+  }
+  if (!warm && n_pool > prm->max_active)
+    emit(p, res, POLICY_EV_BUDGET_SATURATED, UINT32_MAX, POLICY_OUT_NONE,
+         n_pool);
+
+  /* Promote/demote by merging the sorted A_{t-1} and A_t. */
+  uint32_t i = 0, j = 0;
+  while (i < p->n_prev || j < p->n_act) {
+    uint32_t pu = i < p->n_prev ? p->prev_act[i] : UINT32_MAX;
+    uint32_t au = j < p->n_act ? p->act[j] : UINT32_MAX;
+    if (pu == au) {
+      i++;
+      j++;
+    } else if (pu < au) {
+      emit(p, res, POLICY_EV_DEMOTE, pu, POLICY_OUT_NONE, 0);
+      p->active[pu] = 0;
+      i++;
+    } else {
+      emit(p, res, POLICY_EV_PROMOTE, au, POLICY_OUT_NONE, 0);
+      p->active[au] = 1;
+      p->promotions[au]++;
+      j++;
+    }
+  }
+  assert(res->n_events <= 3 * (size_t)p->n + 1);
+
+  p->last_step = t;
+  res->active = p->act;
+  res->n_active = p->n_act;
+  res->n_risky = n_risky;
+  res->n_pool = n_pool;
+  res->g = p->g;
+  res->d = p->d;
+  res->s = p->s;
+  res->events = p->ev;
+  return GNMR_OK;
+}
+
+const char *policy_event_name(int kind) {
+  static const char *const names[] = {
+      [POLICY_EV_EXCEED] = "exceed",
+      [POLICY_EV_PROMOTE] = "promote",
+      [POLICY_EV_DEMOTE] = "demote",
+      [POLICY_EV_NONFINITE] = "nonfinite",
+      [POLICY_EV_BUDGET_SATURATED] = "budget_saturated",
+      [POLICY_EV_MISSING] = "missing",
+  };
+  if (kind < 1 || kind > POLICY_EV_MISSING)
+    return "unknown";
+  return names[kind];
+}
+
+const char *policy_outcome_name(int outcome) {
+  static const char *const names[] = {"", "selected", "dropped", "warmup"};
+  if (outcome < 0 || outcome > POLICY_OUT_WARMUP)
+    return "unknown";
+  return names[outcome];
+}
+
+/* ---- export / import ------------------------------------------------- */
+/* Layout (little-endian): "GNMRPOL1", u32 format version, u32 n_units,
+ * f64 alpha, beta, early_alpha, early_beta, u32 window, max_active,
+ * lock_steps, u64 warmup_steps, early_steps, last_step; then per unit
+ * u64 cnt, f64 sum, u64 promotions, u32 lock, u8 active, u32 win_len,
+ * win_len x f64 (oldest first); then u64 FNV-1a of everything before. */
+#define SNAP_MAGIC "GNMRPOL1"
+#define SNAP_VERSION 1u
+#define SNAP_HEAD (8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8)
+#define SNAP_UNIT (8 + 8 + 8 + 4 + 1 + 4)
+
+typedef struct wbuf {
+  uint8_t *p;
+  size_t len;
+} wbuf;
+
+static void put_u64(wbuf *w, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    w->p[w->len++] = (uint8_t)(v >> (8 * i));
+}
+static void put_u32(wbuf *w, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    w->p[w->len++] = (uint8_t)(v >> (8 * i));
+}
+static void put_f64(wbuf *w, double v) {
+  uint64_t u;
+  memcpy(&u, &v, sizeof u);
+  put_u64(w, u);
+}
+
+typedef struct rbuf {
+  const uint8_t *p;
+  size_t len, off;
+  int bad;
+} rbuf;
+
+static uint64_t get_n(rbuf *r, int bytes) {
+  uint64_t v = 0;
+  if (r->bad || r->len - r->off < (size_t)bytes) {
+    r->bad = 1;
+    return 0;
+  }
+  for (int i = 0; i < bytes; i++)
+    v |= (uint64_t)r->p[r->off++] << (8 * i);
+  return v;
+}
+static uint64_t get_u64(rbuf *r) { return get_n(r, 8); }
+static uint32_t get_u32(rbuf *r) { return (uint32_t)get_n(r, 4); }
+static double get_f64(rbuf *r) {
+  uint64_t u = get_u64(r);
+  double v;
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+static uint64_t fnv1a(const uint8_t *p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+size_t policy_export_size(const policy *p) {
+  size_t n = SNAP_HEAD + (size_t)p->n * SNAP_UNIT + 8;
+  for (uint32_t u = 0; u < p->n; u++)
+    n += (size_t)p->win_len[u] * 8;
+  return n;
+}
+
+int policy_export(const policy *p, void *buf, size_t cap, size_t *len) {
+  if (p == NULL || buf == NULL)
+    return GNMR_E_INVAL;
+  size_t need = policy_export_size(p);
+  if (cap < need)
+    return GNMR_E_RANGE;
+  wbuf w = {buf, 0};
+  const policy_params *prm = &p->prm;
+  memcpy(w.p, SNAP_MAGIC, 8);
+  w.len = 8;
+  put_u32(&w, SNAP_VERSION);
+  put_u32(&w, p->n);
+  put_f64(&w, prm->alpha);
+  put_f64(&w, prm->beta);
+  put_f64(&w, prm->early_alpha);
+  put_f64(&w, prm->early_beta);
+  put_u32(&w, prm->window);
+  put_u32(&w, prm->max_active);
+  put_u32(&w, prm->lock_steps);
+  put_u64(&w, prm->warmup_steps);
+  put_u64(&w, prm->early_steps);
+  put_u64(&w, p->last_step);
+  for (uint32_t u = 0; u < p->n; u++) {
+    uint32_t wl = p->win_len[u], ww = prm->window;
+    put_u64(&w, p->cnt[u]);
+    put_f64(&w, p->sum[u]);
+    put_u64(&w, p->promotions[u]);
+    put_u32(&w, p->lock[u]);
+    w.p[w.len++] = p->active[u];
+    put_u32(&w, wl);
+    uint32_t i = ring_oldest(p->win_head[u], wl, ww);
+    for (uint32_t k = 0; k < wl; k++, i = (i + 1) % ww)
+      put_f64(&w, p->win[(size_t)u * ww + i]);
+  }
+  put_u64(&w, fnv1a(w.p, w.len));
+  assert(w.len == need);
+  if (len != NULL)
+    *len = w.len;
+  return GNMR_OK;
+}
+
+int policy_import(const void *buf, size_t len, policy **out) {
+  int rv;
+  policy_params prm;
+  policy *p = NULL;
+  if (out == NULL)
+    return GNMR_E_INVAL;
+  *out = NULL;
+  if (buf == NULL || len < SNAP_HEAD + 8 ||
+      memcmp(buf, SNAP_MAGIC, 8) != 0)
+    return GNMR_E_PARSE;
+  uint64_t sum;
+  rbuf tail = {(const uint8_t *)buf, len, len - 8, 0};
+  sum = get_u64(&tail);
+  if (sum != fnv1a(buf, len - 8))
+    return GNMR_E_PARSE;
+  rbuf r = {(const uint8_t *)buf, len - 8, 8, 0};
+  if (get_u32(&r) != SNAP_VERSION)
+    return GNMR_E_VERSION;
+  uint32_t n = get_u32(&r);
+  prm.alpha = get_f64(&r);
+  prm.beta = get_f64(&r);
+  prm.early_alpha = get_f64(&r);
+  prm.early_beta = get_f64(&r);
+  prm.window = get_u32(&r);
+  prm.max_active = get_u32(&r);
+  prm.lock_steps = get_u32(&r);
+  prm.warmup_steps = get_u64(&r);
+  prm.early_steps = get_u64(&r);
+  uint64_t last = get_u64(&r);
+  if (r.bad || n > POLICY_MAX_UNITS ||
+      (r.len - r.off) / SNAP_UNIT < n)
+    return GNMR_E_PARSE;
+  if ((rv = policy_create(&prm, n, &p)) != GNMR_OK)
+    return rv;
+  p->last_step = last;
+  for (uint32_t u = 0; u < n && !r.bad; u++) {
+    p->cnt[u] = get_u64(&r);
+    p->sum[u] = get_f64(&r);
+    p->promotions[u] = get_u64(&r);
+    p->lock[u] = get_u32(&r);
+    p->active[u] = (uint8_t)get_n(&r, 1);
+    uint32_t wl = get_u32(&r);
+    if (wl > prm.window || p->active[u] > 1 || p->lock[u] > prm.lock_steps ||
+        !(p->sum[u] >= 0) || (p->cnt[u] == 0 && p->sum[u] != 0)) {
+      r.bad = 1;
+      break;
+    }
+    for (uint32_t k = 0; k < wl; k++) {
+      double v = get_f64(&r);
+      if (!(v >= 0)) /* GNMR values are positive; NaN fails too */
+        r.bad = 1;
+      p->win[(size_t)u * prm.window + k] = v;
+    }
+    p->win_len[u] = wl;
+    p->win_head[u] = wl % prm.window;
+  }
+  if (r.bad || r.off != r.len) {
+    policy_destroy(&p);
+    return GNMR_E_PARSE;
+  }
+  rebuild_act(p);
+  *out = p;
+  return GNMR_OK;
+}

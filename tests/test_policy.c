@@ -1,0 +1,967 @@
+/* SPDX-License-Identifier: MIT */
+/* test_policy.c — the GNMR engine against docs/policy.md: the worked
+ * example value by value, one test per rule, export/import, parameter
+ * changes, and random traces against a naive reference implementation. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gnmr/error.h"
+#include "policy.h"
+
+#define R POLICY_REPORTED
+#define NR POLICY_NOT_REPORTED
+#define MS POLICY_MISSING
+
+static policy_params params(double a, double b, uint32_t w, uint32_t k,
+                            uint32_t l, uint64_t wu) {
+  policy_params p;
+  policy_params_default(&p);
+  p.alpha = a;
+  p.beta = b;
+  p.window = w;
+  p.max_active = k;
+  p.lock_steps = l;
+  p.warmup_steps = wu;
+  return p;
+}
+
+static policy *make(const policy_params *p, uint32_t n) {
+  policy *e = NULL;
+  ck_assert_int_eq(policy_create(p, n, &e), GNMR_OK);
+  ck_assert_ptr_nonnull(e);
+  return e;
+}
+
+/* Runs one step and returns the active set as a string "1 3 5". */
+static const char *step(policy *e, uint64_t t, const double *n,
+                        const uint8_t *in, policy_result *res) {
+  static char buf[256];
+  policy_result local;
+  policy_result *r = res ? res : &local;
+  ck_assert_int_eq(policy_step(e, t, n, in, r), GNMR_OK);
+  buf[0] = '\0';
+  for (uint32_t i = 0; i < r->n_active; i++) {
+    size_t l = strlen(buf);
+    snprintf(buf + l, sizeof buf - l, i ? " %u" : "%u", r->active[i]);
+  }
+  return buf;
+}
+
+static int count_events(const policy_result *r, int kind, uint32_t unit) {
+  int c = 0;
+  for (uint32_t i = 0; i < r->n_events; i++)
+    if (r->events[i].kind == kind &&
+        (unit == UINT32_MAX || r->events[i].unit == unit))
+      c++;
+  return c;
+}
+
+static const policy_event *find_event(const policy_result *r, int kind,
+                                      uint32_t unit) {
+  for (uint32_t i = 0; i < r->n_events; i++)
+    if (r->events[i].kind == kind && r->events[i].unit == unit)
+      return &r->events[i];
+  return NULL;
+}
+
+/* ---- the worked example of docs/policy.md -------------------------------- */
+START_TEST(worked_example_matches_spec_table) {
+  policy_params p = params(2, 2, 2, 1, 1, 0);
+  policy *e = make(&p, 1);
+  const double n[] = {1, 1, 1, 5, 2, 2};
+  const double g[] = {NAN, 1, 1, 5, 1, 1};
+  const double d[] = {NAN, 1, 1, 5, 1.0 / 3, 1.0 / 3};
+  const double s[] = {0, 0.5, 0.5, 2.5, 0.5, 0.5};
+  const char *act[] = {"", "", "", "0", "0", ""};
+  const uint32_t lock_after[] = {0, 0, 0, 1, 0, 0};
+  for (int t = 0; t < 6; t++) {
+    policy_result r;
+    policy_unit_info info;
+    ck_assert_str_eq(step(e, t + 1, &n[t], NULL, &r), act[t]);
+    if (isnan(g[t]))
+      ck_assert(isnan(r.g[0]));
+    else
+      ck_assert_double_eq_tol(r.g[0], g[t], 1e-12);
+    if (isnan(d[t]))
+      ck_assert(isnan(r.d[0]));
+    else
+      ck_assert_double_eq_tol(r.d[0], d[t], 1e-12);
+    ck_assert_double_eq_tol(r.s[0], s[t], 1e-12);
+    ck_assert_int_eq(policy_unit(e, 0, &info), GNMR_OK);
+    ck_assert_uint_eq(info.lock, lock_after[t]);
+  }
+  policy_destroy(&e);
+  ck_assert_ptr_null(e);
+}
+END_TEST
+
+/* ---- step rules 1-3 -------------------------------------------------------- */
+START_TEST(first_report_has_no_history_and_scores_zero) {
+  policy_params p = params(2, 2, 8, 4, 4, 0);
+  policy *e = make(&p, 1);
+  policy_result r;
+  double n = 1e6;
+  step(e, 1, &n, NULL, &r);
+  ck_assert_double_eq(r.s[0], 0);
+  ck_assert(isnan(r.g[0]));
+  policy_unit_info info;
+  policy_unit(e, 0, &info);
+  ck_assert_uint_eq(info.cnt, 1);
+  ck_assert_double_eq(info.mean, 1e6);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(first_delta_is_one_when_window_empty) {
+  policy_params p = params(100, 0.5, 8, 4, 4, 0);
+  policy *e = make(&p, 1);
+  policy_result r;
+  double n = 1;
+  step(e, 1, &n, NULL, &r);
+  step(e, 2, &n, NULL, &r);
+  ck_assert_double_eq(r.d[0], 1);
+  ck_assert_double_eq(r.s[0], 2); /* d / beta = 1 / 0.5 */
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(idle_zero_norm_scores_zero_and_keeps_state) {
+  policy_params p = params(2, 2, 8, 4, 4, 0);
+  policy *e = make(&p, 1);
+  policy_result r;
+  double n = 3, z = 0;
+  step(e, 1, &n, NULL, &r);
+  step(e, 2, &z, NULL, &r);
+  ck_assert_double_eq(r.s[0], 0);
+  policy_unit_info info;
+  policy_unit(e, 0, &info);
+  ck_assert_uint_eq(info.cnt, 1);
+  ck_assert_double_eq(info.mean, 3);
+  ck_assert_int_eq(count_events(&r, POLICY_EV_MISSING, 0), 0);
+  /* the next real report compares with the mean before the idle step */
+  double n2 = 7;
+  step(e, 3, &n2, NULL, &r);
+  ck_assert_double_eq_tol(r.g[0], 7.0 / 3, 1e-12);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(not_reported_scores_zero_and_keeps_state) {
+  policy_params p = params(2, 2, 8, 4, 4, 0);
+  policy *e = make(&p, 1);
+  policy_result r;
+  double n = 3;
+  uint8_t nr = NR;
+  step(e, 1, &n, NULL, &r);
+  step(e, 2, &n, &nr, &r);
+  ck_assert_double_eq(r.s[0], 0);
+  ck_assert_int_eq(count_events(&r, POLICY_EV_MISSING, 0), 0);
+  policy_unit_info info;
+  policy_unit(e, 0, &info);
+  ck_assert_uint_eq(info.cnt, 1);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(missing_shard_scores_zero_and_emits_missing_event) {
+  policy_params p = params(2, 2, 8, 4, 4, 0);
+  policy *e = make(&p, 2);
+  policy_result r;
+  double n[2] = {3, 3};
+  uint8_t in[2] = {R, MS};
+  step(e, 1, n, NULL, &r);
+  n[1] = 1000; /* ignored: the unit is missing */
+  step(e, 2, n, in, &r);
+  ck_assert_double_eq(r.s[1], 0);
+  ck_assert_int_eq(count_events(&r, POLICY_EV_MISSING, 1), 1);
+  ck_assert_int_eq(count_events(&r, POLICY_EV_MISSING, 0), 0);
+  policy_unit_info info;
+  policy_unit(e, 1, &info);
+  ck_assert_uint_eq(info.cnt, 1);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(nonfinite_norm_is_risky_with_infinite_score_and_no_update) {
+  const double bad[] = {NAN, INFINITY, -INFINITY};
+  for (int i = 0; i < 3; i++) {
+    policy_params p = params(2, 2, 8, 4, 4, 0);
+    policy *e = make(&p, 1);
+    policy_result r;
+    double n = 2;
+    step(e, 1, &n, NULL, &r);
+    /* even with no history a non-finite norm is risky */
+    ck_assert_str_eq(step(e, 2, &bad[i], NULL, &r), "0");
+    ck_assert(isinf(r.s[0]) && r.s[0] > 0);
+    ck_assert_uint_eq(r.n_risky, 1);
+    ck_assert_int_eq(count_events(&r, POLICY_EV_NONFINITE, 0), 1);
+    const policy_event *ev = find_event(&r, POLICY_EV_EXCEED, 0);
+    ck_assert_ptr_nonnull(ev);
+    ck_assert_int_eq(ev->outcome, POLICY_OUT_SELECTED);
+    policy_unit_info info;
+    policy_unit(e, 0, &info);
+    ck_assert_uint_eq(info.cnt, 1);
+    ck_assert_double_eq(info.mean, 2);
+    policy_destroy(&e);
+  }
+}
+END_TEST
+
+START_TEST(nonfinite_ranks_above_every_finite_score) {
+  policy_params p = params(2, 2, 8, 1, 0, 0);
+  policy *e = make(&p, 2);
+  double n[2] = {1, 1};
+  step(e, 1, n, NULL, NULL);
+  n[0] = 1e300; /* g = 1e300, a huge finite score */
+  n[1] = NAN;
+  ck_assert_str_eq(step(e, 2, n, NULL, NULL), "1");
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(each_unit_is_judged_against_its_own_history) {
+  /* unit 0 lives at 1e-3, unit 1 at 1e3: a raw-norm policy would pick 1 */
+  policy_params p = params(2, 2, 8, 1, 0, 0);
+  policy *e = make(&p, 2);
+  double n[2] = {1e-3, 1e3};
+  for (int t = 1; t <= 5; t++)
+    ck_assert_str_eq(step(e, t, n, NULL, NULL), "");
+  n[0] = 5e-3;
+  ck_assert_str_eq(step(e, 6, n, NULL, NULL), "0");
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(window_keeps_only_last_delta_values) {
+  policy_params p = params(1e9, 1e9, 2, 1, 0, 0);
+  policy *e = make(&p, 1);
+  policy_result r;
+  /* norms 1, 1, 4, 1, 1: g at t=3 is 4 (m=1). At t=5 with window 2 the
+   * window holds only the g of t=3 and t=4, not the g of t=2. */
+  const double n[] = {1, 1, 4, 1, 1};
+  for (int t = 0; t < 5; t++)
+    step(e, t + 1, &n[t], NULL, &r);
+  /* m before t=5: (1+1+4+1)/4 = 1.75; g5 = 1/1.75;
+   * g3 = 4/1 = 4, g4 = 1/2 = 0.5; window [4, 0.5] */
+  double g5 = 1 / 1.75;
+  ck_assert_double_eq_tol(r.g[0], g5, 1e-12);
+  ck_assert_double_eq_tol(r.d[0], g5 / ((4 + 0.5) / 2), 1e-12);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(risky_when_either_ratio_exceeds_its_threshold) {
+  /* g above alpha alone */
+  policy_params p = params(2, 1e9, 8, 4, 0, 0);
+  policy *e = make(&p, 1);
+  double n = 1, big = 2.5;
+  step(e, 1, &n, NULL, NULL);
+  ck_assert_str_eq(step(e, 2, &big, NULL, NULL), "0");
+  policy_destroy(&e);
+  /* d above beta alone (g below alpha) */
+  p = params(1e9, 1.5, 8, 4, 0, 0);
+  e = make(&p, 1);
+  step(e, 1, &n, NULL, NULL);
+  step(e, 2, &n, NULL, NULL);
+  double mid = 1.8; /* g = 1.8, window [1] -> d = 1.8 > 1.5 */
+  ck_assert_str_eq(step(e, 3, &mid, NULL, NULL), "0");
+  policy_destroy(&e);
+  /* exactly at the threshold is not risky: s > 1 strictly */
+  p = params(2, 1e9, 8, 4, 0, 0);
+  e = make(&p, 1);
+  double two = 2;
+  step(e, 1, &n, NULL, NULL);
+  policy_result r;
+  ck_assert_str_eq(step(e, 2, &two, NULL, &r), "");
+  ck_assert_double_eq(r.s[0], 1);
+  policy_destroy(&e);
+}
+END_TEST
+
+/* ---- selection ------------------------------------------------------------- */
+START_TEST(warmup_selects_nobody_but_builds_statistics) {
+  policy_params p = params(2, 2, 8, 4, 3, 3);
+  policy *e = make(&p, 1);
+  policy_result r;
+  double n = 1, big = 10;
+  step(e, 1, &n, NULL, &r);
+  step(e, 2, &n, NULL, &r);
+  ck_assert_str_eq(step(e, 3, &big, NULL, &r), ""); /* risky, t <= T_w */
+  ck_assert_uint_eq(r.n_risky, 1);
+  ck_assert_uint_eq(r.n_pool, 0);
+  const policy_event *ev = find_event(&r, POLICY_EV_EXCEED, 0);
+  ck_assert_ptr_nonnull(ev);
+  ck_assert_int_eq(ev->outcome, POLICY_OUT_WARMUP);
+  policy_unit_info info;
+  policy_unit(e, 0, &info);
+  ck_assert_uint_eq(info.cnt, 3); /* statistics were built */
+  ck_assert_uint_eq(info.lock, 0);
+  /* first step after warm-up selects */
+  double huge = 100;
+  ck_assert_str_eq(step(e, 4, &huge, NULL, &r), "0");
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(warmup_leaves_locks_unchanged) {
+  policy_params p = params(2, 2, 8, 4, 3, 0);
+  policy *e = make(&p, 1);
+  double n = 1, big = 10;
+  step(e, 1, &n, NULL, NULL);
+  ck_assert_str_eq(step(e, 2, &big, NULL, NULL), "0"); /* lock = 3 */
+  p.warmup_steps = 100; /* retuned into a warm-up phase */
+  ck_assert_int_eq(policy_set_params(e, &p), GNMR_OK);
+  policy_result r;
+  ck_assert_str_eq(step(e, 3, &n, NULL, &r), "");
+  ck_assert_int_eq(count_events(&r, POLICY_EV_DEMOTE, 0), 1);
+  policy_unit_info info;
+  policy_unit(e, 0, &info);
+  ck_assert_uint_eq(info.lock, 3);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(early_thresholds_apply_until_early_steps) {
+  policy_params p = params(2, 1e9, 8, 4, 0, 0);
+  p.early_alpha = 5;
+  p.early_steps = 3;
+  policy *e = make(&p, 1);
+  double n = 1, spike = 3; /* g = 3: above 2, below 5 */
+  step(e, 1, &n, NULL, NULL);
+  step(e, 2, &n, NULL, NULL);
+  ck_assert_str_eq(step(e, 3, &spike, NULL, NULL), ""); /* t <= T_1 */
+  policy_destroy(&e);
+  e = make(&p, 1);
+  step(e, 1, &n, NULL, NULL);
+  step(e, 2, &n, NULL, NULL);
+  step(e, 3, &n, NULL, NULL);
+  ck_assert_str_eq(step(e, 4, &spike, NULL, NULL), "0"); /* t > T_1 */
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(early_beta_defaults_to_beta) {
+  policy_params p = params(1e9, 2, 8, 4, 0, 0);
+  p.early_alpha = 1e9;
+  p.early_steps = 100; /* early phase, early_beta unset = beta = 2 */
+  policy *e = make(&p, 1);
+  double n = 1, spike = 3;
+  step(e, 1, &n, NULL, NULL);
+  step(e, 2, &n, NULL, NULL);
+  ck_assert_str_eq(step(e, 3, &spike, NULL, NULL), "0");
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(ties_go_to_smaller_unit_id) {
+  policy_params p = params(2, 2, 8, 2, 0, 0);
+  policy *e = make(&p, 5);
+  double n[5] = {1, 1, 1, 1, 1};
+  step(e, 1, n, NULL, NULL);
+  double m[5] = {1, 9, 9, 9, 9}; /* four equal scores, budget 2 */
+  ck_assert_str_eq(step(e, 2, m, NULL, NULL), "1 2");
+  policy_destroy(&e);
+  e = make(&p, 5);
+  step(e, 1, n, NULL, NULL);
+  double inf[5] = {INFINITY, 1, NAN, INFINITY, 1};
+  ck_assert_str_eq(step(e, 2, inf, NULL, NULL), "0 2");
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(budget_zero_selects_nobody_and_drops_every_risky_unit) {
+  policy_params p = params(2, 2, 8, 0, 4, 0);
+  policy *e = make(&p, 3);
+  policy_result r;
+  double n[3] = {1, 1, 1}, m[3] = {9, 1, NAN};
+  step(e, 1, n, NULL, NULL);
+  ck_assert_str_eq(step(e, 2, m, NULL, &r), "");
+  ck_assert_uint_eq(r.n_risky, 2);
+  ck_assert_int_eq(find_event(&r, POLICY_EV_EXCEED, 0)->outcome,
+                   POLICY_OUT_DROPPED);
+  ck_assert_int_eq(find_event(&r, POLICY_EV_EXCEED, 2)->outcome,
+                   POLICY_OUT_DROPPED);
+  ck_assert_int_eq(count_events(&r, POLICY_EV_BUDGET_SATURATED, UINT32_MAX),
+                   1);
+  /* dropped units get no lock */
+  policy_unit_info info;
+  policy_unit(e, 0, &info);
+  ck_assert_uint_eq(info.lock, 0);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(budget_saturation_keeps_the_top_scores) {
+  policy_params p = params(2, 2, 8, 3, 0, 0);
+  policy *e = make(&p, 8);
+  policy_result r;
+  double n[8], m[8] = {3, 1, 8, 4, 1, 6, 5, 1};
+  for (int i = 0; i < 8; i++)
+    n[i] = 1;
+  step(e, 1, n, NULL, NULL);
+  ck_assert_str_eq(step(e, 2, m, NULL, &r), "2 5 6");
+  ck_assert_uint_eq(r.n_pool, 5);
+  const policy_event *sat =
+      find_event(&r, POLICY_EV_BUDGET_SATURATED, UINT32_MAX);
+  ck_assert_ptr_nonnull(sat);
+  ck_assert_uint_eq(sat->count, 5);
+  ck_assert_int_eq(find_event(&r, POLICY_EV_EXCEED, 0)->outcome,
+                   POLICY_OUT_DROPPED);
+  ck_assert_int_eq(find_event(&r, POLICY_EV_EXCEED, 3)->outcome,
+                   POLICY_OUT_DROPPED);
+  ck_assert_int_eq(find_event(&r, POLICY_EV_EXCEED, 5)->outcome,
+                   POLICY_OUT_SELECTED);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(pool_equal_to_budget_is_not_saturated) {
+  policy_params p = params(2, 2, 8, 2, 0, 0);
+  policy *e = make(&p, 3);
+  policy_result r;
+  double n[3] = {1, 1, 1}, m[3] = {5, 5, 1};
+  step(e, 1, n, NULL, NULL);
+  ck_assert_str_eq(step(e, 2, m, NULL, &r), "0 1");
+  ck_assert_int_eq(count_events(&r, POLICY_EV_BUDGET_SATURATED, UINT32_MAX),
+                   0);
+  policy_destroy(&e);
+}
+END_TEST
+
+/* ---- locks ----------------------------------------------------------------- */
+START_TEST(lock_keeps_calm_unit_active_for_lock_steps) {
+  policy_params p = params(2, 1e9, 8, 4, 3, 0);
+  policy *e = make(&p, 1);
+  double n = 1, big = 100;
+  step(e, 1, &n, NULL, NULL);
+  ck_assert_str_eq(step(e, 2, &big, NULL, NULL), "0"); /* lock 3 */
+  /* calm: mean is now ~50, norm 1 gives g ~ 0.02 */
+  ck_assert_str_eq(step(e, 3, &n, NULL, NULL), "0"); /* lock 2 */
+  ck_assert_str_eq(step(e, 4, &n, NULL, NULL), "0"); /* lock 1 */
+  ck_assert_str_eq(step(e, 5, &n, NULL, NULL), "0"); /* lock 0 */
+  ck_assert_str_eq(step(e, 6, &n, NULL, NULL), "");
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(lock_zero_releases_unit_the_next_calm_step) {
+  policy_params p = params(2, 1e9, 8, 4, 0, 0);
+  policy *e = make(&p, 1);
+  double n = 1, big = 100;
+  step(e, 1, &n, NULL, NULL);
+  ck_assert_str_eq(step(e, 2, &big, NULL, NULL), "0");
+  ck_assert_str_eq(step(e, 3, &n, NULL, NULL), "");
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(lock_refreshes_when_selected_unit_is_risky_again) {
+  policy_params p = params(2, 1e9, 8, 4, 2, 0);
+  policy *e = make(&p, 1);
+  policy_unit_info info;
+  double n = 1, big = 100, nan = NAN;
+  step(e, 1, &n, NULL, NULL);
+  step(e, 2, &big, NULL, NULL); /* lock 2 */
+  step(e, 3, &n, NULL, NULL);   /* lock 1 */
+  policy_unit(e, 0, &info);
+  ck_assert_uint_eq(info.lock, 1);
+  ck_assert_str_eq(step(e, 4, &nan, NULL, NULL), "0"); /* risky: refresh */
+  policy_unit(e, 0, &info);
+  ck_assert_uint_eq(info.lock, 2);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(lock_counts_down_on_missing_and_idle_steps) {
+  policy_params p = params(2, 1e9, 8, 4, 2, 0);
+  policy *e = make(&p, 1);
+  double n = 1, big = 100, z = 0;
+  uint8_t nr = NR;
+  step(e, 1, &n, NULL, NULL);
+  step(e, 2, &big, NULL, NULL);                       /* lock 2 */
+  ck_assert_str_eq(step(e, 3, &n, &nr, NULL), "0");   /* lock 1 */
+  ck_assert_str_eq(step(e, 4, &z, NULL, NULL), "0");  /* lock 0 */
+  ck_assert_str_eq(step(e, 5, &z, NULL, NULL), "");
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(risky_unit_dropped_by_budget_keeps_its_lock) {
+  /* unit 0 selected (lock 3); then 1 and 2 outrank it while 0 is still
+   * risky: 0 is dropped and its lock stays at 3 (the "unchanged" rule). */
+  policy_params p = params(2, 1e9, 8, 2, 3, 0);
+  policy *e = make(&p, 3);
+  policy_unit_info info;
+  double n[3] = {1, 1, 1};
+  step(e, 1, n, NULL, NULL);
+  double a[3] = {10, 1, 1};
+  ck_assert_str_eq(step(e, 2, a, NULL, NULL), "0");
+  double b[3] = {30, INFINITY, INFINITY}; /* 0 still risky: g = 30/5.5 */
+  policy_result r;
+  ck_assert_str_eq(step(e, 3, b, NULL, &r), "1 2");
+  ck_assert(r.s[0] > 1);
+  policy_unit(e, 0, &info);
+  ck_assert_uint_eq(info.lock, 3);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(locked_calm_unit_competes_in_pool_by_score) {
+  /* a lock-held calm unit is in the pool but ranks by its (low) score */
+  policy_params p = params(2, 1e9, 8, 1, 5, 0);
+  policy *e = make(&p, 2);
+  double n[2] = {1, 1};
+  step(e, 1, n, NULL, NULL);
+  double a[2] = {10, 1};
+  ck_assert_str_eq(step(e, 2, a, NULL, NULL), "0");
+  double b[2] = {1, 10}; /* 0 calm with lock, 1 risky: 1 wins */
+  policy_result r;
+  ck_assert_str_eq(step(e, 3, b, NULL, &r), "1");
+  ck_assert_uint_eq(r.n_pool, 2);
+  ck_assert_int_eq(count_events(&r, POLICY_EV_BUDGET_SATURATED, UINT32_MAX),
+                   1);
+  ck_assert_int_eq(count_events(&r, POLICY_EV_PROMOTE, 1), 1);
+  ck_assert_int_eq(count_events(&r, POLICY_EV_DEMOTE, 0), 1);
+  policy_unit_info info;
+  policy_unit(e, 0, &info);
+  ck_assert_uint_eq(info.lock, 4); /* counted down though not selected */
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(promote_and_demote_events_follow_active_set_changes) {
+  policy_params p = params(2, 1e9, 8, 4, 0, 0);
+  policy *e = make(&p, 2);
+  policy_result r;
+  double n[2] = {1, 1};
+  step(e, 1, n, NULL, NULL);
+  double a[2] = {10, 1};
+  step(e, 2, a, NULL, &r);
+  ck_assert_int_eq(count_events(&r, POLICY_EV_PROMOTE, 0), 1);
+  ck_assert_int_eq(count_events(&r, POLICY_EV_DEMOTE, UINT32_MAX), 0);
+  double b[2] = {100, 1}; /* still risky: no new promote */
+  step(e, 3, b, NULL, &r);
+  ck_assert_int_eq(count_events(&r, POLICY_EV_PROMOTE, UINT32_MAX), 0);
+  step(e, 4, n, NULL, &r);
+  ck_assert_int_eq(count_events(&r, POLICY_EV_DEMOTE, 0), 1);
+  policy_unit_info info;
+  policy_unit(e, 0, &info);
+  ck_assert_uint_eq(info.promotions, 1);
+  policy_destroy(&e);
+}
+END_TEST
+
+/* ---- API misuse -------------------------------------------------------------- */
+START_TEST(bad_parameters_are_error_codes) {
+  policy_params p;
+  const char *what;
+  policy *e = (policy *)1;
+  struct {
+    size_t off;
+    double v;
+    const char *name;
+  } bad_d[] = {
+      {offsetof(policy_params, alpha), 0, "alpha"},
+      {offsetof(policy_params, alpha), -1, "alpha"},
+      {offsetof(policy_params, alpha), NAN, "alpha"},
+      {offsetof(policy_params, beta), INFINITY, "beta"},
+      {offsetof(policy_params, early_alpha), 0, "early_alpha"},
+      {offsetof(policy_params, early_beta), -INFINITY, "early_beta"},
+  };
+  for (size_t i = 0; i < sizeof bad_d / sizeof bad_d[0]; i++) {
+    policy_params_default(&p);
+    memcpy((char *)&p + bad_d[i].off, &bad_d[i].v, sizeof(double));
+    ck_assert_int_eq(policy_params_validate(&p, &what), GNMR_E_INVAL);
+    ck_assert_str_eq(what, bad_d[i].name);
+    ck_assert_int_eq(policy_create(&p, 4, &e), GNMR_E_INVAL);
+    ck_assert_ptr_null(e);
+  }
+  policy_params_default(&p);
+  p.window = 0;
+  ck_assert_int_eq(policy_create(&p, 4, &e), GNMR_E_INVAL);
+  p.window = POLICY_MAX_WINDOW + 1;
+  ck_assert_int_eq(policy_create(&p, 4, &e), GNMR_E_RANGE);
+  policy_params_default(&p);
+  ck_assert_int_eq(policy_create(&p, POLICY_MAX_UNITS + 1, &e), GNMR_E_RANGE);
+  ck_assert_int_eq(policy_create(NULL, 4, &e), GNMR_E_INVAL);
+  ck_assert_int_eq(policy_create(&p, 4, NULL), GNMR_E_INVAL);
+  /* validation of good defaults */
+  ck_assert_int_eq(policy_params_validate(&p, &what), GNMR_OK);
+  ck_assert_ptr_null(what);
+}
+END_TEST
+
+START_TEST(bad_step_input_is_rejected_without_changing_state) {
+  policy_params p = params(2, 2, 8, 4, 4, 0);
+  policy *e = make(&p, 2);
+  policy_result r;
+  double n[2] = {1, 1}, neg[2] = {1, -1};
+  uint8_t bad_in[2] = {R, 7};
+  ck_assert_int_eq(policy_step(e, 0, n, NULL, &r), GNMR_E_INVAL);
+  ck_assert_int_eq(policy_step(e, 1, neg, NULL, &r), GNMR_E_INVAL);
+  ck_assert_int_eq(policy_step(e, 1, n, bad_in, &r), GNMR_E_INVAL);
+  ck_assert_int_eq(policy_step(e, 1, NULL, NULL, &r), GNMR_E_INVAL);
+  ck_assert_int_eq(policy_step(e, 1, n, NULL, NULL), GNMR_E_INVAL);
+  ck_assert_int_eq(policy_step(NULL, 1, n, NULL, &r), GNMR_E_INVAL);
+  policy_unit_info info;
+  policy_unit(e, 0, &info);
+  ck_assert_uint_eq(info.cnt, 0);
+  ck_assert_uint_eq(policy_last_step(e), 0);
+  ck_assert_int_eq(policy_unit(e, 2, &info), GNMR_E_NOUNIT);
+  ck_assert_int_eq(policy_resize(e, 1), GNMR_E_INVAL);
+  policy_destroy(&e);
+  policy_destroy(&e); /* NULL-safe */
+  policy_destroy(NULL);
+}
+END_TEST
+
+START_TEST(zero_units_steps_cleanly) {
+  policy_params p = params(2, 2, 8, 4, 4, 0);
+  policy *e = make(&p, 0);
+  policy_result r;
+  ck_assert_int_eq(policy_step(e, 1, NULL, NULL, &r), GNMR_OK);
+  ck_assert_uint_eq(r.n_active, 0);
+  policy_destroy(&e);
+}
+END_TEST
+
+/* ---- a naive reference, written from the spec independently ---------------- */
+typedef struct ref_unit {
+  uint64_t cnt;
+  double sum;
+  double win[64];
+  uint32_t wlen;
+  uint32_t lock;
+} ref_unit;
+
+static const double *ref_s; /* for qsort */
+static int ref_cmp(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  if (ref_s[x] != ref_s[y])
+    return ref_s[x] > ref_s[y] ? -1 : 1;
+  return x < y ? -1 : 1;
+}
+static int u32_cmp(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* One step of the spec over the units; writes A_t (ascending) into act. */
+static uint32_t ref_step(ref_unit *u, uint32_t n, uint64_t t,
+                         const policy_params *p, const double *norm,
+                         const uint8_t *in, double *s, uint32_t *act) {
+  double a = (t <= p->early_steps && !isnan(p->early_alpha)) ? p->early_alpha
+                                                             : p->alpha;
+  double b = (t <= p->early_steps && !isnan(p->early_beta)) ? p->early_beta
+                                                            : p->beta;
+  uint32_t pool[256], np = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    s[i] = 0;
+    if (in[i] != R || norm[i] == 0)
+      continue;
+    if (!isfinite(norm[i])) {
+      s[i] = INFINITY;
+      continue;
+    }
+    if (u[i].cnt > 0) {
+      double g = norm[i] / (u[i].sum / u[i].cnt), d = 1;
+      if (u[i].wlen > 0) {
+        double acc = 0;
+        for (uint32_t k = 0; k < u[i].wlen; k++)
+          acc += u[i].win[k];
+        d = g / (acc / u[i].wlen);
+      }
+      s[i] = g / a > d / b ? g / a : d / b;
+      if (u[i].wlen == p->window) {
+        memmove(u[i].win, u[i].win + 1, (p->window - 1) * sizeof(double));
+        u[i].wlen--;
+      }
+      u[i].win[u[i].wlen++] = g;
+    }
+    u[i].sum += norm[i];
+    u[i].cnt++;
+  }
+  if (t <= p->warmup_steps)
+    return 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (s[i] > 1 || u[i].lock > 0)
+      pool[np++] = i;
+  ref_s = s;
+  qsort(pool, np, sizeof pool[0], ref_cmp);
+  uint32_t k = np < p->max_active ? np : p->max_active;
+  uint8_t in_a[256] = {0};
+  for (uint32_t i = 0; i < k; i++) {
+    act[i] = pool[i];
+    in_a[pool[i]] = 1;
+  }
+  qsort(act, k, sizeof act[0], u32_cmp);
+  for (uint32_t i = 0; i < n; i++) {
+    int risky = s[i] > 1;
+    if (in_a[i] && risky)
+      u[i].lock = p->lock_steps;
+    else if (u[i].lock > 0 && !risky)
+      u[i].lock--;
+  }
+  return k;
+}
+
+static double rnd(unsigned *seed) { return (double)rand_r(seed) / RAND_MAX; }
+
+START_TEST(random_traces_match_naive_reference) {
+  unsigned seed = 12345 + (unsigned)_i;
+  for (int trial = 0; trial < 40; trial++) {
+    uint32_t n = 1 + (uint32_t)(rnd(&seed) * 40);
+    policy_params p;
+    policy_params_default(&p);
+    p.alpha = 1.2 + rnd(&seed) * 2;
+    p.beta = 1.2 + rnd(&seed) * 2;
+    p.window = 1 + (uint32_t)(rnd(&seed) * 10);
+    p.max_active = (uint32_t)(rnd(&seed) * 6);
+    p.lock_steps = (uint32_t)(rnd(&seed) * 5);
+    p.warmup_steps = (uint64_t)(rnd(&seed) * 12);
+    if (rnd(&seed) < 0.5) {
+      p.early_alpha = 2 + rnd(&seed) * 3;
+      p.early_steps = (uint64_t)(rnd(&seed) * 40);
+    }
+    policy *e = make(&p, n);
+    ref_unit *ru = calloc(n, sizeof *ru);
+    double scale[256], norm[256], s[256];
+    uint8_t in[256];
+    uint32_t act[256];
+    for (uint32_t i = 0; i < n; i++)
+      scale[i] = pow(10, rnd(&seed) * 6 - 3);
+    for (uint64_t t = 1; t <= 120; t++) {
+      for (uint32_t i = 0; i < n; i++) {
+        double x = rnd(&seed);
+        in[i] = x < 0.05 ? NR : x < 0.08 ? MS : R;
+        norm[i] = scale[i] * (0.8 + 0.4 * rnd(&seed));
+        x = rnd(&seed);
+        if (x < 0.06)
+          norm[i] *= 3 + 20 * rnd(&seed); /* transient spike */
+        else if (x < 0.08)
+          norm[i] = 0; /* idle */
+        else if (x < 0.09)
+          norm[i] = rnd(&seed) < 0.5 ? NAN : INFINITY;
+      }
+      uint32_t k = ref_step(ru, n, t, &p, norm, in, s, act);
+      policy_result r;
+      ck_assert_int_eq(policy_step(e, t, norm, in, &r), GNMR_OK);
+      ck_assert_uint_eq(r.n_active, k);
+      for (uint32_t i = 0; i < k; i++)
+        ck_assert_uint_eq(r.active[i], act[i]);
+      for (uint32_t i = 0; i < n; i++)
+        ck_assert(r.s[i] == s[i]);
+    }
+    policy_destroy(&e);
+    free(ru);
+  }
+}
+END_TEST
+
+/* ---- export / import, parameter changes, resize ------------------------------ */
+static void fill_norms(double *norm, uint32_t n, uint64_t t) {
+  for (uint32_t i = 0; i < n; i++) {
+    norm[i] = 1.0 + 0.1 * (double)((t * 7 + i * 13) % 5);
+    if ((t + i) % 17 == 0)
+      norm[i] *= 8;
+    if ((t * 3 + i) % 41 == 0)
+      norm[i] = NAN;
+  }
+}
+
+START_TEST(export_import_continues_identically) {
+  policy_params p = params(1.8, 1.6, 4, 3, 2, 5);
+  policy *a = make(&p, 20), *b = NULL;
+  double norm[20];
+  for (uint64_t t = 1; t <= 40; t++) {
+    fill_norms(norm, 20, t);
+    step(a, t, norm, NULL, NULL);
+  }
+  size_t need = policy_export_size(a), len = 0;
+  unsigned char *buf = malloc(need);
+  ck_assert_int_eq(policy_export(a, buf, need - 1, &len), GNMR_E_RANGE);
+  ck_assert_int_eq(policy_export(a, buf, need, &len), GNMR_OK);
+  ck_assert_uint_eq(len, need);
+  ck_assert_int_eq(policy_import(buf, len, &b), GNMR_OK);
+  ck_assert_uint_eq(policy_last_step(b), 40);
+  ck_assert_uint_eq(policy_units(b), 20);
+  for (uint64_t t = 41; t <= 120; t++) {
+    policy_result ra, rb;
+    fill_norms(norm, 20, t);
+    char sa[256];
+    strcpy(sa, step(a, t, norm, NULL, &ra));
+    ck_assert_str_eq(step(b, t, norm, NULL, &rb), sa);
+    ck_assert_uint_eq(ra.n_events, rb.n_events);
+    ck_assert(memcmp(ra.events, rb.events,
+                     ra.n_events * sizeof *ra.events) == 0);
+  }
+  free(buf);
+  policy_destroy(&a);
+  policy_destroy(&b);
+}
+END_TEST
+
+START_TEST(import_rejects_truncated_and_corrupt_state) {
+  policy_params p = params(2, 2, 3, 2, 2, 0);
+  policy *a = make(&p, 5), *b = (policy *)1;
+  double norm[5];
+  for (uint64_t t = 1; t <= 10; t++) {
+    fill_norms(norm, 5, t);
+    step(a, t, norm, NULL, NULL);
+  }
+  size_t len = policy_export_size(a);
+  unsigned char *buf = malloc(len), *cp = malloc(len);
+  ck_assert_int_eq(policy_export(a, buf, len, &len), GNMR_OK);
+  for (size_t cut = 0; cut < len; cut++) {
+    ck_assert_int_ne(policy_import(buf, cut, &b), GNMR_OK);
+    ck_assert_ptr_null(b);
+  }
+  for (size_t i = 0; i < len; i++) {
+    memcpy(cp, buf, len);
+    cp[i] ^= 0x5a;
+    ck_assert_int_ne(policy_import(cp, len, &b), GNMR_OK);
+    ck_assert_ptr_null(b);
+  }
+  ck_assert_int_eq(policy_import(NULL, 0, &b), GNMR_E_PARSE);
+  ck_assert_int_eq(policy_import(buf, len, NULL), GNMR_E_INVAL);
+  free(buf);
+  free(cp);
+  policy_destroy(&a);
+}
+END_TEST
+
+START_TEST(set_params_keeps_newest_window_values_and_statistics) {
+  policy_params p = params(1e9, 1e9, 4, 2, 2, 0);
+  policy *e = make(&p, 1);
+  policy_result r;
+  const double n[] = {1, 2, 4, 8, 16};
+  for (int t = 0; t < 5; t++)
+    step(e, t + 1, &n[t], NULL, &r);
+  /* g: t4 = 8/(7/3), t5 = 16/3.75; window 4 holds g2..g5 */
+  double g4 = 8 / (7.0 / 3), g5 = 16 / 3.75;
+  p.window = 2; /* keep the newest two: g4, g5 */
+  ck_assert_int_eq(policy_set_params(e, &p), GNMR_OK);
+  double x = 31;
+  step(e, 6, &x, NULL, &r);
+  double g6 = 31 / 6.2;
+  ck_assert_double_eq_tol(r.g[0], g6, 1e-12);
+  ck_assert_double_eq_tol(r.d[0], g6 / ((g4 + g5) / 2), 1e-12);
+  /* growing the window keeps the values too: window 2 after g6 is [g5, g6] */
+  p.window = 8;
+  ck_assert_int_eq(policy_set_params(e, &p), GNMR_OK);
+  step(e, 7, &x, NULL, &r);
+  double g7 = 31 / (62.0 / 6);
+  ck_assert_double_eq_tol(r.d[0], g7 / ((g5 + g6) / 2), 1e-12);
+  /* a bad change is refused and nothing changes */
+  p.alpha = -1;
+  ck_assert_int_eq(policy_set_params(e, &p), GNMR_E_INVAL);
+  ck_assert_double_eq(policy_get_params(e)->alpha, 1e9);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(set_params_changes_budget_from_next_step) {
+  policy_params p = params(2, 2, 8, 3, 0, 0);
+  policy *e = make(&p, 4);
+  double n[4] = {1, 1, 1, 1}, m[4] = {9, 8, 7, 1};
+  step(e, 1, n, NULL, NULL);
+  ck_assert_str_eq(step(e, 2, m, NULL, NULL), "0 1 2");
+  p.max_active = 1;
+  ck_assert_int_eq(policy_set_params(e, &p), GNMR_OK);
+  double q[4] = {90, 80, 70, 1};
+  policy_result r;
+  ck_assert_str_eq(step(e, 3, q, NULL, &r), "0");
+  ck_assert_int_eq(count_events(&r, POLICY_EV_DEMOTE, UINT32_MAX), 2);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(resize_adds_units_without_history) {
+  policy_params p = params(2, 2, 8, 4, 0, 0);
+  policy *e = make(&p, 1);
+  double n[2] = {1, 1};
+  step(e, 1, n, NULL, NULL);
+  ck_assert_int_eq(policy_resize(e, 2), GNMR_OK);
+  ck_assert_uint_eq(policy_units(e), 2);
+  policy_result r;
+  double m[2] = {1, 50};
+  step(e, 2, m, NULL, &r);
+  ck_assert_double_eq(r.s[1], 0); /* first report of unit 1 */
+  policy_unit_info info;
+  policy_unit(e, 0, &info);
+  ck_assert_uint_eq(info.cnt, 2);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(event_names_are_stable) {
+  ck_assert_str_eq(policy_event_name(POLICY_EV_EXCEED), "exceed");
+  ck_assert_str_eq(policy_event_name(POLICY_EV_BUDGET_SATURATED),
+                   "budget_saturated");
+  ck_assert_str_eq(policy_event_name(99), "unknown");
+  ck_assert_str_eq(policy_outcome_name(POLICY_OUT_DROPPED), "dropped");
+  ck_assert_str_eq(gnmr_strerror(GNMR_E_PARSE), "malformed input");
+  ck_assert_str_eq(gnmr_errname(GNMR_E_DUP), "GNMR_E_DUP");
+  ck_assert_str_eq(gnmr_strerror(-9999), "unknown error");
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("policy");
+  TCase *tc = tcase_create("spec");
+  tcase_add_test(tc, worked_example_matches_spec_table);
+  tcase_add_test(tc, first_report_has_no_history_and_scores_zero);
+  tcase_add_test(tc, first_delta_is_one_when_window_empty);
+  tcase_add_test(tc, idle_zero_norm_scores_zero_and_keeps_state);
+  tcase_add_test(tc, not_reported_scores_zero_and_keeps_state);
+  tcase_add_test(tc, missing_shard_scores_zero_and_emits_missing_event);
+  tcase_add_test(tc,
+                 nonfinite_norm_is_risky_with_infinite_score_and_no_update);
+  tcase_add_test(tc, nonfinite_ranks_above_every_finite_score);
+  tcase_add_test(tc, each_unit_is_judged_against_its_own_history);
+  tcase_add_test(tc, window_keeps_only_last_delta_values);
+  tcase_add_test(tc, risky_when_either_ratio_exceeds_its_threshold);
+  tcase_add_test(tc, warmup_selects_nobody_but_builds_statistics);
+  tcase_add_test(tc, warmup_leaves_locks_unchanged);
+  tcase_add_test(tc, early_thresholds_apply_until_early_steps);
+  tcase_add_test(tc, early_beta_defaults_to_beta);
+  tcase_add_test(tc, ties_go_to_smaller_unit_id);
+  tcase_add_test(tc, budget_zero_selects_nobody_and_drops_every_risky_unit);
+  tcase_add_test(tc, budget_saturation_keeps_the_top_scores);
+  tcase_add_test(tc, pool_equal_to_budget_is_not_saturated);
+  tcase_add_test(tc, lock_keeps_calm_unit_active_for_lock_steps);
+  tcase_add_test(tc, lock_zero_releases_unit_the_next_calm_step);
+  tcase_add_test(tc, lock_refreshes_when_selected_unit_is_risky_again);
+  tcase_add_test(tc, lock_counts_down_on_missing_and_idle_steps);
+  tcase_add_test(tc, risky_unit_dropped_by_budget_keeps_its_lock);
+  tcase_add_test(tc, locked_calm_unit_competes_in_pool_by_score);
+  tcase_add_test(tc, promote_and_demote_events_follow_active_set_changes);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("api");
+  tcase_add_test(tc, bad_parameters_are_error_codes);
+  tcase_add_test(tc, bad_step_input_is_rejected_without_changing_state);
+  tcase_add_test(tc, zero_units_steps_cleanly);
+  tcase_add_test(tc, export_import_continues_identically);
+  tcase_add_test(tc, import_rejects_truncated_and_corrupt_state);
+  tcase_add_test(tc, set_params_keeps_newest_window_values_and_statistics);
+  tcase_add_test(tc, set_params_changes_budget_from_next_step);
+  tcase_add_test(tc, resize_adds_units_without_history);
+  tcase_add_test(tc, event_names_are_stable);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("reference");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, random_traces_match_naive_reference, 0, 5);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
