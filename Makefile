@@ -24,8 +24,9 @@ NVCC := $(shell command -v nvcc 2>/dev/null || \
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wformat=2 \
         -Wno-format-nonliteral
+GEN := $(BUILD)/gen
 CPPFLAGS += -D_GNU_SOURCE -DGNMR_VERSION='"$(VERSION)"' \
-            -Iinclude -Icommon -Ipolicy -Iclient
+            -Iinclude -Icommon -Ipolicy -Iclient -Iproto -I$(GEN)
 CFLAGS ?= $(OPT) -g
 CFLAGS += -std=c11 $(WARN) -fvisibility=hidden -fPIC -pthread
 LDLIBS += -lm -pthread
@@ -38,21 +39,36 @@ endif
 
 CHECK_CFLAGS = $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
+ZMQ_LIBS = $(shell pkg-config --libs libzmq 2>/dev/null || echo -lzmq)
+PBC_LIBS = $(shell pkg-config --libs libprotobuf-c 2>/dev/null || echo -lprotobuf-c)
+UV_LIBS = $(shell pkg-config --libs libuv 2>/dev/null || echo -luv)
+NET_LIBS = $(ZMQ_LIBS) $(PBC_LIBS)
 
 # ---- sources -----------------------------------------------------------
-COMMON_SRC := common/error.c common/log.c common/num.c common/trace.c
+COMMON_SRC := common/error.c common/log.c common/num.c common/trace.c \
+              common/hmap.c
 POLICY_SRC := policy/policy.c
+WIRE_SRC := proto/wire.c
+PROTO_C := $(GEN)/proto/gnmr.pb-c.c
 CLIENT_SRC := client/policy_opts.c client/replay.c
 GNMRCTL_SRC := $(wildcard client/cli/*.c)
+AGENT_SRC := cuda_agent/agent.c cuda_agent/reduce_cpu.c
+GNMRD_SRC := $(wildcard daemon/*.c)
+SIM_SRC := $(wildcard sim/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
 LIB_COMMON := $(BUILD)/lib/libgnmr-common.a
 LIB_POLICY := $(BUILD)/lib/libgnmr-policy.a
 LIB_CLIENT := $(BUILD)/lib/libgnmr-client.a
+LIB_WIRE := $(BUILD)/lib/libgnmr-wire.a
+LIB_AGENT := $(BUILD)/lib/libgnmr-agent.a
+SO_AGENT := $(BUILD)/lib/libgnmr-agent.so
 GNMRCTL := $(BUILD)/bin/gnmrctl
+GNMRD := $(BUILD)/bin/gnmrd
+GNMR_SIM := $(BUILD)/bin/gnmr-sim
 
-PROGRAMS := $(GNMRCTL)
+PROGRAMS := $(GNMRCTL) $(GNMRD) $(GNMR_SIM)
 
 TEST_SRC := $(wildcard tests/test_*.c)
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
@@ -63,10 +79,10 @@ BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
         deps-check deps-demo buildinfo
 .DEFAULT_GOAL := all
 
-all: buildinfo $(PROGRAMS)
+all: buildinfo $(PROGRAMS) $(SO_AGENT)
 
 buildinfo:
-	@echo "GNMR $(VERSION): building policy engine, gnmrctl into $(BUILD)/ $(if $(SAN),(sanitizer: $(SAN)))"
+	@echo "GNMR $(VERSION): building policy engine, gnmrd, gnmrctl, gnmr-sim, libgnmr-agent (CPU backend) into $(BUILD)/ $(if $(SAN),(sanitizer: $(SAN)))"
 	@if [ -n "$(NVCC)" ]; then \
 	  echo "  nvcc: $(NVCC) found; CUDA backend: no CUDA sources in cuda_agent/ yet, nothing to build"; \
 	else \
@@ -78,18 +94,44 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
+# Generated protobuf-c code: never edited, relaxed warnings.
+$(GEN)/proto/gnmr.pb-c.c $(GEN)/proto/gnmr.pb-c.h: proto/gnmr.proto
+	@mkdir -p $(GEN)
+	protoc-c --c_out=$(GEN) $<
+$(BUILD)/obj/gen/gnmr.pb-c.o: $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-unused-parameter -c $< -o $@
+# Everything that includes wire.h needs the generated header first.
+$(call obj,$(WIRE_SRC) $(AGENT_SRC) $(GNMRD_SRC) $(SIM_SRC) $(GNMRCTL_SRC)): $(GEN)/proto/gnmr.pb-c.h
+
 $(LIB_COMMON): $(call obj,$(COMMON_SRC))
 $(LIB_POLICY): $(call obj,$(POLICY_SRC))
 $(LIB_CLIENT): $(call obj,$(CLIENT_SRC))
+$(LIB_WIRE): $(call obj,$(WIRE_SRC)) $(BUILD)/obj/gen/gnmr.pb-c.o
+$(LIB_AGENT): $(call obj,$(AGENT_SRC))
 $(BUILD)/lib/%.a:
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(GNMRCTL): $(call obj,$(GNMRCTL_SRC)) $(LIB_CLIENT) $(LIB_POLICY) $(LIB_COMMON)
+# The shared agent (for Python's ctypes): only gnmr_* symbols are visible.
+$(SO_AGENT): $(call obj,$(AGENT_SRC)) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	$(CC) -shared $(CFLAGS) $(LDFLAGS) -Wl,-soname,libgnmr-agent.so.0 $^ \
+	  $(NET_LIBS) $(LDLIBS) -o $@
 
-TEST_LIBS := $(LIB_CLIENT) $(LIB_POLICY) $(LIB_COMMON)
+$(GNMRCTL): $(call obj,$(GNMRCTL_SRC)) $(LIB_CLIENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(LDLIBS) -o $@
+
+$(GNMRD): $(call obj,$(GNMRD_SRC)) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(UV_LIBS) $(NET_LIBS) $(LDLIBS) -o $@
+
+$(GNMR_SIM): $(call obj,$(SIM_SRC)) $(LIB_CLIENT) $(LIB_AGENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(LDLIBS) -o $@
+
+TEST_LIBS := $(LIB_CLIENT) $(LIB_AGENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
 
 $(BUILD)/obj/tests/%.o: tests/%.c
 	@mkdir -p $(dir $@)
@@ -97,11 +139,13 @@ $(BUILD)/obj/tests/%.o: tests/%.c
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(CHECK_LIBS) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(CHECK_LIBS) $(NET_LIBS) $(LDLIBS) -o $@
+$(BUILD)/obj/tests/%.o: $(GEN)/proto/gnmr.pb-c.h
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(LDLIBS) -o $@
+$(BUILD)/obj/bench/%.o: $(GEN)/proto/gnmr.pb-c.h
 
 # ---- dependencies (Debian packages) --------------------------------------
 deps:
@@ -149,8 +193,12 @@ bench: deps $(BENCHES)
 # ---- install ---------------------------------------------------------------------
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/gnmr
+	install -d $(DESTDIR)$(PREFIX)/lib
 	install -m 755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 include/gnmr/*.h $(DESTDIR)$(PREFIX)/include/gnmr/
+	install -m 644 $(LIB_AGENT) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SO_AGENT) $(DESTDIR)$(PREFIX)/lib/libgnmr-agent.so.0
+	ln -sf libgnmr-agent.so.0 $(DESTDIR)$(PREFIX)/lib/libgnmr-agent.so
 
 clean:
 	rm -rf build

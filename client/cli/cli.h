@@ -12,7 +12,11 @@ typedef struct cli_globals {
   const char *admin; /* --admin ENDPOINT */
 } cli_globals;
 
+/* The admin endpoint: --admin, $GNMR_ADMIN, or gnmrd's default. */
+const char *cli_admin_endpoint(const cli_globals *g);
+
 /* argv[0] is the subcommand's name; getopt state is reset by the caller. */
 int cmd_replay(const cli_globals *g, int argc, char **argv);
+int cmd_stats(const cli_globals *g, int argc, char **argv);
 
 #endif /* GNMR_CLI_H */

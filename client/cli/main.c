@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -18,7 +19,24 @@ static const struct {
   const char *summary;
 } commands[] = {
     {"replay", cmd_replay, "replay a gradient-norm trace offline"},
+    {"stats", cmd_stats, "show gnmrd's counters and live jobs"},
 };
+
+const char *cli_admin_endpoint(const cli_globals *g) {
+  static char def[512];
+  const char *e;
+  if (g->admin != NULL)
+    return g->admin;
+  /* gnmrd's default: ipc://RUN/admin.sock (see gnmrd --help) */
+  if ((e = getenv("RUNTIME_DIRECTORY")) != NULL)
+    snprintf(def, sizeof def, "ipc://%s/admin.sock", e);
+  else if ((e = getenv("XDG_RUNTIME_DIR")) != NULL)
+    snprintf(def, sizeof def, "ipc://%s/gnmr/admin.sock", e);
+  else
+    snprintf(def, sizeof def, "ipc:///tmp/gnmr-%u/admin.sock",
+             (unsigned)getuid());
+  return def;
+}
 
 static void usage(FILE *f) {
   fputs("usage: gnmrctl [--admin ENDPOINT] COMMAND [ARGS]\n"

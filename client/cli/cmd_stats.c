@@ -1,0 +1,129 @@
+/* SPDX-License-Identifier: MIT */
+/* cmd_stats.c — `gnmrctl [--admin ENDPOINT] stats [--json]`: the daemon's
+ * counters and live jobs, from its admin endpoint. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "cli.h"
+#include "gnmr/error.h"
+#include "wire.h"
+
+static const char usage[] =
+    "usage: gnmrctl [--admin ENDPOINT] stats [--json] [--timeout-ms MS]\n"
+    "  Prints gnmrd's counters and live jobs.\n";
+
+/* Sends one admin request and waits for its reply. Returns the decoded
+ * envelope (caller frees) or NULL with a message on stderr. */
+Gnmr__Envelope *cli_admin_call(const char *endpoint, Gnmr__Envelope *req,
+                               int timeout_ms) {
+  void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
+  int zero = 0;
+  uint8_t *buf = NULL;
+  size_t len;
+  Gnmr__Envelope *env = NULL;
+  zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
+  if (zmq_connect(s, endpoint) != 0) {
+    fprintf(stderr, "gnmrctl: %s: %s\n", endpoint, zmq_strerror(zmq_errno()));
+    goto out;
+  }
+  if (gnmr__wire_encode(req, &buf, &len) != GNMR_OK ||
+      zmq_send(s, buf, len, 0) < 0) {
+    fprintf(stderr, "gnmrctl: cannot send to %s\n", endpoint);
+    goto out;
+  }
+  zmq_msg_t m;
+  zmq_msg_init(&m);
+  if (zmq_msg_recv(&m, s, 0) < 0) {
+    fprintf(stderr, "gnmrctl: no answer from gnmrd at %s within %d ms\n",
+            endpoint, timeout_ms);
+    zmq_msg_close(&m);
+    goto out;
+  }
+  char err[128];
+  if (gnmr__wire_decode(zmq_msg_data(&m), zmq_msg_size(&m), &env, err,
+                        sizeof err) != GNMR_OK)
+    fprintf(stderr, "gnmrctl: bad reply from %s: %s\n", endpoint, err);
+  zmq_msg_close(&m);
+out:
+  free(buf);
+  zmq_close(s);
+  zmq_ctx_term(ctx);
+  return env;
+}
+
+int cmd_stats(const cli_globals *g, int argc, char **argv) {
+  static const struct option longopts[] = {
+      {"json", no_argument, NULL, 'j'},
+      {"timeout-ms", required_argument, NULL, 't'},
+      {"help", no_argument, NULL, 'h'},
+      {0},
+  };
+  int c, json = 0, timeout = 2000;
+  while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
+    if (c == 'j') {
+      json = 1;
+    } else if (c == 't') {
+      char *end;
+      long v = strtol(optarg, &end, 10);
+      if (*optarg == '\0' || *end != '\0' || v < 1 || v > 600000) {
+        fprintf(stderr, "gnmrctl stats: --timeout-ms '%s': expected 1 to "
+                        "600000\n", optarg);
+        return CLI_USAGE;
+      }
+      timeout = (int)v;
+    } else if (c == 'h') {
+      fputs(usage, stdout);
+      return CLI_OK;
+    } else {
+      fputs(usage, stderr);
+      return CLI_USAGE;
+    }
+  }
+  if (optind != argc) {
+    fprintf(stderr, "gnmrctl stats: unexpected argument '%s'\n%s",
+            argv[optind], usage);
+    return CLI_USAGE;
+  }
+  Gnmr__Envelope req = GNMR__ENVELOPE__INIT;
+  Gnmr__StatsRequest sr = GNMR__STATS_REQUEST__INIT;
+  req.body_case = GNMR__ENVELOPE__BODY_STATS_REQUEST;
+  req.stats_request = &sr;
+  Gnmr__Envelope *env = cli_admin_call(cli_admin_endpoint(g), &req, timeout);
+  if (env == NULL)
+    return CLI_FAIL;
+  int code = CLI_OK;
+  if (env->body_case == GNMR__ENVELOPE__BODY_ERROR) {
+    fprintf(stderr, "gnmrctl stats: %s\n", env->error->message);
+    code = CLI_FAIL;
+  } else if (env->body_case != GNMR__ENVELOPE__BODY_STATS) {
+    fprintf(stderr, "gnmrctl stats: unexpected reply\n");
+    code = CLI_FAIL;
+  } else if (json) {
+    /* counter names are identifiers and job names are printable: only
+     * quotes and backslashes need escaping */
+    printf("{\"counters\":{");
+    for (size_t i = 0; i < env->stats->n_counters; i++)
+      printf("%s\"%s\":%llu", i ? "," : "", env->stats->counters[i]->name,
+             (unsigned long long)env->stats->counters[i]->value);
+    printf("},\"jobs\":[");
+    for (size_t i = 0; i < env->stats->n_jobs; i++) {
+      printf("%s\"", i ? "," : "");
+      for (const char *p = env->stats->jobs[i]; *p; p++)
+        printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
+      printf("\"");
+    }
+    printf("]}\n");
+  } else {
+    for (size_t i = 0; i < env->stats->n_counters; i++)
+      printf("%-20s %llu\n", env->stats->counters[i]->name,
+             (unsigned long long)env->stats->counters[i]->value);
+    for (size_t i = 0; i < env->stats->n_jobs; i++)
+      printf("job %s\n", env->stats->jobs[i]);
+  }
+  gnmr__wire_free(&env);
+  return code;
+}

@@ -1,0 +1,127 @@
+/* SPDX-License-Identifier: MIT */
+/* hmap.c — linear probing with tombstones, FNV-1a hashes, grown at 70%
+ * occupancy (tombstones included) so a probe always ends. */
+#include "hmap.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "gnmr/error.h"
+
+static char tomb;
+#define HMAP_TOMB (&tomb)
+
+static uint64_t hash_bytes(const void *key, size_t len) {
+  const unsigned char *p = key;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < len; i++) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+static hmap_slot *find(const hmap *m, const void *key, size_t len,
+                       uint64_t h) {
+  if (m->cap == 0)
+    return NULL;
+  for (size_t i = h & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+    hmap_slot *s = &m->slots[i];
+    if (s->key == NULL)
+      return NULL;
+    if (s->key != HMAP_TOMB && s->hash == h && s->len == len &&
+        memcmp(s->key, key, len) == 0)
+      return s;
+  }
+}
+
+static int grow(hmap *m) {
+  size_t ncap = m->cap ? m->cap * 2 : 16;
+  if (m->live * 2 < m->cap) /* mostly tombstones: rehash at the same size */
+    ncap = m->cap;
+  hmap_slot *ns = calloc(ncap, sizeof *ns);
+  if (ns == NULL)
+    return GNMR_E_NOMEM;
+  for (size_t i = 0; i < m->cap; i++) {
+    hmap_slot *s = &m->slots[i];
+    if (s->key == NULL || s->key == HMAP_TOMB)
+      continue;
+    size_t j = s->hash & (ncap - 1);
+    while (ns[j].key != NULL)
+      j = (j + 1) & (ncap - 1);
+    ns[j] = *s;
+  }
+  free(m->slots);
+  m->slots = ns;
+  m->cap = ncap;
+  m->used = m->live;
+  return GNMR_OK;
+}
+
+int hmap_get(const hmap *m, const void *key, size_t len, uint64_t *value) {
+  hmap_slot *s = find(m, key, len, hash_bytes(key, len));
+  if (s == NULL)
+    return 0;
+  if (value)
+    *value = s->value;
+  return 1;
+}
+
+int hmap_put(hmap *m, const void *key, size_t len, uint64_t value) {
+  uint64_t h = hash_bytes(key, len);
+  hmap_slot *s = find(m, key, len, h);
+  if (s != NULL) {
+    s->value = value;
+    return GNMR_OK;
+  }
+  if ((m->used + 1) * 10 > m->cap * 7 && grow(m) != GNMR_OK)
+    return GNMR_E_NOMEM;
+  char *k = malloc(len ? len : 1);
+  if (k == NULL)
+    return GNMR_E_NOMEM;
+  memcpy(k, key, len);
+  size_t i = h & (m->cap - 1);
+  while (m->slots[i].key != NULL && m->slots[i].key != HMAP_TOMB)
+    i = (i + 1) & (m->cap - 1);
+  if (m->slots[i].key == NULL)
+    m->used++;
+  m->slots[i] = (hmap_slot){k, len, h, value};
+  m->live++;
+  return GNMR_OK;
+}
+
+int hmap_del(hmap *m, const void *key, size_t len) {
+  hmap_slot *s = find(m, key, len, hash_bytes(key, len));
+  if (s == NULL)
+    return 0;
+  free(s->key);
+  s->key = HMAP_TOMB;
+  m->live--;
+  return 1;
+}
+
+void hmap_free(hmap *m) {
+  for (size_t i = 0; i < m->cap; i++)
+    if (m->slots[i].key != NULL && m->slots[i].key != HMAP_TOMB)
+      free(m->slots[i].key);
+  free(m->slots);
+  memset(m, 0, sizeof *m);
+}
+
+int hmap_next(const hmap *m, size_t *pos, const void **key, size_t *len,
+              uint64_t *value) {
+  for (; *pos < m->cap; (*pos)++) {
+    const hmap_slot *s = &m->slots[*pos];
+    if (s->key == NULL || s->key == HMAP_TOMB)
+      continue;
+    if (key)
+      *key = s->key;
+    if (len)
+      *len = s->len;
+    if (value)
+      *value = s->value;
+    (*pos)++;
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: MIT */
+/* hmap.h — a small open-addressing hash map from byte strings to uint64
+ * values (unit names -> ids, connection identities -> agents). Keys are
+ * copied. Not thread-safe: one owner thread. */
+#ifndef GNMR_HMAP_H
+#define GNMR_HMAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct hmap_slot {
+  char *key;      /* NULL: empty; HMAP_TOMB: deleted */
+  size_t len;
+  uint64_t hash;
+  uint64_t value;
+} hmap_slot;
+
+typedef struct hmap {
+  hmap_slot *slots;
+  size_t cap;   /* power of two, 0 before the first put */
+  size_t used;  /* live + tombstones */
+  size_t live;
+} hmap;
+
+/* Returns 1 and sets *value when key is present, else 0. */
+int hmap_get(const hmap *m, const void *key, size_t len, uint64_t *value);
+/* Inserts or replaces; 0 or GNMR_E_NOMEM. */
+int hmap_put(hmap *m, const void *key, size_t len, uint64_t value);
+/* Removes key if present; returns 1 when it was. */
+int hmap_del(hmap *m, const void *key, size_t len);
+void hmap_free(hmap *m);
+/* Iteration: start with *pos = 0; returns 1 with the next live entry (key
+ * and len may be NULL), 0 at the end. The map must not change meanwhile. */
+int hmap_next(const hmap *m, size_t *pos, const void **key, size_t *len,
+              uint64_t *value);
+
+#endif /* GNMR_HMAP_H */

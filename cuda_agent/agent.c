@@ -1,0 +1,624 @@
+/* SPDX-License-Identifier: MIT */
+/* agent.c — libgnmr-agent: the training thread reduces and encodes a report
+ * and hands the bytes to the I/O thread through an inproc PUSH/PULL pair
+ * (never blocking); the I/O thread owns the DEALER socket to gnmrd, joins
+ * the job (Hello/Welcome, again after a daemon restart), forwards reports,
+ * and publishes each Decision as a route bitmap under a seqlock that
+ * readers never wait on. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "gnmr/agent.h"
+#include "wire.h"
+
+#define HELLO_RETRY_MS 500   /* Hello sent, no Welcome yet */
+#define HELLO_CONNECT_MS 20  /* Hello could not be sent: not connected */
+#define HELD_MAX 8           /* reports kept while not joined */
+#define HELLO_REFUSED_MS 5000 /* back-off after a refused Hello */
+#define IO_POLL_MS 50
+#define MAX_MSG (256 << 20)
+
+struct gnmr_agent {
+  /* configuration, immutable after open */
+  char *endpoint, *job;
+  uint32_t rank, reporters, n_units, barrier_ms, fallback_route,
+      fallback_after;
+  char **names;
+  gnmr_params params;
+
+  void *zctx;
+  void *push; /* training thread's end of the report pipe */
+  void *dealer, *pull; /* made in open(), then owned by the I/O thread */
+  char pipe_addr[64];
+  pthread_t io;
+  atomic_int stop;
+  atomic_int joined;
+
+  /* decision, published by the I/O thread under a seqlock */
+  atomic_uint_fast64_t seq;
+  atomic_uint_fast64_t decided_step;
+  _Atomic uint64_t *routes; /* n_units bits */
+  size_t n_words;
+  pthread_mutex_t mu;       /* for gnmr_agent_wait() only */
+  pthread_cond_t cv;
+
+  atomic_uint_fast64_t last_reported; /* written by the training thread */
+
+  /* counters */
+  atomic_uint_fast64_t reports_sent, reports_dropped, decisions,
+      late_decisions, fallback_routes, errors, hellos;
+  atomic_int last_error;
+};
+
+void gnmr_params_default(gnmr_params *p) {
+  policy_params d;
+  policy_params_default(&d);
+  p->alpha = d.alpha;
+  p->beta = d.beta;
+  p->window = d.window;
+  p->max_active = d.max_active;
+  p->lock_steps = d.lock_steps;
+  p->warmup_steps = d.warmup_steps;
+  p->early_alpha = 0;
+  p->early_beta = 0;
+  p->early_steps = d.early_steps;
+}
+
+static void to_policy(const gnmr_params *g, policy_params *p) {
+  p->alpha = g->alpha;
+  p->beta = g->beta;
+  p->window = g->window;
+  p->max_active = g->max_active;
+  p->lock_steps = g->lock_steps;
+  p->warmup_steps = g->warmup_steps;
+  p->early_alpha = g->early_alpha == 0 ? NAN : g->early_alpha;
+  p->early_beta = g->early_beta == 0 ? NAN : g->early_beta;
+  p->early_steps = g->early_steps;
+}
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static int valid_name(const char *s, size_t max) {
+  size_t n = s ? strlen(s) : 0;
+  if (n == 0 || n > max)
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+      return 0;
+  return 1;
+}
+
+static int check_config(const gnmr_agent_config *c) {
+  policy_params p;
+  if (c == NULL || c->endpoint == NULL || c->endpoint[0] == '\0' ||
+      !valid_name(c->job, 128) || c->reporters == 0 ||
+      c->rank >= c->reporters || c->n_units == 0 || c->unit_names == NULL ||
+      c->fallback_route > GNMR_ROUTE_HIGH || c->barrier_ms > 600000)
+    return GNMR_E_INVAL;
+  for (uint32_t i = 0; i < c->n_units; i++)
+    if (!valid_name(c->unit_names[i], 256))
+      return GNMR_E_INVAL;
+  to_policy(&c->params, &p);
+  return policy_params_validate(&p, NULL);
+}
+
+/* Frees the copied configuration and the route bitmap. */
+static void free_config(gnmr_agent *a) {
+  for (uint32_t i = 0; i < a->n_units; i++)
+    free(a->names[i]);
+  free(a->names);
+  free(a->routes);
+  free(a->endpoint);
+  free(a->job);
+}
+
+/* ---- I/O thread ----------------------------------------------------------- */
+
+/* A report waiting for the daemon's Welcome. */
+typedef struct held_msg {
+  void *buf;
+  size_t len;
+} held_msg;
+
+typedef struct io_state {
+  void *dealer, *pull;
+  held_msg held[HELD_MAX]; /* oldest first */
+  int n_held;
+  uint64_t next_hello;
+  uint32_t *ids;       /* job-wide id of each local unit (Welcome) */
+  uint32_t *by_id;     /* local indices sorted by job-wide id */
+  int have_ids;
+} io_state;
+
+static void send_hello(gnmr_agent *a, io_state *io) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Hello h = GNMR__HELLO__INIT;
+  Gnmr__Params wp;
+  policy_params pp;
+  uint8_t *buf;
+  size_t len;
+  to_policy(&a->params, &pp);
+  gnmr__params_to_wire(&pp, &wp);
+  h.protocol = GNMR_PROTOCOL_VERSION;
+  h.job = a->job;
+  h.rank = a->rank;
+  h.reporters = a->reporters;
+  h.n_units = a->n_units;
+  h.units = a->names;
+  h.params = &wp;
+  h.barrier_ms = a->barrier_ms;
+  env.body_case = GNMR__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  io->next_hello = now_ms() + HELLO_CONNECT_MS;
+  if (gnmr__wire_encode(&env, &buf, &len) != GNMR_OK)
+    return;
+  if (zmq_send(io->dealer, buf, len, ZMQ_DONTWAIT) >= 0) {
+    atomic_fetch_add(&a->hellos, 1);
+    io->next_hello = now_ms() + HELLO_RETRY_MS;
+  }
+  free(buf);
+}
+
+/* Keeps a report until the daemon welcomes us; the oldest goes first when
+ * the hold is full (counted as dropped). Takes ownership of buf. */
+static void hold(gnmr_agent *a, io_state *io, void *buf, size_t len) {
+  if (io->n_held == HELD_MAX) {
+    free(io->held[0].buf);
+    memmove(&io->held[0], &io->held[1], (HELD_MAX - 1) * sizeof io->held[0]);
+    io->n_held--;
+    atomic_fetch_add(&a->reports_dropped, 1);
+  }
+  io->held[io->n_held++] = (held_msg){buf, len};
+}
+
+static void send_report(gnmr_agent *a, io_state *io, const void *buf,
+                        size_t len) {
+  if (zmq_send(io->dealer, buf, len, ZMQ_DONTWAIT) < 0)
+    atomic_fetch_add(&a->reports_dropped, 1);
+  (void)io;
+}
+
+static void flush_held(gnmr_agent *a, io_state *io) {
+  for (int i = 0; i < io->n_held; i++) {
+    send_report(a, io, io->held[i].buf, io->held[i].len);
+    free(io->held[i].buf);
+  }
+  io->n_held = 0;
+}
+
+static const uint32_t *sort_ids; /* qsort context: I/O thread only */
+static int by_id_cmp(const void *x, const void *y) {
+  uint32_t a = sort_ids[*(const uint32_t *)x],
+           b = sort_ids[*(const uint32_t *)y];
+  return a < b ? -1 : a > b;
+}
+
+static void on_welcome(gnmr_agent *a, io_state *io, const Gnmr__Welcome *w) {
+  if (w->n_unit_ids != a->n_units)
+    return; /* not ours: ignore */
+  for (uint32_t i = 0; i < a->n_units; i++) {
+    io->ids[i] = w->unit_ids[i];
+    io->by_id[i] = i;
+  }
+  sort_ids = io->ids;
+  qsort(io->by_id, a->n_units, sizeof *io->by_id, by_id_cmp);
+  io->have_ids = 1;
+  atomic_store(&a->joined, 1);
+  flush_held(a, io);
+}
+
+/* Marks local units whose job-wide id is active; publishes under seqlock. */
+static void on_decision(gnmr_agent *a, io_state *io, const Gnmr__Decision *d) {
+  if (!io->have_ids || d->step <= atomic_load(&a->decided_step))
+    return;
+  uint64_t words[a->n_words];
+  memset(words, 0, sizeof words);
+  for (size_t k = 0; k < d->n_active; k++) {
+    uint32_t id = d->active[k], lo = 0, hi = a->n_units;
+    while (lo < hi) { /* binary search in by_id */
+      uint32_t mid = lo + (hi - lo) / 2;
+      if (io->ids[io->by_id[mid]] < id)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    /* several local units can never share an id, but be exact anyway */
+    for (; lo < a->n_units && io->ids[io->by_id[lo]] == id; lo++) {
+      uint32_t u = io->by_id[lo];
+      words[u / 64] |= UINT64_C(1) << (u % 64);
+    }
+  }
+  atomic_fetch_add_explicit(&a->seq, 1, memory_order_acq_rel); /* odd */
+  for (size_t i = 0; i < a->n_words; i++)
+    atomic_store_explicit(&a->routes[i], words[i], memory_order_relaxed);
+  atomic_store_explicit(&a->decided_step, d->step, memory_order_relaxed);
+  atomic_fetch_add_explicit(&a->seq, 1, memory_order_release); /* even */
+  atomic_fetch_add(&a->decisions, 1);
+  pthread_mutex_lock(&a->mu);
+  pthread_cond_broadcast(&a->cv);
+  pthread_mutex_unlock(&a->mu);
+}
+
+static void on_message(gnmr_agent *a, io_state *io, const void *buf,
+                       size_t len) {
+  Gnmr__Envelope *env;
+  if (gnmr__wire_decode(buf, len, &env, NULL, 0) != GNMR_OK)
+    return;
+  switch (env->body_case) {
+  case GNMR__ENVELOPE__BODY_WELCOME:
+    on_welcome(a, io, env->welcome);
+    break;
+  case GNMR__ENVELOPE__BODY_DECISION:
+    on_decision(a, io, env->decision);
+    break;
+  case GNMR__ENVELOPE__BODY_ERROR:
+    atomic_fetch_add(&a->errors, 1);
+    atomic_store(&a->last_error, env->error->code);
+    if (env->error->code == GNMR_E_NOJOB) {
+      /* the daemon does not know us (restarted): join again now */
+      atomic_store(&a->joined, 0);
+      io->next_hello = 0;
+    } else if (!atomic_load(&a->joined)) {
+      /* our Hello was refused (mismatch, bad config): retry slowly */
+      io->next_hello = now_ms() + HELLO_REFUSED_MS;
+    }
+    break;
+  default:
+    break;
+  }
+  gnmr__wire_free(&env);
+}
+
+static void *io_main(void *arg) {
+  gnmr_agent *a = arg;
+  io_state io = {0};
+  io.dealer = a->dealer;
+  io.pull = a->pull;
+  io.ids = calloc(a->n_units, sizeof *io.ids);
+  io.by_id = calloc(a->n_units, sizeof *io.by_id);
+  if (!io.ids || !io.by_id)
+    goto out;
+
+  zmq_msg_t msg;
+  zmq_msg_init(&msg);
+  while (!atomic_load(&a->stop)) {
+    if (!atomic_load(&a->joined) && now_ms() >= io.next_hello)
+      send_hello(a, &io);
+    zmq_pollitem_t items[2] = {{io.dealer, 0, ZMQ_POLLIN, 0},
+                               {io.pull, 0, ZMQ_POLLIN, 0}};
+    if (zmq_poll(items, 2, IO_POLL_MS) < 0 && zmq_errno() != EINTR)
+      break;
+    while (zmq_msg_recv(&msg, io.pull, ZMQ_DONTWAIT) >= 0) {
+      size_t n = zmq_msg_size(&msg);
+      void *copy;
+      if (atomic_load(&a->joined))
+        send_report(a, &io, zmq_msg_data(&msg), n);
+      else if ((copy = malloc(n ? n : 1)) != NULL) {
+        memcpy(copy, zmq_msg_data(&msg), n);
+        hold(a, &io, copy, n);
+      } else
+        atomic_fetch_add(&a->reports_dropped, 1);
+    }
+    while (zmq_msg_recv(&msg, io.dealer, ZMQ_DONTWAIT) >= 0)
+      on_message(a, &io, zmq_msg_data(&msg), zmq_msg_size(&msg));
+  }
+  zmq_msg_close(&msg);
+
+  /* Bye, best effort */
+  {
+    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+    Gnmr__Bye bye = GNMR__BYE__INIT;
+    uint8_t *buf;
+    size_t len;
+    bye.job = a->job;
+    bye.rank = a->rank;
+    env.body_case = GNMR__ENVELOPE__BODY_BYE;
+    env.bye = &bye;
+    if (atomic_load(&a->joined) &&
+        gnmr__wire_encode(&env, &buf, &len) == GNMR_OK) {
+      zmq_send(io.dealer, buf, len, ZMQ_DONTWAIT);
+      free(buf);
+    }
+  }
+out:
+  for (int i = 0; i < io.n_held; i++)
+    free(io.held[i].buf);
+  zmq_close(io.dealer);
+  zmq_close(io.pull);
+  free(io.ids);
+  free(io.by_id);
+  return NULL;
+}
+
+/* ---- public API ------------------------------------------------------------- */
+
+/* Creates the DEALER (to gnmrd) and the PULL end of the report pipe. */
+static int open_io_sockets(gnmr_agent *a) {
+  int zero = 0, one = 1, hb_ivl = 1000, hb_tmo = 5000, recon = 100;
+  int64_t maxmsg = MAX_MSG;
+  a->dealer = zmq_socket(a->zctx, ZMQ_DEALER);
+  a->pull = zmq_socket(a->zctx, ZMQ_PULL);
+  if (a->dealer == NULL || a->pull == NULL)
+    goto err;
+  zmq_setsockopt(a->dealer, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(a->dealer, ZMQ_IMMEDIATE, &one, sizeof one);
+  zmq_setsockopt(a->dealer, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl);
+  zmq_setsockopt(a->dealer, ZMQ_HEARTBEAT_TIMEOUT, &hb_tmo, sizeof hb_tmo);
+  zmq_setsockopt(a->dealer, ZMQ_RECONNECT_IVL, &recon, sizeof recon);
+  zmq_setsockopt(a->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+  zmq_setsockopt(a->pull, ZMQ_LINGER, &zero, sizeof zero);
+  if (zmq_connect(a->pull, a->pipe_addr) != 0 ||
+      zmq_connect(a->dealer, a->endpoint) != 0)
+    goto err;
+  return GNMR_OK;
+err:
+  if (a->dealer)
+    zmq_close(a->dealer);
+  if (a->pull)
+    zmq_close(a->pull);
+  return GNMR_E_IO;
+}
+
+int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
+  static atomic_uint pipe_counter;
+  int rv = GNMR_E_NOMEM, zero = 0;
+  gnmr_agent *a;
+  if (out == NULL)
+    return GNMR_E_INVAL;
+  *out = NULL;
+  if ((rv = check_config(cfg)) != GNMR_OK)
+    return GNMR_E_INVAL;
+  if ((a = calloc(1, sizeof *a)) == NULL)
+    return GNMR_E_NOMEM;
+  rv = GNMR_E_NOMEM;
+  a->rank = cfg->rank;
+  a->reporters = cfg->reporters;
+  a->n_units = cfg->n_units;
+  a->params = cfg->params;
+  a->barrier_ms = cfg->barrier_ms ? cfg->barrier_ms : 1000;
+  a->fallback_route = cfg->fallback_route;
+  a->fallback_after = cfg->fallback_after ? cfg->fallback_after : 3;
+  a->n_words = (cfg->n_units + 63) / 64;
+  a->endpoint = strdup(cfg->endpoint);
+  a->job = strdup(cfg->job);
+  a->names = calloc(cfg->n_units, sizeof *a->names);
+  a->routes = calloc(a->n_words, sizeof *a->routes);
+  if (!a->endpoint || !a->job || !a->names || !a->routes)
+    goto err_free;
+  for (uint32_t i = 0; i < cfg->n_units; i++)
+    if ((a->names[i] = strdup(cfg->unit_names[i])) == NULL)
+      goto err_free;
+  pthread_mutex_init(&a->mu, NULL);
+  {
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&a->cv, &ca);
+    pthread_condattr_destroy(&ca);
+  }
+  rv = GNMR_E_IO;
+  if ((a->zctx = zmq_ctx_new()) == NULL)
+    goto err_sync;
+  snprintf(a->pipe_addr, sizeof a->pipe_addr, "inproc://gnmr-agent-%p-%u",
+           (void *)a, atomic_fetch_add(&pipe_counter, 1));
+  if ((a->push = zmq_socket(a->zctx, ZMQ_PUSH)) == NULL)
+    goto err_ctx;
+  zmq_setsockopt(a->push, ZMQ_LINGER, &zero, sizeof zero);
+  if (zmq_bind(a->push, a->pipe_addr) != 0)
+    goto err_push;
+  /* The I/O thread's sockets are made and connected here, so that a report
+   * queued right after open() already has its pipe; pthread_create() is the
+   * full barrier ZeroMQ asks for when a socket changes threads. */
+  if (open_io_sockets(a) != GNMR_OK)
+    goto err_push;
+  if (pthread_create(&a->io, NULL, io_main, a) != 0)
+    goto err_io;
+  *out = a;
+  return GNMR_OK;
+err_io:
+  zmq_close(a->dealer);
+  zmq_close(a->pull);
+err_push:
+  zmq_close(a->push);
+err_ctx:
+  zmq_ctx_term(a->zctx);
+err_sync:
+  pthread_mutex_destroy(&a->mu);
+  pthread_cond_destroy(&a->cv);
+err_free:
+  if (a->names)
+    for (uint32_t i = 0; i < cfg->n_units; i++)
+      free(a->names[i]);
+  free(a->names);
+  free(a->routes);
+  free(a->endpoint);
+  free(a->job);
+  free(a);
+  return rv;
+}
+
+void gnmr_agent_close(gnmr_agent **pa) {
+  if (pa == NULL || *pa == NULL)
+    return;
+  gnmr_agent *a = *pa;
+  atomic_store(&a->stop, 1);
+  pthread_join(a->io, NULL);
+  zmq_close(a->push);
+  zmq_ctx_term(a->zctx);
+  pthread_mutex_destroy(&a->mu);
+  pthread_cond_destroy(&a->cv);
+  free_config(a);
+  free(a);
+  *pa = NULL;
+}
+
+/* Encodes and queues a report; the arrays are n_units long. */
+static int queue_report(gnmr_agent *a, uint64_t step, double *sumsq,
+                        uint64_t *nonfinite, protobuf_c_boolean *nr,
+                        int any_nonfinite, int any_nr) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Report r = GNMR__REPORT__INIT;
+  uint8_t *buf;
+  size_t len;
+  r.job = a->job;
+  r.rank = a->rank;
+  r.step = step;
+  r.n_sumsq = a->n_units;
+  r.sumsq = sumsq;
+  r.n_nonfinite = any_nonfinite ? a->n_units : 0;
+  r.nonfinite = nonfinite;
+  r.n_not_reported = any_nr ? a->n_units : 0;
+  r.not_reported = nr;
+  env.body_case = GNMR__ENVELOPE__BODY_REPORT;
+  env.report = &r;
+  if (gnmr__wire_encode(&env, &buf, &len) != GNMR_OK)
+    return GNMR_E_NOMEM;
+  atomic_store(&a->last_reported, step);
+  if (zmq_send(a->push, buf, len, ZMQ_DONTWAIT) < 0)
+    atomic_fetch_add(&a->reports_dropped, 1);
+  else
+    atomic_fetch_add(&a->reports_sent, 1);
+  free(buf);
+  return GNMR_OK;
+}
+
+int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step, const double *sumsq,
+                           const uint64_t *nonfinite,
+                           const uint8_t *not_reported) {
+  if (a == NULL || sumsq == NULL || step == 0 ||
+      step <= atomic_load(&a->last_reported))
+    return GNMR_E_INVAL;
+  for (uint32_t i = 0; i < a->n_units; i++)
+    if (!(sumsq[i] >= 0) && !(not_reported && not_reported[i]))
+      return GNMR_E_INVAL; /* negative or NaN: use nonfinite counts */
+  double *s = malloc(a->n_units * sizeof *s);
+  uint64_t *nf = calloc(a->n_units, sizeof *nf);
+  protobuf_c_boolean *nr = calloc(a->n_units, sizeof *nr);
+  int any_nf = 0, any_nr = 0, rv = GNMR_E_NOMEM;
+  if (s && nf && nr) {
+    for (uint32_t i = 0; i < a->n_units; i++) {
+      int skip = not_reported && not_reported[i];
+      s[i] = skip ? 0 : sumsq[i];
+      nf[i] = skip || !nonfinite ? 0 : nonfinite[i];
+      nr[i] = skip;
+      any_nf |= nf[i] != 0;
+      any_nr |= skip;
+    }
+    rv = queue_report(a, step, s, nf, nr, any_nf, any_nr);
+  }
+  free(s);
+  free(nf);
+  free(nr);
+  return rv;
+}
+
+int gnmr_agent_report(gnmr_agent *a, uint64_t step, const gnmr_tensor *t,
+                      size_t n) {
+  if (a == NULL || step == 0 || step <= atomic_load(&a->last_reported))
+    return GNMR_E_INVAL;
+  double *s = calloc(a->n_units, sizeof *s);
+  uint64_t *nf = calloc(a->n_units, sizeof *nf);
+  uint8_t *seen = calloc(a->n_units, 1);
+  protobuf_c_boolean *nr = calloc(a->n_units, sizeof *nr);
+  int rv = GNMR_E_NOMEM;
+  if (s && nf && seen && nr) {
+    rv = gnmr_reduce_cpu(t, n, a->n_units, s, nf, seen);
+    if (rv == GNMR_OK) {
+      int any_nf = 0, any_nr = 0;
+      for (uint32_t i = 0; i < a->n_units; i++) {
+        nr[i] = !seen[i];
+        any_nr |= !seen[i];
+        any_nf |= nf[i] != 0;
+      }
+      rv = queue_report(a, step, s, nf, nr, any_nf, any_nr);
+    }
+  }
+  free(s);
+  free(nf);
+  free(seen);
+  free(nr);
+  return rv;
+}
+
+int gnmr_agent_wait(gnmr_agent *a, uint64_t step, int timeout_ms) {
+  if (a == NULL)
+    return GNMR_E_INVAL;
+  if (atomic_load(&a->decided_step) >= step)
+    return GNMR_OK;
+  struct timespec dl;
+  clock_gettime(CLOCK_MONOTONIC, &dl);
+  int64_t ns = dl.tv_nsec + (int64_t)(timeout_ms > 0 ? timeout_ms : 0) *
+                                1000000;
+  dl.tv_sec += ns / 1000000000;
+  dl.tv_nsec = ns % 1000000000;
+  int rv = GNMR_OK;
+  pthread_mutex_lock(&a->mu);
+  while (atomic_load(&a->decided_step) < step) {
+    if (pthread_cond_timedwait(&a->cv, &a->mu, &dl) == ETIMEDOUT) {
+      if (atomic_load(&a->decided_step) < step)
+        rv = GNMR_E_TIMEDOUT;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&a->mu);
+  if (rv == GNMR_E_TIMEDOUT)
+    atomic_fetch_add(&a->late_decisions, 1);
+  return rv;
+}
+
+int gnmr_agent_route(gnmr_agent *a, uint32_t unit) {
+  if (a == NULL)
+    return GNMR_ROUTE_LOW;
+  for (;;) {
+    uint64_t s0 = atomic_load_explicit(&a->seq, memory_order_acquire);
+    if (s0 & 1)
+      continue; /* a writer is publishing */
+    uint64_t d = atomic_load_explicit(&a->decided_step, memory_order_relaxed);
+    uint64_t w = unit < a->n_units
+                     ? atomic_load_explicit(&a->routes[unit / 64],
+                                            memory_order_relaxed)
+                     : 0;
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&a->seq, memory_order_relaxed) != s0)
+      continue;
+    if (unit >= a->n_units || d == 0 ||
+        atomic_load(&a->last_reported) > d + a->fallback_after) {
+      atomic_fetch_add(&a->fallback_routes, 1);
+      return (int)a->fallback_route;
+    }
+    return (w >> (unit % 64)) & 1 ? GNMR_ROUTE_HIGH : GNMR_ROUTE_LOW;
+  }
+}
+
+uint64_t gnmr_agent_decided_step(const gnmr_agent *a) {
+  return a ? atomic_load(&a->decided_step) : 0;
+}
+
+int gnmr_agent_joined(const gnmr_agent *a) {
+  return a ? atomic_load(&a->joined) : 0;
+}
+
+int gnmr_agent_stats_get(const gnmr_agent *a, gnmr_agent_stats *o) {
+  if (a == NULL || o == NULL)
+    return GNMR_E_INVAL;
+  o->reports_sent = atomic_load(&a->reports_sent);
+  o->reports_dropped = atomic_load(&a->reports_dropped);
+  o->decisions = atomic_load(&a->decisions);
+  o->late_decisions = atomic_load(&a->late_decisions);
+  o->fallback_routes = atomic_load(&a->fallback_routes);
+  o->errors = atomic_load(&a->errors);
+  o->hellos = atomic_load(&a->hellos);
+  o->last_error = atomic_load(&a->last_error);
+  return GNMR_OK;
+}

@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: MIT */
+/* counters.h — gnmrd's counters, one table for the struct and the names
+ * that the admin service reports (gnmrctl stats). Loop thread only. */
+#ifndef GNMRD_COUNTERS_H
+#define GNMRD_COUNTERS_H
+
+#include <stdint.h>
+
+#define GNMRD_COUNTERS(XX)                                                   \
+  XX(messages_in)        /* frames sets received on the agent socket */      \
+  XX(bad_frames)         /* not [identity][payload] */                        \
+  XX(decode_errors)      /* payload is not an envelope */                     \
+  XX(version_errors)     /* wrong protocol version */                         \
+  XX(unsupported)        /* empty body, or a body we do not handle */        \
+  XX(hellos)                                                                  \
+  XX(hellos_refused)                                                          \
+  XX(jobs_created)                                                            \
+  XX(jobs_finished)                                                           \
+  XX(reports)            /* accepted reports */                               \
+  XX(reports_refused)    /* answered with an Error */                         \
+  XX(unknown_agent)      /* report from a connection that sent no Hello */    \
+  XX(duplicate_reports)                                                       \
+  XX(late_reports)       /* for a decided step: dropped */                    \
+  XX(future_reports)     /* too far ahead of the last decided step */         \
+  XX(steps_decided)                                                           \
+  XX(deadline_decisions) /* decided by the barrier deadline */                \
+  XX(missing_units)      /* unit-steps decided with a missing shard */        \
+  XX(decisions_sent)                                                          \
+  XX(send_failures)      /* peer gone or its queue full */                    \
+  XX(byes)                                                                    \
+  XX(admin_requests)
+
+typedef struct gnmrd_counters {
+#define GNMRD__COUNTER_FIELD(name) uint64_t name;
+  GNMRD_COUNTERS(GNMRD__COUNTER_FIELD)
+#undef GNMRD__COUNTER_FIELD
+} gnmrd_counters;
+
+#endif /* GNMRD_COUNTERS_H */

@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/* gnmrd.h — the daemon's shared context. Everything in it is owned by the
+ * loop thread: job state, registries, counters and sockets. */
+#ifndef GNMRD_H
+#define GNMRD_H
+
+#include <uv.h>
+
+#include "counters.h"
+#include "hmap.h"
+#include "server.h"
+
+typedef struct job job;
+
+typedef struct gnmrd {
+  uv_loop_t *loop;
+  void *zctx;
+  server *agents;
+  server *admin;
+  gnmrd_counters c;
+  hmap jobs;          /* name -> job * */
+  hmap peers;         /* connection identity -> peer * (see jobs.c) */
+  int stopping;
+} gnmrd;
+
+/* jobs.c: the agent protocol */
+void jobs_on_message(server *s, const void *id, size_t id_len,
+                     const void *data, size_t len, void *ctx);
+void jobs_on_bad_frames(server *s, void *ctx);
+/* Frees every job (their timers close through the loop). */
+void jobs_shutdown(gnmrd *d);
+/* Writes the names of the live jobs (at most cap) into names. */
+size_t jobs_names(gnmrd *d, const char **names, size_t cap);
+
+/* admin.c: the admin protocol */
+void admin_on_message(server *s, const void *id, size_t id_len,
+                      const void *data, size_t len, void *ctx);
+void admin_on_bad_frames(server *s, void *ctx);
+
+#endif /* GNMRD_H */

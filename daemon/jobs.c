@@ -1,0 +1,754 @@
+/* SPDX-License-Identifier: MIT */
+/* jobs.c — gnmrd's agent protocol: jobs created by their first Hello, units
+ * shared by name across reporters (shards), a per-step barrier that decides
+ * a step when every expected reporter delivered it or its deadline passed,
+ * one policy step per decided step, and the same encoded Decision sent to
+ * every rank. Invariant: steps are decided in increasing order; partial
+ * sums are added in rank order at decision time, never in arrival order, so
+ * a decision does not depend on network timing. Loop thread only. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gnmr/error.h"
+#include "gnmrd.h"
+#include "log.h"
+#include "policy.h"
+#include "wire.h"
+
+#define MAX_REPORTERS 4096u
+#define MAX_AGENT_UNITS (1u << 20)
+#define MAX_PENDING 16u     /* undecided steps held per job */
+#define MAX_AHEAD 1024u     /* a report may run this far past the last decision */
+#define DEFAULT_BARRIER_MS 1000u
+
+/* One rank's registration in a job. */
+typedef struct rank_reg {
+  int joined;         /* said Hello (and not Bye) */
+  int ever;           /* has ever joined: its units exist */
+  char *ident;        /* current connection identity */
+  size_t ident_len;
+  uint32_t n_units;
+  uint32_t *ids;      /* job-wide id of each local unit */
+} rank_reg;
+
+/* One rank's report held until its step is decided. */
+typedef struct held_report {
+  double *sumsq;
+  uint64_t *nonfinite;       /* NULL: all zero */
+  protobuf_c_boolean *nr;    /* NULL: all reported */
+} held_report;
+
+typedef struct pending {
+  uint64_t step;
+  uint64_t deadline;         /* loop time (ms) */
+  uint32_t got;
+  held_report *by_rank;      /* reporters entries; sumsq NULL = not yet */
+} pending;
+
+struct job {
+  gnmrd *d;
+  char *name;
+  policy_params params;
+  uint32_t reporters, barrier_ms, byes;
+  policy *pol;
+  hmap unit_ids;             /* name -> id */
+  char **unit_names;         /* by id */
+  uint32_t *shards;          /* by id: ranks holding the unit */
+  uint32_t n_units, cap_units;
+  rank_reg *ranks;
+  pending pend[MAX_PENDING]; /* sorted by step */
+  uint32_t n_pend;
+  uint64_t last_decided;
+  uv_timer_t timer;
+  /* decision scratch, by unit id */
+  double *norm, *acc;
+  uint8_t *input;
+  uint32_t *got, *nrc;
+  uint64_t *nfc;
+};
+
+/* A connection identity's membership. */
+typedef struct peer {
+  job *j;
+  uint32_t rank;
+} peer;
+
+/* ---- replies ------------------------------------------------------------- */
+
+static void reply(gnmrd *d, const void *id, size_t id_len, uint8_t *buf,
+                  size_t len) {
+  if (server_send(d->agents, id, id_len, buf, len) != GNMR_OK)
+    d->c.send_failures++;
+  free(buf);
+}
+
+static void reply_error(gnmrd *d, const void *id, size_t id_len, int code,
+                        const char *ref, uint64_t step, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+
+static void reply_error(gnmrd *d, const void *id, size_t id_len, int code,
+                        const char *ref, uint64_t step, const char *fmt, ...) {
+  char msg[256];
+  va_list ap;
+  uint8_t *buf;
+  size_t len;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  LOG(DEBUG, "AGENT-ERROR", "%s (%s)", msg, gnmr_errname(code));
+  if (gnmr__wire_error(code, msg, ref, step, &buf, &len) == GNMR_OK)
+    reply(d, id, id_len, buf, len);
+}
+
+/* ---- job lifetime ----------------------------------------------------------- */
+
+static void pending_clear(job *j, pending *p) {
+  for (uint32_t r = 0; r < j->reporters; r++) {
+    free(p->by_rank[r].sumsq);
+    free(p->by_rank[r].nonfinite);
+    free(p->by_rank[r].nr);
+  }
+  free(p->by_rank);
+  memset(p, 0, sizeof *p);
+}
+
+static void job_timer_closed(uv_handle_t *h) {
+  job *j = h->data;
+  free(j);
+}
+
+/* Frees a job: its state, its peers' memberships, then (via the loop) the
+ * struct itself. The caller removes it from d->jobs. */
+static void job_free(job *j) {
+  gnmrd *d = j->d;
+  for (uint32_t r = 0; r < j->reporters; r++) {
+    rank_reg *rr = &j->ranks[r];
+    if (rr->ident) {
+      uint64_t v;
+      if (hmap_get(&d->peers, rr->ident, rr->ident_len, &v)) {
+        peer *p = (peer *)(uintptr_t)v;
+        if (p->j == j) {
+          hmap_del(&d->peers, rr->ident, rr->ident_len);
+          free(p);
+        }
+      }
+      free(rr->ident);
+    }
+    free(rr->ids);
+  }
+  for (uint32_t i = 0; i < j->n_pend; i++)
+    pending_clear(j, &j->pend[i]);
+  for (uint32_t u = 0; u < j->n_units; u++)
+    free(j->unit_names[u]);
+  free(j->unit_names);
+  free(j->shards);
+  free(j->ranks);
+  free(j->norm);
+  free(j->acc);
+  free(j->input);
+  free(j->got);
+  free(j->nrc);
+  free(j->nfc);
+  hmap_free(&j->unit_ids);
+  policy_destroy(&j->pol);
+  free(j->name);
+  uv_timer_stop(&j->timer);
+  uv_close((uv_handle_t *)&j->timer, job_timer_closed);
+}
+
+static void deadline_cb(uv_timer_t *t);
+
+static job *job_create(gnmrd *d, const char *name, const policy_params *prm,
+                       uint32_t reporters, uint32_t barrier_ms) {
+  job *j = calloc(1, sizeof *j);
+  if (j == NULL)
+    return NULL;
+  j->d = d;
+  j->params = *prm;
+  j->reporters = reporters;
+  j->barrier_ms = barrier_ms;
+  j->name = strdup(name);
+  j->ranks = calloc(reporters, sizeof *j->ranks);
+  if (j->name == NULL || j->ranks == NULL ||
+      policy_create(prm, 0, &j->pol) != GNMR_OK ||
+      hmap_put(&d->jobs, name, strlen(name), (uintptr_t)j) != GNMR_OK) {
+    policy_destroy(&j->pol);
+    free(j->name);
+    free(j->ranks);
+    free(j);
+    return NULL;
+  }
+  uv_timer_init(d->loop, &j->timer);
+  j->timer.data = j;
+  d->c.jobs_created++;
+  LOG(INFO, "JOB-CREATE", "job %s: %u reporters, barrier %u ms", name,
+      reporters, barrier_ms);
+  return j;
+}
+
+/* Grows the per-unit arrays to hold n units. */
+static int job_reserve_units(job *j, uint32_t n) {
+  if (n <= j->cap_units)
+    return GNMR_OK;
+  uint32_t cap = j->cap_units ? j->cap_units : 64;
+  while (cap < n)
+    cap *= 2;
+#define GROW(field)                                                   \
+  do {                                                                \
+    void *p = realloc(j->field, (size_t)cap * sizeof *j->field);      \
+    if (p == NULL)                                                    \
+      return GNMR_E_NOMEM;                                            \
+    j->field = p;                                                     \
+  } while (0)
+  GROW(unit_names);
+  GROW(shards);
+  GROW(norm);
+  GROW(acc);
+  GROW(input);
+  GROW(got);
+  GROW(nrc);
+  GROW(nfc);
+#undef GROW
+  j->cap_units = cap;
+  return GNMR_OK;
+}
+
+/* ---- deciding ------------------------------------------------------------------ */
+
+/* Decides pending step p (the oldest), sends the decision, frees p. */
+static void decide(job *j, pending *p, int by_deadline) {
+  gnmrd *d = j->d;
+  uint32_t n = j->n_units;
+  policy_result res;
+  memset(j->acc, 0, n * sizeof *j->acc);
+  memset(j->got, 0, n * sizeof *j->got);
+  memset(j->nrc, 0, n * sizeof *j->nrc);
+  memset(j->nfc, 0, n * sizeof *j->nfc);
+  for (uint32_t r = 0; r < j->reporters; r++) { /* rank order */
+    held_report *h = &p->by_rank[r];
+    rank_reg *rr = &j->ranks[r];
+    if (h->sumsq == NULL)
+      continue;
+    for (uint32_t i = 0; i < rr->n_units; i++) {
+      uint32_t id = rr->ids[i];
+      j->got[id]++;
+      if (h->nr && h->nr[i]) {
+        j->nrc[id]++;
+        continue;
+      }
+      j->acc[id] += h->sumsq[i];
+      if (h->nonfinite)
+        j->nfc[id] += h->nonfinite[i];
+    }
+  }
+  for (uint32_t u = 0; u < n; u++) {
+    j->norm[u] = 0;
+    if (j->got[u] < j->shards[u] || (j->nrc[u] > 0 && j->nrc[u] < j->got[u])) {
+      j->input[u] = POLICY_MISSING;
+      d->c.missing_units++;
+    } else if (j->nrc[u] == j->got[u]) {
+      j->input[u] = POLICY_NOT_REPORTED;
+    } else {
+      j->input[u] = POLICY_REPORTED;
+      j->norm[u] = j->nfc[u] > 0 ? NAN : sqrt(j->acc[u]);
+    }
+  }
+  int rv = policy_step(j->pol, p->step, j->norm, j->input, &res);
+  if (rv != GNMR_OK) {
+    LOG(ERROR, "JOB-DECIDE", "job %s step %llu: %s", j->name,
+        (unsigned long long)p->step, gnmr_strerror(rv));
+  } else {
+    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+    Gnmr__Decision dec = GNMR__DECISION__INIT;
+    uint8_t *buf;
+    size_t len;
+    dec.job = j->name;
+    dec.step = p->step;
+    dec.n_active = res.n_active;
+    dec.active = (uint32_t *)res.active;
+    env.body_case = GNMR__ENVELOPE__BODY_DECISION;
+    env.decision = &dec;
+    if (gnmr__wire_encode(&env, &buf, &len) == GNMR_OK) {
+      for (uint32_t r = 0; r < j->reporters; r++) {
+        rank_reg *rr = &j->ranks[r];
+        if (!rr->joined)
+          continue;
+        if (server_send(d->agents, rr->ident, rr->ident_len, buf, len) ==
+            GNMR_OK)
+          d->c.decisions_sent++;
+        else
+          d->c.send_failures++;
+      }
+      free(buf);
+    }
+    d->c.steps_decided++;
+    if (by_deadline)
+      d->c.deadline_decisions++;
+  }
+  j->last_decided = p->step;
+  pending_clear(j, p);
+  /* p is pend[0]: shift the rest down */
+  memmove(&j->pend[0], &j->pend[1], (j->n_pend - 1) * sizeof j->pend[0]);
+  j->n_pend--;
+  memset(&j->pend[j->n_pend], 0, sizeof j->pend[0]);
+}
+
+/* Arms the job's timer for the earliest pending deadline. */
+static void rearm(job *j) {
+  uv_timer_stop(&j->timer);
+  if (j->n_pend == 0)
+    return;
+  uint64_t now = uv_now(j->d->loop), first = j->pend[0].deadline;
+  for (uint32_t i = 1; i < j->n_pend; i++)
+    if (j->pend[i].deadline < first)
+      first = j->pend[i].deadline;
+  uv_timer_start(&j->timer, deadline_cb, first > now ? first - now : 0, 0);
+}
+
+static uint32_t expected(const job *j) {
+  uint32_t e = j->reporters - j->byes;
+  return e ? e : 1;
+}
+
+/* Decides, in step order, every pending step that is complete or whose
+ * deadline passed, and every step below one of those. */
+static void decide_ready(job *j) {
+  uint64_t now = uv_now(j->d->loop);
+  for (;;) {
+    int32_t last = -1;
+    for (uint32_t i = 0; i < j->n_pend; i++)
+      if (j->pend[i].got >= expected(j) || j->pend[i].deadline <= now)
+        last = (int32_t)i;
+    if (last < 0)
+      break;
+    for (int32_t i = 0; i <= last; i++) {
+      int complete = j->pend[0].got >= expected(j);
+      decide(j, &j->pend[0], !complete);
+    }
+  }
+  server_kick(j->d->agents);
+  rearm(j);
+}
+
+static void deadline_cb(uv_timer_t *t) { decide_ready(t->data); }
+
+/* ---- messages ------------------------------------------------------------------ */
+
+static int printable(const char *s, size_t max) {
+  size_t n = strlen(s);
+  if (n == 0 || n > max)
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+      return 0;
+  return 1;
+}
+
+static void welcome(gnmrd *d, const void *id, size_t id_len, job *j,
+                    uint32_t rank) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Welcome w = GNMR__WELCOME__INIT;
+  Gnmr__Params wp;
+  uint8_t *buf;
+  size_t len;
+  gnmr__params_to_wire(&j->params, &wp);
+  w.job = j->name;
+  w.rank = rank;
+  w.n_unit_ids = j->ranks[rank].n_units;
+  w.unit_ids = j->ranks[rank].ids;
+  w.params = &wp;
+  w.last_step = j->last_decided;
+  env.body_case = GNMR__ENVELOPE__BODY_WELCOME;
+  env.welcome = &w;
+  if (gnmr__wire_encode(&env, &buf, &len) == GNMR_OK)
+    reply(d, id, id_len, buf, len);
+}
+
+/* Registers rank's units in j: existing names become shards, new names get
+ * new ids. On failure nothing changes. */
+static int register_units(job *j, rank_reg *rr, const Gnmr__Hello *h) {
+  uint32_t *ids = malloc(h->n_units * sizeof *ids);
+  uint32_t n_new = 0;
+  if (ids == NULL || job_reserve_units(j, j->n_units + (uint32_t)h->n_units))
+    goto nomem;
+  for (size_t i = 0; i < h->n_units; i++) {
+    uint64_t v;
+    const char *nm = h->units[i];
+    if (hmap_get(&j->unit_ids, nm, strlen(nm), &v)) {
+      ids[i] = (uint32_t)v;
+    } else {
+      uint32_t nid = j->n_units + n_new;
+      char *copy = strdup(nm);
+      if (copy == NULL || hmap_put(&j->unit_ids, nm, strlen(nm), nid)) {
+        free(copy);
+        /* roll back the names added so far */
+        for (uint32_t k = 0; k < n_new; k++) {
+          char *s = j->unit_names[j->n_units + k];
+          hmap_del(&j->unit_ids, s, strlen(s));
+          free(s);
+        }
+        goto nomem;
+      }
+      j->unit_names[nid] = copy;
+      j->shards[nid] = 0;
+      ids[i] = nid;
+      n_new++;
+    }
+  }
+  if (policy_resize(j->pol, j->n_units + n_new) != GNMR_OK) {
+    for (uint32_t k = 0; k < n_new; k++) {
+      char *s = j->unit_names[j->n_units + k];
+      hmap_del(&j->unit_ids, s, strlen(s));
+      free(s);
+    }
+    goto nomem;
+  }
+  j->n_units += n_new;
+  for (size_t i = 0; i < h->n_units; i++)
+    j->shards[ids[i]]++;
+  rr->ids = ids;
+  rr->n_units = (uint32_t)h->n_units;
+  rr->ever = 1;
+  return GNMR_OK;
+nomem:
+  free(ids);
+  return GNMR_E_NOMEM;
+}
+
+/* Whether Hello h lists exactly the units rank rr registered before. */
+static int same_units(const job *j, const rank_reg *rr, const Gnmr__Hello *h) {
+  if (h->n_units != rr->n_units)
+    return 0;
+  for (size_t i = 0; i < h->n_units; i++)
+    if (strcmp(j->unit_names[rr->ids[i]], h->units[i]) != 0)
+      return 0;
+  return 1;
+}
+
+static void on_hello(gnmrd *d, const void *id, size_t id_len,
+                     const Gnmr__Hello *h) {
+  policy_params prm;
+  const char *what = NULL;
+  uint32_t barrier = h->barrier_ms ? h->barrier_ms : DEFAULT_BARRIER_MS;
+  d->c.hellos++;
+#define REFUSE(code, ref, ...)                                   \
+  do {                                                           \
+    d->c.hellos_refused++;                                       \
+    reply_error(d, id, id_len, code, ref, 0, __VA_ARGS__);       \
+    return;                                                      \
+  } while (0)
+  if (h->protocol != GNMR_PROTOCOL_VERSION)
+    REFUSE(GNMR_E_VERSION, "protocol", "protocol %u, this daemon speaks %u",
+           h->protocol, GNMR_PROTOCOL_VERSION);
+  if (!printable(h->job, 128))
+    REFUSE(GNMR_E_INVAL, "job", "job name must be 1..128 printable bytes");
+  if (h->reporters == 0 || h->reporters > MAX_REPORTERS)
+    REFUSE(GNMR_E_INVAL, "reporters", "reporters must be 1..%u",
+           MAX_REPORTERS);
+  if (h->rank >= h->reporters)
+    REFUSE(GNMR_E_INVAL, "rank", "rank %u is not below reporters %u",
+           h->rank, h->reporters);
+  if (h->n_units == 0 || h->n_units > MAX_AGENT_UNITS)
+    REFUSE(GNMR_E_INVAL, "units", "an agent has 1..%u units, not %zu",
+           MAX_AGENT_UNITS, h->n_units);
+  if (barrier > 600000)
+    REFUSE(GNMR_E_INVAL, "barrier_ms", "barrier_ms must be 1..600000");
+  if (h->params == NULL)
+    REFUSE(GNMR_E_INVAL, "params", "Hello without policy parameters");
+  gnmr__params_from_wire(h->params, &prm);
+  if (policy_params_validate(&prm, &what) != GNMR_OK)
+    REFUSE(GNMR_E_INVAL, what, "invalid policy parameter %s", what);
+  {
+    hmap seen = {0};
+    for (size_t i = 0; i < h->n_units; i++) {
+      const char *u = h->units[i];
+      if (!printable(u, 256)) {
+        hmap_free(&seen);
+        REFUSE(GNMR_E_INVAL, "units", "unit %zu: names are 1..256 printable "
+                                      "bytes", i);
+      }
+      if (hmap_get(&seen, u, strlen(u), NULL)) {
+        hmap_free(&seen);
+        REFUSE(GNMR_E_DUP, u, "unit name '%.64s' listed twice", u);
+      }
+      if (hmap_put(&seen, u, strlen(u), i) != GNMR_OK) {
+        hmap_free(&seen);
+        REFUSE(GNMR_E_NOMEM, "units", "out of memory");
+      }
+    }
+    hmap_free(&seen);
+  }
+
+  uint64_t v;
+  peer *pr = NULL;
+  if (hmap_get(&d->peers, id, id_len, &v)) {
+    pr = (peer *)(uintptr_t)v;
+    if (strcmp(pr->j->name, h->job) != 0 || pr->rank != h->rank)
+      REFUSE(GNMR_E_MISMATCH, "rank",
+             "this connection already joined job %.64s as rank %u",
+             pr->j->name, pr->rank);
+  }
+  job *j = hmap_get(&d->jobs, h->job, strlen(h->job), &v)
+               ? (job *)(uintptr_t)v
+               : NULL;
+  if (j != NULL) {
+    if (j->reporters != h->reporters)
+      REFUSE(GNMR_E_MISMATCH, "reporters",
+             "job %.64s has %u reporters, this agent says %u", j->name,
+             j->reporters, h->reporters);
+    if (!gnmr__params_equal(&j->params, &prm))
+      REFUSE(GNMR_E_MISMATCH, "params",
+             "job %.64s runs with other policy parameters", j->name);
+    if (j->barrier_ms != barrier)
+      REFUSE(GNMR_E_MISMATCH, "barrier_ms",
+             "job %.64s has a %u ms barrier, this agent says %u", j->name,
+             j->barrier_ms, barrier);
+  } else if ((j = job_create(d, h->job, &prm, h->reporters, barrier)) ==
+             NULL) {
+    REFUSE(GNMR_E_NOMEM, "job", "out of memory");
+  }
+  rank_reg *rr = &j->ranks[h->rank];
+  int returning = rr->ever && !rr->joined; /* said Bye before */
+  if (rr->ever && !same_units(j, rr, h))
+    REFUSE(GNMR_E_MISMATCH, "units",
+           "rank %u of job %.64s joined before with other units", h->rank,
+           j->name);
+  if (!rr->ever && register_units(j, rr, h) != GNMR_OK)
+    REFUSE(GNMR_E_NOMEM, "units", "out of memory");
+
+  /* Bind this connection to (job, rank), replacing an older connection. */
+  if (pr == NULL) {
+    if (rr->ident != NULL && hmap_get(&d->peers, rr->ident, rr->ident_len,
+                                      &v)) {
+      free((peer *)(uintptr_t)v);
+      hmap_del(&d->peers, rr->ident, rr->ident_len);
+    }
+    char *ident = malloc(id_len ? id_len : 1);
+    pr = malloc(sizeof *pr);
+    if (ident == NULL || pr == NULL ||
+        hmap_put(&d->peers, id, id_len, (uintptr_t)pr) != GNMR_OK) {
+      free(ident);
+      free(pr);
+      REFUSE(GNMR_E_NOMEM, "rank", "out of memory");
+    }
+    memcpy(ident, id, id_len);
+    free(rr->ident);
+    rr->ident = ident;
+    rr->ident_len = id_len;
+    pr->j = j;
+    pr->rank = h->rank;
+  }
+  if (returning && j->byes > 0)
+    j->byes--; /* a rank that said Bye came back */
+  rr->joined = 1;
+  LOG(INFO, "AGENT-JOIN", "job %s rank %u/%u joined with %zu units",
+      j->name, h->rank, j->reporters, h->n_units);
+  welcome(d, id, id_len, j, h->rank);
+#undef REFUSE
+}
+
+static pending *find_or_add_pending(job *j, uint64_t step) {
+  uint32_t i = 0;
+  while (i < j->n_pend && j->pend[i].step < step)
+    i++;
+  if (i < j->n_pend && j->pend[i].step == step)
+    return &j->pend[i];
+  if (j->n_pend == MAX_PENDING)
+    return NULL;
+  held_report *by_rank = calloc(j->reporters, sizeof *by_rank);
+  if (by_rank == NULL)
+    return NULL;
+  memmove(&j->pend[i + 1], &j->pend[i], (j->n_pend - i) * sizeof j->pend[0]);
+  j->n_pend++;
+  pending *p = &j->pend[i];
+  p->step = step;
+  p->got = 0;
+  p->by_rank = by_rank;
+  p->deadline = uv_now(j->d->loop) + j->barrier_ms;
+  return p;
+}
+
+static void on_report(gnmrd *d, const void *id, size_t id_len,
+                      const Gnmr__Report *r) {
+  uint64_t v;
+#define REFUSE(code, ref, ...)                                   \
+  do {                                                           \
+    d->c.reports_refused++;                                      \
+    reply_error(d, id, id_len, code, ref, r->step, __VA_ARGS__); \
+    return;                                                      \
+  } while (0)
+  if (!hmap_get(&d->peers, id, id_len, &v)) {
+    d->c.unknown_agent++;
+    REFUSE(GNMR_E_NOJOB, "hello", "unknown agent: send Hello first");
+  }
+  peer *pr = (peer *)(uintptr_t)v;
+  job *j = pr->j;
+  rank_reg *rr = &j->ranks[pr->rank];
+  if (strcmp(r->job, j->name) != 0 || r->rank != pr->rank)
+    REFUSE(GNMR_E_MISMATCH, "rank",
+           "report for job %.64s rank %u on the connection of job %.64s "
+           "rank %u", r->job, r->rank, j->name, pr->rank);
+  if (r->n_sumsq != rr->n_units)
+    REFUSE(GNMR_E_PROTO, "sumsq", "sumsq has %zu entries, rank %u has %u "
+                                  "units", r->n_sumsq, pr->rank, rr->n_units);
+  if (r->n_nonfinite != 0 && r->n_nonfinite != rr->n_units)
+    REFUSE(GNMR_E_PROTO, "nonfinite",
+           "nonfinite has %zu entries: expected 0 or %u", r->n_nonfinite,
+           rr->n_units);
+  if (r->n_not_reported != 0 && r->n_not_reported != rr->n_units)
+    REFUSE(GNMR_E_PROTO, "not_reported",
+           "not_reported has %zu entries: expected 0 or %u",
+           r->n_not_reported, rr->n_units);
+  for (size_t i = 0; i < r->n_sumsq; i++)
+    if (!(r->sumsq[i] >= 0))
+      REFUSE(GNMR_E_RANGE, j->unit_names[rr->ids[i]],
+             "sumsq[%zu] is negative or NaN (report NaN/Inf elements as "
+             "nonfinite counts)", i);
+  if (r->step == 0)
+    REFUSE(GNMR_E_INVAL, "step", "steps start at 1");
+  if (r->step <= j->last_decided) {
+    d->c.late_reports++; /* dropped and counted: no reply */
+    return;
+  }
+  if (r->step > j->last_decided + MAX_AHEAD && j->last_decided > 0) {
+    d->c.future_reports++;
+    REFUSE(GNMR_E_RANGE, "step", "step %llu is more than %u steps past the "
+                                 "last decided step %llu",
+           (unsigned long long)r->step, MAX_AHEAD,
+           (unsigned long long)j->last_decided);
+  }
+  pending *p = find_or_add_pending(j, r->step);
+  if (p == NULL) {
+    d->c.future_reports++;
+    REFUSE(GNMR_E_BUSY, "step", "%u steps are already waiting for reports",
+           MAX_PENDING);
+  }
+  held_report *h = &p->by_rank[pr->rank];
+  if (h->sumsq != NULL) {
+    d->c.duplicate_reports++;
+    REFUSE(GNMR_E_DUP, "step", "duplicate report for step %llu",
+           (unsigned long long)r->step);
+  }
+  size_t n = rr->n_units;
+  h->sumsq = malloc(n * sizeof *h->sumsq);
+  if (r->n_nonfinite)
+    h->nonfinite = malloc(n * sizeof *h->nonfinite);
+  if (r->n_not_reported)
+    h->nr = malloc(n * sizeof *h->nr);
+  if (h->sumsq == NULL || (r->n_nonfinite && !h->nonfinite) ||
+      (r->n_not_reported && !h->nr)) {
+    free(h->sumsq);
+    free(h->nonfinite);
+    free(h->nr);
+    memset(h, 0, sizeof *h);
+    REFUSE(GNMR_E_NOMEM, "step", "out of memory");
+  }
+  memcpy(h->sumsq, r->sumsq, n * sizeof *h->sumsq);
+  if (h->nonfinite)
+    memcpy(h->nonfinite, r->nonfinite, n * sizeof *h->nonfinite);
+  if (h->nr)
+    memcpy(h->nr, r->not_reported, n * sizeof *h->nr);
+  p->got++;
+  d->c.reports++;
+  decide_ready(j);
+#undef REFUSE
+}
+
+static void on_bye(gnmrd *d, const void *id, size_t id_len,
+                   const Gnmr__Bye *b) {
+  uint64_t v;
+  (void)b;
+  d->c.byes++;
+  if (!hmap_get(&d->peers, id, id_len, &v))
+    return;
+  peer *pr = (peer *)(uintptr_t)v;
+  job *j = pr->j;
+  rank_reg *rr = &j->ranks[pr->rank];
+  hmap_del(&d->peers, id, id_len);
+  free(pr);
+  free(rr->ident);
+  rr->ident = NULL;
+  rr->ident_len = 0;
+  if (rr->joined) {
+    rr->joined = 0;
+    j->byes++;
+  }
+  if (j->byes >= j->reporters) {
+    LOG(INFO, "JOB-FINISH", "job %s finished at step %llu", j->name,
+        (unsigned long long)j->last_decided);
+    hmap_del(&d->jobs, j->name, strlen(j->name));
+    d->c.jobs_finished++;
+    job_free(j);
+    return;
+  }
+  decide_ready(j); /* fewer reporters may complete a pending step */
+}
+
+void jobs_on_message(server *s, const void *id, size_t id_len,
+                     const void *data, size_t len, void *ctx) {
+  gnmrd *d = ctx;
+  Gnmr__Envelope *env;
+  char err[128];
+  (void)s;
+  d->c.messages_in++;
+  int rv = gnmr__wire_decode(data, len, &env, err, sizeof err);
+  if (rv != GNMR_OK) {
+    if (rv == GNMR_E_VERSION)
+      d->c.version_errors++;
+    else if (rv == GNMR_E_UNSUPPORTED)
+      d->c.unsupported++;
+    else
+      d->c.decode_errors++;
+    reply_error(d, id, id_len, rv, "envelope", 0, "%s", err);
+    return;
+  }
+  switch (env->body_case) {
+  case GNMR__ENVELOPE__BODY_HELLO:
+    on_hello(d, id, id_len, env->hello);
+    break;
+  case GNMR__ENVELOPE__BODY_REPORT:
+    on_report(d, id, id_len, env->report);
+    break;
+  case GNMR__ENVELOPE__BODY_BYE:
+    on_bye(d, id, id_len, env->bye);
+    break;
+  default:
+    d->c.unsupported++;
+    reply_error(d, id, id_len, GNMR_E_UNSUPPORTED, "envelope", 0,
+                "message type %d is not served on the agent endpoint",
+                (int)env->body_case);
+    break;
+  }
+  gnmr__wire_free(&env);
+}
+
+void jobs_on_bad_frames(server *s, void *ctx) {
+  gnmrd *d = ctx;
+  (void)s;
+  d->c.messages_in++;
+  d->c.bad_frames++;
+}
+
+void jobs_shutdown(gnmrd *d) {
+  size_t pos = 0;
+  uint64_t v;
+  /* job_free() edits d->peers, never d->jobs: iterating jobs is safe */
+  while (hmap_next(&d->jobs, &pos, NULL, NULL, &v))
+    job_free((job *)(uintptr_t)v);
+  hmap_free(&d->jobs);
+  pos = 0;
+  while (hmap_next(&d->peers, &pos, NULL, NULL, &v))
+    free((peer *)(uintptr_t)v);
+  hmap_free(&d->peers);
+}
+
+size_t jobs_names(gnmrd *d, const char **names, size_t cap) {
+  size_t n = 0, pos = 0;
+  uint64_t v;
+  while (n < cap && hmap_next(&d->jobs, &pos, NULL, NULL, &v))
+    names[n++] = ((job *)(uintptr_t)v)->name;
+  return n;
+}

@@ -1,0 +1,231 @@
+/* SPDX-License-Identifier: MIT */
+/* main.c — gnmrd: parses the command line, takes the data directory's
+ * lock, binds the agent and admin endpoints, prints them, runs the loop
+ * until SIGTERM/SIGINT, then closes everything in order. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "gnmr/error.h"
+#include "gnmrd.h"
+#include "log.h"
+#include "num.h"
+
+#ifndef GNMR_VERSION
+#define GNMR_VERSION "0.0.0"
+#endif
+
+static const char usage[] =
+    "usage: gnmrd [--data-dir DIR] [--agents ENDPOINT] [--admin ENDPOINT]\n"
+    "             [--log-level error|warn|info|debug] [--max-msg BYTES]\n"
+    "  Runs in the foreground; stops cleanly on SIGTERM or SIGINT.\n"
+    "  Endpoints are ZeroMQ addresses: ipc:///path or tcp://HOST:PORT\n"
+    "  (tcp://127.0.0.1:* picks a free port; the bound one is printed).\n"
+    "  Defaults: data dir $STATE_DIRECTORY, else /var/lib/gnmr for root,\n"
+    "  else $XDG_STATE_HOME/gnmr or ~/.local/state/gnmr; endpoints\n"
+    "  ipc://RUN/agents.sock and ipc://RUN/admin.sock, RUN being\n"
+    "  $RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/gnmr, else /tmp/gnmr-UID.\n";
+
+/* mkdir -p with mode 0700 for directories it creates. */
+static int mkdirs(const char *path) {
+  char buf[4096];
+  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+    return -1;
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/')
+      continue;
+    *p = '\0';
+    if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+      return -1;
+    *p = '/';
+  }
+  return mkdir(buf, 0700) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+static void default_dirs(char *run, size_t rcap, char *data, size_t dcap) {
+  const char *e;
+  if ((e = getenv("RUNTIME_DIRECTORY")) != NULL)
+    snprintf(run, rcap, "%s", e);
+  else if ((e = getenv("XDG_RUNTIME_DIR")) != NULL)
+    snprintf(run, rcap, "%s/gnmr", e);
+  else
+    snprintf(run, rcap, "/tmp/gnmr-%u", (unsigned)getuid());
+  if ((e = getenv("STATE_DIRECTORY")) != NULL)
+    snprintf(data, dcap, "%s", e);
+  else if (getuid() == 0)
+    snprintf(data, dcap, "/var/lib/gnmr");
+  else if ((e = getenv("XDG_STATE_HOME")) != NULL)
+    snprintf(data, dcap, "%s/gnmr", e);
+  else
+    snprintf(data, dcap, "%s/.local/state/gnmr",
+             getenv("HOME") ? getenv("HOME") : "/tmp");
+}
+
+/* For ipc:// endpoints, creates the socket's directory. */
+static int prepare_endpoint(const char *ep) {
+  if (strncmp(ep, "ipc://", 6) != 0)
+    return 0;
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", ep + 6);
+  char *slash = strrchr(dir, '/');
+  if (slash == NULL || slash == dir)
+    return 0;
+  *slash = '\0';
+  return mkdirs(dir);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  gnmrd *d = h->data;
+  LOG(INFO, "SIGNAL", "signal %d: stopping", signum);
+  d->stopping = 1;
+  uv_stop(h->loop);
+}
+
+static void close_walk(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (!uv_is_closing(h))
+    uv_close(h, NULL);
+}
+
+int main(int argc, char **argv) {
+  char run[2048], data_dir[2048], agents_ep[2304], admin_ep[2304];
+  char bound_agents[512], bound_admin[512], err[512];
+  const char *data_opt = NULL, *agents_opt = NULL, *admin_opt = NULL;
+  int64_t max_msg = 256 << 20;
+  static const struct option longopts[] = {
+      {"data-dir", required_argument, NULL, 'd'},
+      {"agents", required_argument, NULL, 'a'},
+      {"admin", required_argument, NULL, 'm'},
+      {"log-level", required_argument, NULL, 'l'},
+      {"max-msg", required_argument, NULL, 'x'},
+      {"help", no_argument, NULL, 'h'},
+      {"version", no_argument, NULL, 'V'},
+      {0},
+  };
+  int c, code = 1;
+  uint64_t v;
+  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'd':
+      data_opt = optarg;
+      break;
+    case 'a':
+      agents_opt = optarg;
+      break;
+    case 'm':
+      admin_opt = optarg;
+      break;
+    case 'l':
+      if (gnmr__log_parse_level(optarg, &gnmr__log_level) != GNMR_OK) {
+        fprintf(stderr, "gnmrd: --log-level '%s': expected error, warn, info "
+                        "or debug\n", optarg);
+        return 2;
+      }
+      break;
+    case 'x':
+      if (gnmr__parse_u64(optarg, INT64_MAX, &v) != 0 || v < 1024) {
+        fprintf(stderr, "gnmrd: --max-msg '%s': expected bytes >= 1024\n",
+                optarg);
+        return 2;
+      }
+      max_msg = (int64_t)v;
+      break;
+    case 'h':
+      fputs(usage, stdout);
+      return 0;
+    case 'V':
+      printf("gnmrd %s\n", GNMR_VERSION);
+      return 0;
+    default:
+      fputs(usage, stderr);
+      return 2;
+    }
+  }
+  if (optind != argc) {
+    fprintf(stderr, "gnmrd: unexpected argument '%s'\n%s", argv[optind],
+            usage);
+    return 2;
+  }
+  default_dirs(run, sizeof run, data_dir, sizeof data_dir);
+  if (data_opt)
+    snprintf(data_dir, sizeof data_dir, "%s", data_opt);
+  snprintf(agents_ep, sizeof agents_ep, "%s",
+           agents_opt ? agents_opt : "");
+  snprintf(admin_ep, sizeof admin_ep, "%s", admin_opt ? admin_opt : "");
+  if (!agents_opt)
+    snprintf(agents_ep, sizeof agents_ep, "ipc://%s/agents.sock", run);
+  if (!admin_opt)
+    snprintf(admin_ep, sizeof admin_ep, "ipc://%s/admin.sock", run);
+
+  if (mkdirs(data_dir) != 0) {
+    LOG(ERROR, "DATA-DIR", "create %s: %s", data_dir, strerror(errno));
+    return 1;
+  }
+  char lock_path[2200];
+  snprintf(lock_path, sizeof lock_path, "%s/gnmrd.lock", data_dir);
+  int lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    LOG(ERROR, "DATA-LOCK", "%s: %s", lock_path,
+        errno == EWOULDBLOCK ? "another gnmrd uses this data directory"
+                             : strerror(errno));
+    return 1;
+  }
+  if (prepare_endpoint(agents_ep) != 0 || prepare_endpoint(admin_ep) != 0) {
+    LOG(ERROR, "ENDPOINT-DIR", "cannot create the socket directory: %s",
+        strerror(errno));
+    return 1;
+  }
+  signal(SIGPIPE, SIG_IGN);
+
+  gnmrd d = {0};
+  uv_loop_t loop;
+  uv_signal_t sigterm, sigint;
+  uv_loop_init(&loop);
+  d.loop = &loop;
+  d.zctx = zmq_ctx_new();
+  if (server_open(&loop, d.zctx, agents_ep, max_msg, jobs_on_message,
+                  jobs_on_bad_frames, &d, bound_agents, sizeof bound_agents,
+                  err, sizeof err, &d.agents) != GNMR_OK) {
+    LOG(ERROR, "BIND-AGENTS", "%s", err);
+    goto out;
+  }
+  if (server_open(&loop, d.zctx, admin_ep, 1 << 20, admin_on_message,
+                  admin_on_bad_frames, &d, bound_admin, sizeof bound_admin,
+                  err, sizeof err, &d.admin) != GNMR_OK) {
+    LOG(ERROR, "BIND-ADMIN", "%s", err);
+    goto out;
+  }
+  uv_signal_init(&loop, &sigterm);
+  uv_signal_init(&loop, &sigint);
+  sigterm.data = sigint.data = &d;
+  uv_signal_start(&sigterm, on_signal, SIGTERM);
+  uv_signal_start(&sigint, on_signal, SIGINT);
+
+  printf("gnmrd %s: data %s\ngnmrd: agents %s\ngnmrd: admin %s\n",
+         GNMR_VERSION, data_dir, bound_agents, bound_admin);
+  fflush(stdout);
+  LOG(INFO, "START", "serving agents on %s, admin on %s", bound_agents,
+      bound_admin);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  code = 0;
+out:
+  jobs_shutdown(&d);
+  server_close(d.agents);
+  server_close(d.admin);
+  uv_walk(&loop, close_walk, NULL);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_loop_close(&loop);
+  zmq_ctx_term(d.zctx);
+  close(lock_fd);
+  if (code == 0)
+    LOG(INFO, "STOP", "stopped cleanly");
+  return code;
+}

@@ -1,0 +1,138 @@
+/* SPDX-License-Identifier: MIT */
+/* gnmr/agent.h — libgnmr-agent, linked into each training rank.
+ * It reduces per-unit gradient norms (CPU backend for host tensors), streams
+ * them to gnmrd over ZeroMQ from its own I/O thread, and answers "which path
+ * does unit u take now". It never prints, never exits, and never blocks the
+ * training thread beyond the deadline the caller gives. */
+#ifndef GNMR_AGENT_H
+#define GNMR_AGENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gnmr/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Routes: the low-cost path and the recovery (higher-fidelity) path. */
+enum gnmr_route { GNMR_ROUTE_LOW = 0, GNMR_ROUTE_HIGH = 1 };
+
+enum gnmr_dtype {
+  GNMR_DTYPE_F32 = 0,
+  GNMR_DTYPE_F16 = 1,
+  GNMR_DTYPE_BF16 = 2,
+  GNMR_DTYPE_F64 = 3,
+};
+
+/* The job's policy parameters (docs/policy.md). early_alpha/early_beta 0
+ * means "same as alpha/beta". gnmr_params_default() gives the spec's
+ * defaults. Every agent of a job must send the same parameters. */
+typedef struct gnmr_params {
+  double alpha, beta;
+  uint32_t window, max_active, lock_steps;
+  uint64_t warmup_steps;
+  double early_alpha, early_beta;
+  uint64_t early_steps;
+} gnmr_params;
+
+typedef struct gnmr_agent_config {
+  const char *endpoint;   /* gnmrd's agent endpoint, e.g. ipc:///run/gnmr/agents */
+  const char *job;        /* job name, 1..128 printable bytes */
+  uint32_t rank;          /* this reporter, 0 <= rank < reporters */
+  uint32_t reporters;     /* reports per step (model-parallel shards) */
+  const char *const *unit_names; /* this reporter's units; same name on
+                                    several reporters = shards of one unit */
+  uint32_t n_units;
+  gnmr_params params;
+  uint32_t barrier_ms;    /* daemon waits at most this for a step; 0 = 1000 */
+  uint32_t fallback_route;/* route when no fresh decision: GNMR_ROUTE_LOW */
+  uint32_t fallback_after;/* steps a stale decision is still used; 0 = 3 */
+} gnmr_agent_config;
+
+/* One tensor of a report: host memory, numel elements of dtype, belonging
+ * to this reporter's unit `unit` (index into unit_names). */
+typedef struct gnmr_tensor {
+  const void *data;
+  uint64_t numel;
+  uint32_t dtype;  /* enum gnmr_dtype */
+  uint32_t unit;
+} gnmr_tensor;
+
+typedef struct gnmr_agent_stats {
+  uint64_t reports_sent;      /* handed to the I/O thread */
+  uint64_t reports_dropped;   /* I/O thread behind, or no daemon connected */
+  uint64_t decisions;         /* decisions received */
+  uint64_t late_decisions;    /* gnmr_agent_wait() deadlines missed */
+  uint64_t fallback_routes;   /* route() answers from the fallback */
+  uint64_t errors;            /* Error replies from the daemon */
+  uint64_t hellos;            /* Hello messages sent (1 + re-joins) */
+  int32_t last_error;         /* code of the last Error reply, 0 if none */
+} gnmr_agent_stats;
+
+typedef struct gnmr_agent gnmr_agent;
+
+GNMR_EXPORT void gnmr_params_default(gnmr_params *p);
+
+/* Opens an agent: copies cfg (the caller may free it afterwards), starts the
+ * I/O thread, which connects and joins the job in the background (no daemon
+ * is not an error). On success *out owns the agent (gnmr_agent_close); on
+ * failure *out is NULL. Errors: GNMR_E_INVAL (bad config, names the field
+ * nowhere: see the header), GNMR_E_NOMEM, GNMR_E_IO (socket setup). */
+GNMR_EXPORT int gnmr_agent_open(const gnmr_agent_config *cfg,
+                                gnmr_agent **out);
+
+/* Sends Bye (best effort), stops the I/O thread, frees everything and sets
+ * *a to NULL. NULL-safe. */
+GNMR_EXPORT void gnmr_agent_close(gnmr_agent **a);
+
+/* Reports step (>= 1) from host tensors: reduces them on the calling thread
+ * (fp64 sums of squares per unit, counting NaN/Inf elements) and queues the
+ * report; never waits for the network. Units with no tensor are "not
+ * reported". Calls on one agent must not run concurrently. Errors:
+ * GNMR_E_INVAL (unit out of range, bad dtype, NULL data with numel > 0,
+ * step 0 or not above the last reported step), GNMR_E_NOMEM. A report that
+ * cannot be queued is counted in reports_dropped and is not an error. */
+GNMR_EXPORT int gnmr_agent_report(gnmr_agent *a, uint64_t step,
+                                  const gnmr_tensor *tensors, size_t n);
+
+/* Reports already-reduced values: sumsq[i] >= 0 per unit, nonfinite[i]
+ * (may be NULL = none), not_reported[i] != 0 where there is no value (may
+ * be NULL = all reported). Same rules as gnmr_agent_report(). */
+GNMR_EXPORT int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step,
+                                       const double *sumsq,
+                                       const uint64_t *nonfinite,
+                                       const uint8_t *not_reported);
+
+/* Waits up to timeout_ms for the decision of `step`. Returns 0 when it (or
+ * a later one) is in, GNMR_E_TIMEDOUT otherwise (counted as late). */
+GNMR_EXPORT int gnmr_agent_wait(gnmr_agent *a, uint64_t step, int timeout_ms);
+
+/* The route of unit `unit` for the step after the last reported one:
+ * the latest decision, unless none has arrived or it is more than
+ * fallback_after steps old; then the configured fallback route. A
+ * lock-free read; any thread. Out-of-range units get the fallback. */
+GNMR_EXPORT int gnmr_agent_route(gnmr_agent *a, uint32_t unit);
+
+/* The step of the latest decision received (0: none yet). */
+GNMR_EXPORT uint64_t gnmr_agent_decided_step(const gnmr_agent *a);
+
+/* Whether the daemon has accepted this agent (Welcome received). */
+GNMR_EXPORT int gnmr_agent_joined(const gnmr_agent *a);
+
+GNMR_EXPORT int gnmr_agent_stats_get(const gnmr_agent *a,
+                                     gnmr_agent_stats *out);
+
+/* The CPU reduction alone: adds each tensor's sum of squares (fp64) into
+ * sumsq[unit] and its NaN/Inf count into nonfinite[unit]; sets seen[unit]
+ * (may be NULL). Arrays have n_units entries and are not cleared here.
+ * Non-finite elements are excluded from sumsq. Errors: GNMR_E_INVAL. */
+GNMR_EXPORT int gnmr_reduce_cpu(const gnmr_tensor *tensors, size_t n,
+                                uint32_t n_units, double *sumsq,
+                                uint64_t *nonfinite, uint8_t *seen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GNMR_AGENT_H */

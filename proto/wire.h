@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: MIT */
+/* wire.h — encoding and first-line validation of GNMR envelopes
+ * (proto/gnmr.proto), shared by gnmrd, libgnmr-agent and gnmrctl. Decoding
+ * checks the version and that the body is one this side understands;
+ * message-specific checks belong to whoever handles the message. */
+#ifndef GNMR_WIRE_H
+#define GNMR_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "policy.h"
+#include "proto/gnmr.pb-c.h"
+
+#define GNMR_PROTOCOL_VERSION 1u
+
+/* Decodes len bytes into *out (free with gnmr__wire_free). Errors:
+ * GNMR_E_PARSE (not an envelope), GNMR_E_VERSION (version != 1),
+ * GNMR_E_UNSUPPORTED (no body, or a body from a newer peer). On error *out
+ * is NULL and err (may be NULL) says why. */
+int gnmr__wire_decode(const void *buf, size_t len, Gnmr__Envelope **out,
+                      char *err, size_t errlen);
+void gnmr__wire_free(Gnmr__Envelope **env);
+
+/* Packs env (its version is set here) into a new malloc'd buffer.
+ * Returns 0 or GNMR_E_NOMEM. */
+int gnmr__wire_encode(Gnmr__Envelope *env, uint8_t **buf, size_t *len);
+
+/* Encodes an Error envelope. */
+int gnmr__wire_error(int code, const char *message, const char *ref,
+                     uint64_t step, uint8_t **buf, size_t *len);
+
+/* Parameters between their wire form (0 early thresholds = inherit) and
+ * the engine's (NAN = inherit). */
+void gnmr__params_to_wire(const policy_params *p, Gnmr__Params *w);
+void gnmr__params_from_wire(const Gnmr__Params *w, policy_params *p);
+int gnmr__params_equal(const policy_params *a, const policy_params *b);
+
+#endif /* GNMR_WIRE_H */

@@ -1,0 +1,414 @@
+/* SPDX-License-Identifier: MIT */
+/* gnmr-sim — R real agents (one socket and I/O thread each) that report a
+ * trace to gnmrd in lockstep, each unit's sum of squares split over K
+ * ranks, and print the decisions CSV of docs/policy.md as the agents'
+ * routes see them; round-trip latency goes to stderr. Unit u lives on ranks
+ * (u + j) % R, j < K. Shard partials are chosen so that gnmrd's sum (in
+ * rank order) gives back the trace's norm exactly, so the decisions equal
+ * `gnmrctl replay` on the same trace and options. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gnmr/agent.h"
+#include "num.h"
+#include "policy_opts.h"
+#include "replay.h"
+#include "trace.h"
+
+static const char usage[] =
+    "usage: gnmr-sim --agents ENDPOINT --job NAME --ranks R [--shards K]\n"
+    "                (--trace FILE | [--units N] [--steps S] [--seed X])\n"
+    "                [" GNMR_POLICY_OPTS_USAGE "]\n"
+    "                [--barrier-ms MS] [--timeout-ms MS] [--write-trace FILE]\n"
+    "  Prints the decisions CSV on stdout, latency on stderr. Without\n"
+    "  --trace, generates N units (default 64) over S steps (default 300)\n"
+    "  with transient spikes; --write-trace saves the trace it reported.\n";
+
+enum {
+  OPT_AGENTS = 256, OPT_JOB, OPT_RANKS, OPT_SHARDS, OPT_TRACE, OPT_UNITS,
+  OPT_STEPS, OPT_SEED, OPT_BARRIER, OPT_TIMEOUT, OPT_WRITE, OPT_HELP,
+  OPT_POLICY_BASE = 512
+};
+
+typedef struct sim_rank {
+  gnmr_agent *agent;
+  uint32_t n_local;
+  uint32_t *units;      /* trace unit of each local unit, ascending */
+  double *sumsq;
+  uint64_t *nonfinite;
+  uint8_t *nr;
+} sim_rank;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int die_usage(const char *msg) {
+  fprintf(stderr, "gnmr-sim: %s\n%s", msg, usage);
+  return 2;
+}
+
+/* Splits n*n over k partials so that summing them in order and taking the
+ * square root gives exactly n (the last partial is nudged by ulps). */
+static void split_norm(double n, uint32_t k, double *parts) {
+  double sq = n * n, acc = 0;
+  for (uint32_t j = 0; j + 1 < k; j++) {
+    parts[j] = sq / k;
+    acc += parts[j];
+  }
+  double last = sq - acc;
+  if (last < 0)
+    last = 0;
+  for (int tries = 0; tries < 200; tries++) {
+    double root = sqrt(acc + last);
+    if (root == n)
+      break;
+    last = nextafter(last, root < n ? INFINITY : 0);
+  }
+  parts[k - 1] = last;
+}
+
+/* A synthetic trace: per-unit scales over four decades, +-10% noise,
+ * transient spikes (1-3 steps, 4-20x) in about 0.4% of unit-steps, and a
+ * few idle steps. */
+static int synth(trace *t, uint32_t units, uint64_t steps, unsigned seed) {
+  size_t n = (size_t)units * steps;
+  t->rows = calloc(n, sizeof *t->rows);
+  if (t->rows == NULL)
+    return -1;
+  double *scale = malloc(units * sizeof *scale);
+  uint32_t *spike_left = calloc(units, sizeof *spike_left);
+  double *spike_mag = calloc(units, sizeof *spike_mag);
+  if (!scale || !spike_left || !spike_mag) {
+    free(scale);
+    free(spike_left);
+    free(spike_mag);
+    return -1;
+  }
+  for (uint32_t u = 0; u < units; u++)
+    scale[u] = pow(10, (rand_r(&seed) % 4000) / 1000.0 - 2);
+  size_t k = 0;
+  for (uint64_t s = 1; s <= steps; s++) {
+    for (uint32_t u = 0; u < units; u++) {
+      double x = scale[u] * (0.9 + 0.2 * (rand_r(&seed) % 1000) / 1000.0);
+      if (spike_left[u] == 0 && s > 25 && rand_r(&seed) % 1000 < 4) {
+        spike_left[u] = 1 + (uint32_t)(rand_r(&seed) % 3);
+        spike_mag[u] = 4 + (rand_r(&seed) % 1600) / 100.0;
+      }
+      if (spike_left[u] > 0) {
+        x *= spike_mag[u];
+        spike_left[u]--;
+      } else if (rand_r(&seed) % 1000 < 2) {
+        x = 0; /* idle */
+      }
+      t->rows[k++] = (trace_row){s, x, u, 0};
+    }
+  }
+  t->n_rows = k;
+  t->first_step = 1;
+  t->last_step = steps;
+  t->n_units = units;
+  free(scale);
+  free(spike_left);
+  free(spike_mag);
+  return 0;
+}
+
+static int write_trace(const char *path, const trace *t) {
+  FILE *f = fopen(path, "w");
+  if (f == NULL)
+    return -1;
+  fputs("step,unit,norm\n", f);
+  for (size_t i = 0; i < t->n_rows; i++)
+    fprintf(f, "%llu,%u,%.17g\n", (unsigned long long)t->rows[i].step,
+            t->rows[i].unit, t->rows[i].norm);
+  return fclose(f);
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv) {
+  struct option longopts[GNMR_POLICY_NOPTS + 13] = {
+      {"agents", required_argument, NULL, OPT_AGENTS},
+      {"job", required_argument, NULL, OPT_JOB},
+      {"ranks", required_argument, NULL, OPT_RANKS},
+      {"shards", required_argument, NULL, OPT_SHARDS},
+      {"trace", required_argument, NULL, OPT_TRACE},
+      {"units", required_argument, NULL, OPT_UNITS},
+      {"steps", required_argument, NULL, OPT_STEPS},
+      {"seed", required_argument, NULL, OPT_SEED},
+      {"barrier-ms", required_argument, NULL, OPT_BARRIER},
+      {"timeout-ms", required_argument, NULL, OPT_TIMEOUT},
+      {"write-trace", required_argument, NULL, OPT_WRITE},
+      {"help", no_argument, NULL, OPT_HELP},
+  };
+  const char *endpoint = NULL, *job = NULL, *trace_path = NULL,
+             *write_path = NULL;
+  uint64_t ranks = 0, shards = 1, units = 64, steps = 300, seed = 1,
+           barrier = 2000, timeout = 5000;
+  policy_params prm;
+  char msg[256];
+  int c;
+  policy_params_default(&prm);
+  gnmr__policy_opts_longopts(&longopts[12], OPT_POLICY_BASE);
+  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    uint64_t *num = NULL, max = 0;
+    switch (c) {
+    case OPT_AGENTS: endpoint = optarg; break;
+    case OPT_JOB: job = optarg; break;
+    case OPT_TRACE: trace_path = optarg; break;
+    case OPT_WRITE: write_path = optarg; break;
+    case OPT_RANKS: num = &ranks; max = 1024; break;
+    case OPT_SHARDS: num = &shards; max = 1024; break;
+    case OPT_UNITS: num = &units; max = 1u << 20; break;
+    case OPT_STEPS: num = &steps; max = 10000000; break;
+    case OPT_SEED: num = &seed; max = UINT32_MAX; break;
+    case OPT_BARRIER: num = &barrier; max = 600000; break;
+    case OPT_TIMEOUT: num = &timeout; max = 600000; break;
+    case OPT_HELP: case 'h': fputs(usage, stdout); return 0;
+    default:
+      if (c >= OPT_POLICY_BASE && c < OPT_POLICY_BASE + GNMR_POLICY_NOPTS) {
+        if (gnmr__policy_opts_apply(&prm, c - OPT_POLICY_BASE, optarg, msg,
+                                    sizeof msg) != 0)
+          return die_usage(msg);
+        break;
+      }
+      fputs(usage, stderr);
+      return 2;
+    }
+    if (num != NULL && gnmr__parse_u64(optarg, max, num) != 0) {
+      const char *name = "?";
+      for (int i = 0; longopts[i].name; i++)
+        if (longopts[i].val == c)
+          name = longopts[i].name;
+      snprintf(msg, sizeof msg, "--%s '%s': expected an integer from 0 to %llu",
+               name, optarg, (unsigned long long)max);
+      return die_usage(msg);
+    }
+  }
+  if (optind != argc)
+    return die_usage("unexpected argument");
+  if (endpoint == NULL || job == NULL || ranks == 0)
+    return die_usage("--agents, --job and --ranks (>= 1) are required");
+  if (shards == 0 || shards > ranks)
+    return die_usage("--shards must be from 1 to --ranks");
+  if (barrier == 0 || units == 0 || steps == 0)
+    return die_usage("--barrier-ms, --units and --steps must be >= 1");
+  if (gnmr__policy_opts_check(&prm, msg, sizeof msg) != 0)
+    return die_usage(msg);
+
+  trace t = {0};
+  char *buf = NULL;
+  size_t len;
+  if (trace_path != NULL) {
+    trace_error terr;
+    if (trace_read_file(trace_path, &buf, &len) != 0) {
+      fprintf(stderr, "gnmr-sim: %s: %s\n", trace_path, strerror(errno));
+      return 1;
+    }
+    if (trace_parse(buf, len, &t, &terr) != 0) {
+      fprintf(stderr, "gnmr-sim: %s:%zu: %s\n", trace_path, terr.line,
+              terr.msg);
+      free(buf);
+      return 1;
+    }
+    free(buf);
+  } else if (synth(&t, (uint32_t)units, steps, (unsigned)seed) != 0) {
+    fprintf(stderr, "gnmr-sim: out of memory\n");
+    return 1;
+  }
+  if (write_path != NULL && write_trace(write_path, &t) != 0) {
+    fprintf(stderr, "gnmr-sim: %s: %s\n", write_path, strerror(errno));
+    trace_free(&t);
+    return 1;
+  }
+  uint32_t R = (uint32_t)ranks, K = (uint32_t)shards, U = t.n_units;
+  if (U == 0) {
+    fputs("step,active\n", stdout);
+    trace_free(&t);
+    return 0;
+  }
+
+  /* Layout: rank r holds unit u when (r - u) mod R < K. */
+  sim_rank *rk = calloc(R, sizeof *rk);
+  uint32_t *local_of = malloc((size_t)U * K * sizeof *local_of); /* [u][j] */
+  double *parts = malloc(K * sizeof *parts);
+  double *norm = malloc(U * sizeof *norm);
+  uint8_t *present = malloc(U);
+  uint8_t *active = malloc(U);
+  double *lat = malloc((t.last_step - t.first_step + 1) * sizeof *lat);
+  int code = 1;
+  if (!rk || !local_of || !parts || !norm || !present || !active || !lat) {
+    fprintf(stderr, "gnmr-sim: out of memory\n");
+    goto out;
+  }
+  for (uint32_t r = 0; r < R; r++) {
+    uint32_t n = 0;
+    rk[r].units = malloc(((size_t)U * K / R + K + 1) * sizeof(uint32_t));
+    if (rk[r].units == NULL)
+      goto out;
+    for (uint32_t u = 0; u < U; u++) {
+      uint32_t j = (r + R - u % R) % R;
+      if (j < K) {
+        local_of[(size_t)u * K + j] = n;
+        rk[r].units[n++] = u;
+      }
+    }
+    rk[r].n_local = n;
+  }
+  for (uint32_t r = 0; r < R; r++) {
+    uint32_t n = rk[r].n_local;
+    if (n == 0)
+      continue;
+    char **names = calloc(n, sizeof *names);
+    rk[r].sumsq = malloc(n * sizeof(double));
+    rk[r].nonfinite = malloc(n * sizeof(uint64_t));
+    rk[r].nr = malloc(n);
+    if (!names || !rk[r].sumsq || !rk[r].nonfinite || !rk[r].nr) {
+      free(names);
+      goto out;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+      names[i] = malloc(24);
+      if (names[i])
+        snprintf(names[i], 24, "unit.%u", rk[r].units[i]);
+    }
+    gnmr_agent_config cfg = {0};
+    cfg.endpoint = endpoint;
+    cfg.job = job;
+    cfg.rank = r;
+    cfg.reporters = R;
+    cfg.unit_names = (const char *const *)names;
+    cfg.n_units = n;
+    gnmr_params_default(&cfg.params);
+    cfg.params.alpha = prm.alpha;
+    cfg.params.beta = prm.beta;
+    cfg.params.window = prm.window;
+    cfg.params.max_active = prm.max_active;
+    cfg.params.lock_steps = prm.lock_steps;
+    cfg.params.warmup_steps = prm.warmup_steps;
+    cfg.params.early_alpha = isnan(prm.early_alpha) ? 0 : prm.early_alpha;
+    cfg.params.early_beta = isnan(prm.early_beta) ? 0 : prm.early_beta;
+    cfg.params.early_steps = prm.early_steps;
+    cfg.barrier_ms = (uint32_t)barrier;
+    int rv = gnmr_agent_open(&cfg, &rk[r].agent);
+    for (uint32_t i = 0; i < n; i++)
+      free(names[i]);
+    free(names);
+    if (rv != GNMR_OK) {
+      fprintf(stderr, "gnmr-sim: rank %u: %s\n", r, gnmr_strerror(rv));
+      goto out;
+    }
+  }
+  /* The ranks with no units (K < R with few units) do not join: the job
+   * expects every rank, so refuse that layout up front. */
+  for (uint32_t r = 0; r < R; r++)
+    if (rk[r].n_local == 0) {
+      fprintf(stderr, "gnmr-sim: rank %u would hold no unit: use fewer "
+                      "--ranks or more units\n", r);
+      goto out;
+    }
+
+  fputs("step,active\n", stdout);
+  size_t row = 0, nsteps = 0;
+  uint64_t late = 0, disagree = 0;
+  for (uint64_t step = t.first_step; step <= t.last_step; step++) {
+    memset(present, 0, U);
+    for (; row < t.n_rows && t.rows[row].step == step; row++) {
+      norm[t.rows[row].unit] = t.rows[row].norm;
+      present[t.rows[row].unit] = 1;
+    }
+    for (uint32_t u = 0; u < U; u++) {
+      double n = norm[u];
+      int nonfinite = present[u] && !isfinite(n);
+      if (present[u] && !nonfinite)
+        split_norm(n, K, parts);
+      /* shard j of u lives on rank (u + j) % R; partials go in rank order */
+      uint32_t first = u % R;
+      for (uint32_t j = 0; j < K; j++) {
+        uint32_t r = (first + j) % R;
+        /* index of this shard among u's shards sorted by rank */
+        uint32_t order = 0;
+        for (uint32_t q = 0; q < K; q++)
+          order += (first + q) % R < r;
+        uint32_t i = local_of[(size_t)u * K + j];
+        rk[r].nr[i] = !present[u];
+        rk[r].nonfinite[i] = nonfinite ? 1 : 0;
+        rk[r].sumsq[i] = present[u] && !nonfinite ? parts[order] : 0;
+      }
+    }
+    double t0 = now_s();
+    for (uint32_t r = 0; r < R; r++)
+      gnmr_agent_report_sums(rk[r].agent, step, rk[r].sumsq,
+                             rk[r].nonfinite, rk[r].nr);
+    for (uint32_t r = 0; r < R; r++)
+      if (gnmr_agent_wait(rk[r].agent, step, (int)timeout) != GNMR_OK)
+        late++;
+    lat[nsteps++] = now_s() - t0;
+    /* A unit is active when its routes say HIGH (all shards must agree). */
+    uint32_t n_act = 0;
+    for (uint32_t u = 0; u < U; u++) {
+      int high = -1;
+      for (uint32_t j = 0; j < K; j++) {
+        uint32_t r = (u % R + j) % R;
+        int h = gnmr_agent_route(rk[r].agent, local_of[(size_t)u * K + j]) ==
+                GNMR_ROUTE_HIGH;
+        if (high >= 0 && h != high)
+          disagree++;
+        high = h;
+      }
+      active[u] = (uint8_t)high;
+      n_act += (uint32_t)high;
+    }
+    uint32_t *ids = malloc((n_act ? n_act : 1) * sizeof *ids), k = 0;
+    if (ids == NULL)
+      goto out;
+    for (uint32_t u = 0; u < U; u++)
+      if (active[u])
+        ids[k++] = u;
+    gnmr__write_decision_row(stdout, step, ids, k);
+    free(ids);
+  }
+  fflush(stdout);
+  qsort(lat, nsteps, sizeof *lat, cmp_double);
+  fprintf(stderr,
+          "gnmr-sim: %u ranks x %u units (%u shards each), %zu steps: "
+          "round trip p50 %.1f us, p99 %.1f us, max %.1f us; "
+          "late decisions %llu\n",
+          R, U, K, nsteps, lat[nsteps / 2] * 1e6,
+          lat[(size_t)((double)(nsteps - 1) * 0.99)] * 1e6,
+          lat[nsteps - 1] * 1e6, (unsigned long long)late);
+  if (disagree)
+    fprintf(stderr, "gnmr-sim: %llu unit-steps where shards disagreed\n",
+            (unsigned long long)disagree);
+  code = late || disagree ? 1 : 0;
+out:
+  if (rk != NULL) {
+    for (uint32_t r = 0; r < R; r++) {
+      gnmr_agent_close(&rk[r].agent);
+      free(rk[r].units);
+      free(rk[r].sumsq);
+      free(rk[r].nonfinite);
+      free(rk[r].nr);
+    }
+  }
+  free(rk);
+  free(local_of);
+  free(parts);
+  free(norm);
+  free(present);
+  free(active);
+  free(lat);
+  trace_free(&t);
+  return code;
+}
