@@ -197,10 +197,11 @@ static void flush_held(gnmr_agent *a, io_state *io) {
   io->n_held = 0;
 }
 
-static const uint32_t *sort_ids; /* qsort context: I/O thread only */
-static int by_id_cmp(const void *x, const void *y) {
-  uint32_t a = sort_ids[*(const uint32_t *)x],
-           b = sort_ids[*(const uint32_t *)y];
+/* Orders local indices by job-wide id; ctx is the ids array. Uses
+ * qsort_r: several agents' I/O threads may sort at once in one process. */
+static int by_id_cmp(const void *x, const void *y, void *ctx) {
+  const uint32_t *ids = ctx;
+  uint32_t a = ids[*(const uint32_t *)x], b = ids[*(const uint32_t *)y];
   return a < b ? -1 : a > b;
 }
 
@@ -211,8 +212,7 @@ static void on_welcome(gnmr_agent *a, io_state *io, const Gnmr__Welcome *w) {
     io->ids[i] = w->unit_ids[i];
     io->by_id[i] = i;
   }
-  sort_ids = io->ids;
-  qsort(io->by_id, a->n_units, sizeof *io->by_id, by_id_cmp);
+  qsort_r(io->by_id, a->n_units, sizeof *io->by_id, by_id_cmp, io->ids);
   io->have_ids = 1;
   atomic_store(&a->joined, 1);
   flush_held(a, io);

@@ -87,7 +87,7 @@ static inline run_result tu_run(const char *prog, char *const argv[],
   int ofd = mkstemp(out_p), efd = mkstemp(err_p);
   ck_assert(ofd >= 0 && efd >= 0);
   int ifd = open(in_path ? in_path : "/dev/null", O_RDONLY);
-  ck_assert_msg(ifd >= 0, "open %s", in_path);
+  ck_assert_msg(ifd >= 0, "open %s", in_path ? in_path : "/dev/null");
   snprintf(path, sizeof path, "%s/%s", tu_bin_dir(), prog);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -135,6 +135,136 @@ static inline void tu_run_free(run_result *r) {
   free(r->out);
   free(r->err);
   r->out = r->err = NULL;
+}
+
+/* ---- a real gnmrd for end-to-end tests ---------------------------------- */
+#include <signal.h>
+#include <time.h>
+
+typedef struct tu_daemon {
+  pid_t pid;
+  char dir[64];        /* temporary directory: data/, out, err */
+  char agents[256];    /* endpoint it printed */
+  char admin[256];
+} tu_daemon;
+
+static inline void tu_sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+  nanosleep(&ts, NULL);
+}
+
+/* Starts gnmrd with its data in a fresh temporary directory. agents/admin
+ * may be NULL: then tcp://127.0.0.1:* and ipc://DIR/admin.sock. With
+ * reuse_dir set, uses that directory (a restart). Waits until it printed
+ * its endpoints. */
+static inline void tu_daemon_start_in(tu_daemon *d, const char *agents,
+                                      const char *admin, const char *dir) {
+  char data[128], out[128], err[128], adm[160];
+  if (dir == NULL)
+    snprintf(d->dir, sizeof d->dir, "%s", tu_tmpdir());
+  else if (dir != d->dir)
+    snprintf(d->dir, sizeof d->dir, "%s", dir);
+  snprintf(data, sizeof data, "%s/data", d->dir);
+  snprintf(out, sizeof out, "%s/out", d->dir);
+  snprintf(err, sizeof err, "%s/err", d->dir);
+  snprintf(adm, sizeof adm, "ipc://%s/admin.sock", d->dir);
+  unlink(out);
+  char path[512];
+  snprintf(path, sizeof path, "%s/gnmrd", tu_bin_dir());
+  char *argv[16];
+  int n = 0;
+  if (getenv("GNMR_VALGRIND") != NULL) {
+    argv[n++] = "valgrind";
+    argv[n++] = "-q";
+    argv[n++] = "--error-exitcode=99";
+    argv[n++] = "--leak-check=full";
+    argv[n++] = "--errors-for-leak-kinds=definite,indirect";
+  }
+  argv[n++] = path;
+  argv[n++] = "--data-dir";
+  argv[n++] = data;
+  argv[n++] = "--agents";
+  argv[n++] = (char *)(agents ? agents : "tcp://127.0.0.1:*");
+  argv[n++] = "--admin";
+  argv[n++] = (char *)(admin ? admin : adm);
+  argv[n] = NULL;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
+  posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT | O_APPEND,
+                                   0600);
+  const char *exe = getenv("GNMR_VALGRIND") ? "/usr/bin/valgrind" : path;
+  int rv = posix_spawn(&d->pid, exe, &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ck_assert_msg(rv == 0, "spawn gnmrd: %s", strerror(rv));
+  for (int i = 0; i < 1000; i++) { /* up to 20 s (valgrind is slow) */
+    char *txt = tu_read_file(out, NULL);
+    char *a = txt ? strstr(txt, "gnmrd: agents ") : NULL;
+    char *m = txt ? strstr(txt, "gnmrd: admin ") : NULL;
+    if (a && m && strchr(m, '\n')) {
+      sscanf(a, "gnmrd: agents %255s", d->agents);
+      sscanf(m, "gnmrd: admin %255s", d->admin);
+      free(txt);
+      return;
+    }
+    free(txt);
+    int st;
+    ck_assert_msg(waitpid(d->pid, &st, WNOHANG) == 0, "gnmrd exited early");
+    tu_sleep_ms(20);
+  }
+  ck_abort_msg("gnmrd did not print its endpoints");
+}
+
+static inline void tu_daemon_start(tu_daemon *d) {
+  tu_daemon_start_in(d, NULL, NULL, NULL);
+}
+
+/* Stops gnmrd with SIGTERM (or SIGKILL) and returns its exit status. */
+static inline int tu_daemon_stop(tu_daemon *d, int sig) {
+  int st = 0;
+  if (d->pid <= 0)
+    return -1;
+  kill(d->pid, sig);
+  waitpid(d->pid, &st, 0);
+  d->pid = 0;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Reads the daemon's stderr log. */
+static inline char *tu_daemon_log(const tu_daemon *d) {
+  char p[128];
+  snprintf(p, sizeof p, "%s/err", d->dir);
+  return tu_read_file(p, NULL);
+}
+
+/* Removes the temporary directory (best effort). */
+static inline void tu_rmrf(const char *dir) {
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "warning: could not remove %s\n", dir);
+}
+
+/* Returns the value of counter `name` from `gnmrctl stats`, or -1. */
+static inline long long tu_counter(const tu_daemon *d, const char *name) {
+  char opt[300];
+  snprintf(opt, sizeof opt, "--admin=%s", d->admin);
+  char *argv[] = {"gnmrctl", opt, "stats", NULL};
+  run_result r = tu_run("gnmrctl", argv, NULL);
+  long long v = -1;
+  char key[64];
+  snprintf(key, sizeof key, "\n%s ", name);
+  char *all = malloc(strlen(r.out) + 2);
+  all[0] = '\n';
+  strcpy(all + 1, r.out);
+  char *p = strstr(all, key);
+  if (p != NULL)
+    sscanf(p + strlen(key), " %lld", &v);
+  free(all);
+  tu_run_free(&r);
+  return v;
 }
 
 #endif /* GNMR_TESTUTIL_H */

@@ -1,0 +1,339 @@
+/* SPDX-License-Identifier: MIT */
+/* test_agent.c — libgnmr-agent: the CPU reduction against a long double
+ * reference for every dtype (ragged sizes, block boundaries, NaN/Inf at
+ * chunk edges, empty tensors), configuration checks, and the failure
+ * semantics: no daemon, daemon killed mid-run, daemon restarted. */
+#include <math.h>
+
+#include "gnmr/agent.h"
+#include "testutil.h"
+
+static uint16_t to_bf16(float f) {
+  uint32_t b;
+  memcpy(&b, &f, sizeof b);
+  return (uint16_t)(b >> 16); /* truncation: exactly representable below */
+}
+
+static float from_bf16(uint16_t h) {
+  uint32_t b = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &b, sizeof f);
+  return f;
+}
+
+START_TEST(fp32_sum_of_squares_matches_long_double_reference) {
+  static const uint64_t sizes[] = {0, 1, 7, 8, 9, 4095, 4096, 4097, 100003};
+  unsigned seed = 3;
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+    uint64_t n = sizes[k];
+    float *x = malloc((n ? n : 1) * sizeof *x);
+    long double ref = 0;
+    for (uint64_t i = 0; i < n; i++) {
+      x[i] = (float)((rand_r(&seed) % 20001) - 10000) * 1e-3f;
+      ref += (long double)x[i] * x[i];
+    }
+    gnmr_tensor t = {x, n, GNMR_DTYPE_F32, 0};
+    double s = 0;
+    uint64_t nf = 0;
+    uint8_t seen = 0;
+    ck_assert_int_eq(gnmr_reduce_cpu(&t, 1, 1, &s, &nf, &seen), GNMR_OK);
+    ck_assert_uint_eq(nf, 0);
+    ck_assert_int_eq(seen, 1);
+    ck_assert_msg(fabsl(s - ref) <= 1e-12L * (ref + 1), "n=%llu: %g vs %Lg",
+                  (unsigned long long)n, s, ref);
+    free(x);
+  }
+}
+END_TEST
+
+START_TEST(half_precision_dtypes_are_widened_exactly) {
+  /* bf16 of f is f's top 16 bits; fp16 values chosen exactly */
+  enum { N = 5000 };
+  uint16_t bf[N], hf[N];
+  long double ref_bf = 0, ref_hf = 0;
+  for (int i = 0; i < N; i++) {
+    float f = (float)(i % 97) * 0.25f - 12.0f;
+    bf[i] = to_bf16(f);
+    ref_bf += (long double)from_bf16(bf[i]) * from_bf16(bf[i]);
+  }
+  /* fp16: 1.0 = 0x3c00, -2.0 = 0xc000, 0.5 = 0x3800, 65504 = 0x7bff,
+   * smallest subnormal 2^-24 = 0x0001 */
+  static const uint16_t hv[] = {0x3c00, 0xc000, 0x3800, 0x7bff, 0x0001};
+  static const double hval[] = {1.0, -2.0, 0.5, 65504.0, 0x1p-24};
+  for (int i = 0; i < N; i++) {
+    hf[i] = hv[i % 5];
+    ref_hf += (long double)hval[i % 5] * hval[i % 5];
+  }
+  gnmr_tensor t[2] = {{bf, N, GNMR_DTYPE_BF16, 0}, {hf, N, GNMR_DTYPE_F16, 1}};
+  double s[2] = {0, 0};
+  uint64_t nf[2] = {0, 0};
+  ck_assert_int_eq(gnmr_reduce_cpu(t, 2, 2, s, nf, NULL), GNMR_OK);
+  ck_assert_msg(fabsl(s[0] - ref_bf) <= 1e-12L * ref_bf, "bf16 %g vs %Lg",
+                s[0], ref_bf);
+  ck_assert_msg(fabsl(s[1] - ref_hf) <= 1e-12L * ref_hf, "fp16 %g vs %Lg",
+                s[1], ref_hf);
+  ck_assert_uint_eq(nf[0] + nf[1], 0);
+}
+END_TEST
+
+START_TEST(nonfinite_elements_are_counted_exactly_and_excluded) {
+  enum { N = 3 * 4096 + 5 };
+  float *x = calloc(N, sizeof *x);
+  for (int i = 0; i < N; i++)
+    x[i] = 1.0f;
+  /* at block edges and inside */
+  int bad[] = {0, 4095, 4096, 8191, 8192, N - 1, 100};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    x[bad[i]] = (i % 3 == 0) ? NAN : (i % 3 == 1 ? INFINITY : -INFINITY);
+  gnmr_tensor t = {x, N, GNMR_DTYPE_F32, 0};
+  double s = 0;
+  uint64_t nf = 0;
+  ck_assert_int_eq(gnmr_reduce_cpu(&t, 1, 1, &s, &nf, NULL), GNMR_OK);
+  ck_assert_uint_eq(nf, 7);
+  ck_assert_double_eq(s, N - 7);
+  free(x);
+  /* fp16 Inf/NaN and f64 */
+  uint16_t h[4] = {0x7c00, 0x7e00, 0x3c00, 0xfc00}; /* inf, nan, 1, -inf */
+  double dd[3] = {3, NAN, 4};
+  gnmr_tensor t2[2] = {{h, 4, GNMR_DTYPE_F16, 0}, {dd, 3, GNMR_DTYPE_F64, 1}};
+  double s2[2] = {0, 0};
+  uint64_t nf2[2] = {0, 0};
+  ck_assert_int_eq(gnmr_reduce_cpu(t2, 2, 2, s2, nf2, NULL), GNMR_OK);
+  ck_assert_uint_eq(nf2[0], 3);
+  ck_assert_double_eq(s2[0], 1);
+  ck_assert_uint_eq(nf2[1], 1);
+  ck_assert_double_eq(s2[1], 25);
+}
+END_TEST
+
+START_TEST(several_tensors_of_one_unit_add_up_and_bad_input_is_refused) {
+  float a[3] = {1, 2, 3}, b[2] = {4, 0};
+  gnmr_tensor t[3] = {{a, 3, GNMR_DTYPE_F32, 1},
+                      {b, 2, GNMR_DTYPE_F32, 1},
+                      {NULL, 0, GNMR_DTYPE_F32, 0}}; /* empty tensor */
+  double s[2] = {0, 0};
+  uint64_t nf[2] = {0, 0};
+  uint8_t seen[2] = {0, 0};
+  ck_assert_int_eq(gnmr_reduce_cpu(t, 3, 2, s, nf, seen), GNMR_OK);
+  ck_assert_double_eq(s[1], 30);
+  ck_assert_double_eq(s[0], 0);
+  ck_assert_int_eq(seen[0], 1); /* an empty tensor still reports its unit */
+  gnmr_tensor bad_unit = {a, 3, GNMR_DTYPE_F32, 2};
+  ck_assert_int_eq(gnmr_reduce_cpu(&bad_unit, 1, 2, s, nf, NULL),
+                   GNMR_E_INVAL);
+  gnmr_tensor bad_dtype = {a, 3, 99, 0};
+  ck_assert_int_eq(gnmr_reduce_cpu(&bad_dtype, 1, 2, s, nf, NULL),
+                   GNMR_E_INVAL);
+  gnmr_tensor null_data = {NULL, 3, GNMR_DTYPE_F32, 0};
+  ck_assert_int_eq(gnmr_reduce_cpu(&null_data, 1, 2, s, nf, NULL),
+                   GNMR_E_INVAL);
+  ck_assert_int_eq(gnmr_reduce_cpu(t, 1, 2, NULL, nf, NULL), GNMR_E_INVAL);
+}
+END_TEST
+
+static const char *names3[] = {"a", "b", "c"};
+
+static gnmr_agent_config config(const char *endpoint) {
+  gnmr_agent_config c = {0};
+  c.endpoint = endpoint;
+  c.job = "agent-test";
+  c.rank = 0;
+  c.reporters = 1;
+  c.unit_names = names3;
+  c.n_units = 3;
+  gnmr_params_default(&c.params);
+  c.params.warmup_steps = 0;
+  c.barrier_ms = 2000;
+  return c;
+}
+
+START_TEST(bad_configuration_is_refused) {
+  gnmr_agent *a = (gnmr_agent *)1;
+  gnmr_agent_config c = config("tcp://127.0.0.1:1");
+  c.rank = 1;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_INVAL);
+  ck_assert_ptr_null(a);
+  c = config("tcp://127.0.0.1:1");
+  c.job = "";
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_INVAL);
+  c = config("tcp://127.0.0.1:1");
+  c.params.alpha = 0;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_INVAL);
+  c = config("tcp://127.0.0.1:1");
+  c.n_units = 0;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_INVAL);
+  c = config("tcp://127.0.0.1:1");
+  const char *bad_names[] = {"a", "", "c"};
+  c.unit_names = bad_names;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_INVAL);
+  c = config("tcp://127.0.0.1:1");
+  c.fallback_route = 5;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_INVAL);
+  c = config("not-an-endpoint");
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_IO);
+  ck_assert_int_eq(gnmr_agent_open(NULL, &a), GNMR_E_INVAL);
+  ck_assert_int_eq(gnmr_agent_open(&c, NULL), GNMR_E_INVAL);
+  gnmr_agent_close(NULL);
+}
+END_TEST
+
+START_TEST(agent_without_daemon_keeps_stepping_within_its_deadline) {
+  const char *dir = tu_tmpdir();
+  char ep[160];
+  snprintf(ep, sizeof ep, "ipc://%s/nobody.sock", dir);
+  gnmr_agent_config c = config(ep);
+  c.fallback_route = GNMR_ROUTE_HIGH;
+  gnmr_agent *a;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  float g[4] = {1, 2, 3, 4};
+  gnmr_tensor t = {g, 4, GNMR_DTYPE_F32, 0};
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (uint64_t step = 1; step <= 20; step++) {
+    ck_assert_int_eq(gnmr_agent_report(a, step, &t, 1), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a, step, 10), GNMR_E_TIMEDOUT);
+    ck_assert_int_eq(gnmr_agent_route(a, 0), GNMR_ROUTE_HIGH); /* fallback */
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double secs = (double)(t1.tv_sec - t0.tv_sec) +
+                (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  /* 20 deadlines of 10 ms: never blocked far beyond them */
+  ck_assert_msg(secs < 2.0, "20 steps took %.2f s", secs);
+  gnmr_agent_stats st;
+  gnmr_agent_stats_get(a, &st);
+  ck_assert_uint_eq(st.late_decisions, 20);
+  ck_assert_uint_eq(st.decisions, 0);
+  ck_assert_int_eq(gnmr_agent_joined(a), 0);
+  /* steps must increase */
+  ck_assert_int_eq(gnmr_agent_report(a, 20, &t, 1), GNMR_E_INVAL);
+  ck_assert_int_eq(gnmr_agent_report(a, 0, &t, 1), GNMR_E_INVAL);
+  double neg[3] = {-1, 0, 0};
+  ck_assert_int_eq(gnmr_agent_report_sums(a, 21, neg, NULL, NULL),
+                   GNMR_E_INVAL);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  gnmr_agent_close(&a);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  ck_assert_ptr_null(a);
+  ck_assert(t1.tv_sec - t0.tv_sec < 2); /* close does not hang */
+  tu_rmrf(dir);
+}
+END_TEST
+
+/* Steps until a decision for `step` arrives (or gives up). */
+static int step_once(gnmr_agent *a, uint64_t step, double scale, int wait) {
+  double s[3] = {1 * scale, 4 * scale, 9 * scale};
+  ck_assert_int_eq(gnmr_agent_report_sums(a, step, s, NULL, NULL), GNMR_OK);
+  return gnmr_agent_wait(a, step, wait);
+}
+
+START_TEST(daemon_killed_mid_run_then_restarted_agent_rejoins) {
+  tu_daemon d = {0};
+  char ep[160];
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
+  tu_daemon_start_in(&d, ep, NULL, d.dir);
+  gnmr_agent_config c = config(ep);
+  c.fallback_after = 2;
+  c.params.max_active = 1;
+  c.params.lock_steps = 100;
+  gnmr_agent *a;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  uint64_t step = 0;
+  for (int i = 0; i < 5; i++)
+    ck_assert_int_eq(step_once(a, ++step, 1, 5000), GNMR_OK);
+  /* unit 1 spikes: it goes HIGH and its lock keeps it there */
+  ck_assert_int_eq(step_once(a, ++step, 0, 5000), GNMR_OK);
+  double sp[3] = {1, 400, 9};
+  ck_assert_int_eq(gnmr_agent_report_sums(a, ++step, sp, NULL, NULL),
+                   GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_wait(a, step, 5000), GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_route(a, 1), GNMR_ROUTE_HIGH);
+  ck_assert_int_eq(gnmr_agent_route(a, 0), GNMR_ROUTE_LOW);
+  ck_assert(gnmr_agent_joined(a));
+
+  /* kill -9: the agent keeps stepping within its deadline */
+  tu_daemon_stop(&d, SIGKILL);
+  ck_assert_int_eq(step_once(a, ++step, 1, 50), GNMR_E_TIMEDOUT);
+  /* the last decision is still used for fallback_after steps ... */
+  ck_assert_int_eq(gnmr_agent_route(a, 1), GNMR_ROUTE_HIGH);
+  ck_assert_int_eq(step_once(a, ++step, 1, 50), GNMR_E_TIMEDOUT);
+  ck_assert_int_eq(step_once(a, ++step, 1, 50), GNMR_E_TIMEDOUT);
+  /* ... then the fallback route */
+  ck_assert_int_eq(gnmr_agent_route(a, 1), GNMR_ROUTE_LOW);
+  gnmr_agent_stats st;
+  gnmr_agent_stats_get(a, &st);
+  ck_assert_uint_eq(st.late_decisions, 3);
+  uint64_t hellos_before = st.hellos;
+
+  /* restart on the same endpoint: the agent re-joins by itself */
+  tu_daemon_start_in(&d, ep, NULL, d.dir);
+  int ok = 0;
+  for (int i = 0; i < 100 && !ok; i++)
+    ok = step_once(a, ++step, 1, 200) == GNMR_OK;
+  ck_assert_msg(ok, "no decision after the daemon restarted");
+  gnmr_agent_stats_get(a, &st);
+  ck_assert_uint_gt(st.hellos, hellos_before);
+  ck_assert(gnmr_agent_joined(a));
+  for (int i = 0; i < 3; i++)
+    ck_assert_int_eq(step_once(a, ++step, 1, 5000), GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_route(a, 0), GNMR_ROUTE_LOW);
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(mismatched_agent_is_refused_and_counts_the_error) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  gnmr_agent_config c = config(d.agents);
+  c.reporters = 2;
+  gnmr_agent *a, *b;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  for (int i = 0; i < 200 && !gnmr_agent_joined(a); i++)
+    tu_sleep_ms(10);
+  ck_assert(gnmr_agent_joined(a));
+  c.rank = 1;
+  c.params.alpha = 3; /* disagrees with the job */
+  ck_assert_int_eq(gnmr_agent_open(&c, &b), GNMR_OK);
+  gnmr_agent_stats st = {0};
+  for (int i = 0; i < 200 && st.errors == 0; i++) {
+    tu_sleep_ms(10);
+    gnmr_agent_stats_get(b, &st);
+  }
+  ck_assert_uint_ge(st.errors, 1);
+  ck_assert_int_eq(st.last_error, GNMR_E_MISMATCH);
+  ck_assert(!gnmr_agent_joined(b));
+  gnmr_agent_close(&a);
+  gnmr_agent_close(&b);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("agent");
+  TCase *tc = tcase_create("reduce");
+  tcase_add_test(tc, fp32_sum_of_squares_matches_long_double_reference);
+  tcase_add_test(tc, half_precision_dtypes_are_widened_exactly);
+  tcase_add_test(tc, nonfinite_elements_are_counted_exactly_and_excluded);
+  tcase_add_test(tc,
+                 several_tensors_of_one_unit_add_up_and_bad_input_is_refused);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("live");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, bad_configuration_is_refused);
+  tcase_add_test(tc, agent_without_daemon_keeps_stepping_within_its_deadline);
+  tcase_add_test(tc, daemon_killed_mid_run_then_restarted_agent_rejoins);
+  tcase_add_test(tc, mismatched_agent_is_refused_and_counts_the_error);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,310 @@
+/* SPDX-License-Identifier: MIT */
+/* test_e2e.c — the live system end to end: a real gnmrd in a temporary
+ * directory, gnmr-sim with several ranks and shards over tcp:// and ipc://,
+ * decisions equal to the shared traces' expected files (so equal to
+ * gnmrctl replay), two jobs at once, clean shutdown, command-line errors. */
+#include "testutil.h"
+
+/* Traces with their options and a rank/shard layout. */
+static const struct {
+  const char *trace, *expect;
+  const char *ranks, *shards;
+  const char *opts[20];
+} cases[] = {
+    {"worked_example.csv", "worked_example.a2_b2_w2_k1_l1_wu0.decisions.csv",
+     "1", "1",
+     {"--alpha", "2", "--beta", "2", "--window", "2", "--max-active", "1",
+      "--lock-steps", "1", "--warmup-steps", "0", NULL}},
+    {"small.csv", "small.defaults.decisions.csv", "4", "2", {NULL}},
+    {"moe_idle.csv", "moe_idle.k2_l6.decisions.csv", "3", "3",
+     {"--max-active", "2", "--lock-steps", "6", NULL}},
+    {"burst.csv", "burst.a1.8_b1.6_w4_k3_l2_wu10_ea3_eb3_es60.decisions.csv",
+     "8", "3",
+     {"--alpha", "1.8", "--beta", "1.6", "--window", "4", "--max-active", "3",
+      "--lock-steps", "2", "--warmup-steps", "10", "--early-alpha", "3",
+      "--early-beta", "3", "--early-steps", "60", NULL}},
+};
+
+/* Builds gnmr-sim's argv for case i against endpoint. */
+static int sim_argv(char **argv, size_t i, const char *endpoint,
+                    const char *job, char *trace_p, size_t cap) {
+  int n = 0;
+  snprintf(trace_p, cap, "%s/traces/%s", tu_shared(), cases[i].trace);
+  argv[n++] = "gnmr-sim";
+  argv[n++] = "--agents";
+  argv[n++] = (char *)endpoint;
+  argv[n++] = "--job";
+  argv[n++] = (char *)job;
+  argv[n++] = "--ranks";
+  argv[n++] = (char *)cases[i].ranks;
+  argv[n++] = "--shards";
+  argv[n++] = (char *)cases[i].shards;
+  argv[n++] = "--barrier-ms";
+  argv[n++] = "20000";
+  argv[n++] = "--timeout-ms";
+  argv[n++] = "30000";
+  argv[n++] = "--trace";
+  argv[n++] = trace_p;
+  for (int k = 0; cases[i].opts[k]; k++)
+    argv[n++] = (char *)cases[i].opts[k];
+  argv[n] = NULL;
+  return n;
+}
+
+static char *expected(size_t i) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/traces/%s", tu_shared(), cases[i].expect);
+  char *e = tu_read_file(p, NULL);
+  ck_assert_msg(e != NULL, "cannot read %s", p);
+  return e;
+}
+
+static void run_all_cases(const tu_daemon *d) {
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *argv[48], trace_p[512], job[32];
+    snprintf(job, sizeof job, "job-%zu", i);
+    sim_argv(argv, i, d->agents, job, trace_p, sizeof trace_p);
+    run_result r = tu_run("gnmr-sim", argv, NULL);
+    if (r.code != 0) { /* keep the whole report: Check cuts long messages */
+      char p[128];
+      snprintf(p, sizeof p, "%s/sim-%zu.err", d->dir, i);
+      tu_write_file(p, r.err);
+      fprintf(stderr, "gnmr-sim stderr kept in %s\n", p);
+    }
+    ck_assert_msg(r.code == 0, "%s: exit %d: %s", cases[i].trace, r.code,
+                  r.err);
+    char *e = expected(i);
+    ck_assert_msg(strcmp(r.out, e) == 0, "%s over %s: decisions differ",
+                  cases[i].trace, d->agents);
+    ck_assert_ptr_nonnull(strstr(r.err, "round trip p50"));
+    free(e);
+    tu_run_free(&r);
+  }
+  ck_assert_int_eq(tu_counter(d, "deadline_decisions"), 0);
+  ck_assert_int_eq(tu_counter(d, "missing_units"), 0);
+  ck_assert_int_eq(tu_counter(d, "late_reports"), 0);
+  ck_assert_int_eq(tu_counter(d, "jobs_finished"), 4);
+}
+
+START_TEST(decisions_equal_replay_over_tcp_with_ranks_and_shards) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  ck_assert_ptr_nonnull(strstr(d.agents, "tcp://127.0.0.1:"));
+  run_all_cases(&d);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(decisions_equal_replay_over_ipc) {
+  tu_daemon d = {0};
+  char ep[160];
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/run/agents.sock", d.dir);
+  tu_daemon_start_in(&d, ep, NULL, d.dir);
+  ck_assert_str_eq(d.agents, ep);
+  run_all_cases(&d);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+/* Spawns gnmr-sim for case i without waiting; output to files. */
+static pid_t spawn_sim(size_t i, const char *endpoint, const char *job,
+                       const char *out) {
+  char *argv[48], trace_p[512], path[512];
+  static char keep_trace[4][512];
+  sim_argv(argv, i, endpoint, job, trace_p, sizeof trace_p);
+  snprintf(keep_trace[i], sizeof keep_trace[i], "%s", trace_p);
+  for (int k = 0; argv[k]; k++)
+    if (argv[k] == trace_p)
+      argv[k] = keep_trace[i];
+  snprintf(path, sizeof path, "%s/gnmr-sim", tu_bin_dir());
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid;
+  ck_assert_int_eq(posix_spawn(&pid, path, &fa, NULL, argv, environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+START_TEST(two_jobs_at_once_stay_independent) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  char out1[128], out2[128];
+  snprintf(out1, sizeof out1, "%s/sim1", d.dir);
+  snprintf(out2, sizeof out2, "%s/sim2", d.dir);
+  /* small (defaults) and burst (other parameters) at the same time */
+  pid_t p1 = spawn_sim(1, d.agents, "alpha-job", out1);
+  pid_t p2 = spawn_sim(3, d.agents, "beta-job", out2);
+  int s1, s2;
+  waitpid(p1, &s1, 0);
+  waitpid(p2, &s2, 0);
+  ck_assert(WIFEXITED(s1) && WEXITSTATUS(s1) == 0);
+  ck_assert(WIFEXITED(s2) && WEXITSTATUS(s2) == 0);
+  char *o1 = tu_read_file(out1, NULL), *o2 = tu_read_file(out2, NULL);
+  char *e1 = expected(1), *e2 = expected(3);
+  ck_assert_msg(strcmp(o1, e1) == 0, "small differs when run beside burst");
+  ck_assert_msg(strcmp(o2, e2) == 0, "burst differs when run beside small");
+  free(o1);
+  free(o2);
+  free(e1);
+  free(e2);
+  ck_assert_int_eq(tu_counter(&d, "jobs_created"), 2);
+  ck_assert_int_eq(tu_counter(&d, "deadline_decisions"), 0);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(daemon_prints_endpoints_and_stops_cleanly_on_sigterm) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  ck_assert_ptr_nonnull(strstr(d.admin, "ipc://"));
+  ck_assert_int_eq(tu_counter(&d, "messages_in"), 0);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  char *log = tu_daemon_log(&d);
+  ck_assert_ptr_nonnull(strstr(log, "STOP stopped cleanly"));
+  free(log);
+  /* SIGINT too */
+  tu_daemon_start_in(&d, NULL, NULL, d.dir);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGINT), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(second_daemon_on_the_same_data_dir_is_refused) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  char data[128];
+  snprintf(data, sizeof data, "%s/data", d.dir);
+  char *argv[] = {"gnmrd", "--data-dir", data, "--agents",
+                  "tcp://127.0.0.1:*", "--admin", "tcp://127.0.0.1:*", NULL};
+  run_result r = tu_run("gnmrd", argv, NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_ptr_nonnull(strstr(r.err, "another gnmrd uses this data "
+                                      "directory"));
+  tu_run_free(&r);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(bad_command_lines_exit_2_with_a_message) {
+  static const char *const gnmrd_bad[][4] = {
+      {"--log-level", "loud", NULL},
+      {"--max-msg", "12", NULL},
+      {"--bogus", NULL},
+      {"extra-arg", NULL},
+  };
+  for (size_t i = 0; i < sizeof gnmrd_bad / sizeof gnmrd_bad[0]; i++) {
+    char *argv[6] = {"gnmrd"};
+    for (int k = 0; gnmrd_bad[i][k]; k++)
+      argv[k + 1] = (char *)gnmrd_bad[i][k];
+    run_result r = tu_run("gnmrd", argv, NULL);
+    ck_assert_msg(r.code == 2, "gnmrd %s: exit %d", gnmrd_bad[i][0], r.code);
+    ck_assert(strlen(r.err) > 0);
+    tu_run_free(&r);
+  }
+  /* an endpoint that cannot be bound is a clear error, exit 1 */
+  const char *dir = tu_tmpdir();
+  char data[128];
+  snprintf(data, sizeof data, "%s/data", dir);
+  char *bad_ep[] = {"gnmrd", "--data-dir", data, "--agents", "bogus://x",
+                    NULL};
+  run_result r = tu_run("gnmrd", bad_ep, NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_ptr_nonnull(strstr(r.err, "bogus://x"));
+  tu_run_free(&r);
+  tu_rmrf(dir);
+
+  static const char *const sim_bad[][12] = {
+      {"--job", "j", "--ranks", "2", NULL},                 /* no --agents */
+      {"--agents", "tcp://127.0.0.1:1", "--job", "j", NULL}, /* no --ranks */
+      {"--agents", "tcp://127.0.0.1:1", "--job", "j", "--ranks", "2",
+       "--shards", "3", NULL},
+      {"--agents", "tcp://127.0.0.1:1", "--job", "j", "--ranks", "x", NULL},
+      {"--agents", "tcp://127.0.0.1:1", "--job", "j", "--ranks", "1",
+       "--alpha", "0", NULL},
+      {"--agents", "tcp://127.0.0.1:1", "--job", "j", "--ranks", "1",
+       "--steps", "0", NULL},
+  };
+  for (size_t i = 0; i < sizeof sim_bad / sizeof sim_bad[0]; i++) {
+    char *argv[14] = {"gnmr-sim"};
+    for (int k = 0; sim_bad[i][k]; k++)
+      argv[k + 1] = (char *)sim_bad[i][k];
+    r = tu_run("gnmr-sim", argv, NULL);
+    ck_assert_msg(r.code == 2, "gnmr-sim case %zu: exit %d", i, r.code);
+    ck_assert_ptr_nonnull(strstr(r.err, "gnmr-sim:"));
+    tu_run_free(&r);
+  }
+  /* a malformed trace is exit 1 naming the line */
+  const char *d2 = tu_tmpdir();
+  char tp[128];
+  snprintf(tp, sizeof tp, "%s/t.csv", d2);
+  tu_write_file(tp, "step,unit,norm\n1,0,oops\n");
+  char *bad_trace[] = {"gnmr-sim", "--agents", "tcp://127.0.0.1:1", "--job",
+                       "j", "--ranks", "1", "--trace", tp, NULL};
+  r = tu_run("gnmr-sim", bad_trace, NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_ptr_nonnull(strstr(r.err, "t.csv:2: norm 'oops'"));
+  tu_run_free(&r);
+  tu_rmrf(d2);
+}
+END_TEST
+
+START_TEST(synthetic_job_decisions_equal_replay_of_its_trace) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  char tp[128];
+  snprintf(tp, sizeof tp, "%s/synth.csv", d.dir);
+  char *argv[] = {"gnmr-sim", "--agents", d.agents, "--job", "synth",
+                  "--ranks", "4", "--shards", "2", "--units", "96",
+                  "--steps", "150", "--seed", "7", "--barrier-ms", "20000",
+                  "--timeout-ms", "30000", "--write-trace", tp, NULL};
+  run_result r = tu_run("gnmr-sim", argv, NULL);
+  ck_assert_msg(r.code == 0, "exit %d: %s", r.code, r.err);
+  char *replay_argv[] = {"gnmrctl", "replay", tp, NULL};
+  run_result rr = tu_run("gnmrctl", replay_argv, NULL);
+  ck_assert_int_eq(rr.code, 0);
+  ck_assert_str_eq(r.out, rr.out);
+  /* the synthetic job does select units */
+  int active_rows = 0;
+  for (const char *p = strstr(r.out, "\n"); p && p[1]; p = strchr(p + 1, '\n')) {
+    const char *comma = strchr(p + 1, ',');
+    if (comma && comma[1] != '\n')
+      active_rows++;
+  }
+  ck_assert_int_gt(active_rows, 5);
+  tu_run_free(&r);
+  tu_run_free(&rr);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("e2e");
+  TCase *tc = tcase_create("live");
+  tcase_set_timeout(tc, 600);
+  tcase_add_test(tc, decisions_equal_replay_over_tcp_with_ranks_and_shards);
+  tcase_add_test(tc, decisions_equal_replay_over_ipc);
+  tcase_add_test(tc, two_jobs_at_once_stay_independent);
+  tcase_add_test(tc, synthetic_job_decisions_equal_replay_of_its_trace);
+  tcase_add_test(tc, daemon_prints_endpoints_and_stops_cleanly_on_sigterm);
+  tcase_add_test(tc, second_daemon_on_the_same_data_dir_is_refused);
+  tcase_add_test(tc, bad_command_lines_exit_2_with_a_message);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,445 @@
+/* SPDX-License-Identifier: MIT */
+/* test_protocol.c — gnmrd against hostile and wrong input from raw ZeroMQ
+ * peers: garbage, oversize frames, wrong version, unknown agents, wrong
+ * array lengths, bad values, duplicate, stale and far-future steps,
+ * impersonation, extra frames. Each gets a clear Error or a counted drop,
+ * and a well-behaved agent on the same daemon is served throughout. */
+#include <math.h>
+#include <zmq.h>
+
+#include "gnmr/agent.h"
+#include "testutil.h"
+#include "wire.h"
+
+typedef struct raw_peer {
+  void *ctx, *sock;
+} raw_peer;
+
+static raw_peer raw_open(const char *endpoint) {
+  raw_peer p;
+  int zero = 0, tmo = 5000;
+  p.ctx = zmq_ctx_new();
+  p.sock = zmq_socket(p.ctx, ZMQ_DEALER);
+  zmq_setsockopt(p.sock, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(p.sock, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+  ck_assert_int_eq(zmq_connect(p.sock, endpoint), 0);
+  return p;
+}
+
+static void raw_close(raw_peer *p) {
+  zmq_close(p->sock);
+  zmq_ctx_term(p->ctx);
+}
+
+static void raw_send(raw_peer *p, const void *buf, size_t len) {
+  ck_assert_int_ge(zmq_send(p->sock, buf, len, 0), 0);
+}
+
+static void raw_send_env(raw_peer *p, Gnmr__Envelope *env) {
+  uint8_t *buf;
+  size_t len;
+  ck_assert_int_eq(gnmr__wire_encode(env, &buf, &len), GNMR_OK);
+  raw_send(p, buf, len);
+  free(buf);
+}
+
+/* Receives one envelope, or NULL when nothing comes within timeout_ms. */
+static Gnmr__Envelope *raw_recv(raw_peer *p, int timeout_ms) {
+  zmq_setsockopt(p->sock, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
+  zmq_msg_t m;
+  zmq_msg_init(&m);
+  if (zmq_msg_recv(&m, p->sock, 0) < 0) {
+    zmq_msg_close(&m);
+    return NULL;
+  }
+  Gnmr__Envelope *env = NULL;
+  ck_assert_int_eq(gnmr__wire_decode(zmq_msg_data(&m), zmq_msg_size(&m), &env,
+                                     NULL, 0),
+                   GNMR_OK);
+  zmq_msg_close(&m);
+  return env;
+}
+
+/* Expects an Error with `code` whose message contains `part`. */
+static void expect_error(raw_peer *p, int code, const char *part) {
+  Gnmr__Envelope *env = raw_recv(p, 5000);
+  ck_assert_msg(env != NULL, "no reply (expected %s)", gnmr_errname(code));
+  ck_assert_msg(env->body_case == GNMR__ENVELOPE__BODY_ERROR,
+                "reply is not an Error (expected %s)", gnmr_errname(code));
+  ck_assert_msg(env->error->code == code, "code %s, expected %s (%s)",
+                gnmr_errname(env->error->code), gnmr_errname(code),
+                env->error->message);
+  ck_assert_msg(strstr(env->error->message, part) != NULL,
+                "message '%s' lacks '%s'", env->error->message, part);
+  gnmr__wire_free(&env);
+}
+
+static void expect_silence(raw_peer *p) {
+  Gnmr__Envelope *env = raw_recv(p, 300);
+  ck_assert_msg(env == NULL, "unexpected reply (body %d)",
+                env ? (int)env->body_case : 0);
+}
+
+static char *unit_names2[] = {"u0", "u1"};
+
+static void hello(raw_peer *p, const char *job, uint32_t rank,
+                  uint32_t reporters, char **units, size_t n,
+                  double alpha) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Hello h = GNMR__HELLO__INIT;
+  Gnmr__Params wp;
+  policy_params prm;
+  policy_params_default(&prm);
+  prm.alpha = alpha;
+  prm.warmup_steps = 0;
+  gnmr__params_to_wire(&prm, &wp);
+  h.protocol = 1;
+  h.job = (char *)job;
+  h.rank = rank;
+  h.reporters = reporters;
+  h.n_units = n;
+  h.units = units;
+  h.params = &wp;
+  h.barrier_ms = 60000;
+  env.body_case = GNMR__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  raw_send_env(p, &env);
+}
+
+static void report(raw_peer *p, const char *job, uint32_t rank,
+                   uint64_t step, double *sumsq, size_t n, uint64_t *nf,
+                   size_t n_nf) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Report r = GNMR__REPORT__INIT;
+  r.job = (char *)job;
+  r.rank = rank;
+  r.step = step;
+  r.n_sumsq = n;
+  r.sumsq = sumsq;
+  r.n_nonfinite = n_nf;
+  r.nonfinite = nf;
+  env.body_case = GNMR__ENVELOPE__BODY_REPORT;
+  env.report = &r;
+  raw_send_env(p, &env);
+}
+
+static Gnmr__Envelope *expect_body(raw_peer *p, int body) {
+  Gnmr__Envelope *env = raw_recv(p, 5000);
+  ck_assert_msg(env != NULL, "no reply");
+  ck_assert_msg((int)env->body_case == body, "body %d, expected %d%s%s",
+                (int)env->body_case, body,
+                env->body_case == GNMR__ENVELOPE__BODY_ERROR ? ": " : "",
+                env->body_case == GNMR__ENVELOPE__BODY_ERROR
+                    ? env->error->message
+                    : "");
+  return env;
+}
+
+/* A well-behaved agent stepping its own job; asserts each step is decided
+ * within the deadline. */
+typedef struct good_agent {
+  gnmr_agent *a;
+  uint64_t step;
+} good_agent;
+
+static void good_open(good_agent *g, const char *endpoint) {
+  static const char *names[] = {"w0", "w1", "w2"};
+  gnmr_agent_config cfg = {0};
+  cfg.endpoint = endpoint;
+  cfg.job = "good-job";
+  cfg.rank = 0;
+  cfg.reporters = 1;
+  cfg.unit_names = names;
+  cfg.n_units = 3;
+  gnmr_params_default(&cfg.params);
+  cfg.barrier_ms = 5000;
+  ck_assert_int_eq(gnmr_agent_open(&cfg, &g->a), GNMR_OK);
+  g->step = 0;
+}
+
+static void good_step(good_agent *g) {
+  double s[3] = {1, 2, 3};
+  g->step++;
+  ck_assert_int_eq(gnmr_agent_report_sums(g->a, g->step, s, NULL, NULL),
+                   GNMR_OK);
+  ck_assert_msg(gnmr_agent_wait(g->a, g->step, 5000) == GNMR_OK,
+                "good agent got no decision for step %llu",
+                (unsigned long long)g->step);
+}
+
+START_TEST(hostile_input_gets_errors_or_counted_drops_and_good_agent_is_served) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  good_agent g;
+  good_open(&g, d.agents);
+  good_step(&g);
+  raw_peer p = raw_open(d.agents);
+
+  /* garbage bytes */
+  raw_send(&p, "\xff\xfe\x00garbage", 10);
+  expect_error(&p, GNMR_E_PARSE, "not a GNMR envelope");
+  good_step(&g);
+  /* wrong version */
+  {
+    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+    Gnmr__Bye bye = GNMR__BYE__INIT;
+    env.body_case = GNMR__ENVELOPE__BODY_BYE;
+    env.bye = &bye;
+    uint8_t *buf;
+    size_t len;
+    ck_assert_int_eq(gnmr__wire_encode(&env, &buf, &len), GNMR_OK);
+    env.version = 7;
+    len = gnmr__envelope__pack(&env, buf);
+    raw_send(&p, buf, len);
+    free(buf);
+    expect_error(&p, GNMR_E_VERSION, "protocol version 7");
+  }
+  /* an envelope with no body, and one with a body from the future */
+  {
+    static const uint8_t empty[] = {0x08, 0x01};            /* version 1 */
+    static const uint8_t future[] = {0x08, 0x01, 0xca, 0x06, 0x00}; /* f.105 */
+    raw_send(&p, empty, sizeof empty);
+    expect_error(&p, GNMR_E_UNSUPPORTED, "empty message");
+    raw_send(&p, future, sizeof future);
+    expect_error(&p, GNMR_E_UNSUPPORTED, "unsupported message type");
+  }
+  /* a Decision sent to the daemon is not served there */
+  {
+    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+    Gnmr__Decision dec = GNMR__DECISION__INIT;
+    env.body_case = GNMR__ENVELOPE__BODY_DECISION;
+    env.decision = &dec;
+    raw_send_env(&p, &env);
+    expect_error(&p, GNMR_E_UNSUPPORTED, "not served");
+  }
+  /* report before Hello: unknown agent */
+  double s2[2] = {1, 1};
+  report(&p, "raw-job", 0, 1, s2, 2, NULL, 0);
+  expect_error(&p, GNMR_E_NOJOB, "send Hello first");
+  good_step(&g);
+
+  /* bad Hellos */
+  hello(&p, "raw-job", 2, 2, unit_names2, 2, 2.0);
+  expect_error(&p, GNMR_E_INVAL, "rank 2 is not below reporters 2");
+  hello(&p, "raw-job", 0, 2, unit_names2, 2, -1.0);
+  expect_error(&p, GNMR_E_INVAL, "invalid policy parameter alpha");
+  hello(&p, "", 0, 2, unit_names2, 2, 2.0);
+  expect_error(&p, GNMR_E_INVAL, "job name");
+  {
+    char *dup[] = {"same", "same"};
+    hello(&p, "raw-job", 0, 2, dup, 2, 2.0);
+    expect_error(&p, GNMR_E_DUP, "listed twice");
+  }
+  hello(&p, "raw-job", 0, 2, unit_names2, 0, 2.0);
+  expect_error(&p, GNMR_E_INVAL, "units");
+
+  /* a good Hello */
+  hello(&p, "raw-job", 0, 2, unit_names2, 2, 2.0);
+  Gnmr__Envelope *w = expect_body(&p, GNMR__ENVELOPE__BODY_WELCOME);
+  ck_assert_uint_eq(w->welcome->n_unit_ids, 2);
+  ck_assert_uint_eq(w->welcome->unit_ids[0], 0);
+  ck_assert_uint_eq(w->welcome->unit_ids[1], 1);
+  gnmr__wire_free(&w);
+  /* another peer disagreeing with the job's parameters or reporters */
+  raw_peer q = raw_open(d.agents);
+  hello(&q, "raw-job", 1, 2, unit_names2, 2, 3.0);
+  expect_error(&q, GNMR_E_MISMATCH, "other policy parameters");
+  hello(&q, "raw-job", 1, 3, unit_names2, 2, 2.0);
+  expect_error(&q, GNMR_E_MISMATCH, "has 2 reporters");
+  /* the same connection cannot become another rank */
+  hello(&p, "raw-job", 1, 2, unit_names2, 2, 2.0);
+  expect_error(&p, GNMR_E_MISMATCH, "already joined");
+  good_step(&g);
+
+  /* wrong array lengths, bad values, impersonation */
+  double s3[3] = {1, 1, 1};
+  report(&p, "raw-job", 0, 1, s3, 3, NULL, 0);
+  expect_error(&p, GNMR_E_PROTO, "sumsq has 3 entries");
+  uint64_t nf1[1] = {0};
+  report(&p, "raw-job", 0, 1, s2, 2, nf1, 1);
+  expect_error(&p, GNMR_E_PROTO, "nonfinite has 1 entries");
+  double neg[2] = {1, -4};
+  report(&p, "raw-job", 0, 1, neg, 2, NULL, 0);
+  expect_error(&p, GNMR_E_RANGE, "negative or NaN");
+  double nan2[2] = {NAN, 1};
+  report(&p, "raw-job", 0, 1, nan2, 2, NULL, 0);
+  expect_error(&p, GNMR_E_RANGE, "negative or NaN");
+  report(&p, "raw-job", 1, 1, s2, 2, NULL, 0);
+  expect_error(&p, GNMR_E_MISMATCH, "on the connection of job raw-job rank 0");
+  report(&p, "raw-job", 0, 0, s2, 2, NULL, 0);
+  expect_error(&p, GNMR_E_INVAL, "steps start at 1");
+
+  /* duplicate step: the first is held (rank 1 missing), the second refused */
+  report(&p, "raw-job", 0, 5, s2, 2, NULL, 0);
+  expect_silence(&p);
+  report(&p, "raw-job", 0, 5, s2, 2, NULL, 0);
+  expect_error(&p, GNMR_E_DUP, "duplicate report for step 5");
+  good_step(&g);
+
+  /* rank 1 joins from another connection and completes step 5 */
+  raw_peer r1 = raw_open(d.agents);
+  hello(&r1, "raw-job", 1, 2, unit_names2, 2, 2.0);
+  w = expect_body(&r1, GNMR__ENVELOPE__BODY_WELCOME);
+  gnmr__wire_free(&w);
+  report(&r1, "raw-job", 1, 5, s2, 2, NULL, 0);
+  Gnmr__Envelope *dec = expect_body(&r1, GNMR__ENVELOPE__BODY_DECISION);
+  ck_assert_uint_eq(dec->decision->step, 5);
+  gnmr__wire_free(&dec);
+  dec = expect_body(&p, GNMR__ENVELOPE__BODY_DECISION);
+  ck_assert_uint_eq(dec->decision->step, 5);
+  gnmr__wire_free(&dec);
+
+  /* stale step: dropped silently and counted */
+  report(&p, "raw-job", 0, 4, s2, 2, NULL, 0);
+  expect_silence(&p);
+  ck_assert_int_eq(tu_counter(&d, "late_reports"), 1);
+  /* far future */
+  report(&p, "raw-job", 0, 100000, s2, 2, NULL, 0);
+  expect_error(&p, GNMR_E_RANGE, "more than 1024 steps past");
+  good_step(&g);
+
+  /* a three-frame message: discarded and counted */
+  ck_assert_int_ge(zmq_send(p.sock, "a", 1, ZMQ_SNDMORE), 0);
+  ck_assert_int_ge(zmq_send(p.sock, "b", 1, 0), 0);
+  expect_silence(&p);
+  ck_assert_int_eq(tu_counter(&d, "bad_frames"), 1);
+
+  /* counters saw every kind */
+  ck_assert_int_ge(tu_counter(&d, "decode_errors"), 1);
+  ck_assert_int_ge(tu_counter(&d, "version_errors"), 1);
+  ck_assert_int_ge(tu_counter(&d, "unsupported"), 3);
+  ck_assert_int_ge(tu_counter(&d, "unknown_agent"), 1);
+  ck_assert_int_ge(tu_counter(&d, "hellos_refused"), 8);
+  ck_assert_int_ge(tu_counter(&d, "duplicate_reports"), 1);
+  ck_assert_int_ge(tu_counter(&d, "future_reports"), 1);
+  ck_assert_int_ge(tu_counter(&d, "reports_refused"), 7);
+  good_step(&g);
+
+  raw_close(&p);
+  raw_close(&q);
+  raw_close(&r1);
+  gnmr_agent_close(&g.a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(oversize_frame_drops_only_that_peer) {
+  tu_daemon d = {0};
+  char data[128];
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(data, sizeof data, "%s/data", d.dir);
+  /* a daemon with a 64 KiB message limit */
+  char path[512], out[128], err[128];
+  snprintf(path, sizeof path, "%s/gnmrd", tu_bin_dir());
+  snprintf(out, sizeof out, "%s/out", d.dir);
+  snprintf(err, sizeof err, "%s/err", d.dir);
+  char adm[160];
+  snprintf(adm, sizeof adm, "ipc://%s/admin.sock", d.dir);
+  char *argv[] = {path, "--data-dir", data, "--agents", "tcp://127.0.0.1:*",
+                  "--admin", adm, "--max-msg", "65536", NULL};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT, 0600);
+  posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT, 0600);
+  ck_assert_int_eq(posix_spawn(&d.pid, path, &fa, NULL, argv, environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  for (int i = 0; i < 500 && d.agents[0] == '\0'; i++) {
+    char *t = tu_read_file(out, NULL);
+    char *a = t ? strstr(t, "gnmrd: admin ") : NULL;
+    if (a && strchr(a, '\n')) {
+      sscanf(strstr(t, "gnmrd: agents "), "gnmrd: agents %255s", d.agents);
+      sscanf(a, "gnmrd: admin %255s", d.admin);
+    }
+    free(t);
+    tu_sleep_ms(20);
+  }
+  ck_assert(d.agents[0] != '\0');
+  good_agent g;
+  good_open(&g, d.agents);
+  good_step(&g);
+  raw_peer p = raw_open(d.agents);
+  size_t big = 1 << 20;
+  char *junk = calloc(1, big);
+  raw_send(&p, junk, big);
+  free(junk);
+  expect_silence(&p); /* ZeroMQ closed that connection */
+  for (int i = 0; i < 5; i++)
+    good_step(&g);
+  ck_assert_int_eq(tu_counter(&d, "decode_errors"), 0); /* never decoded */
+  raw_close(&p);
+  gnmr_agent_close(&g.a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(many_connections_opening_and_closing_are_harmless) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  good_agent g;
+  good_open(&g, d.agents);
+  for (int i = 0; i < 100; i++) {
+    raw_peer p = raw_open(d.agents);
+    raw_send(&p, "x", 1);
+    if (i % 10 == 0) {
+      good_step(&g);
+      expect_error(&p, GNMR_E_PARSE, "not a GNMR envelope");
+    }
+    raw_close(&p);
+  }
+  good_step(&g);
+  gnmr_agent_close(&g.a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(admin_endpoint_refuses_non_admin_messages) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  raw_peer p = raw_open(d.admin);
+  raw_send(&p, "junk", 4);
+  expect_error(&p, GNMR_E_PARSE, "not a GNMR envelope");
+  double s[1] = {1};
+  report(&p, "j", 0, 1, s, 1, NULL, 0);
+  expect_error(&p, GNMR_E_UNSUPPORTED, "not an admin request");
+  raw_close(&p);
+  /* gnmrctl stats against no daemon fails clearly */
+  char *argv[] = {"gnmrctl", "--admin", "ipc:///nonexistent/gnmr.sock",
+                  "stats", "--timeout-ms", "200", NULL};
+  run_result r = tu_run("gnmrctl", argv, NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_ptr_nonnull(strstr(r.err, "no answer from gnmrd"));
+  tu_run_free(&r);
+  char *json[] = {"gnmrctl", "--admin", d.admin, "stats", "--json", NULL};
+  r = tu_run("gnmrctl", json, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "{\"counters\":{\"messages_in\":"));
+  tu_run_free(&r);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("protocol");
+  TCase *tc = tcase_create("abuse");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(
+      tc,
+      hostile_input_gets_errors_or_counted_drops_and_good_agent_is_served);
+  tcase_add_test(tc, oversize_frame_drops_only_that_peer);
+  tcase_add_test(tc, many_connections_opening_and_closing_are_harmless);
+  tcase_add_test(tc, admin_endpoint_refuses_non_admin_messages);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
