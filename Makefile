@@ -26,7 +26,7 @@ WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wformat=2 \
         -Wno-format-nonliteral
 GEN := $(BUILD)/gen
 CPPFLAGS += -D_GNU_SOURCE -DGNMR_VERSION='"$(VERSION)"' \
-            -Iinclude -Icommon -Ipolicy -Iclient -Iproto -I$(GEN)
+            -Iinclude -Icommon -Ipolicy -Iclient -Iproto -Icuda_agent -I$(GEN)
 CFLAGS ?= $(OPT) -g
 CFLAGS += -std=c11 $(WARN) -fvisibility=hidden -fPIC -pthread
 LDLIBS += -lm -pthread

@@ -343,6 +343,33 @@ out:
 
 /* ---- public API ------------------------------------------------------------- */
 
+/* One ZeroMQ context per process, shared by its agents (several ranks in
+ * one process would otherwise start one ZeroMQ I/O thread each). */
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *shared_ctx;
+static unsigned shared_refs;
+
+static void *ctx_acquire(void) {
+  pthread_mutex_lock(&ctx_mu);
+  if (shared_ctx == NULL)
+    shared_ctx = zmq_ctx_new();
+  void *c = shared_ctx;
+  if (c != NULL)
+    shared_refs++;
+  pthread_mutex_unlock(&ctx_mu);
+  return c;
+}
+
+/* Terminates the context with its last agent (all sockets closed). */
+static void ctx_release(void) {
+  pthread_mutex_lock(&ctx_mu);
+  if (--shared_refs == 0) {
+    zmq_ctx_term(shared_ctx);
+    shared_ctx = NULL;
+  }
+  pthread_mutex_unlock(&ctx_mu);
+}
+
 /* Creates the DEALER (to gnmrd) and the PULL end of the report pipe. */
 static int open_io_sockets(gnmr_agent *a) {
   int zero = 0, one = 1, hb_ivl = 1000, hb_tmo = 5000, recon = 100;
@@ -408,7 +435,7 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
     pthread_condattr_destroy(&ca);
   }
   rv = GNMR_E_IO;
-  if ((a->zctx = zmq_ctx_new()) == NULL)
+  if ((a->zctx = ctx_acquire()) == NULL)
     goto err_sync;
   snprintf(a->pipe_addr, sizeof a->pipe_addr, "inproc://gnmr-agent-%p-%u",
            (void *)a, atomic_fetch_add(&pipe_counter, 1));
@@ -432,7 +459,7 @@ err_io:
 err_push:
   zmq_close(a->push);
 err_ctx:
-  zmq_ctx_term(a->zctx);
+  ctx_release();
 err_sync:
   pthread_mutex_destroy(&a->mu);
   pthread_cond_destroy(&a->cv);
@@ -455,7 +482,7 @@ void gnmr_agent_close(gnmr_agent **pa) {
   atomic_store(&a->stop, 1);
   pthread_join(a->io, NULL);
   zmq_close(a->push);
-  zmq_ctx_term(a->zctx);
+  ctx_release();
   pthread_mutex_destroy(&a->mu);
   pthread_cond_destroy(&a->cv);
   free_config(a);

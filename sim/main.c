@@ -76,8 +76,10 @@ static void split_norm(double n, uint32_t k, double *parts) {
 }
 
 /* A synthetic trace: per-unit scales over four decades, +-10% noise,
- * transient spikes (1-3 steps, 4-20x) in about 0.4% of unit-steps, and a
- * few idle steps. */
+ * transient spikes (1-3 steps, 4-20x) starting in about 0.2% of
+ * unit-steps, a burst at two thirds of the run where a quarter of the
+ * units spike together for two steps (the budget saturates), and a few
+ * idle steps. */
 static int synth(trace *t, uint32_t units, uint64_t steps, unsigned seed) {
   size_t n = (size_t)units * steps;
   t->rows = calloc(n, sizeof *t->rows);
@@ -95,10 +97,15 @@ static int synth(trace *t, uint32_t units, uint64_t steps, unsigned seed) {
   for (uint32_t u = 0; u < units; u++)
     scale[u] = pow(10, (rand_r(&seed) % 4000) / 1000.0 - 2);
   size_t k = 0;
+  uint64_t burst = steps * 2 / 3;
   for (uint64_t s = 1; s <= steps; s++) {
     for (uint32_t u = 0; u < units; u++) {
       double x = scale[u] * (0.9 + 0.2 * (rand_r(&seed) % 1000) / 1000.0);
-      if (spike_left[u] == 0 && s > 25 && rand_r(&seed) % 1000 < 4) {
+      if (s == burst && burst > 25 && u % 4 == 1) {
+        spike_left[u] = 2;
+        spike_mag[u] = 6 + (rand_r(&seed) % 1000) / 100.0;
+      }
+      if (spike_left[u] == 0 && s > 25 && rand_r(&seed) % 1000 < 2) {
         spike_left[u] = 1 + (uint32_t)(rand_r(&seed) % 3);
         spike_mag[u] = 4 + (rand_r(&seed) % 1600) / 100.0;
       }

@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: MIT */
+/* benchutil.h — what the network benchmarks share: a clock, percentiles,
+ * and starting the real gnmrd (build/bin, or $GNMR_BIN_DIR) in a temporary
+ * directory on a loopback TCP port. Header-only: each benchmark is one
+ * program. */
+#ifndef GNMR_BENCHUTIL_H
+#define GNMR_BENCHUTIL_H
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static inline double bu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static inline int bu_cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Sorts v and returns its q-quantile (0..1). */
+static inline double bu_quantile(double *v, size_t n, double q) {
+  qsort(v, n, sizeof *v, bu_cmp);
+  return v[(size_t)((double)(n - 1) * q)];
+}
+
+typedef struct bu_daemon {
+  pid_t pid;
+  char dir[64];
+  char agents[256];
+} bu_daemon;
+
+/* Starts gnmrd; returns 0 with its agent endpoint, -1 on failure. */
+static inline int bu_daemon_start(bu_daemon *d) {
+  char path[512], data[128], out[128], adm[128];
+  const char *bin = getenv("GNMR_BIN_DIR");
+  strcpy(d->dir, "/tmp/gnmr-bench-XXXXXX");
+  if (mkdtemp(d->dir) == NULL)
+    return -1;
+  snprintf(path, sizeof path, "%s/gnmrd", bin ? bin : "build/bin");
+  snprintf(data, sizeof data, "%s/data", d->dir);
+  snprintf(out, sizeof out, "%s/out", d->dir);
+  snprintf(adm, sizeof adm, "ipc://%s/admin.sock", d->dir);
+  char *argv[] = {path, "--data-dir", data, "--agents", "tcp://127.0.0.1:*",
+                  "--admin", adm, "--log-level", "warn", NULL};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
+  if (posix_spawn(&d->pid, path, &fa, NULL, argv, environ) != 0)
+    return -1;
+  posix_spawn_file_actions_destroy(&fa);
+  for (int i = 0; i < 500; i++) {
+    FILE *f = fopen(out, "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f))
+      if (sscanf(line, "gnmrd: agents %255s", d->agents) == 1) {
+        fclose(f);
+        return 0;
+      }
+    if (f)
+      fclose(f);
+    struct timespec ts = {0, 20000000};
+    nanosleep(&ts, NULL);
+  }
+  return -1;
+}
+
+static inline void bu_daemon_stop(bu_daemon *d) {
+  char cmd[128];
+  if (d->pid > 0) {
+    kill(d->pid, SIGTERM);
+    waitpid(d->pid, NULL, 0);
+  }
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", d->dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "warning: could not remove %s\n", d->dir);
+}
+
+#endif /* GNMR_BENCHUTIL_H */

@@ -1,0 +1,241 @@
+/* SPDX-License-Identifier: MIT */
+/* bench/rtt.c — decision round trip for 8 ranks x 1024 units (each unit
+ * sharded over all 8) against gnmrd on loopback TCP: from the moment the
+ * step's 8 reports are sent until every rank holds the decision. The
+ * limit, measured in the same run: a raw ZeroMQ DEALER/ROUTER echo of the
+ * same report bytes from 8 sockets through a separate process. Measured
+ * twice: with 8 protocol peers in one thread, exactly like the raw
+ * baseline (the targets: p50 <= 2x raw, p99 <= 1 ms), and with 8 real
+ * agents (each with its own I/O thread; on a 2-core machine they share the
+ * cores with gnmrd, which the figure includes). */
+#include <stdint.h>
+#include <zmq.h>
+
+#include "benchutil.h"
+#include "gnmr/agent.h"
+#include "wire.h"
+
+#define RANKS 8
+#define UNITS 1024
+#define WARM 100
+#define STEPS 2000
+
+/* The echo server process: returns every message to its sender. */
+static void echo_server(const char *ep_file) {
+  void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_ROUTER);
+  int zero = 0;
+  char ep[256];
+  size_t sz = sizeof ep;
+  zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_bind(s, "tcp://127.0.0.1:*");
+  zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, ep, &sz);
+  FILE *f = fopen(ep_file, "w");
+  fprintf(f, "%s\n", ep);
+  fclose(f);
+  for (;;) {
+    zmq_msg_t id, body;
+    zmq_msg_init(&id);
+    zmq_msg_init(&body);
+    if (zmq_msg_recv(&id, s, 0) < 0 || zmq_msg_recv(&body, s, 0) < 0)
+      break;
+    if (zmq_msg_size(&body) == 0)
+      break; /* empty message: stop */
+    zmq_msg_send(&id, s, ZMQ_SNDMORE);
+    zmq_msg_send(&body, s, 0);
+  }
+  zmq_close(s);
+  zmq_ctx_term(ctx);
+  _exit(0);
+}
+
+static void raw_baseline(double *lat, size_t len_report) {
+  char ep_file[] = "/tmp/gnmr-rtt-ep-XXXXXX";
+  int fd = mkstemp(ep_file);
+  close(fd);
+  unlink(ep_file);
+  pid_t pid = fork();
+  if (pid == 0)
+    echo_server(ep_file);
+  char ep[256] = "";
+  for (int i = 0; i < 500 && ep[0] == '\0'; i++) {
+    FILE *f = fopen(ep_file, "r");
+    if (f) {
+      if (fscanf(f, "%255s", ep) != 1)
+        ep[0] = '\0';
+      fclose(f);
+    }
+    usleep(10000);
+  }
+  unlink(ep_file);
+  void *ctx = zmq_ctx_new(), *socks[RANKS];
+  char *payload = calloc(1, len_report);
+  for (int r = 0; r < RANKS; r++) {
+    int zero = 0;
+    socks[r] = zmq_socket(ctx, ZMQ_DEALER);
+    zmq_setsockopt(socks[r], ZMQ_LINGER, &zero, sizeof zero);
+    zmq_connect(socks[r], ep);
+  }
+  char *buf = malloc(len_report);
+  for (int step = 0; step < WARM + STEPS; step++) {
+    double t0 = bu_now();
+    for (int r = 0; r < RANKS; r++)
+      zmq_send(socks[r], payload, len_report, 0);
+    for (int r = 0; r < RANKS; r++)
+      zmq_recv(socks[r], buf, len_report, 0);
+    if (step >= WARM)
+      lat[step - WARM] = bu_now() - t0;
+  }
+  zmq_send(socks[0], "", 0, 0);
+  for (int r = 0; r < RANKS; r++)
+    zmq_close(socks[r]);
+  zmq_ctx_term(ctx);
+  waitpid(pid, NULL, 0);
+  free(buf);
+  free(payload);
+}
+
+/* 8 DEALER peers speaking the protocol from one thread. */
+static void protocol_peers(const char *ep, double *lat) {
+  void *ctx = zmq_ctx_new(), *socks[RANKS];
+  char *names[UNITS];
+  double sumsq[UNITS];
+  static uint8_t buf[1 << 16];
+  for (int u = 0; u < UNITS; u++) {
+    names[u] = malloc(16);
+    snprintf(names[u], 16, "u%d", u);
+    sumsq[u] = 1 + (u % 100) / 100.0;
+  }
+  policy_params prm;
+  policy_params_default(&prm);
+  Gnmr__Params wp;
+  gnmr__params_to_wire(&prm, &wp);
+  for (int r = 0; r < RANKS; r++) {
+    int zero = 0;
+    socks[r] = zmq_socket(ctx, ZMQ_DEALER);
+    zmq_setsockopt(socks[r], ZMQ_LINGER, &zero, sizeof zero);
+    zmq_connect(socks[r], ep);
+    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+    Gnmr__Hello h = GNMR__HELLO__INIT;
+    h.protocol = 1;
+    h.job = "rtt-peers";
+    h.rank = (uint32_t)r;
+    h.reporters = RANKS;
+    h.n_units = UNITS;
+    h.units = names;
+    h.params = &wp;
+    h.barrier_ms = 5000;
+    env.body_case = GNMR__ENVELOPE__BODY_HELLO;
+    env.hello = &h;
+    uint8_t *b;
+    size_t len;
+    gnmr__wire_encode(&env, &b, &len);
+    zmq_send(socks[r], b, len, 0);
+    free(b);
+    zmq_recv(socks[r], buf, sizeof buf, 0); /* Welcome */
+  }
+  uint8_t *rank_rep[RANKS];
+  for (int s = 0; s < WARM + STEPS; s++) {
+    /* each rank's report, encoded outside the timed region */
+    size_t lens[RANKS];
+    for (int r = 0; r < RANKS; r++) {
+      Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+      Gnmr__Report rp = GNMR__REPORT__INIT;
+      rp.job = "rtt-peers";
+      rp.rank = (uint32_t)r;
+      rp.step = (uint64_t)s + 1;
+      rp.n_sumsq = UNITS;
+      rp.sumsq = sumsq;
+      env.body_case = GNMR__ENVELOPE__BODY_REPORT;
+      env.report = &rp;
+      gnmr__wire_encode(&env, &rank_rep[r], &lens[r]);
+    }
+    double t0 = bu_now();
+    for (int r = 0; r < RANKS; r++)
+      zmq_send(socks[r], rank_rep[r], lens[r], 0);
+    for (int r = 0; r < RANKS; r++)
+      zmq_recv(socks[r], buf, sizeof buf, 0);
+    if (s >= WARM)
+      lat[s - WARM] = bu_now() - t0;
+    for (int r = 0; r < RANKS; r++)
+      free(rank_rep[r]);
+  }
+  for (int r = 0; r < RANKS; r++)
+    zmq_close(socks[r]);
+  zmq_ctx_term(ctx);
+  for (int u = 0; u < UNITS; u++)
+    free(names[u]);
+}
+
+int main(void) {
+  static double lat[STEPS], raw[STEPS], peers[STEPS];
+  bu_daemon d = {0};
+  if (bu_daemon_start(&d) != 0) {
+    fprintf(stderr, "rtt: cannot start gnmrd (build it first)\n");
+    return 1;
+  }
+  char *names[UNITS];
+  for (int u = 0; u < UNITS; u++) {
+    names[u] = malloc(16);
+    snprintf(names[u], 16, "u%d", u);
+  }
+  gnmr_agent *ag[RANKS];
+  for (int r = 0; r < RANKS; r++) {
+    gnmr_agent_config c = {0};
+    c.endpoint = d.agents;
+    c.job = "rtt";
+    c.rank = (uint32_t)r;
+    c.reporters = RANKS;
+    c.unit_names = (const char *const *)names;
+    c.n_units = UNITS;
+    gnmr_params_default(&c.params);
+    c.barrier_ms = 5000;
+    if (gnmr_agent_open(&c, &ag[r]) != GNMR_OK)
+      return 1;
+  }
+  double sumsq[UNITS];
+  unsigned seed = 5;
+  uint64_t late = 0;
+  for (int step = 1; step <= WARM + STEPS; step++) {
+    for (int u = 0; u < UNITS; u++)
+      sumsq[u] = 1 + (rand_r(&seed) % 100) / 100.0;
+    double t0 = bu_now();
+    for (int r = 0; r < RANKS; r++)
+      gnmr_agent_report_sums(ag[r], (uint64_t)step, sumsq, NULL, NULL);
+    for (int r = 0; r < RANKS; r++)
+      late += gnmr_agent_wait(ag[r], (uint64_t)step, 5000) != GNMR_OK;
+    if (step > WARM)
+      lat[step - WARM - 1] = bu_now() - t0;
+  }
+  for (int r = 0; r < RANKS; r++)
+    gnmr_agent_close(&ag[r]);
+  protocol_peers(d.agents, peers);
+  bu_daemon_stop(&d);
+  /* the size of one rank's encoded report */
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Report rep = GNMR__REPORT__INIT;
+  rep.job = "rtt";
+  rep.step = 1000;
+  rep.n_sumsq = UNITS;
+  rep.sumsq = sumsq;
+  env.body_case = GNMR__ENVELOPE__BODY_REPORT;
+  env.report = &rep;
+  env.version = 1;
+  size_t len = gnmr__envelope__get_packed_size(&env);
+  raw_baseline(raw, len);
+  double p50 = bu_quantile(lat, STEPS, 0.5), p99 = bu_quantile(lat, STEPS, 0.99);
+  double r50 = bu_quantile(raw, STEPS, 0.5), r99 = bu_quantile(raw, STEPS, 0.99);
+  double q50 = bu_quantile(peers, STEPS, 0.5),
+         q99 = bu_quantile(peers, STEPS, 0.99);
+  printf("rtt %d ranks x %d units (%zu-byte reports), %d steps; raw "
+         "DEALER/ROUTER echo of the same bytes: p50 %.0f us, p99 %.0f us\n",
+         RANKS, UNITS, len, STEPS, r50 * 1e6, r99 * 1e6);
+  printf("rtt protocol peers -> gnmrd: p50 %.0f us = %.2fx raw (target <= "
+         "2x); p99 %.0f us = %.2f ms (target <= 1 ms)\n",
+         q50 * 1e6, q50 / r50, q99 * 1e6, q99 * 1e3);
+  printf("rtt real agents    -> gnmrd: p50 %.0f us = %.2fx raw; p99 %.0f us; "
+         "late decisions %llu (8 agent I/O threads share the cores)\n",
+         p50 * 1e6, p50 / r50, p99 * 1e6, (unsigned long long)late);
+  for (int u = 0; u < UNITS; u++)
+    free(names[u]);
+  return 0;
+}

@@ -1,0 +1,180 @@
+/* SPDX-License-Identifier: MIT */
+/* bench/throughput.c — daemon throughput: 16 reporters, each with the same
+ * 10k units (sharded), send reports as fast as gnmrd decides them (up to 8
+ * steps in flight), against the limit measured in the same run: raw ZeroMQ
+ * PUSH/PULL of the same bytes (same messages, same count) from 16 sockets
+ * into a separate process. Target: >= 50% of raw bytes/s. */
+#include <stdint.h>
+#include <zmq.h>
+
+#include "benchutil.h"
+#include "wire.h"
+
+#define REPORTERS 16
+#define UNITS 10000
+#define STEPS 200
+#define IN_FLIGHT 8
+
+static uint8_t *msg[STEPS][REPORTERS];
+static size_t msg_len[STEPS][REPORTERS];
+
+static void *dealer(void *ctx, const char *ep) {
+  void *s = zmq_socket(ctx, ZMQ_DEALER);
+  int zero = 0, hwm = 0;
+  zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+  zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+  zmq_connect(s, ep);
+  return s;
+}
+
+static double run_gnmrd(const char *ep, char **names) {
+  void *ctx = zmq_ctx_new(), *s[REPORTERS];
+  static uint8_t buf[1 << 16];
+  policy_params prm;
+  policy_params_default(&prm);
+  Gnmr__Params wp;
+  gnmr__params_to_wire(&prm, &wp);
+  for (int r = 0; r < REPORTERS; r++) {
+    s[r] = dealer(ctx, ep);
+    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+    Gnmr__Hello h = GNMR__HELLO__INIT;
+    h.protocol = 1;
+    h.job = "throughput";
+    h.rank = (uint32_t)r;
+    h.reporters = REPORTERS;
+    h.n_units = UNITS;
+    h.units = names;
+    h.params = &wp;
+    h.barrier_ms = 10000;
+    env.body_case = GNMR__ENVELOPE__BODY_HELLO;
+    env.hello = &h;
+    uint8_t *b;
+    size_t len;
+    gnmr__wire_encode(&env, &b, &len);
+    zmq_send(s[r], b, len, 0);
+    free(b);
+    zmq_recv(s[r], buf, sizeof buf, 0); /* Welcome */
+  }
+  double t0 = bu_now();
+  for (int step = 0; step < STEPS + IN_FLIGHT; step++) {
+    if (step < STEPS)
+      for (int r = 0; r < REPORTERS; r++)
+        zmq_send(s[r], msg[step][r], msg_len[step][r], 0);
+    if (step >= IN_FLIGHT) /* the decision of step - IN_FLIGHT */
+      for (int r = 0; r < REPORTERS; r++)
+        zmq_recv(s[r], buf, sizeof buf, 0);
+  }
+  double dt = bu_now() - t0;
+  for (int r = 0; r < REPORTERS; r++)
+    zmq_close(s[r]);
+  zmq_ctx_term(ctx);
+  return dt;
+}
+
+static double run_raw(void) {
+  char ep_file[] = "/tmp/gnmr-tp-ep-XXXXXX";
+  int fd = mkstemp(ep_file);
+  close(fd);
+  unlink(ep_file);
+  size_t total = (size_t)STEPS * REPORTERS;
+  pid_t pid = fork();
+  if (pid == 0) { /* the PULL side */
+    void *ctx = zmq_ctx_new(), *p = zmq_socket(ctx, ZMQ_PULL);
+    int hwm = 0;
+    char ep[256];
+    size_t sz = sizeof ep;
+    zmq_setsockopt(p, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_bind(p, "tcp://127.0.0.1:*");
+    zmq_getsockopt(p, ZMQ_LAST_ENDPOINT, ep, &sz);
+    FILE *f = fopen(ep_file, "w");
+    fprintf(f, "%s\n", ep);
+    fclose(f);
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    for (size_t i = 0; i < total; i++)
+      zmq_msg_recv(&m, p, 0);
+    zmq_msg_close(&m);
+    zmq_close(p);
+    zmq_ctx_term(ctx);
+    _exit(0);
+  }
+  char ep[256] = "";
+  for (int i = 0; i < 500 && ep[0] == '\0'; i++) {
+    FILE *f = fopen(ep_file, "r");
+    if (f) {
+      if (fscanf(f, "%255s", ep) != 1)
+        ep[0] = '\0';
+      fclose(f);
+    }
+    usleep(10000);
+  }
+  unlink(ep_file);
+  void *ctx = zmq_ctx_new(), *s[REPORTERS];
+  for (int r = 0; r < REPORTERS; r++) {
+    int zero = 0, hwm = 0;
+    s[r] = zmq_socket(ctx, ZMQ_PUSH);
+    zmq_setsockopt(s[r], ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s[r], ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_connect(s[r], ep);
+  }
+  usleep(100000); /* let all 16 connect before timing */
+  double t0 = bu_now();
+  for (int step = 0; step < STEPS; step++)
+    for (int r = 0; r < REPORTERS; r++)
+      zmq_send(s[r], msg[step][r], msg_len[step][r], 0);
+  waitpid(pid, NULL, 0);
+  double dt = bu_now() - t0;
+  for (int r = 0; r < REPORTERS; r++)
+    zmq_close(s[r]);
+  zmq_ctx_term(ctx);
+  return dt;
+}
+
+int main(void) {
+  bu_daemon d = {0};
+  char *names[UNITS];
+  double *sumsq = malloc(UNITS * sizeof *sumsq);
+  size_t bytes = 0;
+  for (int u = 0; u < UNITS; u++) {
+    names[u] = malloc(16);
+    snprintf(names[u], 16, "u%d", u);
+    sumsq[u] = 1 + (u % 97) / 97.0;
+  }
+  for (int step = 0; step < STEPS; step++)
+    for (int r = 0; r < REPORTERS; r++) {
+      Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+      Gnmr__Report rp = GNMR__REPORT__INIT;
+      rp.job = "throughput";
+      rp.rank = (uint32_t)r;
+      rp.step = (uint64_t)step + 1;
+      rp.n_sumsq = UNITS;
+      rp.sumsq = sumsq;
+      env.body_case = GNMR__ENVELOPE__BODY_REPORT;
+      env.report = &rp;
+      gnmr__wire_encode(&env, &msg[step][r], &msg_len[step][r]);
+      bytes += msg_len[step][r];
+    }
+  if (bu_daemon_start(&d) != 0) {
+    fprintf(stderr, "throughput: cannot start gnmrd (build it first)\n");
+    return 1;
+  }
+  double tg = run_gnmrd(d.agents, names);
+  bu_daemon_stop(&d);
+  double tr = run_raw();
+  double ur = (double)REPORTERS * UNITS * STEPS;
+  printf("throughput %d reporters x %d units, %d steps (%.0f MB of "
+         "reports): gnmrd %.2f M unit-reports/s (%.0f MB/s, %.0f steps/s); "
+         "raw PUSH/PULL %.0f MB/s\n",
+         REPORTERS, UNITS, STEPS, bytes / 1e6, ur / tg / 1e6, bytes / tg / 1e6,
+         STEPS / tg, bytes / tr / 1e6);
+  printf("throughput gnmrd = %.0f%% of raw bytes/s (target >= 50%%)\n",
+         100 * tr / tg);
+  for (int step = 0; step < STEPS; step++)
+    for (int r = 0; r < REPORTERS; r++)
+      free(msg[step][r]);
+  for (int u = 0; u < UNITS; u++)
+    free(names[u]);
+  free(sumsq);
+  return 0;
+}
