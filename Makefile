@@ -42,6 +42,7 @@ CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
 ZMQ_LIBS = $(shell pkg-config --libs libzmq 2>/dev/null || echo -lzmq)
 PBC_LIBS = $(shell pkg-config --libs libprotobuf-c 2>/dev/null || echo -lprotobuf-c)
 UV_LIBS = $(shell pkg-config --libs libuv 2>/dev/null || echo -luv)
+DB_LIBS = $(shell pkg-config --libs sqlite3 jansson 2>/dev/null || echo -lsqlite3 -ljansson)
 NET_LIBS = $(ZMQ_LIBS) $(PBC_LIBS)
 
 # ---- sources -----------------------------------------------------------
@@ -121,11 +122,11 @@ $(SO_AGENT): $(call obj,$(AGENT_SRC)) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
 
 $(GNMRCTL): $(call obj,$(GNMRCTL_SRC)) $(LIB_CLIENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(DB_LIBS) $(NET_LIBS) $(LDLIBS) -o $@
 
-$(GNMRD): $(call obj,$(GNMRD_SRC)) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
+$(GNMRD): $(call obj,$(GNMRD_SRC)) $(LIB_CLIENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(UV_LIBS) $(NET_LIBS) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(UV_LIBS) $(DB_LIBS) $(NET_LIBS) $(LDLIBS) -o $@
 
 $(GNMR_SIM): $(call obj,$(SIM_SRC)) $(LIB_CLIENT) $(LIB_AGENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
 	@mkdir -p $(dir $@)

@@ -103,3 +103,10 @@ int gnmr__policy_opts_check(const policy_params *p, char *err, size_t errlen) {
   snprintf(err, errlen, "invalid policy parameters (%s)", gnmr_strerror(rv));
   return rv;
 }
+
+int gnmr__policy_opts_find(const char *name) {
+  for (int i = 0; i < GNMR_POLICY_NOPTS; i++)
+    if (strcmp(name, opts[i].name) == 0 || strcmp(name, opts[i].field) == 0)
+      return i;
+  return -1;
+}

@@ -23,6 +23,9 @@ void gnmr__policy_opts_longopts(struct option *rows, int base);
 int gnmr__policy_opts_apply(policy_params *p, int i, const char *arg,
                             char *err, size_t errlen);
 
+/* Index of the option named name ("max-active" or "max_active"), or -1. */
+int gnmr__policy_opts_find(const char *name);
+
 /* Validates the whole set; on error writes which option is wrong. */
 int gnmr__policy_opts_check(const policy_params *p, char *err, size_t errlen);
 

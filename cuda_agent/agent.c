@@ -31,6 +31,7 @@ struct gnmr_agent {
   uint32_t rank, reporters, n_units, barrier_ms, fallback_route,
       fallback_after;
   char **names;
+  uint32_t *req_ids; /* requested job-wide ids, or NULL */
   gnmr_params params;
 
   void *zctx;
@@ -118,6 +119,7 @@ static void free_config(gnmr_agent *a) {
   for (uint32_t i = 0; i < a->n_units; i++)
     free(a->names[i]);
   free(a->names);
+  free(a->req_ids);
   free(a->routes);
   free(a->endpoint);
   free(a->job);
@@ -156,6 +158,10 @@ static void send_hello(gnmr_agent *a, io_state *io) {
   h.reporters = a->reporters;
   h.n_units = a->n_units;
   h.units = a->names;
+  if (a->req_ids != NULL) {
+    h.n_unit_ids = a->n_units;
+    h.unit_ids = a->req_ids;
+  }
   h.params = &wp;
   h.barrier_ms = a->barrier_ms;
   env.body_case = GNMR__ENVELOPE__BODY_HELLO;
@@ -426,6 +432,11 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
   for (uint32_t i = 0; i < cfg->n_units; i++)
     if ((a->names[i] = strdup(cfg->unit_names[i])) == NULL)
       goto err_free;
+  if (cfg->unit_ids != NULL) {
+    if ((a->req_ids = malloc(cfg->n_units * sizeof *a->req_ids)) == NULL)
+      goto err_free;
+    memcpy(a->req_ids, cfg->unit_ids, cfg->n_units * sizeof *a->req_ids);
+  }
   pthread_mutex_init(&a->mu, NULL);
   {
     pthread_condattr_t ca;
@@ -468,6 +479,7 @@ err_free:
     for (uint32_t i = 0; i < cfg->n_units; i++)
       free(a->names[i]);
   free(a->names);
+  free(a->req_ids);
   free(a->routes);
   free(a->endpoint);
   free(a->job);

@@ -9,6 +9,7 @@
 #include "counters.h"
 #include "hmap.h"
 #include "server.h"
+#include "store.h"
 
 typedef struct job job;
 
@@ -20,6 +21,7 @@ typedef struct gnmrd {
   gnmrd_counters c;
   hmap jobs;          /* name -> job * */
   hmap peers;         /* connection identity -> peer * (see jobs.c) */
+  store *st;          /* history; NULL when running without one */
   int stopping;
 } gnmrd;
 
@@ -31,6 +33,19 @@ void jobs_on_bad_frames(server *s, void *ctx);
 void jobs_shutdown(gnmrd *d);
 /* Writes the names of the live jobs (at most cap) into names. */
 size_t jobs_names(gnmrd *d, const char **names, size_t cap);
+/* Recreates an unfinished job from the store (start-up). */
+void jobs_restore(const store_job *sj, void *ctx);
+/* Queues a snapshot of every live job (shutdown). */
+void jobs_snapshot_all(gnmrd *d);
+job *jobs_find(gnmrd *d, const char *name);
+/* Applies key=value settings to a live job's parameters from its next
+ * step; all or nothing. Returns 0 or an error with a message in err. */
+int jobs_set_params(job *j, char **settings, size_t n, char *err,
+                    size_t errlen);
+/* Read-only views for the admin service. */
+struct json_t;
+struct json_t *jobs_status_json(job *j);
+struct json_t *jobs_units_json(job *j, uint32_t top);
 
 /* admin.c: the admin protocol */
 void admin_on_message(server *s, const void *id, size_t id_len,

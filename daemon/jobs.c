@@ -12,8 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "gnmr/error.h"
 #include "gnmrd.h"
+#include "policy_opts.h"
 #include "log.h"
 #include "policy.h"
 #include "wire.h"
@@ -27,6 +30,8 @@
 /* One rank's registration in a job. */
 typedef struct rank_reg {
   int joined;         /* said Hello (and not Bye) */
+  int rejoined;       /* said Hello after steps were decided: its next
+                         report may restart training from a checkpoint */
   int ever;           /* has ever joined: its units exist */
   char *ident;        /* current connection identity */
   size_t ident_len;
@@ -43,6 +48,7 @@ typedef struct held_report {
 
 typedef struct pending {
   uint64_t step;
+  uint64_t first_ms;         /* loop time of the first report */
   uint64_t deadline;         /* loop time (ms) */
   uint32_t got;
   held_report *by_rank;      /* reporters entries; sumsq NULL = not yet */
@@ -51,7 +57,9 @@ typedef struct pending {
 struct job {
   gnmrd *d;
   char *name;
-  policy_params params;
+  uint32_t pass;             /* 1, +1 at each resume */
+  policy_params hello_params;/* what its agents send (fixed) */
+  policy_params params;      /* in force (changed by gnmrctl set) */
   uint32_t reporters, barrier_ms, byes;
   policy *pol;
   hmap unit_ids;             /* name -> id */
@@ -75,6 +83,144 @@ typedef struct peer {
   job *j;
   uint32_t rank;
 } peer;
+
+/* ---- history --------------------------------------------------------------- */
+
+static void put(job *j, store_rec *r) {
+  if (r == NULL)
+    return;
+  if (j->d->st == NULL)
+    store_rec_free(r);
+  else
+    store_put(j->d->st, r);
+}
+
+/* An operational event: kind with a free-form detail; rank or
+ * UINT32_MAX. */
+static void put_event(job *j, const char *kind, uint32_t rank,
+                      const char *detail) {
+  store_rec *r = store_rec_new(REC_EVENT, j->name);
+  if (r == NULL)
+    return;
+  r->pass = j->pass;
+  r->step = j->last_decided;
+  r->rank = rank;
+  r->text = strdup(kind);
+  r->detail = detail ? strdup(detail) : NULL;
+  put(j, r);
+}
+
+static void put_job(job *j, int resumed) {
+  store_rec *r = store_rec_new(REC_JOB, j->name);
+  if (r == NULL)
+    return;
+  r->pass = j->pass;
+  r->step = j->last_decided + 1;
+  r->reporters = j->reporters;
+  r->barrier_ms = j->barrier_ms;
+  r->params = j->hello_params;
+  r->resumed = resumed;
+  put(j, r);
+  if (!gnmr__params_equal(&j->params, &j->hello_params)) {
+    store_rec *pr = store_rec_new(REC_PARAMS, j->name);
+    if (pr) {
+      pr->pass = j->pass;
+      pr->step = j->last_decided + 1;
+      pr->params = j->params;
+      put(j, pr);
+    }
+  }
+}
+
+/* Records a rank's units: (id, name) pairs and its id list. */
+static void put_rank(job *j, uint32_t rank) {
+  rank_reg *rr = &j->ranks[rank];
+  store_rec *u = store_rec_new(REC_UNITS, j->name);
+  store_rec *r = store_rec_new(REC_RANK, j->name);
+  if (u && r && (u->ids = malloc(rr->n_units * sizeof *u->ids)) &&
+      (u->names = calloc(rr->n_units, sizeof *u->names)) &&
+      (r->ids = malloc(rr->n_units * sizeof *r->ids))) {
+    u->n = r->n = rr->n_units;
+    r->rank = rank;
+    for (uint32_t i = 0; i < rr->n_units; i++) {
+      u->ids[i] = r->ids[i] = rr->ids[i];
+      u->names[i] = strdup(j->unit_names[rr->ids[i]]);
+      if (u->names[i] == NULL)
+        u->names[i] = strdup("?");
+    }
+    put(j, u);
+    put(j, r);
+    return;
+  }
+  store_rec_free(u);
+  store_rec_free(r);
+}
+
+static store_rec *snapshot_rec(job *j, int kind) {
+  store_rec *r = store_rec_new(kind, j->name);
+  if (r == NULL)
+    return NULL;
+  size_t len = policy_export_size(j->pol);
+  if ((r->snapshot = malloc(len)) == NULL ||
+      policy_export(j->pol, r->snapshot, len, &r->snapshot_len) != GNMR_OK) {
+    store_rec_free(r);
+    return NULL;
+  }
+  r->pass = j->pass;
+  r->step = policy_last_step(j->pol);
+  return r;
+}
+
+/* The step record: summary, decision, events (with norms and scores) and,
+ * every snapshot_every steps, the policy state after the step. */
+static void put_step(job *j, const pending *p, const policy_result *res,
+                     uint32_t missing, int by_deadline) {
+  store_rec *r = NULL;
+  if (j->d->st == NULL)
+    return;
+  int snap = p->step % store_snapshot_every(j->d->st) == 0;
+  r = snap ? snapshot_rec(j, REC_STEP) : store_rec_new(REC_STEP, j->name);
+  if (r == NULL)
+    return;
+  r->kind = REC_STEP;
+  r->pass = j->pass;
+  r->step = p->step;
+  r->reports = p->got;
+  r->risky = res->n_risky;
+  r->pool = res->n_pool;
+  r->n = res->n_active;
+  r->missing = missing;
+  r->by_deadline = (uint32_t)by_deadline;
+  r->latency_us = (uv_now(j->d->loop) - p->first_ms) * 1000;
+  r->active = malloc((size_t)res->n_active * 11 + 1);
+  if (r->active) {
+    size_t off = 0;
+    r->active[0] = '\0';
+    for (uint32_t i = 0; i < res->n_active; i++)
+      off += (size_t)sprintf(r->active + off, i ? " %u" : "%u",
+                             res->active[i]);
+  }
+  if (res->n_events > 0 &&
+      (r->events = malloc(res->n_events * sizeof *r->events)) != NULL) {
+    r->n_events = res->n_events;
+    for (uint32_t i = 0; i < res->n_events; i++) {
+      const policy_event *e = &res->events[i];
+      store_event *o = &r->events[i];
+      int has_unit = e->unit != UINT32_MAX;
+      o->unit = e->unit;
+      o->kind = e->kind;
+      o->outcome = e->outcome;
+      o->count = e->count;
+      o->norm = has_unit && j->input[e->unit] == POLICY_REPORTED
+                    ? j->norm[e->unit]
+                    : NAN;
+      o->g = has_unit ? res->g[e->unit] : NAN;
+      o->d = has_unit ? res->d[e->unit] : NAN;
+      o->s = has_unit ? res->s[e->unit] : NAN;
+    }
+  }
+  put(j, r);
+}
 
 /* ---- replies ------------------------------------------------------------- */
 
@@ -167,6 +313,8 @@ static job *job_create(gnmrd *d, const char *name, const policy_params *prm,
   if (j == NULL)
     return NULL;
   j->d = d;
+  j->pass = 1;
+  j->hello_params = *prm;
   j->params = *prm;
   j->reporters = reporters;
   j->barrier_ms = barrier_ms;
@@ -244,11 +392,13 @@ static void decide(job *j, pending *p, int by_deadline) {
         j->nfc[id] += h->nonfinite[i];
     }
   }
+  uint32_t missing = 0;
   for (uint32_t u = 0; u < n; u++) {
     j->norm[u] = 0;
     if (j->got[u] < j->shards[u] || (j->nrc[u] > 0 && j->nrc[u] < j->got[u])) {
       j->input[u] = POLICY_MISSING;
       d->c.missing_units++;
+      missing++;
     } else if (j->nrc[u] == j->got[u]) {
       j->input[u] = POLICY_NOT_REPORTED;
     } else {
@@ -287,6 +437,7 @@ static void decide(job *j, pending *p, int by_deadline) {
     d->c.steps_decided++;
     if (by_deadline)
       d->c.deadline_decisions++;
+    put_step(j, p, &res, missing, by_deadline);
   }
   j->last_decided = p->step;
   pending_clear(j, p);
@@ -368,54 +519,102 @@ static void welcome(gnmrd *d, const void *id, size_t id_len, job *j,
 }
 
 /* Registers rank's units in j: existing names become shards, new names get
- * new ids. On failure nothing changes. */
-static int register_units(job *j, rank_reg *rr, const Gnmr__Hello *h) {
-  uint32_t *ids = malloc(h->n_units * sizeof *ids);
-  uint32_t n_new = 0;
-  if (ids == NULL || job_reserve_units(j, j->n_units + (uint32_t)h->n_units))
-    goto nomem;
-  for (size_t i = 0; i < h->n_units; i++) {
+ * the ids the Hello asks for (Hello.unit_ids) or the next free ones. Ids
+ * never reported by anyone (gaps) are units with no shard: never reported.
+ * On failure nothing changes and why says what conflicts. */
+static int register_units(job *j, rank_reg *rr, const Gnmr__Hello *h,
+                          char *why, size_t whylen) {
+  size_t n = h->n_units;
+  int want = h->n_unit_ids > 0;
+  uint32_t *ids = malloc(n * sizeof *ids);
+  hmap asked = {0}; /* ids requested by new names in this Hello */
+  uint32_t new_n = j->n_units, n_auto = 0;
+  int rv = GNMR_E_NOMEM;
+  if (ids == NULL)
+    return GNMR_E_NOMEM;
+  for (size_t i = 0; i < n; i++) { /* pass 1: decide, change nothing */
     uint64_t v;
     const char *nm = h->units[i];
+    uint32_t req = want ? h->unit_ids[i] : 0;
     if (hmap_get(&j->unit_ids, nm, strlen(nm), &v)) {
-      ids[i] = (uint32_t)v;
-    } else {
-      uint32_t nid = j->n_units + n_new;
-      char *copy = strdup(nm);
-      if (copy == NULL || hmap_put(&j->unit_ids, nm, strlen(nm), nid)) {
-        free(copy);
-        /* roll back the names added so far */
-        for (uint32_t k = 0; k < n_new; k++) {
-          char *s = j->unit_names[j->n_units + k];
-          hmap_del(&j->unit_ids, s, strlen(s));
-          free(s);
-        }
-        goto nomem;
+      if (want && req != v) {
+        snprintf(why, whylen, "unit '%.64s' has id %u in this job, not %u",
+                 nm, (uint32_t)v, req);
+        rv = GNMR_E_MISMATCH;
+        goto out;
       }
-      j->unit_names[nid] = copy;
-      j->shards[nid] = 0;
-      ids[i] = nid;
-      n_new++;
+      ids[i] = (uint32_t)v;
+    } else if (want) {
+      if ((req < j->n_units && j->unit_names[req] != NULL) ||
+          hmap_get(&asked, &req, sizeof req, NULL)) {
+        snprintf(why, whylen, "unit id %u is already taken (asked for "
+                              "'%.64s')", req, nm);
+        rv = GNMR_E_MISMATCH;
+        goto out;
+      }
+      if (hmap_put(&asked, &req, sizeof req, i) != GNMR_OK)
+        goto out;
+      ids[i] = req;
+      if (req + 1 > new_n)
+        new_n = req + 1;
+    } else {
+      ids[i] = UINT32_MAX; /* numbered after every requested id */
+      n_auto++;
     }
   }
-  if (policy_resize(j->pol, j->n_units + n_new) != GNMR_OK) {
-    for (uint32_t k = 0; k < n_new; k++) {
-      char *s = j->unit_names[j->n_units + k];
-      hmap_del(&j->unit_ids, s, strlen(s));
-      free(s);
-    }
-    goto nomem;
+  if ((uint64_t)new_n + n_auto > POLICY_MAX_UNITS) {
+    snprintf(why, whylen, "a job has at most %u units", POLICY_MAX_UNITS);
+    rv = GNMR_E_RANGE;
+    goto out;
   }
-  j->n_units += n_new;
-  for (size_t i = 0; i < h->n_units; i++)
+  uint32_t old_n = j->n_units, total = new_n + n_auto;
+  if (job_reserve_units(j, total) != GNMR_OK ||
+      policy_resize(j->pol, total) != GNMR_OK)
+    goto out; /* the arrays may have grown: harmless */
+  for (uint32_t u = old_n; u < total; u++) {
+    j->unit_names[u] = NULL;
+    j->shards[u] = 0;
+  }
+  for (size_t i = 0, next = new_n; i < n; i++) { /* pass 2: apply */
+    const char *nm = h->units[i];
+    if (hmap_get(&j->unit_ids, nm, strlen(nm), NULL))
+      continue;
+    if (ids[i] == UINT32_MAX)
+      ids[i] = (uint32_t)next++;
+    char *copy = strdup(nm);
+    if (copy == NULL ||
+        hmap_put(&j->unit_ids, nm, strlen(nm), ids[i]) != GNMR_OK) {
+      free(copy);
+      for (uint32_t u = old_n; u < total; u++) /* roll the names back */
+        if (j->unit_names[u] != NULL) {
+          hmap_del(&j->unit_ids, j->unit_names[u], strlen(j->unit_names[u]));
+          free(j->unit_names[u]);
+          j->unit_names[u] = NULL;
+        }
+      for (size_t k = 0; k < i; k++) /* names below old_n: requested gaps */
+        if (ids[k] < old_n && j->unit_names[ids[k]] != NULL &&
+            j->shards[ids[k]] == 0) {
+          hmap_del(&j->unit_ids, j->unit_names[ids[k]],
+                   strlen(j->unit_names[ids[k]]));
+          free(j->unit_names[ids[k]]);
+          j->unit_names[ids[k]] = NULL;
+        }
+      goto out;
+    }
+    j->unit_names[ids[i]] = copy;
+  }
+  j->n_units = total;
+  for (size_t i = 0; i < n; i++)
     j->shards[ids[i]]++;
   rr->ids = ids;
-  rr->n_units = (uint32_t)h->n_units;
+  rr->n_units = (uint32_t)n;
   rr->ever = 1;
-  return GNMR_OK;
-nomem:
+  ids = NULL;
+  rv = GNMR_OK;
+out:
+  hmap_free(&asked);
   free(ids);
-  return GNMR_E_NOMEM;
+  return rv;
 }
 
 /* Whether Hello h lists exactly the units rank rr registered before. */
@@ -423,7 +622,8 @@ static int same_units(const job *j, const rank_reg *rr, const Gnmr__Hello *h) {
   if (h->n_units != rr->n_units)
     return 0;
   for (size_t i = 0; i < h->n_units; i++)
-    if (strcmp(j->unit_names[rr->ids[i]], h->units[i]) != 0)
+    if (strcmp(j->unit_names[rr->ids[i]], h->units[i]) != 0 ||
+        (h->n_unit_ids > 0 && h->unit_ids[i] != rr->ids[i]))
       return 0;
   return 1;
 }
@@ -456,6 +656,13 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
            MAX_AGENT_UNITS, h->n_units);
   if (barrier > 600000)
     REFUSE(GNMR_E_INVAL, "barrier_ms", "barrier_ms must be 1..600000");
+  if (h->n_unit_ids != 0 && h->n_unit_ids != h->n_units)
+    REFUSE(GNMR_E_PROTO, "unit_ids", "unit_ids has %zu entries for %zu units",
+           h->n_unit_ids, h->n_units);
+  for (size_t i = 0; i < h->n_unit_ids; i++)
+    if (h->unit_ids[i] >= POLICY_MAX_UNITS)
+      REFUSE(GNMR_E_RANGE, "unit_ids", "unit id %u is not below %u",
+             h->unit_ids[i], POLICY_MAX_UNITS);
   if (h->params == NULL)
     REFUSE(GNMR_E_INVAL, "params", "Hello without policy parameters");
   gnmr__params_from_wire(h->params, &prm);
@@ -499,7 +706,7 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
       REFUSE(GNMR_E_MISMATCH, "reporters",
              "job %.64s has %u reporters, this agent says %u", j->name,
              j->reporters, h->reporters);
-    if (!gnmr__params_equal(&j->params, &prm))
+    if (!gnmr__params_equal(&j->hello_params, &prm))
       REFUSE(GNMR_E_MISMATCH, "params",
              "job %.64s runs with other policy parameters", j->name);
     if (j->barrier_ms != barrier)
@@ -509,6 +716,9 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
   } else if ((j = job_create(d, h->job, &prm, h->reporters, barrier)) ==
              NULL) {
     REFUSE(GNMR_E_NOMEM, "job", "out of memory");
+  } else {
+    put_job(j, 0);
+    put_event(j, "job_started", UINT32_MAX, NULL);
   }
   rank_reg *rr = &j->ranks[h->rank];
   int returning = rr->ever && !rr->joined; /* said Bye before */
@@ -516,8 +726,13 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
     REFUSE(GNMR_E_MISMATCH, "units",
            "rank %u of job %.64s joined before with other units", h->rank,
            j->name);
-  if (!rr->ever && register_units(j, rr, h) != GNMR_OK)
-    REFUSE(GNMR_E_NOMEM, "units", "out of memory");
+  if (!rr->ever) {
+    char why[160] = "out of memory";
+    int urv = register_units(j, rr, h, why, sizeof why);
+    if (urv != GNMR_OK)
+      REFUSE(urv, "unit_ids", "%s", why);
+    put_rank(j, h->rank);
+  }
 
   /* Bind this connection to (job, rank), replacing an older connection. */
   if (pr == NULL) {
@@ -543,6 +758,13 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
   }
   if (returning && j->byes > 0)
     j->byes--; /* a rank that said Bye came back */
+  if (j->last_decided > 0)
+    rr->rejoined = 1;
+  if (!rr->joined) {
+    char detail[32];
+    snprintf(detail, sizeof detail, "rank %u", h->rank);
+    put_event(j, "agent_joined", h->rank, detail);
+  }
   rr->joined = 1;
   LOG(INFO, "AGENT-JOIN", "job %s rank %u/%u joined with %zu units",
       j->name, h->rank, j->reporters, h->n_units);
@@ -567,7 +789,8 @@ static pending *find_or_add_pending(job *j, uint64_t step) {
   p->step = step;
   p->got = 0;
   p->by_rank = by_rank;
-  p->deadline = uv_now(j->d->loop) + j->barrier_ms;
+  p->first_ms = uv_now(j->d->loop);
+  p->deadline = p->first_ms + j->barrier_ms;
   return p;
 }
 
@@ -609,10 +832,27 @@ static void on_report(gnmrd *d, const void *id, size_t id_len,
              "nonfinite counts)", i);
   if (r->step == 0)
     REFUSE(GNMR_E_INVAL, "step", "steps start at 1");
+  if (r->step <= j->last_decided && rr->rejoined) {
+    /* Training restarted from a checkpoint: a new pass over these steps,
+     * with the statistics kept. Undecided steps of the old pass go. */
+    char detail[96];
+    snprintf(detail, sizeof detail, "pass %u: training restarted at step "
+             "%llu after step %llu", j->pass + 1,
+             (unsigned long long)r->step, (unsigned long long)j->last_decided);
+    for (uint32_t i = 0; i < j->n_pend; i++)
+      pending_clear(j, &j->pend[i]);
+    j->n_pend = 0;
+    j->pass++;
+    j->last_decided = r->step - 1;
+    put_job(j, 1);
+    put_event(j, "job_resumed", UINT32_MAX, detail);
+    LOG(INFO, "JOB-RESUME", "job %s: %s", j->name, detail);
+  }
   if (r->step <= j->last_decided) {
     d->c.late_reports++; /* dropped and counted: no reply */
     return;
   }
+  rr->rejoined = 0;
   if (r->step > j->last_decided + MAX_AHEAD && j->last_decided > 0) {
     d->c.future_reports++;
     REFUSE(GNMR_E_RANGE, "step", "step %llu is more than %u steps past the "
@@ -666,19 +906,30 @@ static void on_bye(gnmrd *d, const void *id, size_t id_len,
     return;
   peer *pr = (peer *)(uintptr_t)v;
   job *j = pr->j;
-  rank_reg *rr = &j->ranks[pr->rank];
+  uint32_t rank = pr->rank;
+  rank_reg *rr = &j->ranks[rank];
   hmap_del(&d->peers, id, id_len);
   free(pr);
   free(rr->ident);
   rr->ident = NULL;
   rr->ident_len = 0;
   if (rr->joined) {
+    char detail[32];
+    snprintf(detail, sizeof detail, "rank %u", rank);
+    put_event(j, "agent_left", rank, detail);
     rr->joined = 0;
     j->byes++;
   }
   if (j->byes >= j->reporters) {
     LOG(INFO, "JOB-FINISH", "job %s finished at step %llu", j->name,
         (unsigned long long)j->last_decided);
+    put_event(j, "job_finished", UINT32_MAX, NULL);
+    put(j, snapshot_rec(j, REC_SNAPSHOT));
+    store_rec *st = store_rec_new(REC_STATE, j->name);
+    if (st) {
+      st->text = strdup("finished");
+      put(j, st);
+    }
     hmap_del(&d->jobs, j->name, strlen(j->name));
     d->c.jobs_finished++;
     job_free(j);
@@ -751,4 +1002,230 @@ size_t jobs_names(gnmrd *d, const char **names, size_t cap) {
   while (n < cap && hmap_next(&d->jobs, &pos, NULL, NULL, &v))
     names[n++] = ((job *)(uintptr_t)v)->name;
   return n;
+}
+
+/* ---- restore, snapshots, retuning, views ------------------------------------ */
+
+void jobs_restore(const store_job *sj, void *ctx) {
+  gnmrd *d = ctx;
+  job *j = job_create(d, sj->name, &sj->hello_params, sj->reporters,
+                      sj->barrier_ms);
+  if (j == NULL) {
+    LOG(ERROR, "JOB-RESTORE", "job %s: out of memory", sj->name);
+    return;
+  }
+  j->pass = sj->pass + 1;
+  policy *pol = NULL;
+  if (sj->snapshot != NULL &&
+      policy_import(sj->snapshot, sj->snapshot_len, &pol) == GNMR_OK) {
+    policy_destroy(&j->pol);
+    j->pol = pol;
+    j->params = *policy_get_params(pol);
+  } else {
+    if (sj->snapshot != NULL)
+      LOG(ERROR, "JOB-RESTORE", "job %s: snapshot unreadable, statistics "
+                                "start afresh", sj->name);
+    if (policy_set_params(j->pol, &sj->params) == GNMR_OK)
+      j->params = sj->params;
+  }
+  j->last_decided = policy_last_step(j->pol);
+  uint32_t n = sj->n_units;
+  if (policy_units(j->pol) > n)
+    n = policy_units(j->pol);
+  if (job_reserve_units(j, n) != GNMR_OK ||
+      policy_resize(j->pol, n) != GNMR_OK) {
+    LOG(ERROR, "JOB-RESTORE", "job %s: out of memory", sj->name);
+    hmap_del(&d->jobs, j->name, strlen(j->name));
+    job_free(j);
+    return;
+  }
+  for (uint32_t u = 0; u < n; u++) {
+    j->shards[u] = 0;
+    j->unit_names[u] = NULL;
+    if (u < sj->n_units && sj->unit_names[u] != NULL &&
+        (j->unit_names[u] = strdup(sj->unit_names[u])) != NULL)
+      hmap_put(&j->unit_ids, j->unit_names[u], strlen(j->unit_names[u]), u);
+  }
+  j->n_units = n;
+  for (uint32_t r = 0; r < sj->n_ranks; r++) {
+    rank_reg *rr = &j->ranks[r];
+    if (sj->rank_n[r] == 0 ||
+        (rr->ids = malloc(sj->rank_n[r] * sizeof *rr->ids)) == NULL)
+      continue;
+    memcpy(rr->ids, sj->rank_ids[r], sj->rank_n[r] * sizeof *rr->ids);
+    rr->n_units = sj->rank_n[r];
+    rr->ever = 1;
+    for (uint32_t i = 0; i < rr->n_units; i++)
+      j->shards[rr->ids[i]]++;
+  }
+  put_job(j, 1);
+  char detail[96];
+  snprintf(detail, sizeof detail, "pass %u: gnmrd restarted; state from the "
+           "snapshot at step %llu", j->pass,
+           (unsigned long long)j->last_decided);
+  put_event(j, "job_resumed", UINT32_MAX, detail);
+  LOG(INFO, "JOB-RESTORE", "job %s: %s", j->name, detail);
+}
+
+void jobs_snapshot_all(gnmrd *d) {
+  size_t pos = 0;
+  uint64_t v;
+  while (hmap_next(&d->jobs, &pos, NULL, NULL, &v)) {
+    job *j = (job *)(uintptr_t)v;
+    if (policy_last_step(j->pol) > 0)
+      put(j, snapshot_rec(j, REC_SNAPSHOT));
+  }
+}
+
+job *jobs_find(gnmrd *d, const char *name) {
+  uint64_t v;
+  return hmap_get(&d->jobs, name, strlen(name), &v) ? (job *)(uintptr_t)v
+                                                    : NULL;
+}
+
+int jobs_set_params(job *j, char **settings, size_t n, char *err,
+                    size_t errlen) {
+  policy_params p = j->params;
+  if (n == 0) {
+    snprintf(err, errlen, "nothing to set: give key=value");
+    return GNMR_E_INVAL;
+  }
+  for (size_t i = 0; i < n; i++) {
+    char key[64];
+    const char *eq = strchr(settings[i], '=');
+    if (eq == NULL || eq == settings[i] ||
+        (size_t)(eq - settings[i]) >= sizeof key) {
+      snprintf(err, errlen, "'%.64s': expected key=value", settings[i]);
+      return GNMR_E_INVAL;
+    }
+    snprintf(key, sizeof key, "%.*s", (int)(eq - settings[i]), settings[i]);
+    int k = gnmr__policy_opts_find(key);
+    if (k < 0) {
+      snprintf(err, errlen, "unknown parameter '%s' (alpha, beta, window, "
+               "max_active, lock_steps, warmup_steps, early_alpha, "
+               "early_beta, early_steps)", key);
+      return GNMR_E_INVAL;
+    }
+    if (gnmr__policy_opts_apply(&p, k, eq + 1, err, errlen) != 0)
+      return GNMR_E_INVAL;
+  }
+  if (gnmr__policy_opts_check(&p, err, errlen) != 0)
+    return GNMR_E_INVAL;
+  int rv = policy_set_params(j->pol, &p);
+  if (rv != GNMR_OK) {
+    snprintf(err, errlen, "%s", gnmr_strerror(rv));
+    return rv;
+  }
+  j->params = p;
+  store_rec *r = store_rec_new(REC_PARAMS, j->name);
+  if (r) {
+    r->pass = j->pass;
+    r->step = j->last_decided + 1;
+    r->params = p;
+    put(j, r);
+  }
+  char detail[512];
+  size_t off = 0;
+  for (size_t i = 0; i < n && off < sizeof detail - 1; i++)
+    off += (size_t)snprintf(detail + off, sizeof detail - off, "%s%s",
+                            i ? " " : "", settings[i]);
+  put_event(j, "params_changed", UINT32_MAX, detail);
+  LOG(INFO, "JOB-RETUNE", "job %s: %s (from step %llu)", j->name, detail,
+      (unsigned long long)j->last_decided + 1);
+  return GNMR_OK;
+}
+
+/* A JSON number; null for NaN, the string "inf"/"-inf" for infinities. */
+static json_t *jnum(double v) {
+  if (isnan(v))
+    return json_null();
+  if (isinf(v))
+    return json_string(v > 0 ? "inf" : "-inf");
+  return json_real(v);
+}
+
+static json_t *params_json(const policy_params *p) {
+  return json_pack("{s:o,s:o,s:I,s:I,s:I,s:I,s:o,s:o,s:I}", "alpha",
+                   jnum(p->alpha), "beta", jnum(p->beta), "window",
+                   (json_int_t)p->window, "max_active",
+                   (json_int_t)p->max_active, "lock_steps",
+                   (json_int_t)p->lock_steps, "warmup_steps",
+                   (json_int_t)p->warmup_steps, "early_alpha",
+                   jnum(isnan(p->early_alpha) ? p->alpha : p->early_alpha),
+                   "early_beta",
+                   jnum(isnan(p->early_beta) ? p->beta : p->early_beta),
+                   "early_steps", (json_int_t)p->early_steps);
+}
+
+json_t *jobs_status_json(job *j) {
+  uint32_t joined = 0;
+  for (uint32_t r = 0; r < j->reporters; r++)
+    joined += j->ranks[r].joined != 0;
+  json_t *active = json_array();
+  for (uint32_t u = 0; u < j->n_units; u++) {
+    policy_unit_info info;
+    if (policy_unit(j->pol, u, &info) == GNMR_OK && info.active)
+      json_array_append_new(
+          active, json_pack("{s:I,s:s}", "id", (json_int_t)u, "name",
+                            j->unit_names[u] ? j->unit_names[u] : ""));
+  }
+  return json_pack("{s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o}", "job",
+                   j->name, "state", "running", "pass", (json_int_t)j->pass,
+                   "step", (json_int_t)j->last_decided, "reporters",
+                   (json_int_t)j->reporters, "joined", (json_int_t)joined,
+                   "units", (json_int_t)j->n_units, "pending_steps",
+                   (json_int_t)j->n_pend, "barrier_ms",
+                   (json_int_t)j->barrier_ms, "params",
+                   params_json(&j->params), "active", active);
+}
+
+static const double *sort_s; /* loop thread only: qsort context */
+static int by_score_desc(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  if (sort_s[x] != sort_s[y])
+    return sort_s[x] > sort_s[y] ? -1 : 1;
+  return x < y ? -1 : 1;
+}
+
+json_t *jobs_units_json(job *j, uint32_t top) {
+  uint32_t n = j->n_units, *order = malloc((n ? n : 1) * sizeof *order);
+  double *s = malloc((n ? n : 1) * sizeof *s);
+  json_t *arr = json_array();
+  if (order == NULL || s == NULL) {
+    free(order);
+    free(s);
+    return arr;
+  }
+  for (uint32_t u = 0; u < n; u++) {
+    policy_unit_info info;
+    order[u] = u;
+    s[u] = policy_unit(j->pol, u, &info) == GNMR_OK && !isnan(info.last_s)
+               ? info.last_s
+               : 0;
+  }
+  if (top > 0) {
+    sort_s = s;
+    qsort(order, n, sizeof *order, by_score_desc);
+    if (top < n)
+      n = top;
+  }
+  for (uint32_t k = 0; k < n; k++) {
+    uint32_t u = order[k];
+    policy_unit_info info;
+    if (policy_unit(j->pol, u, &info) != GNMR_OK)
+      continue;
+    json_array_append_new(
+        arr, json_pack("{s:I,s:s,s:I,s:I,s:o,s:o,s:o,s:o,s:I,s:b,s:I}", "id",
+                       (json_int_t)u, "name",
+                       j->unit_names[u] ? j->unit_names[u] : "", "shards",
+                       (json_int_t)j->shards[u], "reports",
+                       (json_int_t)info.cnt, "mean", jnum(info.mean), "g",
+                       jnum(info.last_g), "d", jnum(info.last_d), "s",
+                       jnum(info.last_s), "lock", (json_int_t)info.lock,
+                       "active", info.active, "promotions",
+                       (json_int_t)info.promotions));
+  }
+  free(order);
+  free(s);
+  return arr;
 }

@@ -26,13 +26,18 @@
 static const char usage[] =
     "usage: gnmrd [--data-dir DIR] [--agents ENDPOINT] [--admin ENDPOINT]\n"
     "             [--log-level error|warn|info|debug] [--max-msg BYTES]\n"
+    "             [--snapshot-every STEPS] [--retain-steps STEPS]\n"
     "  Runs in the foreground; stops cleanly on SIGTERM or SIGINT.\n"
     "  Endpoints are ZeroMQ addresses: ipc:///path or tcp://HOST:PORT\n"
     "  (tcp://127.0.0.1:* picks a free port; the bound one is printed).\n"
     "  Defaults: data dir $STATE_DIRECTORY, else /var/lib/gnmr for root,\n"
     "  else $XDG_STATE_HOME/gnmr or ~/.local/state/gnmr; endpoints\n"
     "  ipc://RUN/agents.sock and ipc://RUN/admin.sock, RUN being\n"
-    "  $RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/gnmr, else /tmp/gnmr-UID.\n";
+    "  $RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/gnmr, else /tmp/gnmr-UID.\n"
+    "  History goes to DIR/gnmr.db; each job's policy state is snapshotted\n"
+    "  every --snapshot-every steps (default 100) and at shutdown, and\n"
+    "  unfinished jobs are restored at start. --retain-steps N keeps the\n"
+    "  last N steps of history per job (default 0: all).\n";
 
 /* mkdir -p with mode 0700 for directories it creates. */
 static int mkdirs(const char *path) {
@@ -100,12 +105,15 @@ int main(int argc, char **argv) {
   char bound_agents[512], bound_admin[512], err[512];
   const char *data_opt = NULL, *agents_opt = NULL, *admin_opt = NULL;
   int64_t max_msg = 256 << 20;
+  uint64_t snapshot_every = 100, retain_steps = 0;
   static const struct option longopts[] = {
       {"data-dir", required_argument, NULL, 'd'},
       {"agents", required_argument, NULL, 'a'},
       {"admin", required_argument, NULL, 'm'},
       {"log-level", required_argument, NULL, 'l'},
       {"max-msg", required_argument, NULL, 'x'},
+      {"snapshot-every", required_argument, NULL, 's'},
+      {"retain-steps", required_argument, NULL, 'r'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {0},
@@ -137,6 +145,21 @@ int main(int argc, char **argv) {
         return 2;
       }
       max_msg = (int64_t)v;
+      break;
+    case 's':
+      if (gnmr__parse_u64(optarg, 1000000000, &snapshot_every) != 0 ||
+          snapshot_every == 0) {
+        fprintf(stderr, "gnmrd: --snapshot-every '%s': expected 1 to "
+                        "1000000000 steps\n", optarg);
+        return 2;
+      }
+      break;
+    case 'r':
+      if (gnmr__parse_u64(optarg, UINT64_MAX, &retain_steps) != 0) {
+        fprintf(stderr, "gnmrd: --retain-steps '%s': expected a number of "
+                        "steps (0: keep all)\n", optarg);
+        return 2;
+      }
       break;
     case 'h':
       fputs(usage, stdout);
@@ -191,6 +214,15 @@ int main(int argc, char **argv) {
   uv_loop_init(&loop);
   d.loop = &loop;
   d.zctx = zmq_ctx_new();
+  if (store_open(data_dir, (uint32_t)snapshot_every, retain_steps, &d.st, err,
+                 sizeof err) != GNMR_OK) {
+    LOG(ERROR, "STORE-OPEN", "%s", err);
+    goto out;
+  }
+  if (store_restore(data_dir, jobs_restore, &d, err, sizeof err) != GNMR_OK) {
+    LOG(ERROR, "STORE-RESTORE", "%s", err);
+    goto out;
+  }
   if (server_open(&loop, d.zctx, agents_ep, max_msg, jobs_on_message,
                   jobs_on_bad_frames, &d, bound_agents, sizeof bound_agents,
                   err, sizeof err, &d.agents) != GNMR_OK) {
@@ -217,12 +249,14 @@ int main(int argc, char **argv) {
   uv_run(&loop, UV_RUN_DEFAULT);
   code = 0;
 out:
+  jobs_snapshot_all(&d);
   jobs_shutdown(&d);
   server_close(d.agents);
   server_close(d.admin);
   uv_walk(&loop, close_walk, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);
+  store_close(&d.st); /* commits everything queued, snapshots included */
   zmq_ctx_term(d.zctx);
   close(lock_fd);
   if (code == 0)

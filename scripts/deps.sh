@@ -6,7 +6,7 @@
 # Groups: build (compile everything), check (tests), demo, python.
 set -eu
 
-pkgs_build="gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libsqlite3-dev"
+pkgs_build="gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libsqlite3-dev libjansson-dev"
 pkgs_check="check valgrind"
 pkgs_demo=""
 pkgs_python="python3 python3-torch libopenblas0-pthread"

@@ -297,6 +297,7 @@ int main(int argc, char **argv) {
     cfg.reporters = R;
     cfg.unit_names = (const char *const *)names;
     cfg.n_units = n;
+    cfg.unit_ids = rk[r].units; /* job-wide ids = the trace's unit ids */
     gnmr_params_default(&cfg.params);
     cfg.params.alpha = prm.alpha;
     cfg.params.beta = prm.beta;

@@ -12,11 +12,21 @@ typedef struct cli_globals {
   const char *admin; /* --admin ENDPOINT */
 } cli_globals;
 
+#include "wire.h"
+
+/* Sends req to the admin endpoint and waits up to timeout_ms for the
+ * reply. Returns the decoded envelope (free with gnmr__wire_free) or NULL
+ * after printing why on stderr. */
+Gnmr__Envelope *cli_admin_call(const char *endpoint, Gnmr__Envelope *req,
+                               int timeout_ms);
+
 /* The admin endpoint: --admin, $GNMR_ADMIN, or gnmrd's default. */
 const char *cli_admin_endpoint(const cli_globals *g);
 
 /* argv[0] is the subcommand's name; getopt state is reset by the caller. */
 int cmd_replay(const cli_globals *g, int argc, char **argv);
 int cmd_stats(const cli_globals *g, int argc, char **argv);
+int cmd_query(const cli_globals *g, int argc, char **argv);
+int cmd_watch(const cli_globals *g, int argc, char **argv);
 
 #endif /* GNMR_CLI_H */

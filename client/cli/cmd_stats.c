@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zmq.h>
 
 #include "cli.h"
 #include "gnmr/error.h"
@@ -14,46 +13,6 @@
 static const char usage[] =
     "usage: gnmrctl [--admin ENDPOINT] stats [--json] [--timeout-ms MS]\n"
     "  Prints gnmrd's counters and live jobs.\n";
-
-/* Sends one admin request and waits for its reply. Returns the decoded
- * envelope (caller frees) or NULL with a message on stderr. */
-Gnmr__Envelope *cli_admin_call(const char *endpoint, Gnmr__Envelope *req,
-                               int timeout_ms) {
-  void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
-  int zero = 0;
-  uint8_t *buf = NULL;
-  size_t len;
-  Gnmr__Envelope *env = NULL;
-  zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-  zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
-  if (zmq_connect(s, endpoint) != 0) {
-    fprintf(stderr, "gnmrctl: %s: %s\n", endpoint, zmq_strerror(zmq_errno()));
-    goto out;
-  }
-  if (gnmr__wire_encode(req, &buf, &len) != GNMR_OK ||
-      zmq_send(s, buf, len, 0) < 0) {
-    fprintf(stderr, "gnmrctl: cannot send to %s\n", endpoint);
-    goto out;
-  }
-  zmq_msg_t m;
-  zmq_msg_init(&m);
-  if (zmq_msg_recv(&m, s, 0) < 0) {
-    fprintf(stderr, "gnmrctl: no answer from gnmrd at %s within %d ms\n",
-            endpoint, timeout_ms);
-    zmq_msg_close(&m);
-    goto out;
-  }
-  char err[128];
-  if (gnmr__wire_decode(zmq_msg_data(&m), zmq_msg_size(&m), &env, err,
-                        sizeof err) != GNMR_OK)
-    fprintf(stderr, "gnmrctl: bad reply from %s: %s\n", endpoint, err);
-  zmq_msg_close(&m);
-out:
-  free(buf);
-  zmq_close(s);
-  zmq_ctx_term(ctx);
-  return env;
-}
 
 int cmd_stats(const cli_globals *g, int argc, char **argv) {
   static const struct option longopts[] = {

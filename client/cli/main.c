@@ -19,6 +19,15 @@ static const struct {
   const char *summary;
 } commands[] = {
     {"replay", cmd_replay, "replay a gradient-norm trace offline"},
+    {"jobs", cmd_query, "list jobs, live and finished"},
+    {"status", cmd_query, "a running job: step, parameters, active units"},
+    {"units", cmd_query, "a running job's units with their statistics"},
+    {"top", cmd_query, "a running job's units with the highest scores"},
+    {"history", cmd_query, "a job's events, filtered by step, unit, kind"},
+    {"decisions", cmd_query, "a job's decisions over a step range"},
+    {"set", cmd_query, "change a running job's parameters (key=value)"},
+    {"export", cmd_query, "a job's whole history as JSON"},
+    {"watch", cmd_watch, "a live view of a running job"},
     {"stats", cmd_stats, "show gnmrd's counters and live jobs"},
 };
 

@@ -45,6 +45,9 @@ typedef struct gnmr_agent_config {
   const char *const *unit_names; /* this reporter's units; same name on
                                     several reporters = shards of one unit */
   uint32_t n_units;
+  const uint32_t *unit_ids;/* optional: the job-wide id of each unit (e.g. a
+                              global parameter-group index), the same on
+                              every rank; NULL: the daemon numbers them */
   gnmr_params params;
   uint32_t barrier_ms;    /* daemon waits at most this for a step; 0 = 1000 */
   uint32_t fallback_route;/* route when no fresh decision: GNMR_ROUTE_LOW */

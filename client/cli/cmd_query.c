@@ -1,0 +1,285 @@
+/* SPDX-License-Identifier: MIT */
+/* cmd_query.c — gnmrctl's questions to gnmrd: jobs, status, units, top,
+ * history, decisions, set, export. Each sends one AdminRequest, and renders
+ * the JSON reply as a table (default), CSV (--csv) or the JSON itself
+ * (--json). `decisions --csv` prints exactly the decisions CSV of
+ * docs/policy.md. */
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "gnmr/error.h"
+#include "num.h"
+
+enum fmt { FMT_TABLE, FMT_CSV, FMT_JSON };
+
+/* A column of a rendered table: JSON key, header, width. */
+typedef struct column {
+  const char *key, *title;
+  int width;
+} column;
+
+static const column job_cols[] = {
+    {"name", "JOB", 20},      {"state", "STATE", 9}, {"pass", "PASS", 5},
+    {"last_step", "STEP", 8}, {"reporters", "REPORTERS", 9},
+    {"live", "LIVE", 5},      {NULL, NULL, 0}};
+static const column unit_cols[] = {
+    {"id", "ID", 6},        {"name", "NAME", 24},     {"shards", "SHARDS", 6},
+    {"reports", "REPORTS", 8}, {"mean", "MEAN", 11},  {"g", "G", 9},
+    {"d", "D", 9},          {"s", "S", 9},            {"lock", "LOCK", 4},
+    {"active", "ACTIVE", 6}, {"promotions", "PROMOTED", 8},
+    {NULL, NULL, 0}};
+static const column event_cols[] = {
+    {"pass", "PASS", 4},      {"step", "STEP", 7},    {"kind", "KIND", 16},
+    {"unit", "UNIT", 6},      {"unit_name", "NAME", 20},
+    {"outcome", "OUTCOME", 8}, {"norm", "NORM", 11},  {"g", "G", 9},
+    {"d", "D", 9},            {"s", "S", 9},          {"count", "COUNT", 5},
+    {"detail", "DETAIL", 0},  {NULL, NULL, 0}};
+
+/* A JSON value as text: numbers %.6g, null as "" (CSV) or "-" (table). */
+static void cell(const json_t *v, enum fmt f, char *buf, size_t cap) {
+  if (v == NULL || json_is_null(v))
+    snprintf(buf, cap, "%s", f == FMT_CSV ? "" : "-");
+  else if (json_is_integer(v))
+    snprintf(buf, cap, "%lld", (long long)json_integer_value(v));
+  else if (json_is_real(v))
+    snprintf(buf, cap, "%.6g", json_real_value(v));
+  else if (json_is_true(v))
+    snprintf(buf, cap, "yes");
+  else if (json_is_false(v))
+    snprintf(buf, cap, "no");
+  else if (json_is_string(v))
+    snprintf(buf, cap, "%s", json_string_value(v));
+  else
+    snprintf(buf, cap, "?");
+}
+
+/* CSV field: quoted when it holds a comma, quote or newline. */
+static void csv_field(const char *s) {
+  if (strpbrk(s, ",\"\n") == NULL) {
+    fputs(s, stdout);
+    return;
+  }
+  putchar('"');
+  for (; *s; s++) {
+    if (*s == '"')
+      putchar('"');
+    putchar(*s);
+  }
+  putchar('"');
+}
+
+static void render_rows(const json_t *arr, const column *cols, enum fmt f) {
+  char buf[512];
+  size_t i;
+  const json_t *row;
+  for (int c = 0; cols[c].key; c++) {
+    if (f == FMT_CSV)
+      printf("%s%s", c ? "," : "", cols[c].key);
+    else
+      printf(c ? " %-*s" : "%-*s", cols[c].width, cols[c].title);
+  }
+  putchar('\n');
+  json_array_foreach(arr, i, row) {
+    for (int c = 0; cols[c].key; c++) {
+      cell(json_object_get(row, cols[c].key), f, buf, sizeof buf);
+      if (f == FMT_CSV) {
+        if (c)
+          putchar(',');
+        csv_field(buf);
+      } else {
+        printf(c ? " %-*s" : "%-*s", cols[c].width, buf);
+      }
+    }
+    putchar('\n');
+  }
+}
+
+static void render_params(const json_t *p) {
+  const char *k;
+  const json_t *v;
+  char buf[64];
+  json_object_foreach((json_t *)p, k, v) {
+    cell(v, FMT_TABLE, buf, sizeof buf);
+    printf("  %-13s %s\n", k, buf);
+  }
+}
+
+static void render_status(const json_t *o) {
+  char buf[128];
+  static const char *const keys[] = {"job",        "state",   "pass",
+                                     "step",       "reporters", "joined",
+                                     "units",      "pending_steps",
+                                     "barrier_ms", NULL};
+  for (int i = 0; keys[i]; i++) {
+    cell(json_object_get(o, keys[i]), FMT_TABLE, buf, sizeof buf);
+    printf("%-14s %s\n", keys[i], buf);
+  }
+  printf("params\n");
+  render_params(json_object_get(o, "params"));
+  const json_t *act = json_object_get(o, "active");
+  printf("active         %zu unit%s\n", json_array_size(act),
+         json_array_size(act) == 1 ? "" : "s");
+  size_t i;
+  const json_t *u;
+  json_array_foreach(act, i, u) printf(
+      "  %-6lld %s\n", (long long)json_integer_value(json_object_get(u, "id")),
+      json_string_value(json_object_get(u, "name")));
+}
+
+static void render_decisions(const json_t *o, enum fmt f) {
+  const json_t *arr = json_object_get(o, "decisions");
+  size_t i;
+  const json_t *row;
+  printf(f == FMT_CSV ? "step,active\n" : "%-8s %-4s %s\n", "STEP", "PASS",
+         "ACTIVE");
+  json_array_foreach(arr, i, row) {
+    long long step = (long long)json_integer_value(json_object_get(row, "step"));
+    const char *act = json_string_value(json_object_get(row, "active"));
+    if (f == FMT_CSV)
+      printf("%lld,%s\n", step, act ? act : "");
+    else
+      printf("%-8lld %-4lld %s\n", step,
+             (long long)json_integer_value(json_object_get(row, "pass")),
+             act && *act ? act : "-");
+  }
+}
+
+static const char usage[] =
+    "usage: gnmrctl [--admin ENDPOINT] jobs [--json|--csv]\n"
+    "       gnmrctl status JOB [--json]\n"
+    "       gnmrctl units JOB [--json|--csv]\n"
+    "       gnmrctl top JOB [--limit N] [--json|--csv]\n"
+    "       gnmrctl history JOB [--from S] [--to S] [--unit NAME] [--kind K]\n"
+    "                           [--limit N] [--json|--csv]\n"
+    "       gnmrctl decisions JOB [--from S] [--to S] [--json|--csv]\n"
+    "       gnmrctl set JOB key=value... [--json]\n"
+    "       gnmrctl export JOB\n"
+    "  Common: --timeout-ms MS (default 3000).\n";
+
+int cmd_query(const cli_globals *g, int argc, char **argv) {
+  static const struct option longopts[] = {
+      {"json", no_argument, NULL, 'j'},
+      {"csv", no_argument, NULL, 'c'},
+      {"from", required_argument, NULL, 'f'},
+      {"to", required_argument, NULL, 't'},
+      {"unit", required_argument, NULL, 'u'},
+      {"kind", required_argument, NULL, 'k'},
+      {"limit", required_argument, NULL, 'l'},
+      {"timeout-ms", required_argument, NULL, 'T'},
+      {"help", no_argument, NULL, 'h'},
+      {0},
+  };
+  const char *cmd = argv[0];
+  enum fmt f = FMT_TABLE;
+  uint64_t from = 0, to = 0, limit = 0, timeout = 3000;
+  const char *unit = "", *kind = "";
+  int c;
+  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    uint64_t *num = NULL, max = 0;
+    switch (c) {
+    case 'j': f = FMT_JSON; break;
+    case 'c': f = FMT_CSV; break;
+    case 'u': unit = optarg; break;
+    case 'k': kind = optarg; break;
+    case 'f': num = &from; max = UINT64_MAX; break;
+    case 't': num = &to; max = UINT64_MAX; break;
+    case 'l': num = &limit; max = 1000000; break;
+    case 'T': num = &timeout; max = 600000; break;
+    case 'h': fputs(usage, stdout); return CLI_OK;
+    default: fputs(usage, stderr); return CLI_USAGE;
+    }
+    if (num != NULL && (gnmr__parse_u64(optarg, max, num) != 0 ||
+                        (c == 'T' && *num == 0))) {
+      fprintf(stderr, "gnmrctl %s: '%s' is not a valid number for this "
+                      "option\n", cmd, optarg);
+      return CLI_USAGE;
+    }
+  }
+  int needs_job = strcmp(cmd, "jobs") != 0;
+  int rest = argc - optind;
+  if (needs_job && rest < 1) {
+    fprintf(stderr, "gnmrctl %s: missing JOB\n%s", cmd, usage);
+    return CLI_USAGE;
+  }
+  if ((!needs_job && rest > 0) ||
+      (needs_job && strcmp(cmd, "set") != 0 && rest > 1)) {
+    fprintf(stderr, "gnmrctl %s: unexpected argument '%s'\n", cmd,
+            argv[optind + needs_job]);
+    return CLI_USAGE;
+  }
+  if (strcmp(cmd, "set") == 0 && rest < 2) {
+    fprintf(stderr, "gnmrctl set: give at least one key=value\n%s", usage);
+    return CLI_USAGE;
+  }
+  if (to != 0 && to < from) {
+    fprintf(stderr, "gnmrctl %s: --to %llu is below --from %llu\n", cmd,
+            (unsigned long long)to, (unsigned long long)from);
+    return CLI_USAGE;
+  }
+  if (f == FMT_CSV && (strcmp(cmd, "status") == 0 ||
+                       strcmp(cmd, "set") == 0 || strcmp(cmd, "export") == 0)) {
+    fprintf(stderr, "gnmrctl %s: --csv is not available; use --json\n", cmd);
+    return CLI_USAGE;
+  }
+
+  Gnmr__Envelope req = GNMR__ENVELOPE__INIT;
+  Gnmr__AdminRequest ar = GNMR__ADMIN_REQUEST__INIT;
+  ar.command = (char *)cmd;
+  ar.job = needs_job ? argv[optind] : "";
+  ar.from_step = from;
+  ar.to_step = to;
+  ar.unit = (char *)unit;
+  ar.kind = (char *)kind;
+  ar.limit = (uint32_t)limit;
+  if (strcmp(cmd, "set") == 0) {
+    ar.n_settings = (size_t)(rest - 1);
+    ar.settings = argv + optind + 1;
+  }
+  req.body_case = GNMR__ENVELOPE__BODY_ADMIN_REQUEST;
+  req.admin_request = &ar;
+  Gnmr__Envelope *env =
+      cli_admin_call(cli_admin_endpoint(g), &req, (int)timeout);
+  if (env == NULL)
+    return CLI_FAIL;
+  int code = CLI_OK;
+  if (env->body_case == GNMR__ENVELOPE__BODY_ERROR) {
+    fprintf(stderr, "gnmrctl %s: %s\n", cmd, env->error->message);
+    gnmr__wire_free(&env);
+    return CLI_FAIL;
+  }
+  if (env->body_case != GNMR__ENVELOPE__BODY_ADMIN_REPLY) {
+    fprintf(stderr, "gnmrctl %s: unexpected reply from gnmrd\n", cmd);
+    gnmr__wire_free(&env);
+    return CLI_FAIL;
+  }
+  json_error_t jerr;
+  json_t *v = json_loads(env->admin_reply->json, 0, &jerr);
+  if (v == NULL) {
+    fprintf(stderr, "gnmrctl %s: bad JSON from gnmrd: %s\n", cmd, jerr.text);
+    gnmr__wire_free(&env);
+    return CLI_FAIL;
+  }
+  if (f == FMT_JSON || strcmp(cmd, "export") == 0) {
+    json_dumpf(v, stdout, JSON_INDENT(2));
+    putchar('\n');
+  } else if (strcmp(cmd, "jobs") == 0) {
+    render_rows(v, job_cols, f);
+  } else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "set") == 0) {
+    render_status(v);
+  } else if (strcmp(cmd, "units") == 0 || strcmp(cmd, "top") == 0) {
+    render_rows(v, unit_cols, f);
+  } else if (strcmp(cmd, "history") == 0) {
+    render_rows(json_object_get(v, "events"), event_cols, f);
+  } else if (strcmp(cmd, "decisions") == 0) {
+    render_decisions(v, f);
+  }
+  if (fflush(stdout) != 0)
+    code = CLI_FAIL;
+  json_decref(v);
+  gnmr__wire_free(&env);
+  return code;
+}

@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: MIT */
+/* store.h — gnmrd's history in SQLite (DATA_DIR/gnmr.db): jobs, their
+ * parameters over time, units, one row per decided step (with its
+ * decision), the policy's events, operational events, and policy-state
+ * snapshots. The loop thread hands records to store_put(), which never
+ * waits on SQLite; the store's writer thread owns its connection and
+ * commits whatever is queued in one transaction. A record is applied whole
+ * or not at all, so a step's snapshot always commits with its step row. */
+#ifndef GNMRD_STORE_H
+#define GNMRD_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "policy.h"
+
+#define STORE_SCHEMA_VERSION 1
+
+enum store_rec_kind {
+  REC_JOB = 1,   /* job started or resumed: reporters, barrier, params */
+  REC_UNITS,     /* units (id, name) of a job */
+  REC_RANK,      /* the unit ids of one rank, in its Hello order */
+  REC_STEP,      /* a decided step: summary, decision, events, snapshot */
+  REC_EVENT,     /* an operational event (agent joined, params changed...) */
+  REC_STATE,     /* job state change (running, finished) */
+  REC_PARAMS,    /* parameters in force from step `step` on */
+  REC_SNAPSHOT,  /* a policy-state snapshot alone (at shutdown) */
+};
+
+/* One policy event as stored. */
+typedef struct store_event {
+  uint32_t unit; /* UINT32_MAX: job-wide */
+  uint8_t kind;  /* enum policy_event_kind */
+  uint8_t outcome;
+  uint32_t count;
+  double norm, g, d, s;
+} store_event;
+
+/* A record: built on the loop thread, owned by the store once put. Fields
+ * not used by a kind stay zero. */
+typedef struct store_rec {
+  struct store_rec *next;
+  int kind;
+  char *job;
+  uint32_t pass;
+  uint64_t step;
+  /* REC_JOB */
+  uint32_t reporters, barrier_ms;
+  policy_params params; /* REC_JOB, REC_PARAMS */
+  int resumed;
+  /* REC_UNITS / REC_RANK */
+  uint32_t rank, n;
+  uint32_t *ids;
+  char **names;
+  /* REC_STEP */
+  uint32_t reports, risky, pool, missing, by_deadline;
+  uint64_t latency_us;
+  char *active;          /* "1 5 7": the decisions CSV's field */
+  store_event *events;
+  uint32_t n_events;
+  void *snapshot;        /* policy_export() bytes, or NULL */
+  size_t snapshot_len;
+  /* REC_EVENT / REC_STATE */
+  char *text;            /* event kind, or state */
+  char *detail;
+} store_rec;
+
+typedef struct store_stats {
+  uint64_t records, batches, errors, dropped, queued;
+} store_stats;
+
+typedef struct store store;
+
+/* Opens (creating or migrating) DATA_DIR/gnmr.db and starts the writer
+ * thread. snapshot_every: steps between snapshots; retain_steps: history
+ * kept per job (0 = all). Errors: GNMR_E_STORE with a message in err. */
+int store_open(const char *dir, uint32_t snapshot_every, uint64_t retain_steps,
+               store **out, char *err, size_t errlen);
+
+/* Commits everything queued, stops the writer, closes. NULL-safe. */
+void store_close(store **s);
+
+/* Queues r (taken over; freed by the store). Never blocks on SQLite. */
+void store_put(store *s, store_rec *r);
+
+/* A new zeroed record of kind for job (copied). NULL on no memory. */
+store_rec *store_rec_new(int kind, const char *job);
+void store_rec_free(store_rec *r);
+
+uint32_t store_snapshot_every(const store *s);
+const char *store_path(const store *s);
+void store_get_stats(store *s, store_stats *st);
+
+/* ---- restore (start-up, before serving) ---------------------------------- */
+
+/* A job to restore: what the store knew at its last commit. */
+typedef struct store_job {
+  char *name;
+  uint32_t reporters, barrier_ms, pass;
+  policy_params params;       /* in force at the snapshot */
+  policy_params hello_params; /* what agents send in Hello */
+  uint32_t n_units;
+  char **unit_names;          /* by id; NULL for gaps */
+  uint32_t n_ranks;           /* = reporters */
+  uint32_t *rank_n;           /* units per rank, 0 = never joined */
+  uint32_t **rank_ids;
+  void *snapshot;             /* NULL when none was taken */
+  size_t snapshot_len;
+} store_job;
+
+/* Reads every unfinished job. Calls fn for each (fn takes nothing; the
+ * store_job is freed after fn returns). Returns 0 or GNMR_E_STORE. */
+int store_restore(const char *dir, void (*fn)(const store_job *, void *),
+                  void *ctx, char *err, size_t errlen);
+
+/* Opens a short-lived read connection (queries): busy timeout set. */
+struct sqlite3;
+int store_open_reader(const char *path, struct sqlite3 **db);
+
+#endif /* GNMRD_STORE_H */
