@@ -47,7 +47,7 @@ NET_LIBS = $(ZMQ_LIBS) $(PBC_LIBS)
 
 # ---- sources -----------------------------------------------------------
 COMMON_SRC := common/error.c common/log.c common/num.c common/trace.c \
-              common/hmap.c
+              common/hmap.c common/text.c
 POLICY_SRC := policy/policy.c
 WIRE_SRC := proto/wire.c
 PROTO_C := $(GEN)/proto/gnmr.pb-c.c
@@ -147,6 +147,10 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(LDLIBS) -o $@
 $(BUILD)/obj/bench/%.o: $(GEN)/proto/gnmr.pb-c.h
+$(BUILD)/obj/bench/store.o: CPPFLAGS += -Idaemon
+$(BUILD)/bench/store: $(BUILD)/obj/bench/store.o $(BUILD)/obj/daemon/store.o $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(DB_LIBS) $(NET_LIBS) $(LDLIBS) -o $@
 
 # ---- dependencies (Debian packages) --------------------------------------
 deps:

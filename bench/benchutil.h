@@ -88,4 +88,36 @@ static inline void bu_daemon_stop(bu_daemon *d) {
     fprintf(stderr, "warning: could not remove %s\n", d->dir);
 }
 
+#ifdef GNMR_WIRE_H
+/* Sends a Hello with the default policy for (job, rank) on a DEALER and
+ * waits for the Welcome. Returns 0, or -1 when no Welcome came. */
+static inline int bu_hello(void *sock, const char *job, uint32_t rank,
+                           uint32_t reporters, char **names, size_t n) {
+  static uint8_t reply[1 << 16];
+  policy_params prm;
+  Gnmr__Params wp;
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Hello h = GNMR__HELLO__INIT;
+  uint8_t *b;
+  size_t len;
+  policy_params_default(&prm);
+  gnmr__params_to_wire(&prm, &wp);
+  h.protocol = 1;
+  h.job = (char *)job;
+  h.rank = rank;
+  h.reporters = reporters;
+  h.n_units = n;
+  h.units = names;
+  h.params = &wp;
+  h.barrier_ms = 10000;
+  env.body_case = GNMR__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  if (gnmr__wire_encode(&env, &b, &len) != 0)
+    return -1;
+  zmq_send(sock, b, len, 0);
+  free(b);
+  return zmq_recv(sock, reply, sizeof reply, 0) < 0 ? -1 : 0;
+}
+#endif
+
 #endif /* GNMR_BENCHUTIL_H */

@@ -11,9 +11,10 @@
 #include <stdint.h>
 #include <zmq.h>
 
-#include "benchutil.h"
 #include "gnmr/agent.h"
 #include "wire.h"
+
+#include "benchutil.h"
 
 #define RANKS 8
 #define UNITS 1024
@@ -105,33 +106,13 @@ static void protocol_peers(const char *ep, double *lat) {
     snprintf(names[u], 16, "u%d", u);
     sumsq[u] = 1 + (u % 100) / 100.0;
   }
-  policy_params prm;
-  policy_params_default(&prm);
-  Gnmr__Params wp;
-  gnmr__params_to_wire(&prm, &wp);
   for (int r = 0; r < RANKS; r++) {
     int zero = 0;
     socks[r] = zmq_socket(ctx, ZMQ_DEALER);
     zmq_setsockopt(socks[r], ZMQ_LINGER, &zero, sizeof zero);
     zmq_connect(socks[r], ep);
-    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
-    Gnmr__Hello h = GNMR__HELLO__INIT;
-    h.protocol = 1;
-    h.job = "rtt-peers";
-    h.rank = (uint32_t)r;
-    h.reporters = RANKS;
-    h.n_units = UNITS;
-    h.units = names;
-    h.params = &wp;
-    h.barrier_ms = 5000;
-    env.body_case = GNMR__ENVELOPE__BODY_HELLO;
-    env.hello = &h;
-    uint8_t *b;
-    size_t len;
-    gnmr__wire_encode(&env, &b, &len);
-    zmq_send(socks[r], b, len, 0);
-    free(b);
-    zmq_recv(socks[r], buf, sizeof buf, 0); /* Welcome */
+    if (bu_hello(socks[r], "rtt-peers", (uint32_t)r, RANKS, names, UNITS) != 0)
+      fprintf(stderr, "no Welcome for rank %d\n", r);
   }
   uint8_t *rank_rep[RANKS];
   for (int s = 0; s < WARM + STEPS; s++) {

@@ -7,8 +7,9 @@
 #include <stdint.h>
 #include <zmq.h>
 
-#include "benchutil.h"
 #include "wire.h"
+
+#include "benchutil.h"
 
 #define REPORTERS 16
 #define UNITS 10000
@@ -31,30 +32,10 @@ static void *dealer(void *ctx, const char *ep) {
 static double run_gnmrd(const char *ep, char **names) {
   void *ctx = zmq_ctx_new(), *s[REPORTERS];
   static uint8_t buf[1 << 16];
-  policy_params prm;
-  policy_params_default(&prm);
-  Gnmr__Params wp;
-  gnmr__params_to_wire(&prm, &wp);
   for (int r = 0; r < REPORTERS; r++) {
     s[r] = dealer(ctx, ep);
-    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
-    Gnmr__Hello h = GNMR__HELLO__INIT;
-    h.protocol = 1;
-    h.job = "throughput";
-    h.rank = (uint32_t)r;
-    h.reporters = REPORTERS;
-    h.n_units = UNITS;
-    h.units = names;
-    h.params = &wp;
-    h.barrier_ms = 10000;
-    env.body_case = GNMR__ENVELOPE__BODY_HELLO;
-    env.hello = &h;
-    uint8_t *b;
-    size_t len;
-    gnmr__wire_encode(&env, &b, &len);
-    zmq_send(s[r], b, len, 0);
-    free(b);
-    zmq_recv(s[r], buf, sizeof buf, 0); /* Welcome */
+    if (bu_hello(s[r], "throughput", (uint32_t)r, REPORTERS, names, UNITS) != 0)
+      fprintf(stderr, "no Welcome for rank %d\n", r);
   }
   double t0 = bu_now();
   for (int step = 0; step < STEPS + IN_FLIGHT; step++) {

@@ -16,6 +16,7 @@
 #include <zmq.h>
 
 #include "gnmr/agent.h"
+#include "text.h"
 #include "wire.h"
 
 #define HELLO_RETRY_MS 500   /* Hello sent, no Welcome yet */
@@ -36,7 +37,8 @@ struct gnmr_agent {
 
   void *zctx;
   void *push; /* training thread's end of the report pipe */
-  void *dealer, *pull; /* made in open(), then owned by the I/O thread */
+  void *dealer, *pull, *monitor; /* made in open(), then owned by the I/O
+                                    thread */
   char pipe_addr[64];
   pthread_t io;
   atomic_int stop;
@@ -90,25 +92,15 @@ static uint64_t now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-static int valid_name(const char *s, size_t max) {
-  size_t n = s ? strlen(s) : 0;
-  if (n == 0 || n > max)
-    return 0;
-  for (size_t i = 0; i < n; i++)
-    if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
-      return 0;
-  return 1;
-}
-
 static int check_config(const gnmr_agent_config *c) {
   policy_params p;
   if (c == NULL || c->endpoint == NULL || c->endpoint[0] == '\0' ||
-      !valid_name(c->job, 128) || c->reporters == 0 ||
+      !gnmr__printable(c->job, 128) || c->reporters == 0 ||
       c->rank >= c->reporters || c->n_units == 0 || c->unit_names == NULL ||
       c->fallback_route > GNMR_ROUTE_HIGH || c->barrier_ms > 600000)
     return GNMR_E_INVAL;
   for (uint32_t i = 0; i < c->n_units; i++)
-    if (!valid_name(c->unit_names[i], 256))
+    if (!gnmr__printable(c->unit_names[i], 256))
       return GNMR_E_INVAL;
   to_policy(&c->params, &p);
   return policy_params_validate(&p, NULL);
@@ -135,6 +127,7 @@ typedef struct held_msg {
 
 typedef struct io_state {
   void *dealer, *pull;
+  void *monitor; /* PAIR receiving the DEALER's connect/disconnect events */
   held_msg held[HELD_MAX]; /* oldest first */
   int n_held;
   uint64_t next_hello;
@@ -286,11 +279,33 @@ static void on_message(gnmr_agent *a, io_state *io, const void *buf,
   gnmr__wire_free(&env);
 }
 
+/* Reads one monitor event (two frames): on a disconnect the daemon may be
+ * gone, so reports are held and Hello is sent again on reconnection. */
+static void on_monitor(gnmr_agent *a, io_state *io) {
+  zmq_msg_t m;
+  zmq_msg_init(&m);
+  while (zmq_msg_recv(&m, io->monitor, ZMQ_DONTWAIT) >= 0) {
+    uint16_t ev = 0;
+    if (zmq_msg_size(&m) >= 2)
+      memcpy(&ev, zmq_msg_data(&m), sizeof ev);
+    if (zmq_msg_more(&m))
+      zmq_msg_recv(&m, io->monitor, 0); /* the endpoint frame */
+    if (ev == ZMQ_EVENT_DISCONNECTED) {
+      atomic_store(&a->joined, 0);
+      io->next_hello = 0;
+    } else if (ev == ZMQ_EVENT_CONNECTED && !atomic_load(&a->joined)) {
+      io->next_hello = 0;
+    }
+  }
+  zmq_msg_close(&m);
+}
+
 static void *io_main(void *arg) {
   gnmr_agent *a = arg;
   io_state io = {0};
   io.dealer = a->dealer;
   io.pull = a->pull;
+  io.monitor = a->monitor;
   io.ids = calloc(a->n_units, sizeof *io.ids);
   io.by_id = calloc(a->n_units, sizeof *io.by_id);
   if (!io.ids || !io.by_id)
@@ -301,10 +316,13 @@ static void *io_main(void *arg) {
   while (!atomic_load(&a->stop)) {
     if (!atomic_load(&a->joined) && now_ms() >= io.next_hello)
       send_hello(a, &io);
-    zmq_pollitem_t items[2] = {{io.dealer, 0, ZMQ_POLLIN, 0},
-                               {io.pull, 0, ZMQ_POLLIN, 0}};
-    if (zmq_poll(items, 2, IO_POLL_MS) < 0 && zmq_errno() != EINTR)
+    zmq_pollitem_t items[3] = {{io.dealer, 0, ZMQ_POLLIN, 0},
+                               {io.pull, 0, ZMQ_POLLIN, 0},
+                               {io.monitor, 0, ZMQ_POLLIN, 0}};
+    if (zmq_poll(items, 3, IO_POLL_MS) < 0 && zmq_errno() != EINTR)
       break;
+    if (items[2].revents & ZMQ_POLLIN)
+      on_monitor(a, &io);
     while (zmq_msg_recv(&msg, io.pull, ZMQ_DONTWAIT) >= 0) {
       size_t n = zmq_msg_size(&msg);
       void *copy;
@@ -340,6 +358,7 @@ static void *io_main(void *arg) {
 out:
   for (int i = 0; i < io.n_held; i++)
     free(io.held[i].buf);
+  zmq_close(io.monitor);
   zmq_close(io.dealer);
   zmq_close(io.pull);
   free(io.ids);
@@ -391,15 +410,26 @@ static int open_io_sockets(gnmr_agent *a) {
   zmq_setsockopt(a->dealer, ZMQ_RECONNECT_IVL, &recon, sizeof recon);
   zmq_setsockopt(a->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
   zmq_setsockopt(a->pull, ZMQ_LINGER, &zero, sizeof zero);
-  if (zmq_connect(a->pull, a->pipe_addr) != 0 ||
+  char mon[80];
+  snprintf(mon, sizeof mon, "inproc://gnmr-monitor-%p", (void *)a);
+  if (zmq_socket_monitor(a->dealer, mon,
+                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0 ||
+      (a->monitor = zmq_socket(a->zctx, ZMQ_PAIR)) == NULL)
+    goto err;
+  zmq_setsockopt(a->monitor, ZMQ_LINGER, &zero, sizeof zero);
+  if (zmq_connect(a->monitor, mon) != 0 ||
+      zmq_connect(a->pull, a->pipe_addr) != 0 ||
       zmq_connect(a->dealer, a->endpoint) != 0)
     goto err;
   return GNMR_OK;
 err:
+  if (a->monitor)
+    zmq_close(a->monitor);
   if (a->dealer)
     zmq_close(a->dealer);
   if (a->pull)
     zmq_close(a->pull);
+  a->monitor = a->dealer = a->pull = NULL;
   return GNMR_E_IO;
 }
 
@@ -465,6 +495,7 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
   *out = a;
   return GNMR_OK;
 err_io:
+  zmq_close(a->monitor);
   zmq_close(a->dealer);
   zmq_close(a->pull);
 err_push:

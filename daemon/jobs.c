@@ -17,6 +17,7 @@
 #include "gnmr/error.h"
 #include "gnmrd.h"
 #include "policy_opts.h"
+#include "text.h"
 #include "log.h"
 #include "policy.h"
 #include "wire.h"
@@ -488,16 +489,6 @@ static void deadline_cb(uv_timer_t *t) { decide_ready(t->data); }
 
 /* ---- messages ------------------------------------------------------------------ */
 
-static int printable(const char *s, size_t max) {
-  size_t n = strlen(s);
-  if (n == 0 || n > max)
-    return 0;
-  for (size_t i = 0; i < n; i++)
-    if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
-      return 0;
-  return 1;
-}
-
 static void welcome(gnmrd *d, const void *id, size_t id_len, job *j,
                     uint32_t rank) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
@@ -643,7 +634,7 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
   if (h->protocol != GNMR_PROTOCOL_VERSION)
     REFUSE(GNMR_E_VERSION, "protocol", "protocol %u, this daemon speaks %u",
            h->protocol, GNMR_PROTOCOL_VERSION);
-  if (!printable(h->job, 128))
+  if (!gnmr__printable(h->job, 128))
     REFUSE(GNMR_E_INVAL, "job", "job name must be 1..128 printable bytes");
   if (h->reporters == 0 || h->reporters > MAX_REPORTERS)
     REFUSE(GNMR_E_INVAL, "reporters", "reporters must be 1..%u",
@@ -672,7 +663,7 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
     hmap seen = {0};
     for (size_t i = 0; i < h->n_units; i++) {
       const char *u = h->units[i];
-      if (!printable(u, 256)) {
+      if (!gnmr__printable(u, 256)) {
         hmap_free(&seen);
         REFUSE(GNMR_E_INVAL, "units", "unit %zu: names are 1..256 printable "
                                       "bytes", i);

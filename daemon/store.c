@@ -28,6 +28,8 @@ struct store {
   uint32_t snapshot_every;
   uint64_t retain_steps;
   sqlite3 *db; /* the writer thread's connection */
+  /* the step path's statements, prepared once (writer thread) */
+  sqlite3_stmt *st_step, *st_event, *st_last;
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -104,8 +106,9 @@ int store_open_reader(const char *path, sqlite3 **db) {
 static int migrate(sqlite3 *db, char *err, size_t errlen) {
   sqlite3_stmt *st;
   int version = 0;
-  if (exec(db, "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, "
-               "value TEXT);",
+  if (exec(db,
+           "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, "
+           "value TEXT);",
            err, errlen))
     return GNMR_E_STORE;
   if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key='schema'", -1,
@@ -197,9 +200,8 @@ static void read_params(sqlite3_stmt *st, int at, policy_params *p) {
 }
 
 /* Runs one statement with the binder's values; 0 or GNMR_E_STORE. */
-static int run(sqlite3 *db, const char *sql, void (*bind)(sqlite3_stmt *,
-                                                          const void *),
-               const void *arg) {
+static int run(sqlite3 *db, const char *sql,
+               void (*bind)(sqlite3_stmt *, const void *), const void *arg) {
   sqlite3_stmt *st;
   if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
     return GNMR_E_STORE;
@@ -254,43 +256,66 @@ static void bind_state(sqlite3_stmt *st, const void *arg) {
 static int apply_snapshot(sqlite3 *db, const store_rec *r) {
   sqlite3_stmt *st;
   int rc;
-    if (sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO snapshots "
-                               "VALUES(?,?,?,?)",
-                           -1, &st, NULL) != SQLITE_OK)
-      return GNMR_E_STORE;
-    sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 2, r->pass);
-    sqlite3_bind_int64(st, 3, (sqlite3_int64)r->step);
-    sqlite3_bind_blob(st, 4, r->snapshot, (int)r->snapshot_len,
-                      SQLITE_STATIC);
-    rc = sqlite3_step(st);
-    sqlite3_finalize(st);
-    if (rc != SQLITE_DONE)
-      return GNMR_E_STORE;
-    /* keep the two newest snapshots of the job */
-    if (sqlite3_prepare_v2(db,
-                           "DELETE FROM snapshots WHERE job=?1 AND rowid NOT "
-                           "IN (SELECT rowid FROM snapshots WHERE job=?1 "
-                           "ORDER BY pass DESC, step DESC LIMIT 2)",
-                           -1, &st, NULL) != SQLITE_OK)
-      return GNMR_E_STORE;
-    sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
-    rc = sqlite3_step(st);
-    sqlite3_finalize(st);
-    if (rc != SQLITE_DONE)
-      return GNMR_E_STORE;
-    return GNMR_OK;
+  if (sqlite3_prepare_v2(db,
+                         "INSERT OR REPLACE INTO snapshots "
+                         "VALUES(?,?,?,?)",
+                         -1, &st, NULL) != SQLITE_OK)
+    return GNMR_E_STORE;
+  sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 2, r->pass);
+  sqlite3_bind_int64(st, 3, (sqlite3_int64)r->step);
+  sqlite3_bind_blob(st, 4, r->snapshot, (int)r->snapshot_len, SQLITE_STATIC);
+  rc = sqlite3_step(st);
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE)
+    return GNMR_E_STORE;
+  /* keep the two newest snapshots of the job */
+  if (sqlite3_prepare_v2(db,
+                         "DELETE FROM snapshots WHERE job=?1 AND rowid NOT "
+                         "IN (SELECT rowid FROM snapshots WHERE job=?1 "
+                         "ORDER BY pass DESC, step DESC LIMIT 2)",
+                         -1, &st, NULL) != SQLITE_OK)
+    return GNMR_E_STORE;
+  sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
+  rc = sqlite3_step(st);
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE)
+    return GNMR_E_STORE;
+  return GNMR_OK;
 }
 
-static int apply_step(sqlite3 *db, const store_rec *r) {
+/* Prepares the step path's statements once per connection. */
+static int prepare_step(store *s) {
+  if (s->st_step != NULL)
+    return GNMR_OK;
+  if (sqlite3_prepare_v2(s->db,
+                         "INSERT OR REPLACE INTO steps VALUES(?,?,?,?,?,?,?,"
+                         "?,?,?,?,?)",
+                         -1, &s->st_step, NULL) != SQLITE_OK ||
+      sqlite3_prepare_v2(s->db,
+                         "INSERT INTO events VALUES(?,?,?,?,?,?,?,?,?,?,?,"
+                         "NULL,?)",
+                         -1, &s->st_event, NULL) != SQLITE_OK ||
+      sqlite3_prepare_v2(s->db,
+                         "UPDATE jobs SET last_step=?1, updated_at=?2 WHERE "
+                         "name=?3",
+                         -1, &s->st_last, NULL) != SQLITE_OK)
+    return GNMR_E_STORE;
+  return GNMR_OK;
+}
+
+static int apply_step(store *s, const store_rec *r) {
+  sqlite3 *db = s->db;
   sqlite3_stmt *st;
   int rc;
   int64_t t = now_ms();
-  if (sqlite3_prepare_v2(db,
-                         "INSERT OR REPLACE INTO steps VALUES(?,?,?,?,?,?,?,"
-                         "?,?,?,?,?)",
-                         -1, &st, NULL) != SQLITE_OK)
+  if (prepare_step(s) != GNMR_OK)
     return GNMR_E_STORE;
+  /* a failed earlier batch may have left a statement mid-way */
+  sqlite3_reset(s->st_step);
+  sqlite3_reset(s->st_event);
+  sqlite3_reset(s->st_last);
+  st = s->st_step;
   sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
   sqlite3_bind_int64(st, 2, r->pass);
   sqlite3_bind_int64(st, 3, (sqlite3_int64)r->step);
@@ -304,15 +329,11 @@ static int apply_step(sqlite3 *db, const store_rec *r) {
   sqlite3_bind_int64(st, 11, (sqlite3_int64)r->latency_us);
   sqlite3_bind_int64(st, 12, t);
   rc = sqlite3_step(st);
-  sqlite3_finalize(st);
+  sqlite3_reset(st);
   if (rc != SQLITE_DONE)
     return GNMR_E_STORE;
   if (r->n_events > 0) {
-    if (sqlite3_prepare_v2(db,
-                           "INSERT INTO events VALUES(?,?,?,?,?,?,?,?,?,?,?,"
-                           "NULL,?)",
-                           -1, &st, NULL) != SQLITE_OK)
-      return GNMR_E_STORE;
+    st = s->st_event;
     for (uint32_t i = 0; i < r->n_events; i++) {
       const store_event *e = &r->events[i];
       sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
@@ -328,12 +349,12 @@ static int apply_step(sqlite3 *db, const store_rec *r) {
                           SQLITE_STATIC);
       else
         sqlite3_bind_null(st, 6);
-#define BIND_NUM(col, v)                                         \
-  do {                                                           \
-    if (isnan(v))                                                \
-      sqlite3_bind_null(st, col);                                \
-    else                                                         \
-      sqlite3_bind_double(st, col, v); /* SQLite keeps +-Inf */   \
+#define BIND_NUM(col, v)                                                       \
+  do {                                                                         \
+    if (isnan(v))                                                              \
+      sqlite3_bind_null(st, col);                                              \
+    else                                                                       \
+      sqlite3_bind_double(st, col, v); /* SQLite keeps +-Inf */                \
   } while (0)
       BIND_NUM(7, e->norm);
       BIND_NUM(8, e->g);
@@ -344,25 +365,18 @@ static int apply_step(sqlite3 *db, const store_rec *r) {
       sqlite3_bind_int64(st, 12, t);
       rc = sqlite3_step(st);
       sqlite3_reset(st);
-      if (rc != SQLITE_DONE) {
-        sqlite3_finalize(st);
+      if (rc != SQLITE_DONE)
         return GNMR_E_STORE;
-      }
     }
-    sqlite3_finalize(st);
   }
   if (r->snapshot != NULL && apply_snapshot(db, r) != GNMR_OK)
     return GNMR_E_STORE;
-  if (sqlite3_prepare_v2(db,
-                         "UPDATE jobs SET last_step=?1, updated_at=?2 WHERE "
-                         "name=?3",
-                         -1, &st, NULL) != SQLITE_OK)
-    return GNMR_E_STORE;
+  st = s->st_last;
   sqlite3_bind_int64(st, 1, (sqlite3_int64)r->step);
   sqlite3_bind_int64(st, 2, t);
   sqlite3_bind_text(st, 3, r->job, -1, SQLITE_STATIC);
   rc = sqlite3_step(st);
-  sqlite3_finalize(st);
+  sqlite3_reset(st);
   return rc == SQLITE_DONE ? GNMR_OK : GNMR_E_STORE;
 }
 
@@ -417,7 +431,7 @@ static int apply(store *s, const store_rec *r) {
   case REC_RANK:
     return apply_ids(s->db, r);
   case REC_STEP:
-    return apply_step(s->db, r);
+    return apply_step(s, r);
   case REC_SNAPSHOT:
     return apply_snapshot(s->db, r);
   case REC_EVENT:
@@ -505,8 +519,10 @@ static void *writer_main(void *arg) {
       if (backoff_ms > RETRY_MAX_MS)
         backoff_ms = RETRY_MAX_MS;
       if (stop && backoff_ms >= RETRY_MAX_MS) {
-        LOG(ERROR, "STORE-LOST", "giving up at shutdown: %llu records not "
-                                 "committed", (unsigned long long)n);
+        LOG(ERROR, "STORE-LOST",
+            "giving up at shutdown: %llu records not "
+            "committed",
+            (unsigned long long)n);
         break;
       }
       usleep(backoff_ms * 1000);
@@ -582,6 +598,9 @@ void store_close(store **ps) {
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
   pthread_join(s->thread, NULL);
+  sqlite3_finalize(s->st_step);
+  sqlite3_finalize(s->st_event);
+  sqlite3_finalize(s->st_last);
   sqlite3_wal_checkpoint_v2(s->db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL,
                             NULL);
   sqlite3_close(s->db);
@@ -599,8 +618,9 @@ void store_put(store *s, store_rec *r) {
   if (s->queued >= QUEUE_CAP) {
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_add(&s->dropped, 1);
-    LOG(ERROR, "STORE-DROP", "store queue full (%u records): a %d record of "
-                             "job %s is lost",
+    LOG(ERROR, "STORE-DROP",
+        "store queue full (%u records): a %d record of "
+        "job %s is lost",
         QUEUE_CAP, r->kind, r->job);
     store_rec_free(r);
     return;
@@ -628,7 +648,8 @@ void store_get_stats(store *s, store_stats *st) {
   pthread_mutex_unlock(&s->mu);
 }
 
-/* ---- restore ------------------------------------------------------------------ */
+/* ---- restore
+ * ------------------------------------------------------------------ */
 
 static void store_job_free(store_job *j) {
   if (j->unit_names)
@@ -649,8 +670,9 @@ static int load_job(sqlite3 *db, store_job *j) {
   sqlite3_stmt *st;
   int rc;
   /* units */
-  if (sqlite3_prepare_v2(db, "SELECT COALESCE(MAX(id)+1,0) FROM units WHERE "
-                             "job=?",
+  if (sqlite3_prepare_v2(db,
+                         "SELECT COALESCE(MAX(id)+1,0) FROM units WHERE "
+                         "job=?",
                          -1, &st, NULL) != SQLITE_OK)
     return GNMR_E_STORE;
   sqlite3_bind_text(st, 1, j->name, -1, SQLITE_STATIC);

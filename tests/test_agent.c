@@ -236,7 +236,7 @@ START_TEST(daemon_killed_mid_run_then_restarted_agent_rejoins) {
   char ep[160];
   snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
   snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
-  tu_daemon_start_in(&d, ep, NULL, d.dir);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, NULL);
   gnmr_agent_config c = config(ep);
   c.fallback_after = 2;
   c.params.max_active = 1;
@@ -271,7 +271,7 @@ START_TEST(daemon_killed_mid_run_then_restarted_agent_rejoins) {
   uint64_t hellos_before = st.hellos;
 
   /* restart on the same endpoint: the agent re-joins by itself */
-  tu_daemon_start_in(&d, ep, NULL, d.dir);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, NULL);
   int ok = 0;
   for (int i = 0; i < 100 && !ok; i++)
     ok = step_once(a, ++step, 1, 200) == GNMR_OK;
@@ -335,10 +335,4 @@ static Suite *suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return tu_check_main(suite()); }

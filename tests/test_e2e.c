@@ -101,7 +101,7 @@ START_TEST(decisions_equal_replay_over_ipc) {
   char ep[160];
   snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
   snprintf(ep, sizeof ep, "ipc://%s/run/agents.sock", d.dir);
-  tu_daemon_start_in(&d, ep, NULL, d.dir);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, NULL);
   ck_assert_str_eq(d.agents, ep);
   run_all_cases(&d);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
@@ -170,7 +170,7 @@ START_TEST(daemon_prints_endpoints_and_stops_cleanly_on_sigterm) {
   ck_assert_ptr_nonnull(strstr(log, "STOP stopped cleanly"));
   free(log);
   /* SIGINT too */
-  tu_daemon_start_in(&d, NULL, NULL, d.dir);
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, NULL);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGINT), 0);
   tu_rmrf(d.dir);
 }
@@ -301,10 +301,4 @@ static Suite *suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return tu_check_main(suite()); }

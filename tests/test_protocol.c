@@ -326,34 +326,8 @@ END_TEST
 
 START_TEST(oversize_frame_drops_only_that_peer) {
   tu_daemon d = {0};
-  char data[128];
-  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
-  snprintf(data, sizeof data, "%s/data", d.dir);
-  /* a daemon with a 64 KiB message limit */
-  char path[512], out[128], err[128];
-  snprintf(path, sizeof path, "%s/gnmrd", tu_bin_dir());
-  snprintf(out, sizeof out, "%s/out", d.dir);
-  snprintf(err, sizeof err, "%s/err", d.dir);
-  char adm[160];
-  snprintf(adm, sizeof adm, "ipc://%s/admin.sock", d.dir);
-  char *argv[] = {path, "--data-dir", data, "--agents", "tcp://127.0.0.1:*",
-                  "--admin", adm, "--max-msg", "65536", NULL};
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT, 0600);
-  posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT, 0600);
-  ck_assert_int_eq(posix_spawn(&d.pid, path, &fa, NULL, argv, environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
-  for (int i = 0; i < 500 && d.agents[0] == '\0'; i++) {
-    char *t = tu_read_file(out, NULL);
-    char *a = t ? strstr(t, "gnmrd: admin ") : NULL;
-    if (a && strchr(a, '\n')) {
-      sscanf(strstr(t, "gnmrd: agents "), "gnmrd: agents %255s", d.agents);
-      sscanf(a, "gnmrd: admin %255s", d.admin);
-    }
-    free(t);
-    tu_sleep_ms(20);
-  }
+  char *limit[] = {"--max-msg", "65536", NULL}; /* 64 KiB messages */
+  tu_daemon_start_in(&d, NULL, NULL, NULL, limit);
   ck_assert(d.agents[0] != '\0');
   good_agent g;
   good_open(&g, d.agents);
@@ -436,10 +410,4 @@ static Suite *suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return tu_check_main(suite()); }

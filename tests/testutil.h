@@ -7,6 +7,8 @@
 #define GNMR_TESTUTIL_H
 
 #include <check.h>
+
+#include "check_main.h"
 #include <fcntl.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -154,11 +156,12 @@ static inline void tu_sleep_ms(int ms) {
 }
 
 /* Starts gnmrd with its data in a fresh temporary directory. agents/admin
- * may be NULL: then tcp://127.0.0.1:* and ipc://DIR/admin.sock. With
- * reuse_dir set, uses that directory (a restart). Waits until it printed
- * its endpoints. */
+ * may be NULL: then tcp://127.0.0.1:* and ipc://DIR/admin.sock. With dir
+ * set, uses that directory (a restart). extra (NULL-terminated, may be
+ * NULL) are more gnmrd options. Waits until it printed its endpoints. */
 static inline void tu_daemon_start_in(tu_daemon *d, const char *agents,
-                                      const char *admin, const char *dir) {
+                                      const char *admin, const char *dir,
+                                      char *const *extra) {
   char data[128], out[128], err[128], adm[160];
   if (dir == NULL)
     snprintf(d->dir, sizeof d->dir, "%s", tu_tmpdir());
@@ -171,7 +174,7 @@ static inline void tu_daemon_start_in(tu_daemon *d, const char *agents,
   unlink(out);
   char path[512];
   snprintf(path, sizeof path, "%s/gnmrd", tu_bin_dir());
-  char *argv[16];
+  char *argv[32];
   int n = 0;
   if (getenv("GNMR_VALGRIND") != NULL) {
     argv[n++] = "valgrind";
@@ -187,6 +190,8 @@ static inline void tu_daemon_start_in(tu_daemon *d, const char *agents,
   argv[n++] = (char *)(agents ? agents : "tcp://127.0.0.1:*");
   argv[n++] = "--admin";
   argv[n++] = (char *)(admin ? admin : adm);
+  for (int i = 0; extra != NULL && extra[i] != NULL && n < 31; i++)
+    argv[n++] = extra[i];
   argv[n] = NULL;
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -218,7 +223,7 @@ static inline void tu_daemon_start_in(tu_daemon *d, const char *agents,
 }
 
 static inline void tu_daemon_start(tu_daemon *d) {
-  tu_daemon_start_in(d, NULL, NULL, NULL);
+  tu_daemon_start_in(d, NULL, NULL, NULL, NULL);
 }
 
 /* Stops gnmrd with SIGTERM (or SIGKILL) and returns its exit status. */

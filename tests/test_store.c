@@ -1,0 +1,417 @@
+/* SPDX-License-Identifier: MIT */
+/* test_store.c — the history and its queries against a real gnmrd:
+ * decisions --csv after gnmr-sim equals the expected file; a SIGKILL in the
+ * middle of a job loses no committed step and the job continues from its
+ * snapshot exactly as the engine would; live parameter changes; query
+ * filters and every kind of bad query; readers while the daemon writes. */
+#include <math.h>
+
+#include "gnmr/agent.h"
+#include "policy.h"
+#include "testutil.h"
+
+static run_result ctl(const tu_daemon *d, char **args) {
+  char *argv[32];
+  int n = 0;
+  static char admin[300];
+  snprintf(admin, sizeof admin, "--admin=%s", d->admin);
+  argv[n++] = "gnmrctl";
+  argv[n++] = admin;
+  for (int i = 0; args[i] && n < 31; i++)
+    argv[n++] = args[i];
+  argv[n] = NULL;
+  return tu_run("gnmrctl", argv, NULL);
+}
+
+static int count_lines(const char *s) {
+  int n = 0;
+  for (; *s; s++)
+    n += *s == '\n';
+  return n;
+}
+
+/* Polls `decisions JOB --csv` until it has rows+1 lines (committed). */
+static char *decisions_csv(const tu_daemon *d, const char *job, int rows) {
+  for (int i = 0; i < 250; i++) {
+    char *args[] = {"decisions", (char *)job, "--csv", NULL};
+    run_result r = ctl(d, args);
+    if (r.code == 0 && count_lines(r.out) >= rows + 1) {
+      free(r.err);
+      return r.out;
+    }
+    tu_run_free(&r);
+    tu_sleep_ms(20);
+  }
+  ck_abort_msg("decisions of %s never reached %d rows", job, rows);
+  return NULL;
+}
+
+START_TEST(decisions_csv_after_sim_equals_expected_file) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  static const struct {
+    const char *trace, *expect, *opts[8];
+    int rows;
+  } cases[] = {
+      {"small.csv", "small.defaults.decisions.csv", {NULL}, 200},
+      {"moe_idle.csv", "moe_idle.k2_l6.decisions.csv",
+       {"--max-active", "2", "--lock-steps", "6", NULL}, 300},
+  };
+  for (size_t i = 0; i < 2; i++) {
+    char tp[512], ep[512], job[16];
+    snprintf(tp, sizeof tp, "%s/traces/%s", tu_shared(), cases[i].trace);
+    snprintf(ep, sizeof ep, "%s/traces/%s", tu_shared(), cases[i].expect);
+    snprintf(job, sizeof job, "csv-%zu", i);
+    char *argv[24] = {"gnmr-sim", "--agents", d.agents, "--job", job,
+                      "--ranks", "3", "--shards", "2", "--trace", tp,
+                      "--barrier-ms", "20000", "--timeout-ms", "30000"};
+    int n = 15;
+    for (int k = 0; cases[i].opts[k]; k++)
+      argv[n++] = (char *)cases[i].opts[k];
+    argv[n] = NULL;
+    run_result r = tu_run("gnmr-sim", argv, NULL);
+    ck_assert_msg(r.code == 0, "sim: %s", r.err);
+    tu_run_free(&r);
+    char *got = decisions_csv(&d, job, cases[i].rows);
+    char *want = tu_read_file(ep, NULL);
+    ck_assert_msg(strcmp(got, want) == 0, "%s: stored decisions differ",
+                  cases[i].trace);
+    free(got);
+    free(want);
+  }
+  /* jobs lists both, finished */
+  char *args[] = {"jobs", "--csv", NULL};
+  run_result r = ctl(&d, args);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "csv-0,finished,1,200,3,"));
+  ck_assert_ptr_nonnull(strstr(r.out, "csv-1,finished,1,300,3,"));
+  tu_run_free(&r);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+/* The sums of squares of step t for 4 units: steady, with spikes. */
+static void sums(uint64_t t, double *s) {
+  for (int u = 0; u < 4; u++) {
+    double n = (u + 1) * (1.0 + 0.05 * (double)((t * 7 + (uint64_t)u) % 5));
+    if ((t + (uint64_t)u * 11) % 13 == 0)
+      n *= 6;
+    s[u] = n * n;
+  }
+}
+
+static gnmr_agent *open_agent(const char *ep, const char *job) {
+  static const char *names[] = {"q", "k", "v", "o"};
+  gnmr_agent_config c = {0};
+  c.endpoint = ep;
+  c.job = job;
+  c.reporters = 1;
+  c.unit_names = names;
+  c.n_units = 4;
+  gnmr_params_default(&c.params);
+  c.params.warmup_steps = 0;
+  c.params.max_active = 2;
+  c.params.lock_steps = 2;
+  c.barrier_ms = 5000;
+  gnmr_agent *a;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  return a;
+}
+
+static void step_agent(gnmr_agent *a, uint64_t t) {
+  double s[4];
+  sums(t, s);
+  ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
+  ck_assert_msg(gnmr_agent_wait(a, t, 10000) == GNMR_OK,
+                "no decision for step %llu", (unsigned long long)t);
+}
+
+/* The engine's decision rows for the given steps, as gnmrd computes them
+ * (norm = sqrt(sumsq)). */
+static void engine_rows(const uint64_t *steps, size_t n, char *out,
+                        size_t cap, uint64_t from_row) {
+  policy_params p;
+  policy_params_default(&p);
+  p.warmup_steps = 0;
+  p.max_active = 2;
+  p.lock_steps = 2;
+  policy *e;
+  ck_assert_int_eq(policy_create(&p, 4, &e), GNMR_OK);
+  size_t off = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < n; i++) {
+    double s[4], norm[4];
+    policy_result r;
+    sums(steps[i], s);
+    for (int u = 0; u < 4; u++)
+      norm[u] = sqrt(s[u]);
+    ck_assert_int_eq(policy_step(e, steps[i], norm, NULL, &r), GNMR_OK);
+    if (steps[i] < from_row)
+      continue;
+    off += (size_t)snprintf(out + off, cap - off, "%llu,",
+                            (unsigned long long)steps[i]);
+    for (uint32_t k = 0; k < r.n_active; k++)
+      off += (size_t)snprintf(out + off, cap - off, k ? " %u" : "%u",
+                              r.active[k]);
+    off += (size_t)snprintf(out + off, cap - off, "\n");
+  }
+  policy_destroy(&e);
+}
+
+START_TEST(sigkill_loses_no_committed_step_and_job_continues_from_snapshot) {
+  tu_daemon d = {0};
+  char ep[160];
+  char *every10[] = {"--snapshot-every", "10", NULL};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, every10);
+  gnmr_agent *a = open_agent(ep, "crash-job");
+  for (uint64_t t = 1; t <= 35; t++)
+    step_agent(a, t);
+  char *before = decisions_csv(&d, "crash-job", 35);
+  tu_daemon_stop(&d, SIGKILL);
+  /* restart on the same data directory; the agent keeps stepping */
+  tu_daemon_start_in(&d, ep, NULL, d.dir, every10);
+  for (uint64_t t = 36; t <= 80; t++)
+    step_agent(a, t);
+  char *after = decisions_csv(&d, "crash-job", 80);
+  /* every step committed before the kill is still there */
+  ck_assert_msg(strncmp(after, before, strlen(before)) == 0,
+                "steps 1-35 changed after the restart");
+  /* after the restart: the engine from the snapshot at step 30 on, then
+   * steps 36..80 (31..35 were decided but are not in the snapshot) */
+  uint64_t steps[75];
+  size_t n = 0;
+  for (uint64_t t = 1; t <= 30; t++)
+    steps[n++] = t;
+  for (uint64_t t = 36; t <= 80; t++)
+    steps[n++] = t;
+  static char want[8192];
+  engine_rows(steps, n, want, sizeof want, 36);
+  ck_assert_msg(strstr(after, want) != NULL,
+                "decisions after the restart differ from the engine "
+                "restored from its snapshot:\n%s\nvs\n%s", after, want);
+  /* the history shows the resume and both passes */
+  char *hargs[] = {"history", "crash-job", "--kind", "job_resumed", "--csv",
+                   NULL};
+  run_result r = ctl(&d, hargs);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "2,30,job_resumed"));
+  ck_assert_ptr_nonnull(strstr(r.out, "snapshot at step 30"));
+  tu_run_free(&r);
+  char *sargs[] = {"status", "crash-job", "--json", NULL};
+  r = ctl(&d, sargs);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "\"pass\": 2"));
+  ck_assert_ptr_nonnull(strstr(r.out, "\"step\": 80"));
+  tu_run_free(&r);
+  free(before);
+  free(after);
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(live_job_views_and_parameter_changes) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  gnmr_agent *a = open_agent(d.agents, "live-job");
+  uint64_t t = 1;
+  for (; t <= 20; t++)
+    step_agent(a, t);
+  char *st[] = {"status", "live-job", NULL};
+  run_result r = ctl(&d, st);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "step           20"));
+  ck_assert_ptr_nonnull(strstr(r.out, "max_active    2"));
+  tu_run_free(&r);
+  char *un[] = {"units", "live-job", "--csv", NULL};
+  r = ctl(&d, un);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "id,name,shards,reports,mean,"));
+  ck_assert_ptr_nonnull(strstr(r.out, "\n0,q,1,20,"));
+  ck_assert_int_eq(count_lines(r.out), 5);
+  tu_run_free(&r);
+  char *top[] = {"top", "live-job", "--limit", "2", "--json", NULL};
+  r = ctl(&d, top);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "\"promotions\""));
+  tu_run_free(&r);
+  char *watch[] = {"watch", "live-job", "--count", "2", "--interval-ms", "50",
+                   NULL};
+  r = ctl(&d, watch);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "gnmr job live-job  pass 1  step 20"));
+  ck_assert_ptr_nonnull(strstr(r.out, "TOP UNITS"));
+  tu_run_free(&r);
+
+  /* set: budget 0 from the next step on, recorded in the history */
+  char *set[] = {"set", "live-job", "max_active=0", "alpha=1.5", NULL};
+  r = ctl(&d, set);
+  ck_assert_msg(r.code == 0, "set: %s", r.err);
+  ck_assert_ptr_nonnull(strstr(r.out, "max_active    0"));
+  tu_run_free(&r);
+  for (; t <= 40; t++) {
+    step_agent(a, t);
+    ck_assert_int_eq(gnmr_agent_route(a, 0), GNMR_ROUTE_LOW);
+    ck_assert_int_eq(gnmr_agent_route(a, 1), GNMR_ROUTE_LOW);
+  }
+  char *csv = decisions_csv(&d, "live-job", 40);
+  ck_assert_ptr_nonnull(strstr(csv, "\n21,\n"));
+  ck_assert_ptr_nonnull(strstr(csv, "\n40,\n"));
+  free(csv);
+  char *hist[] = {"history", "live-job", "--kind", "params_changed", "--csv",
+                  NULL};
+  r = ctl(&d, hist);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "max_active=0 alpha=1.5"));
+  tu_run_free(&r);
+  /* bad settings change nothing */
+  static const char *const bad[][3] = {{"max_active=-1", NULL},
+                                       {"alpha=0", NULL},
+                                       {"nosuch=1", NULL},
+                                       {"window", NULL},
+                                       {"window=0", NULL}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char *b[] = {"set", "live-job", (char *)bad[i][0], NULL};
+    r = ctl(&d, b);
+    ck_assert_msg(r.code == 1, "set %s: exit %d", bad[i][0], r.code);
+    ck_assert(strlen(r.err) > 0);
+    tu_run_free(&r);
+  }
+  r = ctl(&d, st);
+  ck_assert_ptr_nonnull(strstr(r.out, "max_active    0"));
+  ck_assert_ptr_nonnull(strstr(r.out, "alpha         1.5"));
+  tu_run_free(&r);
+  /* the history filters */
+  char *byunit[] = {"history", "live-job", "--unit", "k", "--kind", "exceed",
+                    "--from", "1", "--to", "20", "--csv", NULL};
+  r = ctl(&d, byunit);
+  ck_assert_int_eq(r.code, 0);
+  const char *line = strchr(r.out, '\n') + 1;
+  int rows = 0;
+  for (; *line; line = strchr(line, '\n') + 1, rows++) {
+    ck_assert_ptr_nonnull(strstr(line, ",exceed,1,k,"));
+    long step = strtol(strchr(line, ',') + 1, NULL, 10);
+    ck_assert(step >= 1 && step <= 20);
+  }
+  ck_assert_int_gt(rows, 0);
+  tu_run_free(&r);
+  char *exp[] = {"export", "live-job", NULL};
+  r = ctl(&d, exp);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "\"steps\""));
+  ck_assert_ptr_nonnull(strstr(r.out, "\"events\""));
+  ck_assert_ptr_nonnull(strstr(r.out, "\"name\": \"q\""));
+  tu_run_free(&r);
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(bad_queries_and_unreachable_daemon_fail_clearly) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  gnmr_agent *a = open_agent(d.agents, "q-job");
+  for (uint64_t t = 1; t <= 3; t++)
+    step_agent(a, t);
+  free(decisions_csv(&d, "q-job", 3));
+  static const struct {
+    const char *args[8];
+    int code;
+    const char *err;
+  } cases[] = {
+      {{"history", "nojob", NULL}, 1, "unknown job 'nojob'"},
+      {{"decisions", "nojob", NULL}, 1, "unknown job"},
+      {{"status", "nojob", NULL}, 1, "no running job 'nojob'"},
+      {{"units", "nojob", NULL}, 1, "no running job"},
+      {{"history", "q-job", "--kind", "bogus", NULL}, 1, "unknown event kind"},
+      {{"history", "q-job", "--unit", "zz", NULL}, 1, "has no unit 'zz'"},
+      {{"history", "q-job", "--from", "9", "--to", "3", NULL}, 2,
+       "is below --from"},
+      {{"history", "q-job", "--from", "x", NULL}, 2, "not a valid number"},
+      {{"history", NULL}, 2, "missing JOB"},
+      {{"jobs", "extra", NULL}, 2, "unexpected argument"},
+      {{"set", "q-job", NULL}, 2, "at least one key=value"},
+      {{"status", "q-job", "--csv", NULL}, 2, "--csv is not available"},
+      {{"decisions", "q-job", "--bogus", NULL}, 2, "usage"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    run_result r = ctl(&d, (char **)cases[i].args);
+    ck_assert_msg(r.code == cases[i].code, "case %zu (%s): exit %d: %s", i,
+                  cases[i].args[0], r.code, r.err);
+    ck_assert_msg(strstr(r.err, cases[i].err) != NULL,
+                  "case %zu: stderr '%s' lacks '%s'", i, r.err,
+                  cases[i].err);
+    tu_run_free(&r);
+  }
+  /* no daemon: a clear message within the timeout */
+  char *argv[] = {"gnmrctl", "--admin", "ipc:///nonexistent/admin.sock",
+                  "jobs", "--timeout-ms", "300", NULL};
+  run_result r = tu_run("gnmrctl", argv, NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_ptr_nonnull(strstr(r.err, "no answer from gnmrd"));
+  tu_run_free(&r);
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(readers_while_the_daemon_writes) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  char tp[512];
+  snprintf(tp, sizeof tp, "%s/traces/burst.csv", tu_shared());
+  char path[512], out[128];
+  snprintf(path, sizeof path, "%s/gnmr-sim", tu_bin_dir());
+  snprintf(out, sizeof out, "%s/sim.out", d.dir);
+  char *argv[] = {path, "--agents", d.agents, "--job", "busy", "--ranks",
+                  "4", "--shards", "2", "--trace", tp, "--barrier-ms",
+                  "20000", "--timeout-ms", "30000", NULL};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT, 0600);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid;
+  ck_assert_int_eq(posix_spawn(&pid, path, &fa, NULL, argv, environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  /* query while the job runs (at least 3 times, however fast it ends) */
+  int queries = 0, st = 0, done = 0;
+  while (!done || queries < 3) {
+    if (!done && waitpid(pid, &st, WNOHANG) == pid)
+      done = 1;
+    char *args[] = {"history", "busy", "--limit", "50", "--csv", NULL};
+    run_result r = ctl(&d, args);
+    /* the job may not exist for the first few milliseconds */
+    ck_assert_msg(r.code == 0 || strstr(r.err, "unknown job") != NULL,
+                  "query failed while writing: %s", r.err);
+    tu_run_free(&r);
+    queries++;
+  }
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  free(decisions_csv(&d, "busy", 400));
+  ck_assert_int_eq(tu_counter(&d, "store_errors"), 0);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("store");
+  TCase *tc = tcase_create("history");
+  tcase_set_timeout(tc, 600);
+  tcase_add_test(tc, decisions_csv_after_sim_equals_expected_file);
+  tcase_add_test(tc,
+                 sigkill_loses_no_committed_step_and_job_continues_from_snapshot);
+  tcase_add_test(tc, live_job_views_and_parameter_changes);
+  tcase_add_test(tc, bad_queries_and_unreachable_daemon_fail_clearly);
+  tcase_add_test(tc, readers_while_the_daemon_writes);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return tu_check_main(suite()); }
