@@ -37,6 +37,12 @@ struct store {
   uint64_t queued;
   int stop;
   atomic_uint_fast64_t records, batches, errors, dropped;
+  /* Test hook: GNMR_STORE_FAULT=full:T or readonly:T makes the database
+   * full (max_page_count pinned to its size: SQLITE_FULL) or read-only
+   * (query_only: SQLITE_READONLY) for T ms after open, so that commits
+   * fail with SQLite's own errors and the retry path runs for real. */
+  int64_t fault_until;
+  int fault_readonly, fault_lifted;
 };
 
 /* Schema version 1. Migrations append statements; never edit one. */
@@ -486,6 +492,27 @@ static void *writer_main(void *arg) {
     if (batch == NULL && stop)
       break;
 
+    if (s->fault_until != 0 && !s->fault_lifted) {
+      char pragma[96];
+      int on = now_ms() < s->fault_until;
+      if (s->fault_readonly) {
+        snprintf(pragma, sizeof pragma, "PRAGMA query_only=%d", on);
+      } else if (on) {
+        sqlite3_stmt *pc;
+        long long pages = 1;
+        if (sqlite3_prepare_v2(s->db, "PRAGMA page_count", -1, &pc, NULL) ==
+            SQLITE_OK) {
+          if (sqlite3_step(pc) == SQLITE_ROW)
+            pages = sqlite3_column_int64(pc, 0);
+          sqlite3_finalize(pc);
+        }
+        snprintf(pragma, sizeof pragma, "PRAGMA max_page_count=%lld", pages);
+      } else {
+        snprintf(pragma, sizeof pragma, "PRAGMA max_page_count=4294967294");
+      }
+      s->fault_lifted = !on;
+      exec(s->db, pragma, NULL, 0);
+    }
     char err[256] = "";
     int rv = exec(s->db, "BEGIN IMMEDIATE", err, sizeof err);
     for (store_rec *r = batch; rv == GNMR_OK && r; r = r->next) {
@@ -573,6 +600,17 @@ int store_open(const char *dir, uint32_t snapshot_every, uint64_t retain_steps,
   }
   if (migrate(s->db, err, errlen) != GNMR_OK)
     goto fail;
+  const char *fault = getenv("GNMR_STORE_FAULT");
+  if (fault != NULL) {
+    const char *colon = strchr(fault, ':');
+    long long ms = colon ? atoll(colon + 1) : 0;
+    s->fault_readonly = strncmp(fault, "readonly:", 9) == 0;
+    if (ms > 0 && (s->fault_readonly || strncmp(fault, "full:", 5) == 0)) {
+      s->fault_until = now_ms() + ms;
+      LOG(WARN, "STORE-FAULT", "test hook: the database is %s for %lld ms",
+          s->fault_readonly ? "read-only" : "full", ms);
+    }
+  }
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
   if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {

@@ -30,9 +30,10 @@ static int count_lines(const char *s) {
   return n;
 }
 
-/* Polls `decisions JOB --csv` until it has rows+1 lines (committed). */
+/* Polls `decisions JOB --csv` until it has rows+1 lines (committed); the
+ * store may be retrying after a fault with up to 5 s of backoff. */
 static char *decisions_csv(const tu_daemon *d, const char *job, int rows) {
-  for (int i = 0; i < 250; i++) {
+  for (int i = 0; i < 1500; i++) {
     char *args[] = {"decisions", (char *)job, "--csv", NULL};
     run_result r = ctl(d, args);
     if (r.code == 0 && count_lines(r.out) >= rows + 1) {
@@ -400,6 +401,38 @@ START_TEST(readers_while_the_daemon_writes) {
 }
 END_TEST
 
+/* loop 0: a full disk; 1: a read-only database file */
+START_TEST(store_errors_are_logged_counted_and_retried_losing_nothing) {
+  /* valgrind slows start-up: give the fault window room to be seen */
+  int slow = getenv("GNMR_VALGRIND") != NULL;
+  const char *fault[] = {slow ? "full:8000" : "full:1500",
+                         slow ? "readonly:8000" : "readonly:1500"};
+  static const char *const msg[] = {"database or disk is full",
+                                    "attempt to write a readonly database"};
+  tu_daemon d = {0};
+  setenv("GNMR_STORE_FAULT", fault[_i], 1);
+  tu_daemon_start(&d);
+  unsetenv("GNMR_STORE_FAULT");
+  gnmr_agent *a = open_agent(d.agents, "full-job");
+  for (uint64_t t = 1; t <= 150; t++)
+    step_agent(a, t); /* the daemon keeps deciding */
+  ck_assert_int_ge(tu_counter(&d, "steps_decided"), 150);
+  ck_assert_int_gt(tu_counter(&d, "store_errors"), 0);
+  /* once writes succeed again, every step is there: nothing dropped */
+  char *csv = decisions_csv(&d, "full-job", 150);
+  ck_assert_int_eq(count_lines(csv), 151);
+  free(csv);
+  ck_assert_int_eq(tu_counter(&d, "store_dropped"), 0);
+  char *log = tu_daemon_log(&d);
+  ck_assert_ptr_nonnull(strstr(log, "STORE-COMMIT"));
+  ck_assert_msg(strstr(log, msg[_i]) != NULL, "log lacks '%s'", msg[_i]);
+  free(log);
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("store");
   TCase *tc = tcase_create("history");
@@ -410,6 +443,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, live_job_views_and_parameter_changes);
   tcase_add_test(tc, bad_queries_and_unreachable_daemon_fail_clearly);
   tcase_add_test(tc, readers_while_the_daemon_writes);
+  tcase_add_loop_test(
+      tc, store_errors_are_logged_counted_and_retried_losing_nothing, 0, 2);
   suite_add_tcase(s, tc);
   return s;
 }
