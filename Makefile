@@ -49,7 +49,7 @@ NET_LIBS = $(ZMQ_LIBS) $(PBC_LIBS)
 COMMON_SRC := common/error.c common/log.c common/num.c common/trace.c \
               common/hmap.c common/text.c
 POLICY_SRC := policy/policy.c
-WIRE_SRC := proto/wire.c
+WIRE_SRC := proto/wire.c proto/validate.c
 PROTO_C := $(GEN)/proto/gnmr.pb-c.c
 CLIENT_SRC := client/policy_opts.c client/replay.c
 GNMRCTL_SRC := $(wildcard client/cli/*.c)
@@ -77,7 +77,7 @@ BENCH_SRC := $(wildcard bench/*.c)
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 .PHONY: all check test test-valgrind demo bench install clean deps \
-        deps-check deps-demo buildinfo
+        deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-seeds
 .DEFAULT_GOAL := all
 
 all: buildinfo $(PROGRAMS) $(SO_AGENT)
@@ -103,7 +103,7 @@ $(BUILD)/obj/gen/gnmr.pb-c.o: $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-unused-parameter -c $< -o $@
 # Everything that includes wire.h needs the generated header first.
-$(call obj,$(WIRE_SRC) $(AGENT_SRC) $(GNMRD_SRC) $(SIM_SRC) $(GNMRCTL_SRC)): $(GEN)/proto/gnmr.pb-c.h
+$(call obj,$(WIRE_SRC) $(AGENT_SRC) $(GNMRD_SRC) $(SIM_SRC) $(GNMRCTL_SRC) $(CLIENT_SRC)): $(GEN)/proto/gnmr.pb-c.h
 
 $(LIB_COMMON): $(call obj,$(COMMON_SRC))
 $(LIB_POLICY): $(call obj,$(POLICY_SRC))
@@ -159,6 +159,8 @@ deps-check:
 	@scripts/deps.sh build check
 deps-demo:
 	@scripts/deps.sh build demo
+deps-fuzz:
+	@scripts/deps.sh build fuzz
 
 # ---- tests ----------------------------------------------------------------
 # Tests find the binaries and ../shared through the environment.
@@ -186,7 +188,45 @@ check: deps-check
 	@$(MAKE) --no-print-directory test
 	@$(MAKE) --no-print-directory BUILD=build/asan SAN=asan test
 	@$(MAKE) --no-print-directory test-valgrind
-	@echo "make check: plain, ASan/UBSan and valgrind runs all passed"
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10
+	@echo "make check: plain, ASan/UBSan, valgrind and a short fuzz run all passed"
+
+# ---- fuzzing (clang's libFuzzer) ----------------------------------------------
+# `make fuzz` runs each fuzzer for FUZZ_SECONDS (default 60) from its seed
+# corpus in fuzz/corpus/; `make check` runs a short pass (10 s each). New
+# inputs go to build/fuzz/work-NAME, crashes to build/fuzz/.
+FUZZ_SECONDS ?= 60
+FUZZ_CC ?= clang
+FUZZERS := envelope trace snapshot settings
+FUZZ_BINS := $(patsubst %,build/fuzz/fuzz_%,$(FUZZERS))
+FUZZ_SRC := $(COMMON_SRC) $(POLICY_SRC) $(WIRE_SRC) $(CLIENT_SRC)
+FUZZ_FLAGS := -g -O1 -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter \
+  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+  -D_GNU_SOURCE -Iinclude -Icommon -Ipolicy -Iclient -Iproto -Ibuild/gen
+
+build/fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_SRC) build/gen/proto/gnmr.pb-c.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $^ $(PBC_LIBS) -lm -o $@
+
+fuzz: deps-fuzz $(FUZZ_BINS)
+	@for f in $(FUZZERS); do \
+	  mkdir -p build/fuzz/work-$$f; \
+	  echo "== fuzz $$f ($(FUZZ_SECONDS) s)"; \
+	  build/fuzz/fuzz_$$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 \
+	    -print_final_stats=1 -artifact_prefix=build/fuzz/$$f- \
+	    build/fuzz/work-$$f fuzz/corpus/$$f 2>build/fuzz/$$f.log \
+	    || { tail -40 build/fuzz/$$f.log; exit 1; }; \
+	  grep -E "stat::number_of_executed_units|stat::new_units_added" \
+	    build/fuzz/$$f.log | sed 's/^/   /'; \
+	done
+
+# Regenerates the binary seeds (encoded envelopes, snapshots).
+fuzz-seeds: $(BUILD)/fuzz/make_seeds
+	$(BUILD)/fuzz/make_seeds
+$(BUILD)/fuzz/make_seeds: $(BUILD)/obj/fuzz/make_seeds.o $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(LDLIBS) -o $@
+$(BUILD)/obj/fuzz/make_seeds.o: $(GEN)/proto/gnmr.pb-c.h
 
 # ---- demo, bench ------------------------------------------------------------
 demo: deps-demo all

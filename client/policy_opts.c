@@ -110,3 +110,37 @@ int gnmr__policy_opts_find(const char *name) {
       return i;
   return -1;
 }
+
+int gnmr__policy_settings_apply(policy_params *p, char *const *settings,
+                                size_t n, char *err, size_t errlen) {
+  policy_params q = *p;
+  if (n == 0) {
+    snprintf(err, errlen, "nothing to set: give key=value");
+    return GNMR_E_INVAL;
+  }
+  for (size_t i = 0; i < n; i++) {
+    char key[64];
+    const char *eq = strchr(settings[i], '=');
+    if (eq == NULL || eq == settings[i] ||
+        (size_t)(eq - settings[i]) >= sizeof key) {
+      snprintf(err, errlen, "'%.64s': expected key=value", settings[i]);
+      return GNMR_E_INVAL;
+    }
+    snprintf(key, sizeof key, "%.*s", (int)(eq - settings[i]), settings[i]);
+    int k = gnmr__policy_opts_find(key);
+    if (k < 0) {
+      snprintf(err, errlen,
+               "unknown parameter '%s' (alpha, beta, window, max_active, "
+               "lock_steps, warmup_steps, early_alpha, early_beta, "
+               "early_steps)",
+               key);
+      return GNMR_E_INVAL;
+    }
+    if (gnmr__policy_opts_apply(&q, k, eq + 1, err, errlen) != 0)
+      return GNMR_E_INVAL;
+  }
+  if (gnmr__policy_opts_check(&q, err, errlen) != 0)
+    return GNMR_E_INVAL;
+  *p = q;
+  return 0;
+}

@@ -26,6 +26,12 @@ int gnmr__policy_opts_apply(policy_params *p, int i, const char *arg,
 /* Index of the option named name ("max-active" or "max_active"), or -1. */
 int gnmr__policy_opts_find(const char *name);
 
+/* Applies "key=value" settings (keys as options or fields: max-active or
+ * max_active) to a copy of *p and validates the result; *p changes only
+ * when all are good. Returns 0 or GNMR_E_INVAL with a message. */
+int gnmr__policy_settings_apply(policy_params *p, char *const *settings,
+                                size_t n, char *err, size_t errlen);
+
 /* Validates the whole set; on error writes which option is wrong. */
 int gnmr__policy_opts_check(const policy_params *p, char *err, size_t errlen);
 

@@ -17,16 +17,13 @@
 #include "gnmr/error.h"
 #include "gnmrd.h"
 #include "policy_opts.h"
-#include "text.h"
+#include "validate.h"
 #include "log.h"
 #include "policy.h"
 #include "wire.h"
 
-#define MAX_REPORTERS 4096u
-#define MAX_AGENT_UNITS (1u << 20)
 #define MAX_PENDING 16u     /* undecided steps held per job */
 #define MAX_AHEAD 1024u     /* a report may run this far past the last decision */
-#define DEFAULT_BARRIER_MS 1000u
 
 /* One rank's registration in a job. */
 typedef struct rank_reg {
@@ -622,8 +619,7 @@ static int same_units(const job *j, const rank_reg *rr, const Gnmr__Hello *h) {
 static void on_hello(gnmrd *d, const void *id, size_t id_len,
                      const Gnmr__Hello *h) {
   policy_params prm;
-  const char *what = NULL;
-  uint32_t barrier = h->barrier_ms ? h->barrier_ms : DEFAULT_BARRIER_MS;
+  uint32_t barrier = 0;
   d->c.hellos++;
 #define REFUSE(code, ref, ...)                                   \
   do {                                                           \
@@ -631,55 +627,13 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
     reply_error(d, id, id_len, code, ref, 0, __VA_ARGS__);       \
     return;                                                      \
   } while (0)
-  if (h->protocol != GNMR_PROTOCOL_VERSION)
-    REFUSE(GNMR_E_VERSION, "protocol", "protocol %u, this daemon speaks %u",
-           h->protocol, GNMR_PROTOCOL_VERSION);
-  if (!gnmr__printable(h->job, 128))
-    REFUSE(GNMR_E_INVAL, "job", "job name must be 1..128 printable bytes");
-  if (h->reporters == 0 || h->reporters > MAX_REPORTERS)
-    REFUSE(GNMR_E_INVAL, "reporters", "reporters must be 1..%u",
-           MAX_REPORTERS);
-  if (h->rank >= h->reporters)
-    REFUSE(GNMR_E_INVAL, "rank", "rank %u is not below reporters %u",
-           h->rank, h->reporters);
-  if (h->n_units == 0 || h->n_units > MAX_AGENT_UNITS)
-    REFUSE(GNMR_E_INVAL, "units", "an agent has 1..%u units, not %zu",
-           MAX_AGENT_UNITS, h->n_units);
-  if (barrier > 600000)
-    REFUSE(GNMR_E_INVAL, "barrier_ms", "barrier_ms must be 1..600000");
-  if (h->n_unit_ids != 0 && h->n_unit_ids != h->n_units)
-    REFUSE(GNMR_E_PROTO, "unit_ids", "unit_ids has %zu entries for %zu units",
-           h->n_unit_ids, h->n_units);
-  for (size_t i = 0; i < h->n_unit_ids; i++)
-    if (h->unit_ids[i] >= POLICY_MAX_UNITS)
-      REFUSE(GNMR_E_RANGE, "unit_ids", "unit id %u is not below %u",
-             h->unit_ids[i], POLICY_MAX_UNITS);
-  if (h->params == NULL)
-    REFUSE(GNMR_E_INVAL, "params", "Hello without policy parameters");
-  gnmr__params_from_wire(h->params, &prm);
-  if (policy_params_validate(&prm, &what) != GNMR_OK)
-    REFUSE(GNMR_E_INVAL, what, "invalid policy parameter %s", what);
   {
-    hmap seen = {0};
-    for (size_t i = 0; i < h->n_units; i++) {
-      const char *u = h->units[i];
-      if (!gnmr__printable(u, 256)) {
-        hmap_free(&seen);
-        REFUSE(GNMR_E_INVAL, "units", "unit %zu: names are 1..256 printable "
-                                      "bytes", i);
-      }
-      if (hmap_get(&seen, u, strlen(u), NULL)) {
-        hmap_free(&seen);
-        REFUSE(GNMR_E_DUP, u, "unit name '%.64s' listed twice", u);
-      }
-      if (hmap_put(&seen, u, strlen(u), i) != GNMR_OK) {
-        hmap_free(&seen);
-        REFUSE(GNMR_E_NOMEM, "units", "out of memory");
-      }
-    }
-    hmap_free(&seen);
+    const char *ref = "";
+    char why[256];
+    int vrv = gnmr__validate_hello(h, &prm, &barrier, &ref, why, sizeof why);
+    if (vrv != GNMR_OK)
+      REFUSE(vrv, ref, "%s", why);
   }
-
   uint64_t v;
   peer *pr = NULL;
   if (hmap_get(&d->peers, id, id_len, &v)) {
@@ -805,24 +759,13 @@ static void on_report(gnmrd *d, const void *id, size_t id_len,
     REFUSE(GNMR_E_MISMATCH, "rank",
            "report for job %.64s rank %u on the connection of job %.64s "
            "rank %u", r->job, r->rank, j->name, pr->rank);
-  if (r->n_sumsq != rr->n_units)
-    REFUSE(GNMR_E_PROTO, "sumsq", "sumsq has %zu entries, rank %u has %u "
-                                  "units", r->n_sumsq, pr->rank, rr->n_units);
-  if (r->n_nonfinite != 0 && r->n_nonfinite != rr->n_units)
-    REFUSE(GNMR_E_PROTO, "nonfinite",
-           "nonfinite has %zu entries: expected 0 or %u", r->n_nonfinite,
-           rr->n_units);
-  if (r->n_not_reported != 0 && r->n_not_reported != rr->n_units)
-    REFUSE(GNMR_E_PROTO, "not_reported",
-           "not_reported has %zu entries: expected 0 or %u",
-           r->n_not_reported, rr->n_units);
-  for (size_t i = 0; i < r->n_sumsq; i++)
-    if (!(r->sumsq[i] >= 0))
-      REFUSE(GNMR_E_RANGE, j->unit_names[rr->ids[i]],
-             "sumsq[%zu] is negative or NaN (report NaN/Inf elements as "
-             "nonfinite counts)", i);
-  if (r->step == 0)
-    REFUSE(GNMR_E_INVAL, "step", "steps start at 1");
+  {
+    const char *ref = "";
+    char why[256];
+    int vrv = gnmr__validate_report(r, rr->n_units, &ref, why, sizeof why);
+    if (vrv != GNMR_OK)
+      REFUSE(vrv, ref, "%s", why);
+  }
   if (r->step <= j->last_decided && rr->rejoined) {
     /* Training restarted from a checkpoint: a new pass over these steps,
      * with the statistics kept. Undecided steps of the old pass go. */
@@ -1077,30 +1020,7 @@ job *jobs_find(gnmrd *d, const char *name) {
 int jobs_set_params(job *j, char **settings, size_t n, char *err,
                     size_t errlen) {
   policy_params p = j->params;
-  if (n == 0) {
-    snprintf(err, errlen, "nothing to set: give key=value");
-    return GNMR_E_INVAL;
-  }
-  for (size_t i = 0; i < n; i++) {
-    char key[64];
-    const char *eq = strchr(settings[i], '=');
-    if (eq == NULL || eq == settings[i] ||
-        (size_t)(eq - settings[i]) >= sizeof key) {
-      snprintf(err, errlen, "'%.64s': expected key=value", settings[i]);
-      return GNMR_E_INVAL;
-    }
-    snprintf(key, sizeof key, "%.*s", (int)(eq - settings[i]), settings[i]);
-    int k = gnmr__policy_opts_find(key);
-    if (k < 0) {
-      snprintf(err, errlen, "unknown parameter '%s' (alpha, beta, window, "
-               "max_active, lock_steps, warmup_steps, early_alpha, "
-               "early_beta, early_steps)", key);
-      return GNMR_E_INVAL;
-    }
-    if (gnmr__policy_opts_apply(&p, k, eq + 1, err, errlen) != 0)
-      return GNMR_E_INVAL;
-  }
-  if (gnmr__policy_opts_check(&p, err, errlen) != 0)
+  if (gnmr__policy_settings_apply(&p, settings, n, err, errlen) != 0)
     return GNMR_E_INVAL;
   int rv = policy_set_params(j->pol, &p);
   if (rv != GNMR_OK) {

@@ -3,11 +3,12 @@
 # deps.sh GROUP... — makes sure the Debian packages GNMR needs are installed.
 # As root it runs `apt-get update` and `apt-get install` for what is missing;
 # otherwise it prints the exact apt-get line to run and fails.
-# Groups: build (compile everything), check (tests), demo, python.
+# Groups: build (compile everything), check (tests), demo, fuzz, python.
 set -eu
 
 pkgs_build="gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libsqlite3-dev libjansson-dev"
-pkgs_check="check valgrind"
+pkgs_check="check valgrind clang libclang-rt-14-dev"
+pkgs_fuzz="clang libclang-rt-14-dev"
 pkgs_demo=""
 pkgs_python="python3 python3-torch libopenblas0-pthread"
 
@@ -17,6 +18,7 @@ for g in "$@"; do
     build) want="$want $pkgs_build" ;;
     check) want="$want $pkgs_check" ;;
     demo) want="$want $pkgs_demo" ;;
+    fuzz) want="$want $pkgs_fuzz" ;;
     python) want="$want $pkgs_python" ;;
     *) echo "deps.sh: unknown group '$g'" >&2; exit 2 ;;
   esac

@@ -1,0 +1,99 @@
+/* SPDX-License-Identifier: MIT */
+/* validate.c — see validate.h. Every refusal names the field (ref) and
+ * says what is wrong in words a user can act on. */
+#include "validate.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "gnmr/error.h"
+#include "hmap.h"
+#include "text.h"
+#include "wire.h"
+
+#define FAIL(code, field, ...)                   \
+  do {                                           \
+    *ref = (field);                              \
+    snprintf(msg, msglen, __VA_ARGS__);          \
+    return (code);                               \
+  } while (0)
+
+int gnmr__validate_hello(const Gnmr__Hello *h, policy_params *prm,
+                         uint32_t *barrier_ms, const char **ref, char *msg,
+                         size_t msglen) {
+  const char *what = NULL;
+  uint32_t barrier = h->barrier_ms ? h->barrier_ms : GNMR_DEFAULT_BARRIER_MS;
+  if (h->protocol != GNMR_PROTOCOL_VERSION)
+    FAIL(GNMR_E_VERSION, "protocol", "protocol %u, this daemon speaks %u",
+         h->protocol, GNMR_PROTOCOL_VERSION);
+  if (!gnmr__printable(h->job, 128))
+    FAIL(GNMR_E_INVAL, "job", "job name must be 1..128 printable bytes");
+  if (h->reporters == 0 || h->reporters > GNMR_MAX_REPORTERS)
+    FAIL(GNMR_E_INVAL, "reporters", "reporters must be 1..%u",
+         GNMR_MAX_REPORTERS);
+  if (h->rank >= h->reporters)
+    FAIL(GNMR_E_INVAL, "rank", "rank %u is not below reporters %u", h->rank,
+         h->reporters);
+  if (h->n_units == 0 || h->n_units > GNMR_MAX_AGENT_UNITS)
+    FAIL(GNMR_E_INVAL, "units", "an agent has 1..%u units, not %zu",
+         GNMR_MAX_AGENT_UNITS, h->n_units);
+  if (barrier > 600000)
+    FAIL(GNMR_E_INVAL, "barrier_ms", "barrier_ms must be 1..600000");
+  if (h->n_unit_ids != 0 && h->n_unit_ids != h->n_units)
+    FAIL(GNMR_E_PROTO, "unit_ids", "unit_ids has %zu entries for %zu units",
+         h->n_unit_ids, h->n_units);
+  for (size_t i = 0; i < h->n_unit_ids; i++)
+    if (h->unit_ids[i] >= POLICY_MAX_UNITS)
+      FAIL(GNMR_E_RANGE, "unit_ids", "unit id %u is not below %u",
+           h->unit_ids[i], POLICY_MAX_UNITS);
+  if (h->params == NULL)
+    FAIL(GNMR_E_INVAL, "params", "Hello without policy parameters");
+  gnmr__params_from_wire(h->params, prm);
+  if (policy_params_validate(prm, &what) != GNMR_OK)
+    FAIL(GNMR_E_INVAL, what, "invalid policy parameter %s", what);
+  hmap seen = {0};
+  int rv = GNMR_OK;
+  for (size_t i = 0; i < h->n_units && rv == GNMR_OK; i++) {
+    const char *u = h->units[i];
+    if (!gnmr__printable(u, 256)) {
+      *ref = "units";
+      snprintf(msg, msglen, "unit %zu: names are 1..256 printable bytes", i);
+      rv = GNMR_E_INVAL;
+    } else if (hmap_get(&seen, u, strlen(u), NULL)) {
+      *ref = "units";
+      snprintf(msg, msglen, "unit name '%.64s' listed twice", u);
+      rv = GNMR_E_DUP;
+    } else if (hmap_put(&seen, u, strlen(u), i) != GNMR_OK) {
+      *ref = "units";
+      snprintf(msg, msglen, "out of memory");
+      rv = GNMR_E_NOMEM;
+    }
+  }
+  hmap_free(&seen);
+  if (rv == GNMR_OK)
+    *barrier_ms = barrier;
+  return rv;
+}
+
+int gnmr__validate_report(const Gnmr__Report *r, uint32_t n_units,
+                          const char **ref, char *msg, size_t msglen) {
+  if (r->n_sumsq != n_units)
+    FAIL(GNMR_E_PROTO, "sumsq", "sumsq has %zu entries, the rank has %u units",
+         r->n_sumsq, n_units);
+  if (r->n_nonfinite != 0 && r->n_nonfinite != n_units)
+    FAIL(GNMR_E_PROTO, "nonfinite",
+         "nonfinite has %zu entries: expected 0 or %u", r->n_nonfinite,
+         n_units);
+  if (r->n_not_reported != 0 && r->n_not_reported != n_units)
+    FAIL(GNMR_E_PROTO, "not_reported",
+         "not_reported has %zu entries: expected 0 or %u", r->n_not_reported,
+         n_units);
+  for (size_t i = 0; i < r->n_sumsq; i++)
+    if (!(r->sumsq[i] >= 0))
+      FAIL(GNMR_E_RANGE, "sumsq",
+           "sumsq[%zu] is negative or NaN (report NaN/Inf elements as "
+           "nonfinite counts)", i);
+  if (r->step == 0)
+    FAIL(GNMR_E_INVAL, "step", "steps start at 1");
+  return GNMR_OK;
+}

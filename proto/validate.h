@@ -1,0 +1,31 @@
+/* SPDX-License-Identifier: MIT */
+/* validate.h — the checks of incoming messages that need no daemon state
+ * (docs/protocol.md): pure functions, so that they are fuzzed and tested on
+ * their own. gnmrd adds the checks against its jobs. */
+#ifndef GNMR_VALIDATE_H
+#define GNMR_VALIDATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "policy.h"
+#include "proto/gnmr.pb-c.h"
+
+#define GNMR_MAX_REPORTERS 4096u
+#define GNMR_MAX_AGENT_UNITS (1u << 20)
+#define GNMR_DEFAULT_BARRIER_MS 1000u
+
+/* Checks a Hello on its own: protocol, job name, rank/reporters, unit
+ * names (printable, unique), unit_ids, parameters, barrier. On success
+ * fills *prm and *barrier_ms (0 becomes the default). On error returns a
+ * GNMR_E_* code, points *ref at the field and writes msg. */
+int gnmr__validate_hello(const Gnmr__Hello *h, policy_params *prm,
+                         uint32_t *barrier_ms, const char **ref, char *msg,
+                         size_t msglen);
+
+/* Checks a Report against the n_units of its rank: array lengths, sums of
+ * squares >= 0 (NaN refused), step >= 1. Same error convention. */
+int gnmr__validate_report(const Gnmr__Report *r, uint32_t n_units,
+                          const char **ref, char *msg, size_t msglen);
+
+#endif /* GNMR_VALIDATE_H */
