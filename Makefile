@@ -43,6 +43,7 @@ ZMQ_LIBS = $(shell pkg-config --libs libzmq 2>/dev/null || echo -lzmq)
 PBC_LIBS = $(shell pkg-config --libs libprotobuf-c 2>/dev/null || echo -lprotobuf-c)
 UV_LIBS = $(shell pkg-config --libs libuv 2>/dev/null || echo -luv)
 DB_LIBS = $(shell pkg-config --libs sqlite3 jansson 2>/dev/null || echo -lsqlite3 -ljansson)
+DAEMON_LIBS = $(shell pkg-config --libs inih libsystemd 2>/dev/null || echo -linih -lsystemd)
 NET_LIBS = $(ZMQ_LIBS) $(PBC_LIBS)
 
 # ---- sources -----------------------------------------------------------
@@ -126,7 +127,7 @@ $(GNMRCTL): $(call obj,$(GNMRCTL_SRC)) $(LIB_CLIENT) $(LIB_WIRE) $(LIB_POLICY) $
 
 $(GNMRD): $(call obj,$(GNMRD_SRC)) $(LIB_CLIENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(UV_LIBS) $(DB_LIBS) $(NET_LIBS) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(UV_LIBS) $(DB_LIBS) $(DAEMON_LIBS) $(NET_LIBS) $(LDLIBS) -o $@
 
 $(GNMR_SIM): $(call obj,$(SIM_SRC)) $(LIB_CLIENT) $(LIB_AGENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
@@ -236,14 +237,38 @@ bench: deps $(BENCHES)
 	@for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done
 
 # ---- install ---------------------------------------------------------------------
+# Honours PREFIX and DESTDIR: programs, the agent library (static and
+# shared) with its pkg-config file, public headers, man pages, the systemd
+# unit (ExecStart pointed at PREFIX) and the example config.
+LIBDIR ?= $(PREFIX)/lib
+SYSTEMD_UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSCONFDIR ?= $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/gnmr
-	install -d $(DESTDIR)$(PREFIX)/lib
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/gnmr \
+	  $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/share/man/man1 \
+	  $(DESTDIR)$(PREFIX)/share/man/man8 $(DESTDIR)$(SYSTEMD_UNITDIR) \
+	  $(DESTDIR)$(SYSCONFDIR)/gnmr
 	install -m 755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 include/gnmr/*.h $(DESTDIR)$(PREFIX)/include/gnmr/
-	install -m 644 $(LIB_AGENT) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(SO_AGENT) $(DESTDIR)$(PREFIX)/lib/libgnmr-agent.so.0
-	ln -sf libgnmr-agent.so.0 $(DESTDIR)$(PREFIX)/lib/libgnmr-agent.so
+	install -m 644 $(LIB_AGENT) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(SO_AGENT) $(DESTDIR)$(LIBDIR)/libgnmr-agent.so.0
+	ln -sf libgnmr-agent.so.0 $(DESTDIR)$(LIBDIR)/libgnmr-agent.so
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' \
+	  'includedir=$${prefix}/include' '' 'Name: gnmr-agent' \
+	  'Description: GNMR agent: per-unit gradient norms and recovery routes' \
+	  'Version: $(VERSION)' 'Cflags: -I$${includedir}' \
+	  'Libs: -L$${libdir} -lgnmr-agent' \
+	  'Libs.private: -lzmq -lprotobuf-c -lm -pthread' \
+	  > $(DESTDIR)$(LIBDIR)/pkgconfig/gnmr-agent.pc
+	install -m 644 man/man1/gnmrctl.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 644 man/man8/gnmrd.8 $(DESTDIR)$(PREFIX)/share/man/man8/
+	sed -e 's|/usr/local/bin/gnmrd|$(PREFIX)/bin/gnmrd|' \
+	  -e 's|/etc/gnmr/gnmrd.conf|$(SYSCONFDIR)/gnmr/gnmrd.conf|' \
+	  systemd/gnmrd.service > $(DESTDIR)$(SYSTEMD_UNITDIR)/gnmrd.service
+	install -m 644 deploy/gnmrd.conf $(DESTDIR)$(SYSCONFDIR)/gnmr/gnmrd.conf.example
+	@# the unit reads gnmrd.conf: install the example unless one exists
+	[ -e $(DESTDIR)$(SYSCONFDIR)/gnmr/gnmrd.conf ] || \
+	  install -m 644 deploy/gnmrd.conf $(DESTDIR)$(SYSCONFDIR)/gnmr/gnmrd.conf
 
 clean:
 	rm -rf build

@@ -16,6 +16,7 @@
 #include <zmq.h>
 
 #include "gnmr/agent.h"
+#include "num.h"
 #include "text.h"
 #include "wire.h"
 
@@ -367,6 +368,85 @@ out:
 }
 
 /* ---- public API ------------------------------------------------------------- */
+
+int gnmr_agent_config_from_env(gnmr_agent_config *cfg, const char **bad_var) {
+  static const struct {
+    const char *var;
+    size_t off;
+    int kind; /* 0 string, 1 u32, 2 u64, 3 double, 4 route */
+  } vars[] = {
+      {"GNMR_ENDPOINT", offsetof(gnmr_agent_config, endpoint), 0},
+      {"GNMR_JOB", offsetof(gnmr_agent_config, job), 0},
+      {"GNMR_RANK", offsetof(gnmr_agent_config, rank), 1},
+      {"GNMR_REPORTERS", offsetof(gnmr_agent_config, reporters), 1},
+      {"GNMR_BARRIER_MS", offsetof(gnmr_agent_config, barrier_ms), 1},
+      {"GNMR_FALLBACK_ROUTE", offsetof(gnmr_agent_config, fallback_route), 4},
+      {"GNMR_FALLBACK_AFTER", offsetof(gnmr_agent_config, fallback_after), 1},
+      {"GNMR_ALPHA", offsetof(gnmr_agent_config, params.alpha), 3},
+      {"GNMR_BETA", offsetof(gnmr_agent_config, params.beta), 3},
+      {"GNMR_WINDOW", offsetof(gnmr_agent_config, params.window), 1},
+      {"GNMR_MAX_ACTIVE", offsetof(gnmr_agent_config, params.max_active), 1},
+      {"GNMR_LOCK_STEPS", offsetof(gnmr_agent_config, params.lock_steps), 1},
+      {"GNMR_WARMUP_STEPS", offsetof(gnmr_agent_config, params.warmup_steps),
+       2},
+      {"GNMR_EARLY_ALPHA", offsetof(gnmr_agent_config, params.early_alpha), 3},
+      {"GNMR_EARLY_BETA", offsetof(gnmr_agent_config, params.early_beta), 3},
+      {"GNMR_EARLY_STEPS", offsetof(gnmr_agent_config, params.early_steps),
+       2},
+  };
+  gnmr_agent_config c;
+  if (cfg == NULL)
+    return GNMR_E_INVAL;
+  c = *cfg;
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i].var);
+    char *field = (char *)&c + vars[i].off;
+    uint64_t u;
+    double dv;
+    int ok = 1;
+    if (v == NULL)
+      continue;
+    switch (vars[i].kind) {
+    case 0:
+      memcpy(field, &v, sizeof v);
+      break;
+    case 1:
+      ok = gnmr__parse_u64(v, UINT32_MAX, &u) == 0;
+      if (ok) {
+        uint32_t u32 = (uint32_t)u;
+        memcpy(field, &u32, sizeof u32);
+      }
+      break;
+    case 2:
+      ok = gnmr__parse_u64(v, UINT64_MAX, &u) == 0;
+      if (ok)
+        memcpy(field, &u, sizeof u);
+      break;
+    case 3:
+      ok = gnmr__parse_double(v, 0, &dv) == 0 && dv > 0;
+      if (ok)
+        memcpy(field, &dv, sizeof dv);
+      break;
+    default: {
+      uint32_t route = strcmp(v, "high") == 0  ? GNMR_ROUTE_HIGH
+                       : strcmp(v, "low") == 0 ? GNMR_ROUTE_LOW
+                                               : UINT32_MAX;
+      ok = route != UINT32_MAX;
+      if (ok)
+        memcpy(field, &route, sizeof route);
+    }
+    }
+    if (!ok) {
+      if (bad_var != NULL)
+        *bad_var = vars[i].var;
+      return GNMR_E_INVAL;
+    }
+  }
+  *cfg = c;
+  if (bad_var != NULL)
+    *bad_var = NULL;
+  return GNMR_OK;
+}
 
 /* One ZeroMQ context per process, shared by its agents (several ranks in
  * one process would otherwise start one ZeroMQ I/O thread each). */

@@ -6,6 +6,7 @@
 
 #include <uv.h>
 
+#include "config.h"
 #include "counters.h"
 #include "hmap.h"
 #include "server.h"
@@ -22,6 +23,8 @@ typedef struct gnmrd {
   hmap jobs;          /* name -> job * */
   hmap peers;         /* connection identity -> peer * (see jobs.c) */
   store *st;          /* history; NULL when running without one */
+  const gnmrd_config *cfg;
+  uv_timer_t watchdog;  /* systemd watchdog pings (notify.c) */
   int stopping;
 } gnmrd;
 

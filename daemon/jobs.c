@@ -630,7 +630,9 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
   {
     const char *ref = "";
     char why[256];
-    int vrv = gnmr__validate_hello(h, &prm, &barrier, &ref, why, sizeof why);
+    int vrv = gnmr__validate_hello(h, d->cfg ? &d->cfg->policy : NULL,
+                                   d->cfg ? (uint32_t)d->cfg->barrier_ms : 0,
+                                   &prm, &barrier, &ref, why, sizeof why);
     if (vrv != GNMR_OK)
       REFUSE(vrv, ref, "%s", why);
   }

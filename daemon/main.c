@@ -17,14 +17,15 @@
 #include "gnmr/error.h"
 #include "gnmrd.h"
 #include "log.h"
-#include "num.h"
+#include "notify.h"
 
 #ifndef GNMR_VERSION
 #define GNMR_VERSION "0.0.0"
 #endif
 
 static const char usage[] =
-    "usage: gnmrd [--data-dir DIR] [--agents ENDPOINT] [--admin ENDPOINT]\n"
+    "usage: gnmrd [--config FILE] [--data-dir DIR] [--agents ENDPOINT]\n"
+    "             [--admin ENDPOINT]\n"
     "             [--log-level error|warn|info|debug] [--max-msg BYTES]\n"
     "             [--snapshot-every STEPS] [--retain-steps STEPS]\n"
     "  Runs in the foreground; stops cleanly on SIGTERM or SIGINT.\n"
@@ -37,7 +38,11 @@ static const char usage[] =
     "  History goes to DIR/gnmr.db; each job's policy state is snapshotted\n"
     "  every --snapshot-every steps (default 100) and at shutdown, and\n"
     "  unfinished jobs are restored at start. --retain-steps N keeps the\n"
-    "  last N steps of history per job (default 0: all).\n";
+    "  last N steps of history per job (default 0: all).\n"
+    "  --config FILE reads settings (INI, see deploy/gnmrd.conf); flags\n"
+    "  override it. gnmrd --check-config FILE validates a file and exits.\n"
+    "  Under systemd (Type=notify) it reports READY, STOPPING and pings\n"
+    "  the watchdog from its loop.\n";
 
 /* mkdir -p with mode 0700 for directories it creates. */
 static int mkdirs(const char *path) {
@@ -100,12 +105,15 @@ static void close_walk(uv_handle_t *h, void *arg) {
     uv_close(h, NULL);
 }
 
+/* A flag given on the command line, applied after the config file. */
+typedef struct flag {
+  const char *key, *value;
+} flag;
+
 int main(int argc, char **argv) {
-  char run[2048], data_dir[2048], agents_ep[2304], admin_ep[2304];
-  char bound_agents[512], bound_admin[512], err[512];
-  const char *data_opt = NULL, *agents_opt = NULL, *admin_opt = NULL;
-  int64_t max_msg = 256 << 20;
-  uint64_t snapshot_every = 100, retain_steps = 0;
+  char run[2048], err[512];
+  char bound_agents[512], bound_admin[512];
+  const char *config_path = NULL, *check_path = NULL;
   static const struct option longopts[] = {
       {"data-dir", required_argument, NULL, 'd'},
       {"agents", required_argument, NULL, 'a'},
@@ -114,52 +122,29 @@ int main(int argc, char **argv) {
       {"max-msg", required_argument, NULL, 'x'},
       {"snapshot-every", required_argument, NULL, 's'},
       {"retain-steps", required_argument, NULL, 'r'},
+      {"config", required_argument, NULL, 'c'},
+      {"check-config", required_argument, NULL, 'C'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {0},
   };
-  int c, code = 1;
-  uint64_t v;
+  /* option letter -> config key */
+  static const struct {
+    int opt;
+    const char *key;
+  } flag_keys[] = {{'d', "data_dir"},  {'a', "agents"},
+                   {'m', "admin"},     {'l', "log_level"},
+                   {'x', "max_msg"},   {'s', "snapshot_every"},
+                   {'r', "retain_steps"}};
+  flag flags[16];
+  int n_flags = 0, c, code = 1;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
-    case 'd':
-      data_opt = optarg;
+    case 'c':
+      config_path = optarg;
       break;
-    case 'a':
-      agents_opt = optarg;
-      break;
-    case 'm':
-      admin_opt = optarg;
-      break;
-    case 'l':
-      if (gnmr__log_parse_level(optarg, &gnmr__log_level) != GNMR_OK) {
-        fprintf(stderr, "gnmrd: --log-level '%s': expected error, warn, info "
-                        "or debug\n", optarg);
-        return 2;
-      }
-      break;
-    case 'x':
-      if (gnmr__parse_u64(optarg, INT64_MAX, &v) != 0 || v < 1024) {
-        fprintf(stderr, "gnmrd: --max-msg '%s': expected bytes >= 1024\n",
-                optarg);
-        return 2;
-      }
-      max_msg = (int64_t)v;
-      break;
-    case 's':
-      if (gnmr__parse_u64(optarg, 1000000000, &snapshot_every) != 0 ||
-          snapshot_every == 0) {
-        fprintf(stderr, "gnmrd: --snapshot-every '%s': expected 1 to "
-                        "1000000000 steps\n", optarg);
-        return 2;
-      }
-      break;
-    case 'r':
-      if (gnmr__parse_u64(optarg, UINT64_MAX, &retain_steps) != 0) {
-        fprintf(stderr, "gnmrd: --retain-steps '%s': expected a number of "
-                        "steps (0: keep all)\n", optarg);
-        return 2;
-      }
+    case 'C':
+      check_path = optarg;
       break;
     case 'h':
       fputs(usage, stdout);
@@ -167,9 +152,17 @@ int main(int argc, char **argv) {
     case 'V':
       printf("gnmrd %s\n", GNMR_VERSION);
       return 0;
-    default:
-      fputs(usage, stderr);
-      return 2;
+    default: {
+      const char *key = NULL;
+      for (size_t i = 0; i < sizeof flag_keys / sizeof flag_keys[0]; i++)
+        if (flag_keys[i].opt == c)
+          key = flag_keys[i].key;
+      if (key == NULL || n_flags == 16) {
+        fputs(usage, stderr);
+        return 2;
+      }
+      flags[n_flags++] = (flag){key, optarg};
+    }
     }
   }
   if (optind != argc) {
@@ -177,22 +170,54 @@ int main(int argc, char **argv) {
             usage);
     return 2;
   }
-  default_dirs(run, sizeof run, data_dir, sizeof data_dir);
-  if (data_opt)
-    snprintf(data_dir, sizeof data_dir, "%s", data_opt);
-  snprintf(agents_ep, sizeof agents_ep, "%s",
-           agents_opt ? agents_opt : "");
-  snprintf(admin_ep, sizeof admin_ep, "%s", admin_opt ? admin_opt : "");
-  if (!agents_opt)
-    snprintf(agents_ep, sizeof agents_ep, "ipc://%s/agents.sock", run);
-  if (!admin_opt)
-    snprintf(admin_ep, sizeof admin_ep, "ipc://%s/admin.sock", run);
+  gnmrd_config cfg;
+  config_defaults(&cfg);
+  if (check_path != NULL) {
+    if (config_load(check_path, &cfg, err, sizeof err) != GNMR_OK) {
+      fprintf(stderr, "gnmrd: %s\n", err);
+      return 1;
+    }
+    printf("gnmrd: %s is valid\n", check_path);
+    return 0;
+  }
+  if (config_path != NULL &&
+      config_load(config_path, &cfg, err, sizeof err) != GNMR_OK) {
+    fprintf(stderr, "gnmrd: %s\n", err);
+    return 2;
+  }
+  for (int i = 0; i < n_flags; i++) {
+    if (config_set(&cfg, "gnmrd", flags[i].key, flags[i].value, err,
+                   sizeof err) != GNMR_OK) {
+      /* name the flag as typed */
+      char opt[32];
+      snprintf(opt, sizeof opt, "--%s", flags[i].key);
+      for (char *p = opt; *p; p++)
+        if (*p == '_')
+          *p = '-';
+      fprintf(stderr, "gnmrd: %s '%s': %s\n", opt, flags[i].value,
+              strchr(err, ':') ? strchr(err, ':') + 2 : err);
+      return 2;
+    }
+  }
+  gnmr__log_level = cfg.log_level;
+  {
+    char data_dir[1024];
+    default_dirs(run, sizeof run, data_dir, sizeof data_dir);
+    if (cfg.data_dir[0] == '\0')
+      snprintf(cfg.data_dir, sizeof cfg.data_dir, "%s", data_dir);
+    if (cfg.agents[0] == '\0')
+      snprintf(cfg.agents, sizeof cfg.agents, "ipc://%.1000s/agents.sock",
+               run);
+    if (cfg.admin[0] == '\0')
+      snprintf(cfg.admin, sizeof cfg.admin, "ipc://%.1000s/admin.sock", run);
+  }
+  const char *data_dir = cfg.data_dir;
 
   if (mkdirs(data_dir) != 0) {
     LOG(ERROR, "DATA-DIR", "create %s: %s", data_dir, strerror(errno));
     return 1;
   }
-  char lock_path[2200];
+  char lock_path[1100];
   snprintf(lock_path, sizeof lock_path, "%s/gnmrd.lock", data_dir);
   int lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
@@ -201,7 +226,7 @@ int main(int argc, char **argv) {
                              : strerror(errno));
     return 1;
   }
-  if (prepare_endpoint(agents_ep) != 0 || prepare_endpoint(admin_ep) != 0) {
+  if (prepare_endpoint(cfg.agents) != 0 || prepare_endpoint(cfg.admin) != 0) {
     LOG(ERROR, "ENDPOINT-DIR", "cannot create the socket directory: %s",
         strerror(errno));
     return 1;
@@ -213,9 +238,10 @@ int main(int argc, char **argv) {
   uv_signal_t sigterm, sigint;
   uv_loop_init(&loop);
   d.loop = &loop;
+  d.cfg = &cfg;
   d.zctx = zmq_ctx_new();
-  if (store_open(data_dir, (uint32_t)snapshot_every, retain_steps, &d.st, err,
-                 sizeof err) != GNMR_OK) {
+  if (store_open(data_dir, (uint32_t)cfg.snapshot_every, cfg.retain_steps,
+                 &d.st, err, sizeof err) != GNMR_OK) {
     LOG(ERROR, "STORE-OPEN", "%s", err);
     goto out;
   }
@@ -223,13 +249,14 @@ int main(int argc, char **argv) {
     LOG(ERROR, "STORE-RESTORE", "%s", err);
     goto out;
   }
-  if (server_open(&loop, d.zctx, agents_ep, max_msg, jobs_on_message,
-                  jobs_on_bad_frames, &d, bound_agents, sizeof bound_agents,
-                  err, sizeof err, &d.agents) != GNMR_OK) {
+  if (server_open(&loop, d.zctx, cfg.agents, (int64_t)cfg.max_msg,
+                  jobs_on_message, jobs_on_bad_frames, &d, bound_agents,
+                  sizeof bound_agents, err, sizeof err,
+                  &d.agents) != GNMR_OK) {
     LOG(ERROR, "BIND-AGENTS", "%s", err);
     goto out;
   }
-  if (server_open(&loop, d.zctx, admin_ep, 1 << 20, admin_on_message,
+  if (server_open(&loop, d.zctx, cfg.admin, 1 << 20, admin_on_message,
                   admin_on_bad_frames, &d, bound_admin, sizeof bound_admin,
                   err, sizeof err, &d.admin) != GNMR_OK) {
     LOG(ERROR, "BIND-ADMIN", "%s", err);
@@ -240,13 +267,16 @@ int main(int argc, char **argv) {
   sigterm.data = sigint.data = &d;
   uv_signal_start(&sigterm, on_signal, SIGTERM);
   uv_signal_start(&sigint, on_signal, SIGINT);
+  notify_start(&d);
 
   printf("gnmrd %s: data %s\ngnmrd: agents %s\ngnmrd: admin %s\n",
          GNMR_VERSION, data_dir, bound_agents, bound_admin);
   fflush(stdout);
   LOG(INFO, "START", "serving agents on %s, admin on %s", bound_agents,
       bound_admin);
+  notify_ready(&d, bound_agents);
   uv_run(&loop, UV_RUN_DEFAULT);
+  notify_stopping(&d);
   code = 0;
 out:
   jobs_snapshot_all(&d);

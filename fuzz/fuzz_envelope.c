@@ -22,7 +22,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   case GNMR__ENVELOPE__BODY_HELLO: {
     policy_params p;
     uint32_t barrier;
-    gnmr__validate_hello(env->hello, &p, &barrier, &ref, msg, sizeof msg);
+    policy_params defaults;
+    policy_params_default(&defaults);
+    gnmr__validate_hello(env->hello, &defaults, 2000, &p, &barrier, &ref, msg,
+                         sizeof msg);
     break;
   }
   case GNMR__ENVELOPE__BODY_REPORT:

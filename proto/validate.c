@@ -18,11 +18,14 @@
     return (code);                               \
   } while (0)
 
-int gnmr__validate_hello(const Gnmr__Hello *h, policy_params *prm,
+int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
+                         uint32_t default_barrier, policy_params *prm,
                          uint32_t *barrier_ms, const char **ref, char *msg,
                          size_t msglen) {
   const char *what = NULL;
-  uint32_t barrier = h->barrier_ms ? h->barrier_ms : GNMR_DEFAULT_BARRIER_MS;
+  uint32_t barrier = h->barrier_ms   ? h->barrier_ms
+                     : default_barrier ? default_barrier
+                                       : GNMR_DEFAULT_BARRIER_MS;
   if (h->protocol != GNMR_PROTOCOL_VERSION)
     FAIL(GNMR_E_VERSION, "protocol", "protocol %u, this daemon speaks %u",
          h->protocol, GNMR_PROTOCOL_VERSION);
@@ -46,9 +49,12 @@ int gnmr__validate_hello(const Gnmr__Hello *h, policy_params *prm,
     if (h->unit_ids[i] >= POLICY_MAX_UNITS)
       FAIL(GNMR_E_RANGE, "unit_ids", "unit id %u is not below %u",
            h->unit_ids[i], POLICY_MAX_UNITS);
-  if (h->params == NULL)
+  if (h->params == NULL && defaults == NULL)
     FAIL(GNMR_E_INVAL, "params", "Hello without policy parameters");
-  gnmr__params_from_wire(h->params, prm);
+  if (h->params != NULL)
+    gnmr__params_from_wire(h->params, prm);
+  else
+    *prm = *defaults;
   if (policy_params_validate(prm, &what) != GNMR_OK)
     FAIL(GNMR_E_INVAL, what, "invalid policy parameter %s", what);
   hmap seen = {0};

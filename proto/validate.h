@@ -16,10 +16,12 @@
 #define GNMR_DEFAULT_BARRIER_MS 1000u
 
 /* Checks a Hello on its own: protocol, job name, rank/reporters, unit
- * names (printable, unique), unit_ids, parameters, barrier. On success
- * fills *prm and *barrier_ms (0 becomes the default). On error returns a
- * GNMR_E_* code, points *ref at the field and writes msg. */
-int gnmr__validate_hello(const Gnmr__Hello *h, policy_params *prm,
+ * names (printable, unique), unit_ids, parameters, barrier. A Hello
+ * without parameters takes *defaults (NULL: refused); barrier_ms 0 takes
+ * default_barrier. On success fills *prm and *barrier_ms. On error returns
+ * a GNMR_E_* code, points *ref at the field and writes msg. */
+int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
+                         uint32_t default_barrier, policy_params *prm,
                          uint32_t *barrier_ms, const char **ref, char *msg,
                          size_t msglen);
 

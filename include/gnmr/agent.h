@@ -86,6 +86,26 @@ GNMR_EXPORT void gnmr_params_default(gnmr_params *p);
 GNMR_EXPORT int gnmr_agent_open(const gnmr_agent_config *cfg,
                                 gnmr_agent **out);
 
+/* Overlays settings from the environment onto cfg: each variable that is
+ * set replaces the field (unit names are never taken from it).
+ *
+ *   GNMR_ENDPOINT        endpoint          GNMR_ALPHA          params.alpha
+ *   GNMR_JOB             job               GNMR_BETA           params.beta
+ *   GNMR_RANK            rank              GNMR_WINDOW         params.window
+ *   GNMR_REPORTERS       reporters         GNMR_MAX_ACTIVE     params.max_active
+ *   GNMR_BARRIER_MS      barrier_ms        GNMR_LOCK_STEPS     params.lock_steps
+ *   GNMR_FALLBACK_ROUTE  fallback_route    GNMR_WARMUP_STEPS   params.warmup_steps
+ *                        ("low"/"high")    GNMR_EARLY_ALPHA    params.early_alpha
+ *   GNMR_FALLBACK_AFTER  fallback_after    GNMR_EARLY_BETA     params.early_beta
+ *                                          GNMR_EARLY_STEPS    params.early_steps
+ *
+ * String fields point into the environment (keep it unchanged while cfg is
+ * used). Returns 0, or GNMR_E_INVAL with the variable's name in bad_var
+ * (may be NULL) for a value that is not a valid number; cfg is then left
+ * unchanged. */
+GNMR_EXPORT int gnmr_agent_config_from_env(gnmr_agent_config *cfg,
+                                           const char **bad_var);
+
 /* Sends Bye (best effort), stops the I/O thread, frees everything and sets
  * *a to NULL. NULL-safe. */
 GNMR_EXPORT void gnmr_agent_close(gnmr_agent **a);

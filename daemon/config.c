@@ -1,0 +1,156 @@
+/* SPDX-License-Identifier: MIT */
+/* config.c — the key table and the INI reader (see config.h). Unknown
+ * sections and keys are errors, so a typo never passes silently. */
+#include "config.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gnmr/error.h"
+#include "log.h"
+#include "num.h"
+#include "policy_opts.h"
+
+enum kind { K_PATH, K_ENDPOINT, K_LEVEL, K_U64, K_POLICY };
+
+static const struct {
+  const char *section, *key;
+  enum kind kind;
+  size_t off;
+  uint64_t min, max;
+} keys[] = {
+    {"gnmrd", "data_dir", K_PATH, offsetof(gnmrd_config, data_dir), 0, 0},
+    {"gnmrd", "agents", K_ENDPOINT, offsetof(gnmrd_config, agents), 0, 0},
+    {"gnmrd", "admin", K_ENDPOINT, offsetof(gnmrd_config, admin), 0, 0},
+    {"gnmrd", "log_level", K_LEVEL, offsetof(gnmrd_config, log_level), 0, 0},
+    {"gnmrd", "max_msg", K_U64, offsetof(gnmrd_config, max_msg), 1024,
+     INT64_MAX},
+    {"gnmrd", "snapshot_every", K_U64,
+     offsetof(gnmrd_config, snapshot_every), 1, 1000000000},
+    {"gnmrd", "retain_steps", K_U64, offsetof(gnmrd_config, retain_steps), 0,
+     UINT64_MAX},
+    {"policy", "barrier_ms", K_U64, offsetof(gnmrd_config, barrier_ms), 1,
+     600000},
+    /* every policy parameter, by the names of policy_opts */
+    {"policy", "*", K_POLICY, 0, 0, 0},
+};
+
+void config_defaults(gnmrd_config *c) {
+  memset(c, 0, sizeof *c);
+  c->log_level = GNMR_LOG_INFO;
+  c->max_msg = 256u << 20;
+  c->snapshot_every = 100;
+  c->retain_steps = 0;
+  c->barrier_ms = 1000;
+  policy_params_default(&c->policy);
+}
+
+int config_set(gnmrd_config *c, const char *section, const char *key,
+               const char *value, char *err, size_t errlen) {
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    if (strcmp(section, keys[i].section) != 0)
+      continue;
+    if (keys[i].kind == K_POLICY) {
+      if (gnmr__policy_opts_find(key) < 0)
+        break; /* an unknown key, said below */
+      char setting[512];
+      char *one[1] = {setting};
+      snprintf(setting, sizeof setting, "%s=%s", key, value);
+      if (gnmr__policy_settings_apply(&c->policy, one, 1, err, errlen) == 0)
+        return GNMR_OK;
+      /* "--alpha '0': expected ..." or "--window must be ..." ->
+       * "key 'alpha': '0': expected ..." / "key 'window': '0': must be" */
+      const char *why = strstr(err, ": ");
+      if (why == NULL && strncmp(err, "--", 2) == 0)
+        why = strchr(err, ' ') ? strchr(err, ' ') - 1 : NULL;
+      char tmp[256];
+      snprintf(tmp, sizeof tmp, "%s", why ? why + 2 : err);
+      snprintf(err, errlen, "key '%s': '%s': %s", key, value, tmp);
+      return GNMR_E_PARSE;
+    }
+    if (strcmp(key, keys[i].key) != 0)
+      continue;
+    char *field = (char *)c + keys[i].off;
+    uint64_t v;
+    switch (keys[i].kind) {
+    case K_PATH:
+    case K_ENDPOINT:
+      if (value[0] == '\0' || strlen(value) >= 1024) {
+        snprintf(err, errlen, "key '%s': expected 1..1023 characters", key);
+        return GNMR_E_PARSE;
+      }
+      if (keys[i].kind == K_ENDPOINT && strstr(value, "://") == NULL) {
+        snprintf(err, errlen, "key '%s': '%s' is not a ZeroMQ endpoint "
+                              "(ipc:///path or tcp://host:port)", key, value);
+        return GNMR_E_PARSE;
+      }
+      snprintf(field, 1024, "%s", value);
+      return GNMR_OK;
+    case K_LEVEL:
+      if (gnmr__log_parse_level(value, (int *)(void *)field) != GNMR_OK) {
+        snprintf(err, errlen, "key '%s': '%s' is not error, warn, info or "
+                              "debug", key, value);
+        return GNMR_E_PARSE;
+      }
+      return GNMR_OK;
+    case K_U64:
+      if (gnmr__parse_u64(value, keys[i].max, &v) != 0 || v < keys[i].min) {
+        snprintf(err, errlen, "key '%s': '%s' is not an integer from %llu to "
+                              "%llu", key, value,
+                 (unsigned long long)keys[i].min,
+                 (unsigned long long)keys[i].max);
+        return GNMR_E_PARSE;
+      }
+      memcpy(field, &v, sizeof v);
+      return GNMR_OK;
+    default:
+      break;
+    }
+  }
+  if (strcmp(section, "policy") == 0)
+    snprintf(err, errlen, "unknown key '%s' in section [policy] (alpha, beta,"
+             " window, max_active, lock_steps, warmup_steps, early_alpha,"
+             " early_beta, early_steps, barrier_ms)", key);
+  else
+    snprintf(err, errlen, "unknown key '%s' in section [%s]", key, section);
+  return GNMR_E_PARSE;
+}
+
+typedef struct load_ctx {
+  gnmrd_config *c;
+  char msg[256];
+  int failed;
+} load_ctx;
+
+/* inih handler: returns 0 to stop at the first bad line. */
+static int on_key(void *user, const char *section, const char *key,
+                  const char *value) {
+  load_ctx *l = user;
+  if (l->failed)
+    return 0;
+  if (config_set(l->c, section, key, value, l->msg, sizeof l->msg) != 0) {
+    l->failed = 1;
+    return 0;
+  }
+  return 1;
+}
+
+int config_load(const char *path, gnmrd_config *c, char *err, size_t errlen) {
+  load_ctx l = {c, "", 0};
+  FILE *f = fopen(path, "r");
+  if (f == NULL) {
+    snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    return GNMR_E_IO;
+  }
+  int line = ini_parse_file(f, on_key, &l);
+  fclose(f);
+  if (line != 0) {
+    snprintf(err, errlen, "%s:%d: %s", path, line,
+             l.failed ? l.msg : "not valid INI syntax");
+    return GNMR_E_PARSE;
+  }
+  return GNMR_OK;
+}

@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: MIT */
+/* config.h — gnmrd's settings: built-in defaults, then an INI file
+ * (--config FILE, read with libinih), then command-line flags. One table in
+ * config.c lists every key with its section, kind and limits. */
+#ifndef GNMRD_CONFIG_H
+#define GNMRD_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "policy.h"
+
+typedef struct gnmrd_config {
+  char data_dir[1024];
+  char agents[1024];
+  char admin[1024];
+  int log_level;
+  uint64_t max_msg;
+  uint64_t snapshot_every;
+  uint64_t retain_steps;
+  uint64_t barrier_ms;   /* for Hellos that give none */
+  policy_params policy;  /* for Hellos that carry no parameters */
+} gnmrd_config;
+
+/* The built-in defaults (paths empty: main.c derives them). */
+void config_defaults(gnmrd_config *c);
+
+/* Reads path into c (keys present override). On error returns
+ * GNMR_E_PARSE (or GNMR_E_IO) with "PATH:LINE: ..." in err and leaves c
+ * partly updated: callers stop. */
+int config_load(const char *path, gnmrd_config *c, char *err, size_t errlen);
+
+/* Applies one setting as if read from the file: used for flags. */
+int config_set(gnmrd_config *c, const char *section, const char *key,
+               const char *value, char *err, size_t errlen);
+
+#endif /* GNMRD_CONFIG_H */

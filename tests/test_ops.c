@@ -1,0 +1,275 @@
+/* SPDX-License-Identifier: MIT */
+/* test_ops.c — running gnmrd for real: the config file (--check-config,
+ * values, flags overriding it, policy defaults), systemd's notify protocol
+ * against a real notify socket (READY, WATCHDOG, STOPPING), the unit file
+ * through systemd-analyze verify, and the agent's environment variables. */
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <zmq.h>
+
+#include "gnmr/agent.h"
+#include "testutil.h"
+#include "wire.h"
+
+static const char *write_tmp(const char *dir, const char *name,
+                             const char *text) {
+  static char path[4][256];
+  static int k;
+  char *p = path[k++ % 4];
+  snprintf(p, 256, "%s/%s", dir, name);
+  tu_write_file(p, text);
+  return p;
+}
+
+START_TEST(check_config_accepts_the_example_and_names_bad_keys_and_lines) {
+  char *ok[] = {"gnmrd", "--check-config", "deploy/gnmrd.conf", NULL};
+  run_result r = tu_run("gnmrd", ok, NULL);
+  ck_assert_msg(r.code == 0, "example config: %s", r.err);
+  ck_assert_ptr_nonnull(strstr(r.out, "is valid"));
+  tu_run_free(&r);
+  const char *dir = tu_tmpdir();
+  static const struct {
+    const char *text, *err;
+  } bad[] = {
+      {"[gnmrd]\nagnets = ipc:///x\n", ":2: unknown key 'agnets' in section "
+                                       "[gnmrd]"},
+      {"[gnmrd]\nsnapshot_every = 0\n", ":2: key 'snapshot_every': '0' is "
+                                        "not an integer from 1"},
+      {"[gnmrd]\n\nlog_level = loud\n", ":3: key 'log_level': 'loud' is not "
+                                        "error, warn, info or debug"},
+      {"[gnmrd]\nagents = /run/x.sock\n", ":2: key 'agents': '/run/x.sock' "
+                                          "is not a ZeroMQ endpoint"},
+      {"[policy]\nalpha = 0\n", ":2: key 'alpha': '0': expected a finite "
+                                "number > 0"},
+      {"[policy]\nwindow = 0\n", ":2: key 'window': '0': must be from 1"},
+      {"[policy]\nbogus = 1\n", ":2: unknown key 'bogus' in section "
+                                  "[policy]"},
+      {"[nosuch]\nx = 1\n", ":2: unknown key 'x' in section [nosuch]"},
+      {"not ini\n", ":1: not valid INI syntax"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const char *p = write_tmp(dir, "bad.conf", bad[i].text);
+    char *argv[] = {"gnmrd", "--check-config", (char *)p, NULL};
+    r = tu_run("gnmrd", argv, NULL);
+    ck_assert_msg(r.code == 1, "case %zu: exit %d", i, r.code);
+    ck_assert_msg(strstr(r.err, bad[i].err) != NULL,
+                  "case %zu: '%s' lacks '%s'", i, r.err, bad[i].err);
+    tu_run_free(&r);
+  }
+  char *missing[] = {"gnmrd", "--check-config", "/nonexistent.conf", NULL};
+  r = tu_run("gnmrd", missing, NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_ptr_nonnull(strstr(r.err, "No such file"));
+  tu_run_free(&r);
+  /* a bad file given to --config stops the daemon with exit 2 */
+  const char *p = write_tmp(dir, "bad.conf", "[gnmrd]\nmax_msg = 5\n");
+  char *run_bad[] = {"gnmrd", "--config", (char *)p, NULL};
+  r = tu_run("gnmrd", run_bad, NULL);
+  ck_assert_int_eq(r.code, 2);
+  ck_assert_ptr_nonnull(strstr(r.err, "key 'max_msg'"));
+  tu_run_free(&r);
+  tu_rmrf(dir);
+}
+END_TEST
+
+START_TEST(config_file_is_used_flags_override_and_policy_defaults_apply) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  char conf_text[512];
+  snprintf(conf_text, sizeof conf_text,
+           "[gnmrd]\nagents = ipc://%s/from-config.sock\nlog_level = debug\n"
+           "[policy]\nmax_active = 1\nalpha = 3.5\nbarrier_ms = 777\n",
+           d.dir);
+  const char *conf = write_tmp(d.dir, "gnmrd.conf", conf_text);
+  char *extra[] = {"--config", (char *)conf, NULL};
+  /* tu_daemon_start_in passes --agents tcp://127.0.0.1:*: the flag wins */
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
+  ck_assert_ptr_nonnull(strstr(d.agents, "tcp://127.0.0.1:"));
+  /* a Hello without parameters or barrier takes the [policy] defaults */
+  void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
+  int zero = 0, tmo = 5000;
+  zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+  ck_assert_int_eq(zmq_connect(s, d.agents), 0);
+  char *units[] = {"u"};
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Hello h = GNMR__HELLO__INIT;
+  h.protocol = 1;
+  h.job = "defaults";
+  h.reporters = 1;
+  h.n_units = 1;
+  h.units = units;
+  env.body_case = GNMR__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  uint8_t *b;
+  size_t len;
+  ck_assert_int_eq(gnmr__wire_encode(&env, &b, &len), GNMR_OK);
+  ck_assert_int_ge(zmq_send(s, b, len, 0), 0);
+  free(b);
+  zmq_msg_t m;
+  zmq_msg_init(&m);
+  ck_assert_int_ge(zmq_msg_recv(&m, s, 0), 0);
+  Gnmr__Envelope *w;
+  ck_assert_int_eq(gnmr__wire_decode(zmq_msg_data(&m), zmq_msg_size(&m), &w,
+                                     NULL, 0),
+                   GNMR_OK);
+  ck_assert_int_eq(w->body_case, GNMR__ENVELOPE__BODY_WELCOME);
+  ck_assert_uint_eq(w->welcome->params->max_active, 1);
+  ck_assert_double_eq(w->welcome->params->alpha, 3.5);
+  gnmr__wire_free(&w);
+  zmq_msg_close(&m);
+  zmq_close(s);
+  zmq_ctx_term(ctx);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  /* the job took the [policy] barrier_ms default */
+  char *log = tu_daemon_log(&d);
+  ck_assert_ptr_nonnull(strstr(log, "barrier 777 ms"));
+  free(log);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(systemd_notify_ready_watchdog_and_stopping) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  char sock_path[128];
+  snprintf(sock_path, sizeof sock_path, "%s/notify.sock", d.dir);
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(fd, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  ck_assert_uint_lt(strlen(sock_path), sizeof sa.sun_path);
+  memcpy(sa.sun_path, sock_path, strlen(sock_path) + 1);
+  ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  struct timeval tv = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setenv("NOTIFY_SOCKET", sock_path, 1);
+  setenv("WATCHDOG_USEC", "100000", 1); /* pings every 50 ms */
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, NULL);
+  unsetenv("NOTIFY_SOCKET");
+  unsetenv("WATCHDOG_USEC");
+  char buf[512];
+  int ready = 0, pings = 0, stopping = 0;
+  for (int i = 0; i < 200 && !(ready && pings >= 3); i++) {
+    ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
+    ck_assert_msg(n > 0, "no notify message from gnmrd");
+    buf[n] = '\0';
+    if (strstr(buf, "READY=1") != NULL) {
+      ck_assert_ptr_nonnull(strstr(buf, "STATUS=serving agents on tcp://"));
+      ready = 1;
+    }
+    if (strstr(buf, "WATCHDOG=1") != NULL)
+      pings++;
+  }
+  ck_assert(ready);
+  ck_assert_int_ge(pings, 3);
+  kill(d.pid, SIGTERM);
+  for (int i = 0; i < 200 && !stopping; i++) {
+    ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
+    ck_assert_msg(n > 0, "no STOPPING from gnmrd");
+    buf[n] = '\0';
+    stopping = strstr(buf, "STOPPING=1") != NULL;
+  }
+  ck_assert(stopping);
+  int st;
+  ck_assert_int_eq(waitpid(d.pid, &st, 0), d.pid); /* a clean exit */
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  d.pid = 0;
+  close(fd);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(unit_file_passes_systemd_analyze_verify) {
+  /* systemd-analyze checks ExecStart's binary and the man page; point both
+   * at this build and checkout */
+  const char *dir = tu_tmpdir();
+  char *unit = tu_read_file("systemd/gnmrd.service", NULL);
+  ck_assert_ptr_nonnull(unit);
+  char bin[512], *text = malloc(strlen(unit) + 1024), *at;
+  snprintf(bin, sizeof bin, "%s/gnmrd", tu_bin_dir());
+  ck_assert_ptr_nonnull(at = strstr(unit, "/usr/local/bin/gnmrd"));
+  snprintf(text, strlen(unit) + 1024, "%.*s%s%s", (int)(at - unit), unit, bin,
+           at + strlen("/usr/local/bin/gnmrd"));
+  const char *path = write_tmp(dir, "gnmrd.service", text);
+  char manpath[600], cmd[1400];
+  ck_assert_ptr_nonnull(getcwd(manpath, 400));
+  strcat(manpath, "/man");
+  snprintf(cmd, sizeof cmd, "MANPATH='%s' systemd-analyze verify '%s' 2>&1",
+           manpath, path);
+  FILE *p = popen(cmd, "r");
+  char out[2048] = "";
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = '\0';
+  int st = pclose(p);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                "systemd-analyze verify failed: %s", out);
+  ck_assert_ptr_nonnull(strstr(unit, "Type=notify"));
+  ck_assert_ptr_nonnull(strstr(unit, "WatchdogSec="));
+  free(unit);
+  free(text);
+  tu_rmrf(dir);
+}
+END_TEST
+
+START_TEST(agent_settings_come_from_the_environment) {
+  gnmr_agent_config c = {0};
+  const char *bad = "unset";
+  gnmr_params_default(&c.params);
+  c.job = "from-struct";
+  setenv("GNMR_ENDPOINT", "ipc:///run/gnmr/agents.sock", 1);
+  setenv("GNMR_RANK", "3", 1);
+  setenv("GNMR_REPORTERS", "8", 1);
+  setenv("GNMR_MAX_ACTIVE", "6", 1);
+  setenv("GNMR_ALPHA", "2.5", 1);
+  setenv("GNMR_FALLBACK_ROUTE", "high", 1);
+  setenv("GNMR_WARMUP_STEPS", "100", 1);
+  ck_assert_int_eq(gnmr_agent_config_from_env(&c, &bad), GNMR_OK);
+  ck_assert_ptr_null(bad);
+  ck_assert_str_eq(c.endpoint, "ipc:///run/gnmr/agents.sock");
+  ck_assert_str_eq(c.job, "from-struct"); /* GNMR_JOB unset: kept */
+  ck_assert_uint_eq(c.rank, 3);
+  ck_assert_uint_eq(c.reporters, 8);
+  ck_assert_uint_eq(c.params.max_active, 6);
+  ck_assert_double_eq(c.params.alpha, 2.5);
+  ck_assert_uint_eq(c.fallback_route, GNMR_ROUTE_HIGH);
+  ck_assert_uint_eq(c.params.warmup_steps, 100);
+  /* a bad value names the variable and changes nothing */
+  static const char *const bad_vals[][2] = {{"GNMR_RANK", "-1"},
+                                            {"GNMR_ALPHA", "0"},
+                                            {"GNMR_ALPHA", "abc"},
+                                            {"GNMR_FALLBACK_ROUTE", "up"},
+                                            {"GNMR_WINDOW", "99999999999"}};
+  for (size_t i = 0; i < sizeof bad_vals / sizeof bad_vals[0]; i++) {
+    gnmr_agent_config before = c;
+    setenv(bad_vals[i][0], bad_vals[i][1], 1);
+    ck_assert_int_eq(gnmr_agent_config_from_env(&c, &bad), GNMR_E_INVAL);
+    ck_assert_str_eq(bad, bad_vals[i][0]);
+    ck_assert(memcmp(&before, &c, sizeof c) == 0);
+    unsetenv(bad_vals[i][0]);
+  }
+  ck_assert_int_eq(gnmr_agent_config_from_env(NULL, NULL), GNMR_E_INVAL);
+  static const char *const set[] = {"GNMR_ENDPOINT", "GNMR_RANK",
+                                    "GNMR_REPORTERS", "GNMR_MAX_ACTIVE",
+                                    "GNMR_ALPHA", "GNMR_FALLBACK_ROUTE",
+                                    "GNMR_WARMUP_STEPS"};
+  for (size_t i = 0; i < sizeof set / sizeof set[0]; i++)
+    unsetenv(set[i]);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("ops");
+  TCase *tc = tcase_create("ops");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc,
+                 check_config_accepts_the_example_and_names_bad_keys_and_lines);
+  tcase_add_test(tc,
+                 config_file_is_used_flags_override_and_policy_defaults_apply);
+  tcase_add_test(tc, systemd_notify_ready_watchdog_and_stopping);
+  tcase_add_test(tc, unit_file_passes_systemd_analyze_verify);
+  tcase_add_test(tc, agent_settings_come_from_the_environment);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return tu_check_main(suite()); }
