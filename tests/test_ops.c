@@ -173,6 +173,7 @@ START_TEST(systemd_notify_ready_watchdog_and_stopping) {
   int st;
   ck_assert_int_eq(waitpid(d.pid, &st, 0), d.pid); /* a clean exit */
   ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  tu_track_daemon(d.pid, 0);
   d.pid = 0;
   close(fd);
   tu_rmrf(d.dir);

@@ -150,6 +150,31 @@ typedef struct tu_daemon {
   char admin[256];
 } tu_daemon;
 
+/* Daemons started by this process; an exit (a failed assertion included)
+ * kills those still running, so that no test leaves a gnmrd behind. */
+static pid_t tu_daemon_pids[32];
+
+static inline void tu_kill_daemons(void) {
+  for (int i = 0; i < 32; i++)
+    if (tu_daemon_pids[i] > 0 && kill(tu_daemon_pids[i], 0) == 0) {
+      kill(tu_daemon_pids[i], SIGKILL);
+      waitpid(tu_daemon_pids[i], NULL, 0);
+    }
+}
+
+static inline void tu_track_daemon(pid_t pid, int on) {
+  static int registered;
+  if (!registered) {
+    atexit(tu_kill_daemons);
+    registered = 1;
+  }
+  for (int i = 0; i < 32; i++)
+    if (on ? tu_daemon_pids[i] <= 0 : tu_daemon_pids[i] == pid) {
+      tu_daemon_pids[i] = on ? pid : 0;
+      return;
+    }
+}
+
 static inline void tu_sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
   nanosleep(&ts, NULL);
@@ -204,6 +229,7 @@ static inline void tu_daemon_start_in(tu_daemon *d, const char *agents,
   int rv = posix_spawn(&d->pid, exe, &fa, NULL, argv, environ);
   posix_spawn_file_actions_destroy(&fa);
   ck_assert_msg(rv == 0, "spawn gnmrd: %s", strerror(rv));
+  tu_track_daemon(d->pid, 1);
   for (int i = 0; i < 1000; i++) { /* up to 20 s (valgrind is slow) */
     char *txt = tu_read_file(out, NULL);
     char *a = txt ? strstr(txt, "gnmrd: agents ") : NULL;
@@ -233,6 +259,7 @@ static inline int tu_daemon_stop(tu_daemon *d, int sig) {
     return -1;
   kill(d->pid, sig);
   waitpid(d->pid, &st, 0);
+  tu_track_daemon(d->pid, 0);
   d->pid = 0;
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
