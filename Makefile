@@ -48,7 +48,7 @@ NET_LIBS = $(ZMQ_LIBS) $(PBC_LIBS)
 
 # ---- sources -----------------------------------------------------------
 COMMON_SRC := common/error.c common/log.c common/num.c common/trace.c \
-              common/hmap.c common/text.c
+              common/hmap.c common/text.c common/keys.c
 POLICY_SRC := policy/policy.c
 WIRE_SRC := proto/wire.c proto/validate.c
 PROTO_C := $(GEN)/proto/gnmr.pb-c.c
@@ -207,7 +207,7 @@ FUZZ_FLAGS := -g -O1 -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter \
 
 build/fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_SRC) build/gen/proto/gnmr.pb-c.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) $^ $(PBC_LIBS) -lm -o $@
+	$(FUZZ_CC) $(FUZZ_FLAGS) $^ $(PBC_LIBS) $(ZMQ_LIBS) -lm -o $@
 
 fuzz: deps-fuzz $(FUZZ_BINS)
 	@for f in $(FUZZERS); do \

@@ -16,6 +16,7 @@
 #include <zmq.h>
 
 #include "gnmr/agent.h"
+#include "keys.h"
 #include "num.h"
 #include "text.h"
 #include "wire.h"
@@ -30,6 +31,7 @@
 struct gnmr_agent {
   /* configuration, immutable after open */
   char *endpoint, *job;
+  char curve_server[41], curve_public[41], curve_secret[41]; /* "" = off */
   uint32_t rank, reporters, n_units, barrier_ms, fallback_route,
       fallback_after;
   char **names;
@@ -103,6 +105,12 @@ static int check_config(const gnmr_agent_config *c) {
   for (uint32_t i = 0; i < c->n_units; i++)
     if (!gnmr__printable(c->unit_names[i], 256))
       return GNMR_E_INVAL;
+  int keys = (c->curve_server_key != NULL) + (c->curve_public_key != NULL) +
+             (c->curve_secret_key != NULL);
+  if (keys != 0 && (keys != 3 || !gnmr__key_valid(c->curve_server_key) ||
+                    !gnmr__key_valid(c->curve_public_key) ||
+                    !gnmr__key_valid(c->curve_secret_key)))
+    return GNMR_E_INVAL;
   to_policy(&c->params, &p);
   return policy_params_validate(&p, NULL);
 }
@@ -393,6 +401,12 @@ int gnmr_agent_config_from_env(gnmr_agent_config *cfg, const char **bad_var) {
       {"GNMR_EARLY_BETA", offsetof(gnmr_agent_config, params.early_beta), 3},
       {"GNMR_EARLY_STEPS", offsetof(gnmr_agent_config, params.early_steps),
        2},
+      {"GNMR_CURVE_SERVER_KEY", offsetof(gnmr_agent_config, curve_server_key),
+       0},
+      {"GNMR_CURVE_PUBLIC_KEY", offsetof(gnmr_agent_config, curve_public_key),
+       0},
+      {"GNMR_CURVE_SECRET_KEY", offsetof(gnmr_agent_config, curve_secret_key),
+       0},
   };
   gnmr_agent_config c;
   if (cfg == NULL)
@@ -489,6 +503,11 @@ static int open_io_sockets(gnmr_agent *a) {
   zmq_setsockopt(a->dealer, ZMQ_HEARTBEAT_TIMEOUT, &hb_tmo, sizeof hb_tmo);
   zmq_setsockopt(a->dealer, ZMQ_RECONNECT_IVL, &recon, sizeof recon);
   zmq_setsockopt(a->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+  if (a->curve_server[0] != '\0' &&
+      (zmq_setsockopt(a->dealer, ZMQ_CURVE_SERVERKEY, a->curve_server, 41) ||
+       zmq_setsockopt(a->dealer, ZMQ_CURVE_PUBLICKEY, a->curve_public, 41) ||
+       zmq_setsockopt(a->dealer, ZMQ_CURVE_SECRETKEY, a->curve_secret, 41)))
+    goto err;
   zmq_setsockopt(a->pull, ZMQ_LINGER, &zero, sizeof zero);
   char mon[80];
   snprintf(mon, sizeof mon, "inproc://gnmr-monitor-%p", (void *)a);
@@ -533,6 +552,11 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
   a->fallback_route = cfg->fallback_route;
   a->fallback_after = cfg->fallback_after ? cfg->fallback_after : 3;
   a->n_words = (cfg->n_units + 63) / 64;
+  if (cfg->curve_server_key != NULL) {
+    memcpy(a->curve_server, cfg->curve_server_key, 41);
+    memcpy(a->curve_public, cfg->curve_public_key, 41);
+    memcpy(a->curve_secret, cfg->curve_secret_key, 41);
+  }
   a->endpoint = strdup(cfg->endpoint);
   a->job = strdup(cfg->job);
   a->names = calloc(cfg->n_units, sizeof *a->names);

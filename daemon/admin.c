@@ -415,8 +415,10 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
 }
 
 void admin_on_message(server *s, const void *id, size_t id_len,
-                      const void *data, size_t len, void *ctx) {
+                      const void *data, size_t len, const char *user,
+                      void *ctx) {
   gnmrd *d = ctx;
+  (void)user; /* any allowed key may query */
   Gnmr__Envelope *env;
   char err[128];
   (void)s;
@@ -440,4 +442,9 @@ void admin_on_message(server *s, const void *id, size_t id_len,
 void admin_on_bad_frames(server *s, void *ctx) {
   (void)s;
   ((gnmrd *)ctx)->c.admin_requests++;
+}
+
+void gnmrd_on_handshake_failed(server *s, void *ctx) {
+  (void)s;
+  ((gnmrd *)ctx)->c.handshake_failures++;
 }

@@ -14,7 +14,7 @@
 #include "num.h"
 #include "policy_opts.h"
 
-enum kind { K_PATH, K_ENDPOINT, K_LEVEL, K_U64, K_POLICY };
+enum kind { K_PATH, K_ENDPOINT, K_LEVEL, K_U64, K_BOOL, K_POLICY };
 
 static const struct {
   const char *section, *key;
@@ -34,6 +34,11 @@ static const struct {
      UINT64_MAX},
     {"policy", "barrier_ms", K_U64, offsetof(gnmrd_config, barrier_ms), 1,
      600000},
+    {"security", "curve_key_file", K_PATH,
+     offsetof(gnmrd_config, curve_key_file), 0, 0},
+    {"security", "curve_allow_file", K_PATH,
+     offsetof(gnmrd_config, curve_allow_file), 0, 0},
+    {"security", "insecure", K_BOOL, offsetof(gnmrd_config, insecure), 0, 1},
     /* every policy parameter, by the names of policy_opts */
     {"policy", "*", K_POLICY, 0, 0, 0},
 };
@@ -102,6 +107,20 @@ int config_set(gnmrd_config *c, const char *section, const char *key,
                               "%llu", key, value,
                  (unsigned long long)keys[i].min,
                  (unsigned long long)keys[i].max);
+        return GNMR_E_PARSE;
+      }
+      memcpy(field, &v, sizeof v);
+      return GNMR_OK;
+    case K_BOOL:
+      if (strcmp(value, "true") == 0 || strcmp(value, "yes") == 0 ||
+          strcmp(value, "1") == 0)
+        v = 1;
+      else if (strcmp(value, "false") == 0 || strcmp(value, "no") == 0 ||
+               strcmp(value, "0") == 0)
+        v = 0;
+      else {
+        snprintf(err, errlen, "key '%s': '%s' is not true or false", key,
+                 value);
         return GNMR_E_PARSE;
       }
       memcpy(field, &v, sizeof v);

@@ -20,6 +20,9 @@ typedef struct gnmrd_config {
   uint64_t retain_steps;
   uint64_t barrier_ms;   /* for Hellos that give none */
   policy_params policy;  /* for Hellos that carry no parameters */
+  char curve_key_file[1024];   /* the server's key pair: CURVE on */
+  char curve_allow_file[1024]; /* the public keys allowed in */
+  uint64_t insecure;           /* allow non-loopback TCP without CURVE */
 } gnmrd_config;
 
 /* The built-in defaults (paths empty: main.c derives them). */

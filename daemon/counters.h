@@ -28,7 +28,9 @@
   XX(decisions_sent)                                                          \
   XX(send_failures)      /* peer gone or its queue full */                    \
   XX(byes)                                                                    \
-  XX(admin_requests)
+  XX(admin_requests)                                                          \
+  XX(auth_denied)        /* CURVE keys the ZAP handler refused */             \
+  XX(handshake_failures) /* plaintext peers, wrong server key, refused key */
 
 typedef struct gnmrd_counters {
 #define GNMRD__COUNTER_FIELD(name) uint64_t name;

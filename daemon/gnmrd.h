@@ -25,12 +25,14 @@ typedef struct gnmrd {
   store *st;          /* history; NULL when running without one */
   const gnmrd_config *cfg;
   uv_timer_t watchdog;  /* systemd watchdog pings (notify.c) */
+  struct zap *zap;      /* the ZAP handler, under CURVE */
   int stopping;
 } gnmrd;
 
 /* jobs.c: the agent protocol */
 void jobs_on_message(server *s, const void *id, size_t id_len,
-                     const void *data, size_t len, void *ctx);
+                     const void *data, size_t len, const char *user,
+                     void *ctx);
 void jobs_on_bad_frames(server *s, void *ctx);
 /* Frees every job (their timers close through the loop). */
 void jobs_shutdown(gnmrd *d);
@@ -52,7 +54,10 @@ struct json_t *jobs_units_json(job *j, uint32_t top);
 
 /* admin.c: the admin protocol */
 void admin_on_message(server *s, const void *id, size_t id_len,
-                      const void *data, size_t len, void *ctx);
+                      const void *data, size_t len, const char *user,
+                      void *ctx);
+/* Counts a failed handshake (either endpoint). */
+void gnmrd_on_handshake_failed(server *s, void *ctx);
 void admin_on_bad_frames(server *s, void *ctx);
 
 #endif /* GNMRD_H */

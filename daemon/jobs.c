@@ -30,6 +30,7 @@ typedef struct rank_reg {
   int joined;         /* said Hello (and not Bye) */
   int rejoined;       /* said Hello after steps were decided: its next
                          report may restart training from a checkpoint */
+  char *user;         /* the CURVE key it first joined with, or NULL */
   int ever;           /* has ever joined: its units exist */
   char *ident;        /* current connection identity */
   size_t ident_len;
@@ -282,6 +283,7 @@ static void job_free(job *j) {
       free(rr->ident);
     }
     free(rr->ids);
+    free(rr->user);
   }
   for (uint32_t i = 0; i < j->n_pend; i++)
     pending_clear(j, &j->pend[i]);
@@ -617,7 +619,7 @@ static int same_units(const job *j, const rank_reg *rr, const Gnmr__Hello *h) {
 }
 
 static void on_hello(gnmrd *d, const void *id, size_t id_len,
-                     const Gnmr__Hello *h) {
+                     const Gnmr__Hello *h, const char *user) {
   policy_params prm;
   uint32_t barrier = 0;
   d->c.hellos++;
@@ -669,6 +671,10 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
   }
   rank_reg *rr = &j->ranks[h->rank];
   int returning = rr->ever && !rr->joined; /* said Bye before */
+  /* under CURVE a rank belongs to the key it first joined with */
+  if (user != NULL && rr->user != NULL && strcmp(user, rr->user) != 0)
+    REFUSE(GNMR_E_MISMATCH, "rank",
+           "rank %u of job %.64s joined with another key", h->rank, j->name);
   if (rr->ever && !same_units(j, rr, h))
     REFUSE(GNMR_E_MISMATCH, "units",
            "rank %u of job %.64s joined before with other units", h->rank,
@@ -707,6 +713,8 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
     j->byes--; /* a rank that said Bye came back */
   if (j->last_decided > 0)
     rr->rejoined = 1;
+  if (user != NULL && rr->user == NULL)
+    rr->user = strdup(user);
   if (!rr->joined) {
     char detail[32];
     snprintf(detail, sizeof detail, "rank %u", h->rank);
@@ -875,7 +883,8 @@ static void on_bye(gnmrd *d, const void *id, size_t id_len,
 }
 
 void jobs_on_message(server *s, const void *id, size_t id_len,
-                     const void *data, size_t len, void *ctx) {
+                     const void *data, size_t len, const char *user,
+                     void *ctx) {
   gnmrd *d = ctx;
   Gnmr__Envelope *env;
   char err[128];
@@ -894,7 +903,7 @@ void jobs_on_message(server *s, const void *id, size_t id_len,
   }
   switch (env->body_case) {
   case GNMR__ENVELOPE__BODY_HELLO:
-    on_hello(d, id, id_len, env->hello);
+    on_hello(d, id, id_len, env->hello, user);
     break;
   case GNMR__ENVELOPE__BODY_REPORT:
     on_report(d, id, id_len, env->report);

@@ -17,7 +17,9 @@
 #include "gnmr/error.h"
 #include "gnmrd.h"
 #include "log.h"
+#include "keys.h"
 #include "notify.h"
+#include "zap.h"
 
 #ifndef GNMR_VERSION
 #define GNMR_VERSION "0.0.0"
@@ -28,6 +30,7 @@ static const char usage[] =
     "             [--admin ENDPOINT]\n"
     "             [--log-level error|warn|info|debug] [--max-msg BYTES]\n"
     "             [--snapshot-every STEPS] [--retain-steps STEPS]\n"
+    "             [--curve-key FILE --curve-allow FILE] [--insecure]\n"
     "  Runs in the foreground; stops cleanly on SIGTERM or SIGINT.\n"
     "  Endpoints are ZeroMQ addresses: ipc:///path or tcp://HOST:PORT\n"
     "  (tcp://127.0.0.1:* picks a free port; the bound one is printed).\n"
@@ -41,6 +44,9 @@ static const char usage[] =
     "  last N steps of history per job (default 0: all).\n"
     "  --config FILE reads settings (INI, see deploy/gnmrd.conf); flags\n"
     "  override it. gnmrd --check-config FILE validates a file and exits.\n"
+    "  --curve-key FILE (the server's key pair, gnmrctl keygen) and\n"
+    "  --curve-allow FILE (allowed public keys, one per line) turn CURVE\n"
+    "  on; a non-loopback TCP endpoint without CURVE needs --insecure.\n"
     "  Under systemd (Type=notify) it reports READY, STOPPING and pings\n"
     "  the watchdog from its loop.\n";
 
@@ -92,6 +98,23 @@ static int prepare_endpoint(const char *ep) {
   return mkdirs(dir);
 }
 
+/* Whether an endpoint can be reached from other hosts: TCP off the
+ * loopback, or another network transport of ZeroMQ. ipc://, inproc:// and
+ * loopback TCP are local; unknown schemes fail at bind anyway. */
+static int endpoint_is_network(const char *ep) {
+  static const char *const net[] = {"pgm://", "epgm://", "udp://", "ws://",
+                                    "wss://", "tipc://", "vmci://"};
+  for (size_t i = 0; i < sizeof net / sizeof net[0]; i++)
+    if (strncmp(ep, net[i], strlen(net[i])) == 0)
+      return 1;
+  if (strncmp(ep, "tcp://", 6) != 0)
+    return 0;
+  const char *host = ep + 6;
+  return !(strncmp(host, "127.", 4) == 0 ||
+           strncmp(host, "localhost:", 10) == 0 ||
+           strncmp(host, "[::1]:", 6) == 0);
+}
+
 static void on_signal(uv_signal_t *h, int signum) {
   gnmrd *d = h->data;
   LOG(INFO, "SIGNAL", "signal %d: stopping", signum);
@@ -122,6 +145,9 @@ int main(int argc, char **argv) {
       {"max-msg", required_argument, NULL, 'x'},
       {"snapshot-every", required_argument, NULL, 's'},
       {"retain-steps", required_argument, NULL, 'r'},
+      {"curve-key", required_argument, NULL, 'k'},
+      {"curve-allow", required_argument, NULL, 'w'},
+      {"insecure", no_argument, NULL, 'I'},
       {"config", required_argument, NULL, 'c'},
       {"check-config", required_argument, NULL, 'C'},
       {"help", no_argument, NULL, 'h'},
@@ -135,7 +161,8 @@ int main(int argc, char **argv) {
   } flag_keys[] = {{'d', "data_dir"},  {'a', "agents"},
                    {'m', "admin"},     {'l', "log_level"},
                    {'x', "max_msg"},   {'s', "snapshot_every"},
-                   {'r', "retain_steps"}};
+                   {'r', "retain_steps"}, {'k', "curve_key_file"},
+                   {'w', "curve_allow_file"}, {'I', "insecure"}};
   flag flags[16];
   int n_flags = 0, c, code = 1;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -161,7 +188,7 @@ int main(int argc, char **argv) {
         fputs(usage, stderr);
         return 2;
       }
-      flags[n_flags++] = (flag){key, optarg};
+      flags[n_flags++] = (flag){key, c == 'I' ? "true" : optarg};
     }
     }
   }
@@ -186,7 +213,11 @@ int main(int argc, char **argv) {
     return 2;
   }
   for (int i = 0; i < n_flags; i++) {
-    if (config_set(&cfg, "gnmrd", flags[i].key, flags[i].value, err,
+    const char *section = strncmp(flags[i].key, "curve", 5) == 0 ||
+                                  strcmp(flags[i].key, "insecure") == 0
+                              ? "security"
+                              : "gnmrd";
+    if (config_set(&cfg, section, flags[i].key, flags[i].value, err,
                    sizeof err) != GNMR_OK) {
       /* name the flag as typed */
       char opt[32];
@@ -212,6 +243,33 @@ int main(int argc, char **argv) {
       snprintf(cfg.admin, sizeof cfg.admin, "ipc://%.1000s/admin.sock", run);
   }
   const char *data_dir = cfg.data_dir;
+
+  /* CURVE: the server's key pair and the keys allowed in, both required */
+  char curve_pub[41], curve_sec[41];
+  hmap allowed = {0};
+  int curve = cfg.curve_key_file[0] != '\0';
+  if (curve != (cfg.curve_allow_file[0] != '\0')) {
+    fprintf(stderr, "gnmrd: CURVE needs both curve_key_file and "
+                    "curve_allow_file (--curve-key, --curve-allow)\n");
+    return 2;
+  }
+  if (curve &&
+      (gnmr__key_file_read(cfg.curve_key_file, curve_pub, curve_sec, err,
+                           sizeof err) != GNMR_OK ||
+       gnmr__allow_file_read(cfg.curve_allow_file, &allowed, err,
+                             sizeof err) != GNMR_OK)) {
+    fprintf(stderr, "gnmrd: %s\n", err);
+    hmap_free(&allowed);
+    return 2;
+  }
+  if (!curve && !cfg.insecure &&
+      (endpoint_is_network(cfg.agents) || endpoint_is_network(cfg.admin))) {
+    fprintf(stderr,
+            "gnmrd: refusing to serve %s without CURVE: give curve_key_file"
+            " and curve_allow_file, or --insecure\n",
+            endpoint_is_network(cfg.agents) ? cfg.agents : cfg.admin);
+    return 2;
+  }
 
   if (mkdirs(data_dir) != 0) {
     LOG(ERROR, "DATA-DIR", "create %s: %s", data_dir, strerror(errno));
@@ -249,19 +307,30 @@ int main(int argc, char **argv) {
     LOG(ERROR, "STORE-RESTORE", "%s", err);
     goto out;
   }
-  if (server_open(&loop, d.zctx, cfg.agents, (int64_t)cfg.max_msg,
-                  jobs_on_message, jobs_on_bad_frames, &d, bound_agents,
-                  sizeof bound_agents, err, sizeof err,
-                  &d.agents) != GNMR_OK) {
+  /* the ZAP handler must be bound before any CURVE server socket */
+  if (curve && zap_open(&loop, d.zctx, &allowed, &d.c.auth_denied, &d.zap,
+                        err, sizeof err) != GNMR_OK) {
+    LOG(ERROR, "ZAP", "%s", err);
+    goto out;
+  }
+  server_opts ao = {cfg.agents,        (int64_t)cfg.max_msg,
+                    curve ? curve_sec : NULL, jobs_on_message,
+                    jobs_on_bad_frames, gnmrd_on_handshake_failed, &d};
+  if (server_open(&loop, d.zctx, &ao, bound_agents, sizeof bound_agents, err,
+                  sizeof err, &d.agents) != GNMR_OK) {
     LOG(ERROR, "BIND-AGENTS", "%s", err);
     goto out;
   }
-  if (server_open(&loop, d.zctx, cfg.admin, 1 << 20, admin_on_message,
-                  admin_on_bad_frames, &d, bound_admin, sizeof bound_admin,
-                  err, sizeof err, &d.admin) != GNMR_OK) {
+  server_opts mo = {cfg.admin,          1 << 20,
+                    curve ? curve_sec : NULL, admin_on_message,
+                    admin_on_bad_frames, gnmrd_on_handshake_failed, &d};
+  if (server_open(&loop, d.zctx, &mo, bound_admin, sizeof bound_admin, err,
+                  sizeof err, &d.admin) != GNMR_OK) {
     LOG(ERROR, "BIND-ADMIN", "%s", err);
     goto out;
   }
+  if (curve)
+    LOG(INFO, "CURVE", "CURVE on; server public key %s", curve_pub);
   uv_signal_init(&loop, &sigterm);
   uv_signal_init(&loop, &sigint);
   sigterm.data = sigint.data = &d;
@@ -283,6 +352,8 @@ out:
   jobs_shutdown(&d);
   server_close(d.agents);
   server_close(d.admin);
+  zap_close(d.zap);
+  hmap_free(&allowed);
   uv_walk(&loop, close_walk, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);

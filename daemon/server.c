@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* server.c — ROUTER socket + uv_poll/uv_idle drain (see server.h). */
+/* server.c — ROUTER socket (and its handshake monitor) on zwatch (see
+ * server.h). */
 #include "server.h"
 
 #include <errno.h>
@@ -9,45 +10,39 @@
 #include <zmq.h>
 
 #include "gnmr/error.h"
+#include "zwatch.h"
+
+/* ZMQ_ZAP_ENFORCE_DOMAIN is declared only under DRAFT in Debian's header,
+ * but libzmq 4.3 accepts it: with it, no ZAP handler means no connection. */
+#define GNMR_ZMQ_ZAP_ENFORCE_DOMAIN 93
 
 struct server {
-  uv_poll_t poll;
-  uv_idle_t idle;
-  void *sock;
-  server_msg_cb on_msg;
-  server_bad_cb on_bad;
-  void *ctx;
-  int closing, open_handles;
+  void *sock, *monitor;
+  zwatch *w, *mw;
+  server_opts o;
 };
 
-static int readable(server *s) {
-  int ev = 0;
-  size_t sz = sizeof ev;
-  if (zmq_getsockopt(s->sock, ZMQ_EVENTS, &ev, &sz) != 0)
-    return 0;
-  return (ev & ZMQ_POLLIN) != 0;
-}
-
 /* Receives one whole message (all its frames). */
-static void recv_one(server *s) {
+static void on_readable(void *sock, void *ctx) {
+  server *s = ctx;
   zmq_msg_t id, body, extra;
   int more, frames = 1;
   zmq_msg_init(&id);
   zmq_msg_init(&body);
-  if (zmq_msg_recv(&id, s->sock, ZMQ_DONTWAIT) < 0) {
+  if (zmq_msg_recv(&id, sock, ZMQ_DONTWAIT) < 0) {
     zmq_msg_close(&id);
     zmq_msg_close(&body);
     return;
   }
   more = zmq_msg_more(&id);
   if (more) {
-    zmq_msg_recv(&body, s->sock, ZMQ_DONTWAIT);
+    zmq_msg_recv(&body, sock, ZMQ_DONTWAIT);
     frames++;
     more = zmq_msg_more(&body);
   }
   while (more) { /* discard any further frames */
     zmq_msg_init(&extra);
-    if (zmq_msg_recv(&extra, s->sock, ZMQ_DONTWAIT) < 0) {
+    if (zmq_msg_recv(&extra, sock, ZMQ_DONTWAIT) < 0) {
       zmq_msg_close(&extra);
       break;
     }
@@ -55,55 +50,52 @@ static void recv_one(server *s) {
     more = zmq_msg_more(&extra);
     zmq_msg_close(&extra);
   }
-  if (frames == 2)
-    s->on_msg(s, zmq_msg_data(&id), zmq_msg_size(&id), zmq_msg_data(&body),
-              zmq_msg_size(&body), s->ctx);
-  else if (s->on_bad)
-    s->on_bad(s, s->ctx);
+  if (frames == 2) {
+    const char *user = s->o.curve_secret ? zmq_msg_gets(&body, "User-Id")
+                                         : NULL;
+    s->o.on_msg(s, zmq_msg_data(&id), zmq_msg_size(&id), zmq_msg_data(&body),
+                zmq_msg_size(&body), user, s->o.ctx);
+  } else if (s->o.on_bad) {
+    s->o.on_bad(s, s->o.ctx);
+  }
   zmq_msg_close(&id);
   zmq_msg_close(&body);
 }
 
-static void idle_cb(uv_idle_t *h);
-
-static void drain(server *s) {
-  for (int i = 0; i < SERVER_DRAIN_CAP && !s->closing; i++) {
-    if (!readable(s)) {
-      uv_idle_stop(&s->idle);
-      return;
-    }
-    recv_one(s);
+/* One monitor event: two frames (event id + value, endpoint). */
+static void on_monitor(void *sock, void *ctx) {
+  server *s = ctx;
+  zmq_msg_t m;
+  uint16_t ev = 0;
+  zmq_msg_init(&m);
+  if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
+    zmq_msg_close(&m);
+    return;
   }
-  if (!s->closing)
-    uv_idle_start(&s->idle, idle_cb);
+  if (zmq_msg_size(&m) >= 2)
+    memcpy(&ev, zmq_msg_data(&m), sizeof ev);
+  while (zmq_msg_more(&m) && zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) >= 0)
+    ;
+  zmq_msg_close(&m);
+  if (ev & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+            ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+            ZMQ_EVENT_HANDSHAKE_FAILED_AUTH))
+    if (s->o.on_handshake_failed)
+      s->o.on_handshake_failed(s, s->o.ctx);
 }
 
-static void idle_cb(uv_idle_t *h) { drain(h->data); }
-
-static void poll_cb(uv_poll_t *h, int status, int events) {
-  (void)status;
-  (void)events;
-  drain(h->data);
-}
-
-void server_kick(server *s) {
-  if (!s->closing)
-    uv_idle_start(&s->idle, idle_cb);
-}
-
-int server_open(uv_loop_t *loop, void *zctx, const char *endpoint,
-                int64_t max_msg, server_msg_cb on_msg, server_bad_cb on_bad,
-                void *ctx, char *bound, size_t cap, char *err, size_t errlen,
+int server_open(uv_loop_t *loop, void *zctx, const server_opts *o,
+                char *bound, size_t cap, char *err, size_t errlen,
                 server **out) {
-  int zero = 0, one = 1, hb_ivl = 1000, hb_tmo = 5000, fd;
-  size_t sz = sizeof fd;
+  int zero = 0, one = 1, hb_ivl = 1000, hb_tmo = 5000;
+  int64_t max_msg = o->max_msg;
+  size_t sz;
+  char mon[64];
   server *s = calloc(1, sizeof *s);
   *out = NULL;
   if (s == NULL)
     return GNMR_E_NOMEM;
-  s->on_msg = on_msg;
-  s->on_bad = on_bad;
-  s->ctx = ctx;
+  s->o = *o;
   if ((s->sock = zmq_socket(zctx, ZMQ_ROUTER)) == NULL)
     goto err;
   zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);
@@ -112,24 +104,38 @@ int server_open(uv_loop_t *loop, void *zctx, const char *endpoint,
   zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg);
   zmq_setsockopt(s->sock, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl);
   zmq_setsockopt(s->sock, ZMQ_HEARTBEAT_TIMEOUT, &hb_tmo, sizeof hb_tmo);
-  if (zmq_bind(s->sock, endpoint) != 0)
+  if (o->curve_secret != NULL &&
+      (zmq_setsockopt(s->sock, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
+       zmq_setsockopt(s->sock, ZMQ_CURVE_SECRETKEY, o->curve_secret, 41) !=
+           0 ||
+       zmq_setsockopt(s->sock, ZMQ_ZAP_DOMAIN, "gnmr", 4) != 0 ||
+       zmq_setsockopt(s->sock, GNMR_ZMQ_ZAP_ENFORCE_DOMAIN, &one,
+                      sizeof one) != 0))
+    goto err;
+  snprintf(mon, sizeof mon, "inproc://gnmrd-monitor-%p", (void *)s);
+  if (zmq_socket_monitor(s->sock, mon,
+                         ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0 ||
+      (s->monitor = zmq_socket(zctx, ZMQ_PAIR)) == NULL)
+    goto err;
+  zmq_setsockopt(s->monitor, ZMQ_LINGER, &zero, sizeof zero);
+  if (zmq_connect(s->monitor, mon) != 0 || zmq_bind(s->sock, o->endpoint) != 0)
     goto err;
   sz = cap;
   if (zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, bound, &sz) != 0)
-    snprintf(bound, cap, "%s", endpoint);
-  sz = sizeof fd;
-  if (zmq_getsockopt(s->sock, ZMQ_FD, &fd, &sz) != 0)
+    snprintf(bound, cap, "%s", o->endpoint);
+  if (zwatch_start(loop, s->sock, on_readable, s, &s->w) != GNMR_OK ||
+      zwatch_start(loop, s->monitor, on_monitor, s, &s->mw) != GNMR_OK)
     goto err;
-  uv_poll_init(loop, &s->poll, fd);
-  uv_idle_init(loop, &s->idle);
-  s->poll.data = s->idle.data = s;
-  uv_poll_start(&s->poll, UV_READABLE, poll_cb);
-  /* Messages may already be queued: the edge may have passed. */
-  uv_idle_start(&s->idle, idle_cb);
   *out = s;
   return GNMR_OK;
 err:
-  snprintf(err, errlen, "%s: %s", endpoint, zmq_strerror(zmq_errno()));
+  snprintf(err, errlen, "%s: %s", o->endpoint, zmq_strerror(zmq_errno()));
+  zwatch_close(s->w);
+  zwatch_close(s->mw);
+  if (s->monitor)
+    zmq_close(s->monitor);
   if (s->sock)
     zmq_close(s->sock);
   free(s);
@@ -145,21 +151,17 @@ int server_send(server *s, const void *id, size_t id_len, const void *data,
   return GNMR_OK;
 }
 
-static void close_cb(uv_handle_t *h) {
-  server *s = h->data;
-  if (--s->open_handles == 0)
-    free(s);
+void server_kick(server *s) {
+  if (s != NULL)
+    zwatch_kick(s->w);
 }
 
 void server_close(server *s) {
-  if (s == NULL || s->closing)
+  if (s == NULL)
     return;
-  s->closing = 1;
-  uv_poll_stop(&s->poll);
-  uv_idle_stop(&s->idle);
-  s->open_handles = 2;
-  uv_close((uv_handle_t *)&s->poll, close_cb);
-  uv_close((uv_handle_t *)&s->idle, close_cb);
-  zmq_close(s->sock); /* after the poll stopped; fd no longer watched */
-  s->sock = NULL;
+  zwatch_close(s->w);
+  zwatch_close(s->mw);
+  zmq_close(s->monitor); /* after their polls stopped */
+  zmq_close(s->sock);
+  free(s);
 }

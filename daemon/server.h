@@ -1,33 +1,45 @@
 /* SPDX-License-Identifier: MIT */
-/* server.h — a ZeroMQ ROUTER socket served from the libuv loop. ZMQ_FD is
- * an edge-triggered hint: on each wake-up the socket is drained while
- * ZMQ_EVENTS says POLLIN, at most SERVER_DRAIN_CAP messages per pass, the
- * rest continued from a uv_idle so one busy socket cannot starve the loop.
- * After sends, server_kick() re-checks the socket. Loop thread only. */
+/* server.h — a ZeroMQ ROUTER socket served from the libuv loop (through
+ * zwatch), optionally with CURVE: then a ZAP handler (zap.c) must be bound
+ * in the same context first, and ZAP is enforced, so a peer whose key it
+ * does not allow never connects. Handshake failures (plaintext peers,
+ * wrong server key, refused key) are reported through a socket monitor.
+ * Loop thread only. */
 #ifndef GNMRD_SERVER_H
 #define GNMRD_SERVER_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <uv.h>
-
-#define SERVER_DRAIN_CAP 64
 
 typedef struct server server;
 
-/* Called for each well-formed [identity][payload] message. */
+/* Called for each well-formed [identity][payload] message; user is the
+ * authenticated key's User-Id under CURVE, else NULL. */
 typedef void (*server_msg_cb)(server *s, const void *id, size_t id_len,
-                              const void *data, size_t len, void *ctx);
+                              const void *data, size_t len, const char *user,
+                              void *ctx);
 /* Called for each message that is not two frames (already discarded). */
 typedef void (*server_bad_cb)(server *s, void *ctx);
+/* Called for each failed handshake (may be NULL). */
+typedef void (*server_fail_cb)(server *s, void *ctx);
+
+typedef struct server_opts {
+  const char *endpoint;
+  int64_t max_msg;
+  const char *curve_secret; /* Z85 server secret key, or NULL: no CURVE */
+  server_msg_cb on_msg;
+  server_bad_cb on_bad;
+  server_fail_cb on_handshake_failed;
+  void *ctx;
+} server_opts;
 
 /* Binds a ROUTER socket (LINGER 0, ROUTER_MANDATORY, ROUTER_HANDOVER,
- * MAXMSGSIZE max_msg, heartbeats) to endpoint and watches it on loop.
- * The endpoint actually bound (wildcard port resolved) is copied to
- * bound (cap bytes). Returns 0 or GNMR_E_IO with errno-like detail in
- * err. On success *out is owned by the caller: server_close(). */
-int server_open(uv_loop_t *loop, void *zctx, const char *endpoint,
-                int64_t max_msg, server_msg_cb on_msg, server_bad_cb on_bad,
-                void *ctx, char *bound, size_t cap, char *err, size_t errlen,
+ * MAXMSGSIZE, heartbeats) and watches it on loop. The endpoint actually
+ * bound (wildcard port resolved) goes to bound. Returns 0 or GNMR_E_IO
+ * with a message in err; on success *out is the caller's: server_close(). */
+int server_open(uv_loop_t *loop, void *zctx, const server_opts *o,
+                char *bound, size_t cap, char *err, size_t errlen,
                 server **out);
 
 /* Sends [id][data] without blocking. Returns 0, or GNMR_E_CLOSED when the
@@ -38,8 +50,8 @@ int server_send(server *s, const void *id, size_t id_len, const void *data,
 /* Schedules a drain pass (call after sends from outside a drain). */
 void server_kick(server *s);
 
-/* Stops watching, closes the handles and then the socket. The struct is
- * freed from the handles' close callbacks: run the loop afterwards. */
+/* Stops watching and closes the sockets; memory goes with the loop's close
+ * callbacks: run the loop afterwards. NULL-safe. */
 void server_close(server *s);
 
 #endif /* GNMRD_SERVER_H */

@@ -3,15 +3,27 @@
  * a timeout, shared by gnmrctl's subcommands. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <zmq.h>
 
 #include "cli.h"
 #include "gnmr/error.h"
+#include "keys.h"
 
 /* Sends one admin request and waits for its reply. Returns the decoded
  * envelope (caller frees) or NULL with a message on stderr. */
-Gnmr__Envelope *cli_admin_call(const char *endpoint, Gnmr__Envelope *req,
+/* The server key: a Z85 key itself, or a file holding `public = KEY`. */
+static int server_key(const char *arg, char *key, char *err, size_t n) {
+  if (gnmr__key_valid(arg)) {
+    memcpy(key, arg, 41);
+    return 0;
+  }
+  return gnmr__key_file_read(arg, key, NULL, err, n);
+}
+
+Gnmr__Envelope *cli_admin_call(const cli_globals *g, Gnmr__Envelope *req,
                                int timeout_ms) {
+  const char *endpoint = cli_admin_endpoint(g);
   void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
   int zero = 0;
   uint8_t *buf = NULL;
@@ -19,6 +31,22 @@ Gnmr__Envelope *cli_admin_call(const char *endpoint, Gnmr__Envelope *req,
   Gnmr__Envelope *env = NULL;
   zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
   zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
+  if (g->server_key != NULL || g->key_file != NULL) {
+    char srv[41], pub[41], sec[41], err[300];
+    if (g->server_key == NULL || g->key_file == NULL) {
+      fprintf(stderr, "gnmrctl: CURVE needs both --curve-server-key and "
+                      "--key-file\n");
+      goto out;
+    }
+    if (server_key(g->server_key, srv, err, sizeof err) != 0 ||
+        gnmr__key_file_read(g->key_file, pub, sec, err, sizeof err) != 0) {
+      fprintf(stderr, "gnmrctl: %s\n", err);
+      goto out;
+    }
+    zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, srv, 41);
+    zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, pub, 41);
+    zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec, 41);
+  }
   if (zmq_connect(s, endpoint) != 0) {
     fprintf(stderr, "gnmrctl: %s: %s\n", endpoint, zmq_strerror(zmq_errno()));
     goto out;

@@ -9,15 +9,18 @@
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
 
 typedef struct cli_globals {
-  const char *admin; /* --admin ENDPOINT */
+  const char *admin;      /* --admin ENDPOINT */
+  const char *server_key; /* --curve-server-key KEY|FILE */
+  const char *key_file;   /* --key-file FILE: this client's key pair */
 } cli_globals;
 
 #include "wire.h"
 
-/* Sends req to the admin endpoint and waits up to timeout_ms for the
- * reply. Returns the decoded envelope (free with gnmr__wire_free) or NULL
- * after printing why on stderr. */
-Gnmr__Envelope *cli_admin_call(const char *endpoint, Gnmr__Envelope *req,
+/* Sends req to the admin endpoint (with CURVE when the globals give a
+ * server key) and waits up to timeout_ms for the reply. Returns the
+ * decoded envelope (free with gnmr__wire_free) or NULL after printing why
+ * on stderr. */
+Gnmr__Envelope *cli_admin_call(const cli_globals *g, Gnmr__Envelope *req,
                                int timeout_ms);
 
 /* The admin endpoint: --admin, $GNMR_ADMIN, or gnmrd's default. */
@@ -28,5 +31,6 @@ int cmd_replay(const cli_globals *g, int argc, char **argv);
 int cmd_stats(const cli_globals *g, int argc, char **argv);
 int cmd_query(const cli_globals *g, int argc, char **argv);
 int cmd_watch(const cli_globals *g, int argc, char **argv);
+int cmd_keygen(const cli_globals *g, int argc, char **argv);
 
 #endif /* GNMR_CLI_H */

@@ -242,7 +242,7 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
   req.body_case = GNMR__ENVELOPE__BODY_ADMIN_REQUEST;
   req.admin_request = &ar;
   Gnmr__Envelope *env =
-      cli_admin_call(cli_admin_endpoint(g), &req, (int)timeout);
+      cli_admin_call(g, &req, (int)timeout);
   if (env == NULL)
     return CLI_FAIL;
   int code = CLI_OK;

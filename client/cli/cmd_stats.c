@@ -51,7 +51,7 @@ int cmd_stats(const cli_globals *g, int argc, char **argv) {
   Gnmr__StatsRequest sr = GNMR__STATS_REQUEST__INIT;
   req.body_case = GNMR__ENVELOPE__BODY_STATS_REQUEST;
   req.stats_request = &sr;
-  Gnmr__Envelope *env = cli_admin_call(cli_admin_endpoint(g), &req, timeout);
+  Gnmr__Envelope *env = cli_admin_call(g, &req, timeout);
   if (env == NULL)
     return CLI_FAIL;
   int code = CLI_OK;

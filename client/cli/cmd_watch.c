@@ -30,7 +30,7 @@ static json_t *ask(const cli_globals *g, const char *cmd, const char *job,
   ar.limit = limit;
   req.body_case = GNMR__ENVELOPE__BODY_ADMIN_REQUEST;
   req.admin_request = &ar;
-  Gnmr__Envelope *env = cli_admin_call(cli_admin_endpoint(g), &req, 2000);
+  Gnmr__Envelope *env = cli_admin_call(g, &req, 2000);
   json_t *v = NULL;
   if (env == NULL)
     return NULL;

@@ -29,6 +29,7 @@ static const struct {
     {"export", cmd_query, "a job's whole history as JSON"},
     {"watch", cmd_watch, "a live view of a running job"},
     {"stats", cmd_stats, "show gnmrd's counters and live jobs"},
+    {"keygen", cmd_keygen, "write a CURVE key pair (PREFIX.key, PREFIX.pub)"},
 };
 
 const char *cli_admin_endpoint(const cli_globals *g) {
@@ -48,7 +49,8 @@ const char *cli_admin_endpoint(const cli_globals *g) {
 }
 
 static void usage(FILE *f) {
-  fputs("usage: gnmrctl [--admin ENDPOINT] COMMAND [ARGS]\n"
+  fputs("usage: gnmrctl [--admin ENDPOINT] [--curve-server-key KEY|FILE "
+        "--key-file FILE]\n               COMMAND [ARGS]\n"
         "       gnmrctl --version | --help\n\ncommands:\n",
         f);
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
@@ -57,9 +59,13 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-  cli_globals g = {.admin = getenv("GNMR_ADMIN")};
+  cli_globals g = {.admin = getenv("GNMR_ADMIN"),
+                   .server_key = getenv("GNMR_CURVE_SERVER_KEY"),
+                   .key_file = getenv("GNMR_KEY_FILE")};
   static const struct option longopts[] = {
       {"admin", required_argument, NULL, 'a'},
+      {"curve-server-key", required_argument, NULL, 's'},
+      {"key-file", required_argument, NULL, 'k'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {0},
@@ -70,6 +76,12 @@ int main(int argc, char **argv) {
     switch (c) {
     case 'a':
       g.admin = optarg;
+      break;
+    case 's':
+      g.server_key = optarg;
+      break;
+    case 'k':
+      g.key_file = optarg;
       break;
     case 'h':
       usage(stdout);

@@ -52,6 +52,11 @@ typedef struct gnmr_agent_config {
   uint32_t barrier_ms;    /* daemon waits at most this for a step; 0 = 1000 */
   uint32_t fallback_route;/* route when no fresh decision: GNMR_ROUTE_LOW */
   uint32_t fallback_after;/* steps a stale decision is still used; 0 = 3 */
+  /* CURVE (all three, as 40-character Z85 strings, or none): gnmrd's public
+   * key and this agent's key pair (gnmrctl keygen writes them). */
+  const char *curve_server_key;
+  const char *curve_public_key;
+  const char *curve_secret_key;
 } gnmr_agent_config;
 
 /* One tensor of a report: host memory, numel elements of dtype, belonging
@@ -97,7 +102,9 @@ GNMR_EXPORT int gnmr_agent_open(const gnmr_agent_config *cfg,
  *   GNMR_FALLBACK_ROUTE  fallback_route    GNMR_WARMUP_STEPS   params.warmup_steps
  *                        ("low"/"high")    GNMR_EARLY_ALPHA    params.early_alpha
  *   GNMR_FALLBACK_AFTER  fallback_after    GNMR_EARLY_BETA     params.early_beta
- *                                          GNMR_EARLY_STEPS    params.early_steps
+ *   GNMR_CURVE_SERVER_KEY curve_server_key GNMR_EARLY_STEPS    params.early_steps
+ *   GNMR_CURVE_PUBLIC_KEY curve_public_key
+ *   GNMR_CURVE_SECRET_KEY curve_secret_key
  *
  * String fields point into the environment (keep it unchanged while cfg is
  * used). Returns 0, or GNMR_E_INVAL with the variable's name in bad_var

@@ -1,0 +1,290 @@
+/* SPDX-License-Identifier: MIT */
+/* test_security.c — CURVE: gnmrctl keygen, a daemon that lets in only the
+ * listed keys (an allowed key is served; an unknown key, a plaintext peer
+ * and a peer with the wrong server key are refused and counted), a rank
+ * bound to the key it joined with, gnmrctl with and without keys, and the
+ * refusal to serve a non-loopback endpoint without CURVE. */
+#include <sys/stat.h>
+#include <zmq.h>
+
+#include "gnmr/agent.h"
+#include "keys.h"
+#include "testutil.h"
+
+typedef struct keypair {
+  char pub[41], sec[41], path[160];
+} keypair;
+
+static keypair keygen(const char *dir, const char *name) {
+  keypair k;
+  char prefix[140];
+  snprintf(prefix, sizeof prefix, "%s/%s", dir, name);
+  char *argv[] = {"gnmrctl", "keygen", prefix, NULL};
+  run_result r = tu_run("gnmrctl", argv, NULL);
+  ck_assert_msg(r.code == 0, "keygen: %s", r.err);
+  snprintf(k.path, sizeof k.path, "%s.key", prefix);
+  char err[256];
+  ck_assert_int_eq(gnmr__key_file_read(k.path, k.pub, k.sec, err, sizeof err),
+                   GNMR_OK);
+  ck_assert(strncmp(r.out, k.pub, 40) == 0); /* it printed the public key */
+  tu_run_free(&r);
+  return k;
+}
+
+START_TEST(keygen_writes_a_private_pair_and_never_overwrites) {
+  const char *dir = tu_tmpdir();
+  keypair k = keygen(dir, "node");
+  struct stat st;
+  ck_assert_int_eq(stat(k.path, &st), 0);
+  ck_assert_int_eq(st.st_mode & 0777, 0600);
+  char pub_path[200], pub[41], err[256];
+  snprintf(pub_path, sizeof pub_path, "%s/node.pub", dir);
+  ck_assert_int_eq(gnmr__key_file_read(pub_path, pub, NULL, err, sizeof err),
+                   GNMR_OK);
+  ck_assert_str_eq(pub, k.pub);
+  /* a public file has no secret */
+  char sec[41];
+  ck_assert_int_eq(gnmr__key_file_read(pub_path, NULL, sec, err, sizeof err),
+                   GNMR_E_PARSE);
+  ck_assert_ptr_nonnull(strstr(err, "no 'secret = KEY' line"));
+  char prefix[140];
+  snprintf(prefix, sizeof prefix, "%s/node", dir);
+  char *again[] = {"gnmrctl", "keygen", prefix, NULL};
+  run_result r = tu_run("gnmrctl", again, NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_ptr_nonnull(strstr(r.err, "File exists (not overwritten)"));
+  tu_run_free(&r);
+  char *none[] = {"gnmrctl", "keygen", NULL};
+  r = tu_run("gnmrctl", none, NULL);
+  ck_assert_int_eq(r.code, 2);
+  tu_run_free(&r);
+  /* malformed key files */
+  const char *bad = "public = tooshort\n";
+  char bad_path[200];
+  snprintf(bad_path, sizeof bad_path, "%s/bad.key", dir);
+  tu_write_file(bad_path, bad);
+  ck_assert_int_eq(gnmr__key_file_read(bad_path, pub, NULL, err, sizeof err),
+                   GNMR_E_PARSE);
+  ck_assert_ptr_nonnull(strstr(err, ":1: not a 40-character Z85"));
+  tu_rmrf(dir);
+}
+END_TEST
+
+static gnmr_agent *curve_agent(const char *ep, const char *job,
+                               const char *server_pub, const keypair *k) {
+  static const char *names[] = {"a", "b"};
+  gnmr_agent_config c = {0};
+  c.endpoint = ep;
+  c.job = job;
+  c.reporters = 1;
+  c.unit_names = names;
+  c.n_units = 2;
+  gnmr_params_default(&c.params);
+  c.params.warmup_steps = 0;
+  if (k != NULL) {
+    c.curve_server_key = server_pub;
+    c.curve_public_key = k->pub;
+    c.curve_secret_key = k->sec;
+  }
+  gnmr_agent *a;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  return a;
+}
+
+/* Whether the agent joins within ms. */
+static int joins(gnmr_agent *a, int ms) {
+  for (int i = 0; i < ms / 20 && !gnmr_agent_joined(a); i++)
+    tu_sleep_ms(20);
+  return gnmr_agent_joined(a);
+}
+
+static run_result ctl_keys(const tu_daemon *d, const char *server_pub,
+                           const char *key_file) {
+  char admin[300];
+  snprintf(admin, sizeof admin, "--admin=%s", d->admin);
+  char *argv[10];
+  int n = 0;
+  argv[n++] = "gnmrctl";
+  argv[n++] = admin;
+  if (server_pub) {
+    argv[n++] = "--curve-server-key";
+    argv[n++] = (char *)server_pub;
+  }
+  if (key_file) {
+    argv[n++] = "--key-file";
+    argv[n++] = (char *)key_file;
+  }
+  argv[n++] = "stats";
+  argv[n++] = "--timeout-ms";
+  argv[n++] = "1000";
+  argv[n] = NULL;
+  return tu_run("gnmrctl", argv, NULL);
+}
+
+static long long counter_of(const char *stats, const char *name) {
+  char key[64];
+  snprintf(key, sizeof key, "%s ", name);
+  const char *p = strstr(stats, key);
+  return p ? strtoll(p + strlen(key), NULL, 10) : -1;
+}
+
+START_TEST(only_listed_keys_are_served_and_refusals_are_counted) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  keypair server = keygen(d.dir, "server"), agent = keygen(d.dir, "agent"),
+          client = keygen(d.dir, "client"), stranger = keygen(d.dir, "x");
+  char allow[300], allow_path[200];
+  snprintf(allow, sizeof allow, "# allowed keys\n%s agent-node-1\n%s ops\n",
+           agent.pub, client.pub);
+  snprintf(allow_path, sizeof allow_path, "%s/allowed", d.dir);
+  tu_write_file(allow_path, allow);
+  char *extra[] = {"--curve-key", server.path, "--curve-allow", allow_path,
+                   NULL};
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
+
+  /* an allowed key is served */
+  gnmr_agent *good = curve_agent(d.agents, "secure", server.pub, &agent);
+  double s[2] = {1, 4};
+  for (uint64_t t = 1; t <= 5; t++) {
+    ck_assert_int_eq(gnmr_agent_report_sums(good, t, s, NULL, NULL), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(good, t, 5000), GNMR_OK);
+  }
+  /* an unknown key, a plaintext peer, a wrong server key: never let in */
+  gnmr_agent *unknown = curve_agent(d.agents, "intruder", server.pub,
+                                    &stranger);
+  gnmr_agent *plain = curve_agent(d.agents, "intruder", NULL, NULL);
+  gnmr_agent *wrong = curve_agent(d.agents, "intruder", client.pub, &agent);
+  ck_assert(!joins(unknown, 1000));
+  ck_assert(!joins(plain, 200));
+  ck_assert(!joins(wrong, 200));
+  /* another allowed key cannot take over the good agent's rank */
+  gnmr_agent *thief = curve_agent(d.agents, "secure", server.pub, &client);
+  ck_assert(!joins(thief, 1000));
+  gnmr_agent_stats st;
+  gnmr_agent_stats_get(thief, &st);
+  ck_assert_int_eq(st.last_error, GNMR_E_MISMATCH);
+
+  /* gnmrctl with its allowed key works; the counters saw each refusal */
+  run_result r = ctl_keys(&d, server.pub, client.path);
+  ck_assert_msg(r.code == 0, "stats with keys: %s", r.err);
+  ck_assert_int_ge(counter_of(r.out, "auth_denied"), 1);
+  ck_assert_int_ge(counter_of(r.out, "handshake_failures"), 2);
+  ck_assert_int_ge(counter_of(r.out, "steps_decided"), 5);
+  tu_run_free(&r);
+  /* a server key given as the .pub file works too */
+  char pub_file[200];
+  snprintf(pub_file, sizeof pub_file, "%s/server.pub", d.dir);
+  r = ctl_keys(&d, pub_file, client.path);
+  ck_assert_int_eq(r.code, 0);
+  tu_run_free(&r);
+  /* without keys, or with a key not listed: no answer */
+  r = ctl_keys(&d, NULL, NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_ptr_nonnull(strstr(r.err, "no answer from gnmrd"));
+  tu_run_free(&r);
+  r = ctl_keys(&d, server.pub, stranger.path);
+  ck_assert_int_eq(r.code, 1);
+  tu_run_free(&r);
+  r = ctl_keys(&d, server.pub, NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_ptr_nonnull(strstr(r.err, "needs both"));
+  tu_run_free(&r);
+
+  gnmr_agent_close(&good);
+  gnmr_agent_close(&unknown);
+  gnmr_agent_close(&plain);
+  gnmr_agent_close(&wrong);
+  gnmr_agent_close(&thief);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  char *log = tu_daemon_log(&d);
+  ck_assert_ptr_nonnull(strstr(log, "AUTH-DENY refused CURVE client key"));
+  ck_assert_ptr_nonnull(strstr(log, "CURVE on; server public key"));
+  free(log);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(curve_setup_errors_and_network_endpoints_without_curve) {
+  const char *dir = tu_tmpdir();
+  keypair server = keygen(dir, "server");
+  char data[128], empty[200];
+  snprintf(data, sizeof data, "%s/data", dir);
+  snprintf(empty, sizeof empty, "%s/empty", dir);
+  tu_write_file(empty, "# nobody\n");
+  static const struct {
+    const char *args[8];
+    const char *err;
+  } cases[] = {
+      {{"--curve-key", "KEY", NULL}, "needs both curve_key_file and "
+                                     "curve_allow_file"},
+      {{"--curve-key", "KEY", "--curve-allow", "EMPTY", NULL},
+       "no key listed: nobody could connect"},
+      {{"--curve-key", "/nonexistent.key", "--curve-allow", "EMPTY", NULL},
+       "/nonexistent.key: No such file"},
+      {{"--agents", "tcp://0.0.0.0:*", NULL},
+       "refusing to serve tcp://0.0.0.0:* without CURVE"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *argv[16] = {"gnmrd", "--data-dir", data, "--admin",
+                      "tcp://127.0.0.1:*"};
+    int n = 5;
+    for (int k = 0; cases[i].args[k]; k++) {
+      const char *a = cases[i].args[k];
+      argv[n++] = strcmp(a, "KEY") == 0     ? server.path
+                  : strcmp(a, "EMPTY") == 0 ? empty
+                                            : (char *)a;
+    }
+    argv[n] = NULL;
+    run_result r = tu_run("gnmrd", argv, NULL);
+    ck_assert_msg(r.code == 2, "case %zu: exit %d: %s", i, r.code, r.err);
+    ck_assert_msg(strstr(r.err, cases[i].err) != NULL, "case %zu: %s", i,
+                  r.err);
+    tu_run_free(&r);
+  }
+  /* --insecure lets an operator serve a network endpoint in the clear */
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", dir);
+  char *insecure[] = {"--insecure", NULL};
+  tu_daemon_start_in(&d, "tcp://0.0.0.0:*", NULL, d.dir, insecure);
+  ck_assert_ptr_nonnull(strstr(d.agents, "tcp://0.0.0.0:"));
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(dir);
+}
+END_TEST
+
+START_TEST(agent_refuses_partial_or_malformed_curve_settings) {
+  static const char *names[] = {"a"};
+  gnmr_agent_config c = {0};
+  gnmr_agent *a;
+  char pub[41], sec[41];
+  ck_assert_int_eq(zmq_curve_keypair(pub, sec), 0);
+  c.endpoint = "tcp://127.0.0.1:1";
+  c.job = "j";
+  c.reporters = 1;
+  c.unit_names = names;
+  c.n_units = 1;
+  gnmr_params_default(&c.params);
+  c.curve_server_key = pub; /* one of three */
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_INVAL);
+  c.curve_public_key = pub;
+  c.curve_secret_key = "not a key";
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_INVAL);
+  c.curve_secret_key = sec;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  gnmr_agent_close(&a);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("security");
+  TCase *tc = tcase_create("curve");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, keygen_writes_a_private_pair_and_never_overwrites);
+  tcase_add_test(tc, only_listed_keys_are_served_and_refusals_are_counted);
+  tcase_add_test(tc, curve_setup_errors_and_network_endpoints_without_curve);
+  tcase_add_test(tc, agent_refuses_partial_or_malformed_curve_settings);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return tu_check_main(suite()); }
