@@ -43,7 +43,7 @@ ZMQ_LIBS = $(shell pkg-config --libs libzmq 2>/dev/null || echo -lzmq)
 PBC_LIBS = $(shell pkg-config --libs libprotobuf-c 2>/dev/null || echo -lprotobuf-c)
 UV_LIBS = $(shell pkg-config --libs libuv 2>/dev/null || echo -luv)
 DB_LIBS = $(shell pkg-config --libs sqlite3 jansson 2>/dev/null || echo -lsqlite3 -ljansson)
-DAEMON_LIBS = $(shell pkg-config --libs inih libsystemd 2>/dev/null || echo -linih -lsystemd)
+DAEMON_LIBS = $(shell pkg-config --libs inih libsystemd libmicrohttpd 2>/dev/null || echo -linih -lsystemd -lmicrohttpd)
 NET_LIBS = $(ZMQ_LIBS) $(PBC_LIBS)
 
 # ---- sources -----------------------------------------------------------

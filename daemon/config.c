@@ -14,7 +14,7 @@
 #include "num.h"
 #include "policy_opts.h"
 
-enum kind { K_PATH, K_ENDPOINT, K_LEVEL, K_U64, K_BOOL, K_POLICY };
+enum kind { K_PATH, K_ENDPOINT, K_ADDR, K_LEVEL, K_U64, K_BOOL, K_POLICY };
 
 static const struct {
   const char *section, *key;
@@ -25,6 +25,7 @@ static const struct {
     {"gnmrd", "data_dir", K_PATH, offsetof(gnmrd_config, data_dir), 0, 0},
     {"gnmrd", "agents", K_ENDPOINT, offsetof(gnmrd_config, agents), 0, 0},
     {"gnmrd", "admin", K_ENDPOINT, offsetof(gnmrd_config, admin), 0, 0},
+    {"gnmrd", "metrics", K_ADDR, offsetof(gnmrd_config, metrics), 0, 0},
     {"gnmrd", "log_level", K_LEVEL, offsetof(gnmrd_config, log_level), 0, 0},
     {"gnmrd", "max_msg", K_U64, offsetof(gnmrd_config, max_msg), 1024,
      INT64_MAX},
@@ -94,6 +95,17 @@ int config_set(gnmrd_config *c, const char *section, const char *key,
       }
       snprintf(field, 1024, "%s", value);
       return GNMR_OK;
+    case K_ADDR: {
+      unsigned port;
+      const char *colon = strrchr(value, ':');
+      if (strlen(value) >= 256 || colon == NULL || colon == value ||
+          sscanf(colon + 1, "%u", &port) != 1 || port > 65535) {
+        snprintf(err, errlen, "key '%s': '%s' is not HOST:PORT", key, value);
+        return GNMR_E_PARSE;
+      }
+      snprintf(field, 256, "%s", value);
+      return GNMR_OK;
+    }
     case K_LEVEL:
       if (gnmr__log_parse_level(value, (int *)(void *)field) != GNMR_OK) {
         snprintf(err, errlen, "key '%s': '%s' is not error, warn, info or "

@@ -14,6 +14,7 @@ typedef struct gnmrd_config {
   char data_dir[1024];
   char agents[1024];
   char admin[1024];
+  char metrics[256];     /* HOST:PORT of the Prometheus endpoint, or "" */
   int log_level;
   uint64_t max_msg;
   uint64_t snapshot_every;

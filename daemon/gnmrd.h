@@ -14,6 +14,8 @@
 
 typedef struct job job;
 
+#define GNMRD_LAT_BUCKETS 15 /* see METRICS_LATENCY_BUCKETS */
+
 typedef struct gnmrd {
   uv_loop_t *loop;
   void *zctx;
@@ -26,6 +28,10 @@ typedef struct gnmrd {
   const gnmrd_config *cfg;
   uv_timer_t watchdog;  /* systemd watchdog pings (notify.c) */
   struct zap *zap;      /* the ZAP handler, under CURVE */
+  struct metrics *metrics;
+  uint64_t lat_buckets[GNMRD_LAT_BUCKETS]; /* decision latency histogram */
+  uint64_t lat_count;
+  double lat_sum;
   int stopping;
 } gnmrd;
 
@@ -47,6 +53,13 @@ job *jobs_find(gnmrd *d, const char *name);
  * step; all or nothing. Returns 0 or an error with a message in err. */
 int jobs_set_params(job *j, char **settings, size_t n, char *err,
                     size_t errlen);
+/* A job's gauges for the metrics endpoint. */
+typedef struct jobs_metrics {
+  uint64_t step;
+  uint32_t active, units;
+} jobs_metrics;
+void jobs_get_metrics(gnmrd *d, const char *name, jobs_metrics *m);
+
 /* Read-only views for the admin service. */
 struct json_t;
 struct json_t *jobs_status_json(job *j);

@@ -16,6 +16,7 @@
 
 #include "gnmr/error.h"
 #include "gnmrd.h"
+#include "metrics.h"
 #include "policy_opts.h"
 #include "validate.h"
 #include "log.h"
@@ -48,6 +49,7 @@ typedef struct held_report {
 typedef struct pending {
   uint64_t step;
   uint64_t first_ms;         /* loop time of the first report */
+  uint64_t first_ns;         /* uv_hrtime() of the first report */
   uint64_t deadline;         /* loop time (ms) */
   uint32_t got;
   held_report *by_rank;      /* reporters entries; sumsq NULL = not yet */
@@ -438,6 +440,7 @@ static void decide(job *j, pending *p, int by_deadline) {
     if (by_deadline)
       d->c.deadline_decisions++;
     put_step(j, p, &res, missing, by_deadline);
+    metrics_observe_decision(d, (double)(uv_hrtime() - p->first_ns) * 1e-9);
   }
   j->last_decided = p->step;
   pending_clear(j, p);
@@ -745,6 +748,7 @@ static pending *find_or_add_pending(job *j, uint64_t step) {
   p->got = 0;
   p->by_rank = by_rank;
   p->first_ms = uv_now(j->d->loop);
+  p->first_ns = uv_hrtime();
   p->deadline = p->first_ms + j->barrier_ms;
   return p;
 }
@@ -1150,4 +1154,18 @@ json_t *jobs_units_json(job *j, uint32_t top) {
   free(order);
   free(s);
   return arr;
+}
+
+void jobs_get_metrics(gnmrd *d, const char *name, jobs_metrics *m) {
+  job *j = jobs_find(d, name);
+  memset(m, 0, sizeof *m);
+  if (j == NULL)
+    return;
+  m->step = j->last_decided;
+  m->units = j->n_units;
+  for (uint32_t u = 0; u < j->n_units; u++) {
+    policy_unit_info info;
+    if (policy_unit(j->pol, u, &info) == GNMR_OK && info.active)
+      m->active++;
+  }
 }

@@ -18,6 +18,7 @@
 #include "gnmrd.h"
 #include "log.h"
 #include "keys.h"
+#include "metrics.h"
 #include "notify.h"
 #include "zap.h"
 
@@ -31,6 +32,7 @@ static const char usage[] =
     "             [--log-level error|warn|info|debug] [--max-msg BYTES]\n"
     "             [--snapshot-every STEPS] [--retain-steps STEPS]\n"
     "             [--curve-key FILE --curve-allow FILE] [--insecure]\n"
+    "             [--metrics HOST:PORT]\n"
     "  Runs in the foreground; stops cleanly on SIGTERM or SIGINT.\n"
     "  Endpoints are ZeroMQ addresses: ipc:///path or tcp://HOST:PORT\n"
     "  (tcp://127.0.0.1:* picks a free port; the bound one is printed).\n"
@@ -47,6 +49,7 @@ static const char usage[] =
     "  --curve-key FILE (the server's key pair, gnmrctl keygen) and\n"
     "  --curve-allow FILE (allowed public keys, one per line) turn CURVE\n"
     "  on; a non-loopback TCP endpoint without CURVE needs --insecure.\n"
+    "  --metrics HOST:PORT serves Prometheus text at /metrics.\n"
     "  Under systemd (Type=notify) it reports READY, STOPPING and pings\n"
     "  the watchdog from its loop.\n";
 
@@ -145,6 +148,7 @@ int main(int argc, char **argv) {
       {"max-msg", required_argument, NULL, 'x'},
       {"snapshot-every", required_argument, NULL, 's'},
       {"retain-steps", required_argument, NULL, 'r'},
+      {"metrics", required_argument, NULL, 'M'},
       {"curve-key", required_argument, NULL, 'k'},
       {"curve-allow", required_argument, NULL, 'w'},
       {"insecure", no_argument, NULL, 'I'},
@@ -162,7 +166,8 @@ int main(int argc, char **argv) {
                    {'m', "admin"},     {'l', "log_level"},
                    {'x', "max_msg"},   {'s', "snapshot_every"},
                    {'r', "retain_steps"}, {'k', "curve_key_file"},
-                   {'w', "curve_allow_file"}, {'I', "insecure"}};
+                   {'w', "curve_allow_file"}, {'I', "insecure"},
+                   {'M', "metrics"}};
   flag flags[16];
   int n_flags = 0, c, code = 1;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -331,6 +336,13 @@ int main(int argc, char **argv) {
   }
   if (curve)
     LOG(INFO, "CURVE", "CURVE on; server public key %s", curve_pub);
+  char bound_metrics[300] = "";
+  if (cfg.metrics[0] != '\0' &&
+      metrics_open(&d, cfg.metrics, bound_metrics, sizeof bound_metrics, err,
+                   sizeof err) != GNMR_OK) {
+    LOG(ERROR, "METRICS", "%s", err);
+    goto out;
+  }
   uv_signal_init(&loop, &sigterm);
   uv_signal_init(&loop, &sigint);
   sigterm.data = sigint.data = &d;
@@ -340,6 +352,8 @@ int main(int argc, char **argv) {
 
   printf("gnmrd %s: data %s\ngnmrd: agents %s\ngnmrd: admin %s\n",
          GNMR_VERSION, data_dir, bound_agents, bound_admin);
+  if (bound_metrics[0] != '\0')
+    printf("gnmrd: metrics %s\n", bound_metrics);
   fflush(stdout);
   LOG(INFO, "START", "serving agents on %s, admin on %s", bound_agents,
       bound_admin);
@@ -350,6 +364,7 @@ int main(int argc, char **argv) {
 out:
   jobs_snapshot_all(&d);
   jobs_shutdown(&d);
+  metrics_close(&d);
   server_close(d.agents);
   server_close(d.admin);
   zap_close(d.zap);
@@ -357,6 +372,7 @@ out:
   uv_walk(&loop, close_walk, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);
+  metrics_free(&d);
   store_close(&d.st); /* commits everything queued, snapshots included */
   zmq_ctx_term(d.zctx);
   close(lock_fd);

@@ -37,6 +37,7 @@ struct store {
   uint64_t queued;
   int stop;
   atomic_uint_fast64_t records, batches, errors, dropped;
+  atomic_uint_fast64_t commit_buckets[15], commit_ns; /* commit times */
   /* Test hook: GNMR_STORE_FAULT=full:T or readonly:T makes the database
    * full (max_page_count pinned to its size: SQLITE_FULL) or read-only
    * (query_only: SQLITE_READONLY) for T ms after open, so that commits
@@ -514,6 +515,8 @@ static void *writer_main(void *arg) {
       exec(s->db, pragma, NULL, 0);
     }
     char err[256] = "";
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_MONOTONIC, &c0);
     int rv = exec(s->db, "BEGIN IMMEDIATE", err, sizeof err);
     for (store_rec *r = batch; rv == GNMR_OK && r; r = r->next) {
       rv = apply(s, r);
@@ -556,6 +559,20 @@ static void *writer_main(void *arg) {
       continue;
     }
     backoff_ms = 0;
+    clock_gettime(CLOCK_MONOTONIC, &c1);
+    {
+      static const double le[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                  0.005,  0.01,    0.025,  0.05,  0.1,
+                                  0.25,   0.5,     1,      2.5,   5};
+      uint64_t ns = (uint64_t)(c1.tv_sec - c0.tv_sec) * 1000000000u +
+                    (uint64_t)(c1.tv_nsec - c0.tv_nsec);
+      int b = 0;
+      while (b < 15 && (double)ns * 1e-9 > le[b])
+        b++;
+      if (b < 15)
+        atomic_fetch_add(&s->commit_buckets[b], 1);
+      atomic_fetch_add(&s->commit_ns, ns);
+    }
     atomic_fetch_add(&s->batches, 1);
     atomic_fetch_add(&s->records, n);
     while (batch) {
@@ -671,6 +688,14 @@ void store_put(store *s, store_rec *r) {
   s->queued++;
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
+}
+
+void store_commit_histogram(store *s, uint64_t *buckets, uint64_t *count,
+                            double *sum) {
+  for (int i = 0; i < 15; i++)
+    buckets[i] = atomic_load(&s->commit_buckets[i]);
+  *count = atomic_load(&s->batches);
+  *sum = (double)atomic_load(&s->commit_ns) * 1e-9;
 }
 
 uint32_t store_snapshot_every(const store *s) { return s->snapshot_every; }

@@ -87,6 +87,11 @@ void store_put(store *s, store_rec *r);
 store_rec *store_rec_new(int kind, const char *job);
 void store_rec_free(store_rec *r);
 
+/* The commit-time histogram: counts per bucket of METRICS_LATENCY_BUCKETS
+ * (15), total count and sum of seconds. Any thread. */
+void store_commit_histogram(store *s, uint64_t *buckets, uint64_t *count,
+                            double *sum);
+
 uint32_t store_snapshot_every(const store *s);
 const char *store_path(const store *s);
 void store_get_stats(store *s, store_stats *st);

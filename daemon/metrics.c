@@ -1,0 +1,302 @@
+/* SPDX-License-Identifier: MIT */
+/* metrics.c — the Prometheus text exposition (format 0.0.4) of gnmrd's
+ * counters, decision-latency and store-commit histograms, store queue and
+ * per-job gauges. libmicrohttpd runs with MHD_USE_EPOLL and no thread of
+ * its own: the loop polls its epoll fd and calls MHD_run(), plus a timer
+ * for connection timeouts. */
+#include "metrics.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gnmr/error.h"
+#include "log.h"
+
+struct metrics {
+  struct MHD_Daemon *mhd;
+  uv_poll_t poll;
+  uv_timer_t timer;
+  int open_handles;
+};
+
+/* A growable text buffer. */
+typedef struct text {
+  char *p;
+  size_t len, cap;
+  int oom;
+} text;
+
+static void put(text *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void put(text *t, const char *fmt, ...) {
+  va_list ap;
+  for (;;) {
+    va_start(ap, fmt);
+    int n = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0,
+                      fmt, ap);
+    va_end(ap);
+    if (n < 0 || t->oom)
+      return;
+    if (t->p && t->len + (size_t)n < t->cap) {
+      t->len += (size_t)n;
+      return;
+    }
+    size_t cap = t->cap ? t->cap * 2 : 8192;
+    while (cap < t->len + (size_t)n + 1)
+      cap *= 2;
+    char *np = realloc(t->p, cap);
+    if (np == NULL) {
+      t->oom = 1;
+      return;
+    }
+    t->p = np;
+    t->cap = cap;
+  }
+}
+
+/* A label value with \, " and newline escaped. */
+static const char *label(const char *s, char *buf, size_t cap) {
+  size_t k = 0;
+  for (; *s && k + 3 < cap; s++) {
+    if (*s == '\\' || *s == '"') {
+      buf[k++] = '\\';
+      buf[k++] = *s;
+    } else if (*s == '\n') {
+      buf[k++] = '\\';
+      buf[k++] = 'n';
+    } else {
+      buf[k++] = *s;
+    }
+  }
+  buf[k] = '\0';
+  return buf;
+}
+
+static void counter(text *t, const char *name, const char *help,
+                    uint64_t v) {
+  put(t, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name,
+      (unsigned long long)v);
+}
+
+static void histogram(text *t, const char *name, const char *help,
+                      const uint64_t *buckets, uint64_t count, double sum) {
+  static const double le[] = METRICS_LATENCY_BUCKETS;
+  uint64_t cum = 0;
+  put(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+  for (int i = 0; i < METRICS_N_BUCKETS; i++) {
+    cum += buckets[i];
+    put(t, "%s_bucket{le=\"%g\"} %llu\n", name, le[i],
+        (unsigned long long)cum);
+  }
+  put(t, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name,
+      (unsigned long long)count, name, sum, name, (unsigned long long)count);
+}
+
+static void render(gnmrd *d, text *t) {
+  const gnmrd_counters *c = &d->c;
+  const char *jobs[1024];
+  size_t n_jobs = jobs_names(d, jobs, 1024);
+  store_stats ss = {0};
+  if (d->st)
+    store_get_stats(d->st, &ss);
+  put(t, "# HELP gnmr_jobs Jobs being served.\n# TYPE gnmr_jobs gauge\n"
+         "gnmr_jobs %zu\n", n_jobs);
+  counter(t, "gnmr_jobs_created_total", "Jobs created by a first Hello.",
+          c->jobs_created);
+  counter(t, "gnmr_steps_decided_total", "Steps decided.", c->steps_decided);
+  counter(t, "gnmr_deadline_decisions_total",
+          "Steps decided by the barrier deadline.", c->deadline_decisions);
+  counter(t, "gnmr_reports_total", "Reports accepted.", c->reports);
+  counter(t, "gnmr_late_reports_total",
+          "Reports for steps already decided (dropped).", c->late_reports);
+  counter(t, "gnmr_missing_unit_steps_total",
+          "Unit-steps decided with a shard missing.", c->missing_units);
+  counter(t, "gnmr_decisions_sent_total", "Decisions sent to ranks.",
+          c->decisions_sent);
+  counter(t, "gnmr_send_failures_total",
+          "Messages not sent (peer gone or queue full).", c->send_failures);
+  put(t, "# HELP gnmr_rejected_total Messages refused or dropped, by "
+         "reason.\n# TYPE gnmr_rejected_total counter\n");
+  const struct {
+    const char *reason;
+    uint64_t v;
+  } rej[] = {{"bad_frames", c->bad_frames},
+             {"decode", c->decode_errors},
+             {"version", c->version_errors},
+             {"unsupported", c->unsupported},
+             {"hello", c->hellos_refused},
+             {"report", c->reports_refused},
+             {"unknown_agent", c->unknown_agent},
+             {"duplicate", c->duplicate_reports},
+             {"future", c->future_reports}};
+  for (size_t i = 0; i < sizeof rej / sizeof rej[0]; i++)
+    put(t, "gnmr_rejected_total{reason=\"%s\"} %llu\n", rej[i].reason,
+        (unsigned long long)rej[i].v);
+  put(t, "# HELP gnmr_auth_failures_total Peers refused by CURVE, by kind.\n"
+         "# TYPE gnmr_auth_failures_total counter\n"
+         "gnmr_auth_failures_total{kind=\"denied\"} %llu\n"
+         "gnmr_auth_failures_total{kind=\"handshake\"} %llu\n",
+      (unsigned long long)c->auth_denied,
+      (unsigned long long)c->handshake_failures);
+  histogram(t, "gnmr_decision_latency_seconds",
+            "From a step's first report to its decision.", d->lat_buckets,
+            d->lat_count, d->lat_sum);
+  put(t, "# HELP gnmr_store_queue_depth Records waiting for the store.\n"
+         "# TYPE gnmr_store_queue_depth gauge\ngnmr_store_queue_depth %llu\n",
+      (unsigned long long)ss.queued);
+  counter(t, "gnmr_store_records_total", "Records committed.", ss.records);
+  counter(t, "gnmr_store_errors_total", "Failed commits (retried).",
+          ss.errors);
+  counter(t, "gnmr_store_dropped_total", "Records lost: store queue full.",
+          ss.dropped);
+  if (d->st) {
+    uint64_t b[METRICS_N_BUCKETS], count;
+    double sum;
+    store_commit_histogram(d->st, b, &count, &sum);
+    histogram(t, "gnmr_store_commit_seconds", "Time of one batch commit.", b,
+              count, sum);
+  }
+  put(t, "# HELP gnmr_job_step Last decided step of a job.\n"
+         "# TYPE gnmr_job_step gauge\n");
+  char lb[300];
+  for (size_t i = 0; i < n_jobs; i++) {
+    jobs_metrics m;
+    jobs_get_metrics(d, jobs[i], &m);
+    put(t, "gnmr_job_step{job=\"%s\"} %llu\n", label(jobs[i], lb, sizeof lb),
+        (unsigned long long)m.step);
+  }
+  put(t, "# HELP gnmr_job_active_units Units on the recovery path.\n"
+         "# TYPE gnmr_job_active_units gauge\n");
+  for (size_t i = 0; i < n_jobs; i++) {
+    jobs_metrics m;
+    jobs_get_metrics(d, jobs[i], &m);
+    put(t, "gnmr_job_active_units{job=\"%s\"} %u\n",
+        label(jobs[i], lb, sizeof lb), m.active);
+  }
+  put(t, "# HELP gnmr_job_units Units of a job.\n"
+         "# TYPE gnmr_job_units gauge\n");
+  for (size_t i = 0; i < n_jobs; i++) {
+    jobs_metrics m;
+    jobs_get_metrics(d, jobs[i], &m);
+    put(t, "gnmr_job_units{job=\"%s\"} %u\n", label(jobs[i], lb, sizeof lb),
+        m.units);
+  }
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
+                                  const char *url, const char *method,
+                                  const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls) {
+  gnmrd *d = cls;
+  struct MHD_Response *r;
+  enum MHD_Result rv;
+  (void)version;
+  (void)upload;
+  (void)upload_size;
+  (void)con_cls;
+  if (strcmp(method, "GET") != 0 || strcmp(url, "/metrics") != 0) {
+    static const char nf[] = "not found: GET /metrics\n";
+    r = MHD_create_response_from_buffer(sizeof nf - 1, (void *)nf,
+                                        MHD_RESPMEM_PERSISTENT);
+    rv = MHD_queue_response(conn, MHD_HTTP_NOT_FOUND, r);
+    MHD_destroy_response(r);
+    return rv;
+  }
+  text t = {0};
+  render(d, &t);
+  if (t.oom || t.p == NULL) {
+    free(t.p);
+    return MHD_NO;
+  }
+  r = MHD_create_response_from_buffer(t.len, t.p, MHD_RESPMEM_MUST_FREE);
+  MHD_add_response_header(r, "Content-Type",
+                          "text/plain; version=0.0.4; charset=utf-8");
+  rv = MHD_queue_response(conn, MHD_HTTP_OK, r);
+  MHD_destroy_response(r);
+  return rv;
+}
+
+static void run_mhd(gnmrd *d) { MHD_run(d->metrics->mhd); }
+static void poll_cb(uv_poll_t *h, int status, int events) {
+  (void)status;
+  (void)events;
+  run_mhd(h->data);
+}
+static void timer_cb(uv_timer_t *h) { run_mhd(h->data); }
+
+int metrics_open(gnmrd *d, const char *addr, char *bound, size_t cap,
+                 char *err, size_t errlen) {
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  char host[64];
+  unsigned port;
+  const char *colon = strrchr(addr, ':');
+  if (colon == NULL || (size_t)(colon - addr) >= sizeof host ||
+      sscanf(colon + 1, "%u", &port) != 1 || port > 65535) {
+    snprintf(err, errlen, "metrics address '%s': expected HOST:PORT", addr);
+    return GNMR_E_INVAL;
+  }
+  snprintf(host, sizeof host, "%.*s", (int)(colon - addr), addr);
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+    snprintf(err, errlen, "metrics address '%s': HOST must be an IPv4 "
+                          "address", addr);
+    return GNMR_E_INVAL;
+  }
+  sa.sin_port = htons((uint16_t)port);
+  struct metrics *m = calloc(1, sizeof *m);
+  if (m == NULL)
+    return GNMR_E_NOMEM;
+  m->mhd = MHD_start_daemon(MHD_USE_EPOLL, (uint16_t)port, NULL, NULL,
+                            on_request, d, MHD_OPTION_SOCK_ADDR, &sa,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 10u,
+                            MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_END);
+  if (m->mhd == NULL) {
+    snprintf(err, errlen, "metrics: cannot listen on %s", addr);
+    free(m);
+    return GNMR_E_IO;
+  }
+  const union MHD_DaemonInfo *fd =
+      MHD_get_daemon_info(m->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+  const union MHD_DaemonInfo *bp =
+      MHD_get_daemon_info(m->mhd, MHD_DAEMON_INFO_BIND_PORT);
+  d->metrics = m;
+  uv_poll_init(d->loop, &m->poll, fd->epoll_fd);
+  uv_timer_init(d->loop, &m->timer);
+  m->poll.data = m->timer.data = d;
+  uv_poll_start(&m->poll, UV_READABLE, poll_cb);
+  uv_timer_start(&m->timer, timer_cb, 1000, 1000);
+  snprintf(bound, cap, "http://%s:%u/metrics", host,
+           bp ? (unsigned)bp->port : port);
+  return GNMR_OK;
+}
+
+void metrics_close(gnmrd *d) {
+  struct metrics *m = d->metrics;
+  if (m == NULL || m->mhd == NULL)
+    return;
+  /* the poll goes before MHD closes its epoll fd */
+  uv_poll_stop(&m->poll);
+  uv_close((uv_handle_t *)&m->poll, NULL);
+  uv_close((uv_handle_t *)&m->timer, NULL);
+  MHD_stop_daemon(m->mhd);
+  m->mhd = NULL;
+}
+
+void metrics_free(gnmrd *d) {
+  free(d->metrics);
+  d->metrics = NULL;
+}
+
+void metrics_observe_decision(gnmrd *d, double seconds) {
+  static const double le[] = METRICS_LATENCY_BUCKETS;
+  int i = 0;
+  while (i < METRICS_N_BUCKETS && seconds > le[i])
+    i++;
+  if (i < METRICS_N_BUCKETS)
+    d->lat_buckets[i]++;
+  d->lat_count++;
+  d->lat_sum += seconds;
+}
