@@ -36,6 +36,7 @@ struct gnmr_agent {
       fallback_after;
   char **names;
   uint32_t *req_ids; /* requested job-wide ids, or NULL */
+  int observer;      /* receives decisions, never reports */
   gnmr_params params;
 
   void *zctx;
@@ -100,7 +101,8 @@ static int check_config(const gnmr_agent_config *c) {
   if (c == NULL || c->endpoint == NULL || c->endpoint[0] == '\0' ||
       !gnmr__printable(c->job, 128) || c->reporters == 0 ||
       c->rank >= c->reporters || c->n_units == 0 || c->unit_names == NULL ||
-      c->fallback_route > GNMR_ROUTE_HIGH || c->barrier_ms > 600000)
+      c->fallback_route > GNMR_ROUTE_HIGH || c->barrier_ms > 600000 ||
+      c->observer > 1)
     return GNMR_E_INVAL;
   for (uint32_t i = 0; i < c->n_units; i++)
     if (!gnmr__printable(c->unit_names[i], 256))
@@ -166,6 +168,7 @@ static void send_hello(gnmr_agent *a, io_state *io) {
   }
   h.params = &wp;
   h.barrier_ms = a->barrier_ms;
+  h.observer = a->observer;
   env.body_case = GNMR__ENVELOPE__BODY_HELLO;
   env.hello = &h;
   io->next_hello = now_ms() + HELLO_CONNECT_MS;
@@ -401,6 +404,7 @@ int gnmr_agent_config_from_env(gnmr_agent_config *cfg, const char **bad_var) {
       {"GNMR_EARLY_BETA", offsetof(gnmr_agent_config, params.early_beta), 3},
       {"GNMR_EARLY_STEPS", offsetof(gnmr_agent_config, params.early_steps),
        2},
+      {"GNMR_OBSERVER", offsetof(gnmr_agent_config, observer), 1},
       {"GNMR_CURVE_SERVER_KEY", offsetof(gnmr_agent_config, curve_server_key),
        0},
       {"GNMR_CURVE_PUBLIC_KEY", offsetof(gnmr_agent_config, curve_public_key),
@@ -552,6 +556,7 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
   a->fallback_route = cfg->fallback_route;
   a->fallback_after = cfg->fallback_after ? cfg->fallback_after : 3;
   a->n_words = (cfg->n_units + 63) / 64;
+  a->observer = cfg->observer != 0;
   if (cfg->curve_server_key != NULL) {
     memcpy(a->curve_server, cfg->curve_server_key, 41);
     memcpy(a->curve_public, cfg->curve_public_key, 41);
@@ -642,6 +647,10 @@ static int queue_report(gnmr_agent *a, uint64_t step, double *sumsq,
                         uint64_t *nonfinite, protobuf_c_boolean *nr,
                         int any_nonfinite, int any_nr) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  if (a->observer) { /* another replica reports this shard */
+    atomic_store(&a->last_reported, step);
+    return GNMR_OK;
+  }
   Gnmr__Report r = GNMR__REPORT__INIT;
   uint8_t *buf;
   size_t len;
@@ -701,6 +710,10 @@ int gnmr_agent_report(gnmr_agent *a, uint64_t step, const gnmr_tensor *t,
                       size_t n) {
   if (a == NULL || step == 0 || step <= atomic_load(&a->last_reported))
     return GNMR_E_INVAL;
+  if (a->observer) { /* no reduction: another replica reports */
+    atomic_store(&a->last_reported, step);
+    return GNMR_OK;
+  }
   double *s = calloc(a->n_units, sizeof *s);
   uint64_t *nf = calloc(a->n_units, sizeof *nf);
   uint8_t *seen = calloc(a->n_units, 1);

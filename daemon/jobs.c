@@ -68,6 +68,8 @@ struct job {
   uint32_t *shards;          /* by id: ranks holding the unit */
   uint32_t n_units, cap_units;
   rank_reg *ranks;
+  rank_reg *observers;       /* data-parallel replicas: decisions only */
+  uint32_t n_observers, cap_observers;
   pending pend[MAX_PENDING]; /* sorted by step */
   uint32_t n_pend;
   uint64_t last_decided;
@@ -82,7 +84,8 @@ struct job {
 /* A connection identity's membership. */
 typedef struct peer {
   job *j;
-  uint32_t rank;
+  uint32_t rank;  /* for an observer: its index in j->observers */
+  int observer;
 } peer;
 
 /* ---- history --------------------------------------------------------------- */
@@ -287,6 +290,21 @@ static void job_free(job *j) {
     free(rr->ids);
     free(rr->user);
   }
+  for (uint32_t o = 0; o < j->n_observers; o++) {
+    rank_reg *rr = &j->observers[o];
+    uint64_t v;
+    if (rr->ident && hmap_get(&d->peers, rr->ident, rr->ident_len, &v)) {
+      peer *p = (peer *)(uintptr_t)v;
+      if (p->j == j) {
+        hmap_del(&d->peers, rr->ident, rr->ident_len);
+        free(p);
+      }
+    }
+    free(rr->ident);
+    free(rr->ids);
+    free(rr->user);
+  }
+  free(j->observers);
   for (uint32_t i = 0; i < j->n_pend; i++)
     pending_clear(j, &j->pend[i]);
   for (uint32_t u = 0; u < j->n_units; u++)
@@ -424,8 +442,9 @@ static void decide(job *j, pending *p, int by_deadline) {
     env.body_case = GNMR__ENVELOPE__BODY_DECISION;
     env.decision = &dec;
     if (gnmr__wire_encode(&env, &buf, &len) == GNMR_OK) {
-      for (uint32_t r = 0; r < j->reporters; r++) {
-        rank_reg *rr = &j->ranks[r];
+      for (uint32_t r = 0; r < j->reporters + j->n_observers; r++) {
+        rank_reg *rr = r < j->reporters ? &j->ranks[r]
+                                        : &j->observers[r - j->reporters];
         if (!rr->joined)
           continue;
         if (server_send(d->agents, rr->ident, rr->ident_len, buf, len) ==
@@ -492,7 +511,7 @@ static void deadline_cb(uv_timer_t *t) { decide_ready(t->data); }
 /* ---- messages ------------------------------------------------------------------ */
 
 static void welcome(gnmrd *d, const void *id, size_t id_len, job *j,
-                    uint32_t rank) {
+                    const rank_reg *rr, uint32_t rank) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   Gnmr__Welcome w = GNMR__WELCOME__INIT;
   Gnmr__Params wp;
@@ -501,8 +520,8 @@ static void welcome(gnmrd *d, const void *id, size_t id_len, job *j,
   gnmr__params_to_wire(&j->params, &wp);
   w.job = j->name;
   w.rank = rank;
-  w.n_unit_ids = j->ranks[rank].n_units;
-  w.unit_ids = j->ranks[rank].ids;
+  w.n_unit_ids = rr->n_units;
+  w.unit_ids = rr->ids;
   w.params = &wp;
   w.last_step = j->last_decided;
   env.body_case = GNMR__ENVELOPE__BODY_WELCOME;
@@ -516,7 +535,7 @@ static void welcome(gnmrd *d, const void *id, size_t id_len, job *j,
  * never reported by anyone (gaps) are units with no shard: never reported.
  * On failure nothing changes and why says what conflicts. */
 static int register_units(job *j, rank_reg *rr, const Gnmr__Hello *h,
-                          char *why, size_t whylen) {
+                          int shards, char *why, size_t whylen) {
   size_t n = h->n_units;
   int want = h->n_unit_ids > 0;
   uint32_t *ids = malloc(n * sizeof *ids);
@@ -597,7 +616,7 @@ static int register_units(job *j, rank_reg *rr, const Gnmr__Hello *h,
     j->unit_names[ids[i]] = copy;
   }
   j->n_units = total;
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; shards && i < n; i++)
     j->shards[ids[i]]++;
   rr->ids = ids;
   rr->n_units = (uint32_t)n;
@@ -619,6 +638,72 @@ static int same_units(const job *j, const rank_reg *rr, const Gnmr__Hello *h) {
         (h->n_unit_ids > 0 && h->unit_ids[i] != rr->ids[i]))
       return 0;
   return 1;
+}
+
+/* An observer joins job j (a Hello with observer set): its units map
+ * decisions to its own units but add no shard; it gets every Decision and
+ * never reports. A free slot is reused; at most MAX_OBSERVERS per job. */
+#define MAX_OBSERVERS 4096u
+static void observer_join(gnmrd *d, const void *id, size_t id_len, job *j,
+                          const Gnmr__Hello *h, peer *pr, const char *user) {
+  rank_reg *rr;
+  char why[160] = "out of memory";
+  int rv;
+  if (pr != NULL) { /* the same connection again: welcome it again */
+    welcome(d, id, id_len, j, &j->observers[pr->rank], 0);
+    return;
+  }
+  uint32_t slot = 0;
+  while (slot < j->n_observers && j->observers[slot].joined)
+    slot++;
+  if (slot == j->n_observers) {
+    if (j->n_observers == MAX_OBSERVERS) {
+      d->c.hellos_refused++;
+      reply_error(d, id, id_len, GNMR_E_BUSY, "observer", 0,
+                  "job %.64s has %u observers already", j->name,
+                  MAX_OBSERVERS);
+      return;
+    }
+    if (j->n_observers == j->cap_observers) {
+      uint32_t cap = j->cap_observers ? j->cap_observers * 2 : 8;
+      rank_reg *o = realloc(j->observers, cap * sizeof *o);
+      if (o == NULL)
+        goto nomem;
+      j->observers = o;
+      j->cap_observers = cap;
+    }
+    memset(&j->observers[slot], 0, sizeof j->observers[slot]);
+    j->n_observers++;
+  }
+  rr = &j->observers[slot];
+  free(rr->ids);
+  free(rr->ident);
+  free(rr->user);
+  memset(rr, 0, sizeof *rr);
+  if ((rv = register_units(j, rr, h, 0, why, sizeof why)) != GNMR_OK) {
+    d->c.hellos_refused++;
+    reply_error(d, id, id_len, rv, "units", 0, "%s", why);
+    return;
+  }
+  peer *np = malloc(sizeof *np);
+  rr->ident = malloc(id_len ? id_len : 1);
+  if (np == NULL || rr->ident == NULL ||
+      hmap_put(&d->peers, id, id_len, (uintptr_t)np) != GNMR_OK) {
+    free(np);
+    goto nomem;
+  }
+  memcpy(rr->ident, id, id_len);
+  rr->ident_len = id_len;
+  rr->joined = 1;
+  rr->user = user ? strdup(user) : NULL;
+  *np = (peer){j, slot, 1};
+  LOG(INFO, "OBSERVER-JOIN", "job %s: an observer joined with %zu units",
+      j->name, h->n_units);
+  welcome(d, id, id_len, j, rr, 0);
+  return;
+nomem:
+  d->c.hellos_refused++;
+  reply_error(d, id, id_len, GNMR_E_NOMEM, "observer", 0, "out of memory");
 }
 
 static void on_hello(gnmrd *d, const void *id, size_t id_len,
@@ -645,10 +730,11 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
   peer *pr = NULL;
   if (hmap_get(&d->peers, id, id_len, &v)) {
     pr = (peer *)(uintptr_t)v;
-    if (strcmp(pr->j->name, h->job) != 0 || pr->rank != h->rank)
+    if (strcmp(pr->j->name, h->job) != 0 || pr->observer != h->observer ||
+        (!pr->observer && pr->rank != h->rank))
       REFUSE(GNMR_E_MISMATCH, "rank",
-             "this connection already joined job %.64s as rank %u",
-             pr->j->name, pr->rank);
+             "this connection already joined job %.64s as %s %u",
+             pr->j->name, pr->observer ? "observer" : "rank", pr->rank);
   }
   job *j = hmap_get(&d->jobs, h->job, strlen(h->job), &v)
                ? (job *)(uintptr_t)v
@@ -672,6 +758,10 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
     put_job(j, 0);
     put_event(j, "job_started", UINT32_MAX, NULL);
   }
+  if (h->observer) {
+    observer_join(d, id, id_len, j, h, pr, user);
+    return;
+  }
   rank_reg *rr = &j->ranks[h->rank];
   int returning = rr->ever && !rr->joined; /* said Bye before */
   /* under CURVE a rank belongs to the key it first joined with */
@@ -684,7 +774,7 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
            j->name);
   if (!rr->ever) {
     char why[160] = "out of memory";
-    int urv = register_units(j, rr, h, why, sizeof why);
+    int urv = register_units(j, rr, h, 1, why, sizeof why);
     if (urv != GNMR_OK)
       REFUSE(urv, "unit_ids", "%s", why);
     put_rank(j, h->rank);
@@ -711,6 +801,7 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
     rr->ident_len = id_len;
     pr->j = j;
     pr->rank = h->rank;
+    pr->observer = 0;
   }
   if (returning && j->byes > 0)
     j->byes--; /* a rank that said Bye came back */
@@ -726,7 +817,7 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
   rr->joined = 1;
   LOG(INFO, "AGENT-JOIN", "job %s rank %u/%u joined with %zu units",
       j->name, h->rank, j->reporters, h->n_units);
-  welcome(d, id, id_len, j, h->rank);
+  welcome(d, id, id_len, j, rr, h->rank);
 #undef REFUSE
 }
 
@@ -768,6 +859,8 @@ static void on_report(gnmrd *d, const void *id, size_t id_len,
   }
   peer *pr = (peer *)(uintptr_t)v;
   job *j = pr->j;
+  if (pr->observer)
+    REFUSE(GNMR_E_PROTO, "observer", "an observer does not report");
   rank_reg *rr = &j->ranks[pr->rank];
   if (strcmp(r->job, j->name) != 0 || r->rank != pr->rank)
     REFUSE(GNMR_E_MISMATCH, "rank",
@@ -855,6 +948,16 @@ static void on_bye(gnmrd *d, const void *id, size_t id_len,
   peer *pr = (peer *)(uintptr_t)v;
   job *j = pr->j;
   uint32_t rank = pr->rank;
+  if (pr->observer) { /* its slot is free again */
+    rank_reg *o = &j->observers[rank];
+    hmap_del(&d->peers, id, id_len);
+    free(pr);
+    o->joined = 0;
+    free(o->ident);
+    o->ident = NULL;
+    o->ident_len = 0;
+    return;
+  }
   rank_reg *rr = &j->ranks[rank];
   hmap_del(&d->peers, id, id_len);
   free(pr);

@@ -34,7 +34,7 @@ int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
   if (h->reporters == 0 || h->reporters > GNMR_MAX_REPORTERS)
     FAIL(GNMR_E_INVAL, "reporters", "reporters must be 1..%u",
          GNMR_MAX_REPORTERS);
-  if (h->rank >= h->reporters)
+  if (h->rank >= h->reporters && !h->observer)
     FAIL(GNMR_E_INVAL, "rank", "rank %u is not below reporters %u", h->rank,
          h->reporters);
   if (h->n_units == 0 || h->n_units > GNMR_MAX_AGENT_UNITS)

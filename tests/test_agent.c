@@ -316,6 +316,59 @@ START_TEST(mismatched_agent_is_refused_and_counts_the_error) {
 }
 END_TEST
 
+START_TEST(observers_receive_every_decision_without_reporting) {
+  /* 2 model-parallel shards report; 2 data-parallel replicas observe */
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  static const char *names[] = {"attn", "mlp", "emb"};
+  gnmr_agent *ag[4];
+  for (int i = 0; i < 4; i++) {
+    gnmr_agent_config c = config(d.agents);
+    c.job = "dp-job";
+    c.reporters = 2;
+    c.rank = (uint32_t)(i % 2);
+    c.unit_names = names;
+    c.observer = i >= 2;
+    ck_assert_int_eq(gnmr_agent_open(&c, &ag[i]), GNMR_OK);
+  }
+  for (uint64_t t = 1; t <= 12; t++) {
+    double s[3] = {1, 4, 9};
+    if (t == 10)
+      s[1] = 4000; /* mlp spikes */
+    for (int i = 0; i < 4; i++) /* every replica calls report alike */
+      ck_assert_int_eq(gnmr_agent_report_sums(ag[i], t, s, NULL, NULL),
+                       GNMR_OK);
+    for (int i = 0; i < 4; i++)
+      ck_assert_msg(gnmr_agent_wait(ag[i], t, 5000) == GNMR_OK,
+                    "agent %d: no decision for step %llu", i,
+                    (unsigned long long)t);
+    for (uint32_t u = 0; u < 3; u++) {
+      int want = gnmr_agent_route(ag[0], u);
+      for (int i = 1; i < 4; i++)
+        ck_assert_int_eq(gnmr_agent_route(ag[i], u), want);
+    }
+    if (t == 10)
+      ck_assert_int_eq(gnmr_agent_route(ag[2], 1), GNMR_ROUTE_HIGH);
+  }
+  /* observers never held a step back, and sent nothing */
+  ck_assert_int_eq(tu_counter(&d, "deadline_decisions"), 0);
+  ck_assert_int_eq(tu_counter(&d, "reports"), 24);
+  gnmr_agent_stats st;
+  gnmr_agent_stats_get(ag[3], &st);
+  ck_assert_uint_eq(st.reports_sent, 0);
+  ck_assert_uint_eq(st.decisions, 12);
+  /* an observer leaving does not end the job */
+  gnmr_agent_close(&ag[2]);
+  gnmr_agent_close(&ag[3]);
+  tu_sleep_ms(100);
+  ck_assert_int_eq(tu_counter(&d, "jobs_finished"), 0);
+  gnmr_agent_close(&ag[0]);
+  gnmr_agent_close(&ag[1]);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("agent");
   TCase *tc = tcase_create("reduce");
@@ -331,6 +384,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, agent_without_daemon_keeps_stepping_within_its_deadline);
   tcase_add_test(tc, daemon_killed_mid_run_then_restarted_agent_rejoins);
   tcase_add_test(tc, mismatched_agent_is_refused_and_counts_the_error);
+  tcase_add_test(tc, observers_receive_every_decision_without_reporting);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -298,6 +298,35 @@ START_TEST(hostile_input_gets_errors_or_counted_drops_and_good_agent_is_served) 
   expect_error(&p, GNMR_E_RANGE, "more than 1024 steps past");
   good_step(&g);
 
+  /* an observer is welcomed but may not report */
+  {
+    raw_peer ob = raw_open(d.agents);
+    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+    Gnmr__Hello h = GNMR__HELLO__INIT;
+    Gnmr__Params wp;
+    policy_params prm;
+    policy_params_default(&prm);
+    prm.warmup_steps = 0;
+    gnmr__params_to_wire(&prm, &wp);
+    h.protocol = 1;
+    h.job = "raw-job";
+    h.rank = 0;
+    h.reporters = 2;
+    h.n_units = 2;
+    h.units = unit_names2;
+    h.params = &wp;
+    h.barrier_ms = 60000;
+    h.observer = 1;
+    env.body_case = GNMR__ENVELOPE__BODY_HELLO;
+    env.hello = &h;
+    raw_send_env(&ob, &env);
+    Gnmr__Envelope *ow = expect_body(&ob, GNMR__ENVELOPE__BODY_WELCOME);
+    gnmr__wire_free(&ow);
+    report(&ob, "raw-job", 0, 6, s2, 2, NULL, 0);
+    expect_error(&ob, GNMR_E_PROTO, "an observer does not report");
+    raw_close(&ob);
+  }
+
   /* a three-frame message: discarded and counted */
   ck_assert_int_ge(zmq_send(p.sock, "a", 1, ZMQ_SNDMORE), 0);
   ck_assert_int_ge(zmq_send(p.sock, "b", 1, 0), 0);

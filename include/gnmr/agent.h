@@ -52,6 +52,10 @@ typedef struct gnmr_agent_config {
   uint32_t barrier_ms;    /* daemon waits at most this for a step; 0 = 1000 */
   uint32_t fallback_route;/* route when no fresh decision: GNMR_ROUTE_LOW */
   uint32_t fallback_after;/* steps a stale decision is still used; 0 = 3 */
+  /* An observer (a data-parallel replica whose shard another replica
+   * reports) receives every decision but never reports: report calls only
+   * record the step. Its unit names and reporters must match the job's. */
+  uint32_t observer;
   /* CURVE (all three, as 40-character Z85 strings, or none): gnmrd's public
    * key and this agent's key pair (gnmrctl keygen writes them). */
   const char *curve_server_key;
@@ -103,7 +107,7 @@ GNMR_EXPORT int gnmr_agent_open(const gnmr_agent_config *cfg,
  *                        ("low"/"high")    GNMR_EARLY_ALPHA    params.early_alpha
  *   GNMR_FALLBACK_AFTER  fallback_after    GNMR_EARLY_BETA     params.early_beta
  *   GNMR_CURVE_SERVER_KEY curve_server_key GNMR_EARLY_STEPS    params.early_steps
- *   GNMR_CURVE_PUBLIC_KEY curve_public_key
+ *   GNMR_CURVE_PUBLIC_KEY curve_public_key GNMR_OBSERVER       observer (0/1)
  *   GNMR_CURVE_SECRET_KEY curve_secret_key
  *
  * String fields point into the environment (keep it unchanged while cfg is
