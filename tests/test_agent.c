@@ -331,6 +331,12 @@ START_TEST(observers_receive_every_decision_without_reporting) {
     c.observer = i >= 2;
     ck_assert_int_eq(gnmr_agent_open(&c, &ag[i]), GNMR_OK);
   }
+  /* an observer sees the decisions made after it joined */
+  for (int i = 0; i < 4; i++) {
+    for (int k = 0; k < 250 && !gnmr_agent_joined(ag[i]); k++)
+      tu_sleep_ms(20);
+    ck_assert_msg(gnmr_agent_joined(ag[i]), "agent %d never joined", i);
+  }
   for (uint64_t t = 1; t <= 12; t++) {
     double s[3] = {1, 4, 9};
     if (t == 10)
@@ -369,6 +375,77 @@ START_TEST(observers_receive_every_decision_without_reporting) {
 }
 END_TEST
 
+START_TEST(lagging_rank_is_decided_missing_at_the_barrier_deadline) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  static const char *n0[] = {"r0.a", "shared"}, *n1[] = {"r1.a", "shared"};
+  gnmr_agent *ag[2];
+  for (int r = 0; r < 2; r++) {
+    gnmr_agent_config c = config(d.agents);
+    c.job = "lag-job";
+    c.reporters = 2;
+    c.rank = (uint32_t)r;
+    c.unit_names = r ? n1 : n0;
+    c.n_units = 2;
+    c.barrier_ms = 300;
+    ck_assert_int_eq(gnmr_agent_open(&c, &ag[r]), GNMR_OK);
+  }
+  double s[2] = {1, 1};
+  for (uint64_t t = 1; t <= 4; t++) {
+    for (int r = 0; r < 2; r++)
+      ck_assert_int_eq(gnmr_agent_report_sums(ag[r], t, s, NULL, NULL),
+                       GNMR_OK);
+    for (int r = 0; r < 2; r++)
+      ck_assert_int_eq(gnmr_agent_wait(ag[r], t, 5000), GNMR_OK);
+  }
+  ck_assert_int_eq(tu_counter(&d, "deadline_decisions"), 0);
+  /* step 5: rank 1 lags; the step is decided when the deadline passes */
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  ck_assert_int_eq(gnmr_agent_report_sums(ag[0], 5, s, NULL, NULL), GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_wait(ag[0], 5, 5000), GNMR_OK);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double waited = (double)(t1.tv_sec - t0.tv_sec) +
+                  (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  ck_assert_msg(waited >= 0.25 && waited < 3.0, "decided after %.3f s",
+                waited);
+  ck_assert_int_eq(tu_counter(&d, "deadline_decisions"), 1);
+  /* rank 1's unit and the shared unit (one shard short) were missing */
+  ck_assert_int_eq(tu_counter(&d, "missing_units"), 2);
+  /* its report for step 5 comes too late: dropped and counted */
+  ck_assert_int_eq(gnmr_agent_report_sums(ag[1], 5, s, NULL, NULL), GNMR_OK);
+  for (int i = 0; i < 100 && tu_counter(&d, "late_reports") < 1; i++)
+    tu_sleep_ms(20);
+  ck_assert_int_eq(tu_counter(&d, "late_reports"), 1);
+  /* step 6 goes normally for both */
+  for (int r = 0; r < 2; r++)
+    ck_assert_int_eq(gnmr_agent_report_sums(ag[r], 6, s, NULL, NULL),
+                     GNMR_OK);
+  for (int r = 0; r < 2; r++)
+    ck_assert_int_eq(gnmr_agent_wait(ag[r], 6, 5000), GNMR_OK);
+  ck_assert_int_eq(tu_counter(&d, "deadline_decisions"), 1);
+  /* the history says which units were missing */
+  char admin[300];
+  snprintf(admin, sizeof admin, "--admin=%s", d.admin);
+  char *argv[] = {"gnmrctl", admin, "history", "lag-job", "--kind",
+                  "missing", "--csv", NULL};
+  int found = 0;
+  for (int i = 0; i < 100 && !found; i++) {
+    run_result r = tu_run("gnmrctl", argv, NULL);
+    found = strstr(r.out, "1,5,missing,2,r1.a") != NULL &&
+            strstr(r.out, "1,5,missing,1,shared") != NULL;
+    tu_run_free(&r);
+    if (!found)
+      tu_sleep_ms(20);
+  }
+  ck_assert_msg(found, "no missing events for step 5 in the history");
+  for (int r = 0; r < 2; r++)
+    gnmr_agent_close(&ag[r]);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("agent");
   TCase *tc = tcase_create("reduce");
@@ -385,6 +462,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, daemon_killed_mid_run_then_restarted_agent_rejoins);
   tcase_add_test(tc, mismatched_agent_is_refused_and_counts_the_error);
   tcase_add_test(tc, observers_receive_every_decision_without_reporting);
+  tcase_add_test(tc, lagging_rank_is_decided_missing_at_the_barrier_deadline);
   suite_add_tcase(s, tc);
   return s;
 }
