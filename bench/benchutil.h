@@ -88,6 +88,74 @@ static inline void bu_daemon_stop(bu_daemon *d) {
     fprintf(stderr, "warning: could not remove %s\n", d->dir);
 }
 
+#ifdef ZMQ_VERSION
+/* The raw limit: n_socks PUSH sockets send rounds x n_socks messages (the
+ * bytes of msgs[round * n_socks + sock]) to a PULL in a separate process.
+ * Returns the seconds from the first send until the receiver had all. */
+static inline double bu_raw_pushpull(int n_socks, int rounds,
+                                     const uint8_t *const *msgs,
+                                     const size_t *lens) {
+  char ep_file[] = "/tmp/gnmr-raw-ep-XXXXXX";
+  int fd = mkstemp(ep_file);
+  close(fd);
+  unlink(ep_file);
+  size_t total = (size_t)rounds * (size_t)n_socks;
+  pid_t pid = fork();
+  if (pid == 0) { /* the PULL side */
+    void *ctx = zmq_ctx_new(), *p = zmq_socket(ctx, ZMQ_PULL);
+    int hwm = 0;
+    char ep[256];
+    size_t sz = sizeof ep;
+    zmq_setsockopt(p, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_bind(p, "tcp://127.0.0.1:*");
+    zmq_getsockopt(p, ZMQ_LAST_ENDPOINT, ep, &sz);
+    FILE *f = fopen(ep_file, "w");
+    fprintf(f, "%s\n", ep);
+    fclose(f);
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    for (size_t i = 0; i < total; i++)
+      zmq_msg_recv(&m, p, 0);
+    zmq_msg_close(&m);
+    zmq_close(p);
+    zmq_ctx_term(ctx);
+    _exit(0);
+  }
+  char ep[256] = "";
+  for (int i = 0; i < 500 && ep[0] == '\0'; i++) {
+    FILE *f = fopen(ep_file, "r");
+    if (f) {
+      if (fscanf(f, "%255s", ep) != 1)
+        ep[0] = '\0';
+      fclose(f);
+    }
+    usleep(10000);
+  }
+  unlink(ep_file);
+  void *ctx = zmq_ctx_new(), **s = calloc((size_t)n_socks, sizeof *s);
+  for (int r = 0; r < n_socks; r++) {
+    int zero = 0, hwm = 0;
+    s[r] = zmq_socket(ctx, ZMQ_PUSH);
+    zmq_setsockopt(s[r], ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s[r], ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_connect(s[r], ep);
+  }
+  usleep(100000); /* let every socket connect before timing */
+  double t0 = bu_now();
+  for (int k = 0; k < rounds; k++)
+    for (int r = 0; r < n_socks; r++)
+      zmq_send(s[r], msgs[(size_t)k * (size_t)n_socks + (size_t)r],
+               lens[(size_t)k * (size_t)n_socks + (size_t)r], 0);
+  waitpid(pid, NULL, 0);
+  double dt = bu_now() - t0;
+  for (int r = 0; r < n_socks; r++)
+    zmq_close(s[r]);
+  free(s);
+  zmq_ctx_term(ctx);
+  return dt;
+}
+#endif
+
 #ifdef GNMR_WIRE_H
 /* Sends a Hello with the default policy for (job, rank) on a DEALER and
  * waits for the Welcome. Returns 0, or -1 when no Welcome came. */

@@ -54,62 +54,8 @@ static double run_gnmrd(const char *ep, char **names) {
 }
 
 static double run_raw(void) {
-  char ep_file[] = "/tmp/gnmr-tp-ep-XXXXXX";
-  int fd = mkstemp(ep_file);
-  close(fd);
-  unlink(ep_file);
-  size_t total = (size_t)STEPS * REPORTERS;
-  pid_t pid = fork();
-  if (pid == 0) { /* the PULL side */
-    void *ctx = zmq_ctx_new(), *p = zmq_socket(ctx, ZMQ_PULL);
-    int hwm = 0;
-    char ep[256];
-    size_t sz = sizeof ep;
-    zmq_setsockopt(p, ZMQ_RCVHWM, &hwm, sizeof hwm);
-    zmq_bind(p, "tcp://127.0.0.1:*");
-    zmq_getsockopt(p, ZMQ_LAST_ENDPOINT, ep, &sz);
-    FILE *f = fopen(ep_file, "w");
-    fprintf(f, "%s\n", ep);
-    fclose(f);
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    for (size_t i = 0; i < total; i++)
-      zmq_msg_recv(&m, p, 0);
-    zmq_msg_close(&m);
-    zmq_close(p);
-    zmq_ctx_term(ctx);
-    _exit(0);
-  }
-  char ep[256] = "";
-  for (int i = 0; i < 500 && ep[0] == '\0'; i++) {
-    FILE *f = fopen(ep_file, "r");
-    if (f) {
-      if (fscanf(f, "%255s", ep) != 1)
-        ep[0] = '\0';
-      fclose(f);
-    }
-    usleep(10000);
-  }
-  unlink(ep_file);
-  void *ctx = zmq_ctx_new(), *s[REPORTERS];
-  for (int r = 0; r < REPORTERS; r++) {
-    int zero = 0, hwm = 0;
-    s[r] = zmq_socket(ctx, ZMQ_PUSH);
-    zmq_setsockopt(s[r], ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(s[r], ZMQ_SNDHWM, &hwm, sizeof hwm);
-    zmq_connect(s[r], ep);
-  }
-  usleep(100000); /* let all 16 connect before timing */
-  double t0 = bu_now();
-  for (int step = 0; step < STEPS; step++)
-    for (int r = 0; r < REPORTERS; r++)
-      zmq_send(s[r], msg[step][r], msg_len[step][r], 0);
-  waitpid(pid, NULL, 0);
-  double dt = bu_now() - t0;
-  for (int r = 0; r < REPORTERS; r++)
-    zmq_close(s[r]);
-  zmq_ctx_term(ctx);
-  return dt;
+  return bu_raw_pushpull(REPORTERS, STEPS, (const uint8_t *const *)&msg[0][0],
+                         &msg_len[0][0]);
 }
 
 int main(void) {
