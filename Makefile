@@ -78,7 +78,7 @@ BENCH_SRC := $(wildcard bench/*.c)
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 .PHONY: all check test test-valgrind demo bench install clean deps \
-        deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-seeds
+        deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-seeds soak
 .DEFAULT_GOAL := all
 
 all: buildinfo $(PROGRAMS) $(SO_AGENT)
@@ -185,12 +185,19 @@ test-valgrind: all $(TESTS)
 	if [ $$fail = 0 ]; then echo "tests (valgrind): all passed"; \
 	else echo "tests (valgrind): FAILED"; exit 1; fi
 
+# A bounded soak of gnmrd: RSS, fds and database size must stay flat.
+SOAK_SECONDS ?= 60
+soak: all $(BUILD)/tests/soak
+	@echo "== soak ($(SOAK_SECONDS) s)"
+	@SOAK_SECONDS=$(SOAK_SECONDS) $(TEST_ENV) $(BUILD)/tests/soak
+
 check: deps-check
 	@$(MAKE) --no-print-directory test
 	@$(MAKE) --no-print-directory BUILD=build/asan SAN=asan test
 	@$(MAKE) --no-print-directory test-valgrind
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10
-	@echo "make check: plain, ASan/UBSan, valgrind and a short fuzz run all passed"
+	@$(MAKE) --no-print-directory soak SOAK_SECONDS=20
+	@echo "make check: plain, ASan/UBSan, valgrind, a short fuzz run and a short soak all passed"
 
 # ---- fuzzing (clang's libFuzzer) ----------------------------------------------
 # `make fuzz` runs each fuzzer for FUZZ_SECONDS (default 60) from its seed
