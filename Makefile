@@ -205,7 +205,7 @@ check: deps-check
 # inputs go to build/fuzz/work-NAME, crashes to build/fuzz/.
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
-FUZZERS := envelope trace snapshot settings
+FUZZERS := envelope trace snapshot settings config
 FUZZ_BINS := $(patsubst %,build/fuzz/fuzz_%,$(FUZZERS))
 FUZZ_SRC := $(COMMON_SRC) $(POLICY_SRC) $(WIRE_SRC) $(CLIENT_SRC)
 FUZZ_FLAGS := -g -O1 -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter \
@@ -215,6 +215,10 @@ FUZZ_FLAGS := -g -O1 -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter \
 build/fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_SRC) build/gen/proto/gnmr.pb-c.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $^ $(PBC_LIBS) $(ZMQ_LIBS) -lm -o $@
+# the config fuzzer also needs gnmrd's config reader and libinih
+build/fuzz/fuzz_config: fuzz/fuzz_config.c daemon/config.c $(FUZZ_SRC) build/gen/proto/gnmr.pb-c.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -Idaemon $^ $(PBC_LIBS) $(ZMQ_LIBS) -linih -lm -o $@
 
 fuzz: deps-fuzz $(FUZZ_BINS)
 	@for f in $(FUZZERS); do \

@@ -185,3 +185,15 @@ int config_load(const char *path, gnmrd_config *c, char *err, size_t errlen) {
   }
   return GNMR_OK;
 }
+
+int config_load_string(const char *text, const char *name, gnmrd_config *c,
+                       char *err, size_t errlen) {
+  load_ctx l = {c, "", 0};
+  int line = ini_parse_string(text, on_key, &l);
+  if (line != 0) {
+    snprintf(err, errlen, "%s:%d: %s", name, line,
+             l.failed ? l.msg : "not valid INI syntax");
+    return GNMR_E_PARSE;
+  }
+  return GNMR_OK;
+}

@@ -34,6 +34,10 @@ void config_defaults(gnmrd_config *c);
  * partly updated: callers stop. */
 int config_load(const char *path, gnmrd_config *c, char *err, size_t errlen);
 
+/* The same from a NUL-terminated buffer (name is used in messages). */
+int config_load_string(const char *text, const char *name, gnmrd_config *c,
+                       char *err, size_t errlen);
+
 /* Applies one setting as if read from the file: used for flags. */
 int config_set(gnmrd_config *c, const char *section, const char *key,
                const char *value, char *err, size_t errlen);
