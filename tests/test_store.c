@@ -433,6 +433,70 @@ START_TEST(store_errors_are_logged_counted_and_retried_losing_nothing) {
 }
 END_TEST
 
+START_TEST(repeated_sigkill_loses_no_committed_step_and_agents_never_stall) {
+  tu_daemon d = {0};
+  char ep[160];
+  char *every5[] = {"--snapshot-every", "5", NULL};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, every5);
+  gnmr_agent *a = open_agent(ep, "kill-job");
+  uint64_t t = 0;
+  char *committed = NULL;
+  int rows = 0;
+  for (int round = 0; round < 3; round++) {
+    /* step while the daemon is up; the agent re-joins by itself */
+    int decided = 0;
+    while (decided < 12) {
+      double s[4];
+      struct timespec t0, t1;
+      sums(++t, s);
+      clock_gettime(CLOCK_MONOTONIC, &t0);
+      ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
+      int rv = gnmr_agent_wait(a, t, 100);
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+      double w = (double)(t1.tv_sec - t0.tv_sec) +
+                 (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+      ck_assert_msg(w < 1.0, "the agent stalled %.2f s at step %llu", w,
+                    (unsigned long long)t);
+      decided += rv == GNMR_OK;
+    }
+    /* what is committed now must survive every later kill */
+    char *args[] = {"decisions", "kill-job", "--csv", NULL};
+    run_result r = ctl(&d, args);
+    ck_assert_int_eq(r.code, 0);
+    ck_assert_int_ge(count_lines(r.out), rows + 1);
+    if (committed != NULL)
+      ck_assert_msg(strncmp(r.out, committed, strlen(committed)) == 0,
+                    "committed steps changed after a restart");
+    free(committed);
+    committed = r.out;
+    rows = count_lines(r.out) - 1;
+    free(r.err);
+    tu_daemon_stop(&d, SIGKILL);
+    tu_daemon_start_in(&d, ep, NULL, d.dir, every5);
+  }
+  free(committed);
+  char *st[] = {"status", "kill-job", "--json", NULL};
+  run_result r;
+  int live = 0;
+  for (int i = 0; i < 100 && !live; i++) { /* re-joins after the restart */
+    double s[4];
+    sums(++t, s);
+    gnmr_agent_report_sums(a, t, s, NULL, NULL);
+    live = gnmr_agent_wait(a, t, 200) == GNMR_OK;
+  }
+  ck_assert(live);
+  r = ctl(&d, st);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "\"pass\": 4"));
+  tu_run_free(&r);
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("store");
   TCase *tc = tcase_create("history");
@@ -443,6 +507,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, live_job_views_and_parameter_changes);
   tcase_add_test(tc, bad_queries_and_unreachable_daemon_fail_clearly);
   tcase_add_test(tc, readers_while_the_daemon_writes);
+  tcase_add_test(
+      tc, repeated_sigkill_loses_no_committed_step_and_agents_never_stall);
   tcase_add_loop_test(
       tc, store_errors_are_logged_counted_and_retried_losing_nothing, 0, 2);
   suite_add_tcase(s, tc);
