@@ -9,6 +9,7 @@
 #   make clean
 # Variants build into their own directory: BUILD=build/asan SAN=asan.
 
+SHELL := /bin/bash
 BUILD ?= build
 SAN ?=
 PREFIX ?= /usr/local
@@ -77,7 +78,7 @@ TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCH_SRC := $(wildcard bench/*.c)
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check test test-valgrind demo bench install clean deps \
+.PHONY: all check test test-valgrind test-python demo bench install clean deps \
         deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-seeds soak
 .DEFAULT_GOAL := all
 
@@ -157,7 +158,7 @@ $(BUILD)/bench/store: $(BUILD)/obj/bench/store.o $(BUILD)/obj/daemon/store.o $(T
 deps:
 	@scripts/deps.sh build
 deps-check:
-	@scripts/deps.sh build check
+	@scripts/deps.sh build check python
 deps-demo:
 	@scripts/deps.sh build demo
 deps-fuzz:
@@ -173,6 +174,15 @@ test: all $(TESTS)
 	done; \
 	if [ $$fail = 0 ]; then echo "tests ($(BUILD)): all passed"; \
 	else echo "tests ($(BUILD)): FAILED"; exit 1; fi
+
+# The Python package against a real gnmrd, with Debian's python3-torch.
+PYTHON ?= /usr/bin/python3
+test-python: all
+	@echo "== python tests ($(PYTHON))"
+	@cd python && GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) \
+	  GNMR_BIN_DIR=$(abspath $(BUILD)/bin) PYTHONDONTWRITEBYTECODE=1 \
+	  $(PYTHON) -m unittest discover -s tests -v 2>&1 | tail -n 25; \
+	  exit $${PIPESTATUS[0]}
 
 # Unit suites under valgrind, without Check's fork so every path is seen.
 VALGRIND = valgrind -q --error-exitcode=99 --leak-check=full \
@@ -193,11 +203,12 @@ soak: all $(BUILD)/tests/soak
 
 check: deps-check
 	@$(MAKE) --no-print-directory test
+	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory BUILD=build/asan SAN=asan test
 	@$(MAKE) --no-print-directory test-valgrind
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10
 	@$(MAKE) --no-print-directory soak SOAK_SECONDS=20
-	@echo "make check: plain, ASan/UBSan, valgrind, a short fuzz run and a short soak all passed"
+	@echo "make check: plain, Python, ASan/UBSan, valgrind, a short fuzz run and a short soak all passed"
 
 # ---- fuzzing (clang's libFuzzer) ----------------------------------------------
 # `make fuzz` runs each fuzzer for FUZZ_SECONDS (default 60) from its seed
@@ -244,8 +255,13 @@ $(BUILD)/obj/fuzz/make_seeds.o: $(GEN)/proto/gnmr.pb-c.h
 demo: deps-demo all
 	@scripts/demo.sh $(BUILD)
 
-bench: deps $(BENCHES)
+bench: deps $(BENCHES) all
 	@for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done
+	@echo "== bench/torch_overhead.py"
+	@if $(PYTHON) -c 'import torch' 2>/dev/null; then \
+	  GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BIN_DIR=$(abspath $(BUILD)/bin) \
+	    $(PYTHON) bench/torch_overhead.py; \
+	else echo "torch_overhead: no torch for $(PYTHON) (scripts/deps.sh python installs it)"; fi
 
 # ---- install ---------------------------------------------------------------------
 # Honours PREFIX and DESTDIR: programs, the agent library (static and
@@ -254,6 +270,7 @@ bench: deps $(BENCHES)
 LIBDIR ?= $(PREFIX)/lib
 SYSTEMD_UNITDIR ?= $(PREFIX)/lib/systemd/system
 SYSCONFDIR ?= $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
+PYTHONDIR ?= $(PREFIX)/lib/python3/dist-packages
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/gnmr \
 	  $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/share/man/man1 \
@@ -277,6 +294,8 @@ install: all
 	  -e 's|/etc/gnmr/gnmrd.conf|$(SYSCONFDIR)/gnmr/gnmrd.conf|' \
 	  systemd/gnmrd.service > $(DESTDIR)$(SYSTEMD_UNITDIR)/gnmrd.service
 	install -m 644 deploy/gnmrd.conf $(DESTDIR)$(SYSCONFDIR)/gnmr/gnmrd.conf.example
+	install -d $(DESTDIR)$(PYTHONDIR)/gnmr
+	install -m 644 python/gnmr/*.py $(DESTDIR)$(PYTHONDIR)/gnmr/
 	@# the unit reads gnmrd.conf: install the example unless one exists
 	[ -e $(DESTDIR)$(SYSCONFDIR)/gnmr/gnmrd.conf ] || \
 	  install -m 644 deploy/gnmrd.conf $(DESTDIR)$(SYSCONFDIR)/gnmr/gnmrd.conf

@@ -16,6 +16,41 @@ static void set_err(char *err, size_t errlen, const char *msg) {
     snprintf(err, errlen, "%s", msg);
 }
 
+/* Whether m or a message inside it kept an unknown field numbered 0.
+ * protobuf-c's unpacker accepts such fields although field 0 is invalid,
+ * and packs them back into bytes it cannot unpack (found by the envelope
+ * fuzzer): treat them as malformed input. Only the set member of a oneof
+ * is followed, since the members share storage. */
+static int has_field_zero(const ProtobufCMessage *m) {
+  const ProtobufCMessageDescriptor *d = m->descriptor;
+  for (unsigned i = 0; i < m->n_unknown_fields; i++)
+    if (m->unknown_fields[i].tag == 0)
+      return 1;
+  for (unsigned i = 0; i < d->n_fields; i++) {
+    const ProtobufCFieldDescriptor *f = &d->fields[i];
+    const char *base = (const char *)m;
+    if (f->type != PROTOBUF_C_TYPE_MESSAGE)
+      continue;
+    if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+      size_t n = *(const size_t *)(base + f->quantifier_offset);
+      ProtobufCMessage *const *arr =
+          *(ProtobufCMessage *const *const *)(base + f->offset);
+      for (size_t k = 0; k < n; k++)
+        if (arr[k] != NULL && has_field_zero(arr[k]))
+          return 1;
+      continue;
+    }
+    if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+        *(const uint32_t *)(base + f->quantifier_offset) != f->id)
+      continue;
+    const ProtobufCMessage *sub =
+        *(const ProtobufCMessage *const *)(base + f->offset);
+    if (sub != NULL && has_field_zero(sub))
+      return 1;
+  }
+  return 0;
+}
+
 int gnmr__wire_decode(const void *buf, size_t len, Gnmr__Envelope **out,
                       char *err, size_t errlen) {
   Gnmr__Envelope *env;
@@ -23,6 +58,11 @@ int gnmr__wire_decode(const void *buf, size_t len, Gnmr__Envelope **out,
   env = gnmr__envelope__unpack(NULL, len, buf);
   if (env == NULL) {
     set_err(err, errlen, "not a GNMR envelope (protobuf decode failed)");
+    return GNMR_E_PARSE;
+  }
+  if (has_field_zero(&env->base)) {
+    set_err(err, errlen, "not a GNMR envelope (field number 0)");
+    gnmr__envelope__free_unpacked(env, NULL);
     return GNMR_E_PARSE;
   }
   if (env->version != GNMR_PROTOCOL_VERSION) {

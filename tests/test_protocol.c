@@ -178,6 +178,12 @@ START_TEST(hostile_input_gets_errors_or_counted_drops_and_good_agent_is_served) 
   /* garbage bytes */
   raw_send(&p, "\xff\xfe\x00garbage", 10);
   expect_error(&p, GNMR_E_PARSE, "not a GNMR envelope");
+  /* an invalid field number 0 (found by the envelope fuzzer) */
+  static const uint8_t field0[] = {0x5a, 0x00, 0x85, 0x00, 0x00, 0x5d,
+                                   0x85, 0x00, 0x08, 0x21, 0x5a, 0x00,
+                                   0x08, 0x01, 0x5a, 0x00};
+  raw_send(&p, field0, sizeof field0);
+  expect_error(&p, GNMR_E_PARSE, "field number 0");
   good_step(&g);
   /* wrong version */
   {

@@ -1,0 +1,89 @@
+# SPDX-License-Identifier: MIT
+"""bench/torch_overhead.py — training step time with GNMR attached (a real
+gnmrd, every Linear a unit, report + bounded wait + routes each step)
+against the same run without it, measured in the same process. Target:
+<= 2% overhead. Run by `make bench` with /usr/bin/python3."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+import torch  # noqa: E402
+
+import gnmr  # noqa: E402
+from gnmr.pytorch import Controller  # noqa: E402
+
+STEPS, WARM, REPEATS = 150, 20, 3
+
+
+def model():
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(12):
+        layers += [torch.nn.Linear(512, 512), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(512, 10))
+
+
+def run(ctl_factory):
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    ctl = ctl_factory(net) if ctl_factory else None
+    x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
+    times = []
+    for step in range(1, STEPS + 1):
+        t0 = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        if ctl is not None:
+            ctl.step(step, wait_ms=50)
+        opt.step()
+        if step > WARM:
+            times.append(time.perf_counter() - t0)
+    if ctl is not None:
+        late = ctl.agent.stats()["late_decisions"]
+        ctl.close()
+    else:
+        late = 0
+    times.sort()
+    return times[len(times) // 2], late
+
+
+def main():
+    bindir = os.environ.get("GNMR_BIN_DIR", "build/bin")
+    tmp = tempfile.mkdtemp(prefix="gnmr-bench-torch-")
+    d = subprocess.Popen([os.path.join(bindir, "gnmrd"), "--data-dir",
+                          tmp + "/data", "--agents", "tcp://127.0.0.1:*",
+                          "--admin", f"ipc://{tmp}/admin.sock",
+                          "--log-level", "warn"],
+                         stdout=subprocess.PIPE, text=True)
+    ep = None
+    for line in d.stdout:
+        m = re.match(r"gnmrd: agents (\S+)", line)
+        if m:
+            ep = m.group(1)
+            break
+    torch.set_num_threads(1)
+    base, with_gnmr, late = [], [], 0
+    for r in range(REPEATS):  # interleaved, so drift hits both alike
+        base.append(run(None)[0])
+        t, l = run(lambda net: Controller(
+            net, ep, f"overhead-{r}",
+            params=gnmr.default_params(warmup_steps=5)))
+        with_gnmr.append(t)
+        late += l
+    d.send_signal(signal.SIGTERM)
+    d.wait()
+    d.stdout.close()
+    b, g = sorted(base)[REPEATS // 2], sorted(with_gnmr)[REPEATS // 2]
+    print(f"torch_overhead 13 Linear units (512x512, batch 256, 1 thread): "
+          f"step {b * 1e3:.2f} ms without, {g * 1e3:.2f} ms with GNMR: "
+          f"{100 * (g - b) / b:+.2f}% (target <= 2%); late decisions {late}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: MIT
+"""ctypes declarations of libgnmr-agent (include/gnmr/agent.h).
+
+The library is found, in order, at $GNMR_AGENT_LIB, next to this package
+(gnmr/libgnmr-agent.so), in ../../build/lib of a source checkout, or by the
+system's loader (libgnmr-agent.so.0 from `make install`).
+"""
+import ctypes
+import ctypes.util
+import os
+
+ROUTE_LOW, ROUTE_HIGH = 0, 1
+DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_F64 = 0, 1, 2, 3
+
+
+class Params(ctypes.Structure):
+    """gnmr_params: the job's policy parameters (docs/policy.md)."""
+    _fields_ = [
+        ("alpha", ctypes.c_double),
+        ("beta", ctypes.c_double),
+        ("window", ctypes.c_uint32),
+        ("max_active", ctypes.c_uint32),
+        ("lock_steps", ctypes.c_uint32),
+        ("warmup_steps", ctypes.c_uint64),
+        ("early_alpha", ctypes.c_double),
+        ("early_beta", ctypes.c_double),
+        ("early_steps", ctypes.c_uint64),
+    ]
+
+
+class AgentConfig(ctypes.Structure):
+    _fields_ = [
+        ("endpoint", ctypes.c_char_p),
+        ("job", ctypes.c_char_p),
+        ("rank", ctypes.c_uint32),
+        ("reporters", ctypes.c_uint32),
+        ("unit_names", ctypes.POINTER(ctypes.c_char_p)),
+        ("n_units", ctypes.c_uint32),
+        ("unit_ids", ctypes.POINTER(ctypes.c_uint32)),
+        ("params", Params),
+        ("barrier_ms", ctypes.c_uint32),
+        ("fallback_route", ctypes.c_uint32),
+        ("fallback_after", ctypes.c_uint32),
+        ("observer", ctypes.c_uint32),
+        ("curve_server_key", ctypes.c_char_p),
+        ("curve_public_key", ctypes.c_char_p),
+        ("curve_secret_key", ctypes.c_char_p),
+    ]
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("numel", ctypes.c_uint64),
+        ("dtype", ctypes.c_uint32),
+        ("unit", ctypes.c_uint32),
+    ]
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [
+        ("reports_sent", ctypes.c_uint64),
+        ("reports_dropped", ctypes.c_uint64),
+        ("decisions", ctypes.c_uint64),
+        ("late_decisions", ctypes.c_uint64),
+        ("fallback_routes", ctypes.c_uint64),
+        ("errors", ctypes.c_uint64),
+        ("hellos", ctypes.c_uint64),
+        ("last_error", ctypes.c_int32),
+    ]
+
+
+def _find():
+    env = os.environ.get("GNMR_AGENT_LIB")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cand in (os.path.join(here, "libgnmr-agent.so"),
+                 os.path.join(here, "..", "..", "build", "lib",
+                              "libgnmr-agent.so")):
+        if os.path.exists(cand):
+            return cand
+    return ctypes.util.find_library("gnmr-agent") or "libgnmr-agent.so.0"
+
+
+def load():
+    """Loads the library and declares the signatures of its functions."""
+    lib = ctypes.CDLL(_find())
+    P = ctypes.POINTER
+    agent_p = ctypes.c_void_p
+    sigs = {
+        "gnmr_strerror": (ctypes.c_char_p, [ctypes.c_int]),
+        "gnmr_errname": (ctypes.c_char_p, [ctypes.c_int]),
+        "gnmr_params_default": (None, [P(Params)]),
+        "gnmr_agent_config_from_env": (ctypes.c_int,
+                                       [P(AgentConfig),
+                                        P(ctypes.c_char_p)]),
+        "gnmr_agent_open": (ctypes.c_int, [P(AgentConfig), P(agent_p)]),
+        "gnmr_agent_close": (None, [P(agent_p)]),
+        "gnmr_agent_report": (ctypes.c_int, [agent_p, ctypes.c_uint64,
+                                             P(Tensor), ctypes.c_size_t]),
+        "gnmr_agent_report_sums": (ctypes.c_int,
+                                   [agent_p, ctypes.c_uint64,
+                                    P(ctypes.c_double), P(ctypes.c_uint64),
+                                    P(ctypes.c_uint8)]),
+        "gnmr_agent_wait": (ctypes.c_int, [agent_p, ctypes.c_uint64,
+                                           ctypes.c_int]),
+        "gnmr_agent_route": (ctypes.c_int, [agent_p, ctypes.c_uint32]),
+        "gnmr_agent_decided_step": (ctypes.c_uint64, [agent_p]),
+        "gnmr_agent_joined": (ctypes.c_int, [agent_p]),
+        "gnmr_agent_stats_get": (ctypes.c_int, [agent_p, P(Stats)]),
+        "gnmr_reduce_cpu": (ctypes.c_int, [P(Tensor), ctypes.c_size_t,
+                                           ctypes.c_uint32,
+                                           P(ctypes.c_double),
+                                           P(ctypes.c_uint64),
+                                           P(ctypes.c_uint8)]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    return lib

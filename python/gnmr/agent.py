@@ -1,0 +1,200 @@
+# SPDX-License-Identifier: MIT
+"""The GNMR agent for Python: a thin ctypes layer over libgnmr-agent.
+
+An Agent joins a job on gnmrd, reports per-unit gradient sums of squares
+each step (from host tensors, reduced by the library in fp64, or already
+reduced), and answers which path each unit takes at the next step. Errors
+are GnmrError exceptions carrying the library's error code. Nothing here
+waits on the network beyond the timeout a call is given.
+"""
+import ctypes
+import os
+
+from . import _lib
+
+_LIB = None
+
+
+def lib():
+    """The loaded libgnmr-agent (loaded on first use)."""
+    global _LIB
+    if _LIB is None:
+        _LIB = _lib.load()
+    return _LIB
+
+
+class GnmrError(Exception):
+    """An error code of GNMR's error table (include/gnmr/error.h)."""
+
+    def __init__(self, code, what=""):
+        self.code = code
+        self.name = lib().gnmr_errname(code).decode()
+        msg = lib().gnmr_strerror(code).decode()
+        super().__init__(f"{what}: {msg} ({self.name})" if what else
+                         f"{msg} ({self.name})")
+
+
+def _check(rv, what):
+    if rv != 0:
+        raise GnmrError(rv, what)
+
+
+def default_params(**overrides):
+    """The policy's default parameters, with keyword overrides
+    (alpha, beta, window, max_active, lock_steps, warmup_steps,
+    early_alpha, early_beta, early_steps)."""
+    p = _lib.Params()
+    lib().gnmr_params_default(ctypes.byref(p))
+    for key, value in overrides.items():
+        if not any(key == f[0] for f in _lib.Params._fields_):
+            raise ValueError(f"unknown policy parameter {key!r}")
+        setattr(p, key, value)
+    return p
+
+
+def _dtype_code(dtype_name):
+    return {"float32": _lib.DTYPE_F32, "float16": _lib.DTYPE_F16,
+            "bfloat16": _lib.DTYPE_BF16, "float64": _lib.DTYPE_F64}[dtype_name]
+
+
+class Agent:
+    """One reporter (or observer) of a job.
+
+    unit_names: this rank's units; the same name on several ranks is one
+    unit sharded over them. params: a Params (default_params()). With
+    from_env, GNMR_* environment variables override the arguments (see
+    include/gnmr/agent.h for the table)."""
+
+    def __init__(self, endpoint, job, unit_names, rank=0, reporters=1,
+                 params=None, barrier_ms=0, fallback_route="low",
+                 fallback_after=0, observer=False, unit_ids=None,
+                 curve_keys=None, from_env=False):
+        self._a = ctypes.c_void_p()
+        self.n_units = len(unit_names)
+        if self.n_units == 0:
+            raise ValueError("an agent needs at least one unit")
+        names = [n.encode() for n in unit_names]
+        self._names = (ctypes.c_char_p * self.n_units)(*names)
+        cfg = _lib.AgentConfig()
+        self._keep = [endpoint.encode(), job.encode()]
+        cfg.endpoint = self._keep[0]
+        cfg.job = self._keep[1]
+        cfg.rank = rank
+        cfg.reporters = reporters
+        cfg.unit_names = self._names
+        cfg.n_units = self.n_units
+        if unit_ids is not None:
+            if len(unit_ids) != self.n_units:
+                raise ValueError("unit_ids must have one id per unit")
+            self._ids = (ctypes.c_uint32 * self.n_units)(*unit_ids)
+            cfg.unit_ids = self._ids
+        cfg.params = params if params is not None else default_params()
+        cfg.barrier_ms = barrier_ms
+        if fallback_route not in ("low", "high"):
+            raise ValueError("fallback_route is 'low' or 'high'")
+        cfg.fallback_route = (_lib.ROUTE_HIGH if fallback_route == "high"
+                              else _lib.ROUTE_LOW)
+        cfg.fallback_after = fallback_after
+        cfg.observer = 1 if observer else 0
+        if curve_keys is not None:
+            server, public, secret = (k.encode() for k in curve_keys)
+            self._keep += [server, public, secret]
+            cfg.curve_server_key = server
+            cfg.curve_public_key = public
+            cfg.curve_secret_key = secret
+        if from_env:
+            bad = ctypes.c_char_p()
+            rv = lib().gnmr_agent_config_from_env(ctypes.byref(cfg),
+                                                  ctypes.byref(bad))
+            if rv != 0:
+                raise GnmrError(rv, f"environment variable "
+                                    f"{bad.value.decode()}")
+        _check(lib().gnmr_agent_open(ctypes.byref(cfg), ctypes.byref(self._a)),
+               "gnmr_agent_open")
+        self.observer = bool(cfg.observer)
+
+    def close(self):
+        """Says Bye and frees the agent; safe to call twice."""
+        if self._a:
+            lib().gnmr_agent_close(ctypes.byref(self._a))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
+
+    def report_sums(self, step, sumsq, nonfinite=None, not_reported=None):
+        """Reports already-reduced values, one per unit: sums of squares
+        (>= 0), counts of NaN/Inf elements, and units with no value."""
+        n = self.n_units
+        if len(sumsq) != n:
+            raise ValueError(f"sumsq has {len(sumsq)} values for {n} units")
+        s = (ctypes.c_double * n)(*sumsq)
+        nf = (ctypes.c_uint64 * n)(*nonfinite) if nonfinite is not None \
+            else None
+        nr = (ctypes.c_uint8 * n)(*[1 if x else 0 for x in not_reported]) \
+            if not_reported is not None else None
+        _check(lib().gnmr_agent_report_sums(self._a, step, s, nf, nr),
+               f"report of step {step}")
+
+    def report_buffers(self, step, buffers):
+        """Reports host buffers: (unit, data pointer, element count, dtype
+        name) tuples; the library reduces them in fp64 on this thread.
+        Units without a buffer are not reported."""
+        n = len(buffers)
+        arr = (_lib.Tensor * max(n, 1))()
+        for i, (unit, ptr, numel, dtype) in enumerate(buffers):
+            if not 0 <= unit < self.n_units:
+                raise ValueError(f"unit {unit} out of range")
+            arr[i].data = ptr
+            arr[i].numel = numel
+            arr[i].dtype = _dtype_code(dtype)
+            arr[i].unit = unit
+        _check(lib().gnmr_agent_report(self._a, step, arr, n),
+               f"report of step {step}")
+
+    def wait(self, step, timeout_ms):
+        """True once the decision of step is in; False after timeout_ms
+        (the routes then come from the fallback rule)."""
+        return lib().gnmr_agent_wait(self._a, step, int(timeout_ms)) == 0
+
+    def route(self, unit):
+        """True when unit takes the recovery path at the next step."""
+        return lib().gnmr_agent_route(self._a, unit) == _lib.ROUTE_HIGH
+
+    def routes(self):
+        return [self.route(u) for u in range(self.n_units)]
+
+    @property
+    def decided_step(self):
+        return lib().gnmr_agent_decided_step(self._a)
+
+    @property
+    def joined(self):
+        return bool(lib().gnmr_agent_joined(self._a))
+
+    def stats(self):
+        st = _lib.Stats()
+        _check(lib().gnmr_agent_stats_get(self._a, ctypes.byref(st)), "stats")
+        return {f[0]: getattr(st, f[0]) for f in _lib.Stats._fields_}
+
+
+def reduce_cpu(buffers, n_units):
+    """The CPU reduction alone: per-unit (sum of squares, non-finite count)
+    of (unit, pointer, numel, dtype name) buffers."""
+    n = len(buffers)
+    arr = (_lib.Tensor * max(n, 1))()
+    for i, (unit, ptr, numel, dtype) in enumerate(buffers):
+        arr[i].data, arr[i].numel = ptr, numel
+        arr[i].dtype, arr[i].unit = _dtype_code(dtype), unit
+    s = (ctypes.c_double * n_units)()
+    nf = (ctypes.c_uint64 * n_units)()
+    _check(lib().gnmr_reduce_cpu(arr, n, n_units, s, nf, None), "reduce")
+    return list(s), list(nf)

@@ -1,0 +1,129 @@
+# SPDX-License-Identifier: MIT
+"""The PyTorch adapter: attach GNMR to a model in a few lines.
+
+    ctl = Controller(model, "ipc:///run/gnmr/agents.sock", "my-job",
+                     select=(torch.nn.Linear,), on_route=set_precision)
+    for step in range(1, steps + 1):
+        loss = model(batch).loss
+        loss.backward()
+        ctl.step(step)          # report, wait (bounded), apply routes
+        optimizer.step(); optimizer.zero_grad()
+
+Units are the modules chosen by type (`select`) and/or a regular
+expression on their names (`pattern`); a unit's gradient is that of the
+module's own parameters. After backward, `report(step)` sends every unit's
+sum of squares (host tensors are reduced by libgnmr-agent in fp64;
+parameters without a gradient make their unit "not reported"). Before the
+next forward, `apply_routes()` calls `on_route(name, module, high)` for
+every unit whose route changed, `high` meaning the recovery path.
+
+Model-parallel jobs: `tp_size` shards per replica (default 1); the global
+rank comes from RANK or SLURM_PROCID (or `global_rank`). Replica 0 of each
+shard reports; other replicas observe and receive the same routes.
+Gradients on CUDA are reduced with torch (one synchronisation) until the
+agent's CUDA backend exists.
+"""
+import os
+import re
+
+import torch
+
+from .agent import Agent
+
+_DTYPES = {torch.float32: "float32", torch.float16: "float16",
+           torch.bfloat16: "bfloat16", torch.float64: "float64"}
+
+
+def _global_rank():
+    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+class Controller:
+    def __init__(self, model, endpoint, job, select=(torch.nn.Linear,),
+                 pattern=None, on_route=None, tp_size=1, global_rank=None,
+                 wait_ms=50, **agent_kwargs):
+        rx = re.compile(pattern) if pattern else None
+        self.units = [(name, m) for name, m in model.named_modules()
+                      if (not select or isinstance(m, tuple(select)))
+                      and (rx is None or rx.search(name))
+                      and any(True for _ in m.parameters(recurse=False))]
+        if not self.units:
+            raise ValueError("no module of the model matches select/pattern")
+        rank = _global_rank() if global_rank is None else global_rank
+        self.tp_rank, self.replica = rank % tp_size, rank // tp_size
+        self.agent = Agent(endpoint, job, [n for n, _ in self.units],
+                           rank=self.tp_rank, reporters=tp_size,
+                           observer=self.replica != 0, **agent_kwargs)
+        self._params = [list(m.parameters(recurse=False))
+                        for _, m in self.units]
+        self.on_route = on_route
+        self.wait_ms = wait_ms
+        self.high = [None] * len(self.units)
+
+    def _sums_on_device(self, grads_by_unit):
+        """Per-unit (sum of squares, non-finite count) reduced by torch."""
+        sumsq, nonfinite = [], []
+        for grads in grads_by_unit:
+            if not grads:
+                sumsq.append(0.0)
+                nonfinite.append(0)
+                continue
+            flat = [g.detach().reshape(-1).double() for g in grads]
+            bad = sum(int((~torch.isfinite(f)).sum()) for f in flat)
+            s = sum(float(torch.where(torch.isfinite(f), f, 0).pow(2).sum())
+                    for f in flat)
+            sumsq.append(s)
+            nonfinite.append(bad)
+        return sumsq, nonfinite
+
+    def report(self, step):
+        """Reports the gradients of every unit for step (after backward)."""
+        grads = [[p.grad for p in ps if p.grad is not None]
+                 for ps in self._params]
+        if self.agent.observer:  # another replica reports this shard
+            self.agent.report_sums(step, [0.0] * len(grads))
+            return
+        if any(g.is_cuda for gs in grads for g in gs):
+            sumsq, nonfinite = self._sums_on_device(grads)
+            self.agent.report_sums(step, sumsq, nonfinite,
+                                   not_reported=[not gs for gs in grads])
+            return
+        keep, buffers = [], []
+        for unit, gs in enumerate(grads):
+            for g in gs:
+                g = g.detach()
+                if g.dtype not in _DTYPES:
+                    g = g.float()
+                if not g.is_contiguous():
+                    g = g.contiguous()
+                keep.append(g)  # alive until the library has read it
+                buffers.append((unit, g.data_ptr(), g.numel(),
+                                _DTYPES[g.dtype]))
+        self.agent.report_buffers(step, buffers)
+        del keep
+
+    def apply_routes(self):
+        """Calls on_route for every unit whose route changed; returns the
+        routes (True: recovery path) for the next step."""
+        for unit, (name, module) in enumerate(self.units):
+            high = self.agent.route(unit)
+            if high != self.high[unit]:
+                self.high[unit] = high
+                if self.on_route is not None:
+                    self.on_route(name, module, high)
+        return list(self.high)
+
+    def step(self, step, wait_ms=None):
+        """report(step), wait for its decision (at most wait_ms), then
+        apply_routes(). Returns whether the decision came in time."""
+        self.report(step)
+        on_time = self.agent.wait(step, self.wait_ms if wait_ms is None
+                                  else wait_ms)
+        self.apply_routes()
+        return on_time
+
+    def close(self):
+        self.agent.close()

@@ -1,0 +1,227 @@
+# SPDX-License-Identifier: MIT
+"""Tests of the gnmr Python package against a real gnmrd.
+
+Run by `make check` as `/usr/bin/python3 -m unittest discover -s
+python/tests` with GNMR_AGENT_LIB and GNMR_BIN_DIR set by the Makefile.
+"""
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch  # noqa: E402
+
+import gnmr  # noqa: E402
+from gnmr.pytorch import Controller  # noqa: E402
+
+BIN = os.environ.get("GNMR_BIN_DIR", os.path.join(
+    os.path.dirname(__file__), "..", "..", "build", "bin"))
+
+
+class Daemon:
+    """A gnmrd in a temporary directory, on a loopback TCP port."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="gnmr-py-")
+        self.proc = subprocess.Popen(
+            [os.path.join(BIN, "gnmrd"), "--data-dir", self.dir + "/data",
+             "--agents", "tcp://127.0.0.1:*", "--admin",
+             f"ipc://{self.dir}/admin.sock"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.agents = None
+        for line in self.proc.stdout:
+            m = re.match(r"gnmrd: agents (\S+)", line)
+            if m:
+                self.agents = m.group(1)
+            if line.startswith("gnmrd: admin"):
+                break
+        assert self.agents, "gnmrd did not start"
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=10)
+        self.proc.stdout.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return code
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 16)
+        self.c = torch.nn.Linear(16, 4)
+        self.frozen = torch.nn.Linear(4, 4)
+        for p in self.frozen.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        return self.frozen(self.c(torch.relu(self.b(torch.relu(self.a(x))))))
+
+
+class NormsTest(unittest.TestCase):
+    def test_reduction_equals_torch_per_unit_norms(self):
+        torch.manual_seed(1)
+        for dtype, tol in ((torch.float32, 1e-12), (torch.float64, 1e-12),
+                           (torch.bfloat16, 1e-12), (torch.float16, 1e-12)):
+            tensors = [torch.randn(n).to(dtype) for n in (1, 7, 4097, 10000)]
+            buffers = [(i % 2, t.data_ptr(), t.numel(), str(dtype)[6:])
+                       for i, t in enumerate(tensors)]
+            sumsq, nonfinite = gnmr.reduce_cpu(buffers, 2)
+            for unit in (0, 1):
+                ref = torch.cat([t.double() for i, t in enumerate(tensors)
+                                 if i % 2 == unit])
+                want = float(torch.linalg.vector_norm(ref)) ** 2
+                self.assertAlmostEqual(sumsq[unit] / want, 1.0,
+                                       delta=tol * 10, msg=str(dtype))
+                self.assertEqual(nonfinite[unit], 0)
+
+    def test_nonfinite_elements_are_counted(self):
+        t = torch.ones(5000)
+        t[0], t[4096], t[4999] = float("nan"), float("inf"), float("-inf")
+        sumsq, nonfinite = gnmr.reduce_cpu(
+            [(0, t.data_ptr(), t.numel(), "float32")], 1)
+        self.assertEqual(nonfinite[0], 3)
+        self.assertEqual(sumsq[0], 4997.0)
+
+
+class ErrorsTest(unittest.TestCase):
+    def test_bad_arguments_raise_gnmr_errors_with_codes(self):
+        with self.assertRaises(gnmr.GnmrError) as cm:
+            gnmr.Agent("tcp://127.0.0.1:1", "job", ["u"], rank=2, reporters=1)
+        self.assertEqual(cm.exception.name, "GNMR_E_INVAL")
+        self.assertEqual(cm.exception.code, -1)
+        with self.assertRaises(gnmr.GnmrError):
+            gnmr.Agent("tcp://127.0.0.1:1", "job", ["u"],
+                       params=gnmr.default_params(alpha=0.0))
+        with self.assertRaises(ValueError):
+            gnmr.default_params(nosuch=1)
+        with self.assertRaises(ValueError):
+            gnmr.Agent("tcp://127.0.0.1:1", "job", [])
+        a = gnmr.Agent("tcp://127.0.0.1:1", "job", ["u"])
+        with self.assertRaises(gnmr.GnmrError) as cm:
+            a.report_sums(0, [1.0])  # steps start at 1
+        self.assertEqual(cm.exception.name, "GNMR_E_INVAL")
+        with self.assertRaises(ValueError):
+            a.report_sums(1, [1.0, 2.0])
+        a.close()
+        a.close()  # twice is fine
+
+    def test_environment_overrides_and_bad_values_are_named(self):
+        os.environ["GNMR_MAX_ACTIVE"] = "x"
+        try:
+            with self.assertRaises(gnmr.GnmrError) as cm:
+                gnmr.Agent("tcp://127.0.0.1:1", "job", ["u"], from_env=True)
+            self.assertIn("GNMR_MAX_ACTIVE", str(cm.exception))
+        finally:
+            del os.environ["GNMR_MAX_ACTIVE"]
+
+    def test_no_daemon_means_fallback_routes_within_the_deadline(self):
+        a = gnmr.Agent("ipc:///nonexistent/gnmr.sock", "job", ["u", "v"],
+                       fallback_route="high")
+        t0 = time.monotonic()
+        for step in range(1, 6):
+            a.report_sums(step, [1.0, 2.0])
+            self.assertFalse(a.wait(step, 10))
+        self.assertLess(time.monotonic() - t0, 2.0)
+        self.assertEqual(a.routes(), [True, True])
+        self.assertEqual(a.stats()["late_decisions"], 5)
+        a.close()
+
+
+class ControllerTest(unittest.TestCase):
+    def setUp(self):
+        self.d = Daemon()
+
+    def tearDown(self):
+        self.assertEqual(self.d.stop(), 0)
+
+    def train_step(self, net, x, step, ctl, scale=None):
+        net.zero_grad()
+        net(x).pow(2).mean().backward()
+        if scale is not None:  # a transient spike in one unit's gradient
+            name, factor = scale
+            for p in dict(net.named_modules())[name].parameters():
+                p.grad.mul_(factor)
+        return ctl.step(step, wait_ms=5000)
+
+    def test_routes_reach_the_modules_at_the_next_step(self):
+        net = Net()
+        calls = []
+        ctl = Controller(net, self.d.agents, "torch-job",
+                         on_route=lambda n, m, h: calls.append((n, h)),
+                         params=gnmr.default_params(warmup_steps=0,
+                                                    max_active=1,
+                                                    lock_steps=0))
+        # the frozen module has no gradient: it is still a unit
+        self.assertEqual([n for n, _ in ctl.units], ["a", "b", "c", "frozen"])
+        x = torch.randn(32, 8)
+        for step in range(1, 8):
+            self.assertTrue(self.train_step(net, x, step, ctl))
+        self.assertEqual(ctl.high, [False] * 4)
+        calls.clear()
+        self.assertTrue(self.train_step(net, x, 8, ctl, scale=("b", 50.0)))
+        self.assertEqual(calls, [("b", True)])  # only the change is applied
+        self.assertEqual(ctl.high, [False, True, False, False])
+        calls.clear()
+        self.assertTrue(self.train_step(net, x, 9, ctl))
+        self.assertEqual(calls, [("b", False)])  # back after a calm step
+        ctl.close()
+
+    def test_nonfinite_gradient_is_selected_and_idle_unit_is_not(self):
+        net = Net()
+        ctl = Controller(net, self.d.agents, "nan-job",
+                         params=gnmr.default_params(warmup_steps=0,
+                                                    max_active=2,
+                                                    lock_steps=0))
+        x = torch.randn(16, 8)
+        for step in range(1, 4):
+            self.assertTrue(self.train_step(net, x, step, ctl))
+        net.zero_grad()
+        net(x).pow(2).mean().backward()
+        net.c.weight.grad[0, 0] = float("nan")
+        self.assertTrue(ctl.step(4, wait_ms=5000))
+        self.assertEqual(ctl.high, [False, False, True, False])
+        ctl.close()
+
+    def test_observer_replicas_get_the_same_routes(self):
+        net = Net()
+        p = gnmr.default_params(warmup_steps=0, max_active=1, lock_steps=3)
+        reporter = Controller(net, self.d.agents, "dp-job", params=p,
+                              global_rank=0)
+        replica = Controller(Net(), self.d.agents, "dp-job", params=p,
+                             global_rank=1)  # tp_size 1: replica 1 observes
+        self.assertTrue(replica.agent.observer)
+        for _ in range(200):
+            if reporter.agent.joined and replica.agent.joined:
+                break
+            time.sleep(0.02)
+        x = torch.randn(16, 8)
+        for step in range(1, 10):
+            net.zero_grad()
+            net(x).pow(2).mean().backward()
+            if step == 7:
+                for q in net.a.parameters():
+                    q.grad.mul_(100.0)
+            reporter.report(step)
+            replica.report(step)
+            self.assertTrue(reporter.agent.wait(step, 5000))
+            self.assertTrue(replica.agent.wait(step, 5000))
+            self.assertEqual(reporter.apply_routes(), replica.apply_routes())
+        self.assertTrue(reporter.high[0])
+        self.assertEqual(replica.agent.stats()["reports_sent"], 0)
+        reporter.close()
+        replica.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
