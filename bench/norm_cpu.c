@@ -25,9 +25,37 @@ static double now_s(void) {
 }
 
 typedef float v4f __attribute__((vector_size(16)));
+typedef float v8f __attribute__((vector_size(32)));
 
-/* The limit: sum of squares in fp32, 16 lanes, one pass, one core. */
+/* The limit: sum of squares in fp32, 32 lanes of AVX2 (when the CPU has
+ * it), one pass, one core: as fast as this core streams floats. */
+__attribute__((target("avx2"))) static float stream_f32_avx2(const float *x,
+                                                             size_t n) {
+  v8f a = {0}, b = {0}, c = {0}, d = {0};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    v8f p, q, r, s;
+    memcpy(&p, x + i, 32);
+    memcpy(&q, x + i + 8, 32);
+    memcpy(&r, x + i + 16, 32);
+    memcpy(&s, x + i + 24, 32);
+    a += p * p;
+    b += q * q;
+    c += r * r;
+    d += s * s;
+  }
+  v8f t = (a + b) + (c + d);
+  float sum = 0;
+  for (int k = 0; k < 8; k++)
+    sum += t[k];
+  for (; i < n; i++)
+    sum += x[i] * x[i];
+  return sum;
+}
+
 static float stream_f32(const float *x, size_t n) {
+  if (__builtin_cpu_supports("avx2"))
+    return stream_f32_avx2(x, n);
   v4f a = {0}, b = {0}, c = {0}, d = {0};
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {

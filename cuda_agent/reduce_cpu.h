@@ -5,10 +5,11 @@
 #ifndef GNMR_REDUCE_CPU_H
 #define GNMR_REDUCE_CPU_H
 
-/* 1 when the AVX2/F16C kernels run, 0 for the portable ones. */
+/* 0 for the portable kernels, 1 AVX2/F16C, 2 AVX2 with AVX-512 for fp32. */
 int gnmr__reduce_simd_level(void);
 
-/* on = 0 forces the portable kernels; on = 1 restores the detection. */
-void gnmr__reduce_set_simd(int on);
+/* Caps the level (0 forces the portable kernels, 1 AVX2); -1 or a level
+ * above the CPU's restores the detection. */
+void gnmr__reduce_set_simd(int max_level);
 
 #endif /* GNMR_REDUCE_CPU_H */
