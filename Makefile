@@ -166,7 +166,8 @@ deps-fuzz:
 
 # ---- tests ----------------------------------------------------------------
 # Tests find the binaries and ../shared through the environment.
-TEST_ENV = GNMR_BIN_DIR=$(abspath $(BUILD)/bin) GNMR_SHARED=$(SHARED)
+TEST_ENV = GNMR_BIN_DIR=$(abspath $(BUILD)/bin) GNMR_SHARED=$(SHARED) \
+           $(if $(SAN),GNMR_SANITIZED=$(SAN))
 
 test: all $(TESTS)
 	@fail=0; for t in $(TESTS); do \
