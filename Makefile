@@ -160,7 +160,7 @@ deps:
 deps-check:
 	@scripts/deps.sh build check python
 deps-demo:
-	@scripts/deps.sh build demo
+	@scripts/deps.sh build demo python
 deps-fuzz:
 	@scripts/deps.sh build fuzz
 

@@ -70,3 +70,15 @@ echo "== gnmrd counters"
 kill "$pid"
 wait "$pid" && echo "== gnmrd stopped cleanly" || { echo "gnmrd exit status $?"; exit 1; }
 pid=
+
+# A short version of the activation-quantization stress experiment
+# (examples/quant_stress.py; the full one: 3 seeds x 300 steps, see README).
+if [ "${GNMR_DEMO_STRESS:-1}" = 1 ]; then
+  echo
+  echo "== a real training run: 4-bit saved activations with transient outliers,"
+  echo "   static 8-bit vs static 4-bit vs GNMR vs random (1 seed, 120 steps, ~1 min)"
+  GNMR_AGENT_LIB="$(cd "$B/lib" && pwd)/libgnmr-agent.so" \
+    /usr/bin/python3 "$(dirname "$0")/../examples/quant_stress.py" --seeds 1 \
+    --steps 120 --variants high,low,gnmr,random --eval-every 40 \
+    --plot "$B/quant_stress_demo.png" --gnmrd-bin "$B/bin" | sed 's/^/   /'
+fi

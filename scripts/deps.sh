@@ -10,7 +10,7 @@ pkgs_build="gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compile
 pkgs_check="check valgrind clang libclang-rt-14-dev systemd man-db prometheus curl"
 pkgs_fuzz="clang libclang-rt-14-dev"
 pkgs_demo=""
-pkgs_python="python3 python3-torch libopenblas0-pthread"
+pkgs_python="python3 python3-torch libopenblas0-pthread python3-matplotlib"
 
 want=""
 for g in "$@"; do

@@ -31,6 +31,9 @@ Gnmr__Envelope *cli_admin_call(const cli_globals *g, Gnmr__Envelope *req,
   Gnmr__Envelope *env = NULL;
   zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
   zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
+  /* a send can block too: with no pipe to queue into (a refused CURVE
+   * handshake tears the session down between retries) a DEALER waits */
+  zmq_setsockopt(s, ZMQ_SNDTIMEO, &timeout_ms, sizeof timeout_ms);
   if (g->server_key != NULL || g->key_file != NULL) {
     char srv[41], pub[41], sec[41], err[300];
     if (g->server_key == NULL || g->key_file == NULL) {
@@ -53,7 +56,8 @@ Gnmr__Envelope *cli_admin_call(const cli_globals *g, Gnmr__Envelope *req,
   }
   if (gnmr__wire_encode(req, &buf, &len) != GNMR_OK ||
       zmq_send(s, buf, len, 0) < 0) {
-    fprintf(stderr, "gnmrctl: cannot send to %s\n", endpoint);
+    fprintf(stderr, "gnmrctl: no answer from gnmrd at %s within %d ms "
+                    "(cannot send)\n", endpoint, timeout_ms);
     goto out;
   }
   zmq_msg_t m;

@@ -223,5 +223,30 @@ class ControllerTest(unittest.TestCase):
         replica.close()
 
 
+class ExampleTest(unittest.TestCase):
+    def test_quant_stress_runs_a_short_configuration_end_to_end(self):
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..",
+                                        "examples"))
+        import io
+        import contextlib
+        import quant_stress
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            res = quant_stress.main(["--seeds", "1", "--steps", "30",
+                                     "--variants", "high,low,gnmr,random",
+                                     "--warmup", "5", "--eval-every", "10",
+                                     "--plot", "", "--gnmrd-bin", BIN])
+        text = out.getvalue()
+        for v in ("high", "low", "gnmr", "random"):
+            self.assertEqual(len(res[v]), 1)
+            self.assertTrue(math.isfinite(res[v][0]["val"]))
+            self.assertRegex(text, rf"\n{v} +\d+\.\d+ \+- ")
+        self.assertEqual(res["low"][0]["share"], 0.0)
+        # the random control uses GNMR's share of recovery unit-steps
+        self.assertGreater(res["gnmr"][0]["share"], 0.0)
+        self.assertAlmostEqual(res["random"][0]["share"],
+                               res["gnmr"][0]["share"], delta=0.1)
+
+
 if __name__ == "__main__":
     unittest.main()
