@@ -81,4 +81,6 @@ if [ "${GNMR_DEMO_STRESS:-1}" = 1 ]; then
     /usr/bin/python3 "$(dirname "$0")/../examples/quant_stress.py" --seeds 1 \
     --steps 120 --variants high,low,gnmr,random --eval-every 40 \
     --plot "$B/quant_stress_demo.png" --gnmrd-bin "$B/bin" | sed 's/^/   /'
+  echo "   (one short seed: differences this small are within run-to-run noise;"
+  echo "    README.md has 3 seeds x 300 steps and what they show)"
 fi
