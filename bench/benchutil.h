@@ -35,6 +35,25 @@ static inline double bu_quantile(double *v, size_t n, double q) {
   return v[(size_t)((double)(n - 1) * q)];
 }
 
+/* Waits (up to 5 s) for a forked server to write its endpoint into file,
+ * then removes the file. ep is "" when none came. */
+static inline void bu_wait_endpoint(const char *file, char *ep, size_t cap) {
+  char fmt[16];
+  snprintf(fmt, sizeof fmt, "%%%zus", cap - 1);
+  ep[0] = '\0';
+  for (int i = 0; i < 500 && ep[0] == '\0'; i++) {
+    FILE *f = fopen(file, "r");
+    if (f) {
+      if (fscanf(f, fmt, ep) != 1)
+        ep[0] = '\0';
+      fclose(f);
+    }
+    if (ep[0] == '\0')
+      usleep(10000);
+  }
+  unlink(file);
+}
+
 typedef struct bu_daemon {
   pid_t pid;
   char dir[64];
@@ -121,17 +140,8 @@ static inline double bu_raw_pushpull(int n_socks, int rounds,
     zmq_ctx_term(ctx);
     _exit(0);
   }
-  char ep[256] = "";
-  for (int i = 0; i < 500 && ep[0] == '\0'; i++) {
-    FILE *f = fopen(ep_file, "r");
-    if (f) {
-      if (fscanf(f, "%255s", ep) != 1)
-        ep[0] = '\0';
-      fclose(f);
-    }
-    usleep(10000);
-  }
-  unlink(ep_file);
+  char ep[256];
+  bu_wait_endpoint(ep_file, ep, sizeof ep);
   void *ctx = zmq_ctx_new(), **s = calloc((size_t)n_socks, sizeof *s);
   for (int r = 0; r < n_socks; r++) {
     int zero = 0, hwm = 0;

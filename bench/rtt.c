@@ -57,17 +57,8 @@ static void raw_baseline(double *lat, size_t len_report) {
   pid_t pid = fork();
   if (pid == 0)
     echo_server(ep_file);
-  char ep[256] = "";
-  for (int i = 0; i < 500 && ep[0] == '\0'; i++) {
-    FILE *f = fopen(ep_file, "r");
-    if (f) {
-      if (fscanf(f, "%255s", ep) != 1)
-        ep[0] = '\0';
-      fclose(f);
-    }
-    usleep(10000);
-  }
-  unlink(ep_file);
+  char ep[256];
+  bu_wait_endpoint(ep_file, ep, sizeof ep);
   void *ctx = zmq_ctx_new(), *socks[RANKS];
   char *payload = calloc(1, len_report);
   for (int r = 0; r < RANKS; r++) {

@@ -39,11 +39,13 @@ typedef struct rank_reg {
   uint32_t *ids;      /* job-wide id of each local unit */
 } rank_reg;
 
-/* One rank's report held until its step is decided. */
+/* One rank's report held until its step is decided: the decoded envelope
+ * itself (no copy of its arrays), freed when the step is decided. */
 typedef struct held_report {
-  double *sumsq;
-  uint64_t *nonfinite;       /* NULL: all zero */
-  protobuf_c_boolean *nr;    /* NULL: all reported */
+  Gnmr__Envelope *env;             /* owned; NULL = not reported yet */
+  const double *sumsq;             /* into env */
+  const uint64_t *nonfinite;       /* NULL: all zero */
+  const protobuf_c_boolean *nr;    /* NULL: all reported */
 } held_report;
 
 typedef struct pending {
@@ -256,11 +258,8 @@ static void reply_error(gnmrd *d, const void *id, size_t id_len, int code,
 /* ---- job lifetime ----------------------------------------------------------- */
 
 static void pending_clear(job *j, pending *p) {
-  for (uint32_t r = 0; r < j->reporters; r++) {
-    free(p->by_rank[r].sumsq);
-    free(p->by_rank[r].nonfinite);
-    free(p->by_rank[r].nr);
-  }
+  for (uint32_t r = 0; r < j->reporters; r++)
+    gnmr__wire_free(&p->by_rank[r].env);
   free(p->by_rank);
   memset(p, 0, sizeof *p);
 }
@@ -398,7 +397,7 @@ static void decide(job *j, pending *p, int by_deadline) {
   for (uint32_t r = 0; r < j->reporters; r++) { /* rank order */
     held_report *h = &p->by_rank[r];
     rank_reg *rr = &j->ranks[r];
-    if (h->sumsq == NULL)
+    if (h->env == NULL)
       continue;
     for (uint32_t i = 0; i < rr->n_units; i++) {
       uint32_t id = rr->ids[i];
@@ -844,14 +843,17 @@ static pending *find_or_add_pending(job *j, uint64_t step) {
   return p;
 }
 
-static void on_report(gnmrd *d, const void *id, size_t id_len,
-                      const Gnmr__Report *r) {
+/* Handles a Report; returns 1 when it kept env (held until its step is
+ * decided), 0 when the caller still owns it. */
+static int on_report(gnmrd *d, const void *id, size_t id_len,
+                     Gnmr__Envelope *env) {
+  const Gnmr__Report *r = env->report;
   uint64_t v;
 #define REFUSE(code, ref, ...)                                   \
   do {                                                           \
     d->c.reports_refused++;                                      \
     reply_error(d, id, id_len, code, ref, r->step, __VA_ARGS__); \
-    return;                                                      \
+    return 0;                                                    \
   } while (0)
   if (!hmap_get(&d->peers, id, id_len, &v)) {
     d->c.unknown_agent++;
@@ -891,7 +893,7 @@ static void on_report(gnmrd *d, const void *id, size_t id_len,
   }
   if (r->step <= j->last_decided) {
     d->c.late_reports++; /* dropped and counted: no reply */
-    return;
+    return 0;
   }
   rr->rejoined = 0;
   if (r->step > j->last_decided + MAX_AHEAD && j->last_decided > 0) {
@@ -908,33 +910,19 @@ static void on_report(gnmrd *d, const void *id, size_t id_len,
            MAX_PENDING);
   }
   held_report *h = &p->by_rank[pr->rank];
-  if (h->sumsq != NULL) {
+  if (h->env != NULL) {
     d->c.duplicate_reports++;
     REFUSE(GNMR_E_DUP, "step", "duplicate report for step %llu",
            (unsigned long long)r->step);
   }
-  size_t n = rr->n_units;
-  h->sumsq = malloc(n * sizeof *h->sumsq);
-  if (r->n_nonfinite)
-    h->nonfinite = malloc(n * sizeof *h->nonfinite);
-  if (r->n_not_reported)
-    h->nr = malloc(n * sizeof *h->nr);
-  if (h->sumsq == NULL || (r->n_nonfinite && !h->nonfinite) ||
-      (r->n_not_reported && !h->nr)) {
-    free(h->sumsq);
-    free(h->nonfinite);
-    free(h->nr);
-    memset(h, 0, sizeof *h);
-    REFUSE(GNMR_E_NOMEM, "step", "out of memory");
-  }
-  memcpy(h->sumsq, r->sumsq, n * sizeof *h->sumsq);
-  if (h->nonfinite)
-    memcpy(h->nonfinite, r->nonfinite, n * sizeof *h->nonfinite);
-  if (h->nr)
-    memcpy(h->nr, r->not_reported, n * sizeof *h->nr);
+  h->env = env; /* kept: its arrays are read when the step is decided */
+  h->sumsq = r->sumsq;
+  h->nonfinite = r->n_nonfinite ? r->nonfinite : NULL;
+  h->nr = r->n_not_reported ? r->not_reported : NULL;
   p->got++;
   d->c.reports++;
   decide_ready(j);
+  return 1;
 #undef REFUSE
 }
 
@@ -1008,12 +996,13 @@ void jobs_on_message(server *s, const void *id, size_t id_len,
     reply_error(d, id, id_len, rv, "envelope", 0, "%s", err);
     return;
   }
+  int kept = 0;
   switch (env->body_case) {
   case GNMR__ENVELOPE__BODY_HELLO:
     on_hello(d, id, id_len, env->hello, user);
     break;
   case GNMR__ENVELOPE__BODY_REPORT:
-    on_report(d, id, id_len, env->report);
+    kept = on_report(d, id, id_len, env);
     break;
   case GNMR__ENVELOPE__BODY_BYE:
     on_bye(d, id, id_len, env->bye);
@@ -1025,7 +1014,8 @@ void jobs_on_message(server *s, const void *id, size_t id_len,
                 (int)env->body_case);
     break;
   }
-  gnmr__wire_free(&env);
+  if (!kept)
+    gnmr__wire_free(&env);
 }
 
 void jobs_on_bad_frames(server *s, void *ctx) {
