@@ -16,7 +16,7 @@
 #define JOBS 2
 #define REPORTERS 100
 #define UNITS 10000
-#define STEPS 300
+#define STEPS 1000
 #define IN_FLIGHT 4
 
 typedef struct proc_usage {
