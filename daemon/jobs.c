@@ -116,7 +116,7 @@ static void put_event(job *j, const char *kind, uint32_t rank,
   put(j, r);
 }
 
-static void put_job(job *j, int resumed) {
+static void put_job(job *j) {
   store_rec *r = store_rec_new(REC_JOB, j->name);
   if (r == NULL)
     return;
@@ -125,7 +125,6 @@ static void put_job(job *j, int resumed) {
   r->reporters = j->reporters;
   r->barrier_ms = j->barrier_ms;
   r->params = j->hello_params;
-  r->resumed = resumed;
   put(j, r);
   if (!gnmr__params_equal(&j->params, &j->hello_params)) {
     store_rec *pr = store_rec_new(REC_PARAMS, j->name);
@@ -754,7 +753,7 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
              NULL) {
     REFUSE(GNMR_E_NOMEM, "job", "out of memory");
   } else {
-    put_job(j, 0);
+    put_job(j);
     put_event(j, "job_started", UINT32_MAX, NULL);
   }
   if (h->observer) {
@@ -887,7 +886,7 @@ static int on_report(gnmrd *d, const void *id, size_t id_len,
     j->n_pend = 0;
     j->pass++;
     j->last_decided = r->step - 1;
-    put_job(j, 1);
+    put_job(j);
     put_event(j, "job_resumed", UINT32_MAX, detail);
     LOG(INFO, "JOB-RESUME", "job %s: %s", j->name, detail);
   }
@@ -1100,7 +1099,7 @@ void jobs_restore(const store_job *sj, void *ctx) {
     for (uint32_t i = 0; i < rr->n_units; i++)
       j->shards[rr->ids[i]]++;
   }
-  put_job(j, 1);
+  put_job(j);
   char detail[96];
   snprintf(detail, sizeof detail, "pass %u: gnmrd restarted; state from the "
            "snapshot at step %llu", j->pass,

@@ -47,7 +47,6 @@ typedef struct store_rec {
   /* REC_JOB */
   uint32_t reporters, barrier_ms;
   policy_params params; /* REC_JOB, REC_PARAMS */
-  int resumed;
   /* REC_UNITS / REC_RANK */
   uint32_t rank, n;
   uint32_t *ids;
