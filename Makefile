@@ -22,11 +22,22 @@ SHARED ?= $(abspath ../shared)
 
 NVCC := $(shell command -v nvcc 2>/dev/null || \
           { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+# The CUDA backend is built wherever nvcc exists (CUDA=0 turns it off).
+# Its kernel is compiled for sm_80 and sm_90 plus compute_75 PTX, which the
+# driver compiles for any newer GPU; CUDA_ARCH overrides the list.
+CUDA ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 \
+             -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_75,code=compute_75
+NVCCFLAGS ?= -O3
+NVCCFLAGS += -std=c++17 -Iinclude -Icuda_agent $(CUDA_ARCH) -Werror all-warnings \
+             -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wformat=2 \
         -Wno-format-nonliteral
 GEN := $(BUILD)/gen
-CPPFLAGS += -D_GNU_SOURCE -DGNMR_VERSION='"$(VERSION)"' \
+CPPFLAGS += -D_GNU_SOURCE -DGNMR_VERSION='"$(VERSION)"' -DGNMR_HAVE_CUDA=$(CUDA) \
             -Iinclude -Icommon -Ipolicy -Iclient -Iproto -Icuda_agent -I$(GEN)
 CFLAGS ?= $(OPT) -g
 CFLAGS += -std=c11 $(WARN) -fvisibility=hidden -fPIC -pthread
@@ -55,7 +66,18 @@ WIRE_SRC := proto/wire.c proto/validate.c
 PROTO_C := $(GEN)/proto/gnmr.pb-c.c
 CLIENT_SRC := client/policy_opts.c client/replay.c
 GNMRCTL_SRC := $(wildcard client/cli/*.c)
-AGENT_SRC := cuda_agent/agent.c cuda_agent/reduce_cpu.c
+AGENT_SRC := cuda_agent/agent.c cuda_agent/reduce_cpu.c cuda_agent/cuda_plan.c
+ifeq ($(CUDA),1)
+AGENT_SRC += cuda_agent/cuda_backend.c
+AGENT_CU := cuda_agent/norm_kernel.cu
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+$(BUILD)/obj/cuda_agent/cuda_backend.o: CPPFLAGS += -isystem $(CUDA_HOME)/include
+else
+AGENT_SRC += cuda_agent/cuda_none.c
+AGENT_CU :=
+CUDA_LIBS :=
+endif
+AGENT_OBJ = $(call obj,$(AGENT_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.o,$(AGENT_CU))
 GNMRD_SRC := $(wildcard daemon/*.c)
 SIM_SRC := $(wildcard sim/*.c)
 
@@ -86,16 +108,22 @@ all: buildinfo $(PROGRAMS) $(SO_AGENT)
 
 buildinfo:
 	@echo "GNMR $(VERSION): building policy engine, gnmrd, gnmrctl, gnmr-sim, libgnmr-agent (CPU backend) into $(BUILD)/ $(if $(SAN),(sanitizer: $(SAN)))"
-	@if [ -n "$(NVCC)" ]; then \
-	  echo "  nvcc: $(NVCC) found; CUDA backend: no CUDA sources in cuda_agent/ yet, nothing to build"; \
+	@if [ "$(CUDA)" = 1 ]; then \
+	  echo "  nvcc: $(NVCC); building the CUDA backend (cuda_agent/norm_kernel.cu; GPU tests: make test-gpu)"; \
+	elif [ -n "$(NVCC)" ]; then \
+	  echo "  nvcc: $(NVCC), but CUDA=0: CUDA backend not built (its calls return GNMR_E_UNSUPPORTED)"; \
 	else \
-	  echo "  nvcc: not found; CUDA backend skipped"; \
+	  echo "  nvcc: not found; CUDA backend not built (its calls return GNMR_E_UNSUPPORTED)"; \
 	fi
 
 # ---- rules --------------------------------------------------------------
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu cuda_agent/cuda_plan.h cuda_agent/cuda_backend.h cuda_agent/dtype.h include/gnmr/agent.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 # Generated protobuf-c code: never edited, relaxed warnings.
 $(GEN)/proto/gnmr.pb-c.c $(GEN)/proto/gnmr.pb-c.h: proto/gnmr.proto
@@ -111,16 +139,16 @@ $(LIB_COMMON): $(call obj,$(COMMON_SRC))
 $(LIB_POLICY): $(call obj,$(POLICY_SRC))
 $(LIB_CLIENT): $(call obj,$(CLIENT_SRC))
 $(LIB_WIRE): $(call obj,$(WIRE_SRC)) $(BUILD)/obj/gen/gnmr.pb-c.o
-$(LIB_AGENT): $(call obj,$(AGENT_SRC))
+$(LIB_AGENT): $(AGENT_OBJ)
 $(BUILD)/lib/%.a:
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
 # The shared agent (for Python's ctypes): only gnmr_* symbols are visible.
-$(SO_AGENT): $(call obj,$(AGENT_SRC)) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
+$(SO_AGENT): $(AGENT_OBJ) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	$(CC) -shared $(CFLAGS) $(LDFLAGS) -Wl,-soname,libgnmr-agent.so.0 $^ \
-	  $(NET_LIBS) $(LDLIBS) -o $@
+	  $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 
 $(GNMRCTL): $(call obj,$(GNMRCTL_SRC)) $(LIB_CLIENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
@@ -132,7 +160,7 @@ $(GNMRD): $(call obj,$(GNMRD_SRC)) $(LIB_CLIENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB
 
 $(GNMR_SIM): $(call obj,$(SIM_SRC)) $(LIB_CLIENT) $(LIB_AGENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 
 TEST_LIBS := $(LIB_CLIENT) $(LIB_AGENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
 
@@ -142,17 +170,17 @@ $(BUILD)/obj/tests/%.o: tests/%.c
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(CHECK_LIBS) $(NET_LIBS) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(CHECK_LIBS) $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 $(BUILD)/obj/tests/%.o: $(GEN)/proto/gnmr.pb-c.h
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 $(BUILD)/obj/bench/%.o: $(GEN)/proto/gnmr.pb-c.h
 $(BUILD)/obj/bench/store.o: CPPFLAGS += -Idaemon
 $(BUILD)/bench/store: $(BUILD)/obj/bench/store.o $(BUILD)/obj/daemon/store.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(DB_LIBS) $(NET_LIBS) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(DB_LIBS) $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 
 # ---- dependencies (Debian packages) --------------------------------------
 deps:

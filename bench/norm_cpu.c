@@ -201,7 +201,7 @@ int main(void) {
     }
     for (uint64_t k = 0; k < j.sizes[i]; k++)
       x[k] = (float)((k * 2654435761u) % 2001) * 1e-3f - 1.0f;
-    j.t[i] = (gnmr_tensor){x, j.sizes[i], GNMR_DTYPE_F32, (uint32_t)(i % 8)};
+    j.t[i] = (gnmr_tensor){x, j.sizes[i], GNMR_DTYPE_F32, (uint32_t)(i % 8), 0};
   }
   double lim = best_of(run_limit_f32, &j), ours = best_of(run_gnmr, &j);
   double gb = (double)TOTAL * 4 / 1e9;
@@ -221,7 +221,7 @@ int main(void) {
     }
     for (uint64_t k = 0; k < j.sizes[i]; k++)
       x[k] = (uint16_t)(0x3c00 + (k * 2654435761u) % 0x300);
-    j.t[i] = (gnmr_tensor){x, j.sizes[i], GNMR_DTYPE_BF16, (uint32_t)(i % 8)};
+    j.t[i] = (gnmr_tensor){x, j.sizes[i], GNMR_DTYPE_BF16, (uint32_t)(i % 8), 0};
   }
   lim = best_of(run_limit_bf16, &j);
   ours = best_of(run_gnmr, &j);

@@ -16,6 +16,7 @@
 #include <zmq.h>
 
 #include "gnmr/agent.h"
+#include "agent_internal.h"
 #include "keys.h"
 #include "num.h"
 #include "text.h"
@@ -40,7 +41,8 @@ struct gnmr_agent {
   gnmr_params params;
 
   void *zctx;
-  void *push; /* training thread's end of the report pipe */
+  void *push; /* reporters' end of the report pipe (push_mu) */
+  pthread_mutex_t push_mu; /* the training and CUDA completion threads */
   void *dealer, *pull, *monitor; /* made in open(), then owned by the I/O
                                     thread */
   char pipe_addr[64];
@@ -577,6 +579,7 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
     memcpy(a->req_ids, cfg->unit_ids, cfg->n_units * sizeof *a->req_ids);
   }
   pthread_mutex_init(&a->mu, NULL);
+  pthread_mutex_init(&a->push_mu, NULL);
   {
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -613,6 +616,7 @@ err_ctx:
   ctx_release();
 err_sync:
   pthread_mutex_destroy(&a->mu);
+  pthread_mutex_destroy(&a->push_mu);
   pthread_cond_destroy(&a->cv);
 err_free:
   if (a->names)
@@ -636,19 +640,28 @@ void gnmr_agent_close(gnmr_agent **pa) {
   zmq_close(a->push);
   ctx_release();
   pthread_mutex_destroy(&a->mu);
+  pthread_mutex_destroy(&a->push_mu);
   pthread_cond_destroy(&a->cv);
   free_config(a);
   free(a);
   *pa = NULL;
 }
 
-/* Encodes and queues a report; the arrays are n_units long. */
+/* last_reported only grows: CUDA results arrive after later steps began. */
+static void mark_reported(gnmr_agent *a, uint64_t step) {
+  uint_fast64_t cur = atomic_load(&a->last_reported);
+  while (cur < step &&
+         !atomic_compare_exchange_weak(&a->last_reported, &cur, step))
+    ;
+}
+
+/* Encodes and queues a report; the arrays are n_units long. Any thread. */
 static int queue_report(gnmr_agent *a, uint64_t step, double *sumsq,
                         uint64_t *nonfinite, protobuf_c_boolean *nr,
                         int any_nonfinite, int any_nr) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   if (a->observer) { /* another replica reports this shard */
-    atomic_store(&a->last_reported, step);
+    mark_reported(a, step);
     return GNMR_OK;
   }
   Gnmr__Report r = GNMR__REPORT__INIT;
@@ -667,11 +680,11 @@ static int queue_report(gnmr_agent *a, uint64_t step, double *sumsq,
   env.report = &r;
   if (gnmr__wire_encode(&env, &buf, &len) != GNMR_OK)
     return GNMR_E_NOMEM;
-  atomic_store(&a->last_reported, step);
-  if (zmq_send(a->push, buf, len, ZMQ_DONTWAIT) < 0)
-    atomic_fetch_add(&a->reports_dropped, 1);
-  else
-    atomic_fetch_add(&a->reports_sent, 1);
+  mark_reported(a, step);
+  pthread_mutex_lock(&a->push_mu);
+  int sent = zmq_send(a->push, buf, len, ZMQ_DONTWAIT) >= 0;
+  pthread_mutex_unlock(&a->push_mu);
+  atomic_fetch_add(sent ? &a->reports_sent : &a->reports_dropped, 1);
   free(buf);
   return GNMR_OK;
 }
@@ -711,7 +724,7 @@ int gnmr_agent_report(gnmr_agent *a, uint64_t step, const gnmr_tensor *t,
   if (a == NULL || step == 0 || step <= atomic_load(&a->last_reported))
     return GNMR_E_INVAL;
   if (a->observer) { /* no reduction: another replica reports */
-    atomic_store(&a->last_reported, step);
+    mark_reported(a, step);
     return GNMR_OK;
   }
   double *s = calloc(a->n_units, sizeof *s);
@@ -808,4 +821,37 @@ int gnmr_agent_stats_get(const gnmr_agent *a, gnmr_agent_stats *o) {
   o->hellos = atomic_load(&a->hellos);
   o->last_error = atomic_load(&a->last_error);
   return GNMR_OK;
+}
+
+/* --- for the CUDA backend (cuda_backend.h) ---------------------------------- */
+
+uint32_t gnmr__agent_n_units(const gnmr_agent *a) { return a->n_units; }
+
+int gnmr__agent_begin_step(gnmr_agent *a, uint64_t step) {
+  if (step == 0 || step <= atomic_load(&a->last_reported))
+    return GNMR_E_INVAL;
+  mark_reported(a, step);
+  return a->observer ? 1 : GNMR_OK;
+}
+
+int gnmr__agent_queue_seen(gnmr_agent *a, uint64_t step, const double *sumsq,
+                           const uint64_t *nonfinite, const uint8_t *seen) {
+  double *s = malloc(a->n_units * sizeof *s);
+  uint64_t *nf = calloc(a->n_units, sizeof *nf);
+  protobuf_c_boolean *nr = calloc(a->n_units, sizeof *nr);
+  int any_nf = 0, any_nr = 0, rv = GNMR_E_NOMEM;
+  if (s && nf && nr) {
+    for (uint32_t i = 0; i < a->n_units; i++) {
+      nr[i] = !seen[i];
+      s[i] = seen[i] && sumsq[i] >= 0 ? sumsq[i] : 0;
+      nf[i] = seen[i] ? nonfinite[i] : 0;
+      any_nr |= !seen[i];
+      any_nf |= nf[i] != 0;
+    }
+    rv = queue_report(a, step, s, nf, nr, any_nf, any_nr);
+  }
+  free(s);
+  free(nf);
+  free(nr);
+  return rv;
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "gnmr/agent.h"
+#include "dtype.h"
 #include "reduce_cpu.h"
 
 #if defined(__x86_64__)
@@ -191,28 +192,11 @@ static double recount_f64(const double *x, size_t n, uint64_t *bad) {
   return s;
 }
 
-/* fp16 -> fp32 through a table of all 65536 values, built once. */
+/* fp16 -> fp32 through a table of all 65536 values, fp8 through tables of
+ * 256, built once with the decoders the CUDA kernel uses (dtype.h). */
 static float f16_table[65536];
+static float e4m3_table[256], e5m2_table[256];
 static pthread_once_t f16_once = PTHREAD_ONCE_INIT;
-
-static float f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f,
-           man = h & 0x3ff, bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (man << 13); /* Inf / NaN */
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    bits = sign;
-  } else { /* subnormal: value = man * 2^-24 */
-    float f = (float)man * 0x1p-24f;
-    memcpy(&bits, &f, sizeof bits);
-    bits |= sign;
-  }
-  float out;
-  memcpy(&out, &bits, sizeof out);
-  return out;
-}
 
 /* SIMD level: 0 portable, 1 AVX2 (+F16C), 2 AVX2 + AVX-512F (fp32 uses
  * the AVX-512 kernel). Chosen once. */
@@ -221,7 +205,11 @@ static int simd_forced = -1;
 
 static void f16_init(void) {
   for (uint32_t i = 0; i < 65536; i++)
-    f16_table[i] = f16_to_f32((uint16_t)i);
+    f16_table[i] = gnmr__f16_f32((uint16_t)i);
+  for (uint32_t i = 0; i < 256; i++) {
+    e4m3_table[i] = gnmr__e4m3_f32((uint8_t)i);
+    e5m2_table[i] = gnmr__e5m2_f32((uint8_t)i);
+  }
 #ifdef GNMR_HAVE_X86
   __builtin_cpu_init();
   simd_level = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
@@ -238,9 +226,15 @@ int gnmr__reduce_simd_level(void) {
                                                       : simd_level;
 }
 
-/* Widens a block of 16-bit values to fp32 in tmp. */
-static void widen(const uint16_t *src, size_t n, uint32_t dtype, float *tmp) {
-  if (dtype == GNMR_DTYPE_BF16) {
+/* Widens a block of 16-bit or 8-bit values to fp32 in tmp. */
+static void widen(const void *data, size_t n, uint32_t dtype, float *tmp) {
+  const uint16_t *src = data;
+  const uint8_t *b = data;
+  if (dtype == GNMR_DTYPE_F8E4M3 || dtype == GNMR_DTYPE_F8E5M2) {
+    const float *tab = dtype == GNMR_DTYPE_F8E4M3 ? e4m3_table : e5m2_table;
+    for (size_t i = 0; i < n; i++)
+      tmp[i] = tab[b[i]];
+  } else if (dtype == GNMR_DTYPE_BF16) {
     for (size_t i = 0; i < n; i++) {
       uint32_t bits = (uint32_t)src[i] << 16;
       memcpy(&tmp[i], &bits, sizeof bits);
@@ -259,7 +253,7 @@ static double reduce_tensor(const gnmr_tensor *t, uint64_t *bad, int simd) {
     size_t n = (size_t)(t->numel - off < BLOCK ? t->numel - off : BLOCK);
     double s;
 #ifdef GNMR_HAVE_X86
-    if (simd && t->dtype != GNMR_DTYPE_F64) {
+    if (simd && t->dtype != GNMR_DTYPE_F64 && t->dtype < GNMR_DTYPE_F8E4M3) {
       const uint16_t *h = (const uint16_t *)t->data + off;
       if (t->dtype == GNMR_DTYPE_F32)
         s = simd == 2 ? ss_f32_avx512((const float *)t->data + off, n)
@@ -297,6 +291,13 @@ static double reduce_tensor(const gnmr_tensor *t, uint64_t *bad, int simd) {
         s = recount_f64(x, n, bad);
       break;
     }
+    case GNMR_DTYPE_F8E4M3:
+    case GNMR_DTYPE_F8E5M2:
+      widen((const uint8_t *)t->data + off, n, t->dtype, tmp);
+      s = ss_f32(tmp, n);
+      if (!isfinite(s))
+        s = recount_f32(tmp, n, bad);
+      break;
     default: {
       widen((const uint16_t *)t->data + off, n, t->dtype, tmp);
       s = ss_f32(tmp, n);
@@ -307,6 +308,8 @@ static double reduce_tensor(const gnmr_tensor *t, uint64_t *bad, int simd) {
     }
     total += s;
   }
+  if (t->scale != 0)
+    total *= t->scale * t->scale;
   return total;
 }
 
@@ -316,8 +319,9 @@ int gnmr_reduce_cpu(const gnmr_tensor *tensors, size_t n, uint32_t n_units,
     return GNMR_E_INVAL;
   for (size_t i = 0; i < n; i++) {
     const gnmr_tensor *t = &tensors[i];
-    if (t->unit >= n_units || t->dtype > GNMR_DTYPE_F64 ||
-        (t->data == NULL && t->numel > 0))
+    if (t->unit >= n_units || t->dtype > GNMR_DTYPE_F8E5M2 ||
+        (t->data == NULL && t->numel > 0) || !(t->scale >= 0) ||
+        !isfinite(t->scale))
       return GNMR_E_INVAL;
   }
   int simd = gnmr__reduce_simd_level();

@@ -51,9 +51,9 @@ import gnmr  # noqa: E402
 from gnmr.pytorch import Controller  # noqa: E402
 
 
-def fake_quant(x, bits):
+def fake_quant(x, bits, amax_mult=1.0):
     qmax = 2 ** (bits - 1) - 1
-    scale = x.abs().max().clamp(min=1e-12) / qmax
+    scale = x.abs().max().clamp(min=1e-12) * amax_mult / qmax
     return (x / scale).round().clamp(-qmax, qmax) * scale
 
 
@@ -61,9 +61,10 @@ class _SavedActQuant(torch.autograd.Function):
     """y = x W^T + b exactly; backward uses a fake-quantized x."""
 
     @staticmethod
-    def forward(ctx, x, w, b, bits):
+    def forward(ctx, x, w, b, bits, amax_mult):
         y = F.linear(x, w, b)
-        ctx.save_for_backward(fake_quant(x, bits) if bits < 32 else x, w)
+        ctx.save_for_backward(fake_quant(x, bits, amax_mult) if bits < 32
+                              else x, w)
         return y
 
     @staticmethod
@@ -71,7 +72,7 @@ class _SavedActQuant(torch.autograd.Function):
         xq, w = ctx.saved_tensors
         g2 = gy.reshape(-1, gy.shape[-1])
         return (gy @ w, g2.t() @ xq.reshape(-1, xq.shape[-1]), g2.sum(0),
-                None)
+                None, None)
 
 
 class QLinear(torch.nn.Linear):
@@ -83,11 +84,19 @@ class QLinear(torch.nn.Linear):
         self.bits, self.outlier_left, self.outlier = 32, 0, None
 
     def forward(self, x):
+        amax_mult = 1.0
         if self.outlier_left > 0:
-            tokens, scale = self.outlier
-            x = x.clone()
-            x[:, tokens, :] *= scale
-        return _SavedActQuant.apply(x, self.weight, self.bias, self.bits)
+            kind, idx, scale = self.outlier
+            if kind == "tokens":
+                x = x.clone()
+                x[:, idx, :] *= scale
+            elif kind == "channels":
+                x = x.clone()
+                x[:, :, idx] *= scale
+            else:  # "amax": only the quantizer's scale sees the spike
+                amax_mult = scale
+        return _SavedActQuant.apply(x, self.weight, self.bias, self.bits,
+                                    amax_mult)
 
 
 class Block(torch.nn.Module):
@@ -150,10 +159,12 @@ def outlier_schedule(units, steps, args, seed):
         t = 1
         while t <= steps:
             if rng.random() < args.outlier_rate:
-                tokens = rng.sample(range(args.ctx), args.outlier_tokens)
+                pool = args.ctx if args.outlier_kind == "tokens" else args.d
+                idx = rng.sample(range(pool), args.outlier_tokens)
                 for k in range(args.outlier_steps):
                     if t + k <= steps:
-                        sched[t + k][u] = (tokens, args.outlier_scale)
+                        sched[t + k][u] = (args.outlier_kind, idx,
+                                           args.outlier_scale)
                 t += args.outlier_steps
             t += 1
     return sched
@@ -255,6 +266,8 @@ def main(argv=None):
     p.add_argument("--outlier-steps", type=int, default=3)
     p.add_argument("--outlier-tokens", type=int, default=2)
     p.add_argument("--outlier-scale", type=float, default=100.0)
+    p.add_argument("--outlier-kind", default="tokens",
+                   choices=("tokens", "channels", "amax"))
     p.add_argument("--alpha", type=float, default=2.0)
     p.add_argument("--beta", type=float, default=2.0)
     p.add_argument("--max-active", type=int, default=2)

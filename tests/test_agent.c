@@ -34,7 +34,7 @@ START_TEST(fp32_sum_of_squares_matches_long_double_reference) {
       x[i] = (float)((rand_r(&seed) % 20001) - 10000) * 1e-3f;
       ref += (long double)x[i] * x[i];
     }
-    gnmr_tensor t = {x, n, GNMR_DTYPE_F32, 0};
+    gnmr_tensor t = {x, n, GNMR_DTYPE_F32, 0, 0};
     double s = 0;
     uint64_t nf = 0;
     uint8_t seen = 0;
@@ -45,6 +45,54 @@ START_TEST(fp32_sum_of_squares_matches_long_double_reference) {
                   (unsigned long long)n, s, ref);
     free(x);
   }
+}
+END_TEST
+
+START_TEST(fp8_values_decode_to_the_ocp_formats_and_scale_applies) {
+  /* every byte of both formats, against values computed from the OCP
+   * definitions here (not from the decoder under test) */
+  uint8_t all[256];
+  long double ref4 = 0, ref5 = 0;
+  for (int i = 0; i < 256; i++) {
+    all[i] = (uint8_t)i;
+    int sgn = i >> 7, e4 = (i >> 3) & 15, m3 = i & 7;
+    if (!(e4 == 15 && m3 == 7)) { /* E4M3: only S.1111.111 is NaN */
+      long double v = e4 ? ldexpl(1 + m3 / 8.0L, e4 - 7) : ldexpl(m3, -9);
+      ref4 += v * v;
+    }
+    int e5 = (i >> 2) & 31, m2 = i & 3;
+    if (e5 != 31) {
+      long double v = e5 ? ldexpl(1 + m2 / 4.0L, e5 - 15) : ldexpl(m2, -16);
+      ref5 += v * v;
+    }
+    (void)sgn;
+  }
+  gnmr_tensor t[3] = {{all, 256, GNMR_DTYPE_F8E4M3, 0, 0},
+                      {all, 256, GNMR_DTYPE_F8E5M2, 1, 0},
+                      {all, 256, GNMR_DTYPE_F8E4M3, 2, 0.5}};
+  double s[3] = {0};
+  uint64_t nf[3] = {0};
+  ck_assert_int_eq(gnmr_reduce_cpu(t, 3, 3, s, nf, NULL), GNMR_OK);
+  ck_assert_uint_eq(nf[0], 2); /* 0x7f, 0xff */
+  ck_assert_uint_eq(nf[1], 8); /* 0x7c..0x7f, 0xfc..0xff */
+  ck_assert_uint_eq(nf[2], 2);
+  ck_assert_msg(fabsl(s[0] - ref4) <= 1e-12L * ref4, "%g vs %Lg", s[0], ref4);
+  ck_assert_msg(fabsl(s[1] - ref5) <= 1e-12L * ref5, "%g vs %Lg", s[1], ref5);
+  ck_assert(s[2] == s[0] * 0.25); /* scale 0.5: sum times 0.25 */
+  /* the largest finite values */
+  uint8_t big[2] = {0x7e, 0x7b};
+  gnmr_tensor b[2] = {{big, 1, GNMR_DTYPE_F8E4M3, 0, 0},
+                      {big + 1, 1, GNMR_DTYPE_F8E5M2, 1, 0}};
+  double bs[2] = {0};
+  uint64_t bn[2] = {0};
+  ck_assert_int_eq(gnmr_reduce_cpu(b, 2, 2, bs, bn, NULL), GNMR_OK);
+  ck_assert(bs[0] == 448.0 * 448.0);
+  ck_assert(bs[1] == 57344.0 * 57344.0);
+  /* a bad scale is refused */
+  gnmr_tensor neg = {all, 4, GNMR_DTYPE_F8E4M3, 0, -2.0};
+  ck_assert_int_eq(gnmr_reduce_cpu(&neg, 1, 1, s, nf, NULL), GNMR_E_INVAL);
+  neg.scale = NAN;
+  ck_assert_int_eq(gnmr_reduce_cpu(&neg, 1, 1, s, nf, NULL), GNMR_E_INVAL);
 }
 END_TEST
 
@@ -67,7 +115,7 @@ START_TEST(half_precision_dtypes_are_widened_exactly) {
     hf[i] = hv[i % 5];
     ref_hf += (long double)hval[i % 5] * hval[i % 5];
   }
-  gnmr_tensor t[2] = {{bf, N, GNMR_DTYPE_BF16, 0}, {hf, N, GNMR_DTYPE_F16, 1}};
+  gnmr_tensor t[2] = {{bf, N, GNMR_DTYPE_BF16, 0, 0}, {hf, N, GNMR_DTYPE_F16, 1, 0}};
   double s[2] = {0, 0};
   uint64_t nf[2] = {0, 0};
   ck_assert_int_eq(gnmr_reduce_cpu(t, 2, 2, s, nf, NULL), GNMR_OK);
@@ -89,7 +137,7 @@ START_TEST(nonfinite_elements_are_counted_exactly_and_excluded) {
   int bad[] = {0, 4095, 4096, 8191, 8192, N - 1, 100};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     x[bad[i]] = (i % 3 == 0) ? NAN : (i % 3 == 1 ? INFINITY : -INFINITY);
-  gnmr_tensor t = {x, N, GNMR_DTYPE_F32, 0};
+  gnmr_tensor t = {x, N, GNMR_DTYPE_F32, 0, 0};
   double s = 0;
   uint64_t nf = 0;
   ck_assert_int_eq(gnmr_reduce_cpu(&t, 1, 1, &s, &nf, NULL), GNMR_OK);
@@ -99,7 +147,7 @@ START_TEST(nonfinite_elements_are_counted_exactly_and_excluded) {
   /* fp16 Inf/NaN and f64 */
   uint16_t h[4] = {0x7c00, 0x7e00, 0x3c00, 0xfc00}; /* inf, nan, 1, -inf */
   double dd[3] = {3, NAN, 4};
-  gnmr_tensor t2[2] = {{h, 4, GNMR_DTYPE_F16, 0}, {dd, 3, GNMR_DTYPE_F64, 1}};
+  gnmr_tensor t2[2] = {{h, 4, GNMR_DTYPE_F16, 0, 0}, {dd, 3, GNMR_DTYPE_F64, 1, 0}};
   double s2[2] = {0, 0};
   uint64_t nf2[2] = {0, 0};
   ck_assert_int_eq(gnmr_reduce_cpu(t2, 2, 2, s2, nf2, NULL), GNMR_OK);
@@ -113,9 +161,9 @@ END_TEST
 START_TEST(several_tensors_of_one_unit_add_up_and_bad_input_is_refused) {
   gnmr__reduce_set_simd(_i); /* 0 portable, 1 AVX2, 2 AVX-512 (as the CPU has) */
   float a[3] = {1, 2, 3}, b[2] = {4, 0};
-  gnmr_tensor t[3] = {{a, 3, GNMR_DTYPE_F32, 1},
-                      {b, 2, GNMR_DTYPE_F32, 1},
-                      {NULL, 0, GNMR_DTYPE_F32, 0}}; /* empty tensor */
+  gnmr_tensor t[3] = {{a, 3, GNMR_DTYPE_F32, 1, 0},
+                      {b, 2, GNMR_DTYPE_F32, 1, 0},
+                      {NULL, 0, GNMR_DTYPE_F32, 0, 0}}; /* empty tensor */
   double s[2] = {0, 0};
   uint64_t nf[2] = {0, 0};
   uint8_t seen[2] = {0, 0};
@@ -123,13 +171,13 @@ START_TEST(several_tensors_of_one_unit_add_up_and_bad_input_is_refused) {
   ck_assert_double_eq(s[1], 30);
   ck_assert_double_eq(s[0], 0);
   ck_assert_int_eq(seen[0], 1); /* an empty tensor still reports its unit */
-  gnmr_tensor bad_unit = {a, 3, GNMR_DTYPE_F32, 2};
+  gnmr_tensor bad_unit = {a, 3, GNMR_DTYPE_F32, 2, 0};
   ck_assert_int_eq(gnmr_reduce_cpu(&bad_unit, 1, 2, s, nf, NULL),
                    GNMR_E_INVAL);
-  gnmr_tensor bad_dtype = {a, 3, 99, 0};
+  gnmr_tensor bad_dtype = {a, 3, 99, 0, 0};
   ck_assert_int_eq(gnmr_reduce_cpu(&bad_dtype, 1, 2, s, nf, NULL),
                    GNMR_E_INVAL);
-  gnmr_tensor null_data = {NULL, 3, GNMR_DTYPE_F32, 0};
+  gnmr_tensor null_data = {NULL, 3, GNMR_DTYPE_F32, 0, 0};
   ck_assert_int_eq(gnmr_reduce_cpu(&null_data, 1, 2, s, nf, NULL),
                    GNMR_E_INVAL);
   ck_assert_int_eq(gnmr_reduce_cpu(t, 1, 2, NULL, nf, NULL), GNMR_E_INVAL);
@@ -191,7 +239,7 @@ START_TEST(agent_without_daemon_keeps_stepping_within_its_deadline) {
   gnmr_agent *a;
   ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
   float g[4] = {1, 2, 3, 4};
-  gnmr_tensor t = {g, 4, GNMR_DTYPE_F32, 0};
+  gnmr_tensor t = {g, 4, GNMR_DTYPE_F32, 0, 0};
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   for (uint64_t step = 1; step <= 20; step++) {
@@ -461,6 +509,7 @@ static Suite *suite(void) {
   TCase *tc = tcase_create("reduce");
   tcase_add_loop_test(tc, fp32_sum_of_squares_matches_long_double_reference, 0, 3);
   tcase_add_loop_test(tc, half_precision_dtypes_are_widened_exactly, 0, 3);
+  tcase_add_test(tc, fp8_values_decode_to_the_ocp_formats_and_scale_applies);
   tcase_add_loop_test(tc, nonfinite_elements_are_counted_exactly_and_excluded, 0, 3);
   tcase_add_loop_test(tc, several_tensors_of_one_unit_add_up_and_bad_input_is_refused, 0, 3);
   suite_add_tcase(s, tc);

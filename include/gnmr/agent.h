@@ -24,6 +24,8 @@ enum gnmr_dtype {
   GNMR_DTYPE_F16 = 1,
   GNMR_DTYPE_BF16 = 2,
   GNMR_DTYPE_F64 = 3,
+  GNMR_DTYPE_F8E4M3 = 4, /* OCP FP8 E4M3 (no Inf; S.1111.111 is NaN) */
+  GNMR_DTYPE_F8E5M2 = 5, /* OCP FP8 E5M2 */
 };
 
 /* The job's policy parameters (docs/policy.md). early_alpha/early_beta 0
@@ -63,13 +65,18 @@ typedef struct gnmr_agent_config {
   const char *curve_secret_key;
 } gnmr_agent_config;
 
-/* One tensor of a report: host memory, numel elements of dtype, belonging
- * to this reporter's unit `unit` (index into unit_names). */
+/* One tensor of a report: numel elements of dtype at data (host memory for
+ * gnmr_agent_report, device memory for the CUDA backend), belonging to this
+ * reporter's unit `unit` (index into unit_names). scale multiplies every
+ * element (an FP8 tensor's per-tensor dequantisation scale): the tensor
+ * adds scale^2 times its raw sum of squares. 0 means 1, so a zeroed
+ * struct needs no scale. */
 typedef struct gnmr_tensor {
   const void *data;
   uint64_t numel;
   uint32_t dtype;  /* enum gnmr_dtype */
   uint32_t unit;
+  double scale;
 } gnmr_tensor;
 
 typedef struct gnmr_agent_stats {

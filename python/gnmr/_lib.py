@@ -11,6 +11,7 @@ import os
 
 ROUTE_LOW, ROUTE_HIGH = 0, 1
 DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_F64 = 0, 1, 2, 3
+DTYPE_F8E4M3, DTYPE_F8E5M2 = 4, 5
 
 
 class Params(ctypes.Structure):
@@ -54,6 +55,7 @@ class Tensor(ctypes.Structure):
         ("numel", ctypes.c_uint64),
         ("dtype", ctypes.c_uint32),
         ("unit", ctypes.c_uint32),
+        ("scale", ctypes.c_double),
     ]
 
 

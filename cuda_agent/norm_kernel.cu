@@ -1,0 +1,385 @@
+// SPDX-License-Identifier: MIT
+// norm_kernel.cu — the CUDA backend's one kernel: per-unit sums of squares
+// and non-finite counts of every registered gradient, in a single launch.
+//
+// Each block takes chunks in a grid-stride loop. In a chunk, thread t
+// accumulates in fp32 (fmaf, in a fixed element order) the squares of the
+// finite elements it owns and counts the others; the block adds its
+// threads' partials in fp64 in a fixed tree. A chunk whose fp32 partials
+// overflowed (values near FLT_MAX) is recomputed with fp64 accumulators:
+// the decision depends only on the data, so it is as deterministic as the
+// rest. Each chunk's sum (times its tensor's scale^2) and count go to the
+// chunk's own slot; the last block to finish (an integer atomic) adds each
+// unit's slots in chunk order in fp64 and resets the counter for the next
+// launch (and the next replay of a captured graph).
+//
+// The same per-thread and per-block code runs on the host in
+// gnmr__cuda_model(), the reference the GPU tests compare with bit for bit.
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend.h"
+#include "cuda_plan.h"
+#include "dtype.h"
+
+#define NT GNMR_CUDA_THREADS
+
+namespace {
+
+// 16 bytes as four little-endian words.
+struct Vec16 {
+  uint32_t w[4];
+};
+
+__host__ __device__ __forceinline__ Vec16 load16(const unsigned char *p) {
+  Vec16 v;
+#ifdef __CUDA_ARCH__
+  uint4 u = __ldg(reinterpret_cast<const uint4 *>(p));
+  v.w[0] = u.x;
+  v.w[1] = u.y;
+  v.w[2] = u.z;
+  v.w[3] = u.w;
+#else
+  memcpy(v.w, p, 16);
+#endif
+  return v;
+}
+
+template <int DT> struct Dt;
+template <> struct Dt<GNMR_DTYPE_F32> { enum { size = 4 }; };
+template <> struct Dt<GNMR_DTYPE_F16> { enum { size = 2 }; };
+template <> struct Dt<GNMR_DTYPE_BF16> { enum { size = 2 }; };
+template <> struct Dt<GNMR_DTYPE_F64> { enum { size = 8 }; };
+template <> struct Dt<GNMR_DTYPE_F8E4M3> { enum { size = 1 }; };
+template <> struct Dt<GNMR_DTYPE_F8E5M2> { enum { size = 1 }; };
+
+// Decodes a raw element (the low bits of `raw`) of a 1-, 2- or 4-byte type.
+template <int DT> __host__ __device__ __forceinline__ float decode(uint32_t raw) {
+  if constexpr (DT == GNMR_DTYPE_F32)
+    return gnmr__bits_f32(raw);
+  else if constexpr (DT == GNMR_DTYPE_F16)
+    return gnmr__f16_f32((uint16_t)raw);
+  else if constexpr (DT == GNMR_DTYPE_BF16)
+    return gnmr__bf16_f32((uint16_t)raw);
+  else if constexpr (DT == GNMR_DTYPE_F8E4M3)
+    return gnmr__e4m3_f32((uint8_t)raw);
+  else
+    return gnmr__e5m2_f32((uint8_t)raw);
+}
+
+template <int DT>
+__host__ __device__ __forceinline__ uint32_t load_raw(const unsigned char *p,
+                                                      uint32_t i) {
+  const int es = Dt<DT>::size;
+#ifdef __CUDA_ARCH__
+  if constexpr (es == 4)
+    return __ldg(reinterpret_cast<const uint32_t *>(p) + i);
+  else if constexpr (es == 2)
+    return __ldg(reinterpret_cast<const unsigned short *>(p) + i);
+  else
+    return __ldg(p + i);
+#else
+  uint32_t r = 0;
+  memcpy(&r, p + (size_t)i * es, es); // little-endian hosts only
+  return r;
+#endif
+}
+
+__host__ __device__ __forceinline__ void acc_one(float x, float *acc,
+                                                 uint32_t *nf) {
+  if (gnmr__f32_nonfinite(x))
+    (*nf)++;
+  else
+    *acc = fmaf(x, x, *acc);
+}
+
+__host__ __device__ __forceinline__ void acc_one(float x, double *acc,
+                                                 uint32_t *nf) {
+  if (gnmr__f32_nonfinite(x))
+    (*nf)++;
+  else
+    *acc = fma((double)x, (double)x, *acc);
+}
+
+template <int DT, typename Acc>
+__host__ __device__ __forceinline__ void acc_vec(const Vec16 &v, Acc *acc,
+                                                 uint32_t *nf) {
+  const int es = Dt<DT>::size, lanes = 16 / es;
+
+  for (int j = 0; j < lanes; j++) {
+    uint32_t w = v.w[(j * es) / 4];
+    uint32_t raw = es == 4 ? w : (w >> (8 * ((j * es) % 4))) &
+                                     ((1u << (8 * es)) - 1u);
+    acc_one(decode<DT>(raw), acc, nf);
+  }
+}
+
+// Thread t's share of one chunk of a 1/2/4-byte type: whole 16-byte
+// vectors t, t+NT, ... (aligned segments), then the tail elements one per
+// thread; misaligned segments go element by element, t, t+NT, ...
+template <int DT, typename Acc>
+__host__ __device__ void thread_part(const unsigned char *p, uint32_t len,
+                                     int aligned, uint32_t t, Acc *acc_out,
+                                     uint32_t *nf_out) {
+  const uint32_t lanes = 16 / Dt<DT>::size;
+  Acc acc = 0;
+  uint32_t nf = 0;
+  uint32_t nvec = aligned ? len / lanes : 0, v = t;
+  // four loads in flight per thread, consumed in the same order as below
+  for (; v + 3 * NT < nvec; v += 4 * NT) {
+    Vec16 a = load16(p + (size_t)v * 16);
+    Vec16 b = load16(p + (size_t)(v + NT) * 16);
+    Vec16 c = load16(p + (size_t)(v + 2 * NT) * 16);
+    Vec16 d = load16(p + (size_t)(v + 3 * NT) * 16);
+    acc_vec<DT>(a, &acc, &nf);
+    acc_vec<DT>(b, &acc, &nf);
+    acc_vec<DT>(c, &acc, &nf);
+    acc_vec<DT>(d, &acc, &nf);
+  }
+  for (; v < nvec; v += NT)
+    acc_vec<DT>(load16(p + (size_t)v * 16), &acc, &nf);
+  for (uint32_t i = nvec * lanes + t; i < len; i += NT)
+    acc_one(decode<DT>(load_raw<DT>(p, i)), &acc, &nf);
+  *acc_out = acc;
+  *nf_out = nf;
+}
+
+// fp64 elements: fp64 accumulators, element by element.
+__host__ __device__ void thread_part_f64(const unsigned char *p, uint32_t len,
+                                         uint32_t t, double *acc_out,
+                                         uint32_t *nf_out) {
+  double acc = 0;
+  uint32_t nf = 0;
+  for (uint32_t i = t; i < len; i += NT) {
+    double x;
+#ifdef __CUDA_ARCH__
+    x = __ldg(reinterpret_cast<const double *>(p) + i);
+#else
+    memcpy(&x, p + (size_t)i * 8, 8);
+#endif
+    uint64_t bits;
+#ifdef __CUDA_ARCH__
+    bits = (uint64_t)__double_as_longlong(x);
+#else
+    memcpy(&bits, &x, 8);
+#endif
+    if ((bits & 0x7ff0000000000000ull) == 0x7ff0000000000000ull)
+      nf++;
+    else
+      acc = fma(x, x, acc);
+  }
+  *acc_out = acc;
+  *nf_out = nf;
+}
+
+__host__ __device__ inline const unsigned char *chunk_base(const gnmr__seg &s,
+                                                           const gnmr__chunk &c) {
+  uint64_t es = s.dtype == GNMR_DTYPE_F32   ? 4
+                : s.dtype == GNMR_DTYPE_F64 ? 8
+                : s.dtype <= GNMR_DTYPE_BF16 ? 2
+                                             : 1;
+  return reinterpret_cast<const unsigned char *>(s.addr) + c.start * es;
+}
+
+// Thread t's share with accumulator type Acc (float first, double for a
+// chunk whose float partials overflowed).
+template <typename Acc>
+__host__ __device__ void thread_any(const gnmr__seg &s, const gnmr__chunk &c,
+                                    uint32_t t, double *sum, uint32_t *nf) {
+  const unsigned char *p = chunk_base(s, c);
+  int al = (s.flags & GNMR_SEG_ALIGNED) != 0;
+  Acc acc = 0;
+  switch (s.dtype) {
+  case GNMR_DTYPE_F32:
+    thread_part<GNMR_DTYPE_F32>(p, c.len, al, t, &acc, nf);
+    break;
+  case GNMR_DTYPE_F16:
+    thread_part<GNMR_DTYPE_F16>(p, c.len, al, t, &acc, nf);
+    break;
+  case GNMR_DTYPE_BF16:
+    thread_part<GNMR_DTYPE_BF16>(p, c.len, al, t, &acc, nf);
+    break;
+  case GNMR_DTYPE_F8E4M3:
+    thread_part<GNMR_DTYPE_F8E4M3>(p, c.len, al, t, &acc, nf);
+    break;
+  case GNMR_DTYPE_F8E5M2:
+    thread_part<GNMR_DTYPE_F8E5M2>(p, c.len, al, t, &acc, nf);
+    break;
+  default: { // GNMR_DTYPE_F64
+    double d;
+    thread_part_f64(p, c.len, t, &d, nf);
+    *sum = d;
+    return;
+  }
+  }
+  *sum = (double)acc;
+}
+
+struct Tables {
+  const gnmr__dev_header *h;
+  const gnmr__seg *segs;
+  const gnmr__chunk *chunks;
+  const uint32_t *unit_begin;
+  const uint8_t *seen;
+};
+
+__host__ __device__ inline Tables tables_of(const void *base) {
+  const char *b = static_cast<const char *>(base);
+  const gnmr__dev_header *h = reinterpret_cast<const gnmr__dev_header *>(b);
+  Tables t;
+  t.h = h;
+  t.segs = reinterpret_cast<const gnmr__seg *>(b + h->segs_off);
+  t.chunks = reinterpret_cast<const gnmr__chunk *>(b + h->chunks_off);
+  t.unit_begin = reinterpret_cast<const uint32_t *>(b + h->unit_begin_off);
+  t.seen = reinterpret_cast<const uint8_t *>(b + h->seen_off);
+  return t;
+}
+
+// --- device -----------------------------------------------------------------
+
+__device__ void block_sum(double *sh, uint32_t *shn, uint32_t t) {
+  __syncthreads();
+
+  for (uint32_t s = NT / 2; s > 0; s >>= 1) {
+    if (t < s) {
+      sh[t] += sh[t + s];
+      shn[t] += shn[t + s];
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void __launch_bounds__(NT)
+    norm_kernel(const void *tables, double *partial, uint32_t *pcount,
+                unsigned int *counter, unsigned char *result) {
+  __shared__ double sh[NT];
+  __shared__ uint32_t shn[NT];
+  __shared__ int last;
+  const uint32_t t = threadIdx.x;
+  Tables tb = tables_of(tables);
+  const uint32_t n_chunks = tb.h->n_chunks;
+  for (uint32_t c = blockIdx.x; c < n_chunks; c += gridDim.x) {
+    const gnmr__chunk ch = tb.chunks[c];
+    const gnmr__seg sg = tb.segs[ch.seg];
+    uint32_t nf;
+    thread_any<float>(sg, ch, t, &sh[t], &nf);
+    shn[t] = nf;
+    block_sum(sh, shn, t);
+    double sum = sh[0];
+    uint32_t cnt = shn[0];
+    __syncthreads();
+    if (isinf(sum)) { // fp32 partials overflowed: again in fp64
+      thread_any<double>(sg, ch, t, &sh[t], &nf);
+      shn[t] = nf;
+      block_sum(sh, shn, t);
+      sum = sh[0];
+      __syncthreads();
+    }
+    if (t == 0) {
+      partial[c] = sum * sg.scale2;
+      pcount[c] = cnt;
+    }
+  }
+  // the last block to get here finishes every unit
+  __threadfence();
+  __syncthreads();
+  if (t == 0)
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last)
+    return;
+  __threadfence();
+  const uint32_t n_units = tb.h->n_units;
+  double *sumsq = reinterpret_cast<double *>(result);
+  unsigned long long *nonfinite =
+      reinterpret_cast<unsigned long long *>(result + 8 * (size_t)n_units);
+  uint8_t *seen = result + 16 * (size_t)n_units;
+  for (uint32_t u = t; u < n_units; u += NT) {
+    double s = 0;
+    unsigned long long n = 0;
+    for (uint32_t c = tb.unit_begin[u]; c < tb.unit_begin[u + 1]; c++) {
+      s += __ldcg(&partial[c]);
+      n += __ldcg(&pcount[c]);
+    }
+    sumsq[u] = s;
+    nonfinite[u] = n;
+    seen[u] = tb.seen[u];
+  }
+  if (t == 0)
+    *counter = 0;
+}
+
+} // namespace
+
+// --- host entry points (C ABI) ------------------------------------------------
+
+extern "C" int gnmr__cuda_launch(const gnmr__launch *l, void *stream) {
+  norm_kernel<<<l->grid, NT, 0, static_cast<cudaStream_t>(stream)>>>(
+      l->tables, l->partial, l->pcount, l->counter, l->result);
+  return (int)cudaGetLastError();
+}
+
+extern "C" int gnmr__cuda_grid_max(int device, uint32_t *grid) {
+  int sms = 0, per_sm = 0;
+  cudaError_t e =
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess)
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, norm_kernel,
+                                                      NT, 0);
+  if (e != cudaSuccess)
+    return (int)e;
+  *grid = (uint32_t)(sms * (per_sm > 0 ? per_sm : 1));
+  return 0;
+}
+
+extern "C" int gnmr__cuda_model(const gnmr__plan *p, double *sumsq,
+                                 uint64_t *nonfinite) {
+  double sh[NT];
+  uint32_t shn[NT];
+  size_t n = p->n_chunks ? p->n_chunks : 1;
+  double *partial = static_cast<double *>(malloc(n * sizeof(double)));
+  uint32_t *pcount = static_cast<uint32_t *>(malloc(n * sizeof(uint32_t)));
+  if (partial == NULL || pcount == NULL) {
+    free(partial);
+    free(pcount);
+    return GNMR_E_NOMEM;
+  }
+  for (uint32_t c = 0; c < p->n_chunks; c++) {
+    const gnmr__chunk &ch = p->chunks[c];
+    const gnmr__seg &sg = p->segs[ch.seg];
+    for (int pass = 0; pass < 2; pass++) {
+      for (uint32_t t = 0; t < NT; t++) {
+        if (pass == 0)
+          thread_any<float>(sg, ch, t, &sh[t], &shn[t]);
+        else
+          thread_any<double>(sg, ch, t, &sh[t], &shn[t]);
+      }
+      for (uint32_t s = NT / 2; s > 0; s >>= 1)
+        for (uint32_t t = 0; t < s; t++) {
+          sh[t] += sh[t + s];
+          shn[t] += shn[t + s];
+        }
+      if (pass == 0)
+        pcount[c] = shn[0];
+      if (!isinf(sh[0]))
+        break;
+    }
+    partial[c] = sh[0] * sg.scale2;
+  }
+  for (uint32_t u = 0; u < p->n_units; u++) {
+    double s = 0;
+    uint64_t n = 0;
+    for (uint32_t c = p->unit_begin[u]; c < p->unit_begin[u + 1]; c++) {
+      s += partial[c];
+      n += pcount[c];
+    }
+    sumsq[u] = s;
+    nonfinite[u] = n;
+  }
+  free(partial);
+  free(pcount);
+  return GNMR_OK;
+}
