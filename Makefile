@@ -97,10 +97,11 @@ PROGRAMS := $(GNMRCTL) $(GNMRD) $(GNMR_SIM)
 
 TEST_SRC := $(wildcard tests/test_*.c)
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
-BENCH_SRC := $(wildcard bench/*.c)
+GPU_TEST := $(BUILD)/tests/gpu/test_gpu
+BENCH_SRC := $(filter-out $(if $(filter 1,$(CUDA)),,bench/norm_cuda.c),$(wildcard bench/*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check test test-valgrind test-python demo bench install clean deps \
+.PHONY: all check test test-gpu test-valgrind test-python demo bench install clean deps \
         deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-seeds soak
 .DEFAULT_GOAL := all
 
@@ -197,12 +198,19 @@ deps-fuzz:
 TEST_ENV = GNMR_BIN_DIR=$(abspath $(BUILD)/bin) GNMR_SHARED=$(SHARED) \
            $(if $(SAN),GNMR_SANITIZED=$(SAN))
 
-test: all $(TESTS)
-	@fail=0; for t in $(TESTS); do \
+test: all $(TESTS) $(if $(filter 1,$(CUDA)),$(GPU_TEST))
+	@fail=0; for t in $(TESTS) $(if $(filter 1,$(CUDA)),$(if $(SAN),,$(GPU_TEST))); do \
 	  echo "== $$t"; $(TEST_ENV) $$t || fail=1; \
 	done; \
 	if [ $$fail = 0 ]; then echo "tests ($(BUILD)): all passed"; \
 	else echo "tests ($(BUILD)): FAILED"; exit 1; fi
+
+# The CUDA backend on a GPU (skips, saying so, where there is none).
+$(BUILD)/obj/tests/gpu/%.o $(BUILD)/obj/bench/norm_cuda.o: CPPFLAGS += -isystem $(CUDA_HOME)/include
+test-gpu: all $(GPU_TEST)
+	@if [ "$(CUDA)" != 1 ]; then echo "test-gpu: GNMR built without CUDA (no nvcc)"; exit 1; fi
+	@echo "== $(GPU_TEST)"
+	@$(TEST_ENV) $(GPU_TEST)
 
 # The Python package against a real gnmrd, with Debian's python3-torch.
 PYTHON ?= /usr/bin/python3

@@ -72,6 +72,37 @@ class Stats(ctypes.Structure):
     ]
 
 
+RESULT_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64,
+                             ctypes.POINTER(ctypes.c_double),
+                             ctypes.POINTER(ctypes.c_uint64),
+                             ctypes.POINTER(ctypes.c_uint8), ctypes.c_uint32)
+
+
+class CudaConfig(ctypes.Structure):
+    _fields_ = [
+        ("device", ctypes.c_int),
+        ("n_units", ctypes.c_uint32),
+        ("ring_slots", ctypes.c_uint32),
+        ("side_stream", ctypes.c_uint32),
+        ("grid_blocks", ctypes.c_uint32),
+        ("on_result", RESULT_FN),
+        ("on_result_ctx", ctypes.c_void_p),
+    ]
+
+
+class CudaStats(ctypes.Structure):
+    _fields_ = [
+        ("launches", ctypes.c_uint64),
+        ("reports", ctypes.c_uint64),
+        ("delivered", ctypes.c_uint64),
+        ("skipped_steps", ctypes.c_uint64),
+        ("uploads", ctypes.c_uint64),
+        ("cuda_errors", ctypes.c_uint64),
+        ("grid", ctypes.c_uint32),
+        ("chunks", ctypes.c_uint32),
+    ]
+
+
 def _find():
     env = os.environ.get("GNMR_AGENT_LIB")
     if env:
@@ -116,6 +147,19 @@ def load():
                                            P(ctypes.c_double),
                                            P(ctypes.c_uint64),
                                            P(ctypes.c_uint8)]),
+        "gnmr_cuda_device_count": (ctypes.c_int, []),
+        "gnmr_cuda_open": (ctypes.c_int, [agent_p, P(CudaConfig),
+                                          P(ctypes.c_void_p)]),
+        "gnmr_cuda_close": (None, [P(ctypes.c_void_p)]),
+        "gnmr_cuda_register": (ctypes.c_int, [ctypes.c_void_p, P(Tensor),
+                                              ctypes.c_size_t]),
+        "gnmr_cuda_report": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64,
+                                            ctypes.c_void_p]),
+        "gnmr_cuda_flush": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
+        "gnmr_cuda_done_event": (ctypes.c_void_p, [ctypes.c_void_p]),
+        "gnmr_cuda_stats_get": (ctypes.c_int, [ctypes.c_void_p,
+                                               P(CudaStats)]),
+        "gnmr_cuda_last_error": (ctypes.c_char_p, [ctypes.c_void_p]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

@@ -54,7 +54,23 @@ def default_params(**overrides):
 
 def _dtype_code(dtype_name):
     return {"float32": _lib.DTYPE_F32, "float16": _lib.DTYPE_F16,
-            "bfloat16": _lib.DTYPE_BF16, "float64": _lib.DTYPE_F64}[dtype_name]
+            "bfloat16": _lib.DTYPE_BF16, "float64": _lib.DTYPE_F64,
+            "float8_e4m3fn": _lib.DTYPE_F8E4M3,
+            "float8_e5m2": _lib.DTYPE_F8E5M2}[dtype_name]
+
+
+def _tensor_array(buffers, n_units):
+    """(unit, pointer, numel, dtype name[, scale]) tuples as gnmr_tensor."""
+    n = len(buffers)
+    arr = (_lib.Tensor * max(n, 1))()
+    for i, b in enumerate(buffers):
+        unit, ptr, numel, dtype = b[:4]
+        if not 0 <= unit < n_units:
+            raise ValueError(f"unit {unit} out of range")
+        arr[i].data, arr[i].numel = ptr, numel
+        arr[i].dtype, arr[i].unit = _dtype_code(dtype), unit
+        arr[i].scale = b[4] if len(b) > 4 else 0.0
+    return arr, n
 
 
 class Agent:
@@ -148,15 +164,7 @@ class Agent:
         """Reports host buffers: (unit, data pointer, element count, dtype
         name) tuples; the library reduces them in fp64 on this thread.
         Units without a buffer are not reported."""
-        n = len(buffers)
-        arr = (_lib.Tensor * max(n, 1))()
-        for i, (unit, ptr, numel, dtype) in enumerate(buffers):
-            if not 0 <= unit < self.n_units:
-                raise ValueError(f"unit {unit} out of range")
-            arr[i].data = ptr
-            arr[i].numel = numel
-            arr[i].dtype = _dtype_code(dtype)
-            arr[i].unit = unit
+        arr, n = _tensor_array(buffers, self.n_units)
         _check(lib().gnmr_agent_report(self._a, step, arr, n),
                f"report of step {step}")
 
@@ -189,12 +197,69 @@ class Agent:
 def reduce_cpu(buffers, n_units):
     """The CPU reduction alone: per-unit (sum of squares, non-finite count)
     of (unit, pointer, numel, dtype name) buffers."""
-    n = len(buffers)
-    arr = (_lib.Tensor * max(n, 1))()
-    for i, (unit, ptr, numel, dtype) in enumerate(buffers):
-        arr[i].data, arr[i].numel = ptr, numel
-        arr[i].dtype, arr[i].unit = _dtype_code(dtype), unit
+    arr, n = _tensor_array(buffers, n_units)
     s = (ctypes.c_double * n_units)()
     nf = (ctypes.c_uint64 * n_units)()
     _check(lib().gnmr_reduce_cpu(arr, n, n_units, s, nf, None), "reduce")
     return list(s), list(nf)
+
+
+def cuda_device_count():
+    """CUDA devices the agent's CUDA backend can use (0: none, no driver,
+    or a build without nvcc)."""
+    return lib().gnmr_cuda_device_count()
+
+
+class CudaReducer:
+    """The agent's CUDA backend (gnmr/agent_cuda.h) for one Agent and one
+    device: after backward, `report(step, buffers, stream)` registers the
+    device buffers (uploading the tables only when pointers or sizes
+    changed) and launches one fused kernel on `stream` (a cudaStream_t as
+    an int, e.g. torch.cuda.current_stream().cuda_stream); the result goes
+    to gnmrd from the backend's completion thread, never blocking."""
+
+    def __init__(self, agent, device=0, ring_slots=0, side_stream=False):
+        self._c = ctypes.c_void_p()
+        self.agent = agent  # closes after this reducer
+        cfg = _lib.CudaConfig()
+        cfg.device = device
+        cfg.ring_slots = ring_slots
+        cfg.side_stream = 1 if side_stream else 0
+        rv = lib().gnmr_cuda_open(agent._a, ctypes.byref(cfg),
+                                  ctypes.byref(self._c))
+        _check(rv, f"CUDA backend on device {device}")
+
+    def report(self, step, buffers, stream=0):
+        arr, n = _tensor_array(buffers, self.agent.n_units)
+        self._call(lib().gnmr_cuda_register(self._c, arr, n), "register")
+        self._call(lib().gnmr_cuda_report(self._c, step, stream),
+                   f"report of step {step}")
+
+    def done_event(self):
+        """cudaEvent_t (int) recorded after the last report's work."""
+        return lib().gnmr_cuda_done_event(self._c)
+
+    def flush(self, timeout_ms=1000):
+        return lib().gnmr_cuda_flush(self._c, int(timeout_ms)) == 0
+
+    def stats(self):
+        st = _lib.CudaStats()
+        _check(lib().gnmr_cuda_stats_get(self._c, ctypes.byref(st)), "stats")
+        return {f[0]: getattr(st, f[0]) for f in _lib.CudaStats._fields_}
+
+    def _call(self, rv, what):
+        if rv != 0:
+            detail = lib().gnmr_cuda_last_error(self._c) or b""
+            _check(rv, f"{what}: {detail.decode(errors='replace')}"
+                   if detail else what)
+
+    def close(self):
+        if self._c:
+            lib().gnmr_cuda_close(ctypes.byref(self._c))
+            self._c = ctypes.c_void_p()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

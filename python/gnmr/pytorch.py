@@ -20,18 +20,23 @@ every unit whose route changed, `high` meaning the recovery path.
 Model-parallel jobs: `tp_size` shards per replica (default 1); the global
 rank comes from RANK or SLURM_PROCID (or `global_rank`). Replica 0 of each
 shard reports; other replicas observe and receive the same routes.
-Gradients on CUDA are reduced with torch (one synchronisation) until the
-agent's CUDA backend exists.
+Gradients on CUDA go to the agent's CUDA backend (one fused kernel on the
+current stream, no synchronisation; the result reaches gnmrd from the
+backend's own thread) when libgnmr-agent was built with nvcc and sees the
+device; otherwise torch reduces them (one synchronisation per step).
 """
 import os
 import re
 
 import torch
 
-from .agent import Agent
+from .agent import Agent, CudaReducer, GnmrError, cuda_device_count
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16",
            torch.bfloat16: "bfloat16", torch.float64: "float64"}
+for _name in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = _name
 
 
 def _global_rank():
@@ -62,6 +67,28 @@ class Controller:
         self.on_route = on_route
         self.wait_ms = wait_ms
         self.high = [None] * len(self.units)
+        self._cuda = None       # CudaReducer, opened at the first CUDA step
+        self._cuda_failed = None  # why the CUDA backend is not used
+        self._keep = []         # copies the GPU may still read
+
+    def _cuda_reducer(self, device):
+        if self._cuda is None and self._cuda_failed is None:
+            if cuda_device_count() == 0:
+                self._cuda_failed = "libgnmr-agent sees no CUDA device " \
+                                    "(or was built without nvcc)"
+            else:
+                try:
+                    self._cuda = CudaReducer(self.agent, device=device.index
+                                             or 0)
+                except GnmrError as e:
+                    self._cuda_failed = str(e)
+        return self._cuda
+
+    @property
+    def cuda_backend(self):
+        """'gnmr' when CUDA gradients go to the agent's kernel, else why
+        torch reduces them."""
+        return "gnmr" if self._cuda is not None else self._cuda_failed
 
     def _sums_on_device(self, grads_by_unit):
         """Per-unit (sum of squares, non-finite count) reduced by torch."""
@@ -86,7 +113,27 @@ class Controller:
         if self.agent.observer:  # another replica reports this shard
             self.agent.report_sums(step, [0.0] * len(grads))
             return
-        if any(g.is_cuda for gs in grads for g in gs):
+        cuda = [g for gs in grads for g in gs if g.is_cuda]
+        if cuda and self._cuda_reducer(cuda[0].device) is not None:
+            keep, buffers = [], []
+            for unit, gs in enumerate(grads):
+                for g in gs:
+                    g = g.detach()
+                    if g.dtype not in _DTYPES:
+                        g = g.float()
+                    if not g.is_contiguous():
+                        g = g.contiguous()
+                    keep.append(g)
+                    buffers.append((unit, g.data_ptr(), g.numel(),
+                                    _DTYPES[g.dtype]))
+            # the kernel runs on the current stream: copies made here stay
+            # valid for it (stream-ordered allocator); keep them one step
+            self._keep = keep
+            self._cuda.report(step, buffers,
+                              torch.cuda.current_stream(cuda[0].device)
+                              .cuda_stream)
+            return
+        if cuda:
             sumsq, nonfinite = self._sums_on_device(grads)
             self.agent.report_sums(step, sumsq, nonfinite,
                                    not_reported=[not gs for gs in grads])
@@ -126,4 +173,7 @@ class Controller:
         return on_time
 
     def close(self):
+        if self._cuda is not None:
+            self._cuda.close()
+            self._cuda = None
         self.agent.close()

@@ -94,6 +94,65 @@ class NormsTest(unittest.TestCase):
         self.assertEqual(sumsq[0], 4997.0)
 
 
+    def test_fp8_and_per_tensor_scale(self):
+        # every byte of both OCP FP8 formats, the reference from their
+        # definitions (torch's own float8 dtypes may be absent)
+        raw = torch.arange(256, dtype=torch.uint8)
+
+        def value(b, ebits, mbits, bias):
+            e, m = (b >> mbits) & ((1 << ebits) - 1), b & ((1 << mbits) - 1)
+            if e == 0:
+                return m * 2.0 ** (1 - bias - mbits)
+            return (1 + m / 2 ** mbits) * 2.0 ** (e - bias)
+
+        for name, ebits, mbits, bias, bad in (
+                ("float8_e4m3fn", 4, 3, 7, {0x7f, 0xff}),
+                ("float8_e5m2", 5, 2, 15,
+                 {b for b in range(256) if (b >> 2) & 31 == 31})):
+            want = sum(value(b, ebits, mbits, bias) ** 2
+                       for b in range(256) if b not in bad)
+            (s1,), (n1,) = gnmr.reduce_cpu(
+                [(0, raw.data_ptr(), 256, name)], 1)
+            (s2,), _ = gnmr.reduce_cpu(
+                [(0, raw.data_ptr(), 256, name, 0.5)], 1)
+            self.assertEqual(n1, len(bad), msg=name)
+            self.assertAlmostEqual(s1 / want, 1.0, delta=1e-12, msg=name)
+            self.assertEqual(s2, s1 * 0.25)
+
+
+class CudaTest(unittest.TestCase):
+    def test_cuda_backend_without_a_device_is_a_clear_error(self):
+        if gnmr.cuda_device_count() > 0:
+            self.skipTest("a CUDA device is present (GPU tests cover it)")
+        a = gnmr.Agent("tcp://127.0.0.1:1", "job", ["u"])
+        with self.assertRaises(gnmr.GnmrError) as cm:
+            gnmr.CudaReducer(a, device=0)
+        self.assertIn(cm.exception.name, ("GNMR_E_CUDA",
+                                          "GNMR_E_UNSUPPORTED"))
+        a.close()
+
+    @unittest.skipUnless(torch.cuda.is_available() and
+                         gnmr.cuda_device_count() > 0,
+                         "no CUDA device for torch and libgnmr-agent")
+    def test_controller_reports_cuda_gradients_through_the_kernel(self):
+        d = Daemon()
+        try:
+            net = Net().cuda()
+            ctl = Controller(net, d.agents, "cuda-job", select=(torch.nn.Linear,))
+            self.assertEqual(ctl.cuda_backend, None)  # opened at first step
+            for step in range(1, 6):
+                net.zero_grad()
+                net(torch.randn(4, 8, device="cuda")).pow(2).mean().backward()
+                self.assertTrue(ctl.step(step, wait_ms=5000))
+            self.assertEqual(ctl.cuda_backend, "gnmr")
+            st = ctl._cuda.stats()
+            self.assertEqual(st["launches"], 5)
+            self.assertEqual(st["delivered"], 5)
+            ctl.close()
+        finally:
+            self.assertEqual(d.stop(), 0)
+
+
 class ErrorsTest(unittest.TestCase):
     def test_bad_arguments_raise_gnmr_errors_with_codes(self):
         with self.assertRaises(gnmr.GnmrError) as cm:
