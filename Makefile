@@ -323,7 +323,7 @@ install: all
 	  'Description: GNMR agent: per-unit gradient norms and recovery routes' \
 	  'Version: $(VERSION)' 'Cflags: -I$${includedir}' \
 	  'Libs: -L$${libdir} -lgnmr-agent' \
-	  'Libs.private: -lzmq -lprotobuf-c -lm -pthread' \
+	  'Libs.private: -lzmq -lprotobuf-c -lm -pthread $(CUDA_LIBS)' \
 	  > $(DESTDIR)$(LIBDIR)/pkgconfig/gnmr-agent.pc
 	install -m 644 man/man1/gnmrctl.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 644 man/man8/gnmrd.8 $(DESTDIR)$(PREFIX)/share/man/man8/

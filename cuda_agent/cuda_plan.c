@@ -16,6 +16,8 @@ void gnmr__plan_free(gnmr__plan *p) {
   memset(p, 0, sizeof *p);
 }
 
+static const uint32_t elem_size[] = {4, 2, 2, 8, 1, 1};
+
 int gnmr__plan_build(gnmr__plan *p, const gnmr_tensor *t, size_t n,
                      uint32_t n_units) {
   memset(p, 0, sizeof *p);
@@ -30,6 +32,9 @@ int gnmr__plan_build(gnmr__plan *p, const gnmr_tensor *t, size_t n,
       return GNMR_E_INVAL;
     if (t[i].numel == 0)
       continue;
+    /* the GPU loads whole elements: data must be aligned to its type */
+    if ((uintptr_t)t[i].data % elem_size[t[i].dtype] != 0)
+      return GNMR_E_INVAL;
     segs++;
     chunks += (t[i].numel + GNMR_CUDA_CHUNK - 1) / GNMR_CUDA_CHUNK;
     if (chunks >= UINT32_MAX)

@@ -63,7 +63,7 @@ typedef struct gnmr__plan {
 } gnmr__plan;
 
 /* Builds p from n tensors (dtype, unit, scale checked as gnmr_reduce_cpu
- * does; data may be any address, it is not read). Errors: GNMR_E_INVAL,
+ * does; data is not read, but must be aligned to its element size). Errors: GNMR_E_INVAL,
  * GNMR_E_TOOBIG (more than 2^32 - 1 chunks), GNMR_E_NOMEM; p is then
  * empty. */
 int gnmr__plan_build(gnmr__plan *p, const gnmr_tensor *t, size_t n,

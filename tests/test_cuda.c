@@ -75,6 +75,8 @@ START_TEST(plan_rejects_malformed_tensors_and_stays_empty) {
       {x, 4, GNMR_DTYPE_F8E4M3, 0, -1.0},       /* negative scale */
       {x, 4, GNMR_DTYPE_F8E5M2, 0, NAN},        /* NaN scale */
       {x, 4, GNMR_DTYPE_F8E5M2, 0, INFINITY},   /* infinite scale */
+      {(char *)x + 1, 2, GNMR_DTYPE_F16, 0, 0}, /* element misaligned */
+      {(char *)x + 2, 1, GNMR_DTYPE_F32, 0, 0},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     gnmr__plan p;

@@ -91,7 +91,8 @@ GNMR_EXPORT int gnmr_cuda_open(gnmr_agent *agent, const gnmr_cuda_config *cfg,
 GNMR_EXPORT void gnmr_cuda_close(gnmr_cuda **c);
 
 /* Registers the device tensors every later report reduces (the same rules
- * as gnmr_agent_report's tensors; units without a tensor are "not
+ * as gnmr_agent_report's tensors, and data aligned to its element size, as
+ * every framework's tensors are; units without a tensor are "not
  * reported"). Errors: GNMR_E_INVAL, GNMR_E_TOOBIG, GNMR_E_NOMEM,
  * GNMR_E_CUDA; the previous registration then stays. */
 GNMR_EXPORT int gnmr_cuda_register(gnmr_cuda *c, const gnmr_tensor *t,
