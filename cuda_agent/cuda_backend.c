@@ -41,7 +41,7 @@ struct gnmr_cuda {
   double *d_partial;
   uint32_t *d_pcount;
   size_t partial_cap, pcount_cap; /* bytes */
-  unsigned int *d_counter;
+  unsigned int *d_unit_done; /* per unit: chunks done in this launch */
   unsigned char *d_result;
   size_t result_size;
   void *h_staging; /* pinned copy of the tables for their upload */
@@ -158,7 +158,7 @@ static void free_buffers(gnmr_cuda *c) {
   cudaFree(c->d_tables);
   cudaFree(c->d_partial);
   cudaFree(c->d_pcount);
-  cudaFree(c->d_counter);
+  cudaFree(c->d_unit_done);
   cudaFree(c->d_result);
   cudaFreeHost(c->h_staging);
   for (uint32_t i = 0; i < c->n_slots; i++) {
@@ -212,8 +212,10 @@ int gnmr_cuda_open(gnmr_agent *agent, const gnmr_cuda_config *cfg,
   if ((rv = dev_enter(c, &g)) != GNMR_OK)
     goto fail;
   CK(c, (cudaError_t)gnmr__cuda_grid_max(c->device, &c->grid_max));
-  CK(c, cudaMalloc((void **)&c->d_counter, sizeof *c->d_counter));
-  CK(c, cudaMemset(c->d_counter, 0, sizeof *c->d_counter));
+  CK(c, cudaMalloc((void **)&c->d_unit_done,
+                   (size_t)c->n_units * sizeof *c->d_unit_done));
+  CK(c, cudaMemset(c->d_unit_done, 0,
+                   (size_t)c->n_units * sizeof *c->d_unit_done));
   CK(c, cudaMalloc((void **)&c->d_result, c->result_size));
   CK(c, cudaMemset(c->d_result, 0, c->result_size));
   CK(c, cudaStreamCreateWithFlags(&c->s_upload, cudaStreamNonBlocking));
@@ -321,6 +323,9 @@ int gnmr_cuda_register(gnmr_cuda *c, const gnmr_tensor *t, size_t n) {
              sizeof(double)));
   CK(c, grow((void **)&c->d_pcount, &c->pcount_cap, np.n_chunks,
              sizeof(uint32_t)));
+  CK(c, cudaMemsetAsync(c->d_unit_done, 0,
+                        (size_t)c->n_units * sizeof *c->d_unit_done,
+                        c->s_upload));
   gnmr__plan_tables_write(&np, c->h_staging);
   CK(c, cudaMemcpyAsync(c->d_tables, c->h_staging, tsize,
                         cudaMemcpyHostToDevice, c->s_upload));
@@ -360,7 +365,7 @@ static int launch(gnmr_cuda *c, cudaStream_t stream, cudaStream_t *used) {
       .tables = c->d_tables,
       .partial = c->d_partial,
       .pcount = c->d_pcount,
-      .counter = c->d_counter,
+      .unit_done = c->d_unit_done,
       .result = c->d_result,
       .grid = grid_of(c),
   };

@@ -79,8 +79,9 @@ int gnmr__plan_build(gnmr__plan *p, const gnmr_tensor *t, size_t n,
     p->segs[s] = (gnmr__seg){
         .addr = addr,
         .numel = t[i].numel,
-        .dtype = t[i].dtype,
+        .dtype = (uint16_t)t[i].dtype,
         .flags = addr % 16 == 0 ? GNMR_SEG_ALIGNED : 0,
+        .unit = t[i].unit,
         .scale2 = t[i].scale == 0 ? 1.0 : t[i].scale * t[i].scale,
     };
     for (uint64_t off = 0; off < t[i].numel; off += GNMR_CUDA_CHUNK) {

@@ -6,9 +6,10 @@
  * of at most GNMR_CUDA_CHUNK elements. Chunks are ordered by unit, then by
  * the order the tensors were registered in, then by offset, so unit u owns
  * the contiguous chunk range [unit_begin[u], unit_begin[u+1]). One block
- * reduces one chunk at a time into its own slot; the last block to finish
- * adds each unit's slots in that fixed order in fp64. No float atomics, so
- * results do not depend on the grid size or on scheduling.
+ * reduces one chunk at a time into its own slot; the block that completes a
+ * unit's last chunk adds the unit's slots in a fixed order in fp64. No
+ * float atomics, so results do not depend on the grid size or on
+ * scheduling.
  *
  * The device copy of the tables is one buffer laid out as
  *   gnmr__dev_header | segs[n_segs] | chunks[n_chunks] |
@@ -35,8 +36,9 @@ extern "C" {
 typedef struct gnmr__seg {
   uint64_t addr;   /* device address of element 0 */
   uint64_t numel;
-  uint32_t dtype;  /* enum gnmr_dtype */
-  uint32_t flags;  /* GNMR_SEG_* */
+  uint16_t dtype;  /* enum gnmr_dtype */
+  uint16_t flags;  /* GNMR_SEG_* */
+  uint32_t unit;
   double scale2;   /* scale^2, applied to each chunk's sum */
 } gnmr__seg;
 

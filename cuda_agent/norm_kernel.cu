@@ -9,9 +9,12 @@
 // overflowed (values near FLT_MAX) is recomputed with fp64 accumulators:
 // the decision depends only on the data, so it is as deterministic as the
 // rest. Each chunk's sum (times its tensor's scale^2) and count go to the
-// chunk's own slot; the last block to finish (an integer atomic) adds each
-// unit's slots in chunk order in fp64 and resets the counter for the next
-// launch (and the next replay of a captured graph).
+// chunk's own slot. The block that completes a unit's last chunk (a per-unit
+// integer atomic counter) adds the unit's slots in a fixed order in fp64 —
+// thread t the slots t, t+NT, ..., then a fixed tree — and resets the
+// counter for the next launch (and the next replay of a captured graph).
+// Which block finishes a unit does not change the order, so results do not
+// depend on the grid or on scheduling; units finish in parallel.
 //
 // The same per-thread and per-block code runs on the host in
 // gnmr__cuda_model(), the reference the GPU tests compare with bit for bit.
@@ -242,7 +245,6 @@ __host__ __device__ inline Tables tables_of(const void *base) {
 
 __device__ void block_sum(double *sh, uint32_t *shn, uint32_t t) {
   __syncthreads();
-
   for (uint32_t s = NT / 2; s > 0; s >>= 1) {
     if (t < s) {
       sh[t] += sh[t + s];
@@ -252,15 +254,66 @@ __device__ void block_sum(double *sh, uint32_t *shn, uint32_t t) {
   }
 }
 
+struct Result {
+  double *sumsq;
+  unsigned long long *nonfinite;
+  uint8_t *seen;
+};
+
+__device__ inline Result result_of(unsigned char *r, uint32_t n_units) {
+  Result o;
+  o.sumsq = reinterpret_cast<double *>(r);
+  o.nonfinite = reinterpret_cast<unsigned long long *>(r + 8 * (size_t)n_units);
+  o.seen = r + 16 * (size_t)n_units;
+  return o;
+}
+
+// Unit u's total from its chunk slots [b, e): thread t adds slots b+t,
+// b+t+NT, ... in order, then the block's fixed fp64 tree (the host model
+// does the same). Counts are integers: any order.
+__device__ void finish_unit(const double *partial, const uint32_t *pcount,
+                            uint32_t b, uint32_t e, uint32_t t, double *sh,
+                            unsigned long long *shc, double *sum,
+                            unsigned long long *cnt) {
+  double s = 0;
+  unsigned long long n = 0;
+  for (uint32_t c = b + t; c < e; c += NT) {
+    s += __ldcg(&partial[c]);
+    n += __ldcg(&pcount[c]);
+  }
+  sh[t] = s;
+  shc[t] = n;
+  __syncthreads();
+  for (uint32_t k = NT / 2; k > 0; k >>= 1) {
+    if (t < k) {
+      sh[t] += sh[t + k];
+      shc[t] += shc[t + k];
+    }
+    __syncthreads();
+  }
+  *sum = sh[0];
+  *cnt = shc[0];
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(NT)
     norm_kernel(const void *tables, double *partial, uint32_t *pcount,
-                unsigned int *counter, unsigned char *result) {
+                unsigned int *unit_done, unsigned char *result) {
   __shared__ double sh[NT];
   __shared__ uint32_t shn[NT];
-  __shared__ int last;
+  __shared__ unsigned long long shc[NT];
+  __shared__ int finisher;
   const uint32_t t = threadIdx.x;
   Tables tb = tables_of(tables);
-  const uint32_t n_chunks = tb.h->n_chunks;
+  const uint32_t n_chunks = tb.h->n_chunks, n_units = tb.h->n_units;
+  Result out = result_of(result, n_units);
+  if (blockIdx.x == 0) // units without chunks: 0, and whether registered
+    for (uint32_t u = t; u < n_units; u += NT)
+      if (tb.unit_begin[u] == tb.unit_begin[u + 1]) {
+        out.sumsq[u] = 0;
+        out.nonfinite[u] = 0;
+        out.seen[u] = tb.seen[u];
+      }
   for (uint32_t c = blockIdx.x; c < n_chunks; c += gridDim.x) {
     const gnmr__chunk ch = tb.chunks[c];
     const gnmr__seg sg = tb.segs[ch.seg];
@@ -278,38 +331,32 @@ __global__ void __launch_bounds__(NT)
       sum = sh[0];
       __syncthreads();
     }
+    // the block that completes a unit's last chunk finishes the unit
     if (t == 0) {
       partial[c] = sum * sg.scale2;
       pcount[c] = cnt;
+      __threadfence();
+      uint32_t u = sg.unit;
+      uint32_t k = tb.unit_begin[u + 1] - tb.unit_begin[u];
+      finisher = atomicAdd(&unit_done[u], 1u) == k - 1 ? (int)u : -1;
     }
-  }
-  // the last block to get here finishes every unit
-  __threadfence();
-  __syncthreads();
-  if (t == 0)
-    last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last)
-    return;
-  __threadfence();
-  const uint32_t n_units = tb.h->n_units;
-  double *sumsq = reinterpret_cast<double *>(result);
-  unsigned long long *nonfinite =
-      reinterpret_cast<unsigned long long *>(result + 8 * (size_t)n_units);
-  uint8_t *seen = result + 16 * (size_t)n_units;
-  for (uint32_t u = t; u < n_units; u += NT) {
-    double s = 0;
-    unsigned long long n = 0;
-    for (uint32_t c = tb.unit_begin[u]; c < tb.unit_begin[u + 1]; c++) {
-      s += __ldcg(&partial[c]);
-      n += __ldcg(&pcount[c]);
+    __syncthreads();
+    if (finisher >= 0) {
+      uint32_t u = (uint32_t)finisher;
+      __threadfence();
+      double us;
+      unsigned long long un;
+      finish_unit(partial, pcount, tb.unit_begin[u], tb.unit_begin[u + 1], t,
+                  sh, shc, &us, &un);
+      if (t == 0) {
+        out.sumsq[u] = us;
+        out.nonfinite[u] = un;
+        out.seen[u] = 1;
+        unit_done[u] = 0; // ready for the next launch or graph replay
+      }
     }
-    sumsq[u] = s;
-    nonfinite[u] = n;
-    seen[u] = tb.seen[u];
+    __syncthreads();
   }
-  if (t == 0)
-    *counter = 0;
 }
 
 } // namespace
@@ -318,7 +365,7 @@ __global__ void __launch_bounds__(NT)
 
 extern "C" int gnmr__cuda_launch(const gnmr__launch *l, void *stream) {
   norm_kernel<<<l->grid, NT, 0, static_cast<cudaStream_t>(stream)>>>(
-      l->tables, l->partial, l->pcount, l->counter, l->result);
+      l->tables, l->partial, l->pcount, l->unit_done, l->result);
   return (int)cudaGetLastError();
 }
 
@@ -370,13 +417,20 @@ extern "C" int gnmr__cuda_model(const gnmr__plan *p, double *sumsq,
     partial[c] = sh[0] * sg.scale2;
   }
   for (uint32_t u = 0; u < p->n_units; u++) {
-    double s = 0;
+    uint32_t b = p->unit_begin[u], e = p->unit_begin[u + 1];
     uint64_t n = 0;
-    for (uint32_t c = p->unit_begin[u]; c < p->unit_begin[u + 1]; c++) {
-      s += partial[c];
-      n += pcount[c];
+    for (uint32_t t = 0; t < NT; t++) {
+      double acc = 0;
+      for (uint32_t c = b + t; c < e; c += NT) {
+        acc += partial[c];
+        n += pcount[c];
+      }
+      sh[t] = acc;
     }
-    sumsq[u] = s;
+    for (uint32_t k = NT / 2; k > 0; k >>= 1)
+      for (uint32_t t = 0; t < k; t++)
+        sh[t] += sh[t + k];
+    sumsq[u] = b == e ? 0 : sh[0];
     nonfinite[u] = n;
   }
   free(partial);
