@@ -689,22 +689,18 @@ static int queue_report(gnmr_agent *a, uint64_t step, double *sumsq,
   return GNMR_OK;
 }
 
-int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step, const double *sumsq,
-                           const uint64_t *nonfinite,
-                           const uint8_t *not_reported) {
-  if (a == NULL || sumsq == NULL || step == 0 ||
-      step <= atomic_load(&a->last_reported))
-    return GNMR_E_INVAL;
-  for (uint32_t i = 0; i < a->n_units; i++)
-    if (!(sumsq[i] >= 0) && !(not_reported && not_reported[i]))
-      return GNMR_E_INVAL; /* negative or NaN: use nonfinite counts */
+/* Queues one step's per-unit values. Unit i is not reported when
+ * not_reported[i] != 0 or seen[i] == 0 (either array may be NULL). */
+static int queue_values(gnmr_agent *a, uint64_t step, const double *sumsq,
+                        const uint64_t *nonfinite,
+                        const uint8_t *not_reported, const uint8_t *seen) {
   double *s = malloc(a->n_units * sizeof *s);
   uint64_t *nf = calloc(a->n_units, sizeof *nf);
   protobuf_c_boolean *nr = calloc(a->n_units, sizeof *nr);
   int any_nf = 0, any_nr = 0, rv = GNMR_E_NOMEM;
   if (s && nf && nr) {
     for (uint32_t i = 0; i < a->n_units; i++) {
-      int skip = not_reported && not_reported[i];
+      int skip = (not_reported && not_reported[i]) || (seen && !seen[i]);
       s[i] = skip ? 0 : sumsq[i];
       nf[i] = skip || !nonfinite ? 0 : nonfinite[i];
       nr[i] = skip;
@@ -719,6 +715,18 @@ int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step, const double *sumsq,
   return rv;
 }
 
+int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step, const double *sumsq,
+                           const uint64_t *nonfinite,
+                           const uint8_t *not_reported) {
+  if (a == NULL || sumsq == NULL || step == 0 ||
+      step <= atomic_load(&a->last_reported))
+    return GNMR_E_INVAL;
+  for (uint32_t i = 0; i < a->n_units; i++)
+    if (!(sumsq[i] >= 0) && !(not_reported && not_reported[i]))
+      return GNMR_E_INVAL; /* negative or NaN: use nonfinite counts */
+  return queue_values(a, step, sumsq, nonfinite, not_reported, NULL);
+}
+
 int gnmr_agent_report(gnmr_agent *a, uint64_t step, const gnmr_tensor *t,
                       size_t n) {
   if (a == NULL || step == 0 || step <= atomic_load(&a->last_reported))
@@ -730,24 +738,15 @@ int gnmr_agent_report(gnmr_agent *a, uint64_t step, const gnmr_tensor *t,
   double *s = calloc(a->n_units, sizeof *s);
   uint64_t *nf = calloc(a->n_units, sizeof *nf);
   uint8_t *seen = calloc(a->n_units, 1);
-  protobuf_c_boolean *nr = calloc(a->n_units, sizeof *nr);
   int rv = GNMR_E_NOMEM;
-  if (s && nf && seen && nr) {
+  if (s && nf && seen) {
     rv = gnmr_reduce_cpu(t, n, a->n_units, s, nf, seen);
-    if (rv == GNMR_OK) {
-      int any_nf = 0, any_nr = 0;
-      for (uint32_t i = 0; i < a->n_units; i++) {
-        nr[i] = !seen[i];
-        any_nr |= !seen[i];
-        any_nf |= nf[i] != 0;
-      }
-      rv = queue_report(a, step, s, nf, nr, any_nf, any_nr);
-    }
+    if (rv == GNMR_OK)
+      rv = queue_values(a, step, s, nf, NULL, seen);
   }
   free(s);
   free(nf);
   free(seen);
-  free(nr);
   return rv;
 }
 
@@ -836,22 +835,5 @@ int gnmr__agent_begin_step(gnmr_agent *a, uint64_t step) {
 
 int gnmr__agent_queue_seen(gnmr_agent *a, uint64_t step, const double *sumsq,
                            const uint64_t *nonfinite, const uint8_t *seen) {
-  double *s = malloc(a->n_units * sizeof *s);
-  uint64_t *nf = calloc(a->n_units, sizeof *nf);
-  protobuf_c_boolean *nr = calloc(a->n_units, sizeof *nr);
-  int any_nf = 0, any_nr = 0, rv = GNMR_E_NOMEM;
-  if (s && nf && nr) {
-    for (uint32_t i = 0; i < a->n_units; i++) {
-      nr[i] = !seen[i];
-      s[i] = seen[i] && sumsq[i] >= 0 ? sumsq[i] : 0;
-      nf[i] = seen[i] ? nonfinite[i] : 0;
-      any_nr |= !seen[i];
-      any_nf |= nf[i] != 0;
-    }
-    rv = queue_report(a, step, s, nf, nr, any_nf, any_nr);
-  }
-  free(s);
-  free(nf);
-  free(nr);
-  return rv;
+  return queue_values(a, step, sumsq, nonfinite, NULL, seen);
 }

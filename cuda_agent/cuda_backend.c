@@ -392,18 +392,14 @@ int gnmr_cuda_reduce_async(gnmr_cuda *c, void *stream) {
   return rv;
 }
 
-/* Copies the result into the next slot on s. Called with the step
- * checked; skips (and counts) when every slot is in flight. */
+/* Copies the result into the next slot on s and hands it to the
+ * completion thread. Called with the step checked and a slot free (only
+ * this thread adds slots). */
 static int submit_on(gnmr_cuda *c, uint64_t step, cudaStream_t s) {
   int rv = GNMR_OK;
   pthread_mutex_lock(&c->mu);
-  int full = c->head - c->tail >= c->n_slots;
-  slot *sl = &c->ring[c->head % c->n_slots];
+  slot *sl = &c->ring[c->head % c->n_slots]; /* free: ring_full() said so */
   pthread_mutex_unlock(&c->mu);
-  if (full) {
-    atomic_fetch_add(&c->skipped, 1);
-    return GNMR_OK;
-  }
   CK(c, cudaMemcpyAsync(sl->host, c->d_result, c->result_size,
                         cudaMemcpyDeviceToHost, s));
   CK(c, cudaEventRecord(sl->ev, s));
@@ -429,8 +425,7 @@ static int begin_step(gnmr_cuda *c, uint64_t step) {
   return GNMR_OK;
 }
 
-/* Whether the ring has room (checked before launching, so that a skipped
- * step costs the GPU nothing). */
+/* Whether every ring slot is in flight. */
 static int ring_full(gnmr_cuda *c) {
   pthread_mutex_lock(&c->mu);
   int full = c->head - c->tail >= c->n_slots;
@@ -438,7 +433,11 @@ static int ring_full(gnmr_cuda *c) {
   return full;
 }
 
-int gnmr_cuda_report(gnmr_cuda *c, uint64_t step, void *stream) {
+/* report (with_launch) and submit: the step's rules, then the launch (or
+ * not) and the copy into the ring. A full ring skips before launching, so
+ * a skipped step costs the GPU nothing. */
+static int report_step(gnmr_cuda *c, uint64_t step, cudaStream_t stream,
+                       int with_launch) {
   if (c == NULL || c->plan.n_units == 0)
     return GNMR_E_INVAL;
   int rv = begin_step(c, step);
@@ -449,28 +448,23 @@ int gnmr_cuda_report(gnmr_cuda *c, uint64_t step, void *stream) {
     return GNMR_OK;
   }
   devguard g;
-  cudaStream_t used;
+  cudaStream_t used = stream;
   if ((rv = dev_enter(c, &g)) != GNMR_OK)
     return rv;
-  rv = launch(c, (cudaStream_t)stream, &used);
+  if (with_launch)
+    rv = launch(c, stream, &used);
   if (rv == GNMR_OK)
     rv = submit_on(c, step, used);
   dev_leave(c, &g);
   return rv;
 }
 
+int gnmr_cuda_report(gnmr_cuda *c, uint64_t step, void *stream) {
+  return report_step(c, step, (cudaStream_t)stream, 1);
+}
+
 int gnmr_cuda_submit(gnmr_cuda *c, uint64_t step, void *stream) {
-  if (c == NULL || c->plan.n_units == 0)
-    return GNMR_E_INVAL;
-  int rv = begin_step(c, step);
-  if (rv != GNMR_OK)
-    return rv < 0 ? rv : GNMR_OK;
-  devguard g;
-  if ((rv = dev_enter(c, &g)) != GNMR_OK)
-    return rv;
-  rv = submit_on(c, step, (cudaStream_t)stream);
-  dev_leave(c, &g);
-  return rv;
+  return report_step(c, step, (cudaStream_t)stream, 0);
 }
 
 int gnmr_cuda_read(gnmr_cuda *c, void *stream, double *sumsq,

@@ -106,6 +106,23 @@ class Controller:
             nonfinite.append(bad)
         return sumsq, nonfinite
 
+    @staticmethod
+    def _buffers(grads):
+        """(tensors to keep alive, (unit, pointer, numel, dtype) tuples):
+        contiguous gradients in a dtype the library reads."""
+        keep, buffers = [], []
+        for unit, gs in enumerate(grads):
+            for g in gs:
+                g = g.detach()
+                if g.dtype not in _DTYPES:
+                    g = g.float()
+                if not g.is_contiguous():
+                    g = g.contiguous()
+                keep.append(g)
+                buffers.append((unit, g.data_ptr(), g.numel(),
+                                _DTYPES[g.dtype]))
+        return keep, buffers
+
     def report(self, step):
         """Reports the gradients of every unit for step (after backward)."""
         grads = [[p.grad for p in ps if p.grad is not None]
@@ -115,20 +132,9 @@ class Controller:
             return
         cuda = [g for gs in grads for g in gs if g.is_cuda]
         if cuda and self._cuda_reducer(cuda[0].device) is not None:
-            keep, buffers = [], []
-            for unit, gs in enumerate(grads):
-                for g in gs:
-                    g = g.detach()
-                    if g.dtype not in _DTYPES:
-                        g = g.float()
-                    if not g.is_contiguous():
-                        g = g.contiguous()
-                    keep.append(g)
-                    buffers.append((unit, g.data_ptr(), g.numel(),
-                                    _DTYPES[g.dtype]))
             # the kernel runs on the current stream: copies made here stay
             # valid for it (stream-ordered allocator); keep them one step
-            self._keep = keep
+            self._keep, buffers = self._buffers(grads)
             self._cuda.report(step, buffers,
                               torch.cuda.current_stream(cuda[0].device)
                               .cuda_stream)
@@ -138,18 +144,8 @@ class Controller:
             self.agent.report_sums(step, sumsq, nonfinite,
                                    not_reported=[not gs for gs in grads])
             return
-        keep, buffers = [], []
-        for unit, gs in enumerate(grads):
-            for g in gs:
-                g = g.detach()
-                if g.dtype not in _DTYPES:
-                    g = g.float()
-                if not g.is_contiguous():
-                    g = g.contiguous()
-                keep.append(g)  # alive until the library has read it
-                buffers.append((unit, g.data_ptr(), g.numel(),
-                                _DTYPES[g.dtype]))
-        self.agent.report_buffers(step, buffers)
+        keep, buffers = self._buffers(grads)
+        self.agent.report_buffers(step, buffers)  # reads them before return
         del keep
 
     def apply_routes(self):
