@@ -165,11 +165,14 @@ def batches(data, n, batch, ctx, gen):
                torch.stack([data[j + 1:j + ctx + 1] for j in i]))
 
 
-def outlier_schedule(units, steps, args, seed):
+def outlier_schedule(units, steps, args, seed, eligible=None):
     """Per step, the units in an outlier episode and their outliers."""
     rng = random.Random(seed * 7919 + 1)
     sched = [dict() for _ in range(steps + 1)]
     for u in range(units):
+        if eligible is not None and u not in eligible:
+            rng.random()  # same draws for every --outlier-units choice
+            continue
         t = 1
         while t <= steps:
             if rng.random() < args.outlier_rate:
@@ -192,7 +195,10 @@ def run(variant, seed, args, train, val, endpoint=None, share=None):
     for m in units:
         m.bits = low
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    sched = outlier_schedule(len(units), args.steps, args, seed)
+    names = [n for n, m in model.named_modules() if isinstance(m, QLinear)]
+    rx = re.compile(args.outlier_units)
+    sched = outlier_schedule(len(units), args.steps, args, seed,
+                             {u for u, n in enumerate(names) if rx.search(n)})
     ctl = None
     if variant == "gnmr":
         def route(name, module, high):
@@ -289,6 +295,9 @@ def main(argv=None):
     p.add_argument("--outlier-steps", type=int, default=3)
     p.add_argument("--outlier-tokens", type=int, default=2)
     p.add_argument("--outlier-scale", type=float, default=20.0)
+    p.add_argument("--outlier-units", default="",
+                   help="regex on unit names (blocks.0.qkv, ...): only "
+                   "these get outlier episodes (default: all)")
     p.add_argument("--outlier-kind", default="tokens",
                    choices=("tokens", "channels", "amax"))
     p.add_argument("--alpha", type=float, default=2.0)
