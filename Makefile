@@ -108,7 +108,7 @@ BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 all: buildinfo $(PROGRAMS) $(SO_AGENT)
 
 buildinfo:
-	@echo "GNMR $(VERSION): building policy engine, gnmrd, gnmrctl, gnmr-sim, libgnmr-agent (CPU backend) into $(BUILD)/ $(if $(SAN),(sanitizer: $(SAN)))"
+	@echo "GNMR $(VERSION): building policy engine, gnmrd, gnmrctl, gnmr-sim, libgnmr-agent into $(BUILD)/ $(if $(SAN),(sanitizer: $(SAN)))"
 	@if [ "$(CUDA)" = 1 ]; then \
 	  echo "  nvcc: $(NVCC); building the CUDA backend (cuda_agent/norm_kernel.cu; GPU tests: make test-gpu)"; \
 	elif [ -n "$(NVCC)" ]; then \
