@@ -532,5 +532,12 @@ int gnmr_cuda_stats_get(gnmr_cuda *c, gnmr_cuda_stats *o) {
 }
 
 const char *gnmr_cuda_last_error(gnmr_cuda *c) {
-  return c ? c->err : "";
+  static _Thread_local char copy[sizeof c->err]; /* the completion thread
+                                                    may record one too */
+  if (c == NULL)
+    return "";
+  pthread_mutex_lock(&c->err_mu);
+  memcpy(copy, c->err, sizeof copy);
+  pthread_mutex_unlock(&c->err_mu);
+  return copy;
 }

@@ -120,7 +120,8 @@ GNMR_EXPORT void *gnmr_cuda_done_event(gnmr_cuda *c);
  * GNMR_OK or GNMR_E_TIMEDOUT. */
 GNMR_EXPORT int gnmr_cuda_flush(gnmr_cuda *c, int timeout_ms);
 GNMR_EXPORT int gnmr_cuda_stats_get(gnmr_cuda *c, gnmr_cuda_stats *out);
-/* The last CUDA error as text ("" if none); valid until the next call. */
+/* The last CUDA error as text ("" if none), in a per-thread buffer valid
+ * until this thread calls it again. */
 GNMR_EXPORT const char *gnmr_cuda_last_error(gnmr_cuda *c);
 
 #ifdef __cplusplus
