@@ -214,6 +214,7 @@ def run(variant, seed, args, train, val, endpoint=None, share=None):
     gen = torch.Generator().manual_seed(seed)
     curve, high_unit_steps, t_steps = [], 0, 0.0
     episode_unit_steps, hits = 0, 0
+    norms = [[] for _ in units]
     for step, (x, y) in enumerate(batches(train, args.steps, args.batch,
                                           args.ctx, gen), 1):
         if variant == "random":
@@ -234,12 +235,19 @@ def run(variant, seed, args, train, val, endpoint=None, share=None):
         loss.backward()
         if ctl is not None:
             ctl.step(step, wait_ms=1000)
+        if args.norm_report:
+            for u, m in enumerate(units):
+                norms[u].append(math.sqrt(sum(
+                    float(p.grad.double().pow(2).sum())
+                    for p in m.parameters())))
         opt.step()
         t_steps += time.perf_counter() - t0
         if step % args.eval_every == 0 or step == args.steps:
             curve.append((step, evaluate(model, val, args)))
     if ctl is not None:
         ctl.close()
+    if args.norm_report:
+        norm_report(variant, seed, names, norms, sched, args)
     unit_steps = len(units) * args.steps
     return {"val": curve[-1][1], "curve": curve,
             "share": high_unit_steps / unit_steps,
@@ -249,6 +257,25 @@ def run(variant, seed, args, train, val, endpoint=None, share=None):
             "coverage": hits / episode_unit_steps if episode_unit_steps
             else 0.0,
             "step_ms": 1e3 * t_steps / args.steps}
+
+
+def norm_report(variant, seed, names, norms, sched, args):
+    """What GNMR sees: per unit, the median of n_t / (mean of the earlier
+    norms) at the first step of an outlier episode and at calm steps
+    (after --warmup steps)."""
+    print(f"gradient norms, {variant} seed {seed}: median GNMR at episode "
+          f"onset vs calm steps (after step {args.warmup})")
+    for u, name in enumerate(names):
+        onset, calm = [], []
+        for t in range(args.warmup + 1, len(norms[u]) + 1):
+            g = norms[u][t - 1] / (sum(norms[u][:t - 1]) / (t - 1))
+            if sched[t].get(u) is None:
+                calm.append(g)
+            elif sched[t - 1].get(u) is None:
+                onset.append(g)
+        med = (lambda v: f"{statistics.median(v):5.2f}" if v else "  -  ")
+        print(f"  {name:18s} onset {med(onset)} ({len(onset):3d})   "
+              f"calm {med(calm)} ({len(calm):3d})")
 
 
 def evaluate(model, val, args):
@@ -295,6 +322,9 @@ def main(argv=None):
     p.add_argument("--outlier-steps", type=int, default=3)
     p.add_argument("--outlier-tokens", type=int, default=2)
     p.add_argument("--outlier-scale", type=float, default=20.0)
+    p.add_argument("--norm-report", action="store_true",
+                   help="print each unit's median GNMR at outlier-episode "
+                   "onsets and at calm steps (what the policy sees)")
     p.add_argument("--outlier-units", default="",
                    help="regex on unit names (blocks.0.qkv, ...): only "
                    "these get outlier episodes (default: all)")
