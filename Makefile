@@ -98,6 +98,11 @@ PROGRAMS := $(GNMRCTL) $(GNMRD) $(GNMR_SIM)
 TEST_SRC := $(wildcard tests/test_*.c)
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 GPU_TEST := $(BUILD)/tests/gpu/test_gpu
+# The CUDA backend's host code against a stand-in CUDA runtime (no GPU).
+FAKE_TEST := $(BUILD)/tests/fake_cuda/test_backend
+ifeq ($(CUDA),1)
+TESTS += $(FAKE_TEST)
+endif
 BENCH_SRC := $(filter-out $(if $(filter 1,$(CUDA)),,bench/norm_cuda.c),$(wildcard bench/*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
@@ -206,7 +211,17 @@ test: all $(TESTS) $(if $(filter 1,$(CUDA)),$(GPU_TEST))
 	else echo "tests ($(BUILD)): FAILED"; exit 1; fi
 
 # The CUDA backend on a GPU (skips, saying so, where there is none).
-$(BUILD)/obj/tests/gpu/%.o $(BUILD)/obj/bench/norm_cuda.o: CPPFLAGS += -isystem $(CUDA_HOME)/include
+$(BUILD)/obj/tests/gpu/%.o $(BUILD)/obj/tests/fake_cuda/%.o $(BUILD)/obj/bench/norm_cuda.o: CPPFLAGS += -isystem $(CUDA_HOME)/include -Itests/fake_cuda
+# the kernel's host model alone (no device code), for the fake runtime
+$(BUILD)/obj/cuda_agent/norm_model.o: cuda_agent/norm_kernel.cu cuda_agent/cuda_plan.h cuda_agent/cuda_backend.h cuda_agent/dtype.h include/gnmr/agent.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -DGNMR_MODEL_ONLY -c $< -o $@
+$(FAKE_TEST): $(BUILD)/obj/tests/fake_cuda/test_backend.o \
+              $(BUILD)/obj/tests/fake_cuda/cuda_fake.o \
+              $(call obj,$(AGENT_SRC)) $(BUILD)/obj/cuda_agent/norm_model.o \
+              $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(CHECK_LIBS) $(NET_LIBS) -lstdc++ $(LDLIBS) -o $@
 test-gpu: all $(GPU_TEST)
 	@if [ "$(CUDA)" != 1 ]; then echo "test-gpu: GNMR built without CUDA (no nvcc)"; exit 1; fi
 	@echo "== $(GPU_TEST)"

@@ -145,6 +145,7 @@ class CudaTest(unittest.TestCase):
                 net(torch.randn(4, 8, device="cuda")).pow(2).mean().backward()
                 self.assertTrue(ctl.step(step, wait_ms=5000))
             self.assertEqual(ctl.cuda_backend, "gnmr")
+            self.assertTrue(ctl._cuda.flush(5000))  # counts are final
             st = ctl._cuda.stats()
             self.assertEqual(st["launches"], 5)
             self.assertEqual(st["delivered"], 5)

@@ -463,6 +463,7 @@ START_TEST(an_agent_reports_gpu_norms_to_gnmrd) {
     if (step < 30)
       ck_assert_int_eq(gnmr_agent_route(a, 1), GNMR_ROUTE_LOW);
   }
+  ck_assert_int_eq(gnmr_cuda_flush(c, 5000), GNMR_OK); /* counts final */
   gnmr_cuda_stats st;
   gnmr_cuda_stats_get(c, &st);
   ck_assert_uint_eq(st.delivered, 40);

@@ -1,0 +1,343 @@
+/* SPDX-License-Identifier: MIT */
+/* test_backend.c — the CUDA backend's host code (cuda_backend.c) against a
+ * stand-in CUDA runtime (cuda_fake.c: "device" memory is host memory, the
+ * kernel is its host model), so that it runs in `make check` without a
+ * GPU: results and their order through the ring and the completion
+ * thread, uploads only on change, skipped steps when the host is slow, the
+ * step rules, observers, an agent reporting to a real gnmrd, and a CUDA
+ * failure injected into every call the backend makes (clean error, message,
+ * nothing leaked, the previous registration kept). The real GPU is tested
+ * by tests/gpu/test_gpu.c. */
+#include <math.h>
+#include <stdatomic.h>
+
+#include "cuda_fake.h"
+#include "gnmr/agent_cuda.h"
+#include "testutil.h"
+
+typedef struct sink {
+  atomic_int n;
+  uint64_t steps[64];
+  double sumsq[64][3];
+  uint8_t seen[64][3];
+  int slow_ms;
+} sink;
+
+static void on_result(void *ctx, uint64_t step, const double *s,
+                      const uint64_t *nf, const uint8_t *seen,
+                      uint32_t units) {
+  sink *k = ctx;
+  (void)nf;
+  if (k->slow_ms)
+    tu_sleep_ms(k->slow_ms);
+  int i = atomic_load(&k->n);
+  if (i < 64) {
+    k->steps[i] = step;
+    for (uint32_t u = 0; u < units && u < 3; u++) {
+      k->sumsq[i][u] = s[u];
+      k->seen[i][u] = seen[u];
+    }
+  }
+  atomic_store(&k->n, i + 1);
+}
+
+static gnmr_cuda *open_sink(sink *k, uint32_t slots) {
+  gnmr_cuda_config cfg = {.device = 0, .n_units = 3, .ring_slots = slots,
+                          .on_result = on_result, .on_result_ctx = k};
+  gnmr_cuda *c = NULL;
+  ck_assert_int_eq(gnmr_cuda_open(NULL, &cfg, &c), GNMR_OK);
+  return c;
+}
+
+static float xs[70000], ys[40000];
+
+static void fill(float v) {
+  for (size_t i = 0; i < 70000; i++)
+    xs[i] = v * (float)(1 + i % 3);
+  for (size_t i = 0; i < 40000; i++)
+    ys[i] = 0.5f;
+}
+
+START_TEST(results_arrive_in_order_and_equal_the_cpu) {
+  int base = fake_cuda_live_allocs();
+  sink k = {0};
+  gnmr_cuda *c = open_sink(&k, 0);
+  gnmr_tensor t[3] = {{xs, 70000, GNMR_DTYPE_F32, 0, 0},
+                      {ys, 40000, GNMR_DTYPE_F32, 0, 2.0},
+                      {ys, 0, GNMR_DTYPE_F32, 2, 0}}; /* unit 1: none */
+  ck_assert_int_eq(gnmr_cuda_report(c, 1, NULL), GNMR_E_INVAL); /* no tables */
+  for (uint64_t step = 1; step <= 12; step++) {
+    fill((float)step);
+    ck_assert_int_eq(gnmr_cuda_register(c, t, 3), GNMR_OK);
+    ck_assert_int_eq(gnmr_cuda_report(c, step, NULL), GNMR_OK);
+    ck_assert_int_eq(gnmr_cuda_flush(c, 5000), GNMR_OK);
+    double want[3] = {0};
+    uint64_t nf[3] = {0};
+    gnmr_reduce_cpu(t, 3, 3, want, nf, NULL);
+    int i = atomic_load(&k.n) - 1;
+    ck_assert_int_eq(i, (int)step - 1);
+    ck_assert_uint_eq(k.steps[i], step);
+    ck_assert_msg(fabs(k.sumsq[i][0] - want[0]) <= 1e-6 * want[0],
+                  "step %llu: %g vs %g", (unsigned long long)step,
+                  k.sumsq[i][0], want[0]);
+    ck_assert_int_eq(k.seen[i][0], 1);
+    ck_assert_int_eq(k.seen[i][1], 0); /* no tensor: not reported */
+    ck_assert_int_eq(k.seen[i][2], 1); /* empty tensor: reported as 0 */
+    ck_assert(k.sumsq[i][2] == 0);
+  }
+  gnmr_cuda_stats st;
+  ck_assert_int_eq(gnmr_cuda_stats_get(c, &st), GNMR_OK);
+  ck_assert_uint_eq(st.launches, 12);
+  ck_assert_uint_eq(st.reports, 12);
+  ck_assert_uint_eq(st.delivered, 12);
+  ck_assert_uint_eq(st.uploads, 1); /* same pointers every step */
+  ck_assert_uint_eq(st.chunks, 5);  /* 3 + 2 chunks of 32768 */
+  ck_assert_uint_eq(st.grid, 5);    /* fewer chunks than the device holds */
+  ck_assert_ptr_nonnull(gnmr_cuda_done_event(c));
+  ck_assert_str_eq(gnmr_cuda_last_error(c), "");
+  gnmr_cuda_close(&c);
+  ck_assert_ptr_null(c);
+  ck_assert_int_eq(fake_cuda_live_allocs(), base);
+}
+END_TEST
+
+START_TEST(step_rules_and_registration_changes) {
+  sink k = {0};
+  gnmr_cuda *c = open_sink(&k, 0);
+  gnmr_tensor t[2] = {{xs, 100, GNMR_DTYPE_F32, 0, 0},
+                      {ys, 100, GNMR_DTYPE_F32, 1, 0}};
+  ck_assert_int_eq(gnmr_cuda_register(c, t, 2), GNMR_OK);
+  ck_assert_int_eq(gnmr_cuda_report(c, 0, NULL), GNMR_E_INVAL);
+  ck_assert_int_eq(gnmr_cuda_report(c, 5, NULL), GNMR_OK);
+  ck_assert_int_eq(gnmr_cuda_report(c, 5, NULL), GNMR_E_INVAL);
+  ck_assert_int_eq(gnmr_cuda_report(c, 4, NULL), GNMR_E_INVAL);
+  gnmr_cuda_stats st;
+  t[1].data = ys + 4; /* a moved gradient */
+  ck_assert_int_eq(gnmr_cuda_register(c, t, 2), GNMR_OK);
+  t[1].unit = 3; /* bad: refused, the previous registration stays */
+  ck_assert_int_eq(gnmr_cuda_register(c, t, 2), GNMR_E_INVAL);
+  t[1].unit = 1;
+  t[1].data = (char *)ys + 2; /* not aligned to its element */
+  ck_assert_int_eq(gnmr_cuda_register(c, t, 2), GNMR_E_INVAL);
+  gnmr_cuda_stats_get(c, &st);
+  ck_assert_uint_eq(st.uploads, 2);
+  /* the capturable pair: launch, then submit */
+  fill(1.0f);
+  ck_assert_int_eq(gnmr_cuda_reduce_async(c, NULL), GNMR_OK);
+  ck_assert_int_eq(gnmr_cuda_submit(c, 6, NULL), GNMR_OK);
+  double s[3];
+  uint8_t seen[3];
+  ck_assert_int_eq(gnmr_cuda_read(c, NULL, s, NULL, seen), GNMR_OK);
+  ck_assert_int_eq(gnmr_cuda_flush(c, 5000), GNMR_OK);
+  ck_assert_int_eq(atomic_load(&k.n), 2);
+  ck_assert_uint_eq(k.steps[1], 6);
+  ck_assert(s[1] == 100 * 0.25); /* ys + 4: still 0.5 each */
+  ck_assert_int_eq(seen[2], 0);
+  gnmr_cuda_close(&c);
+}
+END_TEST
+
+START_TEST(a_slow_host_skips_steps_and_launches_nothing_for_them) {
+  sink k = {.slow_ms = 150};
+  gnmr_cuda *c = open_sink(&k, 2);
+  gnmr_tensor t = {xs, 1000, GNMR_DTYPE_F32, 0, 0};
+  ck_assert_int_eq(gnmr_cuda_register(c, &t, 1), GNMR_OK);
+  int l0 = fake_cuda_launches();
+  for (uint64_t step = 1; step <= 10; step++)
+    ck_assert_int_eq(gnmr_cuda_report(c, step, NULL), GNMR_OK);
+  ck_assert_int_eq(gnmr_cuda_flush(c, 10), GNMR_E_TIMEDOUT); /* still busy */
+  ck_assert_int_eq(gnmr_cuda_flush(c, 10000), GNMR_OK);
+  gnmr_cuda_stats st;
+  gnmr_cuda_stats_get(c, &st);
+  ck_assert_uint_ge(st.skipped_steps, 7);
+  ck_assert_uint_eq(st.delivered + st.skipped_steps, 10);
+  ck_assert_uint_eq(st.launches, st.reports);
+  ck_assert_int_eq(fake_cuda_launches() - l0, (int)st.launches);
+  gnmr_cuda_close(&c);
+}
+END_TEST
+
+START_TEST(close_delivers_what_is_still_in_flight) {
+  sink k = {.slow_ms = 50};
+  gnmr_cuda *c = open_sink(&k, 4);
+  gnmr_tensor t = {xs, 10, GNMR_DTYPE_F32, 0, 0};
+  ck_assert_int_eq(gnmr_cuda_register(c, &t, 1), GNMR_OK);
+  for (uint64_t step = 1; step <= 4; step++)
+    ck_assert_int_eq(gnmr_cuda_report(c, step, NULL), GNMR_OK);
+  gnmr_cuda_close(&c);
+  ck_assert_int_eq(atomic_load(&k.n), 4);
+}
+END_TEST
+
+/* Every CUDA call the backend makes, failing once in turn: a clean error,
+ * a message naming the call, and nothing leaked. */
+START_TEST(each_cuda_failure_is_an_error_that_leaks_nothing) {
+  static const char *calls[] = {"gnmr__cuda_grid_max", "cudaMalloc",
+                                "cudaHostAlloc", "cudaMemsetAsync",
+                                "cudaMemcpyAsync", "cudaStreamSynchronize",
+                                "gnmr__cuda_launch", "cudaEventRecord",
+                                "cudaEventSynchronize"};
+  gnmr_tensor t = {xs, 100, GNMR_DTYPE_F32, 0, 0};
+  gnmr_tensor t2 = {ys, 100, GNMR_DTYPE_F32, 0, 0};
+  for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+    int errors = 0; /* failures this call caused: at least one */
+    for (int after = 0; after < 12; after++) {
+      int base = fake_cuda_live_allocs();
+      sink k = {0};
+      fake_cuda_fail(calls[i], after);
+      gnmr_cuda_config cfg = {.device = 0, .n_units = 3, .side_stream = 1,
+                              .on_result = on_result, .on_result_ctx = &k};
+      gnmr_cuda *c = NULL;
+      int rv = gnmr_cuda_open(NULL, &cfg, &c);
+      if (rv != GNMR_OK) {
+        ck_assert_int_eq(rv, GNMR_E_CUDA);
+        ck_assert_ptr_null(c);
+        ck_assert_int_eq(fake_cuda_live_allocs(), base);
+        errors++;
+        continue;
+      }
+      int failed = 0;
+      rv = gnmr_cuda_register(c, &t, 1);
+      if (rv != GNMR_OK) {
+        ck_assert_int_eq(rv, GNMR_E_CUDA);
+        ck_assert_ptr_nonnull(strstr(gnmr_cuda_last_error(c), "injected"));
+        failed = 1;
+      }
+      for (uint64_t step = 1; step <= 3; step++) {
+        if (step == 2) /* a change: a second upload */
+          rv = gnmr_cuda_register(c, &t2, 1);
+        else
+          rv = GNMR_OK;
+        if (rv == GNMR_OK)
+          rv = gnmr_cuda_report(c, step, NULL);
+        if (rv != GNMR_OK) {
+          ck_assert_msg(rv == GNMR_E_CUDA || (failed && rv == GNMR_E_INVAL),
+                        "%s after %d: %d", calls[i], after, rv);
+          failed = 1;
+        }
+      }
+      gnmr_cuda_flush(c, 5000);
+      gnmr_cuda_stats st;
+      gnmr_cuda_stats_get(c, &st);
+      ck_assert_uint_le(st.delivered, 3);
+      /* a failed slot wait is an error too, though no call returned it */
+      errors += failed || st.cuda_errors > 0;
+      if (failed)
+        ck_assert_str_ne(gnmr_cuda_last_error(c), "");
+      gnmr_cuda_close(&c);
+      fake_cuda_fail(NULL, 0);
+      ck_assert_msg(fake_cuda_live_allocs() == base, "%s after %d leaked",
+                    calls[i], after);
+    }
+    ck_assert_msg(errors > 0, "%s never failed", calls[i]);
+  }
+}
+END_TEST
+
+START_TEST(no_device_means_open_fails) {
+  fake_cuda_devices(0);
+  ck_assert_int_eq(gnmr_cuda_device_count(), 0);
+  sink k = {0};
+  gnmr_cuda_config cfg = {.device = 0, .n_units = 1, .on_result = on_result,
+                          .on_result_ctx = &k};
+  gnmr_cuda *c = (gnmr_cuda *)&k;
+  ck_assert_int_eq(gnmr_cuda_open(NULL, &cfg, &c), GNMR_E_CUDA);
+  ck_assert_ptr_null(c);
+  fake_cuda_devices(1);
+  cfg.device = 1;
+  ck_assert_int_eq(gnmr_cuda_open(NULL, &cfg, &c), GNMR_E_CUDA);
+}
+END_TEST
+
+static const char *names[] = {"attn", "mlp"};
+
+static gnmr_agent_config agent_config(const char *ep) {
+  gnmr_agent_config ac = {0};
+  ac.endpoint = ep;
+  ac.job = "fake-gpu";
+  ac.reporters = 1;
+  ac.unit_names = names;
+  ac.n_units = 2;
+  gnmr_params_default(&ac.params);
+  ac.params.warmup_steps = 2;
+  ac.params.max_active = 1;
+  ac.barrier_ms = 3000;
+  return ac;
+}
+
+START_TEST(an_agent_reports_through_the_backend_to_gnmrd) {
+  tu_daemon dm = {0};
+  tu_daemon_start(&dm);
+  gnmr_agent_config ac = agent_config(dm.agents);
+  gnmr_agent *a;
+  ck_assert_int_eq(gnmr_agent_open(&ac, &a), GNMR_OK);
+  for (int i = 0; i < 500 && !gnmr_agent_joined(a); i++)
+    tu_sleep_ms(10);
+  ck_assert(gnmr_agent_joined(a));
+  gnmr_cuda_config cfg = {.device = 0};
+  gnmr_cuda *c;
+  cfg.n_units = 5; /* must match the agent's */
+  ck_assert_int_eq(gnmr_cuda_open(a, &cfg, &c), GNMR_E_INVAL);
+  cfg.n_units = 0;
+  ck_assert_int_eq(gnmr_cuda_open(a, &cfg, &c), GNMR_OK);
+  gnmr_tensor t[2] = {{xs, 4096, GNMR_DTYPE_F32, 0, 0},
+                      {ys, 4096, GNMR_DTYPE_F32, 1, 0}};
+  ck_assert_int_eq(gnmr_cuda_register(c, t, 2), GNMR_OK);
+  for (uint64_t step = 1; step <= 25; step++) {
+    for (int i = 0; i < 4096; i++) {
+      xs[i] = 1.0f;
+      ys[i] = step == 20 ? 50.0f : 1.0f; /* a spike in unit 1 */
+    }
+    ck_assert_int_eq(gnmr_cuda_report(c, step, NULL), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a, step, 5000), GNMR_OK);
+    int want = step == 20 ? GNMR_ROUTE_HIGH : GNMR_ROUTE_LOW;
+    if (step < 21)
+      ck_assert_msg(gnmr_agent_route(a, 1) == want, "step %llu",
+                    (unsigned long long)step);
+  }
+  gnmr_cuda_close(&c); /* joins the completion thread: counts are final */
+  gnmr_agent_stats as;
+  gnmr_agent_stats_get(a, &as);
+  ck_assert_uint_eq(as.reports_sent, 25);
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&dm, SIGTERM), 0);
+  tu_rmrf(dm.dir);
+}
+END_TEST
+
+START_TEST(an_observer_records_steps_without_launching) {
+  gnmr_agent_config ac = agent_config("tcp://127.0.0.1:1");
+  ac.observer = 1;
+  gnmr_agent *a;
+  ck_assert_int_eq(gnmr_agent_open(&ac, &a), GNMR_OK);
+  gnmr_cuda_config cfg = {.device = 0};
+  gnmr_cuda *c;
+  ck_assert_int_eq(gnmr_cuda_open(a, &cfg, &c), GNMR_OK);
+  gnmr_tensor t = {xs, 10, GNMR_DTYPE_F32, 0, 0};
+  ck_assert_int_eq(gnmr_cuda_register(c, &t, 1), GNMR_OK);
+  for (uint64_t step = 1; step <= 3; step++)
+    ck_assert_int_eq(gnmr_cuda_report(c, step, NULL), GNMR_OK);
+  ck_assert_int_eq(gnmr_cuda_report(c, 3, NULL), GNMR_E_INVAL);
+  gnmr_cuda_stats st;
+  gnmr_cuda_stats_get(c, &st);
+  ck_assert_uint_eq(st.launches, 0);
+  gnmr_cuda_close(&c);
+  gnmr_agent_close(&a);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("cuda-backend");
+  TCase *tc = tcase_create("cuda-backend");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, results_arrive_in_order_and_equal_the_cpu);
+  tcase_add_test(tc, step_rules_and_registration_changes);
+  tcase_add_test(tc, a_slow_host_skips_steps_and_launches_nothing_for_them);
+  tcase_add_test(tc, close_delivers_what_is_still_in_flight);
+  tcase_add_test(tc, each_cuda_failure_is_an_error_that_leaks_nothing);
+  tcase_add_test(tc, no_device_means_open_fails);
+  tcase_add_test(tc, an_agent_reports_through_the_backend_to_gnmrd);
+  tcase_add_test(tc, an_observer_records_steps_without_launching);
+  suite_add_tcase(s, tc);
+  return tu_check_main(s);
+}
