@@ -9,6 +9,14 @@
         ctl.step(step)          # report, wait (bounded), apply routes
         optimizer.step(); optimizer.zero_grad()
 
+or, to overlap the pass over host gradients with the optimizer step:
+
+        loss.backward()
+        ctl.report_async(step)  # reduces on a worker thread
+        optimizer.step()
+        ctl.finish(step)        # before zero_grad: wait, apply routes
+        optimizer.zero_grad()
+
 Units are the modules chosen by type (`select`) and/or a regular
 expression on their names (`pattern`); a unit's gradient is that of the
 module's own parameters. After backward, `report(step)` sends every unit's
@@ -70,6 +78,8 @@ class Controller:
         self._cuda = None       # CudaReducer, opened at the first CUDA step
         self._cuda_failed = None  # why the CUDA backend is not used
         self._keep = []         # copies the GPU may still read
+        self._worker = None     # report_async's thread
+        self._pending = None
 
     def _cuda_reducer(self, device):
         if self._cuda is None and self._cuda_failed is None:
@@ -163,12 +173,37 @@ class Controller:
         """report(step), wait for its decision (at most wait_ms), then
         apply_routes(). Returns whether the decision came in time."""
         self.report(step)
+        return self.finish(step, wait_ms)
+
+    def report_async(self, step):
+        """report(step) on a worker thread, so that the pass over host
+        gradients overlaps what the caller does next (the optimizer step;
+        the library releases the GIL). Call finish(step) before anything
+        overwrites the gradients (zero_grad, the next backward)."""
+        if self._worker is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._worker = ThreadPoolExecutor(1, "gnmr-report")
+        self._pending = self._worker.submit(self.report, step)
+
+    def finish(self, step, wait_ms=None):
+        """Completes step: the report_async() in flight (its errors are
+        raised here), the wait for the decision (at most wait_ms), then
+        apply_routes(). Returns whether the decision came in time."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
         on_time = self.agent.wait(step, self.wait_ms if wait_ms is None
                                   else wait_ms)
         self.apply_routes()
         return on_time
 
     def close(self):
+        if self._pending is not None:
+            self._pending.exception()  # wait; close is no place to raise
+            self._pending = None
+        if self._worker is not None:
+            self._worker.shutdown()
+            self._worker = None
         if self._cuda is not None:
             self._cuda.close()
             self._cuda = None

@@ -237,6 +237,31 @@ class ControllerTest(unittest.TestCase):
         self.assertEqual(calls, [("b", False)])  # back after a calm step
         ctl.close()
 
+    def test_report_async_then_finish_gives_the_same_routes(self):
+        net = Net()
+        ctl = Controller(net, self.d.agents, "torch-async",
+                         params=gnmr.default_params(warmup_steps=0,
+                                                    max_active=1,
+                                                    lock_steps=0))
+        x = torch.randn(32, 8)
+        opt = torch.optim.SGD(net.parameters(), lr=0.0)  # grads unchanged
+        for step in range(1, 10):
+            net.zero_grad()
+            net(x).pow(2).mean().backward()
+            if step == 8:  # a spike in b, as in the synchronous test
+                for p in net.b.parameters():
+                    p.grad.mul_(50.0)
+            ctl.report_async(step)
+            opt.step()
+            self.assertTrue(ctl.finish(step, wait_ms=5000))
+            self.assertEqual(ctl.high, [False, step == 8, False, False],
+                             msg=f"step {step}")
+        # a report that fails on the worker raises in finish()
+        ctl.report_async(9)  # not above the last step
+        with self.assertRaises(gnmr.GnmrError):
+            ctl.finish(9, wait_ms=10)
+        ctl.close()
+
     def test_nonfinite_gradient_is_selected_and_idle_unit_is_not(self):
         net = Net()
         ctl = Controller(net, self.d.agents, "nan-job",
