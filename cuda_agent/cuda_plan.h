@@ -79,6 +79,9 @@ size_t gnmr__plan_tables_size(const gnmr__plan *p, gnmr__dev_header *h);
 void gnmr__plan_tables_write(const gnmr__plan *p, void *buf);
 /* Bytes of one result: 17 per unit, rounded up to 16. */
 size_t gnmr__result_size(uint32_t n_units);
+/* Where a result's nonfinite and seen arrays start (sumsq at 0). */
+#define GNMR_RESULT_NONFINITE_OFF(n_units) (8 * (size_t)(n_units))
+#define GNMR_RESULT_SEEN_OFF(n_units) (16 * (size_t)(n_units))
 
 #ifdef __cplusplus
 }

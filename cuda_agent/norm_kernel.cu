@@ -267,8 +267,9 @@ struct Result {
 __device__ inline Result result_of(unsigned char *r, uint32_t n_units) {
   Result o;
   o.sumsq = reinterpret_cast<double *>(r);
-  o.nonfinite = reinterpret_cast<unsigned long long *>(r + 8 * (size_t)n_units);
-  o.seen = r + 16 * (size_t)n_units;
+  o.nonfinite = reinterpret_cast<unsigned long long *>(
+      r + GNMR_RESULT_NONFINITE_OFF(n_units));
+  o.seen = r + GNMR_RESULT_SEEN_OFF(n_units);
   return o;
 }
 

@@ -6,8 +6,8 @@
 #include <math.h>
 
 #include "gnmr/agent.h"
+#include "agentutil.h"
 #include "reduce_cpu.h"
-#include "testutil.h"
 
 static uint16_t to_bf16(float f) {
   uint32_t b;
@@ -187,14 +187,7 @@ END_TEST
 static const char *names3[] = {"a", "b", "c"};
 
 static gnmr_agent_config config(const char *endpoint) {
-  gnmr_agent_config c = {0};
-  c.endpoint = endpoint;
-  c.job = "agent-test";
-  c.rank = 0;
-  c.reporters = 1;
-  c.unit_names = names3;
-  c.n_units = 3;
-  gnmr_params_default(&c.params);
+  gnmr_agent_config c = tu_agent_config(endpoint, "agent-test", names3, 3);
   c.params.warmup_steps = 0;
   c.barrier_ms = 2000;
   return c;

@@ -205,9 +205,9 @@ int gnmr__cuda_launch(const gnmr__launch *l, void *stream) {
   };
   size_t n = h.n_units;
   if (gnmr__cuda_model(&p, (double *)l->result,
-                       (uint64_t *)(l->result + 8 * n)) != GNMR_OK)
+                       (uint64_t *)(l->result + GNMR_RESULT_NONFINITE_OFF(n))) != GNMR_OK)
     return (int)cudaErrorMemoryAllocation;
-  memcpy(l->result + 16 * n, p.seen, n);
+  memcpy(l->result + GNMR_RESULT_SEEN_OFF(n), p.seen, n);
   atomic_fetch_add(&launches, 1);
   return cudaSuccess;
 }

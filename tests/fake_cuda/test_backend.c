@@ -12,8 +12,8 @@
 #include <stdatomic.h>
 
 #include "cuda_fake.h"
+#include "agentutil.h"
 #include "gnmr/agent_cuda.h"
-#include "testutil.h"
 
 typedef struct sink {
   atomic_int n;
@@ -252,13 +252,7 @@ END_TEST
 static const char *names[] = {"attn", "mlp"};
 
 static gnmr_agent_config agent_config(const char *ep) {
-  gnmr_agent_config ac = {0};
-  ac.endpoint = ep;
-  ac.job = "fake-gpu";
-  ac.reporters = 1;
-  ac.unit_names = names;
-  ac.n_units = 2;
-  gnmr_params_default(&ac.params);
+  gnmr_agent_config ac = tu_agent_config(ep, "fake-gpu", names, 2);
   ac.params.warmup_steps = 2;
   ac.params.max_active = 1;
   ac.barrier_ms = 3000;
@@ -269,11 +263,7 @@ START_TEST(an_agent_reports_through_the_backend_to_gnmrd) {
   tu_daemon dm = {0};
   tu_daemon_start(&dm);
   gnmr_agent_config ac = agent_config(dm.agents);
-  gnmr_agent *a;
-  ck_assert_int_eq(gnmr_agent_open(&ac, &a), GNMR_OK);
-  for (int i = 0; i < 500 && !gnmr_agent_joined(a); i++)
-    tu_sleep_ms(10);
-  ck_assert(gnmr_agent_joined(a));
+  gnmr_agent *a = tu_agent_open_joined(&ac);
   gnmr_cuda_config cfg = {.device = 0};
   gnmr_cuda *c;
   cfg.n_units = 5; /* must match the agent's */

@@ -17,8 +17,8 @@
 
 #include "cuda_backend.h"
 #include "cuda_plan.h"
+#include "agentutil.h"
 #include "gnmr/agent_cuda.h"
-#include "testutil.h"
 
 #define CH GNMR_CUDA_CHUNK
 #define CUDA_OK(x) ck_assert_msg((x) == cudaSuccess, "%s: %s", #x, \
@@ -429,21 +429,11 @@ static const char *names[] = {"attn", "mlp"};
 START_TEST(an_agent_reports_gpu_norms_to_gnmrd) {
   tu_daemon dm = {0};
   tu_daemon_start(&dm);
-  gnmr_agent_config ac = {0};
-  ac.endpoint = dm.agents;
-  ac.job = "gpu-test";
-  ac.reporters = 1;
-  ac.unit_names = names;
-  ac.n_units = 2;
-  gnmr_params_default(&ac.params);
+  gnmr_agent_config ac = tu_agent_config(dm.agents, "gpu-test", names, 2);
   ac.params.warmup_steps = 2;
   ac.params.max_active = 1;
   ac.barrier_ms = 2000;
-  gnmr_agent *a;
-  ck_assert_int_eq(gnmr_agent_open(&ac, &a), GNMR_OK);
-  for (int i = 0; i < 300 && !gnmr_agent_joined(a); i++)
-    tu_sleep_ms(10);
-  ck_assert(gnmr_agent_joined(a));
+  gnmr_agent *a = tu_agent_open_joined(&ac);
   gnmr_cuda_config cfg = {.device = 0, .side_stream = 1};
   gnmr_cuda *c;
   ck_assert_int_eq(gnmr_cuda_open(a, &cfg, &c), GNMR_OK);
