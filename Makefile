@@ -106,7 +106,7 @@ endif
 BENCH_SRC := $(filter-out $(if $(filter 1,$(CUDA)),,bench/norm_cuda.c),$(wildcard bench/*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check test test-gpu test-valgrind test-python demo bench install clean deps \
+.PHONY: all check test test-gpu test-valgrind test-python demo experiment bench install clean deps \
         deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-seeds soak
 .DEFAULT_GOAL := all
 
@@ -199,8 +199,10 @@ deps-fuzz:
 	@scripts/deps.sh build fuzz
 
 # ---- tests ----------------------------------------------------------------
-# Tests find the binaries and ../shared through the environment.
+# Tests find the binaries, the sample traces (tests/traces) and, for extra
+# cases where it exists, ../shared through the environment.
 TEST_ENV = GNMR_BIN_DIR=$(abspath $(BUILD)/bin) GNMR_SHARED=$(SHARED) \
+           GNMR_TRACES=$(abspath tests/traces) \
            $(if $(SAN),GNMR_SANITIZED=$(SAN))
 
 test: all $(TESTS) $(if $(filter 1,$(CUDA)),$(GPU_TEST))
@@ -306,6 +308,14 @@ $(BUILD)/obj/fuzz/make_seeds.o: $(GEN)/proto/gnmr.pb-c.h
 # ---- demo, bench ------------------------------------------------------------
 demo: deps-demo all
 	@scripts/demo.sh $(BUILD)
+
+# The stress experiment (examples/quant_stress.py): 5 seeds x 300 steps of
+# every variant on the CPU, two single-threaded processes at a time; writes
+# docs/results/stress.json, stress.md and stress.png (README quotes them).
+EXPERIMENT_ARGS ?= --seeds 5 --steps 300 --jobs 2 --json docs/results/stress.json
+experiment: deps-demo all
+	@GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BIN_DIR=$(abspath $(BUILD)/bin) \
+	  $(PYTHON) examples/quant_stress.py $(EXPERIMENT_ARGS)
 
 bench: deps $(BENCHES) all
 	@for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done

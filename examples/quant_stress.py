@@ -1,50 +1,74 @@
 # SPDX-License-Identifier: MIT
-"""Activation-quantization stress: GNMR on a real (small) training run.
+"""Low-precision stress experiment: does GNMR's *choice* of units matter?
 
 A byte-level GPT-style causal language model trains on CPU on the licence
 texts every Debian system ships (/usr/share/common-licenses, base-files).
-Every linear projection saves its input activation for backward fake-
-quantized per tensor: --low-bits (4) on the low-cost path, --high-bits (8)
-on the recovery path; the forward is exact, so only the weight gradients
-see the quantization, as in low-precision saved-activation training.
+Every linear projection is a unit with two paths (gnmr.recovery).
 
-The stress (why plain 4-bit barely hurts at this size, and what breaks it):
-per-tensor scaling is wrecked by transient activation outliers. Each unit
-enters, with probability --outlier-rate per step, an episode of
---outlier-steps steps in which --outlier-tokens tokens of its input are
-scaled by --outlier-scale (the same schedule for every variant of a seed).
-The scale matters: at x20 the outlier tokens take a 4-bit (qmax 7) scale
-and every other token's saved activation rounds to zero, so that step's
-weight gradient comes from the outliers alone, while 8 bits (qmax 127)
-still give the other tokens about six levels. At x100 both bit widths lose
-the other tokens and static 8-bit is barely better than 4-bit (the first
-version of this experiment); at x20 4-bit is worse in every seed.
+The recipe (--recipe fp8, the default): FP8 activation storage. Each
+projection's input activation is saved for backward as FP8 E4M3 with
+delayed scaling: the scale comes from the largest amax of the last
+--amax-history (16) training steps with a --margin of 0.5 (headroom
+2**0.5), as Transformer Engine's DelayedScaling computes it. The cast does
+not saturate, so an element that outgrows the stale scale becomes NaN (as
+a raw cast does in E4M3FN), and the weight gradient of that unit, and only
+that unit, turns non-finite. The training loop then does what users do
+with non-finite gradients (GradScaler's hygiene): it skips the optimizer
+step, and counts it. That is the harm: local in cause (one unit's low
+path spoils the step) and transient, and putting that one unit on its
+recovery path (the exact activation) while its activation grows saves the
+steps after the first. The optimizer is AdamW (beta2 --beta2, 0.95) with
+a warm-up and cosine schedule, as LLM recipes use.
 
---outlier-kind chooses what the episode does: "tokens" (the default, the
-stress above: real outlier tokens in the activation, which also spike the
-unit's gradient norm, the signal GNMR watches); "channels" (a few input
-features scaled for every token: at x20 the ordering of low and high
-flipped between seeds, at x50 it wrecked training for every variant);
-"amax" (only the quantizer's scale sees the spike, as a stale delayed-
-scaling amax would: at x20 4-bit saved activations become all zero, so
-the weight gradient vanishes (the bias's remains) and the unit's norm
-drops instead of rising; GNMR, which selects on rises, does not see it,
-though static 4-bit was clearly worse than 8-bit there too).
+The stress: each unit enters, with probability --episode-rate (0.015) per
+step, a growth episode in which --episode-tokens (2) token positions of its
+input are scaled by --episode-scales (x2, x4, ... x32 over five steps): an
+activation that grows faster than a stale amax history and its margin
+allow, as an instability that builds over a few steps does. Natural growth
+stays within the margin (no damage at all with --episode-rate 0). The
+schedule is the same for every variant of a seed. The forward is exact on
+both paths, so every variant sees the same inputs; only the saved copies
+differ.
 
-Variants, from the same seeds, data and outlier schedule:
-  fp      no quantization
-  high    --high-bits everywhere
-  low     --low-bits everywhere
-  gnmr    low, with GNMR (a real gnmrd) moving units to high bits
-  random  low, with the same share of unit-steps moved to high bits at
-          random (does GNMR's choice of units matter, or only the bits?)
+--recipe int4 keeps the earlier stress through gnmr.recovery.KBitLinear
+(4-bit saved activations with a per-tensor scale, 8 bits on the recovery
+path; with --episode-scales 20,20,20 --episode-rate 0.2 the x20 outlier
+tokens of the first experiment), where the harm is spread over every
+token and no selection rule helps.
 
-Prints a table (final validation loss and perplexity, mean +- spread over
-seeds, share of unit-steps on the recovery path, step time) and writes the
-loss curves to --plot.
+Variants, from the same seeds, data and episode schedule:
+  fp          plain torch.nn.Linear, no quantization
+  high        every unit on its recovery path
+  low         every unit on its low-cost path
+  gnmr        low, with a real gnmrd choosing the recovery units
+  random      low, each unit-step recovered with GNMR's share, at random
+  oracle      lagged oracle: knows which units' low path was damaged at
+              step t-1 (GNMR's information lag), recovers at most
+              --max-active of them (most recent damage first) and holds
+              each for --lock-steps steps after its damage ends
+  oracle_now  same-step oracle (the ceiling): knows which units the low
+              path would damage at step t (a probe forward; no lock)
+  rawnorm     the same number of units as GNMR at every step, chosen by
+              the largest raw gradient norm (not comparable across units)
+  global      when the global gradient norm is risky by GNMR's own rule
+              (one scalar through the policy), --max-active units chosen
+              at random, held for --lock-steps calm steps: a global
+              signal's timing without its locality
+
+Damage (measured, on either path): the low path's copy of a unit's input
+at step t had elements out of the FP8 range (fp8), or a relative error
+above --damage-error (int4). Precision: of a variant's recovery
+unit-steps, the share that were damage unit-steps; coverage: of the damage
+unit-steps, the share recovered.
+
+--json writes the results (command, commit, seeds, per-variant per-seed
+values, paired differences with standard errors), and a markdown table
+and plot beside it. Everything is single-threaded and seeded: the same
+command gives the same numbers on the same machine.
 """
 import argparse
 import glob
+import json
 import math
 import os
 import random
@@ -58,68 +82,27 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")   # single-threaded: reproducible
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import gnmr  # noqa: E402
 from gnmr.pytorch import Controller  # noqa: E402
+from gnmr.recovery import FP8Linear, KBitLinear, switch  # noqa: E402
 
-
-def fake_quant(x, bits, amax_mult=1.0):
-    qmax = 2 ** (bits - 1) - 1
-    scale = x.abs().max().clamp(min=1e-12) * amax_mult / qmax
-    return (x / scale).round().clamp(-qmax, qmax) * scale
-
-
-class _SavedActQuant(torch.autograd.Function):
-    """y = x W^T + b exactly; backward uses a fake-quantized x."""
-
-    @staticmethod
-    def forward(ctx, x, w, b, bits, amax_mult):
-        y = F.linear(x, w, b)
-        ctx.save_for_backward(fake_quant(x, bits, amax_mult) if bits < 32
-                              else x, w)
-        return y
-
-    @staticmethod
-    def backward(ctx, gy):
-        xq, w = ctx.saved_tensors
-        g2 = gy.reshape(-1, gy.shape[-1])
-        return (gy @ w, g2.t() @ xq.reshape(-1, xq.shape[-1]), g2.sum(0),
-                None, None)
-
-
-class QLinear(torch.nn.Linear):
-    """A Linear whose saved input is quantized to self.bits, and whose input
-    gets outlier tokens while self.outlier_left > 0."""
-
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        self.bits, self.outlier_left, self.outlier = 32, 0, None
-
-    def forward(self, x):
-        amax_mult = 1.0
-        if self.outlier_left > 0:
-            kind, idx, scale = self.outlier
-            if kind == "tokens":
-                x = x.clone()
-                x[:, idx, :] *= scale
-            elif kind == "channels":
-                x = x.clone()
-                x[:, :, idx] *= scale
-            else:  # "amax": only the quantizer's scale sees the spike
-                amax_mult = scale
-        return _SavedActQuant.apply(x, self.weight, self.bias, self.bits,
-                                    amax_mult)
+ALL_VARIANTS = ("fp", "high", "low", "gnmr", "random", "oracle",
+                "oracle_now", "rawnorm", "global")
+NEEDS_GNMR = {"random", "rawnorm"}   # GNMR's share / per-step counts
 
 
 class Block(torch.nn.Module):
-    def __init__(self, d, heads):
+    def __init__(self, d, heads, lin):
         super().__init__()
         self.h = heads
         self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
-        self.qkv, self.proj = QLinear(d, 3 * d), QLinear(d, d)
-        self.fc1, self.fc2 = QLinear(d, 4 * d), QLinear(4 * d, d)
+        self.qkv, self.proj = lin(d, 3 * d), lin(d, d)
+        self.fc1, self.fc2 = lin(d, 4 * d), lin(4 * d, d)
 
     def forward(self, x):
         B, T, D = x.shape
@@ -134,11 +117,11 @@ class Block(torch.nn.Module):
 
 
 class GPT(torch.nn.Module):
-    def __init__(self, d=128, layers=2, heads=4, ctx=64):
+    def __init__(self, lin, d=128, layers=2, heads=4, ctx=64):
         super().__init__()
         self.emb = torch.nn.Embedding(256, d)
         self.pos = torch.nn.Parameter(torch.zeros(1, ctx, d))
-        self.blocks = torch.nn.ModuleList(Block(d, heads)
+        self.blocks = torch.nn.ModuleList(Block(d, heads, lin)
                                           for _ in range(layers))
         self.ln = torch.nn.LayerNorm(d)
         self.head = torch.nn.Linear(d, 256)
@@ -153,6 +136,9 @@ class GPT(torch.nn.Module):
 def load_text():
     files = sorted(glob.glob("/usr/share/common-licenses/*"))
     data = b"".join(open(f, "rb").read() for f in files if os.path.isfile(f))
+    if len(data) < 100000:
+        raise SystemExit("quant_stress: /usr/share/common-licenses has too "
+                         "little text (is base-files installed?)")
     t = torch.tensor(list(data), dtype=torch.long)
     n = int(len(t) * 0.9)
     return t[:n], t[n:]
@@ -165,129 +151,248 @@ def batches(data, n, batch, ctx, gen):
                torch.stack([data[j + 1:j + ctx + 1] for j in i]))
 
 
-def outlier_schedule(units, steps, args, seed, eligible=None):
-    """Per step, the units in an outlier episode and their outliers."""
+def episode_schedule(units, steps, args, seed):
+    """sched[t][u] = (token positions, scale) while u is in an episode."""
     rng = random.Random(seed * 7919 + 1)
+    scales = args.episode_scales
     sched = [dict() for _ in range(steps + 1)]
     for u in range(units):
-        if eligible is not None and u not in eligible:
-            rng.random()  # same draws for every --outlier-units choice
-            continue
         t = 1
         while t <= steps:
-            if rng.random() < args.outlier_rate:
-                pool = args.ctx if args.outlier_kind == "tokens" else args.d
-                idx = rng.sample(range(pool), args.outlier_tokens)
-                for k in range(args.outlier_steps):
+            if rng.random() < args.episode_rate:
+                idx = rng.sample(range(args.ctx), args.episode_tokens)
+                for k, s in enumerate(scales):
                     if t + k <= steps:
-                        sched[t + k][u] = (args.outlier_kind, idx,
-                                           args.outlier_scale)
-                t += args.outlier_steps
+                        sched[t + k][u] = (idx, s)
+                t += len(scales)
             t += 1
     return sched
 
 
-def run(variant, seed, args, train, val, endpoint=None, share=None):
+def make_linear(variant, args):
+    if variant == "fp":
+        return torch.nn.Linear
+    if args.recipe == "fp8":
+        return lambda i, o: FP8Linear(i, o, fmt="e4m3",
+                                      history=args.amax_history,
+                                      margin=args.margin,
+                                      saturate=args.saturate)
+    return lambda i, o: KBitLinear(i, o, low_bits=args.low_bits,
+                                   high_bits=args.high_bits)
+
+
+class ScalarPolicy:
+    """GNMR's per-unit rule (docs/policy.md) for one scalar signal: returns
+    whether the value at this step is risky."""
+
+    def __init__(self, args):
+        self.a, self.b, self.w = args.alpha, args.beta, args.window
+        self.cnt, self.sum, self.win = 0, 0.0, []
+
+    def risky(self, n):
+        if n == 0:
+            return False
+        if not math.isfinite(n):
+            return True
+        s = 0.0
+        if self.cnt:
+            g = n / (self.sum / self.cnt)
+            d = g / (sum(self.win) / len(self.win)) if self.win else 1.0
+            s = max(g / self.a, d / self.b)
+            self.win = (self.win + [g])[-self.w:]
+        self.sum += n
+        self.cnt += 1
+        return s > 1
+
+
+class Chooser:
+    """The recovery set of the non-GNMR variants, decided before the
+    forward of each step from what the variant may know."""
+
+    def __init__(self, variant, n_units, args, seed, gnmr_rec):
+        self.v, self.n, self.args = variant, n_units, args
+        self.rng = random.Random(seed * 31 + 7)
+        self.gnmr = gnmr_rec
+        self.last_damage = [-10 ** 9] * n_units
+        self.held, self.hold_left = [], 0
+        self.glob = ScalarPolicy(args)
+        self.prev_norms = None
+
+    def before(self, step, probe_damage=None):
+        a, n = self.args, self.n
+        if self.v == "high":
+            return set(range(n))
+        if self.v in ("low", "fp"):
+            return set()
+        if self.v == "random":
+            return {u for u in range(n) if self.rng.random() <
+                    self.gnmr["share"]}
+        if self.v == "oracle":
+            recent = [u for u in range(n)
+                      if step - 1 - self.last_damage[u] <= a.lock_steps]
+            recent.sort(key=lambda u: (-self.last_damage[u], u))
+            return set(recent[:a.max_active])
+        if self.v == "oracle_now":
+            hit = sorted((u for u in range(n) if probe_damage[u]),
+                         key=lambda u: (-probe_damage[u], u))
+            return set(hit[:a.max_active])
+        if self.v == "rawnorm":
+            k = len(self.gnmr["active"][step])
+            if k == 0 or self.prev_norms is None:
+                return set()
+            order = sorted(range(n), key=lambda u: (
+                -(math.inf if not math.isfinite(self.prev_norms[u])
+                  else self.prev_norms[u]), u))
+            return set(order[:k])
+        if self.v == "global":
+            return set(self.held)
+        raise ValueError(self.v)
+
+    def after(self, step, damage, norms):
+        """What the variant learns from step `step`: its damage flags
+        (oracle) or gradient norms (rawnorm, global)."""
+        for u in range(self.n):
+            if damage[u]:
+                self.last_damage[u] = step
+        self.prev_norms = norms
+        if self.v == "global":
+            total = math.sqrt(sum(x * x for x in norms))
+            risky = self.glob.risky(total)
+            if step <= self.args.warmup:
+                return
+            if risky:
+                if self.hold_left == 0:
+                    self.held = sorted(self.rng.sample(
+                        range(self.n), min(self.args.max_active, self.n)))
+                self.hold_left = self.args.lock_steps + 1
+            elif self.hold_left > 0:
+                self.hold_left -= 1
+                if self.hold_left == 0:
+                    self.held = []
+
+
+def unit_norm(m):
+    s = 0.0
+    for p in m.parameters():
+        if p.grad is not None:
+            s += float(p.grad.double().pow(2).sum())
+    return math.sqrt(s)
+
+
+def run(variant, seed, args, train, val, endpoint=None, gnmr_rec=None):
     torch.manual_seed(seed)
-    model = GPT(args.d, args.layers, args.heads, args.ctx)
-    units = [m for m in model.modules() if isinstance(m, QLinear)]
-    low = {"fp": 32, "high": args.high_bits}.get(variant, args.low_bits)
-    for m in units:
-        m.bits = low
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    names = [n for n, m in model.named_modules() if isinstance(m, QLinear)]
-    rx = re.compile(args.outlier_units)
-    sched = outlier_schedule(len(units), args.steps, args, seed,
-                             {u for u, n in enumerate(names) if rx.search(n)})
+    model = GPT(make_linear(variant, args), args.d, args.layers, args.heads,
+                args.ctx)
+    names = [n for n, m in model.named_modules()
+             if n.startswith("blocks.") and isinstance(m, torch.nn.Linear)]
+    units = [model.get_submodule(n) for n in names]
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr,
+                            betas=(0.9, args.beta2))
+    # linear warm-up, then cosine decay to lr/10, as LLM recipes schedule
+    # (a skipped step still advances the schedule, as with GradScaler)
+    sched_lr = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(
+        (i + 1) / args.lr_warmup, 0.1 + 0.45 * (1 + math.cos(
+            math.pi * min(i, args.steps) / args.steps))))
+    sched = episode_schedule(len(units), args.steps, args, seed)
+    current = {}
+
+    def inject(u):
+        def hook(module, inputs):
+            ep = current.get(u)
+            if ep is None:
+                return None
+            x = inputs[0].clone()
+            x[:, ep[0], :] *= ep[1]
+            return (x,)
+        return hook
+    for u, m in enumerate(units):
+        m.register_forward_pre_hook(inject(u))
+
     ctl = None
     if variant == "gnmr":
-        def route(name, module, high):
-            module.bits = args.high_bits if high else args.low_bits
         ctl = Controller(model, endpoint, f"stress-{seed}-{os.getpid()}",
-                         select=(QLinear,), on_route=route,
+                         select=(type(units[0]),), on_route=switch,
                          params=gnmr.default_params(
                              alpha=args.alpha, beta=args.beta,
+                             window=args.window,
                              max_active=args.max_active,
                              lock_steps=args.lock_steps,
                              warmup_steps=args.warmup))
-    rng = random.Random(seed * 31 + 7)
+        if [n for n, _ in ctl.units] != names:
+            raise RuntimeError("the controller's units are not the model's")
+    chooser = Chooser(variant, len(units), args, seed, gnmr_rec)
     gen = torch.Generator().manual_seed(seed)
-    curve, high_unit_steps, t_steps = [], 0, 0.0
-    episode_unit_steps, hits = 0, 0
-    norms = [[] for _ in units]
+    curve, t_steps, skipped = [], 0.0, 0
+    active_log = [set()]          # active_log[t]: recovery set at step t
+    rec_steps = damage_steps = hits = 0
     for step, (x, y) in enumerate(batches(train, args.steps, args.batch,
                                           args.ctx, gen), 1):
-        if variant == "random":
-            for m in units:
-                m.bits = (args.high_bits if rng.random() < share
-                          else args.low_bits)
-        for u, m in enumerate(units):
-            ep = sched[step].get(u)
-            m.outlier_left, m.outlier = (1, ep) if ep else (0, None)
-            if variant in ("gnmr", "random"):
-                high = m.bits == args.high_bits
-                high_unit_steps += high
-                episode_unit_steps += ep is not None
-                hits += high and ep is not None
         t0 = time.perf_counter()
+        current.clear()
+        current.update(sched[step])
+        probe = None
+        if variant == "oracle_now":
+            with torch.no_grad():
+                model(x)          # records nothing: sees what the low path
+            probe = [m.low_overflow if args.recipe == "fp8" else
+                     (m.low_error > args.damage_error) for m in units]
+        if ctl is None:
+            active = chooser.before(step, probe)
+            for u, m in enumerate(units):
+                if variant != "fp":
+                    m.recovery = u in active
+        else:
+            active = {u for u, m in enumerate(units) if m.recovery}
+        active_log.append(active)
         loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
         opt.zero_grad()
         loss.backward()
+        if variant == "fp":
+            damage = [False] * len(units)
+        elif args.recipe == "fp8":
+            damage = [m.low_overflow > 0 for m in units]
+        else:
+            damage = [m.low_error > args.damage_error for m in units]
+        rec_steps += len(active)
+        damage_steps += sum(damage)
+        hits += sum(damage[u] for u in active)
         if ctl is not None:
-            ctl.step(step, wait_ms=1000)
-        if args.norm_report:
-            for u, m in enumerate(units):
-                norms[u].append(math.sqrt(sum(
-                    float(p.grad.double().pow(2).sum())
-                    for p in m.parameters())))
-        opt.step()
+            if not ctl.step(step, wait_ms=30000):
+                raise RuntimeError(f"gnmrd's decision for step {step} was "
+                                   f"late: the run would not reproduce")
+        norms = [unit_norm(m) for m in units]
+        chooser.after(step, damage, norms)
+        finite = all(bool(torch.isfinite(p.grad).all())
+                     for p in model.parameters() if p.grad is not None)
+        if finite or not args.skip_nonfinite:
+            opt.step()
+        else:
+            skipped += 1
+        sched_lr.step()
         t_steps += time.perf_counter() - t0
         if step % args.eval_every == 0 or step == args.steps:
             curve.append((step, evaluate(model, val, args)))
     if ctl is not None:
         ctl.close()
-    if args.norm_report:
-        norm_report(variant, seed, names, norms, sched, args)
     unit_steps = len(units) * args.steps
     return {"val": curve[-1][1], "curve": curve,
-            "share": high_unit_steps / unit_steps,
-            # of the recovery unit-steps, how many fell in an outlier
-            # episode; of the episode unit-steps, how many were recovered
-            "precision": hits / high_unit_steps if high_unit_steps else 0.0,
-            "coverage": hits / episode_unit_steps if episode_unit_steps
-            else 0.0,
+            "share": rec_steps / unit_steps,
+            "precision": hits / rec_steps if rec_steps else 0.0,
+            "coverage": hits / damage_steps if damage_steps else 0.0,
+            "damage": damage_steps / unit_steps,
+            "skipped": skipped, "active": [sorted(a) for a in active_log],
             "step_ms": 1e3 * t_steps / args.steps}
-
-
-def norm_report(variant, seed, names, norms, sched, args):
-    """What GNMR sees: per unit, the median of n_t / (mean of the earlier
-    norms) at the first step of an outlier episode and at calm steps
-    (after --warmup steps)."""
-    print(f"gradient norms, {variant} seed {seed}: median GNMR at episode "
-          f"onset vs calm steps (after step {args.warmup})")
-    for u, name in enumerate(names):
-        onset, calm = [], []
-        for t in range(args.warmup + 1, len(norms[u]) + 1):
-            g = norms[u][t - 1] / (sum(norms[u][:t - 1]) / (t - 1))
-            if sched[t].get(u) is None:
-                calm.append(g)
-            elif sched[t - 1].get(u) is None:
-                onset.append(g)
-        med = (lambda v: f"{statistics.median(v):5.2f}" if v else "  -  ")
-        print(f"  {name:18s} onset {med(onset)} ({len(onset):3d})   "
-              f"calm {med(calm)} ({len(calm):3d})")
 
 
 def evaluate(model, val, args):
     gen = torch.Generator().manual_seed(0)
+    model.eval()
     with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, QLinear):
-                m.outlier_left = 0
         losses = [float(F.cross_entropy(model(x).reshape(-1, 256),
                                         y.reshape(-1)))
                   for x, y in batches(val, args.eval_batches, args.batch,
                                       args.ctx, gen)]
+    model.train()
     return sum(losses) / len(losses)
 
 
@@ -305,117 +410,270 @@ def start_gnmrd(bindir):
     raise RuntimeError("gnmrd did not start")
 
 
-def main(argv=None):
+def paired(results, a, b):
+    d = [x["val"] - y["val"] for x, y in zip(results[a], results[b])]
+    se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else 0.0
+    return {"mean": statistics.mean(d), "se": se, "per_seed": d}
+
+
+COMPARISONS = [("low", "high"), ("oracle", "random"), ("gnmr", "random"),
+               ("gnmr", "low"), ("oracle_now", "random"),
+               ("rawnorm", "random"), ("global", "random"),
+               ("gnmr", "rawnorm"), ("gnmr", "global"), ("gnmr", "oracle"),
+               ("high", "fp")]
+
+
+def summarise(results, args, seeds, argv):
+    out = {"command": "python3 examples/quant_stress.py " +
+           " ".join(argv if argv is not None else sys.argv[1:]),
+           "commit": git_commit(), "seeds": seeds,
+           "torch": torch.__version__,
+           "settings": {k: v for k, v in sorted(vars(args).items())
+                        if k not in ("json", "gnmrd_bin", "jobs")},
+           "variants": {}, "paired": {}}
+    for v, rs in results.items():
+        out["variants"][v] = {
+            "val": [round(r["val"], 6) for r in rs],
+            "share": [round(r["share"], 6) for r in rs],
+            "precision": [round(r["precision"], 6) for r in rs],
+            "coverage": [round(r["coverage"], 6) for r in rs],
+            "damage": [round(r["damage"], 6) for r in rs],
+            "skipped": [r["skipped"] for r in rs]}
+    for a, b in COMPARISONS:
+        if a in results and b in results:
+            p = paired(results, a, b)
+            out["paired"][f"{a}-{b}"] = {
+                "mean": round(p["mean"], 6), "se": round(p["se"], 6),
+                "t": round(p["mean"] / p["se"], 2) if p["se"] else None,
+                "per_seed": [round(x, 6) for x in p["per_seed"]]}
+    if all(v in results for v in ("gnmr", "random", "oracle")):
+        g = -statistics.mean(out["paired"]["gnmr-random"]["per_seed"])
+        o = -statistics.mean(out["paired"]["oracle-random"]["per_seed"])
+        out["gnmr_gain_over_oracle_gain"] = round(g / o, 4) if o else None
+    return out
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], check=True,
+                              capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))
+                              ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def table(summary):
+    """The results as markdown."""
+    var = summary["variants"]
+    lines = ["| variant | final val loss (mean ± sd) | recovery share | "
+             "precision | coverage | skipped steps |",
+             "|---|---|---|---|---|---|"]
+    for v, r in var.items():
+        sd = statistics.stdev(r["val"]) if len(r["val"]) > 1 else 0.0
+        lines.append(
+            f"| {v} | {statistics.mean(r['val']):.4f} ± {sd:.4f} | "
+            f"{statistics.mean(r['share']):.3f} | "
+            f"{statistics.mean(r['precision']):.2f} | "
+            f"{statistics.mean(r['coverage']):.2f} | "
+            f"{statistics.mean(r['skipped']):.1f} |")
+    lines += ["", "Paired differences of final validation loss (negative: "
+              "the first is better), mean ± standard error over seeds:", "",
+              "| difference | mean ± se | mean/se | per seed |",
+              "|---|---|---|---|"]
+    for k, p in summary["paired"].items():
+        t = "-" if p["t"] is None else f"{p['t']:+.1f}"
+        lines.append(f"| {k} | {p['mean']:+.4f} ± {p['se']:.4f} | {t} | " +
+                     " ".join(f"{x:+.4f}" for x in p["per_seed"]) + " |")
+    if summary.get("gnmr_gain_over_oracle_gain") is not None:
+        lines += ["", "GNMR's gain over random as a fraction of the lagged "
+                  f"oracle's: {summary['gnmr_gain_over_oracle_gain']:.2f}"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no plot: python3-matplotlib is not installed")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for v, rs in results.items():
+        steps = [s for s, _ in rs[0]["curve"]]
+        mean = [statistics.mean(r["curve"][i][1] for r in rs)
+                for i in range(len(steps))]
+        ax.plot(steps, mean, label=v)
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss (mean over seeds)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=5,
+                   help="seeds 1..N (default 5)")
+    p.add_argument("--seed-list", default="",
+                   help="comma-separated seeds, instead of --seeds")
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--variants", default="fp,high,low,gnmr,random")
+    p.add_argument("--variants", default=",".join(ALL_VARIANTS))
+    p.add_argument("--recipe", default="fp8", choices=("fp8", "int4"))
     p.add_argument("--d", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--ctx", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr-warmup", type=int, default=20)
+    p.add_argument("--beta2", type=float, default=0.95,
+                   help="AdamW's second-moment decay (LLM recipes use 0.95)")
+    p.add_argument("--amax-history", type=int, default=16)
+    p.add_argument("--margin", type=float, default=0.5)
+    p.add_argument("--saturate", action="store_true",
+                   help="saturating FP8 cast (clip to +-448) instead of NaN")
     p.add_argument("--low-bits", type=int, default=4)
     p.add_argument("--high-bits", type=int, default=8)
-    p.add_argument("--outlier-rate", type=float, default=0.2)
-    p.add_argument("--outlier-steps", type=int, default=3)
-    p.add_argument("--outlier-tokens", type=int, default=2)
-    p.add_argument("--outlier-scale", type=float, default=20.0)
-    p.add_argument("--norm-report", action="store_true",
-                   help="print each unit's median GNMR at outlier-episode "
-                   "onsets and at calm steps (what the policy sees)")
-    p.add_argument("--outlier-units", default="",
-                   help="regex on unit names (blocks.0.qkv, ...): only "
-                   "these get outlier episodes (default: all)")
-    p.add_argument("--outlier-kind", default="tokens",
-                   choices=("tokens", "channels", "amax"))
+    p.add_argument("--damage-error", type=float, default=0.5,
+                   help="int4: relative error of the saved copy that counts "
+                   "as damage")
+    p.add_argument("--episode-rate", type=float, default=0.015)
+    p.add_argument("--episode-tokens", type=int, default=2)
+    p.add_argument("--episode-scales", default="2,4,8,16,32",
+                   help="the input scale of the episode tokens, step by step")
+    p.add_argument("--no-skip-nonfinite", dest="skip_nonfinite",
+                   action="store_false",
+                   help="apply steps with non-finite gradients")
     p.add_argument("--alpha", type=float, default=2.0)
     p.add_argument("--beta", type=float, default=2.0)
+    p.add_argument("--window", type=int, default=8)
     p.add_argument("--max-active", type=int, default=2)
     p.add_argument("--lock-steps", type=int, default=2)
     p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--eval-batches", type=int, default=8)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--plot", default="quant_stress.png")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="seeds run in this many processes at once (each "
+                   "single-threaded; the results do not change)")
+    p.add_argument("--json", default="",
+                   help="write the results here, and a .md table and a .png "
+                   "plot beside it")
+    p.add_argument("--plot", default="", help="loss curves (PNG)")
     p.add_argument("--gnmrd-bin", default=os.environ.get("GNMR_BIN_DIR",
                                                          "build/bin"))
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    variants = args.variants.split(",")
-    bad = set(variants) - {"fp", "high", "low", "gnmr", "random"}
-    if bad or ("random" in variants and "gnmr" not in variants):
-        p.error(f"bad --variants {args.variants!r} (random needs gnmr)")
-    train, val = load_text()
-    d = start_gnmrd(args.gnmrd_bin) if "gnmr" in variants else None
-    results = {v: [] for v in variants}
     try:
-        for seed in range(1, args.seeds + 1):
-            share = None
-            for v in variants:
-                r = run(v, seed, args, train, val, d[2] if d else None,
-                        share)
-                if v == "gnmr":
-                    share = r["share"]
-                results[v].append(r)
-                print(f"seed {seed} {v:7s} val {r['val']:.4f} "
-                      f"share {r['share']:.3f} step {r['step_ms']:.1f} ms",
-                      flush=True)
+        args.episode_scales = [float(s) for s in
+                               args.episode_scales.split(",")]
+        seeds = ([int(s) for s in args.seed_list.split(",")]
+                 if args.seed_list else list(range(1, args.seeds + 1)))
+    except ValueError as e:
+        p.error(f"bad number list: {e}")
+    if not seeds or any(s < 0 for s in seeds):
+        p.error("seeds must be >= 0 and at least one")
+    variants = [v for v in args.variants.split(",") if v]
+    bad = set(variants) - set(ALL_VARIANTS)
+    if bad or not variants:
+        p.error(f"unknown variant(s) {sorted(bad)}; choose from "
+                f"{','.join(ALL_VARIANTS)}")
+    if args.steps < 1 or args.eval_every < 1 or args.max_active < 0:
+        p.error("--steps and --eval-every must be >= 1")
+    return args, seeds, variants
+
+
+_TEXT = None
+
+
+def run_task(seed, variant, args, rec=None):
+    """One variant of one seed, single-threaded; the GNMR variant with a
+    gnmrd of its own. rec: GNMR's result for the seed (random, rawnorm)."""
+    global _TEXT
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    if _TEXT is None:
+        _TEXT = load_text()
+    d = start_gnmrd(args.gnmrd_bin) if variant == "gnmr" else None
+    try:
+        r = run(variant, seed, args, *_TEXT, d[2] if d else None, rec)
     finally:
         if d:
             d[0].send_signal(signal.SIGTERM)
             d[0].wait()
             d[0].stdout.close()
             shutil.rmtree(d[1], ignore_errors=True)
+    print(f"seed {seed} {variant:10s} val {r['val']:.4f} "
+          f"share {r['share']:.3f} prec {r['precision']:.2f} "
+          f"cov {r['coverage']:.2f} skipped {r['skipped']:3d} "
+          f"step {r['step_ms']:.1f} ms", flush=True)
+    return r
+
+
+def run_all(seeds, order, args):
+    """{(seed, variant): result}. With --jobs N, N single-threaded
+    processes take (seed, variant) runs as they come, GNMR's first (random
+    and rawnorm wait for GNMR's run of their seed): the same numbers as one
+    process running them in turn."""
+    res = {}
+    if args.jobs <= 1:
+        for seed in seeds:
+            for v in order:
+                res[seed, v] = run_task(seed, v, args, res.get((seed,
+                                                                "gnmr")))
+        return res
+    import concurrent.futures as cf
+    import multiprocessing
+    with cf.ProcessPoolExecutor(
+            args.jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+        pending = {}
+        for seed in seeds:
+            if "gnmr" in order:
+                pending[ex.submit(run_task, seed, "gnmr", args)] = (seed,
+                                                                    "gnmr")
+        for seed in seeds:
+            for v in order:
+                if v != "gnmr" and v not in NEEDS_GNMR:
+                    pending[ex.submit(run_task, seed, v, args)] = (seed, v)
+        while pending:
+            done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+            for f in done:
+                seed, v = pending.pop(f)
+                res[seed, v] = f.result()
+                if v == "gnmr":
+                    for w in order:
+                        if w in NEEDS_GNMR:
+                            pending[ex.submit(run_task, seed, w, args,
+                                              res[seed, v])] = (seed, w)
+    return res
+
+
+def main(argv=None):
+    args, seeds, variants = parse_args(argv)
+    order = (["gnmr"] if "gnmr" in variants or NEEDS_GNMR & set(variants)
+             else []) + [v for v in variants if v != "gnmr"]
+    res = run_all(seeds, order, args)
+    results = {v: [res[s, v] for s in seeds] for v in order}
+    results = {v: results[v] for v in ALL_VARIANTS if v in results}
+    summary = summarise(results, args, seeds, argv)
     print()
-    print(f"{'variant':8s} {'val loss':>16s} {'perplexity':>16s} "
-          f"{'recovery share':>15s} {'step ms':>8s}")
-    for v in variants:
-        vals = [r["val"] for r in results[v]]
-        sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-        ppl = [math.exp(x) for x in vals]
-        psd = statistics.stdev(ppl) if len(ppl) > 1 else 0.0
-        print(f"{v:8s} {statistics.mean(vals):8.4f} +- {sd:5.3f} "
-              f"{statistics.mean(ppl):8.3f} +- {psd:5.3f} "
-              f"{statistics.mean(r['share'] for r in results[v]):15.3f} "
-              f"{statistics.mean(r['step_ms'] for r in results[v]):8.1f}")
-    for v in ("gnmr", "random"):
-        if v in results:
-            print(f"{v}: {statistics.mean(r['precision'] for r in results[v]):.0%}"
-                  f" of its recovery unit-steps fell in outlier episodes; it "
-                  f"recovered {statistics.mean(r['coverage'] for r in results[v]):.0%}"
-                  f" of the episodes' unit-steps")
-    pairs = [("low", "high"), ("gnmr", "low"), ("gnmr", "random"),
-             ("gnmr", "high")]
-    shown = [(a, b) for a, b in pairs if a in results and b in results]
-    if shown:
-        print("\npaired differences of final validation loss, per seed "
-              "(same data and outliers; negative: the first is better)")
-        for a, b in shown:
-            d = [x["val"] - y["val"] for x, y in zip(results[a], results[b])]
-            sd = statistics.stdev(d) if len(d) > 1 else 0.0
-            print(f"  {a:6s} - {b:6s} {statistics.mean(d):+8.4f} +- {sd:5.3f}"
-                  f"   per seed: " + " ".join(f"{x:+.3f}" for x in d))
+    print(table(summary))
+    if args.json:
+        base = os.path.splitext(args.json)[0]
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)),
+                    exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+            f.write("\n")
+        with open(base + ".md", "w") as f:
+            f.write(f"Command: `{summary['command']}`\n\n"
+                    f"Commit: {summary['commit']}; seeds: {seeds}\n\n")
+            f.write(table(summary))
+        plot(results, base + ".png")
+        print(f"wrote {args.json}, {base}.md, {base}.png")
     if args.plot:
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-            fig, ax = plt.subplots(figsize=(7, 4))
-            for v in variants:
-                steps = [s for s, _ in results[v][0]["curve"]]
-                mean = [statistics.mean(r["curve"][i][1] for r in results[v])
-                        for i in range(len(steps))]
-                ax.plot(steps, mean, label=v)
-            ax.set_xlabel("step")
-            ax.set_ylabel("validation loss (mean over seeds)")
-            ax.legend()
-            fig.tight_layout()
-            fig.savefig(args.plot, dpi=110)
-            print(f"\nloss curves: {args.plot}")
-        except ImportError:
-            print("\nno plot: python3-matplotlib is not installed")
+        plot(results, args.plot)
     return results
 
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* policy.h — the pure GNMR engine of docs/policy.md (shared/docs/policy.md):
+/* policy.h — the pure GNMR engine of docs/policy.md:
  * per-unit statistics, GNMR and delta-GNMR scores, budgeted selection with
  * locks. No I/O, no allocation per step: all buffers are sized at create,
  * resize or parameter change. One engine is owned by one thread at a time. */

@@ -29,7 +29,7 @@ static const struct {
 static int sim_argv(char **argv, size_t i, const char *endpoint,
                     const char *job, char *trace_p, size_t cap) {
   int n = 0;
-  snprintf(trace_p, cap, "%s/traces/%s", tu_shared(), cases[i].trace);
+  snprintf(trace_p, cap, "%s/%s", tu_traces(), cases[i].trace);
   argv[n++] = "gnmr-sim";
   argv[n++] = "--agents";
   argv[n++] = (char *)endpoint;
@@ -53,7 +53,7 @@ static int sim_argv(char **argv, size_t i, const char *endpoint,
 
 static char *expected(size_t i) {
   char p[512];
-  snprintf(p, sizeof p, "%s/traces/%s", tu_shared(), cases[i].expect);
+  snprintf(p, sizeof p, "%s/%s", tu_traces(), cases[i].expect);
   char *e = tu_read_file(p, NULL);
   ck_assert_msg(e != NULL, "cannot read %s", p);
   return e;

@@ -60,8 +60,8 @@ START_TEST(decisions_csv_after_sim_equals_expected_file) {
   };
   for (size_t i = 0; i < 2; i++) {
     char tp[512], ep[512], job[16];
-    snprintf(tp, sizeof tp, "%s/traces/%s", tu_shared(), cases[i].trace);
-    snprintf(ep, sizeof ep, "%s/traces/%s", tu_shared(), cases[i].expect);
+    snprintf(tp, sizeof tp, "%s/%s", tu_traces(), cases[i].trace);
+    snprintf(ep, sizeof ep, "%s/%s", tu_traces(), cases[i].expect);
     snprintf(job, sizeof job, "csv-%zu", i);
     char *argv[24] = {"gnmr-sim", "--agents", d.agents, "--job", job,
                       "--ranks", "3", "--shards", "2", "--trace", tp,
@@ -366,7 +366,7 @@ START_TEST(readers_while_the_daemon_writes) {
   tu_daemon d = {0};
   tu_daemon_start(&d);
   char tp[512];
-  snprintf(tp, sizeof tp, "%s/traces/burst.csv", tu_shared());
+  snprintf(tp, sizeof tp, "%s/burst.csv", tu_traces());
   char path[512], out[128];
   snprintf(path, sizeof path, "%s/gnmr-sim", tu_bin_dir());
   snprintf(out, sizeof out, "%s/sim.out", d.dir);

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* testutil.h — helpers shared by the test programs: run a GNMR binary with
  * arguments and optional stdin file, capturing exit code, stdout, stderr;
- * read files; find the binaries ($GNMR_BIN_DIR) and ../shared
- * ($GNMR_SHARED). Header-only so that each test stays one program. */
+ * read files; find the binaries ($GNMR_BIN_DIR), the sample traces
+ * ($GNMR_TRACES) and ../shared ($GNMR_SHARED, optional). Header-only so that each test stays one program. */
 #ifndef GNMR_TESTUTIL_H
 #define GNMR_TESTUTIL_H
 
@@ -31,9 +31,16 @@ static inline const char *tu_bin_dir(void) {
   return d ? d : "build/bin";
 }
 
+/* ../shared, for extra cases where it exists; no test may need it. */
 static inline const char *tu_shared(void) {
   const char *d = getenv("GNMR_SHARED");
   return d ? d : "../shared";
+}
+
+/* The sample traces and their expected decisions (tests/traces). */
+static inline const char *tu_traces(void) {
+  const char *d = getenv("GNMR_TRACES");
+  return d ? d : "tests/traces";
 }
 
 static inline char *tu_read_file(const char *path, size_t *len) {

@@ -1,0 +1,276 @@
+# SPDX-License-Identifier: MIT
+"""Tests of gnmr.recovery: the ready-made low-cost / recovery paths.
+
+The low path really quantizes, the recovery path is exact, and a route
+from gnmrd switches the path before the module's next forward.
+"""
+import math
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+import torch  # noqa: E402
+
+import gnmr  # noqa: E402
+from gnmr.pytorch import Controller  # noqa: E402
+from gnmr.recovery import (DelayedScaling, FP8Linear, KBitLinear,  # noqa
+                           convert, fake_fp8, fake_int, switch)
+from test_gnmr import Daemon  # noqa: E402
+
+
+def e4m3fn_values():
+    """Every finite E4M3FN value, decoded from its 8 bits by the format's
+    definition (bias 7, no infinity, S.1111.111 is NaN)."""
+    out = []
+    for byte in range(256):
+        s, e, m = byte >> 7, (byte >> 3) & 15, byte & 7
+        if e == 15 and m == 7:
+            continue
+        v = (m / 8) * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+        out.append(-v if s else v)
+    return out
+
+
+def e5m2_values():
+    out = []
+    for byte in range(256):
+        s, e, m = byte >> 7, (byte >> 2) & 31, byte & 3
+        if e == 31:
+            continue
+        v = (m / 4) * 2.0 ** -14 if e == 0 else (1 + m / 4) * 2.0 ** (e - 15)
+        out.append(-v if s else v)
+    return out
+
+
+class FakeFP8Test(unittest.TestCase):
+    def test_every_fp8_value_is_kept_and_midpoints_round_to_even(self):
+        for fmt, vals in (("e4m3", e4m3fn_values()),
+                          ("e5m2", e5m2_values())):
+            v = torch.tensor(sorted(set(vals)), dtype=torch.float64)
+            self.assertTrue(torch.equal(fake_fp8(v, fmt), v), fmt)
+            pos = v[v >= 0]
+            mid = (pos[:-1] + pos[1:]) / 2
+            q = fake_fp8(mid, fmt)
+            # a midpoint goes to the neighbour whose last mantissa bit is 0
+            lo, hi = pos[:-1], pos[1:]
+            mbits = 3 if fmt == "e4m3" else 2
+            even_lo = torch.tensor([_mantissa_lsb(x, mbits, fmt) == 0
+                                    for x in lo.tolist()])
+            want = torch.where(even_lo, lo, hi)
+            self.assertTrue(torch.equal(q, want), fmt)
+            # just off the midpoint: the nearer neighbour
+            self.assertTrue(torch.equal(fake_fp8(mid * (1 - 1e-6), fmt), lo))
+            self.assertTrue(torch.equal(fake_fp8(mid * (1 + 1e-6), fmt), hi))
+
+    def test_out_of_range_saturates_or_is_nonfinite(self):
+        x = torch.tensor([447.0, 463.9, 464.0, 465.0, -1e6, math.inf,
+                          math.nan])
+        self.assertEqual(fake_fp8(x, "e4m3", saturate=True).tolist()[:6],
+                         [448.0, 448.0, 448.0, 448.0, -448.0, 448.0])
+        self.assertTrue(math.isnan(fake_fp8(x, "e4m3", True)[6]))
+        raw = fake_fp8(x, "e4m3", saturate=False)
+        self.assertEqual(raw[:3].tolist(), [448.0, 448.0, 448.0])
+        self.assertTrue(torch.isnan(raw[3:]).all())  # E4M3FN: NaN, no inf
+        e5 = fake_fp8(torch.tensor([61439.0, 61440.0, -7e4]), "e5m2", False)
+        # 61440 is the midpoint to 2**16: half to even rounds it out of range
+        self.assertEqual(e5.tolist(), [57344.0, math.inf, -math.inf])
+
+    def test_bad_format_and_bits_are_clear_errors(self):
+        with self.assertRaisesRegex(ValueError, "unknown FP8 format 'e3m4'"):
+            fake_fp8(torch.zeros(2), "e3m4")
+        with self.assertRaisesRegex(ValueError, "unknown FP8 format"):
+            DelayedScaling("fp8")
+        with self.assertRaisesRegex(ValueError, "history must be >= 1"):
+            DelayedScaling(history=0)
+        with self.assertRaisesRegex(ValueError, "bits must be 2..16"):
+            fake_int(torch.zeros(2), 1)
+        with self.assertRaisesRegex(ValueError, "bits must be 2..16"):
+            KBitLinear(4, 4, low_bits=40)
+
+
+def _mantissa_lsb(x, mbits, fmt):
+    emin = -6 if fmt == "e4m3" else -14
+    if x == 0:
+        return 0
+    e = max(math.floor(math.log2(x)), emin)
+    return int(round(x / 2.0 ** (e - mbits))) & 1
+
+
+class DelayedScalingTest(unittest.TestCase):
+    def test_scale_follows_the_largest_amax_of_the_history(self):
+        s = DelayedScaling("e4m3", history=3, margin=1)
+        self.assertEqual(s.scale(current_amax=2.0), 448.0 / 2.0 / 2.0)
+        for a in (1.0, 8.0, 2.0, 4.0):
+            s.record(a)
+        self.assertEqual(s.amax, [8.0, 2.0, 4.0])
+        self.assertEqual(s.scale(current_amax=100.0), 448.0 / 8.0 / 2.0)
+        s.record(1.0)           # 8.0 leaves the history
+        self.assertEqual(s.scale(), 448.0 / 4.0 / 2.0)
+        s.record(math.nan)      # a non-finite amax is not recorded
+        self.assertEqual(s.amax, [2.0, 4.0, 1.0])
+
+    def test_growth_beyond_the_stale_scale_overflows(self):
+        s = DelayedScaling("e4m3", history=16, margin=0, saturate=False)
+        x = torch.ones(4, 8)
+        q, over = s.quantize(x)
+        self.assertEqual(over, 0)
+        self.assertTrue(torch.equal(q, x))
+        y = x.clone()
+        y[1] *= 3.0             # three times the recorded amax
+        q, over = s.quantize(y, record=False)
+        self.assertEqual(over, 8)
+        self.assertTrue(torch.isnan(q[1]).all())
+        self.assertTrue(torch.equal(q[0], x[0]))
+        self.assertEqual(s.amax, [1.0])  # record=False left it alone
+
+
+class FP8LinearTest(unittest.TestCase):
+    def setUp(self):
+        torch.manual_seed(3)
+        self.x = torch.randn(6, 5, 16)
+        self.gy = torch.randn(6, 5, 8)
+
+    def grads(self, lin, x):
+        lin.zero_grad()
+        xx = x.clone().requires_grad_(True)
+        lin(xx).backward(self.gy)
+        return lin.weight.grad.clone(), lin.bias.grad.clone(), xx.grad
+
+    def test_low_path_quantizes_and_recovery_path_is_exact(self):
+        ref = torch.nn.Linear(16, 8)
+        lin = FP8Linear(16, 8, margin=0)
+        lin.load_state_dict(ref.state_dict())
+        ref.zero_grad()
+        xr = self.x.clone().requires_grad_(True)
+        ref(xr).backward(self.gy)
+        # low path: the weight gradient reads the FP8 copy of x
+        gw, gb, gx = self.grads(lin, self.x)
+        s = 448.0 / float(self.x.abs().max())
+        xq = fake_fp8(self.x * s) / s
+        self.assertFalse(torch.equal(xq, self.x))
+        want = self.gy.reshape(-1, 8).t() @ xq.reshape(-1, 16)
+        self.assertTrue(torch.allclose(gw, want, rtol=1e-6, atol=1e-7))
+        self.assertGreater(float((gw - ref.weight.grad).abs().max()), 1e-4)
+        # the input gradient and the bias gradient are exact on both paths
+        self.assertTrue(torch.allclose(gx, xr.grad, rtol=1e-6, atol=1e-7))
+        self.assertTrue(torch.allclose(gb, ref.bias.grad, rtol=1e-6))
+        # recovery path: the exact activation, so nn.Linear's gradients
+        lin.recovery = True
+        gw, gb, gx = self.grads(lin, self.x)
+        self.assertTrue(torch.allclose(gw, ref.weight.grad, rtol=1e-6,
+                                       atol=1e-7))
+        self.assertTrue(torch.equal(lin(self.x), ref(self.x)))
+
+    def test_overflow_makes_only_this_units_weight_gradient_nonfinite(self):
+        lin = FP8Linear(16, 8, margin=1, saturate=False)
+        self.grads(lin, self.x)         # records amax
+        y = self.x.clone()
+        y[:, 2] *= 8.0                  # grows 8x against a 2x margin
+        gw, gb, gx = self.grads(lin, y)
+        self.assertGreater(lin.low_overflow, 0)
+        self.assertFalse(torch.isfinite(gw).all())
+        self.assertTrue(torch.isfinite(gx).all())
+        self.assertTrue(torch.isfinite(gb).all())
+        # the same input on the recovery path: finite, and the overflow
+        # the low path would have had is still counted
+        lin2 = FP8Linear(16, 8, margin=1, saturate=False)
+        lin2.load_state_dict(lin.state_dict())
+        self.grads(lin2, self.x)
+        lin2.recovery = True
+        gw, _, _ = self.grads(lin2, y)
+        self.assertTrue(torch.isfinite(gw).all())
+        self.assertGreater(lin2.low_overflow, 0)
+        # a saturating cast clips instead
+        lin3 = FP8Linear(16, 8, margin=1, saturate=True)
+        self.grads(lin3, self.x)
+        gw, _, _ = self.grads(lin3, y)
+        self.assertTrue(torch.isfinite(gw).all())
+
+    def test_only_training_forwards_record_amax(self):
+        lin = FP8Linear(16, 8)
+        with torch.no_grad():
+            lin(self.x)
+        self.assertEqual(lin.scaling.amax, [])
+        lin.eval()
+        lin(self.x)
+        self.assertEqual(lin.scaling.amax, [])
+        lin.train()
+        lin(self.x * 2)
+        self.assertEqual(lin.scaling.amax, [float((self.x * 2).abs().max())])
+
+
+class KBitLinearTest(unittest.TestCase):
+    def test_low_path_has_k_bit_levels_and_recovery_more_or_exact(self):
+        torch.manual_seed(1)
+        x = torch.randn(64, 16)
+        for high, exact in ((8, False), (None, True)):
+            lin = KBitLinear(16, 4, low_bits=4, high_bits=high)
+            saved = lin._saved_copy(x, True, True)
+            scale = float(x.abs().max()) / 7
+            levels = torch.unique(torch.round(saved / scale))
+            self.assertLessEqual(len(levels), 15)
+            self.assertGreater(lin.low_error, 0.05)
+            lin.recovery = True
+            saved = lin._saved_copy(x, True, True)
+            if exact:
+                self.assertTrue(torch.equal(saved, x))
+            else:
+                self.assertGreater(len(torch.unique(saved)), 15)
+                self.assertLess(float((saved - x).norm() / x.norm()), 0.02)
+
+
+class ConvertTest(unittest.TestCase):
+    def test_convert_swaps_modules_keeping_their_parameters(self):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                  torch.nn.Sequential(torch.nn.Linear(8, 2)))
+        w = net[2][0].weight
+        before = net(torch.ones(3, 4))
+        names = convert(net, FP8Linear, pattern=r"^2\.", margin=1)
+        self.assertEqual(names, ["2.0"])
+        self.assertIsInstance(net[2][0], FP8Linear)
+        self.assertIs(net[2][0].weight, w)
+        self.assertEqual(net[2][0].scaling.margin, 1)
+        self.assertIs(type(net[0]), torch.nn.Linear)
+        self.assertTrue(torch.equal(net(torch.ones(3, 4)), before))
+        with self.assertRaisesRegex(ValueError, "no module of type"):
+            convert(net, FP8Linear, pattern="nothing")
+
+
+class SwitchTest(unittest.TestCase):
+    def test_a_route_from_gnmrd_switches_the_path_before_next_forward(self):
+        d = Daemon()
+        try:
+            torch.manual_seed(0)
+            net = torch.nn.Sequential(FP8Linear(8, 8), FP8Linear(8, 8))
+            ctl = Controller(net, d.agents, "recovery-switch",
+                             select=(FP8Linear,), on_route=switch,
+                             params=gnmr.default_params(warmup_steps=2,
+                                                        max_active=1))
+            deadline = time.time() + 10
+            while not ctl.agent.joined and time.time() < deadline:
+                time.sleep(0.02)
+            x = torch.randn(4, 8)
+            seen = []
+            for step in range(1, 8):
+                net.zero_grad()
+                # the path each module takes is the one set before forward
+                seen.append([m.recovery for m in net])
+                net(x).pow(2).mean().backward()
+                if step == 5:
+                    net[1].weight.grad.mul_(1000.0)
+                self.assertTrue(ctl.step(step, wait_ms=5000))
+            ctl.close()
+            self.assertEqual(seen[5], [False, True])   # step 6, after 5
+            self.assertEqual(seen[4], [False, False])
+            self.assertTrue(all(not any(s) for s in seen[:5]))
+        finally:
+            self.assertEqual(d.stop(), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
