@@ -62,7 +62,7 @@ struct gnmr_agent {
 
   /* counters */
   atomic_uint_fast64_t reports_sent, reports_dropped, decisions,
-      late_decisions, fallback_routes, errors, hellos;
+      late_decisions, fallback_routes, errors, hellos, reports_stale;
   atomic_int last_error;
 };
 
@@ -144,6 +144,7 @@ typedef struct io_state {
   held_msg held[HELD_MAX]; /* oldest first */
   int n_held;
   uint64_t next_hello;
+  int welcomed;        /* a Welcome came before: the next one is a re-join */
   uint32_t *ids;       /* job-wide id of each local unit (Welcome) */
   uint32_t *by_id;     /* local indices sorted by job-wide id */
   int have_ids;
@@ -202,6 +203,36 @@ static void send_report(gnmr_agent *a, io_state *io, const void *buf,
   (void)io;
 }
 
+/* The step of a held report (0 when it does not decode). */
+static uint64_t held_step(const held_msg *h) {
+  Gnmr__Envelope *env;
+  uint64_t step = 0;
+  if (gnmr__wire_decode(h->buf, h->len, &env, NULL, 0) != GNMR_OK)
+    return 0;
+  if (env->body_case == GNMR__ENVELOPE__BODY_REPORT)
+    step = env->report->step;
+  gnmr__wire_free(&env);
+  return step;
+}
+
+/* On a re-join, drops the held reports that are stale: made while the link
+ * was down, for steps the job has decided without this rank since (at or
+ * below Welcome.last_step). Sent, they would only be late. An agent's
+ * steps only grow, so none of them is a rewind: a restart from a
+ * checkpoint is a new agent, whose first Welcome drops nothing. */
+static void drop_stale(gnmr_agent *a, io_state *io, uint64_t last_step) {
+  int n = 0;
+  for (int i = 0; i < io->n_held; i++) {
+    if (held_step(&io->held[i]) <= last_step) {
+      free(io->held[i].buf);
+      atomic_fetch_add(&a->reports_stale, 1);
+      continue;
+    }
+    io->held[n++] = io->held[i];
+  }
+  io->n_held = n;
+}
+
 static void flush_held(gnmr_agent *a, io_state *io) {
   for (int i = 0; i < io->n_held; i++) {
     send_report(a, io, io->held[i].buf, io->held[i].len);
@@ -227,6 +258,9 @@ static void on_welcome(gnmr_agent *a, io_state *io, const Gnmr__Welcome *w) {
   }
   qsort_r(io->by_id, a->n_units, sizeof *io->by_id, by_id_cmp, io->ids);
   io->have_ids = 1;
+  if (io->welcomed)
+    drop_stale(a, io, w->last_step);
+  io->welcomed = 1;
   atomic_store(&a->joined, 1);
   flush_held(a, io);
 }
@@ -819,6 +853,7 @@ int gnmr_agent_stats_get(const gnmr_agent *a, gnmr_agent_stats *o) {
   o->errors = atomic_load(&a->errors);
   o->hellos = atomic_load(&a->hellos);
   o->last_error = atomic_load(&a->last_error);
+  o->reports_stale = atomic_load(&a->reports_stale);
   return GNMR_OK;
 }
 

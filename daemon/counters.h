@@ -23,6 +23,7 @@
   XX(late_reports)       /* for a decided step: dropped */                    \
   XX(future_reports)     /* too far ahead of the last decided step */         \
   XX(steps_decided)                                                           \
+  XX(republish_refused)  /* a second decision for a step of the same pass */  \
   XX(deadline_decisions) /* decided by the barrier deadline */                \
   XX(missing_units)      /* unit-steps decided with a missing shard */        \
   XX(decisions_sent)                                                          \

@@ -31,6 +31,8 @@ typedef struct rank_reg {
   int joined;         /* said Hello (and not Bye) */
   int rejoined;       /* said Hello after steps were decided: its next
                          report may restart training from a checkpoint */
+  uint64_t last_step; /* highest step of its accepted reports in this pass;
+                         UINT64_MAX after a restore (not known) */
   char *user;         /* the CURVE key it first joined with, or NULL */
   int ever;           /* has ever joined: its units exist */
   char *ident;        /* current connection identity */
@@ -61,6 +63,8 @@ struct job {
   gnmrd *d;
   char *name;
   uint32_t pass;             /* 1, +1 at each resume */
+  uint32_t pub_pass;         /* pass of the last published decision */
+  uint64_t pub_step;         /* its step: a pass publishes each step once */
   policy_params hello_params;/* what its agents send (fixed) */
   policy_params params;      /* in force (changed by gnmrctl set) */
   uint32_t reporters, barrier_ms, byes;
@@ -424,8 +428,21 @@ static void decide(job *j, pending *p, int by_deadline) {
       j->norm[u] = j->nfc[u] > 0 ? NAN : sqrt(j->acc[u]);
     }
   }
-  int rv = policy_step(j->pol, p->step, j->norm, j->input, &res);
-  if (rv != GNMR_OK) {
+  int rv = GNMR_OK;
+  int again = j->pub_pass == j->pass && p->step <= j->pub_step;
+  if (again) {
+    /* the invariant every rank relies on: one decision per step per pass */
+    d->c.republish_refused++;
+    LOG(ERROR, "JOB-REPUBLISH", "job %s: step %llu was already published in "
+        "pass %u (up to step %llu); not deciding it again", j->name,
+        (unsigned long long)p->step, j->pass,
+        (unsigned long long)j->pub_step);
+  } else {
+    rv = policy_step(j->pol, p->step, j->norm, j->input, &res);
+  }
+  if (again) {
+    /* refused above: nothing published, nothing stored */
+  } else if (rv != GNMR_OK) {
     LOG(ERROR, "JOB-DECIDE", "job %s step %llu: %s", j->name,
         (unsigned long long)p->step, gnmr_strerror(rv));
   } else {
@@ -453,6 +470,8 @@ static void decide(job *j, pending *p, int by_deadline) {
       }
       free(buf);
     }
+    j->pub_pass = j->pass;
+    j->pub_step = p->step;
     d->c.steps_decided++;
     if (by_deadline)
       d->c.deadline_decisions++;
@@ -874,9 +893,13 @@ static int on_report(gnmrd *d, const void *id, size_t id_len,
     if (vrv != GNMR_OK)
       REFUSE(vrv, ref, "%s", why);
   }
-  if (r->step <= j->last_decided && rr->rejoined) {
-    /* Training restarted from a checkpoint: a new pass over these steps,
-     * with the statistics kept. Undecided steps of the old pass go. */
+  if (r->step <= j->last_decided && rr->rejoined &&
+      r->step <= rr->last_step) {
+    /* Training restarted from a checkpoint: the rank went back below its
+     * own last accepted step. A new pass over these steps, with the
+     * statistics kept; undecided steps of the old pass go. A report that
+     * is only late (a rank back from a partition flushing what it held:
+     * above its own last step, at or below the job's) is no restart. */
     char detail[96];
     snprintf(detail, sizeof detail, "pass %u: training restarted at step "
              "%llu after step %llu", j->pass + 1,
@@ -886,6 +909,8 @@ static int on_report(gnmrd *d, const void *id, size_t id_len,
     j->n_pend = 0;
     j->pass++;
     j->last_decided = r->step - 1;
+    for (uint32_t k = 0; k < j->reporters; k++)
+      j->ranks[k].last_step = j->last_decided;
     put_job(j);
     put_event(j, "job_resumed", UINT32_MAX, detail);
     LOG(INFO, "JOB-RESUME", "job %s: %s", j->name, detail);
@@ -915,6 +940,8 @@ static int on_report(gnmrd *d, const void *id, size_t id_len,
            (unsigned long long)r->step);
   }
   h->env = env; /* kept: its arrays are read when the step is decided */
+  if (rr->last_step == UINT64_MAX || r->step > rr->last_step)
+    rr->last_step = r->step;
   h->sumsq = r->sumsq;
   h->nonfinite = r->n_nonfinite ? r->nonfinite : NULL;
   h->nr = r->n_not_reported ? r->not_reported : NULL;
@@ -1088,6 +1115,9 @@ void jobs_restore(const store_job *sj, void *ctx) {
       hmap_put(&j->unit_ids, j->unit_names[u], strlen(j->unit_names[u]), u);
   }
   j->n_units = n;
+  for (uint32_t r = 0; r < j->reporters; r++)
+    j->ranks[r].last_step = UINT64_MAX; /* a rejoining rank's lower step
+                                           restarts training */
   for (uint32_t r = 0; r < sj->n_ranks; r++) {
     rank_reg *rr = &j->ranks[r];
     if (sj->rank_n[r] == 0 ||

@@ -135,7 +135,11 @@ class GPT(torch.nn.Module):
 
 def load_text():
     files = sorted(glob.glob("/usr/share/common-licenses/*"))
-    data = b"".join(open(f, "rb").read() for f in files if os.path.isfile(f))
+    data = bytearray()
+    for f in files:
+        if os.path.isfile(f):
+            with open(f, "rb") as fh:
+                data += fh.read()
     if len(data) < 100000:
         raise SystemExit("quant_stress: /usr/share/common-licenses has too "
                          "little text (is base-files installed?)")
@@ -579,8 +583,16 @@ def parse_args(argv):
     if bad or not variants:
         p.error(f"unknown variant(s) {sorted(bad)}; choose from "
                 f"{','.join(ALL_VARIANTS)}")
-    if args.steps < 1 or args.eval_every < 1 or args.max_active < 0:
-        p.error("--steps and --eval-every must be >= 1")
+    if args.steps < 1 or args.eval_every < 1 or args.jobs < 1:
+        p.error("--steps, --eval-every and --jobs must be >= 1")
+    if args.max_active < 0 or args.lock_steps < 0 or args.warmup < 0:
+        p.error("--max-active, --lock-steps and --warmup must be >= 0")
+    if not 0 <= args.episode_rate <= 1 or not all(
+            s > 0 and math.isfinite(s) for s in args.episode_scales):
+        p.error("--episode-rate must be in [0, 1] and --episode-scales "
+                "positive")
+    if not 0 < args.episode_tokens <= args.ctx:
+        p.error("--episode-tokens must be in 1..--ctx")
     return args, seeds, variants
 
 

@@ -4,10 +4,12 @@
  * chunk edges, empty tensors), configuration checks, and the failure
  * semantics: no daemon, daemon killed mid-run, daemon restarted. */
 #include <math.h>
+#include <zmq.h>
 
 #include "gnmr/agent.h"
 #include "agentutil.h"
 #include "reduce_cpu.h"
+#include "wire.h"
 
 static uint16_t to_bf16(float f) {
   uint32_t b;
@@ -497,6 +499,150 @@ START_TEST(lagging_rank_is_decided_missing_at_the_barrier_deadline) {
 }
 END_TEST
 
+/* ---- a stand-in daemon: a ROUTER the test drives by hand ------------------ */
+
+typedef struct fake_daemon {
+  void *ctx, *router;
+  char ident[256];
+  size_t ident_len;
+} fake_daemon;
+
+static void fake_bind(fake_daemon *f, const char *endpoint) {
+  int zero = 0;
+  f->router = zmq_socket(f->ctx, ZMQ_ROUTER);
+  zmq_setsockopt(f->router, ZMQ_LINGER, &zero, sizeof zero);
+  ck_assert_int_eq(zmq_bind(f->router, endpoint), 0);
+}
+
+/* Receives one envelope from the agent (NULL when none within ms). */
+static Gnmr__Envelope *fake_recv(fake_daemon *f, int ms) {
+  zmq_setsockopt(f->router, ZMQ_RCVTIMEO, &ms, sizeof ms);
+  int n = zmq_recv(f->router, f->ident, sizeof f->ident, 0);
+  if (n < 0)
+    return NULL;
+  f->ident_len = (size_t)n;
+  zmq_msg_t m;
+  zmq_msg_init(&m);
+  ck_assert_int_ge(zmq_msg_recv(&m, f->router, 0), 0);
+  Gnmr__Envelope *env = NULL;
+  ck_assert_int_eq(gnmr__wire_decode(zmq_msg_data(&m), zmq_msg_size(&m), &env,
+                                     NULL, 0),
+                   GNMR_OK);
+  zmq_msg_close(&m);
+  return env;
+}
+
+/* Waits for the agent's Hello and welcomes it with last_step. */
+static void fake_welcome(fake_daemon *f, uint64_t last_step) {
+  Gnmr__Envelope *env;
+  while ((env = fake_recv(f, 5000)) != NULL &&
+         env->body_case != GNMR__ENVELOPE__BODY_HELLO)
+    gnmr__wire_free(&env);
+  ck_assert_msg(env != NULL, "no Hello from the agent");
+  uint32_t ids[2] = {0, 1};
+  Gnmr__Envelope out = GNMR__ENVELOPE__INIT;
+  Gnmr__Welcome w = GNMR__WELCOME__INIT;
+  w.job = env->hello->job;
+  w.rank = 0;
+  w.n_unit_ids = 2;
+  w.unit_ids = ids;
+  w.last_step = last_step;
+  out.body_case = GNMR__ENVELOPE__BODY_WELCOME;
+  out.welcome = &w;
+  uint8_t *buf;
+  size_t len;
+  ck_assert_int_eq(gnmr__wire_encode(&out, &buf, &len), GNMR_OK);
+  zmq_send(f->router, f->ident, f->ident_len, ZMQ_SNDMORE);
+  zmq_send(f->router, buf, len, 0);
+  free(buf);
+  gnmr__wire_free(&env);
+}
+
+/* The steps of the Reports that arrive within ms, in order. */
+static int fake_steps(fake_daemon *f, uint64_t *steps, int cap, int ms) {
+  int n = 0;
+  Gnmr__Envelope *env;
+  while ((env = fake_recv(f, ms)) != NULL) {
+    if (env->body_case == GNMR__ENVELOPE__BODY_REPORT && n < cap)
+      steps[n++] = env->report->step;
+    gnmr__wire_free(&env);
+  }
+  return n;
+}
+
+static void wait_joined(gnmr_agent *a, int want) {
+  for (int i = 0; i < 500 && gnmr_agent_joined(a) != want; i++)
+    tu_sleep_ms(10);
+  ck_assert_int_eq(gnmr_agent_joined(a), want);
+}
+
+START_TEST(rejoining_agent_drops_reports_the_job_decided_without_it) {
+  /* A link that goes down for longer than the job waits: the reports made
+   * meanwhile are held; at the re-join, those at or below the Welcome's
+   * last_step are stale (the job decided those steps without this rank)
+   * and are dropped and counted, never sent, so they cannot pass for a
+   * restart from a checkpoint. */
+  const char *dir = tu_tmpdir();
+  char ep[300];
+  snprintf(ep, sizeof ep, "ipc://%s/fake.sock", dir);
+  fake_daemon f = {0};
+  f.ctx = zmq_ctx_new();
+  fake_bind(&f, ep);
+  static const char *names[] = {"a", "b"};
+  gnmr_agent_config cfg = {0};
+  cfg.endpoint = ep;
+  cfg.job = "stale-job";
+  cfg.unit_names = names;
+  cfg.n_units = 2;
+  cfg.reporters = 1;
+  gnmr_params_default(&cfg.params);
+  gnmr_agent *a = NULL;
+  ck_assert_int_eq(gnmr_agent_open(&cfg, &a), GNMR_OK);
+  fake_welcome(&f, 0);
+  wait_joined(a, 1);
+  double s[2] = {1, 2};
+  uint64_t got[16];
+  for (uint64_t t = 1; t <= 3; t++)
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
+  ck_assert_int_eq(fake_steps(&f, got, 16, 300), 3);
+
+  zmq_close(f.router); /* the link goes */
+  wait_joined(a, 0);
+  for (uint64_t t = 4; t <= 8; t++)
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
+  tu_sleep_ms(100);
+  fake_bind(&f, ep); /* back: the job decided up to step 6 meanwhile */
+  fake_welcome(&f, 6);
+  int n = fake_steps(&f, got, 16, 300);
+  ck_assert_int_eq(n, 2);
+  ck_assert_uint_eq(got[0], 7);
+  ck_assert_uint_eq(got[1], 8);
+  gnmr_agent_stats st;
+  ck_assert_int_eq(gnmr_agent_stats_get(a, &st), GNMR_OK);
+  ck_assert_uint_eq(st.reports_stale, 3);
+
+  /* training restarts from a checkpoint at step 5: a new agent, whose
+   * first Welcome drops nothing (gnmrd starts a new pass) */
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(fake_steps(&f, got, 16, 200), 0); /* its Bye only */
+  ck_assert_int_eq(gnmr_agent_open(&cfg, &a), GNMR_OK);
+  for (uint64_t t = 5; t <= 6; t++)
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
+  tu_sleep_ms(100); /* held: not welcomed yet */
+  fake_welcome(&f, 8);
+  n = fake_steps(&f, got, 16, 300);
+  ck_assert_int_eq(n, 2);
+  ck_assert_uint_eq(got[0], 5);
+  ck_assert_uint_eq(got[1], 6);
+  ck_assert_int_eq(gnmr_agent_stats_get(a, &st), GNMR_OK);
+  ck_assert_uint_eq(st.reports_stale, 0);
+  gnmr_agent_close(&a);
+  zmq_close(f.router);
+  zmq_ctx_term(f.ctx);
+  tu_rmrf(dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("agent");
   TCase *tc = tcase_create("reduce");
@@ -514,6 +660,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, mismatched_agent_is_refused_and_counts_the_error);
   tcase_add_test(tc, observers_receive_every_decision_without_reporting);
   tcase_add_test(tc, lagging_rank_is_decided_missing_at_the_barrier_deadline);
+  tcase_add_test(tc, rejoining_agent_drops_reports_the_job_decided_without_it);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -82,9 +82,9 @@ static void expect_silence(raw_peer *p) {
 
 static char *unit_names2[] = {"u0", "u1"};
 
-static void hello(raw_peer *p, const char *job, uint32_t rank,
-                  uint32_t reporters, char **units, size_t n,
-                  double alpha) {
+static void hello_b(raw_peer *p, const char *job, uint32_t rank,
+                    uint32_t reporters, char **units, size_t n, double alpha,
+                    uint32_t barrier_ms) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   Gnmr__Hello h = GNMR__HELLO__INIT;
   Gnmr__Params wp;
@@ -100,10 +100,16 @@ static void hello(raw_peer *p, const char *job, uint32_t rank,
   h.n_units = n;
   h.units = units;
   h.params = &wp;
-  h.barrier_ms = 60000;
+  h.barrier_ms = barrier_ms;
   env.body_case = GNMR__ENVELOPE__BODY_HELLO;
   env.hello = &h;
   raw_send_env(p, &env);
+}
+
+static void hello(raw_peer *p, const char *job, uint32_t rank,
+                  uint32_t reporters, char **units, size_t n,
+                  double alpha) {
+  hello_b(p, job, rank, reporters, units, n, alpha, 60000);
 }
 
 static void report(raw_peer *p, const char *job, uint32_t rank,
@@ -359,6 +365,107 @@ START_TEST(hostile_input_gets_errors_or_counted_drops_and_good_agent_is_served) 
 }
 END_TEST
 
+static void expect_welcome(raw_peer *p) {
+  Gnmr__Envelope *env = expect_body(p, GNMR__ENVELOPE__BODY_WELCOME);
+  gnmr__wire_free(&env);
+}
+
+/* Receives the Decision for step (skipping nothing else). */
+static void expect_decision(raw_peer *p, uint64_t step) {
+  Gnmr__Envelope *env = expect_body(p, GNMR__ENVELOPE__BODY_DECISION);
+  ck_assert_uint_eq(env->decision->step, step);
+  gnmr__wire_free(&env);
+}
+
+/* A counter's value in `gnmrctl stats` output (name, spaces, value). */
+static long long stat_value(const char *out, const char *name) {
+  size_t l = strlen(name);
+  for (const char *p = out; (p = strstr(p, name)) != NULL; p += l)
+    if ((p == out || p[-1] == '\n') && p[l] == ' ')
+      return strtoll(p + l, NULL, 10);
+  ck_abort_msg("no counter %s in:\n%s", name, out);
+  return -1;
+}
+
+static run_result ctl_run(const tu_daemon *d, char *a1, char *a2, char *a3,
+                          char *a4, char *a5) {
+  char admin[300];
+  snprintf(admin, sizeof admin, "--admin=%s", d->admin);
+  char *argv[] = {"gnmrctl", admin, a1, a2, a3, a4, a5, NULL};
+  return tu_run("gnmrctl", argv, NULL);
+}
+
+START_TEST(rank_back_from_a_partition_starts_no_new_pass) {
+  /* Two ranks, each holding a shard of both units. Rank 1 is cut off for
+   * longer than the barrier: steps 4-6 are decided without it. Back, it
+   * flushes what it held (step 4): late, dropped, and no "training
+   * restarted" pass that would publish steps again. A real rewind (a rank
+   * below its own last accepted step) still starts one. */
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  raw_peer r0 = raw_open(d.agents), r1 = raw_open(d.agents);
+  hello_b(&r0, "part-job", 0, 2, unit_names2, 2, 2.0, 150);
+  expect_welcome(&r0);
+  hello_b(&r1, "part-job", 1, 2, unit_names2, 2, 2.0, 150);
+  expect_welcome(&r1);
+  double s[2] = {1.0, 4.0};
+  for (uint64_t t = 1; t <= 3; t++) {
+    report(&r0, "part-job", 0, t, s, 2, NULL, 0);
+    report(&r1, "part-job", 1, t, s, 2, NULL, 0);
+    expect_decision(&r0, t);
+    expect_decision(&r1, t);
+  }
+  for (uint64_t t = 4; t <= 6; t++) { /* rank 1 away: the deadline decides */
+    report(&r0, "part-job", 0, t, s, 2, NULL, 0);
+    expect_decision(&r0, t);
+  }
+  for (uint64_t t = 4; t <= 6; t++)
+    expect_decision(&r1, t); /* its queue still got them */
+  hello_b(&r1, "part-job", 1, 2, unit_names2, 2, 2.0, 150); /* back */
+  Gnmr__Envelope *w = expect_body(&r1, GNMR__ENVELOPE__BODY_WELCOME);
+  ck_assert_uint_eq(w->welcome->last_step, 6);
+  gnmr__wire_free(&w);
+  report(&r1, "part-job", 1, 4, s, 2, NULL, 0); /* stale: held while away */
+  expect_silence(&r1);
+  expect_silence(&r0); /* nothing published again */
+  report(&r0, "part-job", 0, 7, s, 2, NULL, 0);
+  report(&r1, "part-job", 1, 7, s, 2, NULL, 0);
+  expect_decision(&r0, 7);
+  expect_decision(&r1, 7);
+
+  run_result r = ctl_run(&d, "status", "part-job", "--json", NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "\"pass\": 1") != NULL, "%s", r.out);
+  tu_run_free(&r);
+  r = ctl_run(&d, "history", "part-job", "--kind", "job_resumed", "--csv");
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "job_resumed") == NULL, "%s", r.out);
+  tu_run_free(&r);
+  r = ctl_run(&d, "stats", NULL, NULL, NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_int_eq(stat_value(r.out, "late_reports"), 1);
+  ck_assert_int_eq(stat_value(r.out, "republish_refused"), 0);
+  tu_run_free(&r);
+
+  /* a rewind: rank 1, re-joined, reports below its own last step (7) */
+  hello_b(&r1, "part-job", 1, 2, unit_names2, 2, 2.0, 150);
+  expect_welcome(&r1);
+  report(&r1, "part-job", 1, 5, s, 2, NULL, 0);
+  report(&r0, "part-job", 0, 5, s, 2, NULL, 0);
+  expect_decision(&r0, 5);
+  expect_decision(&r1, 5);
+  r = ctl_run(&d, "history", "part-job", "--kind", "job_resumed", "--csv");
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "pass 2: training restarted at step 5 after "
+                              "step 7") != NULL, "%s", r.out);
+  tu_run_free(&r);
+  raw_close(&r0);
+  raw_close(&r1);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(oversize_frame_drops_only_that_peer) {
   tu_daemon d = {0};
   char *limit[] = {"--max-msg", "65536", NULL}; /* 64 KiB messages */
@@ -490,6 +597,7 @@ static Suite *suite(void) {
       tc,
       hostile_input_gets_errors_or_counted_drops_and_good_agent_is_served);
   tcase_add_test(tc, oversize_frame_drops_only_that_peer);
+  tcase_add_test(tc, rank_back_from_a_partition_starts_no_new_pass);
   tcase_add_test(tc, many_connections_opening_and_closing_are_harmless);
   tcase_add_test(tc, admin_endpoint_refuses_non_admin_messages);
   tcase_add_test(tc, enormous_unit_list_in_hello_is_refused);

@@ -88,6 +88,8 @@ typedef struct gnmr_agent_stats {
   uint64_t errors;            /* Error replies from the daemon */
   uint64_t hellos;            /* Hello messages sent (1 + re-joins) */
   int32_t last_error;         /* code of the last Error reply, 0 if none */
+  uint64_t reports_stale;     /* held across a re-join for steps the job
+                                 decided meanwhile: dropped, never sent */
 } gnmr_agent_stats;
 
 typedef struct gnmr_agent gnmr_agent;

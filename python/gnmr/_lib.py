@@ -69,6 +69,7 @@ class Stats(ctypes.Structure):
         ("errors", ctypes.c_uint64),
         ("hellos", ctypes.c_uint64),
         ("last_error", ctypes.c_int32),
+        ("reports_stale", ctypes.c_uint64),
     ]
 
 

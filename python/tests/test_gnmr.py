@@ -4,6 +4,7 @@
 Run by `make check` as `/usr/bin/python3 -m unittest discover -s
 python/tests` with GNMR_AGENT_LIB and GNMR_BIN_DIR set by the Makefile.
 """
+import json
 import math
 import os
 import re
@@ -309,28 +310,97 @@ class ControllerTest(unittest.TestCase):
 
 
 class ExampleTest(unittest.TestCase):
-    def test_quant_stress_runs_a_short_configuration_end_to_end(self):
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..",
-                                        "examples"))
+    """examples/quant_stress.py on a tiny model: every variant, the JSON,
+    and the same numbers from a subset of seeds and variants."""
+    SMALL = ["--steps", "40", "--warmup", "5", "--eval-every", "20",
+             "--eval-batches", "2", "--d", "32", "--layers", "1",
+             "--heads", "2", "--ctx", "16", "--batch", "4",
+             "--episode-rate", "0.08", "--gnmrd-bin", BIN]
+
+    @classmethod
+    def setUpClass(cls):
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
+                                        "..", "examples"))
+        import quant_stress
+        cls.qs = quant_stress
+
+    def main(self, args):
         import io
         import contextlib
-        import quant_stress
         out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            res = quant_stress.main(["--seeds", "1", "--steps", "30",
-                                     "--variants", "high,low,gnmr,random",
-                                     "--warmup", "5", "--eval-every", "10",
-                                     "--plot", "", "--gnmrd-bin", BIN])
-        text = out.getvalue()
-        for v in ("high", "low", "gnmr", "random"):
-            self.assertEqual(len(res[v]), 1)
-            self.assertTrue(math.isfinite(res[v][0]["val"]))
-            self.assertRegex(text, rf"\n{v} +\d+\.\d+ \+- ")
-        self.assertEqual(res["low"][0]["share"], 0.0)
-        # the random control uses GNMR's share of recovery unit-steps
-        self.assertGreater(res["gnmr"][0]["share"], 0.0)
-        self.assertAlmostEqual(res["random"][0]["share"],
-                               res["gnmr"][0]["share"], delta=0.1)
+        det, threads = (torch.are_deterministic_algorithms_enabled(),
+                        torch.get_num_threads())
+        try:
+            with contextlib.redirect_stdout(out):
+                res = self.qs.main(args + self.SMALL)
+        finally:  # the example sets both for the process it runs in
+            torch.use_deterministic_algorithms(det)
+            torch.set_num_threads(threads)
+        return res, out.getvalue()
+
+    def test_every_variant_json_and_reruns_of_one_seed_and_variant(self):
+        tmp = tempfile.mkdtemp(prefix="gnmr-stress-test-")
+        try:
+            js = os.path.join(tmp, "stress.json")
+            res, text = self.main(["--seed-list", "1,2", "--jobs", "2",
+                                   "--json", js])
+            for v in self.qs.ALL_VARIANTS:
+                self.assertEqual(len(res[v]), 2, v)
+                self.assertTrue(all(math.isfinite(r["val"]) for r in res[v]))
+                self.assertRegex(text, rf"\n\| {v} \| \d+\.\d+ ± ")
+            for r in res["low"] + res["fp"]:
+                self.assertEqual(r["share"], 0.0)
+            for r in res["high"]:
+                self.assertEqual((r["share"], r["skipped"]), (1.0, 0))
+            # the episodes overflow the low path's stale FP8 scale
+            self.assertGreater(sum(r["skipped"] for r in res["low"]), 0)
+            for i in range(2):
+                g, now = res["gnmr"][i], res["oracle_now"][i]
+                # rawnorm recovers as many units as GNMR at every step
+                self.assertEqual(res["rawnorm"][i]["share"], g["share"])
+                self.assertAlmostEqual(res["random"][i]["share"],
+                                       g["share"], delta=0.1)
+                # the same-step oracle recovers only damaged unit-steps
+                self.assertEqual(now["precision"], 1.0)
+                self.assertLessEqual(now["skipped"], res["low"][i]["skipped"])
+                self.assertTrue(all(len(a) <= 2 for a in now["active"]))
+                self.assertTrue(all(len(a) <= 2 for a in
+                                    res["oracle"][i]["active"]))
+            with open(js) as f:
+                doc = json.load(f)
+            self.assertEqual(doc["seeds"], [1, 2])
+            self.assertRegex(doc["commit"], r"^([0-9a-f]{40}|unknown)$")
+            self.assertIn("--seed-list 1,2", doc["command"])
+            for v in self.qs.ALL_VARIANTS:
+                for key in ("val", "share", "precision", "coverage"):
+                    self.assertEqual(len(doc["variants"][v][key]), 2)
+            self.assertIn("oracle-random", doc["paired"])
+            self.assertTrue(os.path.getsize(os.path.join(tmp, "stress.md")))
+            # one seed and two variants again, in one process: the same
+            again, _ = self.main(["--seed-list", "2", "--variants",
+                                  "oracle,rawnorm"])
+            for v in ("oracle", "rawnorm"):
+                self.assertEqual(again[v][0]["val"], res[v][1]["val"], v)
+                self.assertEqual(again[v][0]["active"], res[v][1]["active"])
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_bad_arguments_are_clear_errors(self):
+        import io
+        import contextlib
+        for args, msg in ((["--variants", "low,best"], "unknown variant"),
+                          (["--seed-list", "1,x"], "bad number list"),
+                          (["--episode-scales", "2,,4"], "bad number list"),
+                          (["--steps", "0"], "must be >= 1"),
+                          (["--episode-tokens", "99"], "in 1..--ctx"),
+                          (["--episode-rate", "2"], "in [0, 1]"),
+                          (["--recipe", "fp4"], "invalid choice")):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), \
+                    self.assertRaises(SystemExit) as cm:
+                self.qs.parse_args(args)
+            self.assertEqual(cm.exception.code, 2)
+            self.assertIn(msg, err.getvalue())
 
 
 if __name__ == "__main__":
