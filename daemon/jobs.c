@@ -389,6 +389,30 @@ static int job_reserve_units(job *j, uint32_t n) {
 /* ---- deciding ------------------------------------------------------------------ */
 
 /* Decides pending step p (the oldest), sends the decision, frees p. */
+/* Forgets a registration's connection: its peer entry and identity. */
+static void drop_connection(gnmrd *d, rank_reg *rr) {
+  uint64_t v;
+  if (rr->ident != NULL && hmap_get(&d->peers, rr->ident, rr->ident_len, &v)) {
+    free((peer *)(uintptr_t)v);
+    hmap_del(&d->peers, rr->ident, rr->ident_len);
+  }
+  free(rr->ident);
+  rr->ident = NULL;
+  rr->ident_len = 0;
+}
+
+/* A Decision could not reach a connection that ZeroMQ no longer has (it
+ * closed, or missed its heartbeats): nothing more is sent to it. An
+ * observer's slot is free again; a rank stays in the job (its shards count
+ * as missing) until it joins again. */
+static void connection_gone(job *j, rank_reg *rr, int observer) {
+  LOG(INFO, "PEER-GONE", "job %s: %s connection gone; no more decisions "
+      "sent to it", j->name, observer ? "an observer's" : "a rank's");
+  drop_connection(j->d, rr);
+  if (observer)
+    rr->joined = 0;
+}
+
 static void decide(job *j, pending *p, int by_deadline) {
   gnmrd *d = j->d;
   uint32_t n = j->n_units;
@@ -460,13 +484,16 @@ static void decide(job *j, pending *p, int by_deadline) {
       for (uint32_t r = 0; r < j->reporters + j->n_observers; r++) {
         rank_reg *rr = r < j->reporters ? &j->ranks[r]
                                         : &j->observers[r - j->reporters];
-        if (!rr->joined)
+        if (!rr->joined || rr->ident == NULL)
           continue;
-        if (server_send(d->agents, rr->ident, rr->ident_len, buf, len) ==
-            GNMR_OK)
+        int srv = server_send(d->agents, rr->ident, rr->ident_len, buf, len);
+        if (srv == GNMR_OK) {
           d->c.decisions_sent++;
-        else
+        } else {
           d->c.send_failures++;
+          if (srv == GNMR_E_CLOSED)
+            connection_gone(j, rr, r >= j->reporters);
+        }
       }
       free(buf);
     }
@@ -963,21 +990,12 @@ static void on_bye(gnmrd *d, const void *id, size_t id_len,
   job *j = pr->j;
   uint32_t rank = pr->rank;
   if (pr->observer) { /* its slot is free again */
-    rank_reg *o = &j->observers[rank];
-    hmap_del(&d->peers, id, id_len);
-    free(pr);
-    o->joined = 0;
-    free(o->ident);
-    o->ident = NULL;
-    o->ident_len = 0;
+    drop_connection(d, &j->observers[rank]);
+    j->observers[rank].joined = 0;
     return;
   }
   rank_reg *rr = &j->ranks[rank];
-  hmap_del(&d->peers, id, id_len);
-  free(pr);
-  free(rr->ident);
-  rr->ident = NULL;
-  rr->ident_len = 0;
+  drop_connection(d, rr);
   if (rr->joined) {
     char detail[32];
     snprintf(detail, sizeof detail, "rank %u", rank);

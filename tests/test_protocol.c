@@ -82,9 +82,9 @@ static void expect_silence(raw_peer *p) {
 
 static char *unit_names2[] = {"u0", "u1"};
 
-static void hello_b(raw_peer *p, const char *job, uint32_t rank,
+static void hello_x(raw_peer *p, const char *job, uint32_t rank,
                     uint32_t reporters, char **units, size_t n, double alpha,
-                    uint32_t barrier_ms) {
+                    uint32_t barrier_ms, int observer) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   Gnmr__Hello h = GNMR__HELLO__INIT;
   Gnmr__Params wp;
@@ -101,9 +101,16 @@ static void hello_b(raw_peer *p, const char *job, uint32_t rank,
   h.units = units;
   h.params = &wp;
   h.barrier_ms = barrier_ms;
+  h.observer = observer;
   env.body_case = GNMR__ENVELOPE__BODY_HELLO;
   env.hello = &h;
   raw_send_env(p, &env);
+}
+
+static void hello_b(raw_peer *p, const char *job, uint32_t rank,
+                    uint32_t reporters, char **units, size_t n, double alpha,
+                    uint32_t barrier_ms) {
+  hello_x(p, job, rank, reporters, units, n, alpha, barrier_ms, 0);
 }
 
 static void hello(raw_peer *p, const char *job, uint32_t rank,
@@ -466,6 +473,49 @@ START_TEST(rank_back_from_a_partition_starts_no_new_pass) {
 }
 END_TEST
 
+START_TEST(reconnecting_observers_leak_no_slots_and_no_sends) {
+  /* Ten observers join and vanish without a Bye (a killed replica, a
+   * reconnect under a new identity). Each vanished connection costs at
+   * most one failed send; then its slot is free and nothing more is sent
+   * to it. */
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  raw_peer r0 = raw_open(d.agents);
+  hello_b(&r0, "obs-job", 0, 1, unit_names2, 2, 2.0, 60000);
+  expect_welcome(&r0);
+  for (int k = 0; k < 10; k++) {
+    raw_peer o = raw_open(d.agents);
+    hello_x(&o, "obs-job", 0, 1, unit_names2, 2, 2.0, 60000, 1);
+    expect_welcome(&o);
+    raw_close(&o);
+  }
+  raw_peer live = raw_open(d.agents);
+  hello_x(&live, "obs-job", 0, 1, unit_names2, 2, 2.0, 60000, 1);
+  expect_welcome(&live);
+  tu_sleep_ms(200); /* the closed connections are gone from ZeroMQ */
+  double s[2] = {1.0, 2.0};
+  long long fail_after_first = -1;
+  for (uint64_t t = 1; t <= 6; t++) {
+    report(&r0, "obs-job", 0, t, s, 2, NULL, 0);
+    expect_decision(&r0, t);
+    expect_decision(&live, t);
+    run_result r = ctl_run(&d, "stats", NULL, NULL, NULL, NULL);
+    ck_assert_int_eq(r.code, 0);
+    long long f = stat_value(r.out, "send_failures");
+    tu_run_free(&r);
+    ck_assert_int_le(f, 10);
+    if (t == 1)
+      fail_after_first = f;
+    else
+      ck_assert_int_eq(f, fail_after_first); /* no more sends to them */
+  }
+  raw_close(&live);
+  raw_close(&r0);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(oversize_frame_drops_only_that_peer) {
   tu_daemon d = {0};
   char *limit[] = {"--max-msg", "65536", NULL}; /* 64 KiB messages */
@@ -598,6 +648,7 @@ static Suite *suite(void) {
       hostile_input_gets_errors_or_counted_drops_and_good_agent_is_served);
   tcase_add_test(tc, oversize_frame_drops_only_that_peer);
   tcase_add_test(tc, rank_back_from_a_partition_starts_no_new_pass);
+  tcase_add_test(tc, reconnecting_observers_leak_no_slots_and_no_sends);
   tcase_add_test(tc, many_connections_opening_and_closing_are_harmless);
   tcase_add_test(tc, admin_endpoint_refuses_non_admin_messages);
   tcase_add_test(tc, enormous_unit_list_in_hello_is_refused);
