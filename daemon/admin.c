@@ -5,15 +5,18 @@
  * run on libuv's worker pool, each with its own short-lived read connection
  * to the store, so the loop never waits on SQLite. Results are JSON
  * (jansson); errors are Error envelopes with codes from the error table. */
+#include <assert.h>
 #include <jansson.h>
 #include <sqlite3.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gnmr/error.h"
 #include "gnmrd.h"
+#include "log.h"
 #include "wire.h"
 
 #define MAX_LISTED_JOBS 1024
@@ -444,7 +447,45 @@ void admin_on_bad_frames(server *s, void *ctx) {
   ((gnmrd *)ctx)->c.admin_requests++;
 }
 
-void gnmrd_on_handshake_failed(server *s, void *ctx) {
+/* Counts a refused connection by kind and logs it, at most one line per
+ * kind every REFUSAL_LOG_MS, saying how many were not logged since. */
+#define REFUSAL_LOG_MS 10000
+void gnmrd_on_handshake_failed(server *s, server_refusal why, void *ctx) {
+  static const struct {
+    const char *what;
+    size_t counter; /* offset in gnmrd_counters */
+  } kinds[] = {
+      [SERVER_REFUSED_PLAINTEXT] = {"a peer without CURVE (plaintext)",
+                                    offsetof(gnmrd_counters,
+                                             refused_plaintext)},
+      [SERVER_REFUSED_SERVER_KEY] = {"a CURVE peer with the wrong server key",
+                                     offsetof(gnmrd_counters,
+                                              refused_server_key)},
+      [SERVER_REFUSED_CLIENT_KEY] = {"a CURVE key not in the allow list",
+                                     offsetof(gnmrd_counters,
+                                              refused_client_key)},
+      [SERVER_REFUSED_JUNK] = {"a connection that spoke no ZMTP",
+                               offsetof(gnmrd_counters, refused_junk)},
+  };
+  static uint64_t last_ms[4], quiet[4];
+  gnmrd *d = ctx;
   (void)s;
-  ((gnmrd *)ctx)->c.handshake_failures++;
+  assert((unsigned)why < sizeof kinds / sizeof kinds[0]);
+  d->c.handshake_failures++;
+  (*(uint64_t *)((char *)&d->c + kinds[why].counter))++;
+  uint64_t now = uv_now(d->loop);
+  if (last_ms[why] != 0 && now - last_ms[why] < REFUSAL_LOG_MS) {
+    quiet[why]++;
+    return;
+  }
+  char more[64] = "";
+  if (quiet[why] > 0)
+    snprintf(more, sizeof more, " (and %llu more not logged since)",
+             (unsigned long long)quiet[why]);
+  LOG(WARN, "PEER-REFUSED", "refused %s%s%s", kinds[why].what,
+      why == SERVER_REFUSED_PLAINTEXT ? ": it must use CURVE and the server "
+                                        "key" : "",
+      more);
+  last_ms[why] = now ? now : 1;
+  quiet[why] = 0;
 }

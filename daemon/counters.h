@@ -31,7 +31,11 @@
   XX(byes)                                                                    \
   XX(admin_requests)                                                          \
   XX(auth_denied)        /* CURVE keys the ZAP handler refused */             \
-  XX(handshake_failures) /* plaintext peers, wrong server key, refused key */
+  XX(handshake_failures) /* every refusal below, added up */                \
+  XX(refused_plaintext)  /* a peer without CURVE on a CURVE socket */        \
+  XX(refused_server_key) /* a CURVE peer expecting another server key */     \
+  XX(refused_client_key) /* a CURVE key the allow list does not hold */      \
+  XX(refused_junk)       /* not ZMTP, or gone before its handshake ended */
 
 typedef struct gnmrd_counters {
 #define GNMRD__COUNTER_FIELD(name) uint64_t name;

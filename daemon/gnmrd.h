@@ -70,7 +70,7 @@ void admin_on_message(server *s, const void *id, size_t id_len,
                       const void *data, size_t len, const char *user,
                       void *ctx);
 /* Counts a failed handshake (either endpoint). */
-void gnmrd_on_handshake_failed(server *s, void *ctx);
+void gnmrd_on_handshake_failed(server *s, server_refusal why, void *ctx);
 void admin_on_bad_frames(server *s, void *ctx);
 
 #endif /* GNMRD_H */

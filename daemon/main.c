@@ -49,7 +49,8 @@ static const char usage[] =
     "  --curve-key FILE (the server's key pair, gnmrctl keygen) and\n"
     "  --curve-allow FILE (allowed public keys, one per line) turn CURVE\n"
     "  on; a non-loopback TCP endpoint without CURVE needs --insecure.\n"
-    "  --metrics HOST:PORT serves Prometheus text at /metrics.\n"
+    "  --metrics HOST:PORT serves Prometheus text at /metrics; a\n"
+    "  non-loopback HOST needs --insecure (plaintext HTTP).\n"
     "  Under systemd (Type=notify) it reports READY, STOPPING and pings\n"
     "  the watchdog from its loop.\n";
 
@@ -116,6 +117,12 @@ static int endpoint_is_network(const char *ep) {
   return !(strncmp(host, "127.", 4) == 0 ||
            strncmp(host, "localhost:", 10) == 0 ||
            strncmp(host, "[::1]:", 6) == 0);
+}
+
+/* Whether a --metrics HOST:PORT stays on this host (IPv4 127.0.0.0/8 or
+ * localhost). */
+static int metrics_addr_is_loopback(const char *addr) {
+  return strncmp(addr, "127.", 4) == 0 || strncmp(addr, "localhost:", 10) == 0;
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -276,6 +283,18 @@ int main(int argc, char **argv) {
     return 2;
   }
 
+  if (cfg.metrics[0] != '\0' && !metrics_addr_is_loopback(cfg.metrics)) {
+    if (!cfg.insecure) {
+      fprintf(stderr,
+              "gnmrd: refusing to serve metrics on %s: they are plaintext "
+              "HTTP without authentication; serve them on 127.0.0.1 (and "
+              "scrape them there), or give --insecure\n",
+              cfg.metrics);
+      return 2;
+    }
+    LOG(WARN, "METRICS-INSECURE", "metrics on %s are plaintext HTTP that "
+        "anyone who reaches the port can read (--insecure)", cfg.metrics);
+  }
   if (mkdirs(data_dir) != 0) {
     LOG(ERROR, "DATA-DIR", "create %s: %s", data_dir, strerror(errno));
     return 1;

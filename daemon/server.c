@@ -10,6 +10,7 @@
 #include <zmq.h>
 
 #include "gnmr/error.h"
+#include "hmap.h"
 #include "zwatch.h"
 
 /* ZMQ_ZAP_ENFORCE_DOMAIN is declared only under DRAFT in Debian's header,
@@ -20,6 +21,8 @@ struct server {
   void *sock, *monitor;
   zwatch *w, *mw;
   server_opts o;
+  hmap shaking;              /* fds accepted, handshake not yet over */
+  uint32_t failed_unmatched; /* failures counted, disconnects not yet seen */
 };
 
 /* Receives one whole message (all its frames). */
@@ -62,26 +65,72 @@ static void on_readable(void *sock, void *ctx) {
   zmq_msg_close(&body);
 }
 
-/* One monitor event: two frames (event id + value, endpoint). */
+static void refused(server *s, server_refusal why) {
+  if (s->o.on_handshake_failed)
+    s->o.on_handshake_failed(s, why, s->o.ctx);
+}
+
+/* One monitor event: two frames (event id + value, endpoint). A connection
+ * is accepted (value: its fd), then its handshake succeeds (fd) or fails
+ * (value: the reason, not the fd), then it is disconnected (fd). One that
+ * goes without either (junk that ZeroMQ drops without a word) is refused
+ * as junk; a failure already counted is not counted again when its
+ * connection goes. */
 static void on_monitor(void *sock, void *ctx) {
   server *s = ctx;
   zmq_msg_t m;
   uint16_t ev = 0;
+  uint32_t value = 0;
   zmq_msg_init(&m);
   if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
     zmq_msg_close(&m);
     return;
   }
-  if (zmq_msg_size(&m) >= 2)
+  if (zmq_msg_size(&m) >= 6) {
     memcpy(&ev, zmq_msg_data(&m), sizeof ev);
+    memcpy(&value, (const char *)zmq_msg_data(&m) + 2, sizeof value);
+  }
   while (zmq_msg_more(&m) && zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) >= 0)
     ;
   zmq_msg_close(&m);
-  if (ev & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-            ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-            ZMQ_EVENT_HANDSHAKE_FAILED_AUTH))
-    if (s->o.on_handshake_failed)
-      s->o.on_handshake_failed(s, s->o.ctx);
+  uint64_t v;
+  switch (ev) {
+  case ZMQ_EVENT_ACCEPTED:
+    hmap_put(&s->shaking, &value, sizeof value, 1);
+    break;
+  case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+    hmap_del(&s->shaking, &value, sizeof value);
+    break;
+  case ZMQ_EVENT_DISCONNECTED:
+    if (hmap_get(&s->shaking, &value, sizeof value, &v)) {
+      hmap_del(&s->shaking, &value, sizeof value);
+      if (s->failed_unmatched > 0)
+        s->failed_unmatched--; /* its failure was counted */
+      else
+        refused(s, SERVER_REFUSED_JUNK);
+    }
+    break;
+  case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+    s->failed_unmatched++;
+    refused(s, SERVER_REFUSED_CLIENT_KEY);
+    break;
+  case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+    s->failed_unmatched++;
+    refused(s, value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+                   ? SERVER_REFUSED_PLAINTEXT
+               : value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC ||
+                       value ==
+                           ZMQ_PROTOCOL_ERROR_ZMTP_MALFORMED_COMMAND_HELLO
+                   ? SERVER_REFUSED_SERVER_KEY
+                   : SERVER_REFUSED_JUNK);
+    break;
+  case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+    s->failed_unmatched++;
+    refused(s, SERVER_REFUSED_JUNK);
+    break;
+  default:
+    break;
+  }
 }
 
 int server_open(uv_loop_t *loop, void *zctx, const server_opts *o,
@@ -114,7 +163,9 @@ int server_open(uv_loop_t *loop, void *zctx, const server_opts *o,
     goto err;
   snprintf(mon, sizeof mon, "inproc://gnmrd-monitor-%p", (void *)s);
   if (zmq_socket_monitor(s->sock, mon,
-                         ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                         ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED |
+                             ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
                              ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0 ||
       (s->monitor = zmq_socket(zctx, ZMQ_PAIR)) == NULL)
@@ -163,5 +214,6 @@ void server_close(server *s) {
   zwatch_close(s->mw);
   zmq_close(s->monitor); /* after their polls stopped */
   zmq_close(s->sock);
+  hmap_free(&s->shaking);
   free(s);
 }

@@ -3,7 +3,8 @@
  * zwatch), optionally with CURVE: then a ZAP handler (zap.c) must be bound
  * in the same context first, and ZAP is enforced, so a peer whose key it
  * does not allow never connects. Handshake failures (plaintext peers,
- * wrong server key, refused key) are reported through a socket monitor.
+ * wrong server key, refused key, junk) are reported through a socket
+ * monitor, by kind.
  * Loop thread only. */
 #ifndef GNMRD_SERVER_H
 #define GNMRD_SERVER_H
@@ -21,8 +22,16 @@ typedef void (*server_msg_cb)(server *s, const void *id, size_t id_len,
                               void *ctx);
 /* Called for each message that is not two frames (already discarded). */
 typedef void (*server_bad_cb)(server *s, void *ctx);
-/* Called for each failed handshake (may be NULL). */
-typedef void (*server_fail_cb)(server *s, void *ctx);
+/* Why a connection was refused before it could send a message. */
+typedef enum server_refusal {
+  SERVER_REFUSED_PLAINTEXT,  /* no CURVE on a CURVE socket (or the reverse) */
+  SERVER_REFUSED_SERVER_KEY, /* a CURVE peer that expects another server key */
+  SERVER_REFUSED_CLIENT_KEY, /* a CURVE key the allow list does not hold */
+  SERVER_REFUSED_JUNK,       /* not ZMTP, or gone before its handshake ended */
+} server_refusal;
+
+/* Called for each refused connection (may be NULL). */
+typedef void (*server_fail_cb)(server *s, server_refusal why, void *ctx);
 
 typedef struct server_opts {
   const char *endpoint;

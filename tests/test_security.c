@@ -7,6 +7,10 @@
 #include <sys/stat.h>
 #include <zmq.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "gnmr/agent.h"
 #include "keys.h"
 #include "testutil.h"
@@ -128,6 +132,25 @@ static long long counter_of(const char *stats, const char *name) {
   return p ? strtoll(p + strlen(key), NULL, 10) : -1;
 }
 
+/* Connects to a tcp://HOST:PORT endpoint, sends an HTTP request, closes. */
+static void send_junk(const char *endpoint) {
+  char host[64];
+  int port = 0;
+  ck_assert_int_eq(sscanf(endpoint, "tcp://%63[^:]:%d", host, &port), 2);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ck_assert_int_ge(fd, 0);
+  struct sockaddr_in sa = {0};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)port);
+  ck_assert_int_eq(inet_pton(AF_INET, host, &sa.sin_addr), 1);
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  static const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+  ck_assert_int_eq(write(fd, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+  tu_sleep_ms(300);
+  close(fd);
+  tu_sleep_ms(300);
+}
+
 START_TEST(only_listed_keys_are_served_and_refusals_are_counted) {
   tu_daemon d = {0};
   snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
@@ -164,11 +187,24 @@ START_TEST(only_listed_keys_are_served_and_refusals_are_counted) {
   gnmr_agent_stats_get(thief, &st);
   ck_assert_int_eq(st.last_error, GNMR_E_MISMATCH);
 
-  /* gnmrctl with its allowed key works; the counters saw each refusal */
+  /* junk on the TCP port: an HTTP request, then the connection closes */
+  send_junk(d.agents);
+
+  /* gnmrctl with its allowed key works; the counters saw each refusal,
+   * by kind */
   run_result r = ctl_keys(&d, server.pub, client.path);
   ck_assert_msg(r.code == 0, "stats with keys: %s", r.err);
   ck_assert_int_ge(counter_of(r.out, "auth_denied"), 1);
-  ck_assert_int_ge(counter_of(r.out, "handshake_failures"), 2);
+  ck_assert_int_ge(counter_of(r.out, "handshake_failures"), 4);
+  ck_assert_int_ge(counter_of(r.out, "refused_plaintext"), 1);
+  ck_assert_int_ge(counter_of(r.out, "refused_server_key"), 1);
+  ck_assert_int_ge(counter_of(r.out, "refused_client_key"), 1);
+  ck_assert_int_ge(counter_of(r.out, "refused_junk"), 1);
+  ck_assert_int_eq(counter_of(r.out, "handshake_failures"),
+                   counter_of(r.out, "refused_plaintext") +
+                       counter_of(r.out, "refused_server_key") +
+                       counter_of(r.out, "refused_client_key") +
+                       counter_of(r.out, "refused_junk"));
   ck_assert_int_ge(counter_of(r.out, "steps_decided"), 5);
   tu_run_free(&r);
   /* a server key given as the .pub file works too */
@@ -198,6 +234,17 @@ START_TEST(only_listed_keys_are_served_and_refusals_are_counted) {
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
   char *log = tu_daemon_log(&d);
   ck_assert_ptr_nonnull(strstr(log, "AUTH-DENY refused CURVE client key"));
+  /* each kind logged, rate-limited: the agents retried many times */
+  ck_assert_ptr_nonnull(strstr(log, "PEER-REFUSED refused a peer without "
+                                    "CURVE (plaintext)"));
+  ck_assert_ptr_nonnull(strstr(log, "PEER-REFUSED refused a CURVE peer with "
+                                    "the wrong server key"));
+  ck_assert_ptr_nonnull(strstr(log, "PEER-REFUSED refused a connection that "
+                                    "spoke no ZMTP"));
+  int lines = 0;
+  for (const char *q = log; (q = strstr(q, "PEER-REFUSED")) != NULL; q++)
+    lines++;
+  ck_assert_int_le(lines, 8);
   ck_assert_ptr_nonnull(strstr(log, "CURVE on; server public key"));
   free(log);
   tu_rmrf(d.dir);
@@ -211,6 +258,10 @@ START_TEST(curve_setup_errors_and_network_endpoints_without_curve) {
   snprintf(data, sizeof data, "%s/data", dir);
   snprintf(empty, sizeof empty, "%s/empty", dir);
   tu_write_file(empty, "# nobody\n");
+  char allow[200], allow_line[100];
+  snprintf(allow, sizeof allow, "%s/allow", dir);
+  snprintf(allow_line, sizeof allow_line, "%s somebody\n", server.pub);
+  tu_write_file(allow, allow_line);
   static const struct {
     const char *args[8];
     const char *err;
@@ -223,6 +274,12 @@ START_TEST(curve_setup_errors_and_network_endpoints_without_curve) {
        "/nonexistent.key: No such file"},
       {{"--agents", "tcp://0.0.0.0:*", NULL},
        "refusing to serve tcp://0.0.0.0:* without CURVE"},
+      /* metrics are plaintext HTTP: off the loopback only when told */
+      {{"--metrics", "0.0.0.0:0", NULL},
+       "refusing to serve metrics on 0.0.0.0:0: they are plaintext"},
+      {{"--curve-key", "KEY", "--curve-allow", "ALLOW", "--metrics",
+        "192.0.2.1:0", NULL},
+       "refusing to serve metrics on 192.0.2.1:0"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *argv[16] = {"gnmrd", "--data-dir", data, "--admin",
@@ -232,6 +289,7 @@ START_TEST(curve_setup_errors_and_network_endpoints_without_curve) {
       const char *a = cases[i].args[k];
       argv[n++] = strcmp(a, "KEY") == 0     ? server.path
                   : strcmp(a, "EMPTY") == 0 ? empty
+                  : strcmp(a, "ALLOW") == 0 ? allow
                                             : (char *)a;
     }
     argv[n] = NULL;
@@ -244,10 +302,14 @@ START_TEST(curve_setup_errors_and_network_endpoints_without_curve) {
   /* --insecure lets an operator serve a network endpoint in the clear */
   tu_daemon d = {0};
   snprintf(d.dir, sizeof d.dir, "%s", dir);
-  char *insecure[] = {"--insecure", NULL};
+  char *insecure[] = {"--insecure", "--metrics", "0.0.0.0:0", NULL};
   tu_daemon_start_in(&d, "tcp://0.0.0.0:*", NULL, d.dir, insecure);
   ck_assert_ptr_nonnull(strstr(d.agents, "tcp://0.0.0.0:"));
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  char *log = tu_daemon_log(&d);
+  ck_assert_ptr_nonnull(strstr(log, "METRICS-INSECURE metrics on 0.0.0.0:0 "
+                                    "are plaintext HTTP"));
+  free(log);
   tu_rmrf(dir);
 }
 END_TEST
