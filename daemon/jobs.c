@@ -438,10 +438,18 @@ static void decide(job *j, pending *p, int by_deadline) {
         j->nfc[id] += h->nonfinite[i];
     }
   }
+  /* The job's layout is known once every rank has said Hello: before
+   * that, a unit may have shards on a rank not yet seen, and the sum of
+   * the shards that came would pass for the whole unit's norm. Every unit
+   * is then missing (its statistics wait), never a smaller norm. */
+  int layout_known = 1;
+  for (uint32_t r = 0; r < j->reporters && layout_known; r++)
+    layout_known = j->ranks[r].ever;
   uint32_t missing = 0;
   for (uint32_t u = 0; u < n; u++) {
     j->norm[u] = 0;
-    if (j->got[u] < j->shards[u] || (j->nrc[u] > 0 && j->nrc[u] < j->got[u])) {
+    if (!layout_known || j->got[u] < j->shards[u] ||
+        (j->nrc[u] > 0 && j->nrc[u] < j->got[u])) {
       j->input[u] = POLICY_MISSING;
       d->c.missing_units++;
       missing++;

@@ -516,6 +516,52 @@ START_TEST(reconnecting_observers_leak_no_slots_and_no_sends) {
 }
 END_TEST
 
+START_TEST(late_rank_makes_units_missing_not_smaller) {
+  /* Rank 1 of 2 joins after three steps were decided by the deadline.
+   * Both ranks hold a shard of each unit, but gnmrd cannot know that
+   * before rank 1 says Hello: those steps decide every unit missing (its
+   * statistics wait) instead of taking rank 0's half for the whole norm,
+   * and rank 1's first report (step 1, late) starts no new pass. */
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  raw_peer r0 = raw_open(d.agents), r1 = raw_open(d.agents);
+  hello_b(&r0, "late-job", 0, 2, unit_names2, 2, 2.0, 100);
+  expect_welcome(&r0);
+  double s[2] = {1.0, 4.0};
+  for (uint64_t t = 1; t <= 3; t++) {
+    report(&r0, "late-job", 0, t, s, 2, NULL, 0);
+    expect_decision(&r0, t);
+  }
+  run_result r = ctl_run(&d, "stats", NULL, NULL, NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_int_eq(stat_value(r.out, "missing_units"), 6);
+  tu_run_free(&r);
+  hello_b(&r1, "late-job", 1, 2, unit_names2, 2, 2.0, 100);
+  expect_welcome(&r1);
+  report(&r1, "late-job", 1, 1, s, 2, NULL, 0); /* where it starts: late */
+  expect_silence(&r1);
+  for (uint64_t t = 4; t <= 5; t++) {
+    report(&r0, "late-job", 0, t, s, 2, NULL, 0);
+    report(&r1, "late-job", 1, t, s, 2, NULL, 0);
+    expect_decision(&r0, t);
+    expect_decision(&r1, t);
+  }
+  r = ctl_run(&d, "stats", NULL, NULL, NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_int_eq(stat_value(r.out, "missing_units"), 6); /* no more */
+  ck_assert_int_eq(stat_value(r.out, "late_reports"), 1);
+  tu_run_free(&r);
+  r = ctl_run(&d, "status", "late-job", "--json", NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "\"pass\": 1") != NULL, "%s", r.out);
+  tu_run_free(&r);
+  raw_close(&r0);
+  raw_close(&r1);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(oversize_frame_drops_only_that_peer) {
   tu_daemon d = {0};
   char *limit[] = {"--max-msg", "65536", NULL}; /* 64 KiB messages */
@@ -649,6 +695,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, oversize_frame_drops_only_that_peer);
   tcase_add_test(tc, rank_back_from_a_partition_starts_no_new_pass);
   tcase_add_test(tc, reconnecting_observers_leak_no_slots_and_no_sends);
+  tcase_add_test(tc, late_rank_makes_units_missing_not_smaller);
   tcase_add_test(tc, many_connections_opening_and_closing_are_harmless);
   tcase_add_test(tc, admin_endpoint_refuses_non_admin_messages);
   tcase_add_test(tc, enormous_unit_list_in_hello_is_refused);
