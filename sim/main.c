@@ -5,7 +5,14 @@
  * routes see them; round-trip latency goes to stderr. Unit u lives on ranks
  * (u + j) % R, j < K. Shard partials are chosen so that gnmrd's sum (in
  * rank order) gives back the trace's norm exactly, so the decisions equal
- * `gnmrctl replay` on the same trace and options. */
+ * `gnmrctl replay` on the same trace and options.
+ *
+ * As a node of a multi-node job it runs only some ranks (--local-ranks,
+ * --rank or GNMR_RANK) and then reads the decisions through an observer
+ * that lists every unit, so every node prints the whole decisions CSV.
+ * Settings come from the GNMR_* environment as for any agent, flags
+ * overriding; CURVE from --curve-server-key and --key-file (or the
+ * environment); --start-delay RANK:MS opens a rank late. */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -15,6 +22,7 @@
 #include <time.h>
 
 #include "gnmr/agent.h"
+#include "keys.h"
 #include "num.h"
 #include "policy_opts.h"
 #include "replay.h"
@@ -25,18 +33,30 @@ static const char usage[] =
     "                (--trace FILE | [--units N] [--steps S] [--seed X])\n"
     "                [" GNMR_POLICY_OPTS_USAGE "]\n"
     "                [--barrier-ms MS] [--timeout-ms MS] [--write-trace FILE]\n"
+    "                [--local-ranks LIST | --rank N] [--start-delay RANK:MS]...\n"
+    "                [--curve-server-key KEY|FILE --key-file FILE]\n"
     "  Prints the decisions CSV on stdout, latency on stderr. Without\n"
     "  --trace, generates N units (default 64) over S steps (default 300)\n"
-    "  with transient spikes; --write-trace saves the trace it reported.\n";
+    "  with transient spikes; --write-trace saves the trace it reported.\n"
+    "  --local-ranks (e.g. 0,2-3) or --rank (or GNMR_RANK) runs only those\n"
+    "  of the job's R ranks here, for a job spread over several hosts; an\n"
+    "  observer then reads every unit's decision. GNMR_ENDPOINT, GNMR_JOB,\n"
+    "  GNMR_REPORTERS, GNMR_BARRIER_MS, the policy and CURVE variables apply\n"
+    "  as for any agent; flags override them. --start-delay RANK:MS opens\n"
+    "  that rank MS ms late: it joins the running job and reports from the\n"
+    "  step the run has reached.\n";
 
 enum {
   OPT_AGENTS = 256, OPT_JOB, OPT_RANKS, OPT_SHARDS, OPT_TRACE, OPT_UNITS,
   OPT_STEPS, OPT_SEED, OPT_BARRIER, OPT_TIMEOUT, OPT_WRITE, OPT_HELP,
+  OPT_LOCAL, OPT_RANK, OPT_DELAY, OPT_SKEY, OPT_KEYFILE,
   OPT_POLICY_BASE = 512
 };
 
 typedef struct sim_rank {
   gnmr_agent *agent;
+  int local;            /* runs in this process */
+  uint64_t delay_ms;    /* opens this long after the start */
   uint32_t n_local;
   uint32_t *units;      /* trace unit of each local unit, ascending */
   double *sumsq;
@@ -139,13 +159,73 @@ static int write_trace(const char *path, const trace *t) {
   return fclose(f);
 }
 
+/* Parses "0,2-3" into want[0..R): 0 or GNMR_E_PARSE. */
+static int parse_ranks(const char *s, uint32_t R, int *want) {
+  const char *p = s;
+  if (*p == '\0')
+    return GNMR_E_PARSE;
+  while (*p) {
+    char *end;
+    if (*p < '0' || *p > '9')
+      return GNMR_E_PARSE;
+    unsigned long a = strtoul(p, &end, 10), b = a;
+    if (*end == '-') {
+      if (end[1] < '0' || end[1] > '9')
+        return GNMR_E_PARSE;
+      b = strtoul(end + 1, &end, 10);
+    }
+    if (a > b || b >= R || (*end != ',' && *end != '\0'))
+      return GNMR_E_PARSE;
+    for (unsigned long r = a; r <= b; r++)
+      want[r] = 1;
+    p = *end == ',' ? end + 1 : end;
+    if (*end == ',' && *p == '\0')
+      return GNMR_E_PARSE;
+  }
+  return GNMR_OK;
+}
+
+/* Fills cfg's common part: the job, the policy, CURVE; then opens it. */
+static int open_agent(const gnmr_agent_config *base, uint32_t rank,
+                      char **names, uint32_t n, uint32_t *ids, int observer,
+                      gnmr_agent **out) {
+  gnmr_agent_config cfg = *base;
+  cfg.rank = rank;
+  cfg.unit_names = (const char *const *)names;
+  cfg.n_units = n;
+  cfg.unit_ids = ids; /* job-wide ids = the trace's unit ids */
+  cfg.observer = observer;
+  return gnmr_agent_open(&cfg, out);
+}
+
+/* Names "unit.ID" for each id; NULL on out of memory. */
+static char **unit_names(const uint32_t *ids, uint32_t n) {
+  char **names = calloc(n ? n : 1, sizeof *names);
+  for (uint32_t i = 0; names && i < n; i++) {
+    if ((names[i] = malloc(24)) == NULL) {
+      for (uint32_t k = 0; k < i; k++)
+        free(names[k]);
+      free(names);
+      return NULL;
+    }
+    snprintf(names[i], 24, "unit.%u", ids[i]);
+  }
+  return names;
+}
+
+static void free_names(char **names, uint32_t n) {
+  for (uint32_t i = 0; names && i < n; i++)
+    free(names[i]);
+  free(names);
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
 }
 
 int main(int argc, char **argv) {
-  struct option longopts[GNMR_POLICY_NOPTS + 13] = {
+  struct option longopts[GNMR_POLICY_NOPTS + 18] = {
       {"agents", required_argument, NULL, OPT_AGENTS},
       {"job", required_argument, NULL, OPT_JOB},
       {"ranks", required_argument, NULL, OPT_RANKS},
@@ -158,16 +238,44 @@ int main(int argc, char **argv) {
       {"timeout-ms", required_argument, NULL, OPT_TIMEOUT},
       {"write-trace", required_argument, NULL, OPT_WRITE},
       {"help", no_argument, NULL, OPT_HELP},
+      {"local-ranks", required_argument, NULL, OPT_LOCAL},
+      {"rank", required_argument, NULL, OPT_RANK},
+      {"start-delay", required_argument, NULL, OPT_DELAY},
+      {"curve-server-key", required_argument, NULL, OPT_SKEY},
+      {"key-file", required_argument, NULL, OPT_KEYFILE},
   };
-  const char *endpoint = NULL, *job = NULL, *trace_path = NULL,
-             *write_path = NULL;
-  uint64_t ranks = 0, shards = 1, units = 64, steps = 300, seed = 1,
-           barrier = 2000, timeout = 5000;
+  /* the environment first (as for any agent), then the flags */
+  gnmr_agent_config base = {0};
+  const char *bad_var = NULL;
+  base.barrier_ms = 2000;
+  gnmr_params_default(&base.params);
+  if (gnmr_agent_config_from_env(&base, &bad_var) != GNMR_OK) {
+    fprintf(stderr, "gnmr-sim: %s: not a valid value\n", bad_var);
+    return 2;
+  }
+  const char *endpoint = base.endpoint, *job = base.job, *trace_path = NULL,
+             *write_path = NULL, *local_list = NULL, *skey = NULL,
+             *key_file = NULL;
+  uint64_t ranks = base.reporters, shards = 1, units = 64, steps = 300,
+           seed = 1, barrier = base.barrier_ms, timeout = 5000, one_rank = 0;
+  int have_rank = getenv("GNMR_RANK") != NULL;
+  one_rank = base.rank;
+  char *delays[64];
+  int n_delays = 0;
   policy_params prm;
   char msg[256];
   int c;
   policy_params_default(&prm);
-  gnmr__policy_opts_longopts(&longopts[12], OPT_POLICY_BASE);
+  prm.alpha = base.params.alpha;
+  prm.beta = base.params.beta;
+  prm.window = base.params.window;
+  prm.max_active = base.params.max_active;
+  prm.lock_steps = base.params.lock_steps;
+  prm.warmup_steps = base.params.warmup_steps;
+  prm.early_alpha = base.params.early_alpha > 0 ? base.params.early_alpha : NAN;
+  prm.early_beta = base.params.early_beta > 0 ? base.params.early_beta : NAN;
+  prm.early_steps = base.params.early_steps;
+  gnmr__policy_opts_longopts(&longopts[17], OPT_POLICY_BASE);
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     uint64_t *num = NULL, max = 0;
     switch (c) {
@@ -175,6 +283,15 @@ int main(int argc, char **argv) {
     case OPT_JOB: job = optarg; break;
     case OPT_TRACE: trace_path = optarg; break;
     case OPT_WRITE: write_path = optarg; break;
+    case OPT_LOCAL: local_list = optarg; break;
+    case OPT_SKEY: skey = optarg; break;
+    case OPT_KEYFILE: key_file = optarg; break;
+    case OPT_DELAY:
+      if (n_delays == 64)
+        return die_usage("at most 64 --start-delay");
+      delays[n_delays++] = optarg;
+      break;
+    case OPT_RANK: num = &one_rank; max = 1023; have_rank = 1; break;
     case OPT_RANKS: num = &ranks; max = 1024; break;
     case OPT_SHARDS: num = &shards; max = 1024; break;
     case OPT_UNITS: num = &units; max = 1u << 20; break;
@@ -206,13 +323,85 @@ int main(int argc, char **argv) {
   if (optind != argc)
     return die_usage("unexpected argument");
   if (endpoint == NULL || job == NULL || ranks == 0)
-    return die_usage("--agents, --job and --ranks (>= 1) are required");
+    return die_usage("--agents, --job and --ranks (>= 1) are required "
+                     "(or GNMR_ENDPOINT, GNMR_JOB, GNMR_REPORTERS)");
   if (shards == 0 || shards > ranks)
     return die_usage("--shards must be from 1 to --ranks");
   if (barrier == 0 || units == 0 || steps == 0)
     return die_usage("--barrier-ms, --units and --steps must be >= 1");
   if (gnmr__policy_opts_check(&prm, msg, sizeof msg) != 0)
     return die_usage(msg);
+
+  /* CURVE: flags over the environment; a server key may be its .pub file */
+  static char spub[41], cpub[41], csec[41];
+  if (skey != NULL) {
+    if (gnmr__key_valid(skey))
+      snprintf(spub, sizeof spub, "%s", skey);
+    else if (gnmr__key_file_read(skey, spub, NULL, msg, sizeof msg) != 0)
+      return die_usage(msg);
+    base.curve_server_key = spub;
+  }
+  if (key_file != NULL) {
+    if (gnmr__key_file_read(key_file, cpub, csec, msg, sizeof msg) != 0)
+      return die_usage(msg);
+    base.curve_public_key = cpub;
+    base.curve_secret_key = csec;
+  }
+  if ((skey != NULL) != (key_file != NULL))
+    return die_usage("--curve-server-key and --key-file go together");
+
+  uint32_t R = (uint32_t)ranks;
+  int *want = calloc(R, sizeof *want);
+  uint64_t *delay = calloc(R, sizeof *delay);
+  if (want == NULL || delay == NULL) {
+    free(want);
+    free(delay);
+    fprintf(stderr, "gnmr-sim: out of memory\n");
+    return 1;
+  }
+  if (local_list != NULL && have_rank) {
+    free(want);
+    free(delay);
+    return die_usage("--local-ranks and --rank (or GNMR_RANK) exclude each "
+                     "other");
+  }
+  if (local_list != NULL) {
+    if (parse_ranks(local_list, R, want) != GNMR_OK) {
+      snprintf(msg, sizeof msg, "--local-ranks '%s': expected ranks below "
+               "%u like 0,2-3", local_list, R);
+      free(want);
+      free(delay);
+      return die_usage(msg);
+    }
+  } else if (have_rank) {
+    if (one_rank >= R) {
+      snprintf(msg, sizeof msg, "rank %llu is not below --ranks %u",
+               (unsigned long long)one_rank, R);
+      free(want);
+      free(delay);
+      return die_usage(msg);
+    }
+    want[one_rank] = 1;
+  } else {
+    for (uint32_t r = 0; r < R; r++)
+      want[r] = 1;
+  }
+  for (int i = 0; i < n_delays; i++) {
+    unsigned long long r, ms;
+    int end = 0;
+    if (sscanf(delays[i], "%llu:%llu%n", &r, &ms, &end) != 2 ||
+        delays[i][end] != '\0' || r >= R || ms > 3600000) {
+      snprintf(msg, sizeof msg, "--start-delay '%s': expected RANK:MS with "
+               "RANK below %u and MS up to 3600000", delays[i], R);
+      free(want);
+      free(delay);
+      return die_usage(msg);
+    }
+    delay[r] = ms;
+  }
+  int all_local = 1;
+  for (uint32_t r = 0; r < R; r++)
+    all_local &= want[r];
 
   trace t = {0};
   char *buf = NULL;
@@ -221,28 +410,38 @@ int main(int argc, char **argv) {
     trace_error terr;
     if (trace_read_file(trace_path, &buf, &len) != 0) {
       fprintf(stderr, "gnmr-sim: %s: %s\n", trace_path, strerror(errno));
+      free(want);
+      free(delay);
       return 1;
     }
     if (trace_parse(buf, len, &t, &terr) != 0) {
       fprintf(stderr, "gnmr-sim: %s:%zu: %s\n", trace_path, terr.line,
               terr.msg);
       free(buf);
+      free(want);
+      free(delay);
       return 1;
     }
     free(buf);
   } else if (synth(&t, (uint32_t)units, steps, (unsigned)seed) != 0) {
     fprintf(stderr, "gnmr-sim: out of memory\n");
+    free(want);
+    free(delay);
     return 1;
   }
   if (write_path != NULL && write_trace(write_path, &t) != 0) {
     fprintf(stderr, "gnmr-sim: %s: %s\n", write_path, strerror(errno));
     trace_free(&t);
+    free(want);
+    free(delay);
     return 1;
   }
-  uint32_t R = (uint32_t)ranks, K = (uint32_t)shards, U = t.n_units;
+  uint32_t K = (uint32_t)shards, U = t.n_units;
   if (U == 0) {
     fputs("step,active\n", stdout);
     trace_free(&t);
+    free(want);
+    free(delay);
     return 0;
   }
 
@@ -254,13 +453,31 @@ int main(int argc, char **argv) {
   uint8_t *present = malloc(U);
   uint8_t *active = malloc(U);
   double *lat = malloc((t.last_step - t.first_step + 1) * sizeof *lat);
+  uint32_t *all_ids = malloc(U * sizeof *all_ids);
+  gnmr_agent *obs = NULL; /* reads every unit when some ranks run elsewhere */
   int code = 1;
-  if (!rk || !local_of || !parts || !norm || !present || !active || !lat) {
+  base.endpoint = endpoint;
+  base.job = job;
+  base.reporters = R;
+  base.barrier_ms = (uint32_t)barrier;
+  base.params.alpha = prm.alpha;
+  base.params.beta = prm.beta;
+  base.params.window = prm.window;
+  base.params.max_active = prm.max_active;
+  base.params.lock_steps = prm.lock_steps;
+  base.params.warmup_steps = prm.warmup_steps;
+  base.params.early_alpha = isnan(prm.early_alpha) ? 0 : prm.early_alpha;
+  base.params.early_beta = isnan(prm.early_beta) ? 0 : prm.early_beta;
+  base.params.early_steps = prm.early_steps;
+  if (!rk || !local_of || !parts || !norm || !present || !active || !lat ||
+      !all_ids) {
     fprintf(stderr, "gnmr-sim: out of memory\n");
     goto out;
   }
   for (uint32_t r = 0; r < R; r++) {
     uint32_t n = 0;
+    rk[r].local = want[r];
+    rk[r].delay_ms = delay[r];
     rk[r].units = malloc(((size_t)U * K / R + K + 1) * sizeof(uint32_t));
     if (rk[r].units == NULL)
       goto out;
@@ -273,51 +490,6 @@ int main(int argc, char **argv) {
     }
     rk[r].n_local = n;
   }
-  for (uint32_t r = 0; r < R; r++) {
-    uint32_t n = rk[r].n_local;
-    if (n == 0)
-      continue;
-    char **names = calloc(n, sizeof *names);
-    rk[r].sumsq = malloc(n * sizeof(double));
-    rk[r].nonfinite = malloc(n * sizeof(uint64_t));
-    rk[r].nr = malloc(n);
-    if (!names || !rk[r].sumsq || !rk[r].nonfinite || !rk[r].nr) {
-      free(names);
-      goto out;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-      names[i] = malloc(24);
-      if (names[i])
-        snprintf(names[i], 24, "unit.%u", rk[r].units[i]);
-    }
-    gnmr_agent_config cfg = {0};
-    cfg.endpoint = endpoint;
-    cfg.job = job;
-    cfg.rank = r;
-    cfg.reporters = R;
-    cfg.unit_names = (const char *const *)names;
-    cfg.n_units = n;
-    cfg.unit_ids = rk[r].units; /* job-wide ids = the trace's unit ids */
-    gnmr_params_default(&cfg.params);
-    cfg.params.alpha = prm.alpha;
-    cfg.params.beta = prm.beta;
-    cfg.params.window = prm.window;
-    cfg.params.max_active = prm.max_active;
-    cfg.params.lock_steps = prm.lock_steps;
-    cfg.params.warmup_steps = prm.warmup_steps;
-    cfg.params.early_alpha = isnan(prm.early_alpha) ? 0 : prm.early_alpha;
-    cfg.params.early_beta = isnan(prm.early_beta) ? 0 : prm.early_beta;
-    cfg.params.early_steps = prm.early_steps;
-    cfg.barrier_ms = (uint32_t)barrier;
-    int rv = gnmr_agent_open(&cfg, &rk[r].agent);
-    for (uint32_t i = 0; i < n; i++)
-      free(names[i]);
-    free(names);
-    if (rv != GNMR_OK) {
-      fprintf(stderr, "gnmr-sim: rank %u: %s\n", r, gnmr_strerror(rv));
-      goto out;
-    }
-  }
   /* The ranks with no units (K < R with few units) do not join: the job
    * expects every rank, so refuse that layout up front. */
   for (uint32_t r = 0; r < R; r++)
@@ -326,11 +498,52 @@ int main(int argc, char **argv) {
                       "--ranks or more units\n", r);
       goto out;
     }
+  for (uint32_t r = 0; r < R; r++) {
+    uint32_t n = rk[r].n_local;
+    rk[r].sumsq = malloc(n * sizeof(double));
+    rk[r].nonfinite = malloc(n * sizeof(uint64_t));
+    rk[r].nr = malloc(n);
+    if (!rk[r].sumsq || !rk[r].nonfinite || !rk[r].nr)
+      goto out;
+  }
+  double t_start = now_s();
+  /* opens the local ranks that are due; returns 0 or an error */
+#define OPEN_DUE()                                                            \
+  do {                                                                        \
+    for (uint32_t r = 0; r < R; r++) {                                        \
+      if (!rk[r].local || rk[r].agent != NULL ||                              \
+          (now_s() - t_start) * 1e3 < (double)rk[r].delay_ms)                 \
+        continue;                                                             \
+      char **names = unit_names(rk[r].units, rk[r].n_local);                  \
+      int orv = names ? open_agent(&base, r, names, rk[r].n_local,            \
+                                   rk[r].units, 0, &rk[r].agent)              \
+                      : GNMR_E_NOMEM;                                         \
+      free_names(names, rk[r].n_local);                                       \
+      if (orv != GNMR_OK) {                                                   \
+        fprintf(stderr, "gnmr-sim: rank %u: %s\n", r, gnmr_strerror(orv));   \
+        goto out;                                                             \
+      }                                                                       \
+    }                                                                         \
+  } while (0)
+  OPEN_DUE();
+  if (!all_local) {
+    for (uint32_t u = 0; u < U; u++)
+      all_ids[u] = u;
+    char **names = unit_names(all_ids, U);
+    int orv = names ? open_agent(&base, 0, names, U, all_ids, 1, &obs)
+                    : GNMR_E_NOMEM;
+    free_names(names, U);
+    if (orv != GNMR_OK) {
+      fprintf(stderr, "gnmr-sim: observer: %s\n", gnmr_strerror(orv));
+      goto out;
+    }
+  }
 
   fputs("step,active\n", stdout);
   size_t row = 0, nsteps = 0;
   uint64_t late = 0, disagree = 0;
   for (uint64_t step = t.first_step; step <= t.last_step; step++) {
+    OPEN_DUE();
     memset(present, 0, U);
     for (; row < t.n_rows && t.rows[row].step == step; row++) {
       norm[t.rows[row].unit] = t.rows[row].norm;
@@ -357,26 +570,39 @@ int main(int argc, char **argv) {
     }
     double t0 = now_s();
     for (uint32_t r = 0; r < R; r++)
-      gnmr_agent_report_sums(rk[r].agent, step, rk[r].sumsq,
-                             rk[r].nonfinite, rk[r].nr);
+      if (rk[r].agent != NULL)
+        gnmr_agent_report_sums(rk[r].agent, step, rk[r].sumsq,
+                               rk[r].nonfinite, rk[r].nr);
     for (uint32_t r = 0; r < R; r++)
-      if (gnmr_agent_wait(rk[r].agent, step, (int)timeout) != GNMR_OK)
+      if (rk[r].agent != NULL &&
+          gnmr_agent_wait(rk[r].agent, step, (int)timeout) != GNMR_OK)
         late++;
+    if (obs != NULL && gnmr_agent_wait(obs, step, (int)timeout) != GNMR_OK)
+      late++;
     lat[nsteps++] = now_s() - t0;
-    /* A unit is active when its routes say HIGH (all shards must agree). */
+    /* A unit is active when its routes say HIGH (all shards here must
+     * agree); with ranks elsewhere, the observer's route is the answer. */
     uint32_t n_act = 0;
     for (uint32_t u = 0; u < U; u++) {
       int high = -1;
       for (uint32_t j = 0; j < K; j++) {
         uint32_t r = (u % R + j) % R;
+        if (rk[r].agent == NULL)
+          continue;
         int h = gnmr_agent_route(rk[r].agent, local_of[(size_t)u * K + j]) ==
                 GNMR_ROUTE_HIGH;
         if (high >= 0 && h != high)
           disagree++;
         high = h;
       }
-      active[u] = (uint8_t)high;
-      n_act += (uint32_t)high;
+      if (obs != NULL) {
+        int h = gnmr_agent_route(obs, u) == GNMR_ROUTE_HIGH;
+        if (high >= 0 && h != high)
+          disagree++;
+        high = h;
+      }
+      active[u] = (uint8_t)(high > 0);
+      n_act += active[u];
     }
     uint32_t *ids = malloc((n_act ? n_act : 1) * sizeof *ids), k = 0;
     if (ids == NULL)
@@ -387,13 +613,20 @@ int main(int argc, char **argv) {
     gnmr__write_decision_row(stdout, step, ids, k);
     free(ids);
   }
+#undef OPEN_DUE
   fflush(stdout);
   qsort(lat, nsteps, sizeof *lat, cmp_double);
+  uint32_t here = 0;
+  for (uint32_t r = 0; r < R; r++)
+    here += rk[r].local;
+  char who[48] = "";
+  if (here < R)
+    snprintf(who, sizeof who, "%u of ", here);
   fprintf(stderr,
-          "gnmr-sim: %u ranks x %u units (%u shards each), %zu steps: "
-          "round trip p50 %.1f us, p99 %.1f us, max %.1f us; "
+          "gnmr-sim: %s%u ranks x %u units (%u shards each), %zu "
+          "steps: round trip p50 %.1f us, p99 %.1f us, max %.1f us; "
           "late decisions %llu\n",
-          R, U, K, nsteps, lat[nsteps / 2] * 1e6,
+          who, R, U, K, nsteps, lat[nsteps / 2] * 1e6,
           lat[(size_t)((double)(nsteps - 1) * 0.99)] * 1e6,
           lat[nsteps - 1] * 1e6, (unsigned long long)late);
   if (disagree)
@@ -401,6 +634,7 @@ int main(int argc, char **argv) {
             (unsigned long long)disagree);
   code = late || disagree ? 1 : 0;
 out:
+  gnmr_agent_close(&obs);
   if (rk != NULL) {
     for (uint32_t r = 0; r < R; r++) {
       gnmr_agent_close(&rk[r].agent);
@@ -417,6 +651,9 @@ out:
   free(present);
   free(active);
   free(lat);
+  free(all_ids);
+  free(want);
+  free(delay);
   trace_free(&t);
   return code;
 }
