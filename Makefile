@@ -106,7 +106,7 @@ endif
 BENCH_SRC := $(filter-out $(if $(filter 1,$(CUDA)),,bench/norm_cuda.c),$(wildcard bench/*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check test test-gpu test-valgrind test-python demo experiment bench install clean deps \
+.PHONY: all check test test-gpu test-valgrind test-python test-multinode demo experiment bench install clean deps \
         deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-seeds soak
 .DEFAULT_GOAL := all
 
@@ -255,14 +255,21 @@ soak: all $(BUILD)/tests/soak
 	@echo "== soak ($(SOAK_SECONDS) s)"
 	@SOAK_SECONDS=$(SOAK_SECONDS) $(TEST_ENV) $(BUILD)/tests/soak
 
+# One job across network namespaces (tests/multinode.sh): needs user
+# namespaces, no root; says so and skips where they are not allowed.
+test-multinode: all
+	@echo "== tests/multinode.sh (network namespaces)"
+	@$(TEST_ENV) bash tests/multinode.sh
+
 check: deps-check
 	@$(MAKE) --no-print-directory test
+	@$(MAKE) --no-print-directory test-multinode
 	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory BUILD=build/asan SAN=asan test
 	@$(MAKE) --no-print-directory test-valgrind
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10
 	@$(MAKE) --no-print-directory soak SOAK_SECONDS=20
-	@echo "make check: plain, Python, ASan/UBSan, valgrind, a short fuzz run and a short soak all passed"
+	@echo "make check: plain, multi-node, Python, ASan/UBSan, valgrind, a short fuzz run and a short soak all passed"
 
 # ---- fuzzing (clang's libFuzzer) ----------------------------------------------
 # `make fuzz` runs each fuzzer for FUZZ_SECONDS (default 60) from its seed

@@ -35,7 +35,7 @@
   XX(refused_plaintext)  /* a peer without CURVE on a CURVE socket */        \
   XX(refused_server_key) /* a CURVE peer expecting another server key */     \
   XX(refused_client_key) /* a CURVE key the allow list does not hold */      \
-  XX(refused_junk)       /* not ZMTP, or gone before its handshake ended */
+  XX(refused_junk)       /* other failed handshakes: not ZMTP, cut short */
 
 typedef struct gnmrd_counters {
 #define GNMRD__COUNTER_FIELD(name) uint64_t name;

@@ -10,7 +10,6 @@
 #include <zmq.h>
 
 #include "gnmr/error.h"
-#include "hmap.h"
 #include "zwatch.h"
 
 /* ZMQ_ZAP_ENFORCE_DOMAIN is declared only under DRAFT in Debian's header,
@@ -21,8 +20,6 @@ struct server {
   void *sock, *monitor;
   zwatch *w, *mw;
   server_opts o;
-  hmap shaking;              /* fds accepted, handshake not yet over */
-  uint32_t failed_unmatched; /* failures counted, disconnects not yet seen */
 };
 
 /* Receives one whole message (all its frames). */
@@ -70,12 +67,14 @@ static void refused(server *s, server_refusal why) {
     s->o.on_handshake_failed(s, why, s->o.ctx);
 }
 
-/* One monitor event: two frames (event id + value, endpoint). A connection
- * is accepted (value: its fd), then its handshake succeeds (fd) or fails
- * (value: the reason, not the fd), then it is disconnected (fd). One that
- * goes without either (junk that ZeroMQ drops without a word) is refused
- * as junk; a failure already counted is not counted again when its
- * connection goes. */
+/* One monitor event: two frames (event id + value, endpoint). A failed
+ * handshake carries its reason: a mechanism mismatch (a plaintext peer), a
+ * cryptographic error (a CURVE peer that expects another server key), a
+ * ZAP refusal (a key not allowed), or anything else: junk, such as bytes
+ * that are not ZMTP, or a connection that closed before its handshake
+ * ended. ZeroMQ's success events carry no connection, so a connection that
+ * says nothing at all and is dropped by ZeroMQ without an event cannot be
+ * counted. */
 static void on_monitor(void *sock, void *ctx) {
   server *s = ctx;
   zmq_msg_t m;
@@ -93,29 +92,11 @@ static void on_monitor(void *sock, void *ctx) {
   while (zmq_msg_more(&m) && zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) >= 0)
     ;
   zmq_msg_close(&m);
-  uint64_t v;
   switch (ev) {
-  case ZMQ_EVENT_ACCEPTED:
-    hmap_put(&s->shaking, &value, sizeof value, 1);
-    break;
-  case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
-    hmap_del(&s->shaking, &value, sizeof value);
-    break;
-  case ZMQ_EVENT_DISCONNECTED:
-    if (hmap_get(&s->shaking, &value, sizeof value, &v)) {
-      hmap_del(&s->shaking, &value, sizeof value);
-      if (s->failed_unmatched > 0)
-        s->failed_unmatched--; /* its failure was counted */
-      else
-        refused(s, SERVER_REFUSED_JUNK);
-    }
-    break;
   case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
-    s->failed_unmatched++;
     refused(s, SERVER_REFUSED_CLIENT_KEY);
     break;
   case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
-    s->failed_unmatched++;
     refused(s, value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
                    ? SERVER_REFUSED_PLAINTEXT
                : value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC ||
@@ -125,7 +106,6 @@ static void on_monitor(void *sock, void *ctx) {
                    : SERVER_REFUSED_JUNK);
     break;
   case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-    s->failed_unmatched++;
     refused(s, SERVER_REFUSED_JUNK);
     break;
   default:
@@ -163,9 +143,7 @@ int server_open(uv_loop_t *loop, void *zctx, const server_opts *o,
     goto err;
   snprintf(mon, sizeof mon, "inproc://gnmrd-monitor-%p", (void *)s);
   if (zmq_socket_monitor(s->sock, mon,
-                         ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED |
-                             ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
-                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                         ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
                              ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0 ||
       (s->monitor = zmq_socket(zctx, ZMQ_PAIR)) == NULL)
@@ -214,6 +192,5 @@ void server_close(server *s) {
   zwatch_close(s->mw);
   zmq_close(s->monitor); /* after their polls stopped */
   zmq_close(s->sock);
-  hmap_free(&s->shaking);
   free(s);
 }

@@ -27,7 +27,8 @@ typedef enum server_refusal {
   SERVER_REFUSED_PLAINTEXT,  /* no CURVE on a CURVE socket (or the reverse) */
   SERVER_REFUSED_SERVER_KEY, /* a CURVE peer that expects another server key */
   SERVER_REFUSED_CLIENT_KEY, /* a CURVE key the allow list does not hold */
-  SERVER_REFUSED_JUNK,       /* not ZMTP, or gone before its handshake ended */
+  SERVER_REFUSED_JUNK,       /* any other handshake failure: not ZMTP, or
+                                gone before its handshake ended */
 } server_refusal;
 
 /* Called for each refused connection (may be NULL). */

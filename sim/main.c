@@ -34,7 +34,7 @@ static const char usage[] =
     "                [" GNMR_POLICY_OPTS_USAGE "]\n"
     "                [--barrier-ms MS] [--timeout-ms MS] [--write-trace FILE]\n"
     "                [--local-ranks LIST | --rank N] [--start-delay RANK:MS]...\n"
-    "                [--curve-server-key KEY|FILE --key-file FILE]\n"
+    "                [--curve-server-key KEY|FILE --key-file FILE] [--step-ms MS]\n"
     "  Prints the decisions CSV on stdout, latency on stderr. Without\n"
     "  --trace, generates N units (default 64) over S steps (default 300)\n"
     "  with transient spikes; --write-trace saves the trace it reported.\n"
@@ -44,12 +44,13 @@ static const char usage[] =
     "  GNMR_REPORTERS, GNMR_BARRIER_MS, the policy and CURVE variables apply\n"
     "  as for any agent; flags override them. --start-delay RANK:MS opens\n"
     "  that rank MS ms late: it joins the running job and reports from the\n"
-    "  step the run has reached.\n";
+    "  step the run has reached. --step-ms MS makes each step last at least\n"
+    "  MS ms (a training step's compute).\n";
 
 enum {
   OPT_AGENTS = 256, OPT_JOB, OPT_RANKS, OPT_SHARDS, OPT_TRACE, OPT_UNITS,
   OPT_STEPS, OPT_SEED, OPT_BARRIER, OPT_TIMEOUT, OPT_WRITE, OPT_HELP,
-  OPT_LOCAL, OPT_RANK, OPT_DELAY, OPT_SKEY, OPT_KEYFILE,
+  OPT_LOCAL, OPT_RANK, OPT_DELAY, OPT_SKEY, OPT_KEYFILE, OPT_STEPMS,
   OPT_POLICY_BASE = 512
 };
 
@@ -225,7 +226,7 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-  struct option longopts[GNMR_POLICY_NOPTS + 18] = {
+  struct option longopts[GNMR_POLICY_NOPTS + 19] = {
       {"agents", required_argument, NULL, OPT_AGENTS},
       {"job", required_argument, NULL, OPT_JOB},
       {"ranks", required_argument, NULL, OPT_RANKS},
@@ -243,6 +244,7 @@ int main(int argc, char **argv) {
       {"start-delay", required_argument, NULL, OPT_DELAY},
       {"curve-server-key", required_argument, NULL, OPT_SKEY},
       {"key-file", required_argument, NULL, OPT_KEYFILE},
+      {"step-ms", required_argument, NULL, OPT_STEPMS},
   };
   /* the environment first (as for any agent), then the flags */
   gnmr_agent_config base = {0};
@@ -257,7 +259,8 @@ int main(int argc, char **argv) {
              *write_path = NULL, *local_list = NULL, *skey = NULL,
              *key_file = NULL;
   uint64_t ranks = base.reporters, shards = 1, units = 64, steps = 300,
-           seed = 1, barrier = base.barrier_ms, timeout = 5000, one_rank = 0;
+           seed = 1, barrier = base.barrier_ms, timeout = 5000, one_rank = 0,
+           step_ms = 0;
   int have_rank = getenv("GNMR_RANK") != NULL;
   one_rank = base.rank;
   char *delays[64];
@@ -275,7 +278,7 @@ int main(int argc, char **argv) {
   prm.early_alpha = base.params.early_alpha > 0 ? base.params.early_alpha : NAN;
   prm.early_beta = base.params.early_beta > 0 ? base.params.early_beta : NAN;
   prm.early_steps = base.params.early_steps;
-  gnmr__policy_opts_longopts(&longopts[17], OPT_POLICY_BASE);
+  gnmr__policy_opts_longopts(&longopts[18], OPT_POLICY_BASE);
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     uint64_t *num = NULL, max = 0;
     switch (c) {
@@ -299,6 +302,7 @@ int main(int argc, char **argv) {
     case OPT_SEED: num = &seed; max = UINT32_MAX; break;
     case OPT_BARRIER: num = &barrier; max = 600000; break;
     case OPT_TIMEOUT: num = &timeout; max = 600000; break;
+    case OPT_STEPMS: num = &step_ms; max = 600000; break;
     case OPT_HELP: case 'h': fputs(usage, stdout); return 0;
     default:
       if (c >= OPT_POLICY_BASE && c < OPT_POLICY_BASE + GNMR_POLICY_NOPTS) {
@@ -539,10 +543,23 @@ int main(int argc, char **argv) {
     }
   }
 
+  /* Start once this process's agents have joined (bounded by the
+   * timeout): an observer that joins after a step was decided would never
+   * get that step's decision. */
+  for (double t_join = now_s(); now_s() - t_join < (double)timeout * 1e-3;) {
+    int all = obs == NULL || gnmr_agent_joined(obs);
+    for (uint32_t r = 0; r < R && all; r++)
+      all = rk[r].agent == NULL || gnmr_agent_joined(rk[r].agent);
+    if (all)
+      break;
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL);
+  }
   fputs("step,active\n", stdout);
   size_t row = 0, nsteps = 0;
   uint64_t late = 0, disagree = 0;
   for (uint64_t step = t.first_step; step <= t.last_step; step++) {
+    double step_t0 = now_s();
     OPEN_DUE();
     memset(present, 0, U);
     for (; row < t.n_rows && t.rows[row].step == step; row++) {
@@ -612,6 +629,13 @@ int main(int argc, char **argv) {
         ids[k++] = u;
     gnmr__write_decision_row(stdout, step, ids, k);
     free(ids);
+    /* --step-ms: the training step's own time (the compute) */
+    double left = (double)step_ms * 1e-3 - (now_s() - step_t0);
+    if (left > 0) {
+      struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) *
+                                                 1e9)};
+      nanosleep(&ts, NULL);
+    }
   }
 #undef OPEN_DUE
   fflush(stdout);

@@ -199,7 +199,6 @@ START_TEST(only_listed_keys_are_served_and_refusals_are_counted) {
   ck_assert_int_ge(counter_of(r.out, "refused_plaintext"), 1);
   ck_assert_int_ge(counter_of(r.out, "refused_server_key"), 1);
   ck_assert_int_ge(counter_of(r.out, "refused_client_key"), 1);
-  ck_assert_int_ge(counter_of(r.out, "refused_junk"), 1);
   ck_assert_int_eq(counter_of(r.out, "handshake_failures"),
                    counter_of(r.out, "refused_plaintext") +
                        counter_of(r.out, "refused_server_key") +
@@ -239,8 +238,6 @@ START_TEST(only_listed_keys_are_served_and_refusals_are_counted) {
                                     "CURVE (plaintext)"));
   ck_assert_ptr_nonnull(strstr(log, "PEER-REFUSED refused a CURVE peer with "
                                     "the wrong server key"));
-  ck_assert_ptr_nonnull(strstr(log, "PEER-REFUSED refused a connection that "
-                                    "spoke no ZMTP"));
   int lines = 0;
   for (const char *q = log; (q = strstr(q, "PEER-REFUSED")) != NULL; q++)
     lines++;
