@@ -427,10 +427,10 @@ COMPARISONS = [("low", "high"), ("oracle", "random"), ("gnmr", "random"),
                ("high", "fp")]
 
 
-def summarise(results, args, seeds, argv):
+def summarise(results, args, seeds, argv, commit):
     out = {"command": "python3 examples/quant_stress.py " +
            " ".join(argv if argv is not None else sys.argv[1:]),
-           "commit": git_commit(), "seeds": seeds,
+           "commit": commit, "seeds": seeds,
            "torch": torch.__version__,
            "settings": {k: v for k, v in sorted(vars(args).items())
                         if k not in ("json", "gnmrd_bin", "jobs")},
@@ -665,10 +665,11 @@ def main(argv=None):
     args, seeds, variants = parse_args(argv)
     order = (["gnmr"] if "gnmr" in variants or NEEDS_GNMR & set(variants)
              else []) + [v for v in variants if v != "gnmr"]
+    commit = git_commit()  # the code that runs, not what HEAD is at the end
     res = run_all(seeds, order, args)
     results = {v: [res[s, v] for s in seeds] for v in order}
     results = {v: results[v] for v in ALL_VARIANTS if v in results}
-    summary = summarise(results, args, seeds, argv)
+    summary = summarise(results, args, seeds, argv, commit)
     print()
     print(table(summary))
     if args.json:
