@@ -290,6 +290,7 @@ int main(int argc, char **argv) {
               "HTTP without authentication; serve them on 127.0.0.1 (and "
               "scrape them there), or give --insecure\n",
               cfg.metrics);
+      hmap_free(&allowed);
       return 2;
     }
     LOG(WARN, "METRICS-INSECURE", "metrics on %s are plaintext HTTP that "
@@ -297,6 +298,7 @@ int main(int argc, char **argv) {
   }
   if (mkdirs(data_dir) != 0) {
     LOG(ERROR, "DATA-DIR", "create %s: %s", data_dir, strerror(errno));
+    hmap_free(&allowed);
     return 1;
   }
   char lock_path[1100];
@@ -306,11 +308,13 @@ int main(int argc, char **argv) {
     LOG(ERROR, "DATA-LOCK", "%s: %s", lock_path,
         errno == EWOULDBLOCK ? "another gnmrd uses this data directory"
                              : strerror(errno));
+    hmap_free(&allowed);
     return 1;
   }
   if (prepare_endpoint(cfg.agents) != 0 || prepare_endpoint(cfg.admin) != 0) {
     LOG(ERROR, "ENDPOINT-DIR", "cannot create the socket directory: %s",
         strerror(errno));
+    hmap_free(&allowed);
     return 1;
   }
   signal(SIGPIPE, SIG_IGN);
