@@ -388,7 +388,6 @@ static int job_reserve_units(job *j, uint32_t n) {
 
 /* ---- deciding ------------------------------------------------------------------ */
 
-/* Decides pending step p (the oldest), sends the decision, frees p. */
 /* Forgets a registration's connection: its peer entry and identity. */
 static void drop_connection(gnmrd *d, rank_reg *rr) {
   uint64_t v;
@@ -413,6 +412,7 @@ static void connection_gone(job *j, rank_reg *rr, int observer) {
     rr->joined = 0;
 }
 
+/* Decides pending step p (the oldest), sends the decision, frees p. */
 static void decide(job *j, pending *p, int by_deadline) {
   gnmrd *d = j->d;
   uint32_t n = j->n_units;
@@ -460,20 +460,16 @@ static void decide(job *j, pending *p, int by_deadline) {
       j->norm[u] = j->nfc[u] > 0 ? NAN : sqrt(j->acc[u]);
     }
   }
-  int rv = GNMR_OK;
+  /* the invariant every rank relies on: one decision per step per pass */
   int again = j->pub_pass == j->pass && p->step <= j->pub_step;
-  if (again) {
-    /* the invariant every rank relies on: one decision per step per pass */
+  int rv = again ? GNMR_OK
+                 : policy_step(j->pol, p->step, j->norm, j->input, &res);
+  if (again) { /* nothing decided, published or stored */
     d->c.republish_refused++;
     LOG(ERROR, "JOB-REPUBLISH", "job %s: step %llu was already published in "
         "pass %u (up to step %llu); not deciding it again", j->name,
         (unsigned long long)p->step, j->pass,
         (unsigned long long)j->pub_step);
-  } else {
-    rv = policy_step(j->pol, p->step, j->norm, j->input, &res);
-  }
-  if (again) {
-    /* refused above: nothing published, nothing stored */
   } else if (rv != GNMR_OK) {
     LOG(ERROR, "JOB-DECIDE", "job %s step %llu: %s", j->name,
         (unsigned long long)p->step, gnmr_strerror(rv));
