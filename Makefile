@@ -38,7 +38,21 @@ WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wformat=2 \
         -Wno-format-nonliteral
 GEN := $(BUILD)/gen
 CPPFLAGS += -D_GNU_SOURCE -DGNMR_VERSION='"$(VERSION)"' -DGNMR_HAVE_CUDA=$(CUDA) \
-            -Iinclude -Icommon -Ipolicy -Iclient -Iproto -Icuda_agent -I$(GEN)
+            -Iinclude -Icommon
+# Each folder sees only the headers of what it may use, so that a
+# cross-folder include shows up as a build error: common < policy < proto <
+# client (the replay, gnmrctl), cuda_agent, daemon, sim; the daemon never
+# sees client/ and the agent never sees the daemon.
+INC_POLICY := -Ipolicy
+INC_PROTO := $(INC_POLICY) -Iproto -I$(GEN)
+$(BUILD)/obj/policy/%.o: CPPFLAGS += $(INC_POLICY)
+$(BUILD)/obj/proto/%.o $(BUILD)/obj/gen/%.o: CPPFLAGS += $(INC_PROTO)
+$(BUILD)/obj/client/%.o: CPPFLAGS += $(INC_PROTO) -Iclient
+$(BUILD)/obj/cuda_agent/%.o: CPPFLAGS += $(INC_PROTO) -Icuda_agent
+$(BUILD)/obj/daemon/%.o: CPPFLAGS += $(INC_PROTO) -Idaemon
+$(BUILD)/obj/sim/%.o: CPPFLAGS += $(INC_PROTO) -Iclient
+$(BUILD)/obj/tests/%.o $(BUILD)/obj/bench/%.o $(BUILD)/obj/fuzz/%.o: \
+  CPPFLAGS += $(INC_PROTO) -Iclient -Icuda_agent -Idaemon
 CFLAGS ?= $(OPT) -g
 CFLAGS += -std=c11 $(WARN) -fvisibility=hidden -fPIC -pthread
 LDLIBS += -lm -pthread
@@ -59,12 +73,13 @@ DAEMON_LIBS = $(shell pkg-config --libs inih libsystemd libmicrohttpd 2>/dev/nul
 NET_LIBS = $(ZMQ_LIBS) $(PBC_LIBS)
 
 # ---- sources -----------------------------------------------------------
-COMMON_SRC := common/error.c common/log.c common/num.c common/trace.c \
+COMMON_SRC := common/error.c common/log.c common/num.c \
               common/hmap.c common/text.c common/keys.c
+PARAMS_SRC := policy/params.c
 POLICY_SRC := policy/policy.c
-WIRE_SRC := proto/wire.c proto/validate.c
+WIRE_SRC := proto/wire.c proto/validate.c proto/commands.c
 PROTO_C := $(GEN)/proto/gnmr.pb-c.c
-CLIENT_SRC := client/policy_opts.c client/replay.c
+REPLAY_SRC := client/replay.c client/trace.c
 GNMRCTL_SRC := $(wildcard client/cli/*.c)
 AGENT_SRC := cuda_agent/agent.c cuda_agent/reduce_cpu.c cuda_agent/cuda_plan.c
 ifeq ($(CUDA),1)
@@ -84,8 +99,9 @@ SIM_SRC := $(wildcard sim/*.c)
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
 LIB_COMMON := $(BUILD)/lib/libgnmr-common.a
+LIB_PARAMS := $(BUILD)/lib/libgnmr-params.a
 LIB_POLICY := $(BUILD)/lib/libgnmr-policy.a
-LIB_CLIENT := $(BUILD)/lib/libgnmr-client.a
+LIB_REPLAY := $(BUILD)/lib/libgnmr-replay.a
 LIB_WIRE := $(BUILD)/lib/libgnmr-wire.a
 LIB_AGENT := $(BUILD)/lib/libgnmr-agent.a
 SO_AGENT := $(BUILD)/lib/libgnmr-agent.so
@@ -139,11 +155,12 @@ $(BUILD)/obj/gen/gnmr.pb-c.o: $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-unused-parameter -c $< -o $@
 # Everything that includes wire.h needs the generated header first.
-$(call obj,$(WIRE_SRC) $(AGENT_SRC) $(GNMRD_SRC) $(SIM_SRC) $(GNMRCTL_SRC) $(CLIENT_SRC)): $(GEN)/proto/gnmr.pb-c.h
+$(call obj,$(WIRE_SRC) $(AGENT_SRC) $(GNMRD_SRC) $(SIM_SRC) $(GNMRCTL_SRC) $(REPLAY_SRC)): $(GEN)/proto/gnmr.pb-c.h
 
 $(LIB_COMMON): $(call obj,$(COMMON_SRC))
+$(LIB_PARAMS): $(call obj,$(PARAMS_SRC))
 $(LIB_POLICY): $(call obj,$(POLICY_SRC))
-$(LIB_CLIENT): $(call obj,$(CLIENT_SRC))
+$(LIB_REPLAY): $(call obj,$(REPLAY_SRC))
 $(LIB_WIRE): $(call obj,$(WIRE_SRC)) $(BUILD)/obj/gen/gnmr.pb-c.o
 $(LIB_AGENT): $(AGENT_OBJ)
 $(BUILD)/lib/%.a:
@@ -151,24 +168,30 @@ $(BUILD)/lib/%.a:
 	rm -f $@ && ar rcs $@ $^
 
 # The shared agent (for Python's ctypes): only gnmr_* symbols are visible.
-$(SO_AGENT): $(AGENT_OBJ) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
+# It carries the parameter table, not the policy engine.
+$(SO_AGENT): $(AGENT_OBJ) $(LIB_WIRE) $(LIB_PARAMS) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	$(CC) -shared $(CFLAGS) $(LDFLAGS) -Wl,-soname,libgnmr-agent.so.0 $^ \
 	  $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 
-$(GNMRCTL): $(call obj,$(GNMRCTL_SRC)) $(LIB_CLIENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
+$(GNMRCTL): $(call obj,$(GNMRCTL_SRC)) $(LIB_REPLAY) $(LIB_WIRE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(DB_LIBS) $(NET_LIBS) $(LDLIBS) -o $@
 
-$(GNMRD): $(call obj,$(GNMRD_SRC)) $(LIB_CLIENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
+$(GNMRD): $(call obj,$(GNMRD_SRC)) $(LIB_WIRE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(UV_LIBS) $(DB_LIBS) $(DAEMON_LIBS) $(NET_LIBS) $(LDLIBS) -o $@
 
-$(GNMR_SIM): $(call obj,$(SIM_SRC)) $(LIB_CLIENT) $(LIB_AGENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
+$(GNMR_SIM): $(call obj,$(SIM_SRC)) $(LIB_REPLAY) $(LIB_AGENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 
-TEST_LIBS := $(LIB_CLIENT) $(LIB_AGENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
+TEST_LIBS := $(LIB_REPLAY) $(LIB_AGENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON)
+
+# The daemon's decision core is tested without a process (tests/test_core.c).
+$(BUILD)/tests/test_core: $(BUILD)/obj/tests/test_core.o $(BUILD)/obj/daemon/core.o $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(CHECK_LIBS) $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 
 $(BUILD)/obj/tests/%.o: tests/%.c
 	@mkdir -p $(dir $@)
@@ -183,7 +206,6 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 $(BUILD)/obj/bench/%.o: $(GEN)/proto/gnmr.pb-c.h
-$(BUILD)/obj/bench/store.o: CPPFLAGS += -Idaemon
 $(BUILD)/bench/store: $(BUILD)/obj/bench/store.o $(BUILD)/obj/daemon/store.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(DB_LIBS) $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
@@ -221,7 +243,7 @@ $(BUILD)/obj/cuda_agent/norm_model.o: cuda_agent/norm_kernel.cu cuda_agent/cuda_
 $(FAKE_TEST): $(BUILD)/obj/tests/fake_cuda/test_backend.o \
               $(BUILD)/obj/tests/fake_cuda/cuda_fake.o \
               $(call obj,$(AGENT_SRC)) $(BUILD)/obj/cuda_agent/norm_model.o \
-              $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
+              $(LIB_WIRE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(CHECK_LIBS) $(NET_LIBS) -lstdc++ $(LDLIBS) -o $@
 test-gpu: all $(GPU_TEST)
@@ -279,7 +301,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FUZZERS := envelope trace snapshot settings config
 FUZZ_BINS := $(patsubst %,build/fuzz/fuzz_%,$(FUZZERS))
-FUZZ_SRC := $(COMMON_SRC) $(POLICY_SRC) $(WIRE_SRC) $(CLIENT_SRC)
+FUZZ_SRC := $(COMMON_SRC) $(PARAMS_SRC) $(POLICY_SRC) $(WIRE_SRC) $(REPLAY_SRC)
 FUZZ_FLAGS := -g -O1 -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -D_GNU_SOURCE -Iinclude -Icommon -Ipolicy -Iclient -Iproto -Ibuild/gen
@@ -307,7 +329,7 @@ fuzz: deps-fuzz $(FUZZ_BINS)
 # Regenerates the binary seeds (encoded envelopes, snapshots).
 fuzz-seeds: $(BUILD)/fuzz/make_seeds
 	$(BUILD)/fuzz/make_seeds
-$(BUILD)/fuzz/make_seeds: $(BUILD)/obj/fuzz/make_seeds.o $(LIB_WIRE) $(LIB_POLICY) $(LIB_COMMON)
+$(BUILD)/fuzz/make_seeds: $(BUILD)/obj/fuzz/make_seeds.o $(LIB_WIRE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(LDLIBS) -o $@
 $(BUILD)/obj/fuzz/make_seeds.o: $(GEN)/proto/gnmr.pb-c.h

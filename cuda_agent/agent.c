@@ -19,6 +19,7 @@
 #include "agent_internal.h"
 #include "keys.h"
 #include "num.h"
+#include "params.h"
 #include "text.h"
 #include "wire.h"
 
@@ -69,27 +70,11 @@ struct gnmr_agent {
 void gnmr_params_default(gnmr_params *p) {
   policy_params d;
   policy_params_default(&d);
-  p->alpha = d.alpha;
-  p->beta = d.beta;
-  p->window = d.window;
-  p->max_active = d.max_active;
-  p->lock_steps = d.lock_steps;
-  p->warmup_steps = d.warmup_steps;
-  p->early_alpha = 0;
-  p->early_beta = 0;
-  p->early_steps = d.early_steps;
+  policy_params_to_public(&d, p);
 }
 
 static void to_policy(const gnmr_params *g, policy_params *p) {
-  p->alpha = g->alpha;
-  p->beta = g->beta;
-  p->window = g->window;
-  p->max_active = g->max_active;
-  p->lock_steps = g->lock_steps;
-  p->warmup_steps = g->warmup_steps;
-  p->early_alpha = g->early_alpha == 0 ? NAN : g->early_alpha;
-  p->early_beta = g->early_beta == 0 ? NAN : g->early_beta;
-  p->early_steps = g->early_steps;
+  policy_params_from_public(g, p);
 }
 
 static uint64_t now_ms(void) {
@@ -429,17 +414,14 @@ int gnmr_agent_config_from_env(gnmr_agent_config *cfg, const char **bad_var) {
       {"GNMR_BARRIER_MS", offsetof(gnmr_agent_config, barrier_ms), 1},
       {"GNMR_FALLBACK_ROUTE", offsetof(gnmr_agent_config, fallback_route), 4},
       {"GNMR_FALLBACK_AFTER", offsetof(gnmr_agent_config, fallback_after), 1},
-      {"GNMR_ALPHA", offsetof(gnmr_agent_config, params.alpha), 3},
-      {"GNMR_BETA", offsetof(gnmr_agent_config, params.beta), 3},
-      {"GNMR_WINDOW", offsetof(gnmr_agent_config, params.window), 1},
-      {"GNMR_MAX_ACTIVE", offsetof(gnmr_agent_config, params.max_active), 1},
-      {"GNMR_LOCK_STEPS", offsetof(gnmr_agent_config, params.lock_steps), 1},
-      {"GNMR_WARMUP_STEPS", offsetof(gnmr_agent_config, params.warmup_steps),
-       2},
-      {"GNMR_EARLY_ALPHA", offsetof(gnmr_agent_config, params.early_alpha), 3},
-      {"GNMR_EARLY_BETA", offsetof(gnmr_agent_config, params.early_beta), 3},
-      {"GNMR_EARLY_STEPS", offsetof(gnmr_agent_config, params.early_steps),
-       2},
+#define ENV_KIND_THRESHOLD 3
+#define ENV_KIND_WINDOW 1
+#define ENV_KIND_U32 1
+#define ENV_KIND_U64 2
+#define GNMR__PARAM_ENV(name, ctype, kind, opt, env, def, inh)               \
+  {env, offsetof(gnmr_agent_config, params.name), ENV_KIND_##kind},
+      GNMR_PARAMS_MAP(GNMR__PARAM_ENV)
+#undef GNMR__PARAM_ENV
       {"GNMR_OBSERVER", offsetof(gnmr_agent_config, observer), 1},
       {"GNMR_CURVE_SERVER_KEY", offsetof(gnmr_agent_config, curve_server_key),
        0},

@@ -12,7 +12,7 @@
 #include "gnmr/error.h"
 #include "log.h"
 #include "num.h"
-#include "policy_opts.h"
+#include "params.h"
 
 enum kind { K_PATH, K_ENDPOINT, K_ADDR, K_LEVEL, K_U64, K_BOOL, K_POLICY };
 
@@ -142,9 +142,8 @@ int config_set(gnmrd_config *c, const char *section, const char *key,
     }
   }
   if (strcmp(section, "policy") == 0)
-    snprintf(err, errlen, "unknown key '%s' in section [policy] (alpha, beta,"
-             " window, max_active, lock_steps, warmup_steps, early_alpha,"
-             " early_beta, early_steps, barrier_ms)", key);
+    snprintf(err, errlen, "unknown key '%s' in section [policy] (%s, "
+             "barrier_ms)", key, policy_param_names());
   else
     snprintf(err, errlen, "unknown key '%s' in section [%s]", key, section);
   return GNMR_E_PARSE;

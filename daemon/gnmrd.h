@@ -7,14 +7,12 @@
 #include <uv.h>
 
 #include "config.h"
+#include "core.h"
 #include "counters.h"
 #include "hmap.h"
+#include "latency.h"
 #include "server.h"
 #include "store.h"
-
-typedef struct job job;
-
-#define GNMRD_LAT_BUCKETS 15 /* see METRICS_LATENCY_BUCKETS */
 
 typedef struct gnmrd {
   uv_loop_t *loop;
@@ -22,16 +20,15 @@ typedef struct gnmrd {
   server *agents;
   server *admin;
   gnmrd_counters c;
-  hmap jobs;          /* name -> job * */
-  hmap peers;         /* connection identity -> peer * (see jobs.c) */
+  core_registry jobs; /* the live jobs (core.h); each core_job's data is
+                         its loop half (jobs.c) */
+  hmap peers;         /* connection identity -> membership (jobs.c) */
   store *st;          /* history; NULL when running without one */
   const gnmrd_config *cfg;
   uv_timer_t watchdog;  /* systemd watchdog pings (notify.c) */
   struct zap *zap;      /* the ZAP handler, under CURVE */
   struct metrics *metrics;
-  uint64_t lat_buckets[GNMRD_LAT_BUCKETS]; /* decision latency histogram */
-  uint64_t lat_count;
-  double lat_sum;
+  latency_hist decision_latency; /* first report to decision */
   int stopping;
 } gnmrd;
 
@@ -42,28 +39,14 @@ void jobs_on_message(server *s, const void *id, size_t id_len,
 void jobs_on_bad_frames(server *s, void *ctx);
 /* Frees every job (their timers close through the loop). */
 void jobs_shutdown(gnmrd *d);
-/* Writes the names of the live jobs (at most cap) into names. */
-size_t jobs_names(gnmrd *d, const char **names, size_t cap);
 /* Recreates an unfinished job from the store (start-up). */
 void jobs_restore(const store_job *sj, void *ctx);
 /* Queues a snapshot of every live job (shutdown). */
 void jobs_snapshot_all(gnmrd *d);
-job *jobs_find(gnmrd *d, const char *name);
 /* Applies key=value settings to a live job's parameters from its next
  * step; all or nothing. Returns 0 or an error with a message in err. */
-int jobs_set_params(job *j, char **settings, size_t n, char *err,
-                    size_t errlen);
-/* A job's gauges for the metrics endpoint. */
-typedef struct jobs_metrics {
-  uint64_t step;
-  uint32_t active, units;
-} jobs_metrics;
-void jobs_get_metrics(gnmrd *d, const char *name, jobs_metrics *m);
-
-/* Read-only views for the admin service. */
-struct json_t;
-struct json_t *jobs_status_json(job *j);
-struct json_t *jobs_units_json(job *j, uint32_t top);
+int jobs_set_params(gnmrd *d, core_job *c, char **settings, size_t n,
+                    char *err, size_t errlen);
 
 /* admin.c: the admin protocol */
 void admin_on_message(server *s, const void *id, size_t id_len,

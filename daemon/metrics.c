@@ -5,6 +5,7 @@
  * its own: the loop polls its epoll fd and calls MHD_run(), plus a timer
  * for connection timeouts. */
 #include "metrics.h"
+#include "views.h"
 
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -84,12 +85,11 @@ static void counter(text *t, const char *name, const char *help,
 
 static void histogram(text *t, const char *name, const char *help,
                       const uint64_t *buckets, uint64_t count, double sum) {
-  static const double le[] = METRICS_LATENCY_BUCKETS;
   uint64_t cum = 0;
   put(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-  for (int i = 0; i < METRICS_N_BUCKETS; i++) {
+  for (int i = 0; i < LATENCY_N_BUCKETS; i++) {
     cum += buckets[i];
-    put(t, "%s_bucket{le=\"%g\"} %llu\n", name, le[i],
+    put(t, "%s_bucket{le=\"%g\"} %llu\n", name, latency_le[i],
         (unsigned long long)cum);
   }
   put(t, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name,
@@ -98,8 +98,8 @@ static void histogram(text *t, const char *name, const char *help,
 
 static void render(gnmrd *d, text *t) {
   const gnmrd_counters *c = &d->c;
-  const char *jobs[1024];
-  size_t n_jobs = jobs_names(d, jobs, 1024);
+  size_t n_jobs = core_count(&d->jobs), pos;
+  const core_job *j;
   store_stats ss = {0};
   if (d->st)
     store_get_stats(d->st, &ss);
@@ -143,8 +143,8 @@ static void render(gnmrd *d, text *t) {
       (unsigned long long)c->auth_denied,
       (unsigned long long)c->handshake_failures);
   histogram(t, "gnmr_decision_latency_seconds",
-            "From a step's first report to its decision.", d->lat_buckets,
-            d->lat_count, d->lat_sum);
+            "From a step's first report to its decision.", d->decision_latency.buckets,
+            d->decision_latency.count, d->decision_latency.sum);
   put(t, "# HELP gnmr_store_queue_depth Records waiting for the store.\n"
          "# TYPE gnmr_store_queue_depth gauge\ngnmr_store_queue_depth %llu\n",
       (unsigned long long)ss.queued);
@@ -154,7 +154,7 @@ static void render(gnmrd *d, text *t) {
   counter(t, "gnmr_store_dropped_total", "Records lost: store queue full.",
           ss.dropped);
   if (d->st) {
-    uint64_t b[METRICS_N_BUCKETS], count;
+    uint64_t b[LATENCY_N_BUCKETS], count;
     double sum;
     store_commit_histogram(d->st, b, &count, &sum);
     histogram(t, "gnmr_store_commit_seconds", "Time of one batch commit.", b,
@@ -163,28 +163,25 @@ static void render(gnmrd *d, text *t) {
   put(t, "# HELP gnmr_job_step Last decided step of a job.\n"
          "# TYPE gnmr_job_step gauge\n");
   char lb[300];
-  for (size_t i = 0; i < n_jobs; i++) {
-    jobs_metrics m;
-    jobs_get_metrics(d, jobs[i], &m);
-    put(t, "gnmr_job_step{job=\"%s\"} %llu\n", label(jobs[i], lb, sizeof lb),
-        (unsigned long long)m.step);
-  }
+  pos = 0;
+  while ((j = core_next_job(&d->jobs, &pos)) != NULL)
+    put(t, "gnmr_job_step{job=\"%s\"} %llu\n", label(j->name, lb, sizeof lb),
+        (unsigned long long)j->last_decided);
   put(t, "# HELP gnmr_job_active_units Units on the recovery path.\n"
          "# TYPE gnmr_job_active_units gauge\n");
-  for (size_t i = 0; i < n_jobs; i++) {
-    jobs_metrics m;
-    jobs_get_metrics(d, jobs[i], &m);
+  pos = 0;
+  while ((j = core_next_job(&d->jobs, &pos)) != NULL) {
+    view_gauges g;
+    views_gauges(j, &g);
     put(t, "gnmr_job_active_units{job=\"%s\"} %u\n",
-        label(jobs[i], lb, sizeof lb), m.active);
+        label(j->name, lb, sizeof lb), g.active);
   }
   put(t, "# HELP gnmr_job_units Units of a job.\n"
          "# TYPE gnmr_job_units gauge\n");
-  for (size_t i = 0; i < n_jobs; i++) {
-    jobs_metrics m;
-    jobs_get_metrics(d, jobs[i], &m);
-    put(t, "gnmr_job_units{job=\"%s\"} %u\n", label(jobs[i], lb, sizeof lb),
-        m.units);
-  }
+  pos = 0;
+  while ((j = core_next_job(&d->jobs, &pos)) != NULL)
+    put(t, "gnmr_job_units{job=\"%s\"} %u\n", label(j->name, lb, sizeof lb),
+        j->n_units);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
@@ -288,15 +285,4 @@ void metrics_close(gnmrd *d) {
 void metrics_free(gnmrd *d) {
   free(d->metrics);
   d->metrics = NULL;
-}
-
-void metrics_observe_decision(gnmrd *d, double seconds) {
-  static const double le[] = METRICS_LATENCY_BUCKETS;
-  int i = 0;
-  while (i < METRICS_N_BUCKETS && seconds > le[i])
-    i++;
-  if (i < METRICS_N_BUCKETS)
-    d->lat_buckets[i]++;
-  d->lat_count++;
-  d->lat_sum += seconds;
 }

@@ -5,6 +5,7 @@
  * read-only file) is rolled back, logged, counted and retried with backoff;
  * records are only freed once committed. */
 #include "store.h"
+#include "store_sql.h"
 
 #include <errno.h>
 #include <math.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "gnmr/error.h"
+#include "latency.h"
 #include "log.h"
 
 #define QUEUE_CAP 1000000 /* records; beyond it new records are dropped */
@@ -37,7 +39,7 @@ struct store {
   uint64_t queued;
   int stop;
   atomic_uint_fast64_t records, batches, errors, dropped;
-  atomic_uint_fast64_t commit_buckets[15], commit_ns; /* commit times */
+  atomic_uint_fast64_t commit_buckets[LATENCY_N_BUCKETS], commit_ns; /* commit times */
   /* Test hook: GNMR_STORE_FAULT=full:T or readonly:T makes the database
    * full (max_page_count pinned to its size: SQLITE_FULL) or read-only
    * (query_only: SQLITE_READONLY) for T ms after open, so that commits
@@ -172,38 +174,28 @@ void store_rec_free(store_rec *r) {
   free(r);
 }
 
+/* Binds the parameters at at..at+GNMR_NPARAMS-1; an unset threshold is
+ * NULL. */
 static void bind_params(sqlite3_stmt *st, int at, const policy_params *p) {
-  sqlite3_bind_double(st, at, p->alpha);
-  sqlite3_bind_double(st, at + 1, p->beta);
-  sqlite3_bind_int64(st, at + 2, p->window);
-  sqlite3_bind_int64(st, at + 3, p->max_active);
-  sqlite3_bind_int64(st, at + 4, p->lock_steps);
-  sqlite3_bind_int64(st, at + 5, (sqlite3_int64)p->warmup_steps);
-  if (isnan(p->early_alpha))
-    sqlite3_bind_null(st, at + 6);
-  else
-    sqlite3_bind_double(st, at + 6, p->early_alpha);
-  if (isnan(p->early_beta))
-    sqlite3_bind_null(st, at + 7);
-  else
-    sqlite3_bind_double(st, at + 7, p->early_beta);
-  sqlite3_bind_int64(st, at + 8, (sqlite3_int64)p->early_steps);
+  for (int i = 0; i < GNMR_NPARAMS; i++) {
+    if (!policy_param_is_f64(i))
+      sqlite3_bind_int64(st, at + i, (sqlite3_int64)policy_param_u64(p, i));
+    else if (isnan(policy_param_f64(p, i)))
+      sqlite3_bind_null(st, at + i);
+    else
+      sqlite3_bind_double(st, at + i, policy_param_f64(p, i));
+  }
 }
 
 static void read_params(sqlite3_stmt *st, int at, policy_params *p) {
-  p->alpha = sqlite3_column_double(st, at);
-  p->beta = sqlite3_column_double(st, at + 1);
-  p->window = (uint32_t)sqlite3_column_int64(st, at + 2);
-  p->max_active = (uint32_t)sqlite3_column_int64(st, at + 3);
-  p->lock_steps = (uint32_t)sqlite3_column_int64(st, at + 4);
-  p->warmup_steps = (uint64_t)sqlite3_column_int64(st, at + 5);
-  p->early_alpha = sqlite3_column_type(st, at + 6) == SQLITE_NULL
-                       ? NAN
-                       : sqlite3_column_double(st, at + 6);
-  p->early_beta = sqlite3_column_type(st, at + 7) == SQLITE_NULL
-                      ? NAN
-                      : sqlite3_column_double(st, at + 7);
-  p->early_steps = (uint64_t)sqlite3_column_int64(st, at + 8);
+  for (int i = 0; i < GNMR_NPARAMS; i++) {
+    if (!policy_param_is_f64(i))
+      policy_param_set_u64(p, i, (uint64_t)sqlite3_column_int64(st, at + i));
+    else
+      policy_param_set_f64(p, i, sqlite3_column_type(st, at + i) == SQLITE_NULL
+                                     ? NAN
+                                     : sqlite3_column_double(st, at + i));
+  }
 }
 
 /* Runs one statement with the binder's values; 0 or GNMR_E_STORE. */
@@ -226,7 +218,8 @@ static void bind_job(sqlite3_stmt *st, const void *arg) {
   sqlite3_bind_int64(st, 3, r->barrier_ms);
   sqlite3_bind_int64(st, 4, r->pass);
   bind_params(st, 5, &r->params);
-  sqlite3_bind_int64(st, 14, t);
+  sqlite3_bind_int64(st, 5 + GNMR_NPARAMS, t);
+  sqlite3_bind_int64(st, 6 + GNMR_NPARAMS, t);
 }
 
 static void bind_params_row(sqlite3_stmt *st, const void *arg) {
@@ -415,25 +408,28 @@ static int apply_ids(sqlite3 *db, const store_rec *r) {
   return GNMR_OK;
 }
 
+static const char params_insert_sql[] =
+    "INSERT INTO params(job, pass, from_step, at" PARAM_COLS ") "
+    "VALUES(?,?,?,?" PARAM_QS ")";
+
 static int apply(store *s, const store_rec *r) {
   switch (r->kind) {
   case REC_JOB: {
     int rv = run(s->db,
-                 "INSERT INTO jobs VALUES(?1,?2,?3,'running',?4,0,?5,?6,?7,?8,"
-                 "?9,?10,?11,?12,?13,?14,?14) ON CONFLICT(name) DO UPDATE "
-                 "SET reporters=?2, barrier_ms=?3, state='running', pass=?4,"
-                 " alpha=?5, beta=?6, window=?7, max_active=?8, lock_steps=?9,"
-                 " warmup_steps=?10, early_alpha=?11, early_beta=?12,"
-                 " early_steps=?13, updated_at=?14",
+                 "INSERT INTO jobs(name, reporters, barrier_ms, state, pass, "
+                 "last_step" PARAM_COLS ", created_at, updated_at) "
+                 "VALUES(?,?,?,'running',?,0" PARAM_QS ",?,?) "
+                 "ON CONFLICT(name) DO UPDATE SET reporters=excluded.reporters,"
+                 " barrier_ms=excluded.barrier_ms, state='running',"
+                 " pass=excluded.pass" PARAM_SETS ","
+                 " updated_at=excluded.updated_at",
                  bind_job, r);
     if (rv == GNMR_OK)
-      rv = run(s->db, "INSERT INTO params VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
-               bind_params_row, r);
+      rv = run(s->db, params_insert_sql, bind_params_row, r);
     return rv;
   }
   case REC_PARAMS:
-    return run(s->db, "INSERT INTO params VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
-               bind_params_row, r);
+    return run(s->db, params_insert_sql, bind_params_row, r);
   case REC_UNITS:
   case REC_RANK:
     return apply_ids(s->db, r);
@@ -561,15 +557,10 @@ static void *writer_main(void *arg) {
     backoff_ms = 0;
     clock_gettime(CLOCK_MONOTONIC, &c1);
     {
-      static const double le[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025,
-                                  0.005,  0.01,    0.025,  0.05,  0.1,
-                                  0.25,   0.5,     1,      2.5,   5};
       uint64_t ns = (uint64_t)(c1.tv_sec - c0.tv_sec) * 1000000000u +
                     (uint64_t)(c1.tv_nsec - c0.tv_nsec);
-      int b = 0;
-      while (b < 15 && (double)ns * 1e-9 > le[b])
-        b++;
-      if (b < 15)
+      int b = latency_bucket((double)ns * 1e-9);
+      if (b < LATENCY_N_BUCKETS)
         atomic_fetch_add(&s->commit_buckets[b], 1);
       atomic_fetch_add(&s->commit_ns, ns);
     }
@@ -782,15 +773,14 @@ static int load_job(sqlite3 *db, store_job *j) {
   sqlite3_finalize(st);
   /* parameters in force: the last row of the params table */
   if (sqlite3_prepare_v2(db,
-                         "SELECT alpha, beta, window, max_active, lock_steps,"
-                         " warmup_steps, early_alpha, early_beta, early_steps "
-                         "FROM params WHERE job=? ORDER BY rowid DESC LIMIT 1",
+                         "SELECT 0" PARAM_COLS " FROM params WHERE job=? "
+                         "ORDER BY rowid DESC LIMIT 1",
                          -1, &st, NULL) != SQLITE_OK)
     return GNMR_E_STORE;
   sqlite3_bind_text(st, 1, j->name, -1, SQLITE_STATIC);
   j->params = j->hello_params;
   if (sqlite3_step(st) == SQLITE_ROW)
-    read_params(st, 0, &j->params);
+    read_params(st, 1, &j->params);
   sqlite3_finalize(st);
   /* newest snapshot */
   if (sqlite3_prepare_v2(db,
@@ -825,10 +815,8 @@ int store_restore(const char *dir, void (*fn)(const store_job *, void *),
     return GNMR_E_STORE;
   }
   if (sqlite3_prepare_v2(db,
-                         "SELECT name, reporters, barrier_ms, pass, alpha, "
-                         "beta, window, max_active, lock_steps, warmup_steps,"
-                         " early_alpha, early_beta, early_steps FROM jobs "
-                         "WHERE state='running'",
+                         "SELECT name, reporters, barrier_ms, pass"
+                         PARAM_COLS " FROM jobs WHERE state='running'",
                          -1, &st, NULL) != SQLITE_OK) {
     snprintf(err, errlen, "%s: %s", path, sqlite3_errmsg(db));
     sqlite3_close(db);

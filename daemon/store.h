@@ -16,6 +16,29 @@
 
 #define STORE_SCHEMA_VERSION 1
 
+/* The operational events of the history (besides the policy's events,
+ * POLICY_EVENTS): XX(ID, name), the name being the events table's kind. */
+#define STORE_OP_EVENTS(XX)                                                  \
+  XX(JOB_STARTED, "job_started")                                             \
+  XX(JOB_RESUMED, "job_resumed")                                             \
+  XX(JOB_FINISHED, "job_finished")                                           \
+  XX(AGENT_JOINED, "agent_joined")                                           \
+  XX(AGENT_LEFT, "agent_left")                                               \
+  XX(PARAMS_CHANGED, "params_changed")
+
+enum store_op_event {
+#define STORE__EV_ENUM(id, name) STORE_EV_##id,
+  STORE_OP_EVENTS(STORE__EV_ENUM)
+#undef STORE__EV_ENUM
+  STORE_EV_COUNT
+};
+
+const char *store_op_event_name(int kind);
+/* Whether kind names an event of the history (the policy's or ours). */
+int store_event_kind_known(const char *kind);
+/* "exceed, promote, ..., params_changed": every kind, for messages. */
+const char *store_event_kinds(void);
+
 enum store_rec_kind {
   REC_JOB = 1,   /* job started or resumed: reporters, barrier, params */
   REC_UNITS,     /* units (id, name) of a job */

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "gnmr/error.h"
-#include "policy_opts.h"
+#include "params.h"
 #include "validate.h"
 #include "wire.h"
 

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "gnmr/error.h"
-#include "policy_opts.h"
+#include "params.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char *text = malloc(size + 1), *settings[64];

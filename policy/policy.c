@@ -39,44 +39,6 @@ struct policy {
   policy_event *ev;    /* 3n + 1, see policy_step() */
 };
 
-void policy_params_default(policy_params *p) {
-  p->alpha = 2.0;
-  p->beta = 2.0;
-  p->early_alpha = NAN;
-  p->early_beta = NAN;
-  p->window = 8;
-  p->max_active = 4;
-  p->lock_steps = 4;
-  p->warmup_steps = 20;
-  p->early_steps = 0;
-}
-
-static int threshold_ok(double x) { return isfinite(x) && x > 0; }
-
-int policy_params_validate(const policy_params *p, const char **what) {
-  const char *bad = NULL;
-  int rv = GNMR_E_INVAL;
-  if (p == NULL) {
-    bad = "params";
-  } else if (!threshold_ok(p->alpha)) {
-    bad = "alpha";
-  } else if (!threshold_ok(p->beta)) {
-    bad = "beta";
-  } else if (!isnan(p->early_alpha) && !threshold_ok(p->early_alpha)) {
-    bad = "early_alpha";
-  } else if (!isnan(p->early_beta) && !threshold_ok(p->early_beta)) {
-    bad = "early_beta";
-  } else if (p->window < 1) {
-    bad = "window";
-  } else if (p->window > POLICY_MAX_WINDOW) {
-    bad = "window";
-    rv = GNMR_E_RANGE;
-  }
-  if (what != NULL)
-    *what = bad;
-  return bad == NULL ? GNMR_OK : rv;
-}
-
 /* The buffers of an engine for n units under params prm, allocated as one
  * set so that a change either fully happens or leaves the engine intact. */
 typedef struct bufs {
@@ -499,17 +461,15 @@ int policy_step(policy *p, uint64_t t, const double *norm,
 }
 
 const char *policy_event_name(int kind) {
-  static const char *const names[] = {
-      [POLICY_EV_EXCEED] = "exceed",
-      [POLICY_EV_PROMOTE] = "promote",
-      [POLICY_EV_DEMOTE] = "demote",
-      [POLICY_EV_NONFINITE] = "nonfinite",
-      [POLICY_EV_BUDGET_SATURATED] = "budget_saturated",
-      [POLICY_EV_MISSING] = "missing",
-  };
-  if (kind < 1 || kind > POLICY_EV_MISSING)
+  switch (kind) {
+#define POLICY__EV_CASE(id, v, name)                                         \
+  case POLICY_EV_##id:                                                       \
+    return name;
+    POLICY_EVENTS(POLICY__EV_CASE)
+#undef POLICY__EV_CASE
+  default:
     return "unknown";
-  return names[kind];
+  }
 }
 
 const char *policy_outcome_name(int outcome) {

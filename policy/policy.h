@@ -9,24 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Parameters of one job. early_alpha/early_beta NAN means "same as
- * alpha/beta" (the spec's default); policy_params_resolve() fills them. */
-typedef struct policy_params {
-  double alpha;         /* GNMR threshold, > 0 */
-  double beta;          /* delta-GNMR threshold, > 0 */
-  double early_alpha;   /* alpha while t <= early_steps; NAN = alpha */
-  double early_beta;    /* beta while t <= early_steps; NAN = beta */
-  uint32_t window;      /* delta-GNMR window, >= 1 */
-  uint32_t max_active;  /* budget: units on the recovery path per step */
-  uint32_t lock_steps;  /* calm steps a selected unit stays a candidate */
-  uint64_t warmup_steps;
-  uint64_t early_steps;
-} policy_params;
-
-/* Limits that keep a job's memory bounded; parameters beyond them are
- * GNMR_E_RANGE. */
-#define POLICY_MAX_WINDOW 65536u
-#define POLICY_MAX_UNITS (1u << 24)
+#include "params.h"
 
 /* Per-unit input status for one step. */
 enum policy_input {
@@ -35,14 +18,24 @@ enum policy_input {
   POLICY_MISSING = 2,      /* a shard of u had no report at decision time */
 };
 
+/* The policy's events: XX(ID, value, name); the name is the history's
+ * event kind (gnmrctl history --kind). */
+#define POLICY_EVENTS(XX)                                                    \
+  XX(EXCEED, 1, "exceed")            /* u risky; see outcome */              \
+  XX(PROMOTE, 2, "promote")          /* u entered the active set */          \
+  XX(DEMOTE, 3, "demote")            /* u left the active set */             \
+  XX(NONFINITE, 4, "nonfinite")      /* u reported a NaN/Inf norm */         \
+  XX(BUDGET_SATURATED, 5, "budget_saturated") /* |pool| > max_active;       \
+                                                 unit = UINT32_MAX */        \
+  XX(MISSING, 6, "missing")          /* u (or a shard of it) had no report */
+
 enum policy_event_kind {
-  POLICY_EV_EXCEED = 1,           /* u risky; see outcome */
-  POLICY_EV_PROMOTE = 2,          /* u entered the active set */
-  POLICY_EV_DEMOTE = 3,           /* u left the active set */
-  POLICY_EV_NONFINITE = 4,        /* u reported a NaN/Inf norm */
-  POLICY_EV_BUDGET_SATURATED = 5, /* |pool| > max_active; unit = UINT32_MAX */
-  POLICY_EV_MISSING = 6,          /* u (or a shard of it) had no report */
+#define POLICY__EV_ENUM(id, v, name) POLICY_EV_##id = v,
+  POLICY_EVENTS(POLICY__EV_ENUM)
+#undef POLICY__EV_ENUM
 };
+#define POLICY__EV_COUNT(id, v, name) +1
+#define POLICY_N_EVENTS (0 POLICY_EVENTS(POLICY__EV_COUNT))
 
 enum policy_outcome {
   POLICY_OUT_NONE = 0,
@@ -77,16 +70,6 @@ typedef struct policy_result {
 } policy_result;
 
 typedef struct policy policy;
-
-/* The spec's defaults: alpha = beta = 2, window 8, max_active 4,
- * lock_steps 4, warmup 20, early_* = alpha/beta (NAN), early_steps 0. */
-void policy_params_default(policy_params *p);
-
-/* Checks every constraint of the spec and the limits above. Returns 0,
- * GNMR_E_INVAL (non-positive or non-finite threshold, window 0) or
- * GNMR_E_RANGE (beyond a limit). On error, *what (if not NULL) names the
- * offending parameter. */
-int policy_params_validate(const policy_params *p, const char **what);
 
 /* Creates an engine for n_units units (ids 0..n_units-1) with validated
  * parameters. On success *out owns a new engine (free with policy_destroy);

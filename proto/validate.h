@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "policy.h"
+#include "params.h"
 #include "proto/gnmr.pb-c.h"
 
 #define GNMR_MAX_REPORTERS 4096u

@@ -116,41 +116,27 @@ int gnmr__wire_error(int code, const char *message, const char *ref,
   return gnmr__wire_encode(&env, buf, len);
 }
 
+/* The fields of Gnmr__Params have the table's names (gnmr/params.h); an
+ * unset threshold is 0 on the wire and NAN in policy_params. */
 void gnmr__params_to_wire(const policy_params *p, Gnmr__Params *w) {
   gnmr__params__init(w);
-  w->alpha = p->alpha;
-  w->beta = p->beta;
-  w->window = p->window;
-  w->max_active = p->max_active;
-  w->lock_steps = p->lock_steps;
-  w->warmup_steps = p->warmup_steps;
-  w->early_alpha = isnan(p->early_alpha) ? 0 : p->early_alpha;
-  w->early_beta = isnan(p->early_beta) ? 0 : p->early_beta;
-  w->early_steps = p->early_steps;
+#define GNMR__PARAM_TO_WIRE(name, ctype, kind, opt, env, def, inh)          \
+  w->name = p->name;
+  GNMR_PARAMS_MAP(GNMR__PARAM_TO_WIRE)
+#undef GNMR__PARAM_TO_WIRE
+#define GNMR__PARAM_UNSET_TO_WIRE(name, ctype, kind, opt, env, def, inh)    \
+  if (inh[0] != '\0' && isnan((double)p->name))                             \
+    w->name = 0;
+  GNMR_PARAMS_MAP(GNMR__PARAM_UNSET_TO_WIRE)
+#undef GNMR__PARAM_UNSET_TO_WIRE
 }
 
 void gnmr__params_from_wire(const Gnmr__Params *w, policy_params *p) {
-  p->alpha = w->alpha;
-  p->beta = w->beta;
-  p->window = w->window;
-  p->max_active = w->max_active;
-  p->lock_steps = w->lock_steps;
-  p->warmup_steps = w->warmup_steps;
-  p->early_alpha = w->early_alpha == 0 ? NAN : w->early_alpha;
-  p->early_beta = w->early_beta == 0 ? NAN : w->early_beta;
-  p->early_steps = w->early_steps;
-}
-
-static int same_threshold(double a, double b) {
-  return (isnan(a) && isnan(b)) || a == b;
-}
-
-int gnmr__params_equal(const policy_params *a, const policy_params *b) {
-  return a->alpha == b->alpha && a->beta == b->beta &&
-         same_threshold(a->early_alpha, b->early_alpha) &&
-         same_threshold(a->early_beta, b->early_beta) &&
-         a->window == b->window && a->max_active == b->max_active &&
-         a->lock_steps == b->lock_steps &&
-         a->warmup_steps == b->warmup_steps &&
-         a->early_steps == b->early_steps;
+#define GNMR__PARAM_FROM_WIRE(name, ctype, kind, opt, env, def, inh)        \
+  p->name = w->name;
+  GNMR_PARAMS_MAP(GNMR__PARAM_FROM_WIRE)
+#undef GNMR__PARAM_FROM_WIRE
+  for (int i = 0; i < GNMR_NPARAMS; i++)
+    if (policy_param_inherits(i) >= 0 && policy_param_f64(p, i) == 0)
+      policy_param_set_f64(p, i, NAN);
 }

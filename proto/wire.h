@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "policy.h"
+#include "params.h"
 #include "proto/gnmr.pb-c.h"
 
 #define GNMR_PROTOCOL_VERSION 1u
@@ -34,6 +34,5 @@ int gnmr__wire_error(int code, const char *message, const char *ref,
  * the engine's (NAN = inherit). */
 void gnmr__params_to_wire(const policy_params *p, Gnmr__Params *w);
 void gnmr__params_from_wire(const Gnmr__Params *w, policy_params *p);
-int gnmr__params_equal(const policy_params *a, const policy_params *b);
 
 #endif /* GNMR_WIRE_H */

@@ -24,7 +24,7 @@
 #include "gnmr/agent.h"
 #include "keys.h"
 #include "num.h"
-#include "policy_opts.h"
+#include "params.h"
 #include "replay.h"
 #include "trace.h"
 
@@ -268,16 +268,7 @@ int main(int argc, char **argv) {
   policy_params prm;
   char msg[256];
   int c;
-  policy_params_default(&prm);
-  prm.alpha = base.params.alpha;
-  prm.beta = base.params.beta;
-  prm.window = base.params.window;
-  prm.max_active = base.params.max_active;
-  prm.lock_steps = base.params.lock_steps;
-  prm.warmup_steps = base.params.warmup_steps;
-  prm.early_alpha = base.params.early_alpha > 0 ? base.params.early_alpha : NAN;
-  prm.early_beta = base.params.early_beta > 0 ? base.params.early_beta : NAN;
-  prm.early_steps = base.params.early_steps;
+  policy_params_from_public(&base.params, &prm);
   gnmr__policy_opts_longopts(&longopts[18], OPT_POLICY_BASE);
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     uint64_t *num = NULL, max = 0;
@@ -464,15 +455,7 @@ int main(int argc, char **argv) {
   base.job = job;
   base.reporters = R;
   base.barrier_ms = (uint32_t)barrier;
-  base.params.alpha = prm.alpha;
-  base.params.beta = prm.beta;
-  base.params.window = prm.window;
-  base.params.max_active = prm.max_active;
-  base.params.lock_steps = prm.lock_steps;
-  base.params.warmup_steps = prm.warmup_steps;
-  base.params.early_alpha = isnan(prm.early_alpha) ? 0 : prm.early_alpha;
-  base.params.early_beta = isnan(prm.early_beta) ? 0 : prm.early_beta;
-  base.params.early_steps = prm.early_steps;
+  policy_params_to_public(&prm, &base.params);
   if (!rk || !local_of || !parts || !norm || !present || !active || !lat ||
       !all_ids) {
     fprintf(stderr, "gnmr-sim: out of memory\n");

@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "gnmr/error.h"
+#include "commands.h"
 #include "num.h"
 
 enum fmt { FMT_TABLE, FMT_CSV, FMT_JSON };
@@ -199,19 +200,24 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
       return CLI_USAGE;
     }
   }
-  int needs_job = strcmp(cmd, "jobs") != 0;
+  int k = gnmr__admin_command_find(cmd);
+  if (k < 0) {
+    fprintf(stderr, "gnmrctl: '%s' is not an admin command\n", cmd);
+    return CLI_USAGE;
+  }
+  int needs_job = gnmr_admin_commands[k].needs_job;
   int rest = argc - optind;
   if (needs_job && rest < 1) {
     fprintf(stderr, "gnmrctl %s: missing JOB\n%s", cmd, usage);
     return CLI_USAGE;
   }
   if ((!needs_job && rest > 0) ||
-      (needs_job && strcmp(cmd, "set") != 0 && rest > 1)) {
+      (needs_job && k != GNMR_CMD_SET && rest > 1)) {
     fprintf(stderr, "gnmrctl %s: unexpected argument '%s'\n", cmd,
             argv[optind + needs_job]);
     return CLI_USAGE;
   }
-  if (strcmp(cmd, "set") == 0 && rest < 2) {
+  if (k == GNMR_CMD_SET && rest < 2) {
     fprintf(stderr, "gnmrctl set: give at least one key=value\n%s", usage);
     return CLI_USAGE;
   }
@@ -220,8 +226,7 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
             (unsigned long long)to, (unsigned long long)from);
     return CLI_USAGE;
   }
-  if (f == FMT_CSV && (strcmp(cmd, "status") == 0 ||
-                       strcmp(cmd, "set") == 0 || strcmp(cmd, "export") == 0)) {
+  if (f == FMT_CSV && !gnmr_admin_commands[k].csv) {
     fprintf(stderr, "gnmrctl %s: --csv is not available; use --json\n", cmd);
     return CLI_USAGE;
   }
@@ -235,7 +240,7 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
   ar.unit = (char *)unit;
   ar.kind = (char *)kind;
   ar.limit = (uint32_t)limit;
-  if (strcmp(cmd, "set") == 0) {
+  if (k == GNMR_CMD_SET) {
     ar.n_settings = (size_t)(rest - 1);
     ar.settings = argv + optind + 1;
   }
@@ -263,19 +268,29 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
     gnmr__wire_free(&env);
     return CLI_FAIL;
   }
-  if (f == FMT_JSON || strcmp(cmd, "export") == 0) {
+  if (f == FMT_JSON || k == GNMR_CMD_EXPORT) {
     json_dumpf(v, stdout, JSON_INDENT(2));
     putchar('\n');
-  } else if (strcmp(cmd, "jobs") == 0) {
-    render_rows(v, job_cols, f);
-  } else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "set") == 0) {
-    render_status(v);
-  } else if (strcmp(cmd, "units") == 0 || strcmp(cmd, "top") == 0) {
-    render_rows(v, unit_cols, f);
-  } else if (strcmp(cmd, "history") == 0) {
-    render_rows(json_object_get(v, "events"), event_cols, f);
-  } else if (strcmp(cmd, "decisions") == 0) {
-    render_decisions(v, f);
+  } else {
+    switch (k) {
+    case GNMR_CMD_JOBS:
+      render_rows(v, job_cols, f);
+      break;
+    case GNMR_CMD_STATUS:
+    case GNMR_CMD_SET:
+      render_status(v);
+      break;
+    case GNMR_CMD_UNITS:
+    case GNMR_CMD_TOP:
+      render_rows(v, unit_cols, f);
+      break;
+    case GNMR_CMD_HISTORY:
+      render_rows(json_object_get(v, "events"), event_cols, f);
+      break;
+    case GNMR_CMD_DECISIONS:
+      render_decisions(v, f);
+      break;
+    }
   }
   if (fflush(stdout) != 0)
     code = CLI_FAIL;

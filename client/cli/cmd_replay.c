@@ -10,7 +10,7 @@
 
 #include "cli.h"
 #include "gnmr/error.h"
-#include "policy_opts.h"
+#include "params.h"
 #include "replay.h"
 #include "trace.h"
 

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "gnmr/error.h"
+#include "gnmr/params.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,11 +33,9 @@ enum gnmr_dtype {
  * means "same as alpha/beta". gnmr_params_default() gives the spec's
  * defaults. Every agent of a job must send the same parameters. */
 typedef struct gnmr_params {
-  double alpha, beta;
-  uint32_t window, max_active, lock_steps;
-  uint64_t warmup_steps;
-  double early_alpha, early_beta;
-  uint64_t early_steps;
+  GNMR_PARAMS_MAP(GNMR__PARAM_FIELD) /* gnmr/params.h: alpha, beta, window,
+                                        max_active, lock_steps, warmup_steps,
+                                        early_alpha, early_beta, early_steps */
 } gnmr_params;
 
 typedef struct gnmr_agent_config {

@@ -1,0 +1,533 @@
+/* SPDX-License-Identifier: MIT */
+/* core.c — gnmrd's decision core (see core.h). Invariants: steps are
+ * decided in increasing order; partial sums are added in rank order at
+ * decision time, never in arrival order, so a decision does not depend on
+ * network timing; a pass publishes each step at most once. */
+#include <assert.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "gnmr/error.h"
+
+/* ---- registry ----------------------------------------------------------------- */
+
+core_job *core_find(const core_registry *reg, const char *name) {
+  uint64_t v;
+  return hmap_get(&reg->jobs, name, strlen(name), &v) ? (core_job *)(uintptr_t)v
+                                                       : NULL;
+}
+
+core_job *core_next_job(const core_registry *reg, size_t *pos) {
+  uint64_t v;
+  return hmap_next(&reg->jobs, pos, NULL, NULL, &v) ? (core_job *)(uintptr_t)v
+                                                     : NULL;
+}
+
+size_t core_count(const core_registry *reg) { return reg->jobs.live; }
+
+core_job *core_job_new(core_registry *reg, const char *name,
+                       const policy_params *prm, uint32_t reporters,
+                       uint32_t barrier_ms, void (*release)(void *owner)) {
+  assert(reporters > 0 && core_find(reg, name) == NULL);
+  core_job *j = calloc(1, sizeof *j);
+  if (j == NULL)
+    return NULL;
+  j->pass = 1;
+  j->hello_params = *prm;
+  j->params = *prm;
+  j->reporters = reporters;
+  j->barrier_ms = barrier_ms;
+  j->release = release;
+  j->name = strdup(name);
+  j->ranks = calloc(reporters, sizeof *j->ranks);
+  if (j->name == NULL || j->ranks == NULL ||
+      policy_create(prm, 0, &j->pol) != GNMR_OK ||
+      hmap_put(&reg->jobs, name, strlen(name), (uintptr_t)j) != GNMR_OK) {
+    policy_destroy(&j->pol);
+    free(j->name);
+    free(j->ranks);
+    free(j);
+    return NULL;
+  }
+  return j;
+}
+
+static void pending_clear(core_job *j, core_pending *p) {
+  for (uint32_t r = 0; p->by_rank != NULL && r < j->reporters; r++)
+    if (p->by_rank[r].owner != NULL && j->release != NULL)
+      j->release(p->by_rank[r].owner);
+  free(p->by_rank);
+  memset(p, 0, sizeof *p);
+}
+
+static void rank_free(core_rank *rr) {
+  free(rr->conn);
+  free(rr->ids);
+  free(rr->user);
+  memset(rr, 0, sizeof *rr);
+}
+
+void core_job_free(core_registry *reg, core_job *j) {
+  if (j == NULL)
+    return;
+  if (reg != NULL) {
+    uint64_t v;
+    if (hmap_get(&reg->jobs, j->name, strlen(j->name), &v) &&
+        (core_job *)(uintptr_t)v == j)
+      hmap_del(&reg->jobs, j->name, strlen(j->name));
+  }
+  for (uint32_t r = 0; r < j->reporters; r++)
+    rank_free(&j->ranks[r]);
+  for (uint32_t o = 0; o < j->n_observers; o++)
+    rank_free(&j->observers[o]);
+  for (uint32_t i = 0; i < j->n_pend; i++)
+    pending_clear(j, &j->pend[i]);
+  for (uint32_t u = 0; u < j->n_units; u++)
+    free(j->unit_names[u]);
+  free(j->observers);
+  free(j->unit_names);
+  free(j->shards);
+  free(j->ranks);
+  free(j->norm);
+  free(j->acc);
+  free(j->input);
+  free(j->got);
+  free(j->nrc);
+  free(j->nfc);
+  hmap_free(&j->unit_ids);
+  policy_destroy(&j->pol);
+  free(j->name);
+  free(j);
+}
+
+void core_registry_free(core_registry *reg) {
+  size_t pos = 0;
+  core_job *j;
+  /* core_job_free() deletes from the map: collect first */
+  size_t n = reg->jobs.live, k = 0;
+  core_job **all = malloc((n ? n : 1) * sizeof *all);
+  while (all != NULL && (j = core_next_job(reg, &pos)) != NULL)
+    all[k++] = j;
+  for (size_t i = 0; i < k; i++)
+    core_job_free(NULL, all[i]);
+  free(all);
+  hmap_free(&reg->jobs);
+}
+
+/* ---- units -------------------------------------------------------------------- */
+
+/* Grows the per-unit arrays to hold n units. */
+static int reserve_units(core_job *j, uint32_t n) {
+  if (n <= j->cap_units)
+    return GNMR_OK;
+  uint32_t cap = j->cap_units ? j->cap_units : 64;
+  while (cap < n)
+    cap *= 2;
+#define GROW(field)                                                   \
+  do {                                                                \
+    void *p = realloc(j->field, (size_t)cap * sizeof *j->field);      \
+    if (p == NULL)                                                    \
+      return GNMR_E_NOMEM;                                            \
+    j->field = p;                                                     \
+  } while (0)
+  GROW(unit_names);
+  GROW(shards);
+  GROW(norm);
+  GROW(acc);
+  GROW(input);
+  GROW(got);
+  GROW(nrc);
+  GROW(nfc);
+#undef GROW
+  j->cap_units = cap;
+  return GNMR_OK;
+}
+
+/* Ids never reported by anyone (gaps) are units with no shard: never
+ * reported. */
+int core_register_units(core_job *j, core_rank *rr, const char *const *names,
+                        size_t n, const uint32_t *req_ids, int shards,
+                        char *why, size_t whylen) {
+  uint32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+  hmap asked = {0}; /* ids requested by new names in this call */
+  uint32_t new_n = j->n_units, n_auto = 0;
+  int rv = GNMR_E_NOMEM;
+  assert(rr->ids == NULL);
+  snprintf(why, whylen, "out of memory");
+  if (ids == NULL)
+    return GNMR_E_NOMEM;
+  for (size_t i = 0; i < n; i++) { /* pass 1: decide, change nothing */
+    uint64_t v;
+    const char *nm = names[i];
+    uint32_t req = req_ids ? req_ids[i] : 0;
+    if (hmap_get(&j->unit_ids, nm, strlen(nm), &v)) {
+      if (req_ids && req != v) {
+        snprintf(why, whylen, "unit '%.64s' has id %u in this job, not %u",
+                 nm, (uint32_t)v, req);
+        rv = GNMR_E_MISMATCH;
+        goto out;
+      }
+      ids[i] = (uint32_t)v;
+    } else if (req_ids) {
+      if ((req < j->n_units && j->unit_names[req] != NULL) ||
+          hmap_get(&asked, &req, sizeof req, NULL)) {
+        snprintf(why, whylen, "unit id %u is already taken (asked for "
+                              "'%.64s')", req, nm);
+        rv = GNMR_E_MISMATCH;
+        goto out;
+      }
+      if (req >= POLICY_MAX_UNITS) {
+        snprintf(why, whylen, "unit id %u: a job has at most %u units", req,
+                 POLICY_MAX_UNITS);
+        rv = GNMR_E_RANGE;
+        goto out;
+      }
+      if (hmap_put(&asked, &req, sizeof req, i) != GNMR_OK)
+        goto out;
+      ids[i] = req;
+      if (req + 1 > new_n)
+        new_n = req + 1;
+    } else {
+      ids[i] = UINT32_MAX; /* numbered after every requested id */
+      n_auto++;
+    }
+  }
+  if ((uint64_t)new_n + n_auto > POLICY_MAX_UNITS) {
+    snprintf(why, whylen, "a job has at most %u units", POLICY_MAX_UNITS);
+    rv = GNMR_E_RANGE;
+    goto out;
+  }
+  uint32_t old_n = j->n_units, total = new_n + n_auto;
+  if (reserve_units(j, total) != GNMR_OK ||
+      policy_resize(j->pol, total) != GNMR_OK)
+    goto out; /* the arrays may have grown: harmless */
+  for (uint32_t u = old_n; u < total; u++) {
+    j->unit_names[u] = NULL;
+    j->shards[u] = 0;
+  }
+  for (size_t i = 0, next = new_n; i < n; i++) { /* pass 2: apply */
+    const char *nm = names[i];
+    if (hmap_get(&j->unit_ids, nm, strlen(nm), NULL))
+      continue;
+    if (ids[i] == UINT32_MAX)
+      ids[i] = (uint32_t)next++;
+    char *copy = strdup(nm);
+    if (copy == NULL ||
+        hmap_put(&j->unit_ids, nm, strlen(nm), ids[i]) != GNMR_OK) {
+      free(copy);
+      for (uint32_t u = old_n; u < total; u++) /* roll the names back */
+        if (j->unit_names[u] != NULL) {
+          hmap_del(&j->unit_ids, j->unit_names[u], strlen(j->unit_names[u]));
+          free(j->unit_names[u]);
+          j->unit_names[u] = NULL;
+        }
+      for (size_t k = 0; k < i; k++) /* names below old_n: requested gaps */
+        if (ids[k] < old_n && j->unit_names[ids[k]] != NULL &&
+            j->shards[ids[k]] == 0) {
+          hmap_del(&j->unit_ids, j->unit_names[ids[k]],
+                   strlen(j->unit_names[ids[k]]));
+          free(j->unit_names[ids[k]]);
+          j->unit_names[ids[k]] = NULL;
+        }
+      goto out;
+    }
+    j->unit_names[ids[i]] = copy;
+  }
+  j->n_units = total;
+  for (size_t i = 0; shards && i < n; i++)
+    j->shards[ids[i]]++;
+  rr->ids = ids;
+  rr->n_units = (uint32_t)n;
+  rr->ever = 1;
+  ids = NULL;
+  rv = GNMR_OK;
+  why[0] = '\0';
+out:
+  hmap_free(&asked);
+  free(ids);
+  return rv;
+}
+
+int core_same_units(const core_job *j, const core_rank *rr,
+                    const char *const *names, size_t n, const uint32_t *ids) {
+  if (n != rr->n_units)
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(j->unit_names[rr->ids[i]], names[i]) != 0 ||
+        (ids != NULL && ids[i] != rr->ids[i]))
+      return 0;
+  return 1;
+}
+
+core_rank *core_observer_slot(core_job *j, uint32_t *slot, int *full) {
+  uint32_t s = 0;
+  *full = 0;
+  while (s < j->n_observers && j->observers[s].joined)
+    s++;
+  if (s == j->n_observers) {
+    if (j->n_observers == CORE_MAX_OBSERVERS) {
+      *full = 1;
+      return NULL;
+    }
+    if (j->n_observers == j->cap_observers) {
+      uint32_t cap = j->cap_observers ? j->cap_observers * 2 : 8;
+      core_rank *o = realloc(j->observers, cap * sizeof *o);
+      if (o == NULL)
+        return NULL;
+      j->observers = o;
+      j->cap_observers = cap;
+    }
+    memset(&j->observers[s], 0, sizeof j->observers[s]);
+    j->n_observers++;
+  }
+  rank_free(&j->observers[s]);
+  *slot = s;
+  return &j->observers[s];
+}
+
+void core_disconnect(core_rank *rr, int observer) {
+  free(rr->conn);
+  rr->conn = NULL;
+  rr->conn_len = 0;
+  if (observer)
+    rr->joined = 0;
+}
+
+/* ---- reports ------------------------------------------------------------------- */
+
+static core_pending *find_or_add_pending(core_job *j, uint64_t step,
+                                         core_clock now) {
+  uint32_t i = 0;
+  while (i < j->n_pend && j->pend[i].step < step)
+    i++;
+  if (i < j->n_pend && j->pend[i].step == step)
+    return &j->pend[i];
+  if (j->n_pend == CORE_MAX_PENDING)
+    return NULL;
+  core_report *by_rank = calloc(j->reporters, sizeof *by_rank);
+  if (by_rank == NULL)
+    return NULL;
+  memmove(&j->pend[i + 1], &j->pend[i], (j->n_pend - i) * sizeof j->pend[0]);
+  j->n_pend++;
+  core_pending *p = &j->pend[i];
+  p->step = step;
+  p->got = 0;
+  p->by_rank = by_rank;
+  p->first_ms = now.ms;
+  p->first_ns = now.ns;
+  p->deadline = now.ms + j->barrier_ms;
+  return p;
+}
+
+int core_report_step(core_job *j, uint32_t rank, uint64_t step,
+                     const core_report *rep, core_clock now, int *resumed,
+                     char *detail, size_t detail_len) {
+  assert(rank < j->reporters && step > 0 && rep->owner != NULL);
+  core_rank *rr = &j->ranks[rank];
+  *resumed = 0;
+  if (step <= j->last_decided && rr->rejoined && step <= rr->last_step) {
+    /* Training restarted from a checkpoint: the rank went back below its
+     * own last accepted step. A new pass over these steps, with the
+     * statistics kept; undecided steps of the old pass go. A report that
+     * is only late (a rank back from a partition flushing what it held:
+     * above its own last step, at or below the job's) is no restart. */
+    snprintf(detail, detail_len, "pass %u: training restarted at step %llu "
+             "after step %llu", j->pass + 1, (unsigned long long)step,
+             (unsigned long long)j->last_decided);
+    for (uint32_t i = 0; i < j->n_pend; i++)
+      pending_clear(j, &j->pend[i]);
+    j->n_pend = 0;
+    j->pass++;
+    j->last_decided = step - 1;
+    for (uint32_t k = 0; k < j->reporters; k++)
+      j->ranks[k].last_step = j->last_decided;
+    *resumed = 1;
+  }
+  if (step <= j->last_decided)
+    return CORE_LATE;
+  rr->rejoined = 0;
+  if (step > j->last_decided + CORE_MAX_AHEAD && j->last_decided > 0)
+    return CORE_TOO_FAR;
+  core_pending *p = find_or_add_pending(j, step, now);
+  if (p == NULL)
+    return j->n_pend == CORE_MAX_PENDING ? CORE_FULL : CORE_NOMEM;
+  core_report *h = &p->by_rank[rank];
+  if (h->owner != NULL)
+    return CORE_DUPLICATE;
+  *h = *rep;
+  if (rr->last_step == UINT64_MAX || step > rr->last_step)
+    rr->last_step = step;
+  p->got++;
+  return CORE_ACCEPTED;
+}
+
+/* ---- deciding ------------------------------------------------------------------ */
+
+static uint32_t expected(const core_job *j) {
+  uint32_t e = j->reporters - j->byes;
+  return e ? e : 1;
+}
+
+/* Sums p's shards in rank order into the scratch arrays and classifies
+ * each unit; returns the number of units with a missing shard. */
+static uint32_t sum_shards(core_job *j, const core_pending *p) {
+  uint32_t n = j->n_units;
+  memset(j->acc, 0, n * sizeof *j->acc);
+  memset(j->got, 0, n * sizeof *j->got);
+  memset(j->nrc, 0, n * sizeof *j->nrc);
+  memset(j->nfc, 0, n * sizeof *j->nfc);
+  for (uint32_t r = 0; r < j->reporters; r++) { /* rank order */
+    const core_report *h = &p->by_rank[r];
+    const core_rank *rr = &j->ranks[r];
+    if (h->owner == NULL)
+      continue;
+    for (uint32_t i = 0; i < rr->n_units; i++) {
+      uint32_t id = rr->ids[i];
+      j->got[id]++;
+      if (h->not_reported && h->not_reported[i]) {
+        j->nrc[id]++;
+        continue;
+      }
+      j->acc[id] += h->sumsq[i];
+      if (h->nonfinite)
+        j->nfc[id] += h->nonfinite[i];
+    }
+  }
+  /* The job's layout is known once every rank has said Hello: before
+   * that, a unit may have shards on a rank not yet seen, and the sum of
+   * the shards that came would pass for the whole unit's norm. Every unit
+   * is then missing (its statistics wait), never a smaller norm. */
+  int layout_known = 1;
+  for (uint32_t r = 0; r < j->reporters && layout_known; r++)
+    layout_known = j->ranks[r].ever;
+  uint32_t missing = 0;
+  for (uint32_t u = 0; u < n; u++) {
+    j->norm[u] = 0;
+    if (!layout_known || j->got[u] < j->shards[u] ||
+        (j->nrc[u] > 0 && j->nrc[u] < j->got[u])) {
+      j->input[u] = POLICY_MISSING;
+      missing++;
+    } else if (j->nrc[u] == j->got[u]) {
+      j->input[u] = POLICY_NOT_REPORTED;
+    } else {
+      j->input[u] = POLICY_REPORTED;
+      j->norm[u] = j->nfc[u] > 0 ? NAN : sqrt(j->acc[u]);
+    }
+  }
+  return missing;
+}
+
+int core_decide_next(core_job *j, uint64_t now_ms, core_outcome *out) {
+  int ready = 0;
+  for (uint32_t i = 0; i < j->n_pend && !ready; i++)
+    ready = j->pend[i].got >= expected(j) || j->pend[i].deadline <= now_ms;
+  if (!ready)
+    return 0;
+  /* the oldest step goes first, ready or not: steps are decided in order */
+  core_pending *p = &j->pend[0];
+  memset(out, 0, sizeof *out);
+  out->step = p->step;
+  out->by_deadline = p->got < expected(j);
+  out->reports = p->got;
+  out->first_ms = p->first_ms;
+  out->first_ns = p->first_ns;
+  out->missing = sum_shards(j, p);
+  out->norm = j->norm;
+  out->input = j->input;
+  /* the invariant every rank relies on: one decision per step per pass */
+  out->republish = j->pub_pass == j->pass && p->step <= j->pub_step;
+  out->rv = out->republish ? GNMR_OK
+                           : policy_step(j->pol, p->step, j->norm, j->input,
+                                         &out->res);
+  if (!out->republish && out->rv == GNMR_OK) {
+    j->pub_pass = j->pass;
+    j->pub_step = p->step;
+  }
+  j->last_decided = p->step;
+  pending_clear(j, p);
+  memmove(&j->pend[0], &j->pend[1], (j->n_pend - 1) * sizeof j->pend[0]);
+  j->n_pend--;
+  memset(&j->pend[j->n_pend], 0, sizeof j->pend[0]);
+  return 1;
+}
+
+uint64_t core_next_deadline(const core_job *j) {
+  uint64_t first = UINT64_MAX;
+  for (uint32_t i = 0; i < j->n_pend; i++)
+    if (j->pend[i].deadline < first)
+      first = j->pend[i].deadline;
+  return first;
+}
+
+int core_bye(core_job *j, uint32_t rank) {
+  assert(rank < j->reporters);
+  core_rank *rr = &j->ranks[rank];
+  core_disconnect(rr, 0);
+  if (rr->joined) {
+    rr->joined = 0;
+    j->byes++;
+  }
+  return j->byes >= j->reporters;
+}
+
+void core_join(core_job *j, uint32_t rank, int returning) {
+  assert(rank < j->reporters);
+  core_rank *rr = &j->ranks[rank];
+  if (returning && j->byes > 0)
+    j->byes--; /* a rank that said Bye came back */
+  if (j->last_decided > 0)
+    rr->rejoined = 1;
+  rr->joined = 1;
+}
+
+/* ---- restart ------------------------------------------------------------------- */
+
+int core_restore(core_job *j, policy *pol, uint32_t n_units,
+                 char *const *unit_names, uint32_t n_ranks,
+                 const uint32_t *rank_n, uint32_t *const *rank_ids) {
+  assert(j->n_units == 0 && n_ranks <= j->reporters);
+  if (pol != NULL) {
+    policy_destroy(&j->pol);
+    j->pol = pol;
+    j->params = *policy_get_params(pol);
+  }
+  j->last_decided = policy_last_step(j->pol);
+  uint32_t n = n_units;
+  if (policy_units(j->pol) > n)
+    n = policy_units(j->pol);
+  if (reserve_units(j, n) != GNMR_OK || policy_resize(j->pol, n) != GNMR_OK)
+    return GNMR_E_NOMEM;
+  for (uint32_t u = 0; u < n; u++) {
+    j->shards[u] = 0;
+    j->unit_names[u] = NULL;
+    if (u < n_units && unit_names[u] != NULL &&
+        (j->unit_names[u] = strdup(unit_names[u])) != NULL &&
+        hmap_put(&j->unit_ids, j->unit_names[u], strlen(j->unit_names[u]),
+                 u) != GNMR_OK) {
+      free(j->unit_names[u]);
+      j->unit_names[u] = NULL;
+    }
+  }
+  j->n_units = n;
+  for (uint32_t r = 0; r < j->reporters; r++)
+    j->ranks[r].last_step = UINT64_MAX; /* a rejoining rank's lower step
+                                           restarts training */
+  for (uint32_t r = 0; r < n_ranks; r++) {
+    core_rank *rr = &j->ranks[r];
+    int bad = 0;
+    for (uint32_t i = 0; i < rank_n[r] && !bad; i++)
+      bad = rank_ids[r][i] >= n;
+    if (rank_n[r] == 0 || bad ||
+        (rr->ids = malloc(rank_n[r] * sizeof *rr->ids)) == NULL)
+      continue;
+    memcpy(rr->ids, rank_ids[r], rank_n[r] * sizeof *rr->ids);
+    rr->n_units = rank_n[r];
+    rr->ever = 1;
+    for (uint32_t i = 0; i < rr->n_units; i++)
+      j->shards[rr->ids[i]]++;
+  }
+  return GNMR_OK;
+}

@@ -1,0 +1,184 @@
+/* SPDX-License-Identifier: MIT */
+/* core.h — gnmrd's decision core: the job registry, unit registration
+ * (units shared by name across ranks as shards), the per-step barrier,
+ * rank-order shard sums, training restarts (passes) and the one-decision-
+ * per-step rule. No libuv, ZeroMQ, SQLite or JSON: time is an argument and
+ * a decided step comes back as a core_outcome that the layer above
+ * (jobs.c) sends, stores and counts. One thread owns a job (gnmrd's loop).
+ * tests/test_core.c drives it directly. */
+#ifndef GNMRD_CORE_H
+#define GNMRD_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hmap.h"
+#include "policy.h"
+
+#define CORE_MAX_PENDING 16u    /* undecided steps held per job */
+#define CORE_MAX_AHEAD 1024u    /* a report may run this far past the last
+                                   decided step */
+#define CORE_MAX_OBSERVERS 4096u
+
+/* One rank's (or observer's) registration. conn, conn_len and user belong
+ * to the layer above: the core keeps and frees them, never reads them. */
+typedef struct core_rank {
+  int joined;         /* said Hello (and not Bye) */
+  int rejoined;       /* said Hello after steps were decided: its next
+                         report may restart training from a checkpoint */
+  int ever;           /* has ever joined: its units exist */
+  uint64_t last_step; /* highest step of its accepted reports in this pass;
+                         UINT64_MAX after a restore (not known) */
+  uint32_t n_units;
+  uint32_t *ids;      /* job-wide id of each local unit */
+  char *conn;         /* current connection identity (layer above) */
+  size_t conn_len;
+  char *user;         /* the CURVE key it first joined with, or NULL */
+} core_rank;
+
+/* One rank's report of one step, held until the step is decided. The
+ * arrays stay owned by owner, which the job's release callback frees. */
+typedef struct core_report {
+  void *owner;               /* NULL = not reported yet */
+  const double *sumsq;       /* n_units of the rank */
+  const uint64_t *nonfinite; /* NULL: all zero */
+  const int *not_reported;   /* NULL: all reported */
+} core_report;
+
+typedef struct core_pending {
+  uint64_t step;
+  uint64_t first_ms;  /* clock of the first report */
+  uint64_t first_ns;
+  uint64_t deadline;  /* ms */
+  uint32_t got;
+  core_report *by_rank;
+} core_pending;
+
+typedef struct core_job {
+  char *name;
+  void *data;                /* the layer above's (jobs.c: its job) */
+  void (*release)(void *owner);
+  uint32_t pass;             /* 1, +1 at each resume */
+  uint32_t pub_pass;         /* pass of the last published decision */
+  uint64_t pub_step;         /* its step: a pass publishes each step once */
+  policy_params hello_params;/* what its agents send (fixed) */
+  policy_params params;      /* in force (changed by gnmrctl set) */
+  uint32_t reporters, barrier_ms, byes;
+  policy *pol;
+  hmap unit_ids;             /* name -> id */
+  char **unit_names;         /* by id; NULL = a gap (never registered) */
+  uint32_t *shards;          /* by id: ranks holding the unit */
+  uint32_t n_units, cap_units;
+  core_rank *ranks;          /* reporters entries */
+  core_rank *observers;      /* replicas: decisions only */
+  uint32_t n_observers, cap_observers;
+  core_pending pend[CORE_MAX_PENDING]; /* sorted by step */
+  uint32_t n_pend;
+  uint64_t last_decided;
+  /* decision scratch, by unit id */
+  double *norm, *acc;
+  uint8_t *input;
+  uint32_t *got, *nrc;
+  uint64_t *nfc;
+} core_job;
+
+typedef struct core_clock {
+  uint64_t ms; /* the loop's clock: deadlines */
+  uint64_t ns; /* a monotonic clock: latencies */
+} core_clock;
+
+/* ---- registry: name -> job ------------------------------------------------ */
+
+typedef struct core_registry {
+  hmap jobs;
+} core_registry;
+
+core_job *core_find(const core_registry *reg, const char *name);
+/* Creates and registers a job (pass 1, no units). NULL on no memory. */
+core_job *core_job_new(core_registry *reg, const char *name,
+                       const policy_params *prm, uint32_t reporters,
+                       uint32_t barrier_ms, void (*release)(void *owner));
+/* Unregisters and frees a job, releasing every held report and freeing
+ * every registration (conn and user included). */
+void core_job_free(core_registry *reg, core_job *j);
+/* Iterates: *pos starts at 0; returns NULL at the end. */
+core_job *core_next_job(const core_registry *reg, size_t *pos);
+size_t core_count(const core_registry *reg);
+/* Frees every job, then the registry. */
+void core_registry_free(core_registry *reg);
+
+/* ---- units -------------------------------------------------------------------- */
+
+/* Registers a rank's (shards = 1) or an observer's (shards = 0) units:
+ * known names map to their ids (a requested id must match), new names get
+ * the requested ids (ids != NULL) or the next free ones. All or nothing;
+ * on failure why says what conflicts: GNMR_E_MISMATCH, GNMR_E_RANGE,
+ * GNMR_E_NOMEM. */
+int core_register_units(core_job *j, core_rank *rr, const char *const *names,
+                        size_t n, const uint32_t *ids, int shards, char *why,
+                        size_t whylen);
+/* Whether names (and ids, when not NULL) are exactly rr's units. */
+int core_same_units(const core_job *j, const core_rank *rr,
+                    const char *const *names, size_t n, const uint32_t *ids);
+/* A free observer slot (grown when needed), zeroed. NULL when the job has
+ * CORE_MAX_OBSERVERS joined observers (*full = 1) or on no memory. */
+core_rank *core_observer_slot(core_job *j, uint32_t *slot, int *full);
+/* Forgets a registration's connection (conn = NULL); an observer's slot
+ * becomes free. */
+void core_disconnect(core_rank *rr, int observer);
+
+/* ---- reports and decisions ------------------------------------------------ */
+
+enum core_report_rc {
+  CORE_ACCEPTED = 0, /* held until its step is decided */
+  CORE_LATE,         /* for a decided step: dropped */
+  CORE_TOO_FAR,      /* more than CORE_MAX_AHEAD past the last decision */
+  CORE_FULL,         /* CORE_MAX_PENDING steps already wait */
+  CORE_DUPLICATE,    /* this rank already reported this step */
+  CORE_NOMEM,
+};
+
+/* Takes rank's report of step. On CORE_ACCEPTED the job owns rep->owner;
+ * otherwise the caller keeps it. *resumed is set when the report started a
+ * new pass (training restarted from a checkpoint); detail then says so. */
+int core_report_step(core_job *j, uint32_t rank, uint64_t step,
+                     const core_report *rep, core_clock now, int *resumed,
+                     char *detail, size_t detail_len);
+
+/* A decided step. Every pointer stays valid until the next core call on
+ * the job. */
+typedef struct core_outcome {
+  uint64_t step;
+  int by_deadline;    /* not every expected report came */
+  int republish;      /* refused: the pass already published this step */
+  int rv;             /* policy_step's result; GNMR_OK when decided */
+  uint32_t reports;   /* reports that came */
+  uint32_t missing;   /* units decided with a missing shard */
+  uint64_t first_ms, first_ns;
+  policy_result res;  /* when rv == GNMR_OK and !republish */
+  const double *norm; /* by unit id: the summed norms */
+  const uint8_t *input;
+} core_outcome;
+
+/* Decides the oldest pending step when it, or any later one, is complete
+ * or past its deadline. Returns 1 with *out filled (the step is gone from
+ * the pending list), 0 when nothing is ready. Call until 0. */
+int core_decide_next(core_job *j, uint64_t now_ms, core_outcome *out);
+/* The earliest pending deadline, UINT64_MAX when nothing is pending. */
+uint64_t core_next_deadline(const core_job *j);
+
+/* A rank said Bye. Returns 1 when every reporter has: the job finished. */
+int core_bye(core_job *j, uint32_t rank);
+/* A rank joined; returning: it had joined and said Bye before (read
+ * before registering its units), so it counts as a reporter again. */
+void core_join(core_job *j, uint32_t rank, int returning);
+
+/* ---- restart ----------------------------------------------------------------- */
+
+/* Rebuilds a job's units and ranks after a restart of gnmrd. pol (may be
+ * NULL) replaces the engine: the job's statistics from a snapshot. */
+int core_restore(core_job *j, policy *pol, uint32_t n_units,
+                 char *const *unit_names, uint32_t n_ranks,
+                 const uint32_t *rank_n, uint32_t *const *rank_ids);
+
+#endif /* GNMRD_CORE_H */

@@ -1,0 +1,167 @@
+/* SPDX-License-Identifier: MIT */
+/* records.c — a job's history records (see records.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gnmr/error.h"
+#include "records.h"
+
+static void put(store *st, store_rec *r) {
+  if (r == NULL)
+    return;
+  if (st == NULL)
+    store_rec_free(r);
+  else
+    store_put(st, r);
+}
+
+void records_event(store *st, const core_job *j, int kind, uint32_t rank,
+                   const char *detail) {
+  if (st == NULL)
+    return;
+  store_rec *r = store_rec_new(REC_EVENT, j->name);
+  if (r == NULL)
+    return;
+  r->pass = j->pass;
+  r->step = j->last_decided;
+  r->rank = rank;
+  r->text = strdup(store_op_event_name(kind));
+  r->detail = detail ? strdup(detail) : NULL;
+  put(st, r);
+}
+
+void records_params(store *st, const core_job *j) {
+  if (st == NULL)
+    return;
+  store_rec *r = store_rec_new(REC_PARAMS, j->name);
+  if (r == NULL)
+    return;
+  r->pass = j->pass;
+  r->step = j->last_decided + 1;
+  r->params = j->params;
+  put(st, r);
+}
+
+void records_job(store *st, const core_job *j) {
+  if (st == NULL)
+    return;
+  store_rec *r = store_rec_new(REC_JOB, j->name);
+  if (r == NULL)
+    return;
+  r->pass = j->pass;
+  r->step = j->last_decided + 1;
+  r->reporters = j->reporters;
+  r->barrier_ms = j->barrier_ms;
+  r->params = j->hello_params;
+  put(st, r);
+  if (!policy_params_equal(&j->params, &j->hello_params))
+    records_params(st, j);
+}
+
+void records_rank(store *st, const core_job *j, uint32_t rank) {
+  if (st == NULL)
+    return;
+  const core_rank *rr = &j->ranks[rank];
+  store_rec *u = store_rec_new(REC_UNITS, j->name);
+  store_rec *r = store_rec_new(REC_RANK, j->name);
+  size_t n = rr->n_units ? rr->n_units : 1;
+  if (u && r && (u->ids = malloc(n * sizeof *u->ids)) &&
+      (u->names = calloc(n, sizeof *u->names)) &&
+      (r->ids = malloc(n * sizeof *r->ids))) {
+    u->n = r->n = rr->n_units;
+    r->rank = rank;
+    for (uint32_t i = 0; i < rr->n_units; i++) {
+      u->ids[i] = r->ids[i] = rr->ids[i];
+      u->names[i] = strdup(j->unit_names[rr->ids[i]]);
+      if (u->names[i] == NULL)
+        u->names[i] = strdup("?");
+    }
+    put(st, u);
+    put(st, r);
+    return;
+  }
+  store_rec_free(u);
+  store_rec_free(r);
+}
+
+static store_rec *snapshot_rec(const core_job *j, int kind) {
+  store_rec *r = store_rec_new(kind, j->name);
+  if (r == NULL)
+    return NULL;
+  size_t len = policy_export_size(j->pol);
+  if ((r->snapshot = malloc(len)) == NULL ||
+      policy_export(j->pol, r->snapshot, len, &r->snapshot_len) != GNMR_OK) {
+    store_rec_free(r);
+    return NULL;
+  }
+  r->pass = j->pass;
+  r->step = policy_last_step(j->pol);
+  return r;
+}
+
+void records_snapshot(store *st, const core_job *j) {
+  if (st != NULL)
+    put(st, snapshot_rec(j, REC_SNAPSHOT));
+}
+
+void records_state(store *st, const core_job *j, const char *state) {
+  if (st == NULL)
+    return;
+  store_rec *r = store_rec_new(REC_STATE, j->name);
+  if (r == NULL)
+    return;
+  r->text = strdup(state);
+  put(st, r);
+}
+
+void records_step(store *st, const core_job *j, const core_outcome *o,
+                  uint64_t latency_us) {
+  const policy_result *res = &o->res;
+  if (st == NULL)
+    return;
+  int snap = o->step % store_snapshot_every(st) == 0;
+  store_rec *r = snap ? snapshot_rec(j, REC_STEP)
+                      : store_rec_new(REC_STEP, j->name);
+  if (r == NULL)
+    return;
+  r->kind = REC_STEP;
+  r->pass = j->pass;
+  r->step = o->step;
+  r->reports = o->reports;
+  r->risky = res->n_risky;
+  r->pool = res->n_pool;
+  r->n = res->n_active;
+  r->missing = o->missing;
+  r->by_deadline = (uint32_t)o->by_deadline;
+  r->latency_us = latency_us;
+  r->active = malloc((size_t)res->n_active * 11 + 1);
+  if (r->active) {
+    size_t off = 0;
+    r->active[0] = '\0';
+    for (uint32_t i = 0; i < res->n_active; i++)
+      off += (size_t)sprintf(r->active + off, i ? " %u" : "%u",
+                             res->active[i]);
+  }
+  if (res->n_events > 0 &&
+      (r->events = malloc(res->n_events * sizeof *r->events)) != NULL) {
+    r->n_events = res->n_events;
+    for (uint32_t i = 0; i < res->n_events; i++) {
+      const policy_event *e = &res->events[i];
+      store_event *ev = &r->events[i];
+      int has_unit = e->unit != UINT32_MAX;
+      ev->unit = e->unit;
+      ev->kind = e->kind;
+      ev->outcome = e->outcome;
+      ev->count = e->count;
+      ev->norm = has_unit && o->input[e->unit] == POLICY_REPORTED
+                     ? o->norm[e->unit]
+                     : NAN;
+      ev->g = has_unit ? res->g[e->unit] : NAN;
+      ev->d = has_unit ? res->d[e->unit] : NAN;
+      ev->s = has_unit ? res->s[e->unit] : NAN;
+    }
+  }
+  put(st, r);
+}

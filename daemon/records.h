@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: MIT */
+/* records.h — the history records of a job, built from the core's state
+ * and outcomes and handed to the store (store_put never waits). With no
+ * store (st NULL) each is a no-op. Loop thread only. */
+#ifndef GNMRD_RECORDS_H
+#define GNMRD_RECORDS_H
+
+#include "core.h"
+#include "store.h"
+
+/* An operational event (enum store_op_event); rank or UINT32_MAX. */
+void records_event(store *st, const core_job *j, int kind, uint32_t rank,
+                   const char *detail);
+/* The job's row (started or resumed), and its parameters when a retune
+ * changed them from what the agents send. */
+void records_job(store *st, const core_job *j);
+/* Parameters in force from the next step. */
+void records_params(store *st, const core_job *j);
+/* A rank's units: (id, name) pairs and its id list. */
+void records_rank(store *st, const core_job *j, uint32_t rank);
+/* A decided step: summary, decision, events with norms and scores and,
+ * every snapshot_every steps, the policy state after it. */
+void records_step(store *st, const core_job *j, const core_outcome *o,
+                  uint64_t latency_us);
+/* The policy state alone (shutdown, finish). */
+void records_snapshot(store *st, const core_job *j);
+/* The job's state ("finished"). */
+void records_state(store *st, const core_job *j, const char *state);
+
+#endif /* GNMRD_RECORDS_H */

@@ -1,0 +1,221 @@
+/* SPDX-License-Identifier: MIT */
+/* store_query.c — the history queries (gnmrctl jobs, history, decisions,
+ * export): the store owns its schema, so every SELECT is here. Each query
+ * opens its own short-lived read connection; any thread (gnmrd runs them
+ * on libuv's worker pool). Rows come back as JSON arrays of objects whose
+ * keys are the column names listed here, never SELECT *. */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <sqlite3.h>
+
+#include "commands.h"
+#include "gnmr/error.h"
+#include "store.h"
+#include "store_query.h"
+#include "store_sql.h"
+
+static void qfail(store_query *q, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void qfail(store_query *q, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(q->err, sizeof q->err, fmt, ap);
+  va_end(ap);
+  q->code = code;
+}
+
+static json_t *col_json(sqlite3_stmt *st, int c) {
+  switch (sqlite3_column_type(st, c)) {
+  case SQLITE_INTEGER:
+    return json_integer(sqlite3_column_int64(st, c));
+  case SQLITE_FLOAT: {
+    double v = sqlite3_column_double(st, c);
+    if (v != v)
+      return json_null();
+    if (v > 1.7e308 || v < -1.7e308)
+      return json_string(v > 0 ? "inf" : "-inf");
+    return json_real(v);
+  }
+  case SQLITE_TEXT:
+    return json_string((const char *)sqlite3_column_text(st, c));
+  default:
+    return json_null();
+  }
+}
+
+/* Runs sql with text/int binds described by fmt ('t' text, 'i' int64) and
+ * returns the rows as an array of objects. NULL on error (q->err set). */
+static json_t *rows(store_query *q, sqlite3 *db, const char *sql, const char *fmt,
+                    ...) {
+  sqlite3_stmt *st;
+  va_list ap;
+  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
+    qfail(q, GNMR_E_STORE, "%s", sqlite3_errmsg(db));
+    return NULL;
+  }
+  va_start(ap, fmt);
+  for (int i = 0; fmt[i]; i++) {
+    if (fmt[i] == 't')
+      sqlite3_bind_text(st, i + 1, va_arg(ap, const char *), -1,
+                        SQLITE_TRANSIENT);
+    else
+      sqlite3_bind_int64(st, i + 1, va_arg(ap, sqlite3_int64));
+  }
+  va_end(ap);
+  json_t *arr = json_array();
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    json_t *o = json_object();
+    for (int c = 0; c < sqlite3_column_count(st); c++)
+      json_object_set_new(o, sqlite3_column_name(st, c), col_json(st, c));
+    json_array_append_new(arr, o);
+  }
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) {
+    qfail(q, GNMR_E_STORE, "%s", sqlite3_errmsg(db));
+    json_decref(arr);
+    return NULL;
+  }
+  return arr;
+}
+
+static int job_exists(store_query *q, sqlite3 *db) {
+  json_t *r = rows(q, db, "SELECT name FROM jobs WHERE name=?", "t", q->job);
+  int ok = r != NULL && json_array_size(r) > 0;
+  json_decref(r);
+  if (r != NULL && !ok)
+    qfail(q, GNMR_E_NOJOB, "unknown job '%.128s'", q->job);
+  return ok;
+}
+
+static int unit_exists(store_query *q, sqlite3 *db) {
+  json_t *r = rows(q, db, "SELECT 1 FROM units WHERE job=? AND name=?", "tt",
+                   q->job, q->unit);
+  int ok = r != NULL && json_array_size(r) > 0;
+  json_decref(r);
+  return ok;
+}
+
+static const char decisions_sql[] =
+    "SELECT step, active, pass FROM steps s WHERE job=?1 AND step BETWEEN ?2"
+    " AND ?3 AND pass=(SELECT MAX(pass) FROM steps WHERE job=?1 AND "
+    "step=s.step) ORDER BY step";
+
+static const char events_sql_head[] =
+    "SELECT e.pass, e.step, e.kind, e.unit, u.name AS unit_name, e.outcome,"
+    " e.norm, e.g, e.d, e.s, e.count, e.detail, e.at FROM events e LEFT JOIN"
+    " units u ON u.job=e.job AND u.id=e.unit WHERE e.job=?1 AND e.step "
+    "BETWEEN ?2 AND ?3";
+
+void store_query_run(const char *path, store_query *q) {
+  sqlite3 *db = NULL;
+  sqlite3_int64 from = (sqlite3_int64)q->from,
+                to = q->to ? (sqlite3_int64)q->to : INT64_MAX;
+  q->result = NULL;
+  q->code = GNMR_OK;
+  if (store_open_reader(path, &db) != GNMR_OK) {
+    qfail(q, GNMR_E_STORE, "cannot open %s", path);
+    return;
+  }
+  if (q->command == GNMR_CMD_JOBS) {
+    q->result = rows(q, db,
+                     "SELECT name, state, pass, last_step, reporters, "
+                     "barrier_ms, created_at, updated_at FROM jobs ORDER BY "
+                     "name",
+                     "");
+  } else if (!job_exists(q, db)) {
+    /* q->err set */
+  } else if (q->command == GNMR_CMD_DECISIONS) {
+    json_t *r = rows(q, db, decisions_sql, "tii", q->job, from, to);
+    if (r)
+      q->result = json_pack("{s:s,s:o}", "job", q->job, "decisions", r);
+  } else if (q->command == GNMR_CMD_HISTORY) {
+    char sql[1024];
+    if (q->kind[0] != '\0' && !store_event_kind_known(q->kind)) {
+      qfail(q, GNMR_E_INVAL, "unknown event kind '%.64s' (%s)", q->kind,
+            store_event_kinds());
+    } else if (q->unit[0] != '\0' && !unit_exists(q, db)) {
+      qfail(q, GNMR_E_NOUNIT, "job %.128s has no unit '%.128s'", q->job,
+            q->unit);
+    } else {
+      snprintf(sql, sizeof sql, "%s AND (?4 = '' OR u.name = ?4) AND "
+                                "(?5 = '' OR e.kind = ?5) ORDER BY e.rowid "
+                                "LIMIT ?6",
+               events_sql_head);
+      json_t *r = rows(q, db, sql, "tiitti", q->job, from, to, q->unit,
+                       q->kind, (sqlite3_int64)q->limit);
+      if (r)
+        q->result = json_pack("{s:s,s:o}", "job", q->job, "events", r);
+    }
+  } else if (q->command == GNMR_CMD_EXPORT) {
+    json_t *jrow = rows(q, db, "SELECT name, reporters, barrier_ms, state, pass, "
+                        "last_step" PARAM_COLS ", created_at, updated_at "
+                        "FROM jobs WHERE name=?", "t", q->job);
+    json_t *params = rows(q, db, "SELECT job, pass, from_step, at"
+                          PARAM_COLS " FROM params WHERE job=? ORDER BY "
+                          "rowid", "t", q->job);
+    json_t *units = rows(q, db, "SELECT id, name FROM units WHERE job=? "
+                                "ORDER BY id", "t", q->job);
+    json_t *steps = rows(q, db, "SELECT pass, step, reports, risky, pool, "
+                                "n_active, active, missing, by_deadline, "
+                                "latency_us, at FROM steps WHERE job=? ORDER"
+                                " BY pass, step", "t", q->job);
+    char sql[512];
+    snprintf(sql, sizeof sql, "%s ORDER BY e.rowid", events_sql_head);
+    json_t *events = rows(q, db, sql, "tii", q->job, (sqlite3_int64)0,
+                          (sqlite3_int64)INT64_MAX);
+    if (jrow && params && units && steps && events)
+      q->result = json_pack("{s:o,s:o,s:o,s:o,s:o}", "job",
+                            json_incref(json_array_get(jrow, 0)), "params",
+                            params, "units", units, "steps", steps, "events",
+                            events);
+    else {
+      json_decref(params);
+      json_decref(units);
+      json_decref(steps);
+      json_decref(events);
+    }
+    json_decref(jrow);
+  }
+  sqlite3_close(db);
+}
+
+
+/* ---- the event kinds of the history ------------------------------------------ */
+
+const char *store_op_event_name(int kind) {
+  static const char *const names[STORE_EV_COUNT] = {
+#define STORE__EV_NAME(id, name) [STORE_EV_##id] = name,
+      STORE_OP_EVENTS(STORE__EV_NAME)
+#undef STORE__EV_NAME
+  };
+  return kind >= 0 && kind < STORE_EV_COUNT ? names[kind] : "unknown";
+}
+
+int store_event_kind_known(const char *kind) {
+  static const char *const all[] = {
+#define STORE__POLICY_EV(id, v, name) name,
+#define STORE__OP_EV(id, name) name,
+      POLICY_EVENTS(STORE__POLICY_EV) STORE_OP_EVENTS(STORE__OP_EV)
+#undef STORE__POLICY_EV
+#undef STORE__OP_EV
+  };
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    if (strcmp(kind, all[i]) == 0)
+      return 1;
+  return 0;
+}
+
+const char *store_event_kinds(void) {
+  static const char kinds[] =
+#define STORE__POLICY_EV(id, v, name) ", " name
+#define STORE__OP_EV(id, name) ", " name
+      POLICY_EVENTS(STORE__POLICY_EV) STORE_OP_EVENTS(STORE__OP_EV)
+#undef STORE__POLICY_EV
+#undef STORE__OP_EV
+      ;
+  return kinds + 2;
+}

@@ -1,0 +1,26 @@
+/* SPDX-License-Identifier: MIT */
+/* views.h — read-only views of a live job: the JSON that the admin
+ * service answers (status, units, top) and the gauges of /metrics. Loop
+ * thread only. */
+#ifndef GNMRD_VIEWS_H
+#define GNMRD_VIEWS_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "core.h"
+
+/* The parameters in force, every one by its table name; an unset
+ * threshold reads as the one it inherits. */
+json_t *views_params(const policy_params *p);
+json_t *views_status(const core_job *c);
+/* Every unit in id order (top 0), or the top units by score. */
+json_t *views_units(const core_job *c, uint32_t top);
+
+typedef struct view_gauges {
+  uint64_t step;
+  uint32_t active, units;
+} view_gauges;
+void views_gauges(const core_job *c, view_gauges *g);
+
+#endif /* GNMRD_VIEWS_H */

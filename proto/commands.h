@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: MIT */
+/* commands.h — the admin commands (AdminRequest.command), one table shared
+ * by gnmrd (which serves them) and gnmrctl (which sends them).
+ *
+ *   XX(ID, name, where, needs_job, csv)
+ *
+ * where      LIVE: answered on gnmrd's loop from a running job's memory;
+ *            HISTORY: a query of the store, on the worker pool.
+ * needs_job  the request names a job.
+ * csv        gnmrctl can print the answer as CSV (--csv). */
+#ifndef GNMR_COMMANDS_H
+#define GNMR_COMMANDS_H
+
+#define GNMR_ADMIN_COMMANDS(XX)                                              \
+  XX(STATUS, "status", LIVE, 1, 0)                                           \
+  XX(UNITS, "units", LIVE, 1, 1)                                             \
+  XX(TOP, "top", LIVE, 1, 1)                                                 \
+  XX(SET, "set", LIVE, 1, 0)                                                 \
+  XX(JOBS, "jobs", HISTORY, 0, 1)                                            \
+  XX(HISTORY, "history", HISTORY, 1, 1)                                      \
+  XX(DECISIONS, "decisions", HISTORY, 1, 1)                                  \
+  XX(EXPORT, "export", HISTORY, 1, 0)
+
+enum gnmr_admin_cmd {
+#define GNMR__CMD_ENUM(id, name, where, job, csv) GNMR_CMD_##id,
+  GNMR_ADMIN_COMMANDS(GNMR__CMD_ENUM)
+#undef GNMR__CMD_ENUM
+  GNMR_CMD_COUNT
+};
+
+enum gnmr_admin_where { GNMR_AT_LIVE, GNMR_AT_HISTORY };
+
+typedef struct gnmr_admin_command {
+  const char *name;
+  int where;     /* enum gnmr_admin_where */
+  int needs_job;
+  int csv;
+} gnmr_admin_command;
+
+extern const gnmr_admin_command gnmr_admin_commands[GNMR_CMD_COUNT];
+
+/* The command named name, or -1. */
+int gnmr__admin_command_find(const char *name);
+
+#endif /* GNMR_COMMANDS_H */
