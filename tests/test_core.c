@@ -1,0 +1,435 @@
+/* SPDX-License-Identifier: MIT */
+/* test_core.c — gnmrd's decision core (daemon/core.h) driven directly, with
+ * no process, socket or loop: rank-order shard sums, the barrier and its
+ * deadline, late, duplicate and far reports, observers, unit registration
+ * conflicts, restarts of training (passes), the one-publication-per-step
+ * guard and a restore. Time is an argument, so every case is exact. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check_main.h"
+#include "core.h"
+#include "gnmr/error.h"
+
+/* Held reports are tokens counted on release: every accepted report must
+ * be released exactly once (ASan and valgrind see a leak or a double free
+ * otherwise). */
+static int released;
+static void release(void *owner) {
+  released++;
+  free(owner);
+}
+
+static core_registry reg;
+static policy_params prm;
+
+static void setup(void) {
+  memset(&reg, 0, sizeof reg);
+  policy_params_default(&prm);
+  prm.warmup_steps = 0;
+  released = 0;
+}
+
+static void teardown(void) { core_registry_free(&reg); }
+
+static core_job *new_job(const char *name, uint32_t reporters,
+                         uint32_t barrier_ms) {
+  core_job *j = core_job_new(&reg, name, &prm, reporters, barrier_ms, release);
+  ck_assert_ptr_nonnull(j);
+  return j;
+}
+
+static void join(core_job *j, uint32_t rank, const char *const *names,
+                 size_t n) {
+  char why[160];
+  ck_assert_int_eq(core_register_units(j, &j->ranks[rank], names, n, NULL, 1,
+                                       why, sizeof why),
+                   GNMR_OK);
+  core_join(j, rank, 0);
+}
+
+/* A report of rank at step with the given sums of squares. */
+static int report(core_job *j, uint32_t rank, uint64_t step,
+                  const double *sumsq, uint64_t now) {
+  int resumed;
+  char detail[128];
+  core_report rep = {malloc(1), sumsq, NULL, NULL};
+  int rc = core_report_step(j, rank, step, &rep, (core_clock){now, now * 1000},
+                            &resumed, detail, sizeof detail);
+  if (rc != CORE_ACCEPTED)
+    free(rep.owner);
+  return rc;
+}
+
+static const char *const one[] = {"w"};
+static const char *const two[] = {"a", "b"};
+
+START_TEST(shards_are_summed_in_rank_order_not_arrival_order) {
+  /* (1 + e) + e == 1 but (e + e) + 1 > 1 in doubles: the order shows */
+  static const double big[] = {1.0}, tiny[] = {1e-16};
+  core_job *j = new_job("sum", 3, 100);
+  for (uint32_t r = 0; r < 3; r++)
+    join(j, r, one, 1);
+  ck_assert_uint_eq(j->shards[0], 3);
+  ck_assert_int_eq(report(j, 2, 1, tiny, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 1, 1, tiny, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 0, 1, big, 0), CORE_ACCEPTED);
+  core_outcome o;
+  ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
+  ck_assert_int_eq(o.by_deadline, 0);
+  ck_assert_uint_eq(o.reports, 3);
+  ck_assert_uint_eq(o.missing, 0);
+  ck_assert_int_eq(o.input[0], POLICY_REPORTED);
+  ck_assert(j->acc[0] == (1.0 + 1e-16) + 1e-16); /* the sum itself */
+  ck_assert(j->acc[0] == 1.0);
+  ck_assert(j->acc[0] != (1e-16 + 1e-16) + 1.0);
+  ck_assert(o.norm[0] == 1.0);
+  ck_assert_int_eq(core_decide_next(j, 0, &o), 0);
+  ck_assert_int_eq(released, 3);
+}
+END_TEST
+
+START_TEST(deadline_decides_with_missing_shards) {
+  static const double s[] = {4.0, 9.0};
+  core_job *j = new_job("deadline", 2, 100);
+  join(j, 0, two, 2);
+  join(j, 1, two, 2);
+  ck_assert_int_eq(report(j, 0, 1, s, 1000), CORE_ACCEPTED);
+  core_outcome o;
+  ck_assert_int_eq(core_decide_next(j, 1099, &o), 0);
+  ck_assert_uint_eq(core_next_deadline(j), 1100);
+  ck_assert_int_eq(core_decide_next(j, 1100, &o), 1);
+  ck_assert_uint_eq(o.step, 1);
+  ck_assert_int_eq(o.by_deadline, 1);
+  ck_assert_uint_eq(o.missing, 2);
+  ck_assert_int_eq(o.input[0], POLICY_MISSING);
+  ck_assert_int_eq(o.input[1], POLICY_MISSING);
+  ck_assert_uint_eq(core_next_deadline(j), UINT64_MAX);
+  /* the late half is dropped, not decided again */
+  ck_assert_int_eq(report(j, 1, 1, s, 1200), CORE_LATE);
+  ck_assert_uint_eq(j->last_decided, 1);
+}
+END_TEST
+
+START_TEST(steps_are_decided_in_order) {
+  static const double s[] = {1.0};
+  core_job *j = new_job("order", 2, 50);
+  join(j, 0, one, 1);
+  join(j, 1, one, 1);
+  /* step 3 is complete, step 2 is not: 2 goes first, by its deadline */
+  ck_assert_int_eq(report(j, 0, 2, s, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 0, 3, s, 10), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 1, 3, s, 10), CORE_ACCEPTED);
+  core_outcome o;
+  ck_assert_int_eq(core_decide_next(j, 10, &o), 1);
+  ck_assert_uint_eq(o.step, 2);
+  ck_assert_int_eq(o.by_deadline, 1);
+  ck_assert_int_eq(core_decide_next(j, 10, &o), 1);
+  ck_assert_uint_eq(o.step, 3);
+  ck_assert_int_eq(o.by_deadline, 0);
+  ck_assert_int_eq(core_decide_next(j, 10, &o), 0);
+}
+END_TEST
+
+START_TEST(duplicate_far_and_full_reports_are_refused) {
+  static const double s[] = {1.0};
+  core_job *j = new_job("refuse", 2, 1000);
+  join(j, 0, one, 1);
+  join(j, 1, one, 1);
+  ck_assert_int_eq(report(j, 0, 1, s, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 0, 1, s, 0), CORE_DUPLICATE);
+  ck_assert_int_eq(report(j, 1, 1, s, 0), CORE_ACCEPTED);
+  core_outcome o;
+  ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
+  ck_assert_int_eq(report(j, 0, 2 + CORE_MAX_AHEAD, s, 0), CORE_TOO_FAR);
+  for (uint64_t t = 2; t < 2 + CORE_MAX_PENDING; t++)
+    ck_assert_int_eq(report(j, 0, t, s, 0), CORE_ACCEPTED);
+  ck_assert_uint_eq(j->n_pend, CORE_MAX_PENDING);
+  ck_assert_int_eq(report(j, 0, 2 + CORE_MAX_PENDING, s, 0), CORE_FULL);
+  /* a job freed with reports held releases each of them */
+  core_job_free(&reg, j);
+  ck_assert_ptr_null(core_find(&reg, "refuse"));
+  ck_assert_int_eq(released, 2 + CORE_MAX_PENDING);
+}
+END_TEST
+
+START_TEST(layout_unknown_until_every_rank_joined) {
+  static const double s[] = {1.0, 1.0};
+  core_job *j = new_job("layout", 2, 10);
+  join(j, 0, two, 2);
+  ck_assert_int_eq(report(j, 0, 1, s, 0), CORE_ACCEPTED);
+  core_outcome o;
+  ck_assert_int_eq(core_decide_next(j, 10, &o), 1);
+  /* rank 1 may hold shards of these units: never a partial norm */
+  ck_assert_uint_eq(o.missing, 2);
+  ck_assert_int_eq(o.input[0], POLICY_MISSING);
+  join(j, 1, one, 1); /* "w": a third unit, no shard of a or b */
+  static const double w[] = {1.0};
+  ck_assert_int_eq(report(j, 0, 2, s, 20), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 1, 2, w, 20), CORE_ACCEPTED);
+  ck_assert_int_eq(core_decide_next(j, 20, &o), 1);
+  ck_assert_uint_eq(o.missing, 0);
+  ck_assert(o.norm[0] == 1.0 && o.norm[2] == 1.0);
+}
+END_TEST
+
+START_TEST(not_reported_nonfinite_and_partial) {
+  static const double s0[] = {1.0, 4.0}, s1[] = {3.0, 5.0};
+  static const uint64_t nf[] = {0, 1};
+  static const int nr0[] = {1, 0}, nr1[] = {1, 0};
+  core_job *j = new_job("flags", 2, 10);
+  join(j, 0, two, 2);
+  join(j, 1, two, 2);
+  int resumed;
+  char d[64];
+  core_report r0 = {malloc(1), s0, NULL, nr0}, r1 = {malloc(1), s1, nf, nr1};
+  core_clock t = {0, 0};
+  ck_assert_int_eq(core_report_step(j, 0, 1, &r0, t, &resumed, d, sizeof d),
+                   CORE_ACCEPTED);
+  ck_assert_int_eq(core_report_step(j, 1, 1, &r1, t, &resumed, d, sizeof d),
+                   CORE_ACCEPTED);
+  core_outcome o;
+  ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
+  ck_assert_int_eq(o.input[0], POLICY_NOT_REPORTED); /* no shard had it */
+  ck_assert_int_eq(o.input[1], POLICY_REPORTED);
+  ck_assert(isnan(o.norm[1])); /* one shard was not finite */
+  /* one shard reported, the other not: the unit is missing */
+  static const int nr_half[] = {0, 0};
+  core_report h0 = {malloc(1), s0, NULL, nr_half}, h1 = {malloc(1), s1, NULL,
+                                                          nr1};
+  ck_assert_int_eq(core_report_step(j, 0, 2, &h0, t, &resumed, d, sizeof d),
+                   CORE_ACCEPTED);
+  ck_assert_int_eq(core_report_step(j, 1, 2, &h1, t, &resumed, d, sizeof d),
+                   CORE_ACCEPTED);
+  ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
+  ck_assert_int_eq(o.input[0], POLICY_MISSING);
+  ck_assert_int_eq(o.input[1], POLICY_REPORTED);
+  ck_assert(o.norm[1] == 3.0);
+}
+END_TEST
+
+START_TEST(byes_lower_the_barrier_and_finish_the_job) {
+  static const double s[] = {1.0};
+  core_job *j = new_job("bye", 2, 1000);
+  join(j, 0, one, 1);
+  join(j, 1, one, 1);
+  ck_assert_int_eq(report(j, 0, 1, s, 0), CORE_ACCEPTED);
+  core_outcome o;
+  ck_assert_int_eq(core_decide_next(j, 0, &o), 0);
+  ck_assert_int_eq(core_bye(j, 1), 0);
+  ck_assert_int_eq(core_decide_next(j, 0, &o), 1); /* 1 of 1 expected */
+  ck_assert_int_eq(o.by_deadline, 0);
+  core_join(j, 1, 1); /* rank 1 is back */
+  ck_assert_uint_eq(j->byes, 0);
+  ck_assert_int_eq(core_bye(j, 0), 0);
+  ck_assert_int_eq(core_bye(j, 0), 0); /* a second Bye counts once */
+  ck_assert_int_eq(core_bye(j, 1), 1);
+}
+END_TEST
+
+START_TEST(registration_is_all_or_nothing) {
+  core_job *j = new_job("units", 3, 10);
+  char why[160];
+  static const char *const ab[] = {"a", "b"};
+  static const uint32_t ids_ab[] = {5, 2};
+  ck_assert_int_eq(core_register_units(j, &j->ranks[0], ab, 2, ids_ab, 1, why,
+                                       sizeof why),
+                   GNMR_OK);
+  ck_assert_uint_eq(j->n_units, 6); /* ids 0, 1, 3, 4: gaps */
+  ck_assert_ptr_null(j->unit_names[0]);
+  ck_assert_str_eq(j->unit_names[5], "a");
+  /* the same name under another id */
+  static const char *const a_only[] = {"a"};
+  static const uint32_t id7[] = {7};
+  ck_assert_int_eq(core_register_units(j, &j->ranks[1], a_only, 1, id7, 1,
+                                       why, sizeof why),
+                   GNMR_E_MISMATCH);
+  ck_assert(strstr(why, "'a' has id 5") != NULL);
+  /* a taken id, after a good new name: nothing of it stays */
+  static const char *const cd[] = {"c", "d"};
+  static const uint32_t ids_cd[] = {9, 2};
+  ck_assert_int_eq(core_register_units(j, &j->ranks[1], cd, 2, ids_cd, 1, why,
+                                       sizeof why),
+                   GNMR_E_MISMATCH);
+  ck_assert_uint_eq(j->n_units, 6);
+  ck_assert_int_eq(hmap_get(&j->unit_ids, "c", 1, NULL), 0);
+  ck_assert_ptr_null(j->ranks[1].ids);
+  /* the largest id a job allows, and one past it */
+  static const uint32_t too_big[] = {POLICY_MAX_UNITS};
+  ck_assert_int_eq(core_register_units(j, &j->ranks[1], a_only + 0, 1,
+                                       too_big, 1, why, sizeof why),
+                   GNMR_E_MISMATCH); /* "a" is 5 */
+  static const char *const z[] = {"z"};
+  ck_assert_int_eq(core_register_units(j, &j->ranks[1], z, 1, too_big, 1, why,
+                                       sizeof why),
+                   GNMR_E_RANGE);
+  static const uint32_t id_max32[] = {UINT32_MAX};
+  ck_assert_int_eq(core_register_units(j, &j->ranks[1], z, 1, id_max32, 1,
+                                       why, sizeof why),
+                   GNMR_E_RANGE);
+  ck_assert_uint_eq(j->n_units, 6);
+  /* shards: a second rank with the same names adds a shard each */
+  ck_assert_int_eq(core_register_units(j, &j->ranks[1], ab, 2, NULL, 1, why,
+                                       sizeof why),
+                   GNMR_OK);
+  ck_assert_uint_eq(j->shards[5], 2);
+  ck_assert_uint_eq(j->shards[2], 2);
+  ck_assert(core_same_units(j, &j->ranks[1], ab, 2, ids_ab));
+  ck_assert(!core_same_units(j, &j->ranks[1], cd, 2, NULL));
+}
+END_TEST
+
+START_TEST(observers_add_no_shard_and_slots_are_reused) {
+  core_job *j = new_job("obs", 1, 10);
+  join(j, 0, two, 2);
+  char why[160];
+  uint32_t slot;
+  int full;
+  core_rank *o = core_observer_slot(j, &slot, &full);
+  ck_assert_ptr_nonnull(o);
+  ck_assert_uint_eq(slot, 0);
+  ck_assert_int_eq(core_register_units(j, o, two, 2, NULL, 0, why,
+                                       sizeof why),
+                   GNMR_OK);
+  o->joined = 1;
+  ck_assert_uint_eq(j->shards[0], 1);
+  ck_assert_uint_eq(j->shards[1], 1);
+  core_rank *o2 = core_observer_slot(j, &slot, &full);
+  ck_assert_uint_eq(slot, 1);
+  o2->joined = 1;
+  core_disconnect(&j->observers[0], 1); /* slot 0 is free again */
+  ck_assert_ptr_eq(core_observer_slot(j, &slot, &full), &j->observers[0]);
+  ck_assert_uint_eq(slot, 0);
+  ck_assert_ptr_null(j->observers[0].ids); /* zeroed for its new owner */
+  for (uint32_t i = 0; i < CORE_MAX_OBSERVERS; i++) {
+    core_rank *x = core_observer_slot(j, &slot, &full);
+    if (x == NULL)
+      break;
+    x->joined = 1;
+  }
+  ck_assert_uint_eq(j->n_observers, CORE_MAX_OBSERVERS);
+  ck_assert_ptr_null(core_observer_slot(j, &slot, &full));
+  ck_assert_int_eq(full, 1);
+}
+END_TEST
+
+START_TEST(a_rank_back_below_its_step_starts_a_new_pass) {
+  static const double s[] = {1.0};
+  core_job *j = new_job("pass", 1, 10);
+  join(j, 0, one, 1);
+  core_outcome o;
+  for (uint64_t t = 1; t <= 5; t++) {
+    ck_assert_int_eq(report(j, 0, t, s, t), CORE_ACCEPTED);
+    ck_assert_int_eq(core_decide_next(j, t, &o), 1);
+    ck_assert_int_eq(o.republish, 0);
+  }
+  /* only late (not rejoined): dropped */
+  ck_assert_int_eq(report(j, 0, 3, s, 6), CORE_LATE);
+  ck_assert_uint_eq(j->pass, 1);
+  /* rejoined and back at step 3: a checkpoint restart, pass 2 */
+  core_join(j, 0, 0);
+  int resumed;
+  char detail[128];
+  core_report rep = {malloc(1), s, NULL, NULL};
+  ck_assert_int_eq(core_report_step(j, 0, 3, &rep, (core_clock){7, 7},
+                                    &resumed, detail, sizeof detail),
+                   CORE_ACCEPTED);
+  ck_assert_int_eq(resumed, 1);
+  ck_assert_str_eq(detail, "pass 2: training restarted at step 3 after "
+                           "step 5");
+  ck_assert_uint_eq(j->pass, 2);
+  ck_assert_int_eq(core_decide_next(j, 7, &o), 1);
+  ck_assert_uint_eq(o.step, 3);
+  ck_assert_int_eq(o.republish, 0); /* a new pass may decide step 3 again */
+  ck_assert_int_eq(o.rv, GNMR_OK);
+  /* within one pass a step is published once, whatever goes wrong above */
+  j->last_decided = 2;
+  ck_assert_int_eq(report(j, 0, 3, s, 8), CORE_ACCEPTED);
+  ck_assert_int_eq(core_decide_next(j, 8, &o), 1);
+  ck_assert_int_eq(o.republish, 1);
+  ck_assert_uint_eq(j->pub_step, 3);
+}
+END_TEST
+
+START_TEST(restore_rebuilds_units_ranks_and_statistics) {
+  static const double s[] = {1.0, 2.0};
+  core_job *j = new_job("before", 2, 10);
+  join(j, 0, two, 2);
+  join(j, 1, two, 2);
+  core_outcome o;
+  for (uint64_t t = 1; t <= 3; t++) {
+    ck_assert_int_eq(report(j, 0, t, s, 0), CORE_ACCEPTED);
+    ck_assert_int_eq(report(j, 1, t, s, 0), CORE_ACCEPTED);
+    ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
+  }
+  size_t len = policy_export_size(j->pol), got;
+  void *snap = malloc(len);
+  ck_assert_int_eq(policy_export(j->pol, snap, len, &got), GNMR_OK);
+  policy *pol;
+  ck_assert_int_eq(policy_import(snap, got, &pol), GNMR_OK);
+  free(snap);
+  core_job *r = new_job("after", 2, 10);
+  char *names[] = {"a", "b"};
+  uint32_t n[] = {2, 0}, ids0[] = {0, 1};
+  uint32_t *ids[] = {ids0, NULL};
+  ck_assert_int_eq(core_restore(r, pol, 2, names, 2, n, ids), GNMR_OK);
+  ck_assert_uint_eq(r->last_decided, 3);
+  ck_assert_uint_eq(r->n_units, 2);
+  ck_assert_uint_eq(r->shards[0], 1); /* rank 1 never joined: no shard yet */
+  ck_assert_int_eq(r->ranks[0].ever, 1);
+  ck_assert_int_eq(r->ranks[1].ever, 0);
+  ck_assert_uint_eq(r->ranks[0].last_step, UINT64_MAX);
+  uint64_t v;
+  ck_assert(hmap_get(&r->unit_ids, "b", 1, &v) && v == 1);
+  policy_unit_info a, b;
+  ck_assert_int_eq(policy_unit(j->pol, 1, &a), GNMR_OK);
+  ck_assert_int_eq(policy_unit(r->pol, 1, &b), GNMR_OK);
+  ck_assert_uint_eq(a.cnt, b.cnt);
+  ck_assert(a.mean == b.mean);
+  /* a rank id list that points past the units is not trusted */
+  core_job *bad = new_job("bad", 1, 10);
+  uint32_t n1[] = {1}, far[] = {9};
+  uint32_t *fids[] = {far};
+  ck_assert_int_eq(core_restore(bad, NULL, 2, names, 1, n1, fids), GNMR_OK);
+  ck_assert_int_eq(bad->ranks[0].ever, 0);
+}
+END_TEST
+
+START_TEST(registry_finds_iterates_and_frees) {
+  new_job("x", 1, 10);
+  new_job("y", 1, 10);
+  ck_assert_uint_eq(core_count(&reg), 2);
+  ck_assert_str_eq(core_find(&reg, "y")->name, "y");
+  ck_assert_ptr_null(core_find(&reg, "z"));
+  size_t pos = 0, n = 0;
+  while (core_next_job(&reg, &pos) != NULL)
+    n++;
+  ck_assert_uint_eq(n, 2);
+  core_job_free(&reg, core_find(&reg, "x"));
+  ck_assert_uint_eq(core_count(&reg), 1);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("core");
+  TCase *tc = tcase_create("core");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, shards_are_summed_in_rank_order_not_arrival_order);
+  tcase_add_test(tc, deadline_decides_with_missing_shards);
+  tcase_add_test(tc, steps_are_decided_in_order);
+  tcase_add_test(tc, duplicate_far_and_full_reports_are_refused);
+  tcase_add_test(tc, layout_unknown_until_every_rank_joined);
+  tcase_add_test(tc, not_reported_nonfinite_and_partial);
+  tcase_add_test(tc, byes_lower_the_barrier_and_finish_the_job);
+  tcase_add_test(tc, registration_is_all_or_nothing);
+  tcase_add_test(tc, observers_add_no_shard_and_slots_are_reused);
+  tcase_add_test(tc, a_rank_back_below_its_step_starts_a_new_pass);
+  tcase_add_test(tc, restore_rebuilds_units_ranks_and_statistics);
+  tcase_add_test(tc, registry_finds_iterates_and_frees);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return tu_check_main(suite()); }
