@@ -122,7 +122,7 @@ endif
 BENCH_SRC := $(filter-out $(if $(filter 1,$(CUDA)),,bench/norm_cuda.c),$(wildcard bench/*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check test test-gpu test-valgrind test-python test-multinode demo experiment bench install clean deps \
+.PHONY: all check test python-params test-gpu test-valgrind test-python test-multinode demo experiment bench install clean deps \
         deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-seeds soak
 .DEFAULT_GOAL := all
 
@@ -210,6 +210,14 @@ $(BUILD)/bench/store: $(BUILD)/obj/bench/store.o $(BUILD)/obj/daemon/store.o $(T
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(DB_LIBS) $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 
+# python/gnmr/_params.py is generated from the parameter table and
+# committed (the package runs from a checkout); test_params checks it.
+$(BUILD)/bin/params-py: $(BUILD)/obj/policy/params_py.o $(LIB_PARAMS) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) -o $@
+python-params: $(BUILD)/bin/params-py
+	$(BUILD)/bin/params-py > python/gnmr/_params.py
+
 # ---- dependencies (Debian packages) --------------------------------------
 deps:
 	@scripts/deps.sh build
@@ -224,6 +232,7 @@ deps-fuzz:
 # Tests find the binaries, the sample traces (tests/traces) and, for extra
 # cases where it exists, ../shared through the environment.
 TEST_ENV = GNMR_BIN_DIR=$(abspath $(BUILD)/bin) GNMR_SHARED=$(SHARED) \
+           GNMR_SOURCE_DIR=$(CURDIR) \
            GNMR_TRACES=$(abspath tests/traces) \
            $(if $(SAN),GNMR_SANITIZED=$(SAN))
 

@@ -9,24 +9,18 @@ import ctypes
 import ctypes.util
 import os
 
+from ._params import PARAMS
+
 ROUTE_LOW, ROUTE_HIGH = 0, 1
 DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_F64 = 0, 1, 2, 3
 DTYPE_F8E4M3, DTYPE_F8E5M2 = 4, 5
 
 
 class Params(ctypes.Structure):
-    """gnmr_params: the job's policy parameters (docs/policy.md)."""
-    _fields_ = [
-        ("alpha", ctypes.c_double),
-        ("beta", ctypes.c_double),
-        ("window", ctypes.c_uint32),
-        ("max_active", ctypes.c_uint32),
-        ("lock_steps", ctypes.c_uint32),
-        ("warmup_steps", ctypes.c_uint64),
-        ("early_alpha", ctypes.c_double),
-        ("early_beta", ctypes.c_double),
-        ("early_steps", ctypes.c_uint64),
-    ]
+    """gnmr_params: the job's policy parameters (docs/policy.md), laid out
+    from the parameter table (_params.py, generated from gnmr/params.h)."""
+    _fields_ = [(name, getattr(ctypes, ctype))
+                for name, ctype, _default, _inherits in PARAMS]
 
 
 class AgentConfig(ctypes.Structure):
