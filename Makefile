@@ -81,7 +81,9 @@ WIRE_SRC := proto/wire.c proto/validate.c proto/commands.c
 PROTO_C := $(GEN)/proto/gnmr.pb-c.c
 REPLAY_SRC := client/replay.c client/trace.c
 GNMRCTL_SRC := $(wildcard client/cli/*.c)
-AGENT_SRC := cuda_agent/agent.c cuda_agent/reduce_cpu.c cuda_agent/cuda_plan.c
+AGENT_SRC := cuda_agent/agent.c cuda_agent/agent_config.c cuda_agent/agent_ctx.c \
+             cuda_agent/agent_io.c cuda_agent/agent_report.c \
+             cuda_agent/reduce_cpu.c cuda_agent/cuda_plan.c
 ifeq ($(CUDA),1)
 AGENT_SRC += cuda_agent/cuda_backend.c
 AGENT_CU := cuda_agent/norm_kernel.cu
@@ -192,6 +194,10 @@ TEST_LIBS := $(LIB_REPLAY) $(LIB_AGENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_PARAMS) 
 $(BUILD)/tests/test_core: $(BUILD)/obj/tests/test_core.o $(BUILD)/obj/daemon/core.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(CHECK_LIBS) $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
+
+# The agent's allocations on the reporting thread, counted through the
+# linker's --wrap (tests/test_agent_alloc.c).
+$(BUILD)/tests/test_agent_alloc: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
 
 $(BUILD)/obj/tests/%.o: tests/%.c
 	@mkdir -p $(dir $@)

@@ -92,6 +92,16 @@ void gnmr__wire_free(Gnmr__Envelope **env) {
   }
 }
 
+size_t gnmr__wire_packed_size(Gnmr__Envelope *env) {
+  env->version = GNMR_PROTOCOL_VERSION;
+  return gnmr__envelope__get_packed_size(env);
+}
+
+size_t gnmr__wire_pack(Gnmr__Envelope *env, uint8_t *buf) {
+  env->version = GNMR_PROTOCOL_VERSION;
+  return gnmr__envelope__pack(env, buf);
+}
+
 int gnmr__wire_encode(Gnmr__Envelope *env, uint8_t **buf, size_t *len) {
   env->version = GNMR_PROTOCOL_VERSION;
   size_t n = gnmr__envelope__get_packed_size(env);

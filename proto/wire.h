@@ -24,6 +24,10 @@ void gnmr__wire_free(Gnmr__Envelope **env);
 
 /* Packs env (its version is set here) into a new malloc'd buffer.
  * Returns 0 or GNMR_E_NOMEM. */
+/* Encoding into the caller's buffer: the exact size, then the bytes
+ * (buf holds gnmr__wire_packed_size() bytes); both set env->version. */
+size_t gnmr__wire_packed_size(Gnmr__Envelope *env);
+size_t gnmr__wire_pack(Gnmr__Envelope *env, uint8_t *buf);
 int gnmr__wire_encode(Gnmr__Envelope *env, uint8_t **buf, size_t *len);
 
 /* Encodes an Error envelope. */

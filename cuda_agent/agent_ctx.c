@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: MIT */
+/* agent_ctx.c — one ZeroMQ context per process, shared by its agents
+ * (several ranks in one process would otherwise start one ZeroMQ I/O
+ * thread each); terminated with its last agent. */
+#include <pthread.h>
+#include <zmq.h>
+
+#include "agent_priv.h"
+
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *shared_ctx;
+static unsigned shared_refs;
+
+void *gnmr__ctx_acquire(void) {
+  pthread_mutex_lock(&ctx_mu);
+  if (shared_ctx == NULL)
+    shared_ctx = zmq_ctx_new();
+  void *c = shared_ctx;
+  if (c != NULL)
+    shared_refs++;
+  pthread_mutex_unlock(&ctx_mu);
+  return c;
+}
+
+/* Terminates the context with its last agent (all sockets closed). */
+void gnmr__ctx_release(void) {
+  pthread_mutex_lock(&ctx_mu);
+  if (--shared_refs == 0) {
+    zmq_ctx_term(shared_ctx);
+    shared_ctx = NULL;
+  }
+  pthread_mutex_unlock(&ctx_mu);
+}
+

@@ -1,0 +1,339 @@
+/* SPDX-License-Identifier: MIT */
+/* agent_io.c — the agent's I/O thread: it owns the DEALER socket to gnmrd,
+ * joins the job (Hello/Welcome, again after a daemon restart or a
+ * reconnection), holds reports while not joined, forwards reports from the
+ * inproc pipe, and publishes each Decision as a route bitmap under a
+ * seqlock that readers never wait on. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "agent_priv.h"
+
+/* A report waiting for the daemon's Welcome. */
+typedef struct held_msg {
+  void *buf;
+  size_t len;
+} held_msg;
+
+typedef struct io_state {
+  void *dealer, *pull;
+  void *monitor; /* PAIR receiving the DEALER's connect/disconnect events */
+  held_msg held[HELD_MAX]; /* oldest first */
+  int n_held;
+  uint64_t next_hello;
+  int welcomed;        /* a Welcome came before: the next one is a re-join */
+  uint32_t *ids;       /* job-wide id of each local unit (Welcome) */
+  uint32_t *by_id;     /* local indices sorted by job-wide id */
+  int have_ids;
+} io_state;
+
+static void send_hello(gnmr_agent *a, io_state *io) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Hello h = GNMR__HELLO__INIT;
+  Gnmr__Params wp;
+  policy_params pp;
+  uint8_t *buf;
+  size_t len;
+  policy_params_from_public(&a->params, &pp);
+  gnmr__params_to_wire(&pp, &wp);
+  h.protocol = GNMR_PROTOCOL_VERSION;
+  h.job = a->job;
+  h.rank = a->rank;
+  h.reporters = a->reporters;
+  h.n_units = a->n_units;
+  h.units = a->names;
+  if (a->req_ids != NULL) {
+    h.n_unit_ids = a->n_units;
+    h.unit_ids = a->req_ids;
+  }
+  h.params = &wp;
+  h.barrier_ms = a->barrier_ms;
+  h.observer = a->observer;
+  env.body_case = GNMR__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  io->next_hello = gnmr__now_ms() + HELLO_CONNECT_MS;
+  if (gnmr__wire_encode(&env, &buf, &len) != GNMR_OK)
+    return;
+  if (zmq_send(io->dealer, buf, len, ZMQ_DONTWAIT) >= 0) {
+    atomic_fetch_add(&a->hellos, 1);
+    io->next_hello = gnmr__now_ms() + HELLO_RETRY_MS;
+  }
+  free(buf);
+}
+
+/* Keeps a report until the daemon welcomes us; the oldest goes first when
+ * the hold is full (counted as dropped). Takes ownership of buf. */
+static void hold(gnmr_agent *a, io_state *io, void *buf, size_t len) {
+  if (io->n_held == HELD_MAX) {
+    free(io->held[0].buf);
+    memmove(&io->held[0], &io->held[1], (HELD_MAX - 1) * sizeof io->held[0]);
+    io->n_held--;
+    atomic_fetch_add(&a->reports_dropped, 1);
+  }
+  io->held[io->n_held++] = (held_msg){buf, len};
+}
+
+static void send_report(gnmr_agent *a, io_state *io, const void *buf,
+                        size_t len) {
+  if (zmq_send(io->dealer, buf, len, ZMQ_DONTWAIT) < 0)
+    atomic_fetch_add(&a->reports_dropped, 1);
+  (void)io;
+}
+
+/* The step of a held report (0 when it does not decode). */
+static uint64_t held_step(const held_msg *h) {
+  Gnmr__Envelope *env;
+  uint64_t step = 0;
+  if (gnmr__wire_decode(h->buf, h->len, &env, NULL, 0) != GNMR_OK)
+    return 0;
+  if (env->body_case == GNMR__ENVELOPE__BODY_REPORT)
+    step = env->report->step;
+  gnmr__wire_free(&env);
+  return step;
+}
+
+/* On a re-join, drops the held reports that are stale: made while the link
+ * was down, for steps the job has decided without this rank since (at or
+ * below Welcome.last_step). Sent, they would only be late. An agent's
+ * steps only grow, so none of them is a rewind: a restart from a
+ * checkpoint is a new agent, whose first Welcome drops nothing. */
+static void drop_stale(gnmr_agent *a, io_state *io, uint64_t last_step) {
+  int n = 0;
+  for (int i = 0; i < io->n_held; i++) {
+    if (held_step(&io->held[i]) <= last_step) {
+      free(io->held[i].buf);
+      atomic_fetch_add(&a->reports_stale, 1);
+      continue;
+    }
+    io->held[n++] = io->held[i];
+  }
+  io->n_held = n;
+}
+
+static void flush_held(gnmr_agent *a, io_state *io) {
+  for (int i = 0; i < io->n_held; i++) {
+    send_report(a, io, io->held[i].buf, io->held[i].len);
+    free(io->held[i].buf);
+  }
+  io->n_held = 0;
+}
+
+/* Orders local indices by job-wide id; ctx is the ids array. Uses
+ * qsort_r: several agents' I/O threads may sort at once in one process. */
+static int by_id_cmp(const void *x, const void *y, void *ctx) {
+  const uint32_t *ids = ctx;
+  uint32_t a = ids[*(const uint32_t *)x], b = ids[*(const uint32_t *)y];
+  return a < b ? -1 : a > b;
+}
+
+static void on_welcome(gnmr_agent *a, io_state *io, const Gnmr__Welcome *w) {
+  if (w->n_unit_ids != a->n_units)
+    return; /* not ours: ignore */
+  for (uint32_t i = 0; i < a->n_units; i++) {
+    io->ids[i] = w->unit_ids[i];
+    io->by_id[i] = i;
+  }
+  qsort_r(io->by_id, a->n_units, sizeof *io->by_id, by_id_cmp, io->ids);
+  io->have_ids = 1;
+  if (io->welcomed)
+    drop_stale(a, io, w->last_step);
+  io->welcomed = 1;
+  atomic_store(&a->joined, 1);
+  flush_held(a, io);
+}
+
+/* Marks local units whose job-wide id is active; publishes under seqlock. */
+static void on_decision(gnmr_agent *a, io_state *io, const Gnmr__Decision *d) {
+  if (!io->have_ids || d->step <= atomic_load(&a->decided_step))
+    return;
+  uint64_t words[a->n_words];
+  memset(words, 0, sizeof words);
+  for (size_t k = 0; k < d->n_active; k++) {
+    uint32_t id = d->active[k], lo = 0, hi = a->n_units;
+    while (lo < hi) { /* binary search in by_id */
+      uint32_t mid = lo + (hi - lo) / 2;
+      if (io->ids[io->by_id[mid]] < id)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    /* several local units can never share an id, but be exact anyway */
+    for (; lo < a->n_units && io->ids[io->by_id[lo]] == id; lo++) {
+      uint32_t u = io->by_id[lo];
+      words[u / 64] |= UINT64_C(1) << (u % 64);
+    }
+  }
+  atomic_fetch_add_explicit(&a->seq, 1, memory_order_acq_rel); /* odd */
+  for (size_t i = 0; i < a->n_words; i++)
+    atomic_store_explicit(&a->routes[i], words[i], memory_order_relaxed);
+  atomic_store_explicit(&a->decided_step, d->step, memory_order_relaxed);
+  atomic_fetch_add_explicit(&a->seq, 1, memory_order_release); /* even */
+  atomic_fetch_add(&a->decisions, 1);
+  pthread_mutex_lock(&a->mu);
+  pthread_cond_broadcast(&a->cv);
+  pthread_mutex_unlock(&a->mu);
+}
+
+static void on_message(gnmr_agent *a, io_state *io, const void *buf,
+                       size_t len) {
+  Gnmr__Envelope *env;
+  if (gnmr__wire_decode(buf, len, &env, NULL, 0) != GNMR_OK)
+    return;
+  switch (env->body_case) {
+  case GNMR__ENVELOPE__BODY_WELCOME:
+    on_welcome(a, io, env->welcome);
+    break;
+  case GNMR__ENVELOPE__BODY_DECISION:
+    on_decision(a, io, env->decision);
+    break;
+  case GNMR__ENVELOPE__BODY_ERROR:
+    atomic_fetch_add(&a->errors, 1);
+    atomic_store(&a->last_error, env->error->code);
+    if (env->error->code == GNMR_E_NOJOB) {
+      /* the daemon does not know us (restarted): join again now */
+      atomic_store(&a->joined, 0);
+      io->next_hello = 0;
+    } else if (!atomic_load(&a->joined)) {
+      /* our Hello was refused (mismatch, bad config): retry slowly */
+      io->next_hello = gnmr__now_ms() + HELLO_REFUSED_MS;
+    }
+    break;
+  default:
+    break;
+  }
+  gnmr__wire_free(&env);
+}
+
+/* Reads one monitor event (two frames): on a disconnect the daemon may be
+ * gone, so reports are held and Hello is sent again on reconnection. */
+static void on_monitor(gnmr_agent *a, io_state *io) {
+  zmq_msg_t m;
+  zmq_msg_init(&m);
+  while (zmq_msg_recv(&m, io->monitor, ZMQ_DONTWAIT) >= 0) {
+    uint16_t ev = 0;
+    if (zmq_msg_size(&m) >= 2)
+      memcpy(&ev, zmq_msg_data(&m), sizeof ev);
+    if (zmq_msg_more(&m))
+      zmq_msg_recv(&m, io->monitor, 0); /* the endpoint frame */
+    if (ev == ZMQ_EVENT_DISCONNECTED) {
+      atomic_store(&a->joined, 0);
+      io->next_hello = 0;
+    } else if (ev == ZMQ_EVENT_CONNECTED && !atomic_load(&a->joined)) {
+      io->next_hello = 0;
+    }
+  }
+  zmq_msg_close(&m);
+}
+
+void *gnmr__agent_io_main(void *arg) {
+  gnmr_agent *a = arg;
+  io_state io = {0};
+  io.dealer = a->dealer;
+  io.pull = a->pull;
+  io.monitor = a->monitor;
+  io.ids = calloc(a->n_units, sizeof *io.ids);
+  io.by_id = calloc(a->n_units, sizeof *io.by_id);
+  if (!io.ids || !io.by_id)
+    goto out;
+
+  zmq_msg_t msg;
+  zmq_msg_init(&msg);
+  while (!atomic_load(&a->stop)) {
+    if (!atomic_load(&a->joined) && gnmr__now_ms() >= io.next_hello)
+      send_hello(a, &io);
+    zmq_pollitem_t items[3] = {{io.dealer, 0, ZMQ_POLLIN, 0},
+                               {io.pull, 0, ZMQ_POLLIN, 0},
+                               {io.monitor, 0, ZMQ_POLLIN, 0}};
+    if (zmq_poll(items, 3, IO_POLL_MS) < 0 && zmq_errno() != EINTR)
+      break;
+    if (items[2].revents & ZMQ_POLLIN)
+      on_monitor(a, &io);
+    while (zmq_msg_recv(&msg, io.pull, ZMQ_DONTWAIT) >= 0) {
+      size_t n = zmq_msg_size(&msg);
+      void *copy;
+      if (atomic_load(&a->joined))
+        send_report(a, &io, zmq_msg_data(&msg), n);
+      else if ((copy = malloc(n ? n : 1)) != NULL) {
+        memcpy(copy, zmq_msg_data(&msg), n);
+        hold(a, &io, copy, n);
+      } else
+        atomic_fetch_add(&a->reports_dropped, 1);
+    }
+    while (zmq_msg_recv(&msg, io.dealer, ZMQ_DONTWAIT) >= 0)
+      on_message(a, &io, zmq_msg_data(&msg), zmq_msg_size(&msg));
+  }
+  zmq_msg_close(&msg);
+
+  /* Bye, best effort */
+  {
+    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+    Gnmr__Bye bye = GNMR__BYE__INIT;
+    uint8_t *buf;
+    size_t len;
+    bye.job = a->job;
+    bye.rank = a->rank;
+    env.body_case = GNMR__ENVELOPE__BODY_BYE;
+    env.bye = &bye;
+    if (atomic_load(&a->joined) &&
+        gnmr__wire_encode(&env, &buf, &len) == GNMR_OK) {
+      zmq_send(io.dealer, buf, len, ZMQ_DONTWAIT);
+      free(buf);
+    }
+  }
+out:
+  for (int i = 0; i < io.n_held; i++)
+    free(io.held[i].buf);
+  zmq_close(io.monitor);
+  zmq_close(io.dealer);
+  zmq_close(io.pull);
+  free(io.ids);
+  free(io.by_id);
+  return NULL;
+}
+
+/* Creates the DEALER (to gnmrd) and the PULL end of the report pipe. */
+int gnmr__agent_open_io_sockets(gnmr_agent *a) {
+  int zero = 0, one = 1, hb_ivl = 1000, hb_tmo = 5000, recon = 100;
+  int64_t maxmsg = MAX_MSG;
+  a->dealer = zmq_socket(a->zctx, ZMQ_DEALER);
+  a->pull = zmq_socket(a->zctx, ZMQ_PULL);
+  if (a->dealer == NULL || a->pull == NULL)
+    goto err;
+  zmq_setsockopt(a->dealer, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(a->dealer, ZMQ_IMMEDIATE, &one, sizeof one);
+  zmq_setsockopt(a->dealer, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl);
+  zmq_setsockopt(a->dealer, ZMQ_HEARTBEAT_TIMEOUT, &hb_tmo, sizeof hb_tmo);
+  zmq_setsockopt(a->dealer, ZMQ_RECONNECT_IVL, &recon, sizeof recon);
+  zmq_setsockopt(a->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+  if (a->curve_server[0] != '\0' &&
+      (zmq_setsockopt(a->dealer, ZMQ_CURVE_SERVERKEY, a->curve_server, 41) ||
+       zmq_setsockopt(a->dealer, ZMQ_CURVE_PUBLICKEY, a->curve_public, 41) ||
+       zmq_setsockopt(a->dealer, ZMQ_CURVE_SECRETKEY, a->curve_secret, 41)))
+    goto err;
+  zmq_setsockopt(a->pull, ZMQ_LINGER, &zero, sizeof zero);
+  char mon[80];
+  snprintf(mon, sizeof mon, "inproc://gnmr-monitor-%p", (void *)a);
+  if (zmq_socket_monitor(a->dealer, mon,
+                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0 ||
+      (a->monitor = zmq_socket(a->zctx, ZMQ_PAIR)) == NULL)
+    goto err;
+  zmq_setsockopt(a->monitor, ZMQ_LINGER, &zero, sizeof zero);
+  if (zmq_connect(a->monitor, mon) != 0 ||
+      zmq_connect(a->pull, a->pipe_addr) != 0 ||
+      zmq_connect(a->dealer, a->endpoint) != 0)
+    goto err;
+  return GNMR_OK;
+err:
+  if (a->monitor)
+    zmq_close(a->monitor);
+  if (a->dealer)
+    zmq_close(a->dealer);
+  if (a->pull)
+    zmq_close(a->pull);
+  a->monitor = a->dealer = a->pull = NULL;
+  return GNMR_E_IO;
+}
+

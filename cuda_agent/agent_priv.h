@@ -1,0 +1,100 @@
+/* SPDX-License-Identifier: MIT */
+/* agent_priv.h — the agent's state shared by its parts: configuration
+ * (agent_config.c), the process-wide ZeroMQ context (agent_ctx.c), the I/O
+ * thread (agent_io.c), report encoding (agent_report.c) and the public
+ * calls (agent.c). Threads: the training thread calls the public API; the
+ * CUDA completion thread queues reports; the I/O thread owns the DEALER,
+ * PULL and monitor sockets. */
+#ifndef GNMR_AGENT_PRIV_H
+#define GNMR_AGENT_PRIV_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gnmr/agent.h"
+#include "params.h"
+#include "wire.h"
+
+/* Buffers reused by every report of an agent, grown once. */
+typedef struct report_scratch {
+  double *sumsq;
+  uint64_t *nonfinite;
+  protobuf_c_boolean *not_reported;
+  uint8_t *seen;
+  uint8_t *pack;
+  size_t pack_cap;
+} report_scratch;
+
+#define HELLO_RETRY_MS 500   /* Hello sent, no Welcome yet */
+#define HELLO_CONNECT_MS 20  /* Hello could not be sent: not connected */
+#define HELD_MAX 8           /* reports kept while not joined */
+#define HELLO_REFUSED_MS 5000 /* back-off after a refused Hello */
+#define IO_POLL_MS 50
+#define MAX_MSG (256 << 20)
+
+struct gnmr_agent {
+  /* configuration, immutable after open */
+  char *endpoint, *job;
+  char curve_server[41], curve_public[41], curve_secret[41]; /* "" = off */
+  uint32_t rank, reporters, n_units, barrier_ms, fallback_route,
+      fallback_after;
+  char **names;
+  uint32_t *req_ids; /* requested job-wide ids, or NULL */
+  int observer;      /* receives decisions, never reports */
+  gnmr_params params;
+
+  void *zctx;
+  void *push; /* reporters' end of the report pipe (push_mu) */
+  pthread_mutex_t push_mu; /* the training and CUDA completion threads */
+  void *dealer, *pull, *monitor; /* made in open(), then owned by the I/O
+                                    thread */
+  char pipe_addr[64];
+  pthread_t io;
+  atomic_int stop;
+  atomic_int joined;
+
+  /* decision, published by the I/O thread under a seqlock */
+  atomic_uint_fast64_t seq;
+  atomic_uint_fast64_t decided_step;
+  _Atomic uint64_t *routes; /* n_units bits */
+  size_t n_words;
+  pthread_mutex_t mu;       /* for gnmr_agent_wait() only */
+  pthread_cond_t cv;
+
+  atomic_uint_fast64_t last_reported; /* written by the training thread */
+
+  /* report encoding scratch (agent_report.c): the per-report path
+   * allocates nothing once these have their size */
+  report_scratch enc;  /* under push_mu: the values and the packed bytes */
+  report_scratch cpu;  /* under cpu_mu: gnmr_agent_report's reduction */
+  pthread_mutex_t cpu_mu;
+
+  /* counters */
+  atomic_uint_fast64_t reports_sent, reports_dropped, decisions,
+      late_decisions, fallback_routes, errors, hellos, reports_stale;
+  atomic_int last_error;
+};
+
+
+/* agent_config.c */
+int gnmr__agent_check_config(const gnmr_agent_config *c);
+/* Frees the copied configuration and the route bitmap. */
+void gnmr__agent_free_config(gnmr_agent *a);
+uint64_t gnmr__now_ms(void);
+
+/* agent_ctx.c: one ZeroMQ context per process, shared by its agents */
+void *gnmr__ctx_acquire(void);
+void gnmr__ctx_release(void);
+
+/* agent_io.c */
+int gnmr__agent_open_io_sockets(gnmr_agent *a);
+void *gnmr__agent_io_main(void *arg);
+
+/* agent_report.c */
+int gnmr__agent_scratch_init(gnmr_agent *a);
+void gnmr__agent_scratch_free(gnmr_agent *a);
+void gnmr__agent_mark_reported(gnmr_agent *a, uint64_t step);
+
+#endif /* GNMR_AGENT_PRIV_H */
