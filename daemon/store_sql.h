@@ -1,13 +1,21 @@
 /* SPDX-License-Identifier: MIT */
-/* store_sql.h — the store's private SQL pieces shared by its writer
- * (store.c) and its queries (store_query.c): the parameter columns,
+/* store_sql.h — the store's private parts shared by its writer
+ * (store.c), its statements (store_apply.c), its restore and its queries
+ * (store_restore.c, store_query.c): the parameter columns,
  * generated from the table (gnmr/params.h). The jobs and params tables
  * have one column per parameter, of its name; a new parameter needs a
  * migration (store.c) adding its two columns. */
 #ifndef GNMRD_STORE_SQL_H
 #define GNMRD_STORE_SQL_H
 
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
 #include "gnmr/params.h"
+#include "latency.h"
+#include "store.h"
 
 #define STORE__PCOL(name, ctype, kind, opt, env, def, inh) ", " #name
 #define STORE__PQ(name, ctype, kind, opt, env, def, inh) ",?"
@@ -17,5 +25,44 @@
 #define PARAM_COLS GNMR_PARAMS_MAP(STORE__PCOL)
 #define PARAM_QS GNMR_PARAMS_MAP(STORE__PQ)
 #define PARAM_SETS GNMR_PARAMS_MAP(STORE__PSET)
+
+/* The store (store.c's writer, store_apply.c's statements). */
+struct store {
+  char path[4096];
+  uint32_t snapshot_every;
+  uint64_t retain_steps;
+  sqlite3 *db; /* the writer thread's connection */
+  /* the step path's statements, prepared once (writer thread) */
+  sqlite3_stmt *st_step, *st_event, *st_last;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  store_rec *head, *tail; /* queue, under mu */
+  uint64_t queued;
+  int stop;
+  atomic_uint_fast64_t records, batches, errors, dropped;
+  atomic_uint_fast64_t commit_buckets[LATENCY_N_BUCKETS], commit_ns; /* commit times */
+  /* Test hook: GNMR_STORE_FAULT=full:T or readonly:T makes the database
+   * full (max_page_count pinned to its size: SQLITE_FULL) or read-only
+   * (query_only: SQLITE_READONLY) for T ms after open, so that commits
+   * fail with SQLite's own errors and the retry path runs for real. */
+  int64_t fault_until;
+  int fault_readonly, fault_lifted;
+};
+
+
+/* store_apply.c: the schema and the records applied to it (writer thread) */
+int64_t store__now_ms(void);
+int store__exec(sqlite3 *db, const char *sql, char *err, size_t errlen);
+/* Sets the pragmas every connection of ours uses. */
+int store__configure(sqlite3 *db);
+/* Creates or migrates the schema; refuses a newer one. */
+int store__migrate(sqlite3 *db, char *err, size_t errlen);
+/* Applies one record (inside the caller's transaction). */
+int store__apply(store *s, const store_rec *r);
+/* Drops history older than retain_steps behind step. */
+int store__retain(store *s, const char *job, uint64_t step);
+/* The parameter columns at at..at+GNMR_NPARAMS-1 (NULL: unset). */
+void store__read_params(sqlite3_stmt *st, int at, policy_params *p);
 
 #endif /* GNMRD_STORE_SQL_H */
