@@ -76,7 +76,7 @@ NET_LIBS = $(ZMQ_LIBS) $(PBC_LIBS)
 COMMON_SRC := common/error.c common/log.c common/num.c \
               common/hmap.c common/text.c common/keys.c
 PARAMS_SRC := policy/params.c
-POLICY_SRC := policy/policy.c
+POLICY_SRC := policy/policy.c policy/snapshot.c
 WIRE_SRC := proto/wire.c proto/validate.c proto/commands.c
 PROTO_C := $(GEN)/proto/gnmr.pb-c.c
 REPLAY_SRC := client/replay.c client/trace.c

@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: MIT */
+/* policy_priv.h — the engine's state, shared by its step (policy.c) and
+ * its snapshot format (snapshot.c). */
+#ifndef GNMR_POLICY_PRIV_H
+#define GNMR_POLICY_PRIV_H
+
+#include "policy.h"
+
+struct policy {
+  policy_params prm;
+  uint32_t n;          /* units */
+  uint64_t last_step;  /* 0 before the first step */
+
+  /* per-unit statistics */
+  uint64_t *cnt;
+  double *sum;
+  double *win;         /* n * prm.window, ring per unit */
+  uint32_t *win_len;
+  uint32_t *win_head;  /* next write position in the unit's ring */
+  uint32_t *lock;
+  uint8_t *active;     /* in the last step's active set */
+  uint64_t *promotions;
+
+  /* per-step outputs and scratch */
+  double *g, *d, *s;
+  uint32_t *pool;      /* n: P_t in ascending unit order */
+  uint32_t *heap;      /* min(max_active, n) */
+  uint8_t *chosen;     /* n: scratch flag, all zero between steps */
+  uint32_t *act;       /* n: A_t ascending */
+  uint32_t *prev_act;  /* n: A_{t-1} ascending */
+  uint32_t n_act, n_prev;
+  policy_event *ev;    /* 3n + 1, see policy_step() */
+};
+
+/* The oldest slot of a ring of w slots holding len values, next write at
+ * head. */
+static inline uint32_t ring_oldest(uint32_t head, uint32_t len, uint32_t w) {
+  return (head + w - len) % w;
+}
+
+/* Rebuilds the last active set (p->act, ascending) from the flags. */
+void policy__rebuild_act(policy *p);
+
+#endif /* GNMR_POLICY_PRIV_H */

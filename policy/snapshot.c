@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: MIT */
+/* snapshot.c — the engine's whole state as a versioned, checksummed byte
+ * string (policy_export / policy_import, policy.h): what gnmrd stores to
+ * resume a job. Import never trusts its input: every count and value is
+ * checked before use. */
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gnmr/error.h"
+#include "policy_priv.h"
+
+/* Layout (little-endian): "GNMRPOL1", u32 format version, u32 n_units,
+ * f64 alpha, beta, early_alpha, early_beta, u32 window, max_active,
+ * lock_steps, u64 warmup_steps, early_steps, last_step; then per unit
+ * u64 cnt, f64 sum, u64 promotions, u32 lock, u8 active, u32 win_len,
+ * win_len x f64 (oldest first); then u64 FNV-1a of everything before. */
+#define SNAP_MAGIC "GNMRPOL1"
+#define SNAP_VERSION 1u
+#define SNAP_HEAD (8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8)
+#define SNAP_UNIT (8 + 8 + 8 + 4 + 1 + 4)
+
+typedef struct wbuf {
+  uint8_t *p;
+  size_t len;
+} wbuf;
+
+static void put_u64(wbuf *w, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    w->p[w->len++] = (uint8_t)(v >> (8 * i));
+}
+static void put_u32(wbuf *w, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    w->p[w->len++] = (uint8_t)(v >> (8 * i));
+}
+static void put_f64(wbuf *w, double v) {
+  uint64_t u;
+  memcpy(&u, &v, sizeof u);
+  put_u64(w, u);
+}
+
+typedef struct rbuf {
+  const uint8_t *p;
+  size_t len, off;
+  int bad;
+} rbuf;
+
+static uint64_t get_n(rbuf *r, int bytes) {
+  uint64_t v = 0;
+  if (r->bad || r->len - r->off < (size_t)bytes) {
+    r->bad = 1;
+    return 0;
+  }
+  for (int i = 0; i < bytes; i++)
+    v |= (uint64_t)r->p[r->off++] << (8 * i);
+  return v;
+}
+static uint64_t get_u64(rbuf *r) { return get_n(r, 8); }
+static uint32_t get_u32(rbuf *r) { return (uint32_t)get_n(r, 4); }
+static double get_f64(rbuf *r) {
+  uint64_t u = get_u64(r);
+  double v;
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+static uint64_t fnv1a(const uint8_t *p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+size_t policy_export_size(const policy *p) {
+  size_t n = SNAP_HEAD + (size_t)p->n * SNAP_UNIT + 8;
+  for (uint32_t u = 0; u < p->n; u++)
+    n += (size_t)p->win_len[u] * 8;
+  return n;
+}
+
+int policy_export(const policy *p, void *buf, size_t cap, size_t *len) {
+  if (p == NULL || buf == NULL)
+    return GNMR_E_INVAL;
+  size_t need = policy_export_size(p);
+  if (cap < need)
+    return GNMR_E_RANGE;
+  wbuf w = {buf, 0};
+  const policy_params *prm = &p->prm;
+  memcpy(w.p, SNAP_MAGIC, 8);
+  w.len = 8;
+  put_u32(&w, SNAP_VERSION);
+  put_u32(&w, p->n);
+  put_f64(&w, prm->alpha);
+  put_f64(&w, prm->beta);
+  put_f64(&w, prm->early_alpha);
+  put_f64(&w, prm->early_beta);
+  put_u32(&w, prm->window);
+  put_u32(&w, prm->max_active);
+  put_u32(&w, prm->lock_steps);
+  put_u64(&w, prm->warmup_steps);
+  put_u64(&w, prm->early_steps);
+  put_u64(&w, p->last_step);
+  for (uint32_t u = 0; u < p->n; u++) {
+    uint32_t wl = p->win_len[u], ww = prm->window;
+    put_u64(&w, p->cnt[u]);
+    put_f64(&w, p->sum[u]);
+    put_u64(&w, p->promotions[u]);
+    put_u32(&w, p->lock[u]);
+    w.p[w.len++] = p->active[u];
+    put_u32(&w, wl);
+    uint32_t i = ring_oldest(p->win_head[u], wl, ww);
+    for (uint32_t k = 0; k < wl; k++, i = (i + 1) % ww)
+      put_f64(&w, p->win[(size_t)u * ww + i]);
+  }
+  put_u64(&w, fnv1a(w.p, w.len));
+  assert(w.len == need);
+  if (len != NULL)
+    *len = w.len;
+  return GNMR_OK;
+}
+
+int policy_import(const void *buf, size_t len, policy **out) {
+  int rv;
+  policy_params prm;
+  policy *p = NULL;
+  if (out == NULL)
+    return GNMR_E_INVAL;
+  *out = NULL;
+  if (buf == NULL || len < SNAP_HEAD + 8 ||
+      memcmp(buf, SNAP_MAGIC, 8) != 0)
+    return GNMR_E_PARSE;
+  uint64_t sum;
+  rbuf tail = {(const uint8_t *)buf, len, len - 8, 0};
+  sum = get_u64(&tail);
+  if (sum != fnv1a(buf, len - 8))
+    return GNMR_E_PARSE;
+  rbuf r = {(const uint8_t *)buf, len - 8, 8, 0};
+  if (get_u32(&r) != SNAP_VERSION)
+    return GNMR_E_VERSION;
+  uint32_t n = get_u32(&r);
+  prm.alpha = get_f64(&r);
+  prm.beta = get_f64(&r);
+  prm.early_alpha = get_f64(&r);
+  prm.early_beta = get_f64(&r);
+  prm.window = get_u32(&r);
+  prm.max_active = get_u32(&r);
+  prm.lock_steps = get_u32(&r);
+  prm.warmup_steps = get_u64(&r);
+  prm.early_steps = get_u64(&r);
+  uint64_t last = get_u64(&r);
+  if (r.bad || n > POLICY_MAX_UNITS ||
+      (r.len - r.off) / SNAP_UNIT < n)
+    return GNMR_E_PARSE;
+  if ((rv = policy_create(&prm, n, &p)) != GNMR_OK)
+    return rv;
+  p->last_step = last;
+  for (uint32_t u = 0; u < n && !r.bad; u++) {
+    p->cnt[u] = get_u64(&r);
+    p->sum[u] = get_f64(&r);
+    p->promotions[u] = get_u64(&r);
+    p->lock[u] = get_u32(&r);
+    p->active[u] = (uint8_t)get_n(&r, 1);
+    uint32_t wl = get_u32(&r);
+    if (wl > prm.window || p->active[u] > 1 || p->lock[u] > prm.lock_steps ||
+        !(p->sum[u] >= 0) || (p->cnt[u] == 0 && p->sum[u] != 0)) {
+      r.bad = 1;
+      break;
+    }
+    for (uint32_t k = 0; k < wl; k++) {
+      double v = get_f64(&r);
+      if (!(v >= 0)) /* GNMR values are positive; NaN fails too */
+        r.bad = 1;
+      p->win[(size_t)u * prm.window + k] = v;
+    }
+    p->win_len[u] = wl;
+    p->win_head[u] = wl % prm.window;
+  }
+  if (r.bad || r.off != r.len) {
+    policy_destroy(&p);
+    return GNMR_E_PARSE;
+  }
+  policy__rebuild_act(p);
+  *out = p;
+  return GNMR_OK;
+}
