@@ -50,7 +50,8 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
   if (cfg->unit_ids != NULL) {
     if ((a->req_ids = malloc(cfg->n_units * sizeof *a->req_ids)) == NULL)
       goto err_free;
-    memcpy(a->req_ids, cfg->unit_ids, cfg->n_units * sizeof *a->req_ids);
+    for (uint32_t i = 0; i < cfg->n_units; i++)
+      a->req_ids[i] = cfg->unit_ids[i];
   }
   if (gnmr__agent_scratch_init(a) != GNMR_OK)
     goto err_free;

@@ -9,6 +9,7 @@
 #include "keys.h"
 #include "num.h"
 #include "text.h"
+#include "validate.h"
 
 void gnmr_params_default(gnmr_params *p) {
   policy_params d;
@@ -25,13 +26,13 @@ uint64_t gnmr__now_ms(void) {
 int gnmr__agent_check_config(const gnmr_agent_config *c) {
   policy_params p;
   if (c == NULL || c->endpoint == NULL || c->endpoint[0] == '\0' ||
-      !gnmr__printable(c->job, 128) || c->reporters == 0 ||
+      !gnmr__printable(c->job, GNMR_MAX_JOB_NAME) || c->reporters == 0 ||
       c->rank >= c->reporters || c->n_units == 0 || c->unit_names == NULL ||
       c->fallback_route > GNMR_ROUTE_HIGH || c->barrier_ms > 600000 ||
       c->observer > 1)
     return GNMR_E_INVAL;
   for (uint32_t i = 0; i < c->n_units; i++)
-    if (!gnmr__printable(c->unit_names[i], 256))
+    if (!gnmr__printable(c->unit_names[i], GNMR_MAX_UNIT_NAME))
       return GNMR_E_INVAL;
   int keys = (c->curve_server_key != NULL) + (c->curve_public_key != NULL) +
              (c->curve_secret_key != NULL);

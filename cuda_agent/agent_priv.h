@@ -41,7 +41,7 @@ struct gnmr_agent {
   uint32_t rank, reporters, n_units, barrier_ms, fallback_route,
       fallback_after;
   char **names;
-  uint32_t *req_ids; /* requested job-wide ids, or NULL */
+  uint64_t *req_ids; /* requested job-wide ids (as sent), or NULL */
   int observer;      /* receives decisions, never reports */
   gnmr_params params;
 

@@ -17,6 +17,8 @@
 #include "commands.h"
 #include "gnmrd.h"
 #include "store_query.h"
+#include "text.h"
+#include "validate.h"
 #include "views.h"
 #include "log.h"
 #include "wire.h"
@@ -216,9 +218,23 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
     return;
   }
   if (k < 0) {
-    char msg[160];
-    snprintf(msg, sizeof msg, "unknown admin command '%.64s'", r->command);
+    char msg[200], esc[80];
+    snprintf(msg, sizeof msg, "unknown admin command '%s'",
+             gnmr__escape(r->command, esc, sizeof esc));
     send_error(d, id, id_len, GNMR_E_UNSUPPORTED, msg);
+    return;
+  }
+  char why[96], msg[200];
+  if (r->job[0] != '\0' &&
+      !gnmr__name_check(r->job, GNMR_MAX_JOB_NAME, why, sizeof why)) {
+    snprintf(msg, sizeof msg, "job name: %s", why);
+    send_error(d, id, id_len, GNMR_E_INVAL, msg);
+    return;
+  }
+  if (r->unit[0] != '\0' &&
+      !gnmr__name_check(r->unit, GNMR_MAX_UNIT_NAME, why, sizeof why)) {
+    snprintf(msg, sizeof msg, "unit name: %s", why);
+    send_error(d, id, id_len, GNMR_E_INVAL, msg);
     return;
   }
   if (gnmr_admin_commands[k].needs_job && r->job[0] == '\0' &&
@@ -232,7 +248,6 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
   }
   core_job *c = core_find(&d->jobs, r->job);
   if (c == NULL) {
-    char msg[200];
     snprintf(msg, sizeof msg, "no running job '%.128s'", r->job);
     send_error(d, id, id_len, GNMR_E_NOJOB, msg);
     return;

@@ -40,6 +40,14 @@ static const struct {
     {"security", "curve_allow_file", K_PATH,
      offsetof(gnmrd_config, curve_allow_file), 0, 0},
     {"security", "insecure", K_BOOL, offsetof(gnmrd_config, insecure), 0, 1},
+    {"limits", "max_jobs", K_U64, offsetof(gnmrd_config, max_jobs), 1,
+     1000000},
+    {"limits", "max_units", K_U64, offsetof(gnmrd_config, max_units), 1,
+     POLICY_MAX_UNITS},
+    {"limits", "max_held_mb", K_U64, offsetof(gnmrd_config, max_held_mb), 1,
+     1u << 20},
+    {"limits", "job_idle_s", K_U64, offsetof(gnmrd_config, job_idle_s), 0,
+     UINT32_MAX},
     /* every policy parameter, by the names of policy_opts */
     {"policy", "*", K_POLICY, 0, 0, 0},
 };
@@ -51,6 +59,10 @@ void config_defaults(gnmrd_config *c) {
   c->snapshot_every = 100;
   c->retain_steps = 0;
   c->barrier_ms = 1000;
+  c->max_jobs = 1024;
+  c->max_units = 1u << 20;
+  c->max_held_mb = 1024;
+  c->job_idle_s = 86400;
   policy_params_default(&c->policy);
 }
 

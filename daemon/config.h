@@ -24,6 +24,12 @@ typedef struct gnmrd_config {
   char curve_key_file[1024];   /* the server's key pair: CURVE on */
   char curve_allow_file[1024]; /* the public keys allowed in */
   uint64_t insecure;           /* allow non-loopback TCP without CURVE */
+  /* [limits]: what one peer can make gnmrd hold (each refusal counted) */
+  uint64_t max_jobs;     /* live jobs */
+  uint64_t max_units;    /* units of one job, the largest unit id + 1 */
+  uint64_t max_held_mb;  /* reports held for undecided steps, all jobs */
+  uint64_t job_idle_s;   /* a job with no report for this long is retired
+                            (0: never) */
 } gnmrd_config;
 
 /* The built-in defaults (paths empty: main.c derives them). */

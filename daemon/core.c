@@ -40,6 +40,7 @@ core_job *core_job_new(core_registry *reg, const char *name,
   j->params = *prm;
   j->reporters = reporters;
   j->barrier_ms = barrier_ms;
+  j->max_units = POLICY_MAX_UNITS;
   j->release = release;
   j->name = strdup(name);
   j->ranks = calloc(reporters, sizeof *j->ranks);
@@ -179,9 +180,9 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
         rv = GNMR_E_MISMATCH;
         goto out;
       }
-      if (req >= POLICY_MAX_UNITS) {
+      if (req >= j->max_units) {
         snprintf(why, whylen, "unit id %u: a job has at most %u units", req,
-                 POLICY_MAX_UNITS);
+                 j->max_units);
         rv = GNMR_E_RANGE;
         goto out;
       }
@@ -195,8 +196,8 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
       n_auto++;
     }
   }
-  if ((uint64_t)new_n + n_auto > POLICY_MAX_UNITS) {
-    snprintf(why, whylen, "a job has at most %u units", POLICY_MAX_UNITS);
+  if ((uint64_t)new_n + n_auto > j->max_units) {
+    snprintf(why, whylen, "a job has at most %u units", j->max_units);
     rv = GNMR_E_RANGE;
     goto out;
   }

@@ -64,6 +64,7 @@ typedef struct core_job {
   policy_params hello_params;/* what its agents send (fixed) */
   policy_params params;      /* in force (changed by gnmrctl set) */
   uint32_t reporters, barrier_ms, byes;
+  uint32_t max_units;        /* ids and units above it are refused */
   policy *pol;
   hmap unit_ids;             /* name -> id */
   char **unit_names;         /* by id; NULL = a gap (never registered) */
@@ -94,7 +95,8 @@ typedef struct core_registry {
 } core_registry;
 
 core_job *core_find(const core_registry *reg, const char *name);
-/* Creates and registers a job (pass 1, no units). NULL on no memory. */
+/* Creates and registers a job (pass 1, no units, at most POLICY_MAX_UNITS
+ * units until max_units is set). NULL on no memory. */
 core_job *core_job_new(core_registry *reg, const char *name,
                        const policy_params *prm, uint32_t reporters,
                        uint32_t barrier_ms, void (*release)(void *owner));

@@ -35,7 +35,11 @@
   XX(refused_plaintext)  /* a peer without CURVE on a CURVE socket */        \
   XX(refused_server_key) /* a CURVE peer expecting another server key */     \
   XX(refused_client_key) /* a CURVE key the allow list does not hold */      \
-  XX(refused_junk)       /* other failed handshakes: not ZMTP, cut short */
+  XX(refused_junk)       /* other failed handshakes: not ZMTP, cut short */ \
+  XX(refused_max_jobs)   /* a Hello for a new job beyond [limits] max_jobs */ \
+  XX(refused_max_units)  /* units beyond [limits] max_units */               \
+  XX(refused_max_held)   /* a report beyond [limits] max_held_mb */          \
+  XX(jobs_retired)       /* no report for [limits] job_idle_s */
 
 typedef struct gnmrd_counters {
 #define GNMRD__COUNTER_FIELD(name) uint64_t name;

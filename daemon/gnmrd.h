@@ -29,6 +29,8 @@ typedef struct gnmrd {
   struct zap *zap;      /* the ZAP handler, under CURVE */
   struct metrics *metrics;
   latency_hist decision_latency; /* first report to decision */
+  size_t held_bytes;  /* reports held for undecided steps ([limits]) */
+  uv_timer_t sweep;   /* retires idle jobs (jobs.c) */
   int stopping;
 } gnmrd;
 
@@ -37,6 +39,8 @@ void jobs_on_message(server *s, const void *id, size_t id_len,
                      const void *data, size_t len, const char *user,
                      void *ctx);
 void jobs_on_bad_frames(server *s, void *ctx);
+/* Starts retiring jobs idle for [limits] job_idle_s. */
+void jobs_start(gnmrd *d);
 /* Frees every job (their timers close through the loop). */
 void jobs_shutdown(gnmrd *d);
 /* Recreates an unfinished job from the store (start-up). */

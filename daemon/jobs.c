@@ -15,6 +15,7 @@
 #include "latency.h"
 #include "log.h"
 #include "records.h"
+#include "text.h"
 #include "validate.h"
 #include "wire.h"
 
@@ -23,7 +24,17 @@ typedef struct job {
   core_job *core;
   gnmrd *d;
   uv_timer_t timer;
+  uint64_t last_report_ms; /* loop time of the last accepted report, or of
+                              its creation: idle jobs are retired */
 } job;
+
+/* A report held for an undecided step: the decoded envelope and the bytes
+ * it came in, counted against [limits] max_held_mb. */
+typedef struct held {
+  Gnmr__Envelope *env;
+  size_t len;
+  gnmrd *d;
+} held;
 
 /* A connection identity's membership. */
 typedef struct peer {
@@ -104,9 +115,12 @@ static void connection_gone(job *j, core_rank *rr, int observer) {
 
 /* ---- job lifetime ----------------------------------------------------------- */
 
-static void release_envelope(void *owner) {
-  Gnmr__Envelope *env = owner;
-  gnmr__wire_free(&env);
+static void release_held(void *owner) {
+  held *h = owner;
+  assert(h->d->held_bytes >= h->len);
+  h->d->held_bytes -= h->len;
+  gnmr__wire_free(&h->env);
+  free(h);
 }
 
 static void job_timer_closed(uv_handle_t *h) { free(h->data); }
@@ -138,18 +152,18 @@ static job *job_create(gnmrd *d, const char *name, const policy_params *prm,
   if (j == NULL)
     return NULL;
   j->core = core_job_new(&d->jobs, name, prm, reporters, barrier_ms,
-                         release_envelope);
+                         release_held);
   if (j->core == NULL) {
     free(j);
     return NULL;
   }
   j->core->data = j;
+  if (d->cfg != NULL)
+    j->core->max_units = (uint32_t)d->cfg->max_units;
   j->d = d;
+  j->last_report_ms = uv_now(d->loop);
   uv_timer_init(d->loop, &j->timer);
   j->timer.data = j;
-  d->c.jobs_created++;
-  LOG(INFO, "JOB-CREATE", "job %s: %u reporters, barrier %u ms", name,
-      reporters, barrier_ms);
   return j;
 }
 
@@ -246,22 +260,46 @@ static void welcome(gnmrd *d, const void *id, size_t id_len, core_job *c,
     reply(d, id, id_len, buf, len);
 }
 
-static const uint32_t *hello_ids(const Gnmr__Hello *h) {
-  return h->n_unit_ids > 0 ? h->unit_ids : NULL;
+/* A job's first Hello was accepted: the job exists from now on. */
+static void job_accepted(job *j) {
+  gnmrd *d = j->d;
+  d->c.jobs_created++;
+  LOG(INFO, "JOB-CREATE", "job %s: %u reporters, barrier %u ms",
+      j->core->name, j->core->reporters, j->core->barrier_ms);
+  records_job(d->st, j->core);
+  records_event(d->st, j->core, STORE_EV_JOB_STARTED, UINT32_MAX, NULL);
+}
+
+/* The Hello's requested ids as uint32_t (NULL: none), narrowed in place,
+ * once: they travel as uint64 so that validate_hello refuses an id above
+ * the limit instead of a silent cut; below it they fit. */
+static const uint32_t *narrow_ids(Gnmr__Hello *h) {
+  if (h->n_unit_ids == 0)
+    return NULL;
+  unsigned char *b = (unsigned char *)h->unit_ids;
+  for (size_t i = 0; i < h->n_unit_ids; i++) { /* writes trail reads */
+    uint64_t v;
+    memcpy(&v, b + 8 * i, sizeof v);
+    assert(v < POLICY_MAX_UNITS);
+    uint32_t v32 = (uint32_t)v;
+    memcpy(b + 4 * i, &v32, sizeof v32);
+  }
+  return (const uint32_t *)(void *)h->unit_ids;
 }
 
 /* An observer joins (a Hello with observer set): its units map decisions to
  * its own units but add no shard; it gets every Decision and never
  * reports. A free slot is reused. */
-static void observer_join(gnmrd *d, const void *id, size_t id_len, job *j,
-                          const Gnmr__Hello *h, peer *pr, const char *user) {
+static int observer_join(gnmrd *d, const void *id, size_t id_len, job *j,
+                         const Gnmr__Hello *h, const uint32_t *ids, peer *pr,
+                         const char *user) {
   core_job *c = j->core;
   char why[160];
   uint32_t slot;
   int full, rv;
   if (pr != NULL) { /* the same connection again: welcome it again */
     welcome(d, id, id_len, c, &c->observers[pr->rank], 0);
-    return;
+    return 1;
   }
   core_rank *rr = core_observer_slot(c, &slot, &full);
   if (rr == NULL) {
@@ -273,38 +311,48 @@ static void observer_join(gnmrd *d, const void *id, size_t id_len, job *j,
     else
       reply_error(d, id, id_len, GNMR_E_NOMEM, "observer", 0,
                   "out of memory");
-    return;
+    return 0;
   }
   if ((rv = core_register_units(c, rr, (const char *const *)h->units,
-                                h->n_units, hello_ids(h), 0, why,
-                                sizeof why)) != GNMR_OK) {
+                                h->n_units, ids, 0, why, sizeof why)) !=
+      GNMR_OK) {
     d->c.hellos_refused++;
+    if (rv == GNMR_E_RANGE)
+      d->c.refused_max_units++;
     reply_error(d, id, id_len, rv, "units", 0, "%s", why);
-    return;
+    return 0;
   }
   if (bind_connection(d, j, rr, slot, 1, id, id_len) != GNMR_OK) {
     d->c.hellos_refused++;
     reply_error(d, id, id_len, GNMR_E_NOMEM, "observer", 0, "out of memory");
-    return;
+    return 0;
   }
   rr->joined = 1;
   rr->user = user ? strdup(user) : NULL;
   LOG(INFO, "OBSERVER-JOIN", "job %s: an observer joined with %zu units",
       c->name, h->n_units);
   welcome(d, id, id_len, c, rr, 0);
+  return 1;
 }
 
-static void on_hello(gnmrd *d, const void *id, size_t id_len,
-                     const Gnmr__Hello *h, const char *user) {
-  policy_params prm;
-  uint32_t barrier = 0;
-  d->c.hellos++;
+/* Refuses a Hello: counted, answered; a job this Hello created goes (a
+ * job exists only once a Hello was accepted). */
 #define REFUSE(code, ref, ...)                                   \
   do {                                                           \
     d->c.hellos_refused++;                                       \
     reply_error(d, id, id_len, code, ref, 0, __VA_ARGS__);       \
+    if (created)                                                 \
+      job_free(j);                                               \
     return;                                                      \
   } while (0)
+
+static void on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
+                     const char *user) {
+  policy_params prm;
+  uint32_t barrier = 0;
+  job *j = NULL;
+  int created = 0;
+  d->c.hellos++;
   {
     const char *ref = "";
     char why[256];
@@ -314,6 +362,7 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
     if (vrv != GNMR_OK)
       REFUSE(vrv, ref, "%s", why);
   }
+  const uint32_t *ids = narrow_ids(h);
   uint64_t v;
   peer *pr = NULL;
   if (hmap_get(&d->peers, id, id_len, &v)) {
@@ -325,7 +374,7 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
              pr->j->core->name, pr->observer ? "observer" : "rank",
              pr->rank);
   }
-  job *j = job_of(core_find(&d->jobs, h->job));
+  j = job_of(core_find(&d->jobs, h->job));
   if (j != NULL) {
     core_job *c = j->core;
     if (c->reporters != h->reporters)
@@ -339,15 +388,24 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
       REFUSE(GNMR_E_MISMATCH, "barrier_ms",
              "job %.64s has a %u ms barrier, this agent says %u", c->name,
              c->barrier_ms, barrier);
+  } else if (d->cfg != NULL && core_count(&d->jobs) >= d->cfg->max_jobs) {
+    d->c.refused_max_jobs++;
+    REFUSE(GNMR_E_BUSY, "job", "gnmrd serves %zu jobs already ([limits] "
+           "max_jobs)", core_count(&d->jobs));
   } else if ((j = job_create(d, h->job, &prm, h->reporters, barrier)) ==
              NULL) {
     REFUSE(GNMR_E_NOMEM, "job", "out of memory");
   } else {
-    records_job(d->st, j->core);
-    records_event(d->st, j->core, STORE_EV_JOB_STARTED, UINT32_MAX, NULL);
+    created = 1;
   }
   if (h->observer) {
-    observer_join(d, id, id_len, j, h, pr, user);
+    if (!observer_join(d, id, id_len, j, h, ids, pr, user)) {
+      if (created)
+        job_free(j);
+      return;
+    }
+    if (created)
+      job_accepted(j);
     return;
   }
   core_job *c = j->core;
@@ -358,17 +416,20 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
   if (user != NULL && rr->user != NULL && strcmp(user, rr->user) != 0)
     REFUSE(GNMR_E_MISMATCH, "rank",
            "rank %u of job %.64s joined with another key", h->rank, c->name);
-  if (rr->ever && !core_same_units(c, rr, names, h->n_units, hello_ids(h)))
+  if (rr->ever && !core_same_units(c, rr, names, h->n_units, ids))
     REFUSE(GNMR_E_MISMATCH, "units",
            "rank %u of job %.64s joined before with other units", h->rank,
            c->name);
+  int registered = 0;
   if (!rr->ever) {
     char why[160];
-    int urv = core_register_units(c, rr, names, h->n_units, hello_ids(h), 1,
+    int urv = core_register_units(c, rr, names, h->n_units, ids, 1,
                                   why, sizeof why);
+    if (urv == GNMR_E_RANGE)
+      d->c.refused_max_units++;
     if (urv != GNMR_OK)
       REFUSE(urv, "unit_ids", "%s", why);
-    records_rank(d->st, c, h->rank);
+    registered = 1;
   }
   /* Bind this connection to (job, rank), replacing an older connection. */
   if (pr == NULL) {
@@ -379,6 +440,10 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
     if (bind_connection(d, j, rr, h->rank, 0, id, id_len) != GNMR_OK)
       REFUSE(GNMR_E_NOMEM, "rank", "out of memory");
   }
+  if (created)
+    job_accepted(j);
+  if (registered)
+    records_rank(d->st, c, h->rank);
   if (user != NULL && rr->user == NULL)
     rr->user = strdup(user);
   if (!rr->joined) {
@@ -390,13 +455,13 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len,
   LOG(INFO, "AGENT-JOIN", "job %s rank %u/%u joined with %zu units", c->name,
       h->rank, c->reporters, h->n_units);
   welcome(d, id, id_len, c, rr, h->rank);
-#undef REFUSE
 }
+#undef REFUSE
 
 /* Handles a Report; returns 1 when the job kept env (held until its step
  * is decided), 0 when the caller still owns it. */
 static int on_report(gnmrd *d, const void *id, size_t id_len,
-                     Gnmr__Envelope *env) {
+                     Gnmr__Envelope *env, size_t len) {
   const Gnmr__Report *r = env->report;
   uint64_t v;
 #define REFUSE(code, ref, ...)                                   \
@@ -426,13 +491,29 @@ static int on_report(gnmrd *d, const void *id, size_t id_len,
     if (vrv != GNMR_OK)
       REFUSE(vrv, ref, "%s", why);
   }
-  core_report rep = {env, r->sumsq, r->n_nonfinite ? r->nonfinite : NULL,
+  size_t max_held = d->cfg ? (size_t)d->cfg->max_held_mb << 20 : SIZE_MAX;
+  if (d->held_bytes + len > max_held) {
+    d->c.refused_max_held++;
+    REFUSE(GNMR_E_BUSY, "step", "gnmrd holds %zu MB of reports for "
+           "undecided steps ([limits] max_held_mb)", d->held_bytes >> 20);
+  }
+  held *hd = malloc(sizeof *hd);
+  if (hd == NULL)
+    REFUSE(GNMR_E_NOMEM, "step", "out of memory");
+  *hd = (held){env, len, d};
+  core_report rep = {hd, r->sumsq, r->n_nonfinite ? r->nonfinite : NULL,
                      r->n_not_reported ? (const int *)r->not_reported : NULL};
   core_clock now = {uv_now(d->loop), uv_hrtime()};
   char detail[128];
   int resumed;
   int rc = core_report_step(c, pr->rank, r->step, &rep, now, &resumed, detail,
                             sizeof detail);
+  if (rc == CORE_ACCEPTED) {
+    d->held_bytes += len;
+    j->last_report_ms = now.ms;
+  } else {
+    free(hd); /* the caller frees env */
+  }
   if (resumed) {
     records_job(d->st, c);
     records_event(d->st, c, STORE_EV_JOB_RESUMED, UINT32_MAX, detail);
@@ -466,16 +547,50 @@ static int on_report(gnmrd *d, const void *id, size_t id_len,
 #undef REFUSE
 }
 
-static void finish(job *j) {
+/* Ends a job: every rank said Bye (finished), or no report came for
+ * [limits] job_idle_s (retired: its processes died or hang). Its history
+ * and final state stay in the store. */
+static void finish(job *j, int retired) {
   gnmrd *d = j->d;
   core_job *c = j->core;
-  LOG(INFO, "JOB-FINISH", "job %s finished at step %llu", c->name,
+  LOG(INFO, retired ? "JOB-RETIRE" : "JOB-FINISH", "job %s %s at step %llu",
+      c->name, retired ? "retired, no report for [limits] job_idle_s,"
+                       : "finished",
       (unsigned long long)c->last_decided);
-  records_event(d->st, c, STORE_EV_JOB_FINISHED, UINT32_MAX, NULL);
+  records_event(d->st, c, retired ? STORE_EV_JOB_RETIRED
+                                  : STORE_EV_JOB_FINISHED, UINT32_MAX, NULL);
   records_snapshot(d->st, c);
-  records_state(d->st, c, "finished");
-  d->c.jobs_finished++;
+  records_state(d->st, c, retired ? "retired" : "finished");
+  if (retired)
+    d->c.jobs_retired++;
+  else
+    d->c.jobs_finished++;
   job_free(j);
+}
+
+static void sweep_cb(uv_timer_t *t) {
+  gnmrd *d = t->data;
+  uint64_t idle_ms = d->cfg->job_idle_s * 1000, now = uv_now(d->loop);
+  size_t pos = 0, n = 0;
+  core_job *c;
+  job **old = malloc((core_count(&d->jobs) + 1) * sizeof *old);
+  while (old != NULL && (c = core_next_job(&d->jobs, &pos)) != NULL)
+    if (now - job_of(c)->last_report_ms >= idle_ms)
+      old[n++] = job_of(c);
+  for (size_t i = 0; i < n; i++) /* finish() edits d->jobs */
+    finish(old[i], 1);
+  free(old);
+}
+
+void jobs_start(gnmrd *d) {
+  uv_timer_init(d->loop, &d->sweep);
+  d->sweep.data = d;
+  if (d->cfg == NULL || d->cfg->job_idle_s == 0)
+    return;
+  uint64_t every = d->cfg->job_idle_s * 1000 / 4;
+  every = every < 100 ? 100 : every > 10000 ? 10000 : every;
+  uv_timer_start(&d->sweep, sweep_cb, every, every);
+  uv_unref((uv_handle_t *)&d->sweep);
 }
 
 static void on_bye(gnmrd *d, const void *id, size_t id_len,
@@ -502,7 +617,7 @@ static void on_bye(gnmrd *d, const void *id, size_t id_len,
     records_event(d->st, c, STORE_EV_AGENT_LEFT, rank, detail);
   }
   if (core_bye(c, rank)) {
-    finish(j);
+    finish(j, 0);
     return;
   }
   decide_ready(j); /* fewer reporters may complete a pending step */
@@ -533,7 +648,7 @@ void jobs_on_message(server *s, const void *id, size_t id_len,
     on_hello(d, id, id_len, env->hello, user);
     break;
   case GNMR__ENVELOPE__BODY_REPORT:
-    kept = on_report(d, id, id_len, env);
+    kept = on_report(d, id, id_len, env, len);
     break;
   case GNMR__ENVELOPE__BODY_BYE:
     on_bye(d, id, id_len, env->bye);
@@ -578,6 +693,19 @@ void jobs_shutdown(gnmrd *d) {
 
 void jobs_restore(const store_job *sj, void *ctx) {
   gnmrd *d = ctx;
+  char why[96], esc[600];
+  /* names are checked where they enter; an older gnmrd did not check */
+  int ok = gnmr__name_check(sj->name, GNMR_MAX_JOB_NAME, why, sizeof why);
+  for (uint32_t u = 0; ok && u < sj->n_units; u++)
+    ok = sj->unit_names[u] == NULL ||
+         gnmr__name_check(sj->unit_names[u], GNMR_MAX_UNIT_NAME, why,
+                          sizeof why);
+  if (!ok) {
+    LOG(ERROR, "JOB-RESTORE", "job %s: not restored, a name is invalid (%s);"
+        " its history stays queryable", gnmr__escape(sj->name, esc,
+                                                     sizeof esc), why);
+    return;
+  }
   job *j = job_create(d, sj->name, &sj->hello_params, sj->reporters,
                       sj->barrier_ms);
   if (j == NULL) {

@@ -335,6 +335,7 @@ int main(int argc, char **argv) {
     LOG(ERROR, "STORE-RESTORE", "%s", err);
     goto out;
   }
+  jobs_start(&d);
   /* the ZAP handler must be bound before any CURVE server socket */
   if (curve && zap_open(&loop, d.zctx, &allowed, &d.c.auth_denied, &d.zap,
                         err, sizeof err) != GNMR_OK) {

@@ -16,6 +16,7 @@
 
 #include "gnmr/error.h"
 #include "log.h"
+#include "text.h"
 
 struct metrics {
   struct MHD_Daemon *mhd;
@@ -60,7 +61,11 @@ static void put(text *t, const char *fmt, ...) {
 }
 
 /* A label value with \, " and newline escaped. */
-static const char *label(const char *s, char *buf, size_t cap) {
+/* A label value: odd bytes escaped first (text.h), then Prometheus'
+ * escapes, so the exposition stays valid UTF-8 whatever a name holds. */
+static const char *label(const char *raw, char *buf, size_t cap) {
+  char safe[600];
+  const char *s = gnmr__escape(raw, safe, sizeof safe);
   size_t k = 0;
   for (; *s && k + 3 < cap; s++) {
     if (*s == '\\' || *s == '"') {

@@ -22,6 +22,7 @@
   XX(JOB_STARTED, "job_started")                                             \
   XX(JOB_RESUMED, "job_resumed")                                             \
   XX(JOB_FINISHED, "job_finished")                                           \
+  XX(JOB_RETIRED, "job_retired")                                             \
   XX(AGENT_JOINED, "agent_joined")                                           \
   XX(AGENT_LEFT, "agent_left")                                               \
   XX(PARAMS_CHANGED, "params_changed")

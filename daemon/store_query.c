@@ -16,6 +16,7 @@
 #include "store.h"
 #include "store_query.h"
 #include "store_sql.h"
+#include "text.h"
 
 static void qfail(store_query *q, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -39,8 +40,16 @@ static json_t *col_json(sqlite3_stmt *st, int c) {
       return json_string(v > 0 ? "inf" : "-inf");
     return json_real(v);
   }
-  case SQLITE_TEXT:
-    return json_string((const char *)sqlite3_column_text(st, c));
+  case SQLITE_TEXT: {
+    /* names were checked on entry; an older database may hold anything */
+    const char *t = (const char *)sqlite3_column_text(st, c);
+    json_t *j = json_string(t);
+    if (j == NULL) {
+      char esc[2048];
+      j = json_string(gnmr__escape(t, esc, sizeof esc));
+    }
+    return j;
+  }
   default:
     return json_null();
   }

@@ -26,7 +26,7 @@ static void put_env(const char *path, Gnmr__Envelope *env) {
 
 int main(void) {
   char *units[] = {"layer0.attn", "layer0.mlp", "expert.3"};
-  uint32_t ids[] = {0, 1, 7};
+  uint64_t ids[] = {0, 1, 7};
   double sumsq[] = {1.5, 0, 2.25};
   uint64_t nf[] = {0, 0, 2};
   protobuf_c_boolean nr[] = {0, 1, 0};

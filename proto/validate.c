@@ -29,8 +29,10 @@ int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
   if (h->protocol != GNMR_PROTOCOL_VERSION)
     FAIL(GNMR_E_VERSION, "protocol", "protocol %u, this daemon speaks %u",
          h->protocol, GNMR_PROTOCOL_VERSION);
-  if (!gnmr__printable(h->job, 128))
-    FAIL(GNMR_E_INVAL, "job", "job name must be 1..128 printable bytes");
+  char why[96];
+  if (!gnmr__name_check(h->job, GNMR_MAX_JOB_NAME, why, sizeof why))
+    FAIL(GNMR_E_INVAL, "job", "job name: %s (1..%u bytes of UTF-8 without "
+         "control or format characters)", why, GNMR_MAX_JOB_NAME);
   if (h->reporters == 0 || h->reporters > GNMR_MAX_REPORTERS)
     FAIL(GNMR_E_INVAL, "reporters", "reporters must be 1..%u",
          GNMR_MAX_REPORTERS);
@@ -47,8 +49,8 @@ int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
          h->n_unit_ids, h->n_units);
   for (size_t i = 0; i < h->n_unit_ids; i++)
     if (h->unit_ids[i] >= POLICY_MAX_UNITS)
-      FAIL(GNMR_E_RANGE, "unit_ids", "unit id %u is not below %u",
-           h->unit_ids[i], POLICY_MAX_UNITS);
+      FAIL(GNMR_E_RANGE, "unit_ids", "unit id %llu is not below %u",
+           (unsigned long long)h->unit_ids[i], POLICY_MAX_UNITS);
   if (h->params == NULL && defaults == NULL)
     FAIL(GNMR_E_INVAL, "params", "Hello without policy parameters");
   if (h->params != NULL)
@@ -61,9 +63,10 @@ int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
   int rv = GNMR_OK;
   for (size_t i = 0; i < h->n_units && rv == GNMR_OK; i++) {
     const char *u = h->units[i];
-    if (!gnmr__printable(u, 256)) {
+    if (!gnmr__name_check(u, GNMR_MAX_UNIT_NAME, why, sizeof why)) {
       *ref = "units";
-      snprintf(msg, msglen, "unit %zu: names are 1..256 printable bytes", i);
+      snprintf(msg, msglen, "unit %zu: name %s (1..%u bytes of UTF-8 without "
+               "control or format characters)", i, why, GNMR_MAX_UNIT_NAME);
       rv = GNMR_E_INVAL;
     } else if (hmap_get(&seen, u, strlen(u), NULL)) {
       *ref = "units";

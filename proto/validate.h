@@ -14,6 +14,8 @@
 #define GNMR_MAX_REPORTERS 4096u
 #define GNMR_MAX_AGENT_UNITS (1u << 20)
 #define GNMR_DEFAULT_BARRIER_MS 1000u
+#define GNMR_MAX_JOB_NAME 128u  /* bytes; see text.h for the characters */
+#define GNMR_MAX_UNIT_NAME 256u
 
 /* Checks a Hello on its own: protocol, job name, rank/reporters, unit
  * names (printable, unique), unit_ids, parameters, barrier. A Hello

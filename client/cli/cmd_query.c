@@ -14,6 +14,7 @@
 #include "gnmr/error.h"
 #include "commands.h"
 #include "num.h"
+#include "text.h"
 
 enum fmt { FMT_TABLE, FMT_CSV, FMT_JSON };
 
@@ -53,7 +54,7 @@ static void cell(const json_t *v, enum fmt f, char *buf, size_t cap) {
   else if (json_is_false(v))
     snprintf(buf, cap, "no");
   else if (json_is_string(v))
-    snprintf(buf, cap, "%s", json_string_value(v));
+    gnmr__escape(json_string_value(v), buf, cap); /* whatever the db has */
   else
     snprintf(buf, cap, "?");
 }
@@ -110,7 +111,7 @@ static void render_params(const json_t *p) {
 }
 
 static void render_status(const json_t *o) {
-  char buf[128];
+  char buf[128], nb[1100];
   static const char *const keys[] = {"job",        "state",   "pass",
                                      "step",       "reporters", "joined",
                                      "units",      "pending_steps",
@@ -128,7 +129,8 @@ static void render_status(const json_t *o) {
   const json_t *u;
   json_array_foreach(act, i, u) printf(
       "  %-6lld %s\n", (long long)json_integer_value(json_object_get(u, "id")),
-      json_string_value(json_object_get(u, "name")));
+      gnmr__escape(json_string_value(json_object_get(u, "name")), nb,
+                   sizeof nb));
 }
 
 static void render_decisions(const json_t *o, enum fmt f) {
