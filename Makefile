@@ -198,6 +198,8 @@ $(BUILD)/tests/test_core: $(BUILD)/obj/tests/test_core.o $(BUILD)/obj/daemon/cor
 # The agent's allocations on the reporting thread, counted through the
 # linker's --wrap (tests/test_agent_alloc.c).
 $(BUILD)/tests/test_agent_alloc: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
+# test_hostile edits an old database by hand.
+$(BUILD)/tests/test_hostile: LDLIBS += $(DB_LIBS)
 
 $(BUILD)/obj/tests/%.o: tests/%.c
 	@mkdir -p $(dir $@)

@@ -455,6 +455,13 @@ int core_decide_next(core_job *j, uint64_t now_ms, core_outcome *out) {
   return 1;
 }
 
+int core_is_pending(const core_job *j, uint64_t step) {
+  for (uint32_t i = 0; i < j->n_pend; i++)
+    if (j->pend[i].step == step)
+      return 1;
+  return 0;
+}
+
 uint64_t core_next_deadline(const core_job *j) {
   uint64_t first = UINT64_MAX;
   for (uint32_t i = 0; i < j->n_pend; i++)

@@ -166,6 +166,8 @@ typedef struct core_outcome {
  * or past its deadline. Returns 1 with *out filled (the step is gone from
  * the pending list), 0 when nothing is ready. Call until 0. */
 int core_decide_next(core_job *j, uint64_t now_ms, core_outcome *out);
+/* Whether step has reports waiting (it is neither decided nor new). */
+int core_is_pending(const core_job *j, uint64_t step);
 /* The earliest pending deadline, UINT64_MAX when nothing is pending. */
 uint64_t core_next_deadline(const core_job *j);
 

@@ -491,8 +491,11 @@ static int on_report(gnmrd *d, const void *id, size_t id_len,
     if (vrv != GNMR_OK)
       REFUSE(vrv, ref, "%s", why);
   }
+  /* Over the cap, a report that would open a new undecided step is
+   * refused; one for a step already waiting is taken: it completes the
+   * step, which frees what is held. */
   size_t max_held = d->cfg ? (size_t)d->cfg->max_held_mb << 20 : SIZE_MAX;
-  if (d->held_bytes + len > max_held) {
+  if (d->held_bytes + len > max_held && !core_is_pending(c, r->step)) {
     d->c.refused_max_held++;
     REFUSE(GNMR_E_BUSY, "step", "gnmrd holds %zu MB of reports for "
            "undecided steps ([limits] max_held_mb)", d->held_bytes >> 20);

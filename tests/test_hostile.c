@@ -1,0 +1,345 @@
+/* SPDX-License-Identifier: MIT */
+/* test_hostile.c — regressions for hostile peers and large users (issue
+ * 13): names that are not clean UTF-8, names already in an old database,
+ * the [limits] caps (jobs, units, held bytes, idle jobs), refused Hellos
+ * that must create nothing, and ids past 2^32. Each case runs against a
+ * real gnmrd, and a well-behaved peer is served afterwards. */
+#include <sqlite3.h>
+
+#include "rawpeer.h"
+#include "testutil.h"
+#include "text.h"
+
+static char *two_units[] = {"u0", "u1"};
+
+static void hello_ids(raw_peer *p, const char *job, uint32_t rank,
+                      uint32_t reporters, char **units, size_t n,
+                      uint64_t *ids) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Hello h = GNMR__HELLO__INIT;
+  Gnmr__Params wp;
+  policy_params prm;
+  policy_params_default(&prm);
+  prm.warmup_steps = 0;
+  gnmr__params_to_wire(&prm, &wp);
+  h.protocol = 1;
+  h.job = (char *)job;
+  h.rank = rank;
+  h.reporters = reporters;
+  h.n_units = n;
+  h.units = units;
+  h.params = &wp;
+  h.barrier_ms = 60000;
+  if (ids != NULL) {
+    h.n_unit_ids = n;
+    h.unit_ids = ids;
+  }
+  env.body_case = GNMR__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  raw_send_env(p, &env);
+}
+
+static void send_report(raw_peer *p, const char *job, uint32_t rank,
+                        uint64_t step, double *sumsq, size_t n) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Report r = GNMR__REPORT__INIT;
+  r.job = (char *)job;
+  r.rank = rank;
+  r.step = step;
+  r.n_sumsq = n;
+  r.sumsq = sumsq;
+  env.body_case = GNMR__ENVELOPE__BODY_REPORT;
+  env.report = &r;
+  raw_send_env(p, &env);
+}
+
+static void expect_welcome(raw_peer *p) {
+  Gnmr__Envelope *env = expect_body(p, GNMR__ENVELOPE__BODY_WELCOME);
+  gnmr__wire_free(&env);
+}
+
+static run_result ctl(const tu_daemon *d, char *a1, char *a2) {
+  char admin[300];
+  snprintf(admin, sizeof admin, "--admin=%s", d->admin);
+  char *argv[] = {"gnmrctl", admin, a1, a2, NULL};
+  return tu_run("gnmrctl", argv, NULL);
+}
+
+/* The bytes that must never pass as a name, and why. */
+static const struct {
+  const char *s, *why;
+} bad_names[] = {
+    {"a\xc2\x9b" "b", "control character U+009B"}, /* C1 CSI */
+    {"\xe2\x80\xae" "evil", "format character U+202E"}, /* bidi override */
+    {"x\xe2\x81\xa6y", "format character U+2066"},       /* bidi isolate */
+    {"\xef\xbb\xbf" "bom", "format character U+FEFF"},
+    {"zero\xe2\x80\x8bwidth", "format character U+200B"},
+    {"line\xe2\x80\xa8sep", "line or paragraph separator U+2028"},
+    {"tab\there", "control character U+0009"},
+    {"del\x7f", "control character U+007F"},
+    {"esc\x1b[2J", "control character U+001B"},
+    {"over\xc0\xaf", "not UTF-8 at byte 4"},     /* overlong '/' */
+    {"sur\xed\xa0\x80", "not UTF-8 at byte 3"},  /* a surrogate */
+    {"big\xf4\x90\x80\x80", "not UTF-8 at byte 3"}, /* past U+10FFFF */
+    {"cut\xe6\xa8", "not UTF-8 at byte 3"},      /* truncated */
+    {"\x80lone", "not UTF-8 at byte 0"},         /* a continuation byte */
+    {"non\xef\xbf\xbf", "noncharacter U+FFFF"},
+    {"", "empty"},
+};
+
+START_TEST(names_are_utf8_without_controls_or_format_characters) {
+  char why[96];
+  for (size_t i = 0; i < sizeof bad_names / sizeof bad_names[0]; i++) {
+    ck_assert_msg(!gnmr__name_check(bad_names[i].s, 128, why, sizeof why),
+                  "name %zu passed", i);
+    ck_assert_msg(strstr(why, bad_names[i].why) != NULL,
+                  "name %zu: '%s', expected '%s'", i, why, bad_names[i].why);
+  }
+  ck_assert(!gnmr__name_check(NULL, 128, why, sizeof why));
+  ck_assert_str_eq(why, "missing");
+  /* what passes: ASCII, CJK, emoji, combining marks, private use */
+  static const char *const good[] = {
+      "layers.0.attn.q_proj", "模型.层.3", "expert-\xf0\x9f\x9a\x80",
+      "e\xcc\x81t\xc3\xa9", "\xee\x80\x80pua", "a b/c:d=e"};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+    ck_assert_msg(gnmr__name_check(good[i], 128, why, sizeof why),
+                  "'%s' refused: %s", good[i], why);
+  /* the length limit is in bytes, exactly */
+  char n128[129], n129[130];
+  memset(n128, 'a', 128);
+  n128[128] = '\0';
+  memset(n129, 'a', 129);
+  n129[129] = '\0';
+  ck_assert(gnmr__name_check(n128, 128, why, sizeof why));
+  ck_assert(!gnmr__name_check(n129, 128, why, sizeof why));
+  ck_assert_str_eq(why, "longer than 128 bytes");
+  /* escaping: odd bytes and backslashes as \xHH, the rest kept */
+  char out[64];
+  ck_assert_str_eq(gnmr__escape("a\xc2\x9b" "b", out, sizeof out),
+                   "a\\xc2\\x9bb");
+  ck_assert_str_eq(gnmr__escape("\xe6\xa8", out, sizeof out), "\\xe6\\xa8");
+  ck_assert_str_eq(gnmr__escape("模型\\x", out, sizeof out),
+                   "模型\\x5cx");
+  ck_assert_str_eq(gnmr__escape(NULL, out, sizeof out), "");
+  ck_assert_str_eq(gnmr__escape("abcdef", out, 4), "abc"); /* truncated */
+}
+END_TEST
+
+START_TEST(hostile_names_are_refused_and_create_nothing) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  raw_peer p = raw_open(d.agents);
+  for (size_t i = 0; i < sizeof bad_names / sizeof bad_names[0]; i++) {
+    hello_ids(&p, bad_names[i].s, 0, 1, two_units, 2, NULL);
+    expect_error(&p, GNMR_E_INVAL, "job name");
+    char *bad_unit[] = {"ok", (char *)bad_names[i].s};
+    hello_ids(&p, "names-job", 0, 1, bad_unit, 2, NULL);
+    expect_error(&p, GNMR_E_INVAL, "unit 1: name");
+  }
+  ck_assert_int_eq(tu_counter(&d, "jobs_created"), 0);
+  /* admin requests with such names: a clear error, and gnmrd lives on */
+  run_result r = ctl(&d, "status", "a\xc2\x9b" "b");
+  ck_assert_int_ne(r.code, 0);
+  ck_assert_msg(strstr(r.err, "job name: control character U+009B") != NULL,
+                "%s", r.err);
+  tu_run_free(&r);
+  r = ctl(&d, "jobs", NULL);
+  ck_assert_int_eq(r.code, 0);
+  tu_run_free(&r);
+  /* a good peer is served */
+  hello_ids(&p, "模型-job", 0, 1, two_units, 2, NULL);
+  expect_welcome(&p);
+  ck_assert_int_eq(tu_counter(&d, "jobs_created"), 1);
+  raw_close(&p);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(old_database_names_are_not_restored_and_are_escaped) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  raw_peer p = raw_open(d.agents);
+  hello_ids(&p, "oldjob", 0, 1, two_units, 2, NULL);
+  expect_welcome(&p);
+  double s[] = {1, 2};
+  send_report(&p, "oldjob", 0, 1, s, 2);
+  Gnmr__Envelope *env = expect_body(&p, GNMR__ENVELOPE__BODY_DECISION);
+  gnmr__wire_free(&env);
+  raw_close(&p);
+  tu_sleep_ms(300); /* the store commits */
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGKILL), 128 + SIGKILL);
+  /* an older gnmrd let a C1 control into a running job's name */
+  char path[256];
+  snprintf(path, sizeof path, "%s/data/gnmr.db", d.dir);
+  sqlite3 *db;
+  ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
+  ck_assert_int_eq(sqlite3_exec(db,
+                                "UPDATE jobs SET name=CAST(X'6F6C64C29B6A6F62'"
+                                " AS TEXT) WHERE name='oldjob'",
+                                NULL, NULL, NULL),
+                   SQLITE_OK);
+  ck_assert_int_eq(sqlite3_changes(db), 1);
+  sqlite3_close(db);
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, NULL);
+  char *log = tu_daemon_log(&d);
+  ck_assert_msg(strstr(log, "not restored, a name is invalid") != NULL, "%s",
+                log);
+  ck_assert_msg(strstr(log, "old\\xc2\\x9bjob") != NULL, "%s", log);
+  free(log);
+  run_result r = ctl(&d, "jobs", NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "old\\xc2\\x9bjob") != NULL, "%s", r.out);
+  ck_assert(strstr(r.out, "\xc2\x9b") == NULL); /* never raw */
+  tu_run_free(&r);
+  r = ctl(&d, "jobs", "--json");
+  ck_assert_int_eq(r.code, 0);
+  tu_run_free(&r);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+static void start_with(tu_daemon *d, const char *conf) {
+  const char *dir = tu_tmpdir();
+  char path[256];
+  snprintf(path, sizeof path, "%s/gnmrd.conf", dir);
+  tu_write_file(path, conf);
+  static char cfgpath[256];
+  snprintf(cfgpath, sizeof cfgpath, "%s", path);
+  char *extra[] = {"--config", cfgpath, NULL};
+  tu_daemon_start_in(d, NULL, NULL, dir, extra);
+}
+
+START_TEST(caps_on_jobs_units_and_ids_refuse_clearly) {
+  tu_daemon d = {0};
+  start_with(&d, "[limits]\nmax_jobs = 2\nmax_units = 100\n");
+  raw_peer p = raw_open(d.agents);
+  /* one 60-byte Hello asking for unit id 2^24 - 1 */
+  uint64_t far[] = {(1u << 24) - 1, 0};
+  hello_ids(&p, "amp", 0, 1, two_units, 2, far);
+  expect_error(&p, GNMR_E_RANGE, "at most 100 units");
+  /* an id past 2^32 is not cut to 0 */
+  uint64_t wrap[] = {UINT64_C(1) << 32, 1};
+  hello_ids(&p, "wrap", 0, 1, two_units, 2, wrap);
+  expect_error(&p, GNMR_E_RANGE, "unit id 4294967296 is not below");
+  /* refused Hellos leave no job behind, whatever their number */
+  uint64_t dup[] = {5, 5};
+  for (int i = 0; i < 50; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "refused-%d", i);
+    hello_ids(&p, name, 0, 1, two_units, 2, dup);
+    expect_error(&p, GNMR_E_MISMATCH, "already taken");
+  }
+  ck_assert_int_eq(tu_counter(&d, "jobs_created"), 0);
+  ck_assert_int_eq(tu_counter(&d, "refused_max_units"), 1);
+  raw_peer a = raw_open(d.agents), b = raw_open(d.agents),
+           c = raw_open(d.agents);
+  hello_ids(&a, "job-a", 0, 1, two_units, 2, NULL);
+  expect_welcome(&a);
+  hello_ids(&b, "job-b", 0, 1, two_units, 2, NULL);
+  expect_welcome(&b);
+  hello_ids(&c, "job-c", 0, 1, two_units, 2, NULL);
+  expect_error(&c, GNMR_E_BUSY, "max_jobs");
+  ck_assert_int_eq(tu_counter(&d, "refused_max_jobs"), 1);
+  /* a known job's new rank is no new job */
+  run_result r = ctl(&d, "jobs", NULL);
+  ck_assert(strstr(r.out, "job-a") && strstr(r.out, "job-b"));
+  ck_assert(strstr(r.out, "job-c") == NULL && strstr(r.out, "refused") ==
+                                                  NULL);
+  tu_run_free(&r);
+  raw_close(&a);
+  raw_close(&b);
+  raw_close(&c);
+  raw_close(&p);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(held_bytes_are_capped_and_freed_by_decisions) {
+  enum { U = 100000 }; /* 800 KB of sums per report */
+  tu_daemon d = {0};
+  start_with(&d, "[limits]\nmax_held_mb = 1\n");
+  static char names[U][12];
+  static char *units[U];
+  static double s[U];
+  for (int i = 0; i < U; i++) {
+    snprintf(names[i], sizeof names[i], "u%d", i);
+    units[i] = names[i];
+    s[i] = 1;
+  }
+  raw_peer r0 = raw_open(d.agents), r1 = raw_open(d.agents);
+  hello_ids(&r0, "big", 0, 2, units, U, NULL);
+  expect_welcome(&r0);
+  hello_ids(&r1, "big", 1, 2, units, U, NULL);
+  expect_welcome(&r1);
+  send_report(&r0, "big", 0, 1, s, U);       /* held: 0.8 MB */
+  send_report(&r0, "big", 0, 2, s, U);       /* 1.6 MB: refused */
+  expect_error(&r0, GNMR_E_BUSY, "max_held_mb");
+  ck_assert_int_eq(tu_counter(&d, "refused_max_held"), 1);
+  send_report(&r1, "big", 1, 1, s, U);       /* step 1 decided, freed */
+  Gnmr__Envelope *env = expect_body(&r0, GNMR__ENVELOPE__BODY_DECISION);
+  gnmr__wire_free(&env);
+  env = expect_body(&r1, GNMR__ENVELOPE__BODY_DECISION);
+  gnmr__wire_free(&env);
+  send_report(&r0, "big", 0, 2, s, U);       /* the re-send is taken */
+  send_report(&r1, "big", 1, 2, s, U);
+  env = expect_body(&r0, GNMR__ENVELOPE__BODY_DECISION);
+  ck_assert_uint_eq(env->decision->step, 2);
+  gnmr__wire_free(&env);
+  raw_close(&r0);
+  raw_close(&r1);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+START_TEST(idle_jobs_are_retired_and_their_slot_freed) {
+  tu_daemon d = {0};
+  start_with(&d, "[limits]\nmax_jobs = 1\njob_idle_s = 1\n");
+  raw_peer p = raw_open(d.agents), q = raw_open(d.agents);
+  hello_ids(&p, "gone", 0, 1, two_units, 2, NULL); /* then killed: silent */
+  expect_welcome(&p);
+  hello_ids(&q, "next", 0, 1, two_units, 2, NULL);
+  expect_error(&q, GNMR_E_BUSY, "max_jobs");
+  long long retired = 0;
+  for (int i = 0; i < 60 && retired == 0; i++) {
+    tu_sleep_ms(100);
+    retired = tu_counter(&d, "jobs_retired");
+  }
+  ck_assert_int_eq(retired, 1);
+  hello_ids(&q, "next", 0, 1, two_units, 2, NULL);
+  expect_welcome(&q);
+  tu_sleep_ms(300);
+  run_result r = ctl(&d, "jobs", NULL);
+  ck_assert_msg(strstr(r.out, "retired") != NULL, "%s", r.out);
+  tu_run_free(&r);
+  /* a report from the retired job's connection: it joins afresh */
+  double s[] = {1, 1};
+  send_report(&p, "gone", 0, 1, s, 2);
+  expect_error(&p, GNMR_E_NOJOB, "send Hello first");
+  raw_close(&p);
+  raw_close(&q);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("hostile");
+  TCase *names = tcase_create("names");
+  tcase_add_test(names, names_are_utf8_without_controls_or_format_characters);
+  suite_add_tcase(s, names);
+  TCase *live = tcase_create("live");
+  tcase_set_timeout(live, 120);
+  tcase_add_test(live, hostile_names_are_refused_and_create_nothing);
+  tcase_add_test(live, old_database_names_are_not_restored_and_are_escaped);
+  tcase_add_test(live, caps_on_jobs_units_and_ids_refuse_clearly);
+  tcase_add_test(live, held_bytes_are_capped_and_freed_by_decisions);
+  tcase_add_test(live, idle_jobs_are_retired_and_their_slot_freed);
+  suite_add_tcase(s, live);
+  return s;
+}
+
+int main(void) { return tu_check_main(suite()); }
