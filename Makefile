@@ -73,7 +73,7 @@ DAEMON_LIBS = $(shell pkg-config --libs inih libsystemd libmicrohttpd 2>/dev/nul
 NET_LIBS = $(ZMQ_LIBS) $(PBC_LIBS)
 
 # ---- sources -----------------------------------------------------------
-COMMON_SRC := common/error.c common/log.c common/num.c \
+COMMON_SRC := common/error.c common/log.c common/num.c common/ipc.c \
               common/hmap.c common/text.c common/keys.c
 PARAMS_SRC := policy/params.c
 POLICY_SRC := policy/policy.c policy/snapshot.c

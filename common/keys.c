@@ -32,14 +32,45 @@ static char *trim(char *s) {
   return s;
 }
 
+/* A key file others could read (a secret) or change (any key, an allow
+ * list) is refused, as ssh refuses such identity files. */
+static int file_private(FILE *f, const char *path, int secret, char *err,
+                        size_t errlen) {
+  struct stat st;
+  if (fstat(fileno(f), &st) != 0) {
+    snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    return GNMR_E_IO;
+  }
+  mode_t bad = secret ? (S_IRWXG | S_IRWXO) : (S_IWGRP | S_IWOTH);
+  if (st.st_mode & bad) {
+    snprintf(err, errlen, "%s: mode %04o: %s (chmod %s)", path,
+             (unsigned)(st.st_mode & 07777),
+             secret ? "a secret key must not be readable or writable by "
+                      "others"
+                    : "others could change it",
+             secret ? "600" : "go-w");
+    return GNMR_E_INVAL;
+  }
+  if (st.st_uid != geteuid() && st.st_uid != 0) {
+    snprintf(err, errlen, "%s belongs to uid %u, not to this user or root",
+             path, (unsigned)st.st_uid);
+    return GNMR_E_INVAL;
+  }
+  return GNMR_OK;
+}
+
 int gnmr__key_file_read(const char *path, char *pub, char *sec, char *err,
                         size_t errlen) {
   FILE *f = fopen(path, "r");
   char line[256];
-  int have_pub = 0, have_sec = 0, n = 0;
+  int have_pub = 0, have_sec = 0, n = 0, rv;
   if (f == NULL) {
     snprintf(err, errlen, "%s: %s", path, strerror(errno));
     return GNMR_E_IO;
+  }
+  if ((rv = file_private(f, path, 0, err, errlen)) != GNMR_OK) {
+    fclose(f);
+    return rv;
   }
   while (fgets(line, sizeof line, f) != NULL) {
     char *s = trim(line), *eq;
@@ -71,6 +102,10 @@ int gnmr__key_file_read(const char *path, char *pub, char *sec, char *err,
       have_sec = 1;
     }
   }
+  if (have_sec && (rv = file_private(f, path, 1, err, errlen)) != GNMR_OK) {
+    fclose(f);
+    return rv;
+  }
   fclose(f);
   if ((pub && !have_pub) || (sec && !have_sec)) {
     snprintf(err, errlen, "%s: no '%s = KEY' line", path,
@@ -84,10 +119,14 @@ int gnmr__allow_file_read(const char *path, hmap *allowed, char *err,
                           size_t errlen) {
   FILE *f = fopen(path, "r");
   char line[512];
-  int n = 0, keys = 0;
+  int n = 0, keys = 0, rv;
   if (f == NULL) {
     snprintf(err, errlen, "%s: %s", path, strerror(errno));
     return GNMR_E_IO;
+  }
+  if ((rv = file_private(f, path, 0, err, errlen)) != GNMR_OK) {
+    fclose(f);
+    return rv;
   }
   while (fgets(line, sizeof line, f) != NULL) {
     char *s = trim(line);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -17,6 +18,7 @@
 #include "gnmr/error.h"
 #include "gnmrd.h"
 #include "log.h"
+#include "ipc.h"
 #include "keys.h"
 #include "metrics.h"
 #include "notify.h"
@@ -317,7 +319,32 @@ int main(int argc, char **argv) {
     hmap_free(&allowed);
     return 1;
   }
+  for (int i = 0; i < 2; i++) { /* sockets like ssh-agent's */
+    const char *ep = i ? cfg.admin : cfg.agents;
+    if (gnmr__ipc_abstract(ep) && !cfg.insecure) {
+      LOG(ERROR, "ENDPOINT", "%s: an abstract socket has no permissions, "
+          "any local user can connect; use a path, or give --insecure", ep);
+      hmap_free(&allowed);
+      return 1;
+    }
+    if (gnmr__ipc_dir_check(ep, err, sizeof err) != GNMR_OK ||
+        gnmr__ipc_free(ep, err, sizeof err) != GNMR_OK) {
+      LOG(ERROR, "ENDPOINT", "refusing %s: %s", ep, err);
+      hmap_free(&allowed);
+      return 1;
+    }
+  }
   signal(SIGPIPE, SIG_IGN);
+  { /* each peer is a descriptor: take what the hard limit allows */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      rlim_t was = rl.rlim_cur;
+      rl.rlim_cur = rl.rlim_max;
+      if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+        LOG(DEBUG, "NOFILE", "descriptor limit %llu -> %llu",
+            (unsigned long long)was, (unsigned long long)rl.rlim_cur);
+    }
+  }
 
   gnmrd d = {0};
   uv_loop_t loop;

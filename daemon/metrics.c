@@ -65,7 +65,9 @@ static void put(text *t, const char *fmt, ...) {
  * escapes, so the exposition stays valid UTF-8 whatever a name holds. */
 static const char *label(const char *raw, char *buf, size_t cap) {
   char safe[600];
-  const char *s = gnmr__escape(raw, safe, sizeof safe);
+  const char *s = gnmr__printable(raw, 512) ? raw
+                                            : gnmr__escape(raw, safe,
+                                                           sizeof safe);
   size_t k = 0;
   for (; *s && k + 3 < cap; s++) {
     if (*s == '\\' || *s == '"') {

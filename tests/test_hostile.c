@@ -6,6 +6,9 @@
  * real gnmrd, and a well-behaved peer is served afterwards. */
 #include <sqlite3.h>
 
+#include <sys/stat.h>
+
+#include "keys.h"
 #include "rawpeer.h"
 #include "testutil.h"
 #include "text.h"
@@ -326,6 +329,138 @@ START_TEST(idle_jobs_are_retired_and_their_slot_freed) {
 }
 END_TEST
 
+
+/* Runs gnmrd to completion with argv (it must refuse to start) and returns
+ * its exit code and stderr. */
+static run_result gnmrd_refuses(char *const *args) {
+  char *argv[16] = {"gnmrd"};
+  int n = 1;
+  for (int i = 0; args[i] != NULL && n < 15; i++)
+    argv[n++] = args[i];
+  argv[n] = NULL;
+  return tu_run("gnmrd", argv, NULL);
+}
+
+START_TEST(socket_directories_like_ssh_agent) {
+  char *dir = strdup(tu_tmpdir());
+  char data[256], sock[300], link[256], open_dir[256], adm[300];
+  snprintf(data, sizeof data, "%s/data", dir);
+  snprintf(open_dir, sizeof open_dir, "%s/open", dir);
+  ck_assert_int_eq(mkdir(open_dir, 0700), 0);
+  ck_assert_int_eq(chmod(open_dir, 0777), 0); /* others may write */
+  snprintf(sock, sizeof sock, "ipc://%s/agents.sock", open_dir);
+  snprintf(adm, sizeof adm, "ipc://%s/admin.sock", dir);
+  char *a1[] = {"--data-dir", data, "--agents", sock, "--admin", adm, NULL};
+  run_result r = gnmrd_refuses(a1);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_msg(strstr(r.err, "is writable by others (mode 0777)"), "%s",
+                r.err);
+  tu_run_free(&r);
+  /* a symlink to a good directory is still refused */
+  snprintf(link, sizeof link, "%s/link", dir);
+  ck_assert_int_eq(symlink(dir, link), 0);
+  snprintf(sock, sizeof sock, "ipc://%s/agents.sock", link);
+  char *a2[] = {"--data-dir", data, "--agents", sock, "--admin", adm, NULL};
+  r = gnmrd_refuses(a2);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_msg(strstr(r.err, "is a symbolic link"), "%s", r.err);
+  tu_run_free(&r);
+  /* abstract sockets have no permissions */
+  char *a3[] = {"--data-dir", data, "--agents", "ipc://@gnmr-test-abstract",
+                "--admin", adm, NULL};
+  r = gnmrd_refuses(a3);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_msg(strstr(r.err, "abstract socket"), "%s", r.err);
+  tu_run_free(&r);
+  /* a directory owned by another user (root can make one) */
+  if (geteuid() == 0) {
+    char theirs[256];
+    snprintf(theirs, sizeof theirs, "%s/theirs", dir);
+    ck_assert_int_eq(mkdir(theirs, 0700), 0);
+    ck_assert_int_eq(chown(theirs, 65534, 65534), 0);
+    snprintf(sock, sizeof sock, "ipc://%s/agents.sock", theirs);
+    char *a4[] = {"--data-dir", data, "--agents", sock, "--admin", adm, NULL};
+    r = gnmrd_refuses(a4);
+    ck_assert_int_eq(r.code, 1);
+    ck_assert_msg(strstr(r.err, "belongs to uid 65534"), "%s", r.err);
+    tu_run_free(&r);
+    /* gnmrctl will not talk through it either */
+    char opt[320];
+    snprintf(opt, sizeof opt, "--admin=ipc://%s/admin.sock", theirs);
+    char *c[] = {"gnmrctl", opt, "stats", NULL};
+    r = tu_run("gnmrctl", c, NULL);
+    ck_assert_int_ne(r.code, 0);
+    ck_assert_msg(strstr(r.err, "refusing"), "%s", r.err);
+    tu_run_free(&r);
+  } else {
+    fprintf(stderr, "socket_directories_like_ssh_agent: not root, the "
+                    "another-owner case is skipped\n");
+  }
+  tu_rmrf(dir);
+  free(dir);
+}
+END_TEST
+
+START_TEST(a_second_gnmrd_does_not_take_over_a_live_socket) {
+  tu_daemon a = {0};
+  tu_daemon_start(&a);
+  char data[256];
+  snprintf(data, sizeof data, "%s/other-data", a.dir);
+  char *args[] = {"--data-dir", data, "--agents", "tcp://127.0.0.1:*",
+                  "--admin", a.admin, NULL};
+  run_result r = gnmrd_refuses(args);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_msg(strstr(r.err, "is served by another process"), "%s", r.err);
+  tu_run_free(&r);
+  /* the first one still answers */
+  ck_assert_int_ge(tu_counter(&a, "hellos"), 0);
+  ck_assert_int_eq(tu_daemon_stop(&a, SIGTERM), 0);
+  /* a stale socket (its gnmrd killed) is replaced */
+  tu_daemon_start_in(&a, NULL, NULL, a.dir, NULL);
+  ck_assert_int_eq(tu_daemon_stop(&a, SIGKILL), 128 + SIGKILL);
+  tu_daemon_start_in(&a, NULL, NULL, a.dir, NULL);
+  ck_assert_int_eq(tu_daemon_stop(&a, SIGTERM), 0);
+  tu_rmrf(a.dir);
+}
+END_TEST
+
+START_TEST(key_files_others_can_read_or_change_are_refused) {
+  char *dir = strdup(tu_tmpdir());
+  char prefix[256], key[300], pub[300], allow[300], k[41], sec[41];
+  char err[400];
+  snprintf(prefix, sizeof prefix, "%s/server", dir);
+  ck_assert_int_eq(gnmr__keygen(prefix, k, err, sizeof err), GNMR_OK);
+  snprintf(key, sizeof key, "%s.key", prefix);
+  snprintf(pub, sizeof pub, "%s.pub", prefix);
+  ck_assert_int_eq(gnmr__key_file_read(key, k, sec, err, sizeof err),
+                   GNMR_OK);
+  ck_assert_int_eq(chmod(key, 0644), 0); /* world-readable secret */
+  ck_assert_int_eq(gnmr__key_file_read(key, k, sec, err, sizeof err),
+                   GNMR_E_INVAL);
+  ck_assert_msg(strstr(err, "mode 0644: a secret key"), "%s", err);
+  ck_assert_int_eq(chmod(key, 0606), 0); /* world-writable */
+  ck_assert_int_eq(gnmr__key_file_read(key, k, NULL, err, sizeof err),
+                   GNMR_E_INVAL);
+  ck_assert_int_eq(gnmr__key_file_read(pub, k, NULL, err, sizeof err),
+                   GNMR_OK); /* a public key may be read by all */
+  snprintf(allow, sizeof allow, "%s/allow", dir);
+  char line[64];
+  snprintf(line, sizeof line, "%s client\n", k);
+  tu_write_file(allow, line);
+  ck_assert_int_eq(chmod(allow, 0666), 0);
+  hmap h = {0};
+  ck_assert_int_eq(gnmr__allow_file_read(allow, &h, err, sizeof err),
+                   GNMR_E_INVAL);
+  ck_assert_msg(strstr(err, "others could change it"), "%s", err);
+  ck_assert_int_eq(chmod(allow, 0644), 0);
+  ck_assert_int_eq(gnmr__allow_file_read(allow, &h, err, sizeof err),
+                   GNMR_OK);
+  hmap_free(&h);
+  tu_rmrf(dir);
+  free(dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("hostile");
   TCase *names = tcase_create("names");
@@ -338,6 +473,9 @@ static Suite *suite(void) {
   tcase_add_test(live, caps_on_jobs_units_and_ids_refuse_clearly);
   tcase_add_test(live, held_bytes_are_capped_and_freed_by_decisions);
   tcase_add_test(live, idle_jobs_are_retired_and_their_slot_freed);
+  tcase_add_test(live, socket_directories_like_ssh_agent);
+  tcase_add_test(live, a_second_gnmrd_does_not_take_over_a_live_socket);
+  tcase_add_test(live, key_files_others_can_read_or_change_are_refused);
   suite_add_tcase(s, live);
   return s;
 }

@@ -7,6 +7,7 @@
 #include <zmq.h>
 
 #include "cli.h"
+#include "ipc.h"
 #include "gnmr/error.h"
 #include "keys.h"
 
@@ -49,6 +50,11 @@ Gnmr__Envelope *cli_admin_call(const cli_globals *g, Gnmr__Envelope *req,
     zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, srv, 41);
     zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, pub, 41);
     zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec, 41);
+  }
+  char why[600];
+  if (gnmr__ipc_dir_check(endpoint, why, sizeof why) == GNMR_E_INVAL) {
+    fprintf(stderr, "gnmrctl: refusing %s: %s\n", endpoint, why);
+    goto out;
   }
   if (zmq_connect(s, endpoint) != 0) {
     fprintf(stderr, "gnmrctl: %s: %s\n", endpoint, zmq_strerror(zmq_errno()));

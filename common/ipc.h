@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: MIT */
+/* ipc.h — ZeroMQ ipc:// endpoints as local users can attack them, checked
+ * the way ssh-agent and PostgreSQL check their socket directories. */
+#ifndef GNMR_IPC_H
+#define GNMR_IPC_H
+
+#include <stddef.h>
+
+/* For an ipc:// endpoint with a path: its directory must be a real
+ * directory (not a symlink) owned by this user or root, and not writable
+ * by group or others unless sticky (like /tmp, where nobody else can
+ * remove or rename our socket). Other endpoints pass. Returns 0,
+ * GNMR_E_IO when the directory cannot be read (missing), or GNMR_E_INVAL
+ * when it is not safe; the reason in err. */
+int gnmr__ipc_dir_check(const char *endpoint, char *err, size_t errlen);
+
+/* 1 for an abstract ipc://@name endpoint (no file, no permissions: any
+ * local user can connect). */
+int gnmr__ipc_abstract(const char *endpoint);
+
+/* Before binding an ipc:// path: GNMR_E_BUSY when a process accepts
+ * connections on it (binding would silently take it over), GNMR_E_INVAL
+ * when the path exists and is not a socket; 0 when it is free or a stale
+ * socket (which ZeroMQ replaces). */
+int gnmr__ipc_free(const char *endpoint, char *err, size_t errlen);
+
+#endif /* GNMR_IPC_H */
