@@ -187,6 +187,9 @@ static void publish(job *j, const core_outcome *o) {
         (unsigned long long)o->step, gnmr_strerror(o->rv));
     return;
   }
+  /* the record is queued before any rank can act on the decision: a crash
+   * after a send never leaves an acted-on decision out of the history */
+  records_step(d->st, c, o, (uv_now(d->loop) - o->first_ms) * 1000);
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   Gnmr__Decision dec = GNMR__DECISION__INIT;
   uint8_t *buf;
@@ -217,7 +220,6 @@ static void publish(job *j, const core_outcome *o) {
   d->c.steps_decided++;
   if (o->by_deadline)
     d->c.deadline_decisions++;
-  records_step(d->st, c, o, (uv_now(d->loop) - o->first_ms) * 1000);
   latency_observe(&d->decision_latency,
                   (double)(uv_hrtime() - o->first_ns) * 1e-9);
 }

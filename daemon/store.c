@@ -109,6 +109,25 @@ static void *writer_main(void *arg) {
     }
     if (rv == GNMR_OK)
       rv = store__exec(s->db, "COMMIT", err, sizeof err);
+    int ec = sqlite3_errcode(s->db);
+    if (rv != GNMR_OK && (ec == SQLITE_CORRUPT || ec == SQLITE_NOTADB)) {
+      /* retrying cannot help: the history stops here, loudly; decisions
+       * go on (they never wait on the store) */
+      store__exec(s->db, "ROLLBACK", NULL, 0);
+      atomic_fetch_add(&s->errors, 1);
+      atomic_fetch_add(&s->dropped, n);
+      if (!s->corrupt)
+        LOG(ERROR, "STORE-CORRUPT", "%s: %s: the database is damaged; no "
+            "more history is written (restore it from a backup, or move it "
+            "away and restart gnmrd)", s->path, err);
+      s->corrupt = 1;
+      while (batch) {
+        store_rec *next = batch->next;
+        store_rec_free(batch);
+        batch = next;
+      }
+      continue;
+    }
     if (rv != GNMR_OK) {
       store__exec(s->db, "ROLLBACK", NULL, 0);
       atomic_fetch_add(&s->errors, 1);
@@ -192,7 +211,8 @@ int store_open(const char *dir, uint32_t snapshot_every, uint64_t retain_steps,
     snprintf(err, errlen, "%s: %s", s->path, sqlite3_errmsg(s->db));
     goto fail;
   }
-  if (store__migrate(s->db, err, errlen) != GNMR_OK)
+  if (store__integrity(s->db, err, errlen) != GNMR_OK ||
+      store__migrate(s->db, err, errlen) != GNMR_OK)
     goto fail;
   const char *fault = getenv("GNMR_STORE_FAULT");
   if (fault != NULL) {

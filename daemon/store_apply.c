@@ -74,6 +74,25 @@ int store_open_reader(const char *path, sqlite3 **db) {
   return GNMR_OK;
 }
 
+int store__integrity(sqlite3 *db, char *err, size_t errlen) {
+  sqlite3_stmt *st;
+  if (sqlite3_prepare_v2(db, "PRAGMA quick_check(1)", -1, &st, NULL) !=
+      SQLITE_OK) {
+    snprintf(err, errlen, "%s", sqlite3_errmsg(db));
+    return GNMR_E_STORE;
+  }
+  int rc = sqlite3_step(st);
+  const char *res = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 0)
+                                     : NULL;
+  int ok = res != NULL && strcmp(res, "ok") == 0;
+  if (!ok)
+    snprintf(err, errlen, "the database is damaged (PRAGMA quick_check: %s);"
+             " restore it from a backup, or move it away to start afresh",
+             res ? res : sqlite3_errmsg(db));
+  sqlite3_finalize(st);
+  return ok ? GNMR_OK : GNMR_E_STORE;
+}
+
 int store__migrate(sqlite3 *db, char *err, size_t errlen) {
   sqlite3_stmt *st;
   int version = 0;

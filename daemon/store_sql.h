@@ -48,6 +48,7 @@ struct store {
    * fail with SQLite's own errors and the retry path runs for real. */
   int64_t fault_until;
   int fault_readonly, fault_lifted;
+  int corrupt; /* SQLITE_CORRUPT seen: records are dropped (writer) */
 };
 
 
@@ -56,6 +57,9 @@ int64_t store__now_ms(void);
 int store__exec(sqlite3 *db, const char *sql, char *err, size_t errlen);
 /* Sets the pragmas every connection of ours uses. */
 int store__configure(sqlite3 *db);
+/* PRAGMA quick_check: GNMR_E_STORE with SQLite's first complaint when
+ * the database is damaged. */
+int store__integrity(sqlite3 *db, char *err, size_t errlen);
 /* Creates or migrates the schema; refuses a newer one. */
 int store__migrate(sqlite3 *db, char *err, size_t errlen);
 /* Applies one record (inside the caller's transaction). */

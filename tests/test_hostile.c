@@ -461,6 +461,54 @@ START_TEST(key_files_others_can_read_or_change_are_refused) {
 }
 END_TEST
 
+START_TEST(a_damaged_database_is_refused_at_start) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  raw_peer p = raw_open(d.agents);
+  hello_ids(&p, "dmg", 0, 1, two_units, 2, NULL);
+  expect_welcome(&p);
+  double s[] = {1, 2};
+  for (uint64_t t = 1; t <= 50; t++) {
+    send_report(&p, "dmg", 0, t, s, 2);
+    Gnmr__Envelope *env = expect_body(&p, GNMR__ENVELOPE__BODY_DECISION);
+    gnmr__wire_free(&env);
+  }
+  raw_close(&p);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  char path[256];
+  snprintf(path, sizeof path, "%s/data/gnmr.db", d.dir);
+  sqlite3 *db;
+  ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
+  ck_assert_int_eq(sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL,
+                                NULL, NULL),
+                   SQLITE_OK);
+  sqlite3_close(db);
+  /* scribble over the second half of every page after the first */
+  FILE *f = fopen(path, "r+b");
+  ck_assert_ptr_nonnull(f);
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  static unsigned char junk[2048];
+  memset(junk, 0xa5, sizeof junk);
+  for (long off = 4096 + 2048; off < size; off += 4096) {
+    fseek(f, off, SEEK_SET);
+    ck_assert_uint_eq(fwrite(junk, 1, sizeof junk, f), sizeof junk);
+  }
+  fclose(f);
+  char data[256];
+  snprintf(data, sizeof data, "%s/data", d.dir);
+  char adm[300];
+  snprintf(adm, sizeof adm, "ipc://%s/admin.sock", d.dir);
+  char *args[] = {"--data-dir", data, "--agents", "tcp://127.0.0.1:*",
+                  "--admin", adm, NULL};
+  run_result r = gnmrd_refuses(args);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_msg(strstr(r.err, "the database is damaged"), "%s", r.err);
+  tu_run_free(&r);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("hostile");
   TCase *names = tcase_create("names");
@@ -476,6 +524,7 @@ static Suite *suite(void) {
   tcase_add_test(live, socket_directories_like_ssh_agent);
   tcase_add_test(live, a_second_gnmrd_does_not_take_over_a_live_socket);
   tcase_add_test(live, key_files_others_can_read_or_change_are_refused);
+  tcase_add_test(live, a_damaged_database_is_refused_at_start);
   suite_add_tcase(s, live);
   return s;
 }
