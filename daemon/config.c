@@ -7,6 +7,7 @@
 #include <ini.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gnmr/error.h"
@@ -180,26 +181,81 @@ static int on_key(void *user, const char *section, const char *key,
   return 1;
 }
 
+/* inih reads lines of at most CONFIG_MAX_LINE bytes and silently splits
+ * longer ones, so that the tail of a long comment could be read as a
+ * setting: such a line, or a NUL byte, is an error before inih runs. */
+#define CONFIG_MAX_LINE 198
+static int check_lines(const char *text, size_t len, const char *name,
+                       char *err, size_t errlen) {
+  size_t line = 1, col = 0;
+  for (size_t i = 0; i < len; i++) {
+    if (text[i] == '\0') {
+      snprintf(err, errlen, "%s:%zu: a NUL byte", name, line);
+      return GNMR_E_PARSE;
+    }
+    if (text[i] == '\n') {
+      line++;
+      col = 0;
+    } else if (++col > CONFIG_MAX_LINE) {
+      snprintf(err, errlen, "%s:%zu: line longer than %d bytes", name, line,
+               CONFIG_MAX_LINE);
+      return GNMR_E_PARSE;
+    }
+  }
+  return GNMR_OK;
+}
+
 int config_load(const char *path, gnmrd_config *c, char *err, size_t errlen) {
-  load_ctx l = {c, "", 0};
-  FILE *f = fopen(path, "r");
+  FILE *f = fopen(path, "rb");
   if (f == NULL) {
     snprintf(err, errlen, "%s: %s", path, strerror(errno));
     return GNMR_E_IO;
   }
-  int line = ini_parse_file(f, on_key, &l);
-  fclose(f);
-  if (line != 0) {
-    snprintf(err, errlen, "%s:%d: %s", path, line,
-             l.failed ? l.msg : "not valid INI syntax");
-    return GNMR_E_PARSE;
+  char *text = NULL;
+  size_t len = 0, cap = 0, n;
+  char chunk[4096];
+  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+    if (len + n + 1 > cap || text == NULL) {
+      size_t nc = cap ? cap * 2 : 8192;
+      while (nc < len + n + 1)
+        nc *= 2;
+      char *t = nc <= (16u << 20) ? realloc(text, nc) : NULL;
+      if (t == NULL) {
+        free(text);
+        fclose(f);
+        snprintf(err, errlen, "%s: too large for a configuration file", path);
+        return GNMR_E_PARSE;
+      }
+      text = t;
+      cap = nc;
+    }
+    memcpy(text + len, chunk, n);
+    len += n;
   }
-  return GNMR_OK;
+  int rerr = ferror(f);
+  fclose(f);
+  if (rerr) {
+    free(text);
+    snprintf(err, errlen, "%s: read error", path);
+    return GNMR_E_IO;
+  }
+  int rv = check_lines(text ? text : "", len, path, err, errlen);
+  if (rv == GNMR_OK) {
+    text = text ? text : strdup("");
+    if (text == NULL)
+      return GNMR_E_NOMEM;
+    text[len] = '\0';
+    rv = config_load_string(text, path, c, err, errlen);
+  }
+  free(text);
+  return rv;
 }
 
 int config_load_string(const char *text, const char *name, gnmrd_config *c,
                        char *err, size_t errlen) {
   load_ctx l = {c, "", 0};
+  if (check_lines(text, strlen(text), name, err, errlen) != GNMR_OK)
+    return GNMR_E_PARSE;
   int line = ini_parse_string(text, on_key, &l);
   if (line != 0) {
     snprintf(err, errlen, "%s:%d: %s", name, line,

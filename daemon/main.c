@@ -140,13 +140,62 @@ static void close_walk(uv_handle_t *h, void *arg) {
     uv_close(h, NULL);
 }
 
+/* The checks of a configuration that need no socket and no lock: CURVE
+ * files (both or neither, readable, private), plaintext network
+ * endpoints, metrics off the loopback, abstract sockets, and socket
+ * directories that exist. 0, or -1 with the reason in err. */
+static int check_settings(const gnmrd_config *cfg, char *pub, char *sec,
+                          hmap *allowed, char *err, size_t errlen) {
+  int curve = cfg->curve_key_file[0] != '\0';
+  if (curve != (cfg->curve_allow_file[0] != '\0')) {
+    snprintf(err, errlen, "CURVE needs both curve_key_file and "
+                          "curve_allow_file (--curve-key, --curve-allow)");
+    return -1;
+  }
+  if (curve &&
+      (gnmr__key_file_read(cfg->curve_key_file, pub, sec, err, errlen) !=
+           GNMR_OK ||
+       gnmr__allow_file_read(cfg->curve_allow_file, allowed, err, errlen) !=
+           GNMR_OK))
+    return -1;
+  if (!curve && !cfg->insecure &&
+      (endpoint_is_network(cfg->agents) || endpoint_is_network(cfg->admin))) {
+    snprintf(err, errlen, "refusing to serve %s without CURVE: give "
+             "curve_key_file and curve_allow_file, or --insecure",
+             endpoint_is_network(cfg->agents) ? cfg->agents : cfg->admin);
+    return -1;
+  }
+  if (cfg->metrics[0] != '\0' && !metrics_addr_is_loopback(cfg->metrics) &&
+      !cfg->insecure) {
+    snprintf(err, errlen, "refusing to serve metrics on %s: they are "
+             "plaintext HTTP without authentication; serve them on "
+             "127.0.0.1 (and scrape them there), or give --insecure",
+             cfg->metrics);
+    return -1;
+  }
+  for (int i = 0; i < 2; i++) {
+    const char *ep = i ? cfg->admin : cfg->agents;
+    if (gnmr__ipc_abstract(ep) && !cfg->insecure) {
+      snprintf(err, errlen, "%s: an abstract socket has no permissions, any "
+               "local user can connect; use a path, or give --insecure", ep);
+      return -1;
+    }
+    char why[600];
+    if (gnmr__ipc_dir_check(ep, why, sizeof why) == GNMR_E_INVAL) {
+      snprintf(err, errlen, "refusing %s: %s", ep, why);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 /* A flag given on the command line, applied after the config file. */
 typedef struct flag {
   const char *key, *value;
 } flag;
 
 int main(int argc, char **argv) {
-  char run[2048], err[512];
+  char run[2048], err[2400];
   char bound_agents[512], bound_admin[512];
   const char *config_path = NULL, *check_path = NULL;
   static const struct option longopts[] = {
@@ -218,10 +267,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "gnmrd: %s\n", err);
       return 1;
     }
-    printf("gnmrd: %s is valid\n", check_path);
-    return 0;
-  }
-  if (config_path != NULL &&
+  } else if (config_path != NULL &&
       config_load(config_path, &cfg, err, sizeof err) != GNMR_OK) {
     fprintf(stderr, "gnmrd: %s\n", err);
     return 2;
@@ -258,46 +304,27 @@ int main(int argc, char **argv) {
   }
   const char *data_dir = cfg.data_dir;
 
-  /* CURVE: the server's key pair and the keys allowed in, both required */
+  /* every check of the settings, for --check-config as for a start */
   char curve_pub[41], curve_sec[41];
   hmap allowed = {0};
   int curve = cfg.curve_key_file[0] != '\0';
-  if (curve != (cfg.curve_allow_file[0] != '\0')) {
-    fprintf(stderr, "gnmrd: CURVE needs both curve_key_file and "
-                    "curve_allow_file (--curve-key, --curve-allow)\n");
-    return 2;
-  }
-  if (curve &&
-      (gnmr__key_file_read(cfg.curve_key_file, curve_pub, curve_sec, err,
-                           sizeof err) != GNMR_OK ||
-       gnmr__allow_file_read(cfg.curve_allow_file, &allowed, err,
-                             sizeof err) != GNMR_OK)) {
+  if (check_settings(&cfg, curve_pub, curve_sec, &allowed, err,
+                     sizeof err) != 0) {
     fprintf(stderr, "gnmrd: %s\n", err);
     hmap_free(&allowed);
-    return 2;
+    return check_path != NULL ? 1 : 2;
   }
-  if (!curve && !cfg.insecure &&
-      (endpoint_is_network(cfg.agents) || endpoint_is_network(cfg.admin))) {
-    fprintf(stderr,
-            "gnmrd: refusing to serve %s without CURVE: give curve_key_file"
-            " and curve_allow_file, or --insecure\n",
-            endpoint_is_network(cfg.agents) ? cfg.agents : cfg.admin);
-    return 2;
+  if (check_path != NULL) {
+    hmap_free(&allowed);
+    printf("gnmrd: %s is valid\n", check_path);
+    return 0;
   }
-
-  if (cfg.metrics[0] != '\0' && !metrics_addr_is_loopback(cfg.metrics)) {
-    if (!cfg.insecure) {
-      fprintf(stderr,
-              "gnmrd: refusing to serve metrics on %s: they are plaintext "
-              "HTTP without authentication; serve them on 127.0.0.1 (and "
-              "scrape them there), or give --insecure\n",
-              cfg.metrics);
-      hmap_free(&allowed);
-      return 2;
-    }
+  if (cfg.metrics[0] != '\0' && !metrics_addr_is_loopback(cfg.metrics))
     LOG(WARN, "METRICS-INSECURE", "metrics on %s are plaintext HTTP that "
         "anyone who reaches the port can read (--insecure)", cfg.metrics);
-  }
+  if (!curve)
+    LOG(INFO, "NO-CURVE", "CURVE is off: any local peer that can reach the "
+        "sockets is trusted (see gnmrd(8), SECURITY)");
   if (mkdirs(data_dir) != 0) {
     LOG(ERROR, "DATA-DIR", "create %s: %s", data_dir, strerror(errno));
     hmap_free(&allowed);
@@ -321,12 +348,6 @@ int main(int argc, char **argv) {
   }
   for (int i = 0; i < 2; i++) { /* sockets like ssh-agent's */
     const char *ep = i ? cfg.admin : cfg.agents;
-    if (gnmr__ipc_abstract(ep) && !cfg.insecure) {
-      LOG(ERROR, "ENDPOINT", "%s: an abstract socket has no permissions, "
-          "any local user can connect; use a path, or give --insecure", ep);
-      hmap_free(&allowed);
-      return 1;
-    }
     if (gnmr__ipc_dir_check(ep, err, sizeof err) != GNMR_OK ||
         gnmr__ipc_free(ep, err, sizeof err) != GNMR_OK) {
       LOG(ERROR, "ENDPOINT", "refusing %s: %s", ep, err);

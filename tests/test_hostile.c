@@ -352,7 +352,7 @@ START_TEST(socket_directories_like_ssh_agent) {
   snprintf(adm, sizeof adm, "ipc://%s/admin.sock", dir);
   char *a1[] = {"--data-dir", data, "--agents", sock, "--admin", adm, NULL};
   run_result r = gnmrd_refuses(a1);
-  ck_assert_int_eq(r.code, 1);
+  ck_assert_int_eq(r.code, 2); /* a settings error */
   ck_assert_msg(strstr(r.err, "is writable by others (mode 0777)"), "%s",
                 r.err);
   tu_run_free(&r);
@@ -362,14 +362,14 @@ START_TEST(socket_directories_like_ssh_agent) {
   snprintf(sock, sizeof sock, "ipc://%s/agents.sock", link);
   char *a2[] = {"--data-dir", data, "--agents", sock, "--admin", adm, NULL};
   r = gnmrd_refuses(a2);
-  ck_assert_int_eq(r.code, 1);
+  ck_assert_int_eq(r.code, 2); /* a settings error */
   ck_assert_msg(strstr(r.err, "is a symbolic link"), "%s", r.err);
   tu_run_free(&r);
   /* abstract sockets have no permissions */
   char *a3[] = {"--data-dir", data, "--agents", "ipc://@gnmr-test-abstract",
                 "--admin", adm, NULL};
   r = gnmrd_refuses(a3);
-  ck_assert_int_eq(r.code, 1);
+  ck_assert_int_eq(r.code, 2); /* a settings error */
   ck_assert_msg(strstr(r.err, "abstract socket"), "%s", r.err);
   tu_run_free(&r);
   /* a directory owned by another user (root can make one) */
@@ -381,7 +381,7 @@ START_TEST(socket_directories_like_ssh_agent) {
     snprintf(sock, sizeof sock, "ipc://%s/agents.sock", theirs);
     char *a4[] = {"--data-dir", data, "--agents", sock, "--admin", adm, NULL};
     r = gnmrd_refuses(a4);
-    ck_assert_int_eq(r.code, 1);
+    ck_assert_int_eq(r.code, 2); /* a settings error */
     ck_assert_msg(strstr(r.err, "belongs to uid 65534"), "%s", r.err);
     tu_run_free(&r);
     /* gnmrctl will not talk through it either */
@@ -396,6 +396,27 @@ START_TEST(socket_directories_like_ssh_agent) {
     fprintf(stderr, "socket_directories_like_ssh_agent: not root, the "
                     "another-owner case is skipped\n");
   }
+  /* --check-config runs the same checks and says so */
+  char conf[300], text[700];
+  snprintf(conf, sizeof conf, "%s/gnmrd.conf", dir);
+  snprintf(text, sizeof text, "[gnmrd]\nagents = ipc://%s/agents.sock\n",
+           open_dir);
+  tu_write_file(conf, text);
+  char *cc[] = {"--check-config", conf, NULL};
+  r = gnmrd_refuses(cc);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_msg(strstr(r.err, "is writable by others"), "%s", r.err);
+  tu_run_free(&r);
+  /* a line inih would split: the tail of a long comment is no setting */
+  char longc[600];
+  memset(longc, 'x', 300);
+  longc[300] = '\0';
+  snprintf(text, sizeof text, "[security]\n# %s insecure = true\n", longc);
+  tu_write_file(conf, text);
+  r = gnmrd_refuses(cc);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_msg(strstr(r.err, ":2: line longer than 198 bytes"), "%s", r.err);
+  tu_run_free(&r);
   tu_rmrf(dir);
   free(dir);
 }
