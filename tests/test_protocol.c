@@ -551,6 +551,24 @@ START_TEST(admin_endpoint_refuses_non_admin_messages) {
 }
 END_TEST
 
+START_TEST(error_codes_in_the_proto_match_the_error_table) {
+  const ProtobufCEnumDescriptor *e = &gnmr__error_code__descriptor;
+  unsigned n = 0;
+#define CHECK_CODE(nm, value, msg)                                         \
+  do {                                                                       \
+    const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(e,    \
+                                                                 (value));   \
+    ck_assert_msg(v != NULL, "GNMR_E_" #nm " (%d) is not in gnmr.proto",   \
+                  (value));                                                  \
+    ck_assert_str_eq(v->name, "ERROR_CODE_" #nm);                          \
+    n++;                                                                     \
+  } while (0);
+  GNMR_ERR_MAP(CHECK_CODE)
+#undef CHECK_CODE
+  ck_assert_uint_eq(e->n_values, n); /* and nothing more */
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("protocol");
   TCase *tc = tcase_create("abuse");
@@ -564,6 +582,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, late_rank_makes_units_missing_not_smaller);
   tcase_add_test(tc, many_connections_opening_and_closing_are_harmless);
   tcase_add_test(tc, admin_endpoint_refuses_non_admin_messages);
+  tcase_add_test(tc, error_codes_in_the_proto_match_the_error_table);
   tcase_add_test(tc, enormous_unit_list_in_hello_is_refused);
   suite_add_tcase(s, tc);
   return s;
