@@ -273,7 +273,7 @@ test-gpu: all $(GPU_TEST)
 PYTHON ?= /usr/bin/python3
 test-python: all
 	@echo "== python tests ($(PYTHON))"
-	@cd python && GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) \
+	@cd python && GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BUILD=$(BUILD) \
 	  GNMR_BIN_DIR=$(abspath $(BUILD)/bin) PYTHONDONTWRITEBYTECODE=1 \
 	  $(PYTHON) -m unittest discover -s tests -v 2>&1 | tail -n 25; \
 	  exit $${PIPESTATUS[0]}
@@ -379,7 +379,19 @@ bench: deps $(BENCHES) all
 LIBDIR ?= $(PREFIX)/lib
 SYSTEMD_UNITDIR ?= $(PREFIX)/lib/systemd/system
 SYSCONFDIR ?= $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
-PYTHONDIR ?= $(PREFIX)/lib/python3/dist-packages
+# The package goes where that Python looks: Debian's /usr/lib/python3/
+# dist-packages for PREFIX=/usr, its /usr/local/lib/python3.X/dist-packages
+# for /usr/local, else PREFIX/lib/python3.X/site-packages, and install then
+# prints the PYTHONPATH line to use. The package finds the library in
+# PREFIX/lib from there (python/gnmr/_lib.py).
+PYTHONDIR ?= $(shell $(PYTHON) -c 'import sys, sysconfig; p = "$(PREFIX)"; \
+  v = "%d.%d" % sys.version_info[:2]; \
+  loc = "/usr/local/lib/python%s/dist-packages" % v; \
+  print("/usr/lib/python3/dist-packages" if p == "/usr" else \
+        loc if p == "/usr/local" and loc in sys.path else \
+        sysconfig.get_path("purelib", "posix_prefix", \
+                           vars={"base": p, "platbase": p}))' 2>/dev/null || \
+  echo $(PREFIX)/lib/python3/dist-packages)
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/gnmr \
 	  $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/share/man/man1 \
@@ -405,6 +417,9 @@ install: all
 	install -m 644 deploy/gnmrd.conf $(DESTDIR)$(SYSCONFDIR)/gnmr/gnmrd.conf.example
 	install -d $(DESTDIR)$(PYTHONDIR)/gnmr
 	install -m 644 python/gnmr/*.py $(DESTDIR)$(PYTHONDIR)/gnmr/
+	@$(PYTHON) -c 'import sys; sys.exit("$(PYTHONDIR)" not in sys.path)' \
+	  2>/dev/null || { echo "gnmr: $(PYTHON) finds the package only with:"; \
+	  echo "PYTHONPATH=$(DESTDIR)$(PYTHONDIR)"; }
 	@# the unit reads gnmrd.conf: install the example unless one exists
 	[ -e $(DESTDIR)$(SYSCONFDIR)/gnmr/gnmrd.conf ] || \
 	  install -m 644 deploy/gnmrd.conf $(DESTDIR)$(SYSCONFDIR)/gnmr/gnmrd.conf

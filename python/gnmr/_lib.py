@@ -98,22 +98,64 @@ class CudaStats(ctypes.Structure):
     ]
 
 
-def _find():
+def candidates():
+    """Where the library is looked for, in order."""
     env = os.environ.get("GNMR_AGENT_LIB")
     if env:
-        return env
+        return [env]
     here = os.path.dirname(os.path.abspath(__file__))
+    found = []
     for cand in (os.path.join(here, "libgnmr-agent.so"),
+                 # a source checkout: python/gnmr -> build/lib
                  os.path.join(here, "..", "..", "build", "lib",
-                              "libgnmr-agent.so")):
+                              "libgnmr-agent.so"),
+                 # `make install PREFIX=P`: P/lib/python3*/*-packages/gnmr
+                 # -> P/lib
+                 os.path.join(here, "..", "..", "..", "libgnmr-agent.so.0")):
         if os.path.exists(cand):
-            return cand
-    return ctypes.util.find_library("gnmr-agent") or "libgnmr-agent.so.0"
+            found.append(os.path.normpath(cand))
+    found.append(ctypes.util.find_library("gnmr-agent") or
+                 "libgnmr-agent.so.0")
+    return found
+
+
+class LibraryNotFound(ImportError):
+    """libgnmr-agent could not be loaded; the message says how to fix it."""
+
+
+def default_endpoint():
+    """gnmrd's own default agent endpoint (gnmrd --help), unless
+    GNMR_ENDPOINT says otherwise: ipc://RUN/agents.sock, RUN being
+    $RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/gnmr, else /tmp/gnmr-UID. A
+    gnmrd run by systemd (systemd/gnmrd.service) listens on
+    ipc:///run/gnmr/agents.sock: set GNMR_ENDPOINT to that."""
+    if os.environ.get("GNMR_ENDPOINT"):
+        return os.environ["GNMR_ENDPOINT"]
+    if os.environ.get("RUNTIME_DIRECTORY"):
+        run = os.environ["RUNTIME_DIRECTORY"]
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        run = os.path.join(os.environ["XDG_RUNTIME_DIR"], "gnmr")
+    else:
+        run = f"/tmp/gnmr-{os.getuid()}"
+    return f"ipc://{run}/agents.sock"
 
 
 def load():
-    """Loads the library and declares the signatures of its functions."""
-    lib = ctypes.CDLL(_find())
+    """Loads the library and declares the signatures of its functions;
+    LibraryNotFound (an ImportError) names every place tried and the fix."""
+    tried, lib = [], None
+    for path in candidates():
+        try:
+            lib = ctypes.CDLL(path)
+            break
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+    if lib is None:
+        raise LibraryNotFound(
+            "libgnmr-agent could not be loaded; tried: " + "; ".join(tried) +
+            ". Build it (`make` in the GNMR checkout) and set "
+            "GNMR_AGENT_LIB=/path/to/build/lib/libgnmr-agent.so, or "
+            "`make install` and use the Python that install names")
     P = ctypes.POINTER
     agent_p = ctypes.c_void_p
     sigs = {

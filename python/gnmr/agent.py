@@ -12,14 +12,13 @@ import os
 
 from . import _lib
 
-_LIB = None
+# Loaded at import: a missing library is an ImportError saying how to fix
+# it, not an OSError at the first call.
+_LIB = _lib.load()
 
 
 def lib():
-    """The loaded libgnmr-agent (loaded on first use)."""
-    global _LIB
-    if _LIB is None:
-        _LIB = _lib.load()
+    """The loaded libgnmr-agent."""
     return _LIB
 
 
@@ -86,6 +85,9 @@ class Agent:
                  fallback_after=0, observer=False, unit_ids=None,
                  curve_keys=None, from_env=False):
         self._a = ctypes.c_void_p()
+        if endpoint is None:
+            endpoint = _lib.default_endpoint()
+        self.endpoint, self.job, self.rank = endpoint, job, rank
         self.n_units = len(unit_names)
         if self.n_units == 0:
             raise ValueError("an agent needs at least one unit")
@@ -126,7 +128,9 @@ class Agent:
                 raise GnmrError(rv, f"environment variable "
                                     f"{bad.value.decode()}")
         _check(lib().gnmr_agent_open(ctypes.byref(cfg), ctypes.byref(self._a)),
-               "gnmr_agent_open")
+               f"gnmr_agent_open (endpoint {cfg.endpoint.decode()}, job "
+               f"{cfg.job.decode()!r}, rank {cfg.rank}/{cfg.reporters})")
+        self.endpoint = cfg.endpoint.decode()
         self.observer = bool(cfg.observer)
 
     def close(self):

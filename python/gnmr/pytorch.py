@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: MIT
 """The PyTorch adapter: attach GNMR to a model in a few lines.
 
-    ctl = Controller(model, "ipc:///run/gnmr/agents.sock", "my-job",
-                     select=(torch.nn.Linear,), on_route=set_precision)
-    for step in range(1, steps + 1):
-        loss = model(batch).loss
-        loss.backward()
-        ctl.step(step)          # report, wait (bounded), apply routes
-        optimizer.step(); optimizer.zero_grad()
+    with Controller(model, job="my-job", on_route=set_precision) as ctl:
+        for step in range(steps):
+            loss = model(batch).loss
+            loss.backward()
+            res = ctl.step(step)        # report, wait (bounded), apply routes
+            if res.nonfinite:           # NaN/Inf in a unit's gradient
+                optimizer.zero_grad()   # skip the step, as GradScaler does
+                continue
+            optimizer.step(); optimizer.zero_grad()
 
 or, to overlap the pass over host gradients with the optimizer step:
 
@@ -17,28 +19,54 @@ or, to overlap the pass over host gradients with the optimizer step:
         ctl.finish(step)        # before zero_grad: wait, apply routes
         optimizer.zero_grad()
 
-Units are the modules chosen by type (`select`) and/or a regular
-expression on their names (`pattern`); a unit's gradient is that of the
-module's own parameters. After backward, `report(step)` sends every unit's
-sum of squares (host tensors are reduced by libgnmr-agent in fp64;
-parameters without a gradient make their unit "not reported"). Before the
-next forward, `apply_routes()` calls `on_route(name, module, high)` for
-every unit whose route changed, `high` meaning the recovery path.
+The endpoint defaults to gnmrd's own default (GNMR_ENDPOINT, else
+ipc://RUN/agents.sock as `gnmrd --help` says), the job to GNMR_JOB.
 
-Model-parallel jobs: `tp_size` shards per replica (default 1); the global
-rank comes from RANK or SLURM_PROCID (or `global_rank`). Replica 0 of each
-shard reports; other replicas observe and receive the same routes.
-Gradients on CUDA go to the agent's CUDA backend (one fused kernel on the
-current stream, no synchronisation; the result reaches gnmrd from the
-backend's own thread) when libgnmr-agent was built with nvcc and sees the
+Units are the modules chosen by type (`select`) and/or a regular
+expression on their names (`pattern`). A unit's gradient is that of all
+its parameters, its children's included, so a container (a block, an
+expert) is a unit too; each parameter counts in one unit only: the
+outermost match takes it, and a parameter shared by two units (tied
+weights) counts in the first, with a warning. After backward,
+`report(step)` sends every unit's sum of squares (host tensors are reduced
+by libgnmr-agent in fp64; parameters without a gradient make their unit
+"not reported"). Before the next forward, `apply_routes()` calls
+`on_route(name, module, high)` for every unit whose route changed, `high`
+meaning the recovery path.
+
+Steps: one call per optimizer step, with increasing numbers. The first
+may be 0 (then gnmrd's steps are yours + 1). A repeated or lower step (a
+call per micro-batch, a second call) does nothing and warns once: call
+step() after the last micro-batch. Nothing here raises for a step number.
+
+Identity: the global rank comes from torch.distributed when it is
+initialised, else RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK (or
+`global_rank`); a world size above 1 without a rank is an error. Model
+parallelism: `tp_group` (a process group of one replica's shards) or
+`tp_size` shards per replica; replica 0 of each shard reports, the other
+replicas observe and receive the same routes. Gradients on CUDA go to the
+agent's CUDA backend when libgnmr-agent was built with nvcc and sees the
 device; otherwise torch reduces them (one synchronisation per step).
+
+Nothing waits while the agent has not joined gnmrd; after `warn_after`
+such steps, and when most decisions come late, a warning (warnings and the
+"gnmr" logger) names the endpoint, job and rank.
 """
+import csv
+import json
+import logging
 import os
 import re
+import warnings
+from contextlib import contextmanager
 
 import torch
 
+from ._lib import default_endpoint
 from .agent import Agent, CudaReducer, GnmrError, cuda_device_count
+from .agent import reduce_cpu
+
+log = logging.getLogger("gnmr")
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16",
            torch.bfloat16: "bfloat16", torch.float64: "float64"}
@@ -47,39 +75,239 @@ for _name in ("float8_e4m3fn", "float8_e5m2"):
         _DTYPES[getattr(torch, _name)] = _name
 
 
-def _global_rank():
-    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
-        if var in os.environ:
-            return int(os.environ[var])
-    return 0
+def _warn(msg):
+    """A warning through `warnings` and, when the application configured
+    logging, the "gnmr" logger (not twice on stderr otherwise)."""
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    if log.hasHandlers():
+        log.warning(msg)
+
+
+def _env_int(*names):
+    for var in names:
+        if os.environ.get(var, "") != "":
+            try:
+                return int(os.environ[var]), var
+            except ValueError:
+                raise ValueError(f"{var}={os.environ[var]!r} is not an "
+                                 "integer") from None
+    return None, None
+
+
+def identity(global_rank=None, tp_size=None, tp_group=None):
+    """(rank, world size, tp_rank, tp_size): torch.distributed first, then
+    the launcher's environment; an error when the world has several
+    processes but this one's rank cannot be found."""
+    dist = torch.distributed
+    live = dist.is_available() and dist.is_initialized()
+    world, world_var = _env_int("WORLD_SIZE", "SLURM_NTASKS",
+                                "OMPI_COMM_WORLD_SIZE")
+    if global_rank is not None:
+        rank = global_rank
+    elif live:
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, _ = _env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+        if rank is None:
+            if world is not None and world > 1:
+                raise ValueError(
+                    f"{world_var}={world} but this process has no rank: "
+                    "initialise torch.distributed, set RANK (or "
+                    "SLURM_PROCID), or pass global_rank=; without one, "
+                    "every process would report as rank 0")
+            rank = 0
+    if tp_group is not None:
+        if not live:
+            raise ValueError("tp_group needs torch.distributed initialised")
+        size, tp_rank = dist.get_world_size(tp_group), dist.get_rank(tp_group)
+        if tp_size is not None and tp_size != size:
+            raise ValueError(f"tp_size={tp_size} but tp_group has {size} "
+                             "ranks")
+        return rank, world or 1, tp_rank, size
+    size = tp_size or 1
+    return rank, world or 1, rank % size, size
+
+
+def _select_units(model, select, pattern):
+    """[(name, module, params)]: outermost match first, each parameter in
+    one unit; a clear error when nothing usable matches."""
+    rx = re.compile(pattern) if pattern else None
+    matched = [(n, m) for n, m in model.named_modules()
+               if (not select or isinstance(m, tuple(select)))
+               and (rx is None or rx.search(n))]
+    owner, units, empty = {}, [], []
+    for name, m in matched:
+        params = []
+        for pname, p in m.named_parameters():
+            full = f"{name}.{pname}" if name else pname
+            if id(p) in owner:
+                prev, inside = owner[id(p)]
+                if not inside(name):  # a tied parameter, not a nesting
+                    _warn(f"gnmr: parameter {full} is shared with unit "
+                          f"{prev}: counted once, in {prev}")
+                continue
+            owner[id(p)] = (name, lambda n, root=name:
+                            n == root or n.startswith(root + ".") or
+                            root == "")
+            params.append(p)
+        if params:
+            units.append((name, m, params))
+        else:
+            empty.append(name or "(the model)")
+    if not units:
+        what = (f"select={tuple(t.__name__ for t in select or ())} "
+                f"pattern={pattern!r}")
+        if matched:
+            raise ValueError(
+                f"{what} matched {len(matched)} module(s) ("
+                f"{', '.join(empty[:6])}{', ...' if len(empty) > 6 else ''})"
+                " but none has parameters a unit could report: select the "
+                "block that contains them (a container is a unit too), or "
+                "a module type with weights")
+        kinds = sorted({type(m).__name__ for m in model.modules()})
+        raise ValueError(f"{what} matched no module; the model has "
+                         f"{', '.join(kinds)}")
+    return units
+
+
+class StepResult:
+    """What a step gave. Truthy when its decision came in time.
+
+    step: your step number; on_time; joined (the agent is in gnmrd's job);
+    active: the units on the recovery path for the next step; changed: the
+    units whose route changed now; nonfinite: the units whose gradient had
+    NaN or Inf elements (None when not known here: gradients reduced by the
+    CUDA kernel, or an observer); norms: {unit: this rank's gradient norm}
+    (None likewise; with tp shards, this shard's part); repeated: the call
+    repeated an earlier step and did nothing."""
+
+    __slots__ = ("step", "on_time", "joined", "active", "changed",
+                 "nonfinite", "norms", "repeated")
+
+    def __init__(self, step, on_time=False, joined=False, active=(),
+                 changed=(), nonfinite=None, norms=None, repeated=False):
+        self.step, self.on_time, self.joined = step, on_time, joined
+        self.active, self.changed = list(active), list(changed)
+        self.nonfinite, self.norms = nonfinite, norms
+        self.repeated = repeated
+
+    def __bool__(self):
+        return bool(self.on_time)
+
+    def as_dict(self):
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __repr__(self):
+        return (f"StepResult(step={self.step}, on_time={self.on_time}, "
+                f"active={self.active}, nonfinite={self.nonfinite})")
+
+
+class DecisionLog:
+    """Writes each StepResult as a CSV row or a JSON line; pass it as
+    on_decision (or call it from your own callback, or hand its rows to any
+    logger). Columns: step, on_time, joined, active, nonfinite (unit names
+    joined by spaces)."""
+
+    def __init__(self, path, fmt=None):
+        self.fmt = fmt or ("jsonl" if str(path).endswith(".jsonl") else "csv")
+        if self.fmt not in ("csv", "jsonl"):
+            raise ValueError("fmt is 'csv' or 'jsonl'")
+        self._f = open(path, "w", newline="")
+        self._csv = None
+        if self.fmt == "csv":
+            self._csv = csv.writer(self._f)
+            self._csv.writerow(["step", "on_time", "joined", "active",
+                                "nonfinite"])
+
+    def __call__(self, res):
+        if self.fmt == "jsonl":
+            d = res.as_dict()
+            d.pop("norms")
+            self._f.write(json.dumps(d) + "\n")
+        else:
+            self._csv.writerow([res.step, int(bool(res.on_time)),
+                                int(res.joined), " ".join(res.active),
+                                " ".join(res.nonfinite or [])])
+        self._f.flush()
+
+    def close(self):
+        self._f.close()
 
 
 class Controller:
-    def __init__(self, model, endpoint, job, select=(torch.nn.Linear,),
-                 pattern=None, on_route=None, tp_size=1, global_rank=None,
-                 wait_ms=50, **agent_kwargs):
-        rx = re.compile(pattern) if pattern else None
-        self.units = [(name, m) for name, m in model.named_modules()
-                      if (not select or isinstance(m, tuple(select)))
-                      and (rx is None or rx.search(name))
-                      and any(True for _ in m.parameters(recurse=False))]
-        if not self.units:
-            raise ValueError("no module of the model matches select/pattern")
-        rank = _global_rank() if global_rank is None else global_rank
-        self.tp_rank, self.replica = rank % tp_size, rank // tp_size
-        self.agent = Agent(endpoint, job, [n for n, _ in self.units],
+    def __init__(self, model, endpoint=None, job=None,
+                 select=(torch.nn.Linear,), pattern=None, on_route=None,
+                 tp_size=None, tp_group=None, global_rank=None, wait_ms=50,
+                 on_decision=None, trace=None, warn_after=3,
+                 join_wait_ms=1000, **agent_kwargs):
+        job = job or os.environ.get("GNMR_JOB")
+        if not job:
+            raise ValueError("give job= (or set GNMR_JOB): the name that "
+                             "ties this run's ranks together in gnmrd")
+        self.units = []
+        self._params = []
+        for name, m, params in _select_units(model, select, pattern):
+            self.units.append((name, m))
+            self._params.append(params)
+        rank, _, self.tp_rank, tp_size = identity(global_rank, tp_size,
+                                                  tp_group)
+        self.replica = rank // tp_size
+        self.endpoint = endpoint or default_endpoint()
+        self.job = job
+        self.agent = Agent(self.endpoint, job, [n for n, _ in self.units],
                            rank=self.tp_rank, reporters=tp_size,
                            observer=self.replica != 0, **agent_kwargs)
-        self._params = [list(m.parameters(recurse=False))
-                        for _, m in self.units]
-        self.on_route = on_route
-        self.wait_ms = wait_ms
+        self._ids = list(agent_kwargs.get("unit_ids") or
+                         range(len(self.units)))
+        # once, bounded: the first steps find the agent joined when gnmrd
+        # is there; when it is not, steps never wait for it
+        import time
+        deadline = time.monotonic() + join_wait_ms / 1000
+        while not self.agent.joined and time.monotonic() < deadline:
+            time.sleep(0.005)
+        self.on_route, self.on_decision = on_route, on_decision
+        self.wait_ms, self.warn_after = wait_ms, warn_after
         self.high = [None] * len(self.units)
+        self._forced = None     # route_all()'s route
         self._cuda = None       # CudaReducer, opened at the first CUDA step
         self._cuda_failed = None  # why the CUDA backend is not used
         self._keep = []         # copies the GPU may still read
         self._worker = None     # report_async's thread
         self._pending = None
+        self._offset = None     # 1 when the first step was 0
+        self._last = 0          # gnmrd's numbering
+        self._last_result = None
+        self._warned = set()
+        self._not_joined = 0
+        self._late = []         # the last on-time flags, for the warning
+        self._local = None      # (norms, nonfinite) of the last report
+        self._trace = None
+        if trace is not None:
+            if tp_size > 1:
+                raise ValueError("trace= records whole-unit norms: with "
+                                 "tp shards each rank has only its part")
+            self._trace = open(trace, "w")
+            self._trace.write("step,unit,norm\n")
+
+    # ---- steps ----------------------------------------------------------
+
+    def _internal(self, step):
+        """gnmrd's step for yours, or None (with a warning) when it does
+        not advance."""
+        if self._offset is None:
+            self._offset = 1 if step == 0 else 0
+        t = step + self._offset
+        if t < 1 or t <= self._last:
+            kind = "again" if t == self._last else "below an earlier step"
+            if kind not in self._warned:
+                self._warned.add(kind)
+                _warn(f"gnmr: step({step}) {kind}: GNMR takes one report "
+                      "per optimizer step, with increasing numbers (call "
+                      "step() once, after the last micro-batch); this call "
+                      "does nothing")
+            return None
+        self._last = t
+        return t
 
     def _cuda_reducer(self, device):
         if self._cuda is None and self._cuda_failed is None:
@@ -100,14 +328,11 @@ class Controller:
         torch reduces them."""
         return "gnmr" if self._cuda is not None else self._cuda_failed
 
-    def _sums_on_device(self, grads_by_unit):
+    @staticmethod
+    def _sums_on_device(grads_by_unit):
         """Per-unit (sum of squares, non-finite count) reduced by torch."""
         sumsq, nonfinite = [], []
         for grads in grads_by_unit:
-            if not grads:
-                sumsq.append(0.0)
-                nonfinite.append(0)
-                continue
             flat = [g.detach().reshape(-1).double() for g in grads]
             bad = sum(int((~torch.isfinite(f)).sum()) for f in flat)
             s = sum(float(torch.where(torch.isfinite(f), f, 0).pow(2).sum())
@@ -119,7 +344,7 @@ class Controller:
     @staticmethod
     def _buffers(grads):
         """(tensors to keep alive, (unit, pointer, numel, dtype) tuples):
-        contiguous gradients in a dtype the library reads."""
+        contiguous host gradients in a dtype the library reads."""
         keep, buffers = [], []
         for unit, gs in enumerate(grads):
             for g in gs:
@@ -133,73 +358,172 @@ class Controller:
                                 _DTYPES[g.dtype]))
         return keep, buffers
 
-    def report(self, step):
-        """Reports the gradients of every unit for step (after backward)."""
+    def _report(self, t):
         grads = [[p.grad for p in ps if p.grad is not None]
                  for ps in self._params]
+        self._local = None
         if self.agent.observer:  # another replica reports this shard
-            self.agent.report_sums(step, [0.0] * len(grads))
+            self.agent.report_sums(t, [0.0] * len(grads))
             return
         cuda = [g for gs in grads for g in gs if g.is_cuda]
-        if cuda and self._cuda_reducer(cuda[0].device) is not None:
-            # the kernel runs on the current stream: copies made here stay
-            # valid for it (stream-ordered allocator); keep them one step
+        host = [[g for g in gs if not g.is_cuda] for gs in grads]
+        if cuda and len(cuda) == sum(len(gs) for gs in grads) and \
+                len({g.device for g in cuda}) == 1 and \
+                self._cuda_reducer(cuda[0].device) is not None:
+            # every gradient on one device: the kernel reads them in
+            # order on the current stream; copies made here stay valid
+            # for it (stream-ordered allocator); keep them one step
             self._keep, buffers = self._buffers(grads)
-            self._cuda.report(step, buffers,
+            self._cuda.report(t, buffers,
                               torch.cuda.current_stream(cuda[0].device)
                               .cuda_stream)
             return
-        if cuda:
-            sumsq, nonfinite = self._sums_on_device(grads)
-            self.agent.report_sums(step, sumsq, nonfinite,
-                                   not_reported=[not gs for gs in grads])
-            return
-        keep, buffers = self._buffers(grads)
-        self.agent.report_buffers(step, buffers)  # reads them before return
+        if cuda:  # torch reduces device tensors, the library host ones
+            sumsq, nonfinite = self._sums_on_device(
+                [[g for g in gs if g.is_cuda] for gs in grads])
+        else:
+            sumsq, nonfinite = [0.0] * len(grads), [0] * len(grads)
+        keep, buffers = self._buffers(host)
+        if buffers:
+            hs, hn = reduce_cpu(buffers, len(grads))
+            sumsq = [a + b for a, b in zip(sumsq, hs)]
+            nonfinite = [a + b for a, b in zip(nonfinite, hn)]
         del keep
+        not_reported = [not gs for gs in grads]
+        self.agent.report_sums(t, sumsq, nonfinite, not_reported=not_reported)
+        self._local = (sumsq, nonfinite, not_reported)
+
+    def report(self, step):
+        """Reports the gradients of every unit for step (after backward);
+        False when the step does not advance (a warning said why)."""
+        t = self._internal(step)
+        if t is None:
+            return False
+        self._report(t)
+        return True
 
     def apply_routes(self):
         """Calls on_route for every unit whose route changed; returns the
         routes (True: recovery path) for the next step."""
+        self._changed = []
         for unit, (name, module) in enumerate(self.units):
-            high = self.agent.route(unit)
+            high = (self._forced if self._forced is not None
+                    else self.agent.route(unit))
             if high != self.high[unit]:
                 self.high[unit] = high
+                self._changed.append(name)
                 if self.on_route is not None:
                     self.on_route(name, module, high)
         return list(self.high)
 
     def step(self, step, wait_ms=None):
         """report(step), wait for its decision (at most wait_ms), then
-        apply_routes(). Returns whether the decision came in time."""
-        self.report(step)
-        return self.finish(step, wait_ms)
+        apply_routes(). Returns a StepResult (truthy when on time)."""
+        if self._internal(step) is None:
+            return self._repeat(step)
+        self._report(self._last)
+        return self._finish(step, wait_ms)
 
     def report_async(self, step):
         """report(step) on a worker thread, so that the pass over host
         gradients overlaps what the caller does next (the optimizer step;
         the library releases the GIL). Call finish(step) before anything
         overwrites the gradients (zero_grad, the next backward)."""
+        t = self._internal(step)
+        if t is None:
+            return
         if self._worker is None:
             from concurrent.futures import ThreadPoolExecutor
             self._worker = ThreadPoolExecutor(1, "gnmr-report")
-        self._pending = self._worker.submit(self.report, step)
+        self._pending = (step, self._worker.submit(self._report, t))
 
     def finish(self, step, wait_ms=None):
         """Completes step: the report_async() in flight (its errors are
         raised here), the wait for the decision (at most wait_ms), then
-        apply_routes(). Returns whether the decision came in time."""
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()
-        on_time = self.agent.wait(step, self.wait_ms if wait_ms is None
-                                  else wait_ms)
+        apply_routes(). Returns a StepResult."""
+        if self._pending is None or self._pending[0] != step:
+            return self._repeat(step)
+        pending, self._pending = self._pending[1], None
+        pending.result()
+        return self._finish(step, wait_ms)
+
+    def _repeat(self, step):
+        r = StepResult(step, repeated=True, joined=self.agent.joined,
+                       active=[n for (n, _), h in zip(self.units, self.high)
+                               if h])
+        return r
+
+    def _finish(self, step, wait_ms):
+        t = self._last
+        joined = self.agent.joined
+        if joined:
+            self._not_joined = 0
+            on_time = self.agent.wait(t, self.wait_ms if wait_ms is None
+                                      else wait_ms)
+        else:  # nothing to wait for: routes fall back at once
+            on_time = False
+            self._not_joined += 1
+            if self._not_joined == self.warn_after:
+                _warn(f"gnmr: rank {self.tp_rank} of job {self.job!r} has "
+                      f"not joined gnmrd at {self.endpoint} after "
+                      f"{self.warn_after} steps: is gnmrd running there "
+                      "(`gnmrctl stats`)? Every unit stays on the fallback "
+                      "route until it joins")
+        if joined:
+            self._late = (self._late + [on_time])[-20:]
+            late = self._late.count(False)
+            if len(self._late) == 20 and late > 10 and "late" not in \
+                    self._warned:
+                self._warned.add("late")
+                _warn(f"gnmr: {late} of the last 20 decisions of job "
+                      f"{self.job!r} came after wait_ms={self.wait_ms}: "
+                      "raise wait_ms, or use report_async()/finish()")
         self.apply_routes()
-        return on_time
+        res = StepResult(step, on_time, joined,
+                         [n for (n, _), h in zip(self.units, self.high)
+                          if h], self._changed)
+        if self._local is not None:
+            sumsq, nonfinite, nr = self._local
+            res.norms = {n: (s ** 0.5 if not skip else None)
+                         for (n, _), s, skip in zip(self.units, sumsq, nr)}
+            res.nonfinite = [n for (n, _), c in zip(self.units, nonfinite)
+                             if c]
+            if self._trace is not None:
+                for u, ((n, _), s, c, skip) in enumerate(
+                        zip(self.units, sumsq, nonfinite, nr)):
+                    if not skip:
+                        self._trace.write(f"{t},{self._ids[u]},"
+                                          f"{'nan' if c else repr(s ** .5)}"
+                                          "\n")
+        if self.on_decision is not None:
+            self.on_decision(res)
+        return res
+
+    # ---- routes for evaluation, lifecycle ---------------------------------
+
+    @contextmanager
+    def route_all(self, route="high"):
+        """Every unit on one path inside the block (evaluation, say); the
+        decided routes come back on leaving it."""
+        if route not in ("high", "low"):
+            raise ValueError("route is 'high' or 'low'")
+        self._forced = route == "high"
+        self.apply_routes()
+        try:
+            yield self
+        finally:
+            self._forced = None
+            self.apply_routes()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def close(self):
         if self._pending is not None:
-            self._pending.exception()  # wait; close is no place to raise
+            self._pending[1].exception()  # wait; close is no place to raise
             self._pending = None
         if self._worker is not None:
             self._worker.shutdown()
@@ -207,4 +531,7 @@ class Controller:
         if self._cuda is not None:
             self._cuda.close()
             self._cuda = None
+        if self._trace is not None:
+            self._trace.close()
+            self._trace = None
         self.agent.close()

@@ -257,10 +257,19 @@ class ControllerTest(unittest.TestCase):
             self.assertTrue(ctl.finish(step, wait_ms=5000))
             self.assertEqual(ctl.high, [False, step == 8, False, False],
                              msg=f"step {step}")
+        # a repeated step is a no-op with a warning, never an exception
+        with self.assertWarnsRegex(RuntimeWarning, r"step\(9\) again"):
+            ctl.report_async(9)
+        res = ctl.finish(9, wait_ms=10)
+        self.assertTrue(res.repeated)
+        self.assertFalse(res)
         # a report that fails on the worker raises in finish()
-        ctl.report_async(9)  # not above the last step
+        def boom(t):
+            raise gnmr.GnmrError(-1, "report")
+        ctl._report = boom
+        ctl.report_async(10)
         with self.assertRaises(gnmr.GnmrError):
-            ctl.finish(9, wait_ms=10)
+            ctl.finish(10, wait_ms=10)
         ctl.close()
 
     def test_nonfinite_gradient_is_selected_and_idle_unit_is_not(self):

@@ -1,0 +1,331 @@
+# SPDX-License-Identifier: MIT
+"""What a PyTorch user gets wrong, and what GNMR does about it (issue 17):
+a wrong endpoint, no rank, steps from 0, a call per micro-batch, a NaN
+gradient, tied parameters, containers as units, a select that matches
+nothing usable, results and logs in Python, an evaluation override, a
+missing library, and a packaged install in a temporary prefix.
+
+Run by `make check` (test-python) with GNMR_AGENT_LIB and GNMR_BIN_DIR.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import warnings
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch  # noqa: E402
+
+import gnmr  # noqa: E402
+from gnmr.pytorch import Controller, DecisionLog, identity  # noqa: E402
+from test_gnmr import Daemon, Net  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def params(**kw):
+    base = dict(warmup_steps=0, max_active=1, lock_steps=0)
+    base.update(kw)
+    return gnmr.default_params(**base)
+
+
+def backward(net, x, nan_in=None):
+    net.zero_grad()
+    net(x).pow(2).mean().backward()
+    if nan_in is not None:
+        getattr(net, nan_in).weight.grad[0, 0] = float("nan")
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.up = torch.nn.Linear(d, 2 * d)
+        self.down = torch.nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 8)
+        self.mid = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 10, bias=False)
+        self.head.weight = self.emb.weight  # tied, as LMs do
+
+    def forward(self, idx):
+        return self.head(self.mid(self.emb(idx)))
+
+
+class WithoutDaemonTest(unittest.TestCase):
+    def test_wrong_endpoint_never_waits_and_warns_once_naming_it(self):
+        net, x = Net(), torch.randn(4, 8)
+        ep = "tcp://127.0.0.1:9"  # nobody listens
+        ctl = Controller(net, ep, "lost-job", join_wait_ms=50, warn_after=3)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            t0 = time.monotonic()
+            for step in range(1, 7):
+                backward(net, x)
+                res = ctl.step(step, wait_ms=2000)
+                self.assertFalse(res)
+                self.assertFalse(res.joined)
+            took = time.monotonic() - t0
+        self.assertLess(took, 1.0, "steps waited for a gnmrd that is not "
+                                   "there")
+        msgs = [str(m.message) for m in w if "has not joined" in
+                str(m.message)]
+        self.assertEqual(len(msgs), 1, msgs)
+        self.assertIn(ep, msgs[0])
+        self.assertIn("'lost-job'", msgs[0])
+        self.assertIn("rank 0", msgs[0])
+        self.assertEqual(ctl.high, [False] * 4)  # the fallback route
+        ctl.close()
+
+    def test_no_rank_in_a_multi_process_world_is_an_error(self):
+        keep = {k: os.environ.pop(k, None) for k in
+                ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                 "WORLD_SIZE")}
+        try:
+            os.environ["WORLD_SIZE"] = "4"
+            with self.assertRaisesRegex(ValueError,
+                                        r"WORLD_SIZE=4 but this process "
+                                        r"has no rank"):
+                identity()
+            os.environ["RANK"] = "5"
+            self.assertEqual(identity(tp_size=2), (5, 4, 1, 2))
+            os.environ["RANK"] = "x"
+            with self.assertRaisesRegex(ValueError, "not an integer"):
+                identity()
+            del os.environ["RANK"], os.environ["WORLD_SIZE"]
+            self.assertEqual(identity(), (0, 1, 0, 1))  # one process
+        finally:
+            for k, v in keep.items():
+                os.environ.pop(k, None)
+                if v is not None:
+                    os.environ[k] = v
+
+    def test_select_errors_say_what_matched(self):
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(),
+                                  torch.nn.Linear(4, 4), torch.nn.GELU())
+        with self.assertRaisesRegex(ValueError,
+                                    r"select=\('GELU',\) pattern=None "
+                                    r"matched 2 module\(s\) \(1, 3\) but "
+                                    r"none has parameters"):
+            Controller(net, "tcp://127.0.0.1:9", "j",
+                       select=(torch.nn.GELU,), join_wait_ms=0)
+        with self.assertRaisesRegex(ValueError, r"matched no module; the "
+                                    r"model has GELU, Linear, Sequential"):
+            Controller(net, "tcp://127.0.0.1:9", "j",
+                       select=(torch.nn.Conv2d,), join_wait_ms=0)
+        with self.assertRaisesRegex(ValueError, "give job="):
+            os.environ.pop("GNMR_JOB", None)
+            Controller(net, "tcp://127.0.0.1:9", join_wait_ms=0)
+
+    def test_missing_library_fails_at_import_with_the_fix(self):
+        env = dict(os.environ, GNMR_AGENT_LIB="/nonexistent/libgnmr-agent.so")
+        r = subprocess.run(
+            [sys.executable, "-c", "import gnmr.recovery; "
+             "print('recovery imports'); import gnmr.pytorch"],
+            cwd=os.path.join(REPO, "python"), env=env, capture_output=True,
+            text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("recovery imports", r.stdout)
+        self.assertIn("LibraryNotFound", r.stderr)
+        self.assertIn("set GNMR_AGENT_LIB=", r.stderr)
+
+    def test_open_errors_name_endpoint_job_and_rank(self):
+        with self.assertRaises(gnmr.GnmrError) as e:
+            gnmr.Agent("nope://x", "job-x", ["u"], rank=0)
+        self.assertIn("endpoint nope://x, job 'job-x', rank 0/1",
+                      str(e.exception))
+
+
+class WithDaemonTest(unittest.TestCase):
+    def setUp(self):
+        self.d = Daemon()
+
+    def tearDown(self):
+        self.assertEqual(self.d.stop(), 0)
+
+    def test_steps_from_zero_and_repeats_never_raise(self):
+        net, x = Net(), torch.randn(8, 8)
+        with Controller(net, self.d.agents, "zero-job", params=params()) \
+                as ctl:
+            for step in range(0, 5):  # range(steps), HF's global_step
+                backward(net, x)
+                res = ctl.step(step, wait_ms=5000)
+                self.assertTrue(res, f"step {step}")
+                self.assertEqual(res.step, step)
+                self.assertEqual(ctl.agent.decided_step, step + 1)
+            # a call per micro-batch, a second call, a lower step: no-ops
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                for _ in range(3):
+                    res = ctl.step(4, wait_ms=50)
+                    self.assertTrue(res.repeated)
+                ctl.step(2)
+            text = " ".join(str(m.message) for m in w)
+            self.assertIn("step(4) again", text)
+            self.assertIn("step(2) below an earlier step", text)
+            self.assertIn("after the last micro-batch", text)
+            self.assertEqual(len(w), 2)  # once per kind
+            backward(net, x)
+            self.assertTrue(ctl.step(5, wait_ms=5000))  # and on it goes
+
+    def test_results_nan_units_callback_log_and_trace(self):
+        net, x = Net(), torch.randn(8, 8)
+        seen = []
+        tmp = tempfile.mkdtemp(prefix="gnmr-py-")
+        log_csv = DecisionLog(os.path.join(tmp, "d.csv"))
+        log_jsonl = DecisionLog(os.path.join(tmp, "d.jsonl"))
+        trace = os.path.join(tmp, "run.csv")
+
+        def on_decision(res):
+            seen.append(res)
+            log_csv(res)
+            log_jsonl(res)
+
+        ctl = Controller(net, self.d.agents, "res-job", params=params(
+            max_active=2), on_decision=on_decision, trace=trace)
+        for step in range(1, 4):
+            backward(net, x)
+            res = ctl.step(step, wait_ms=5000)
+            self.assertEqual(res.nonfinite, [])
+            want = {n: float(torch.cat([p.grad.reshape(-1) for p in
+                                        m.parameters()]).double().norm())
+                    for n, m in ctl.units if n != "frozen"}
+            for n in want:
+                self.assertAlmostEqual(res.norms[n], want[n], places=9)
+            self.assertIsNone(res.norms["frozen"])  # no gradient
+        backward(net, x, nan_in="c")
+        res = ctl.step(4, wait_ms=5000)
+        self.assertEqual(res.nonfinite, ["c"])  # skip this optimizer step
+        self.assertIn("c", res.active)  # gnmrd selected it too
+        self.assertEqual([r.step for r in seen], [1, 2, 3, 4])
+        ctl.close()
+        log_csv.close()
+        log_jsonl.close()
+        rows = read(os.path.join(tmp, "d.csv")).splitlines()
+        self.assertEqual(rows[0], "step,on_time,joined,active,nonfinite")
+        self.assertTrue(rows[4].startswith("4,1,1,") and
+                        rows[4].endswith(",c"), rows[4])
+        last = json.loads(read(os.path.join(tmp, "d.jsonl")).splitlines()[-1])
+        self.assertEqual(last["nonfinite"], ["c"])
+        lines = read(trace).splitlines()
+        self.assertEqual(lines[0], "step,unit,norm")
+        self.assertEqual(len(lines), 1 + 4 * 3)  # frozen: not reported
+        self.assertIn("4,2,nan", lines)
+        # the trace replays offline (gnmrctl replay reads it)
+        r = subprocess.run([os.path.join(self.d_bin(), "gnmrctl"), "replay",
+                            "--warmup-steps", "0", "--max-active", "2",
+                            "--lock-steps", "0", trace],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("4,2", r.stdout.splitlines())
+
+    def d_bin(self):
+        return os.environ.get("GNMR_BIN_DIR", os.path.join(REPO, "build",
+                                                           "bin"))
+
+    def test_containers_are_units_and_tied_weights_count_once(self):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(Block(8), Block(8), torch.nn.Linear(8, 2))
+        ctl = Controller(model, self.d.agents, "blocks",
+                         select=(Block, torch.nn.Linear), params=params())
+        # the blocks take their Linears; the last Linear is its own unit
+        self.assertEqual([n for n, _ in ctl.units], ["0", "1", "2"])
+        self.assertEqual([len(p) for p in ctl._params], [4, 4, 2])
+        x = torch.randn(4, 8)
+        model.zero_grad()
+        model(x).pow(2).mean().backward()
+        res = ctl.step(1, wait_ms=5000)
+        g = torch.cat([p.grad.reshape(-1) for p in model[0].parameters()])
+        self.assertAlmostEqual(res.norms["0"], float(g.double().norm()),
+                               places=9)
+        ctl.close()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            tied = Tied()
+            ctl = Controller(tied, self.d.agents, "tied",
+                             select=(torch.nn.Embedding, torch.nn.Linear),
+                             params=params())
+        self.assertTrue(any("head.weight is shared with unit emb" in
+                            str(m.message) for m in w),
+                        [str(m.message) for m in w])
+        self.assertEqual([n for n, _ in ctl.units], ["emb", "mid"])
+        ctl.close()
+
+    def test_route_all_for_evaluation_and_back(self):
+        net, x = Net(), torch.randn(8, 8)
+        calls = []
+        ctl = Controller(net, self.d.agents, "eval-job", params=params(),
+                         on_route=lambda n, m, h: calls.append((n, h)))
+        backward(net, x)
+        ctl.step(1, wait_ms=5000)
+        calls.clear()
+        with ctl.route_all("high"):
+            self.assertEqual(ctl.high, [True] * 4)
+        self.assertEqual(ctl.high, [False] * 4)
+        self.assertEqual(sorted(calls), sorted(
+            [(n, True) for n in ("a", "b", "c", "frozen")] +
+            [(n, False) for n in ("a", "b", "c", "frozen")]))
+        with self.assertRaises(ValueError):
+            with ctl.route_all("medium"):
+                pass
+        ctl.close()
+
+    def test_default_endpoint_from_the_environment(self):
+        net, x = Net(), torch.randn(8, 8)
+        keep = os.environ.get("GNMR_ENDPOINT"), os.environ.get("GNMR_JOB")
+        os.environ["GNMR_ENDPOINT"] = self.d.agents
+        os.environ["GNMR_JOB"] = "env-job"
+        try:
+            with Controller(net, params=params()) as ctl:
+                self.assertEqual(ctl.endpoint, self.d.agents)
+                backward(net, x)
+                self.assertTrue(ctl.step(1, wait_ms=5000))
+        finally:
+            for k, v in zip(("GNMR_ENDPOINT", "GNMR_JOB"), keep):
+                os.environ.pop(k, None)
+                if v is not None:
+                    os.environ[k] = v
+
+
+class InstallTest(unittest.TestCase):
+    def test_packaged_install_in_a_temporary_prefix(self):
+        prefix = tempfile.mkdtemp(prefix="gnmr-prefix-")
+        build = os.environ.get("GNMR_BUILD", "build")
+        r = subprocess.run(["make", "--no-print-directory", "install",
+                            f"BUILD={build}", f"PREFIX={prefix}",
+                            f"PYTHON={sys.executable}"],
+                           cwd=REPO, capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        line = [ln for ln in r.stdout.splitlines()
+                if ln.startswith("PYTHONPATH=")]
+        self.assertEqual(len(line), 1, r.stdout)
+        path = line[0].split("=", 1)[1]
+        self.assertTrue(os.path.isdir(os.path.join(path, "gnmr")), path)
+        env = {k: v for k, v in os.environ.items() if k != "GNMR_AGENT_LIB"}
+        env["PYTHONPATH"] = path
+        r = subprocess.run(
+            [sys.executable, "-c", "import gnmr, gnmr.agent as a; "
+             "print(a.lib()._name); print(gnmr.default_params().window)"],
+            cwd=tempfile.gettempdir(), env=env, capture_output=True,
+            text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(r.stdout.startswith(os.path.join(prefix, "lib")),
+                        r.stdout)
+        self.assertIn("\n8\n", "\n" + r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
