@@ -214,7 +214,8 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 $(BUILD)/obj/bench/%.o: $(GEN)/proto/gnmr.pb-c.h
-STORE_OBJ = $(call obj,daemon/store.c daemon/store_apply.c daemon/store_restore.c daemon/store_query.c)
+STORE_OBJ = $(call obj,daemon/store.c daemon/store_apply.c daemon/store_restore.c \
+              daemon/store_query.c daemon/views.c)
 $(BUILD)/bench/store: $(BUILD)/obj/bench/store.o $(STORE_OBJ) $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(DB_LIBS) $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@

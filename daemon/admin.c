@@ -202,7 +202,7 @@ static void start_query(gnmrd *d, const void *id, size_t id_len, int command,
   q->sq.from = r->from_step;
   q->sq.to = r->to_step;
   q->sq.limit = r->limit ? (r->limit > MAX_LIMIT ? MAX_LIMIT : r->limit)
-                         : DEFAULT_LIMIT;
+                         : command == GNMR_CMD_TOP ? 10 : DEFAULT_LIMIT;
   q->req.data = q;
   if (uv_queue_work(d->loop, &q->req, query_work, query_done) != 0) {
     send_error(d, id, id_len, GNMR_E_INTERNAL, "cannot queue the query");
@@ -247,6 +247,11 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
     return;
   }
   core_job *c = core_find(&d->jobs, r->job);
+  if (c == NULL && d->st != NULL &&
+      (k == GNMR_CMD_STATUS || k == GNMR_CMD_UNITS || k == GNMR_CMD_TOP)) {
+    start_query(d, id, id_len, k, r); /* a finished job, from the store */
+    return;
+  }
   if (c == NULL) {
     snprintf(msg, sizeof msg, "no running job '%.128s'", r->job);
     send_error(d, id, id_len, GNMR_E_NOJOB, msg);
@@ -270,6 +275,13 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
       send_error(d, id, id_len, rv, err);
     else
       send_json(d, id, id_len, views_status(c));
+    break;
+  }
+  case GNMR_CMD_FINISH: {
+    json_t *v = views_status(c);
+    json_object_set_new(v, "state", json_string("finished"));
+    jobs_finish(d, c);
+    send_json(d, id, id_len, v);
     break;
   }
   default:

@@ -47,6 +47,10 @@ void jobs_shutdown(gnmrd *d);
 void jobs_restore(const store_job *sj, void *ctx);
 /* Queues a snapshot of every live job (shutdown). */
 void jobs_snapshot_all(gnmrd *d);
+/* Ends a live job now, as if every rank had said Bye (gnmrctl finish: a
+ * job whose processes are gone). Its agents, should any come back, join
+ * a new job of that name. */
+void jobs_finish(gnmrd *d, core_job *c);
 /* Applies key=value settings to a live job's parameters from its next
  * step; all or nothing. Returns 0 or an error with a message in err. */
 int jobs_set_params(gnmrd *d, core_job *c, char **settings, size_t n,

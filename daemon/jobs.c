@@ -552,18 +552,24 @@ static int on_report(gnmrd *d, const void *id, size_t id_len,
 #undef REFUSE
 }
 
-/* Ends a job: every rank said Bye (finished), or no report came for
- * [limits] job_idle_s (retired: its processes died or hang). Its history
- * and final state stay in the store. */
-static void finish(job *j, int retired) {
+/* How a job ends: every rank said Bye; no report came for [limits]
+ * job_idle_s (retired: its processes died or hang); `gnmrctl finish`. */
+enum { FINISH_BYES, FINISH_IDLE, FINISH_OPERATOR };
+
+/* Ends a job. Its history and final state stay in the store. */
+static void finish(job *j, int how) {
   gnmrd *d = j->d;
   core_job *c = j->core;
+  int retired = how == FINISH_IDLE;
   LOG(INFO, retired ? "JOB-RETIRE" : "JOB-FINISH", "job %s %s at step %llu",
-      c->name, retired ? "retired, no report for [limits] job_idle_s,"
-                       : "finished",
+      c->name, retired                 ? "retired, no report for [limits] "
+                                         "job_idle_s,"
+               : how == FINISH_OPERATOR ? "finished by gnmrctl finish"
+                                        : "finished",
       (unsigned long long)c->last_decided);
   records_event(d->st, c, retired ? STORE_EV_JOB_RETIRED
-                                  : STORE_EV_JOB_FINISHED, UINT32_MAX, NULL);
+                                  : STORE_EV_JOB_FINISHED, UINT32_MAX,
+                how == FINISH_OPERATOR ? "gnmrctl finish" : NULL);
   records_snapshot(d->st, c);
   records_state(d->st, c, retired ? "retired" : "finished");
   if (retired)
@@ -571,6 +577,11 @@ static void finish(job *j, int retired) {
   else
     d->c.jobs_finished++;
   job_free(j);
+}
+
+void jobs_finish(gnmrd *d, core_job *c) {
+  assert(job_of(c)->d == d);
+  finish(job_of(c), FINISH_OPERATOR);
 }
 
 static void sweep_cb(uv_timer_t *t) {
@@ -583,7 +594,7 @@ static void sweep_cb(uv_timer_t *t) {
     if (now - job_of(c)->last_report_ms >= idle_ms)
       old[n++] = job_of(c);
   for (size_t i = 0; i < n; i++) /* finish() edits d->jobs */
-    finish(old[i], 1);
+    finish(old[i], FINISH_IDLE);
   free(old);
 }
 
@@ -622,7 +633,7 @@ static void on_bye(gnmrd *d, const void *id, size_t id_len,
     records_event(d->st, c, STORE_EV_AGENT_LEFT, rank, detail);
   }
   if (core_bye(c, rank)) {
-    finish(j, 0);
+    finish(j, FINISH_BYES);
     return;
   }
   decide_ready(j); /* fewer reporters may complete a pending step */

@@ -16,6 +16,7 @@
 #include "store.h"
 #include "store_query.h"
 #include "store_sql.h"
+#include "views.h"
 #include "text.h"
 
 static void qfail(store_query *q, int code, const char *fmt, ...)
@@ -119,6 +120,82 @@ static const char events_sql_head[] =
     " units u ON u.job=e.job AND u.id=e.unit WHERE e.job=?1 AND e.step "
     "BETWEEN ?2 AND ?3";
 
+/* status, units and top of a job that is not running (finished, retired,
+ * or gnmrd restarted without it): its row, units and ranks, and its
+ * newest snapshot rebuilt into an engine, seen through the live views. */
+static json_t *job_view(store_query *q, sqlite3 *db) {
+  sqlite3_stmt *st;
+  store_job sj = {0};
+  char state[32] = "";
+  json_t *out = NULL;
+  if (sqlite3_prepare_v2(db, "SELECT reporters, barrier_ms, pass, state"
+                         PARAM_COLS " FROM jobs WHERE name=?", -1, &st,
+                         NULL) != SQLITE_OK) {
+    qfail(q, GNMR_E_STORE, "%s", sqlite3_errmsg(db));
+    return NULL;
+  }
+  sqlite3_bind_text(st, 1, q->job, -1, SQLITE_STATIC);
+  if (sqlite3_step(st) != SQLITE_ROW) {
+    sqlite3_finalize(st);
+    qfail(q, GNMR_E_NOJOB, "unknown job '%.128s'", q->job);
+    return NULL;
+  }
+  sj.reporters = (uint32_t)sqlite3_column_int64(st, 0);
+  sj.barrier_ms = (uint32_t)sqlite3_column_int64(st, 1);
+  sj.pass = (uint32_t)sqlite3_column_int64(st, 2);
+  snprintf(state, sizeof state, "%s",
+           sqlite3_column_text(st, 3) ? (const char *)sqlite3_column_text(
+                                            st, 3)
+                                      : "");
+  store__read_params(st, 4, &sj.hello_params);
+  sqlite3_finalize(st);
+  sj.name = strdup(q->job);
+  sj.n_ranks = sj.reporters;
+  core_job c = {0};
+  policy *pol = NULL;
+  if (sj.name == NULL || sj.reporters == 0 || sj.reporters > 4096 ||
+      store__load_job(db, &sj) != GNMR_OK) {
+    qfail(q, GNMR_E_STORE, "job %.128s cannot be read back", q->job);
+    goto out;
+  }
+  if (sj.snapshot == NULL ||
+      policy_import(sj.snapshot, sj.snapshot_len, &pol) != GNMR_OK)
+    policy_create(&sj.params, 0, &pol); /* no statistics were kept */
+  c.name = sj.name;
+  c.pass = sj.pass;
+  c.reporters = sj.reporters;
+  c.barrier_ms = sj.barrier_ms;
+  c.params = pol ? *policy_get_params(pol) : sj.params;
+  c.pol = pol;
+  c.last_decided = pol ? policy_last_step(pol) : 0;
+  c.n_units = sj.n_units;
+  c.unit_names = sj.unit_names;
+  c.ranks = calloc(sj.reporters, sizeof *c.ranks);
+  c.shards = calloc(sj.n_units ? sj.n_units : 1, sizeof *c.shards);
+  if (pol == NULL || c.ranks == NULL || c.shards == NULL) {
+    qfail(q, GNMR_E_NOMEM, "out of memory");
+    goto out;
+  }
+  for (uint32_t r = 0; r < sj.n_ranks; r++)
+    for (uint32_t i = 0; i < sj.rank_n[r]; i++)
+      if (sj.rank_ids[r][i] < sj.n_units)
+        c.shards[sj.rank_ids[r][i]]++;
+  if (q->command == GNMR_CMD_STATUS) {
+    out = views_status(&c);
+    json_object_set_new(out, "state", json_string(state));
+  } else {
+    out = views_units(&c, q->command == GNMR_CMD_TOP ? (q->limit ? q->limit
+                                                                  : 10)
+                                                      : 0);
+  }
+out:
+  free(c.ranks);
+  free(c.shards);
+  policy_destroy(&pol);
+  store__job_free(&sj);
+  return out;
+}
+
 void store_query_run(const char *path, store_query *q) {
   sqlite3 *db = NULL;
   sqlite3_int64 from = (sqlite3_int64)q->from,
@@ -129,7 +206,10 @@ void store_query_run(const char *path, store_query *q) {
     qfail(q, GNMR_E_STORE, "cannot open %s", path);
     return;
   }
-  if (q->command == GNMR_CMD_JOBS) {
+  if (q->command == GNMR_CMD_STATUS || q->command == GNMR_CMD_UNITS ||
+      q->command == GNMR_CMD_TOP) {
+    q->result = job_view(q, db);
+  } else if (q->command == GNMR_CMD_JOBS) {
     q->result = rows(q, db,
                      "SELECT name, state, pass, last_step, reporters, "
                      "barrier_ms, created_at, updated_at FROM jobs ORDER BY "

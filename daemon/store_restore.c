@@ -11,7 +11,7 @@
 #include "log.h"
 #include "store_sql.h"
 
-static void store_job_free(store_job *j) {
+void store__job_free(store_job *j) {
   if (j->unit_names)
     for (uint32_t u = 0; u < j->n_units; u++)
       free(j->unit_names[u]);
@@ -25,8 +25,7 @@ static void store_job_free(store_job *j) {
   free(j->name);
 }
 
-/* Loads units, ranks, parameters and the newest snapshot of job j. */
-static int load_job(sqlite3 *db, store_job *j) {
+int store__load_job(sqlite3 *db, store_job *j) {
   sqlite3_stmt *st;
   int rc;
   /* units */
@@ -137,14 +136,14 @@ int store_restore(const char *dir, void (*fn)(const store_job *, void *),
     store__read_params(st, 4, &j.hello_params);
     j.n_ranks = j.reporters;
     if (j.name == NULL || j.reporters == 0 || j.reporters > 4096 ||
-        load_job(db, &j) != GNMR_OK) {
+        store__load_job(db, &j) != GNMR_OK) {
       LOG(ERROR, "STORE-RESTORE", "job %s: cannot be restored, skipped",
           j.name ? j.name : "?");
-      store_job_free(&j);
+      store__job_free(&j);
       continue;
     }
     fn(&j, ctx);
-    store_job_free(&j);
+    store__job_free(&j);
   }
   sqlite3_finalize(st);
   sqlite3_close(db);

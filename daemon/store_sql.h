@@ -66,6 +66,10 @@ int store__migrate(sqlite3 *db, char *err, size_t errlen);
 int store__apply(store *s, const store_rec *r);
 /* Drops history older than retain_steps behind step. */
 int store__retain(store *s, const char *job, uint64_t step);
+/* Loads a job's units, ranks, parameters in force and newest snapshot
+ * into j (name, reporters and hello_params set by the caller). */
+int store__load_job(sqlite3 *db, store_job *j);
+void store__job_free(store_job *j);
 /* The parameter columns at at..at+GNMR_NPARAMS-1 (NULL: unset). */
 void store__read_params(sqlite3_stmt *st, int at, policy_params *p);
 

@@ -4,7 +4,9 @@
  *
  *   XX(ID, name, where, needs_job, csv)
  *
- * where      LIVE: answered on gnmrd's loop from a running job's memory;
+ * where      LIVE: answered on gnmrd's loop from a running job's memory
+ *            (status, units and top of a job that is not running are
+ *            answered from the store, on the worker pool);
  *            HISTORY: a query of the store, on the worker pool.
  * needs_job  the request names a job.
  * csv        gnmrctl can print the answer as CSV (--csv). */
@@ -16,6 +18,7 @@
   XX(UNITS, "units", LIVE, 1, 1)                                             \
   XX(TOP, "top", LIVE, 1, 1)                                                 \
   XX(SET, "set", LIVE, 1, 0)                                                 \
+  XX(FINISH, "finish", LIVE, 1, 0)                                           \
   XX(JOBS, "jobs", HISTORY, 0, 1)                                            \
   XX(HISTORY, "history", HISTORY, 1, 1)                                      \
   XX(DECISIONS, "decisions", HISTORY, 1, 1)                                  \

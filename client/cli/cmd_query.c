@@ -161,6 +161,9 @@ static const char usage[] =
     "       gnmrctl decisions JOB [--from S] [--to S] [--json|--csv]\n"
     "       gnmrctl set JOB key=value... [--json]\n"
     "       gnmrctl export JOB\n"
+    "       gnmrctl finish JOB [--json]\n"
+    "  status, units and top answer for finished jobs too (from the\n"
+    "  history); finish ends a running job whose processes are gone.\n"
     "  Common: --timeout-ms MS (default 3000).\n";
 
 int cmd_query(const cli_globals *g, int argc, char **argv) {
@@ -280,6 +283,7 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
       break;
     case GNMR_CMD_STATUS:
     case GNMR_CMD_SET:
+    case GNMR_CMD_FINISH:
       render_status(v);
       break;
     case GNMR_CMD_UNITS:

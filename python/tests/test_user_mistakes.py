@@ -232,6 +232,54 @@ class WithDaemonTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("4,2", r.stdout.splitlines())
 
+    def ctl_cli(self, *args):
+        r = subprocess.run([os.path.join(self.d_bin(), "gnmrctl"),
+                            f"--admin=ipc://{self.d.dir}/admin.sock"] +
+                           list(args), capture_output=True, text=True)
+        return r
+
+    def test_killed_process_then_finish_keeps_its_final_state(self):
+        code = (
+            "import os, sys, torch\n"
+            f"sys.path.insert(0, {os.path.join(REPO, 'python')!r})\n"
+            f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+            "from gnmr.pytorch import Controller\n"
+            "import gnmr\n"
+            "from test_gnmr import Net\n"
+            "net, x = Net(), torch.randn(8, 8)\n"
+            f"ctl = Controller(net, {self.d.agents!r}, 'killed-job', "
+            "params=gnmr.default_params(warmup_steps=0))\n"
+            "for step in range(1, 6):\n"
+            "    net.zero_grad(); net(x).pow(2).mean().backward()\n"
+            "    assert ctl.step(step, wait_ms=5000)\n"
+            "os.kill(os.getpid(), 9)\n")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                           text=True)
+        self.assertEqual(r.returncode, -9, r.stderr)
+        st = self.ctl_cli("status", "killed-job", "--json")
+        self.assertEqual(st.returncode, 0, st.stderr)
+        self.assertEqual(json.loads(st.stdout)["state"], "running")
+        fin = self.ctl_cli("finish", "killed-job", "--json")
+        self.assertEqual(fin.returncode, 0, fin.stderr)
+        self.assertEqual(json.loads(fin.stdout)["state"], "finished")
+        time.sleep(0.3)  # the store commits
+        st = self.ctl_cli("status", "killed-job", "--json")
+        self.assertEqual(st.returncode, 0, st.stderr)
+        v = json.loads(st.stdout)
+        self.assertEqual((v["state"], v["step"]), ("finished", 5))
+        units = self.ctl_cli("units", "killed-job", "--json")
+        self.assertEqual(units.returncode, 0, units.stderr)
+        u = {x["name"]: x for x in json.loads(units.stdout)}
+        self.assertEqual(u["a"]["reports"], 5)  # the statistics are kept
+        self.assertEqual(u["frozen"]["reports"], 0)
+        again = self.ctl_cli("finish", "killed-job")
+        self.assertNotEqual(again.returncode, 0)
+        self.assertIn("no running job", again.stderr)
+        jobs = self.ctl_cli("jobs", "--json")
+        row = [j for j in json.loads(jobs.stdout)
+               if j["name"] == "killed-job"][0]
+        self.assertEqual((row["state"], row["live"]), ("finished", False))
+
     def d_bin(self):
         return os.environ.get("GNMR_BIN_DIR", os.path.join(REPO, "build",
                                                            "bin"))
