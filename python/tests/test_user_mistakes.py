@@ -232,6 +232,18 @@ class WithDaemonTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("4,2", r.stdout.splitlines())
 
+    def test_the_readme_quickstart_runs_as_written(self):
+        env = dict(os.environ, GNMR_ENDPOINT=self.d.agents)
+        r = subprocess.run([sys.executable, os.path.join(REPO, "examples",
+                                                         "quickstart.py")],
+                           env=env, capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertEqual(len(lines), 30)
+        self.assertTrue(all("on time True" in ln for ln in lines), r.stdout)
+        self.assertIn("recovery path: ['2']", lines[20])  # the spiked unit
+
     def ctl_cli(self, *args):
         r = subprocess.run([os.path.join(self.d_bin(), "gnmrctl"),
                             f"--admin=ipc://{self.d.dir}/admin.sock"] +
