@@ -13,8 +13,13 @@ static unsigned shared_refs;
 
 void *gnmr__ctx_acquire(void) {
   pthread_mutex_lock(&ctx_mu);
-  if (shared_ctx == NULL)
-    shared_ctx = zmq_ctx_new();
+  if (shared_ctx == NULL && (shared_ctx = zmq_ctx_new()) != NULL) {
+    /* 5 sockets per agent: the default of 1023 would cap a process at
+     * about 200 agents (ranks simulated in one process, say) */
+    int limit = zmq_ctx_get(shared_ctx, ZMQ_SOCKET_LIMIT);
+    if (limit > 0)
+      zmq_ctx_set(shared_ctx, ZMQ_MAX_SOCKETS, limit);
+  }
   void *c = shared_ctx;
   if (c != NULL)
     shared_refs++;

@@ -24,6 +24,7 @@ typedef struct io_state {
   held_msg held[HELD_MAX]; /* oldest first */
   int n_held;
   uint64_t next_hello;
+  uint32_t hello_retry;  /* ms until the next unanswered Hello; 0: none */
   int welcomed;        /* a Welcome came before: the next one is a re-join */
   uint32_t *ids;       /* job-wide id of each local unit (Welcome) */
   uint32_t *by_id;     /* local indices sorted by job-wide id */
@@ -59,7 +60,13 @@ static void send_hello(gnmr_agent *a, io_state *io) {
     return;
   if (zmq_send(io->dealer, buf, len, ZMQ_DONTWAIT) >= 0) {
     atomic_fetch_add(&a->hellos, 1);
-    io->next_hello = gnmr__now_ms() + HELLO_RETRY_MS;
+    /* unanswered: again later, and later each time (a job of a million
+     * units takes gnmrd most of a second to register, and every Hello
+     * is answered with a Welcome that size) */
+    io->hello_retry = io->hello_retry ? io->hello_retry * 2 : HELLO_RETRY_MS;
+    if (io->hello_retry > HELLO_RETRY_MAX_MS)
+      io->hello_retry = HELLO_RETRY_MAX_MS;
+    io->next_hello = gnmr__now_ms() + io->hello_retry;
   }
   free(buf);
 }
@@ -130,6 +137,7 @@ static int by_id_cmp(const void *x, const void *y, void *ctx) {
 }
 
 static void on_welcome(gnmr_agent *a, io_state *io, const Gnmr__Welcome *w) {
+  io->hello_retry = 0;
   if (w->n_unit_ids != a->n_units)
     return; /* not ours: ignore */
   for (uint32_t i = 0; i < a->n_units; i++) {
@@ -221,7 +229,12 @@ static void on_monitor(gnmr_agent *a, io_state *io) {
     if (ev == ZMQ_EVENT_DISCONNECTED) {
       atomic_store(&a->joined, 0);
       io->next_hello = 0;
-    } else if (ev == ZMQ_EVENT_CONNECTED && !atomic_load(&a->joined)) {
+      io->hello_retry = 0;
+    } else if ((ev == ZMQ_EVENT_CONNECTED ||
+                ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) &&
+               !atomic_load(&a->joined)) {
+      /* the handshake (CURVE included) is what a send waits for under
+       * ZMQ_IMMEDIATE: Hello goes now, not at the next poll timeout */
       io->next_hello = 0;
     }
   }
@@ -247,7 +260,15 @@ void *gnmr__agent_io_main(void *arg) {
     zmq_pollitem_t items[3] = {{io.dealer, 0, ZMQ_POLLIN, 0},
                                {io.pull, 0, ZMQ_POLLIN, 0},
                                {io.monitor, 0, ZMQ_POLLIN, 0}};
-    if (zmq_poll(items, 3, IO_POLL_MS) < 0 && zmq_errno() != EINTR)
+    long timeout = IO_POLL_MS;
+    if (!atomic_load(&a->joined)) { /* wake for the next Hello */
+      uint64_t now = gnmr__now_ms();
+      timeout = io.next_hello <= now ? 0
+                : io.next_hello - now < IO_POLL_MS ? (long)(io.next_hello -
+                                                            now)
+                                                   : IO_POLL_MS;
+    }
+    if (zmq_poll(items, 3, timeout) < 0 && zmq_errno() != EINTR)
       break;
     if (items[2].revents & ZMQ_POLLIN)
       on_monitor(a, &io);
@@ -317,7 +338,8 @@ int gnmr__agent_open_io_sockets(gnmr_agent *a) {
   char mon[80];
   snprintf(mon, sizeof mon, "inproc://gnmr-monitor-%p", (void *)a);
   if (zmq_socket_monitor(a->dealer, mon,
-                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0 ||
+                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
+                             ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0 ||
       (a->monitor = zmq_socket(a->zctx, ZMQ_PAIR)) == NULL)
     goto err;
   zmq_setsockopt(a->monitor, ZMQ_LINGER, &zero, sizeof zero);

@@ -27,7 +27,8 @@ typedef struct report_scratch {
   size_t pack_cap;
 } report_scratch;
 
-#define HELLO_RETRY_MS 500   /* Hello sent, no Welcome yet */
+#define HELLO_RETRY_MS 500   /* Hello sent, no Welcome yet: the first wait */
+#define HELLO_RETRY_MAX_MS 4000 /* the waits double up to this */
 #define HELLO_CONNECT_MS 20  /* Hello could not be sent: not connected */
 #define HELD_MAX 8           /* reports kept while not joined */
 #define HELLO_REFUSED_MS 5000 /* back-off after a refused Hello */

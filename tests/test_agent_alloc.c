@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* test_agent_alloc.c — the agent's per-report path allocates nothing once
- * warm: malloc, calloc and realloc of the agent's own objects are wrapped
+/* test_agent_alloc.c — the agent's resources: many agents fit in one
+ * process (a simulator's ranks), and the per-report path allocates
+ * nothing once warm: malloc, calloc and realloc of the agent's own objects are wrapped
  * at link time (-Wl,--wrap, see the Makefile) and counted on the calling
  * thread only, so the I/O thread and libzmq (a shared library, whose copy
  * of each message is its own) are not counted. */
@@ -102,11 +103,35 @@ START_TEST(reports_allocate_nothing_once_warm) {
 }
 END_TEST
 
+START_TEST(hundreds_of_agents_fit_in_one_process) {
+  /* 5 sockets each on one shared context: ZeroMQ's default of 1023
+   * sockets would stop at about 200 */
+  enum { N = 300 };
+  static gnmr_agent *a[N];
+  const char *names[] = {"u"};
+  gnmr_agent_config c = {0};
+  c.endpoint = "tcp://127.0.0.1:1";
+  c.job = "many";
+  c.reporters = N;
+  c.unit_names = names;
+  c.n_units = 1;
+  gnmr_params_default(&c.params);
+  for (uint32_t r = 0; r < N; r++) {
+    c.rank = r;
+    ck_assert_msg(gnmr_agent_open(&c, &a[r]) == GNMR_OK, "agent %u", r);
+  }
+  for (uint32_t r = 0; r < N; r++)
+    gnmr_agent_close(&a[r]);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("agent_alloc");
   TCase *tc = tcase_create("alloc");
   tcase_add_test(tc, the_wrap_counts);
   tcase_add_test(tc, reports_allocate_nothing_once_warm);
+  tcase_add_test(tc, hundreds_of_agents_fit_in_one_process);
+  tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
   return s;
 }
