@@ -264,7 +264,7 @@ START_TEST(held_bytes_are_capped_and_freed_by_decisions) {
   enum { U = 100000 }; /* 800 KB of sums per report */
   tu_daemon d = {0};
   start_with(&d, "[limits]\nmax_held_mb = 1\n");
-  static char names[U][12];
+  static char names[U][16];
   static char *units[U];
   static double s[U];
   for (int i = 0; i < U; i++) {
