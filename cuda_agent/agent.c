@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "agent_priv.h"
@@ -58,6 +59,15 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
   pthread_mutex_init(&a->mu, NULL);
   pthread_mutex_init(&a->push_mu, NULL);
   pthread_mutex_init(&a->cpu_mu, NULL);
+  pthread_mutex_init(&a->err_mu, NULL);
+  {
+    static atomic_uint agent_counter;
+    char host[64] = "?";
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    snprintf(a->instance, sizeof a->instance, "%s pid %ld agent %u", host,
+             (long)getpid(), atomic_fetch_add(&agent_counter, 1));
+  }
   {
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -96,6 +106,7 @@ err_sync:
   pthread_mutex_destroy(&a->mu);
   pthread_mutex_destroy(&a->push_mu);
   pthread_mutex_destroy(&a->cpu_mu);
+  pthread_mutex_destroy(&a->err_mu);
   pthread_cond_destroy(&a->cv);
 err_free:
   gnmr__agent_scratch_free(a);
@@ -122,6 +133,7 @@ void gnmr_agent_close(gnmr_agent **pa) {
   pthread_mutex_destroy(&a->mu);
   pthread_mutex_destroy(&a->push_mu);
   pthread_mutex_destroy(&a->cpu_mu);
+  pthread_mutex_destroy(&a->err_mu);
   pthread_cond_destroy(&a->cv);
   gnmr__agent_scratch_free(a);
   gnmr__agent_free_config(a);
@@ -185,6 +197,17 @@ uint64_t gnmr_agent_decided_step(const gnmr_agent *a) {
 
 int gnmr_agent_joined(const gnmr_agent *a) {
   return a ? atomic_load(&a->joined) : 0;
+}
+
+int gnmr_agent_last_error(gnmr_agent *a, char *buf, size_t cap) {
+  if (a == NULL)
+    return GNMR_E_INVAL;
+  if (buf != NULL && cap > 0) {
+    pthread_mutex_lock(&a->err_mu);
+    snprintf(buf, cap, "%s", a->last_error_text);
+    pthread_mutex_unlock(&a->err_mu);
+  }
+  return atomic_load(&a->last_error);
 }
 
 int gnmr_agent_stats_get(const gnmr_agent *a, gnmr_agent_stats *o) {

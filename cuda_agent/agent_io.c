@@ -53,6 +53,7 @@ static void send_hello(gnmr_agent *a, io_state *io) {
   h.params = &wp;
   h.barrier_ms = a->barrier_ms;
   h.observer = a->observer;
+  h.instance = a->instance;
   env.body_case = GNMR__ENVELOPE__BODY_HELLO;
   env.hello = &h;
   io->next_hello = gnmr__now_ms() + HELLO_CONNECT_MS;
@@ -200,6 +201,10 @@ static void on_message(gnmr_agent *a, io_state *io, const void *buf,
   case GNMR__ENVELOPE__BODY_ERROR:
     atomic_fetch_add(&a->errors, 1);
     atomic_store(&a->last_error, env->error->code);
+    pthread_mutex_lock(&a->err_mu);
+    snprintf(a->last_error_text, sizeof a->last_error_text, "%s",
+             env->error->message ? env->error->message : "");
+    pthread_mutex_unlock(&a->err_mu);
     if (env->error->code == GNMR_E_NOJOB) {
       /* the daemon does not know us (restarted): join again now */
       atomic_store(&a->joined, 0);

@@ -44,6 +44,7 @@ struct gnmr_agent {
   char **names;
   uint64_t *req_ids; /* requested job-wide ids (as sent), or NULL */
   int observer;      /* receives decisions, never reports */
+  char instance[160];/* "HOST pid N agent K": Hello.instance */
   gnmr_params params;
 
   void *zctx;
@@ -76,6 +77,8 @@ struct gnmr_agent {
   atomic_uint_fast64_t reports_sent, reports_dropped, decisions,
       late_decisions, fallback_routes, errors, hellos, reports_stale;
   atomic_int last_error;
+  pthread_mutex_t err_mu;   /* last_error_text: I/O thread and callers */
+  char last_error_text[256];
 };
 
 

@@ -68,6 +68,7 @@ static void rank_free(core_rank *rr) {
   free(rr->conn);
   free(rr->ids);
   free(rr->user);
+  free(rr->instance);
   memset(rr, 0, sizeof *rr);
 }
 

@@ -20,8 +20,9 @@
                                    decided step */
 #define CORE_MAX_OBSERVERS 4096u
 
-/* One rank's (or observer's) registration. conn, conn_len and user belong
- * to the layer above: the core keeps and frees them, never reads them. */
+/* One rank's (or observer's) registration. conn, conn_len, user and
+ * instance belong to the layer above: the core keeps and frees them, never
+ * reads them. */
 typedef struct core_rank {
   int joined;         /* said Hello (and not Bye) */
   int rejoined;       /* said Hello after steps were decided: its next
@@ -34,6 +35,7 @@ typedef struct core_rank {
   char *conn;         /* current connection identity (layer above) */
   size_t conn_len;
   char *user;         /* the CURVE key it first joined with, or NULL */
+  char *instance;     /* the agent that holds it (Hello.instance), or NULL */
 } core_rank;
 
 /* One rank's report of one step, held until the step is decided. The

@@ -337,6 +337,35 @@ static int observer_join(gnmrd *d, const void *id, size_t id_len, job *j,
   return 1;
 }
 
+/* Whether a rank's connection still reaches a live peer: its Welcome is
+ * sent again. A connection ZeroMQ no longer has is forgotten. */
+static int probe_live(gnmrd *d, job *j, core_rank *rr, uint32_t rank) {
+  core_job *c = j->core;
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Welcome w = GNMR__WELCOME__INIT;
+  Gnmr__Params wp;
+  uint8_t *buf;
+  size_t len;
+  gnmr__params_to_wire(&c->params, &wp);
+  w.job = c->name;
+  w.rank = rank;
+  w.n_unit_ids = rr->n_units;
+  w.unit_ids = rr->ids;
+  w.params = &wp;
+  w.last_step = c->last_decided;
+  env.body_case = GNMR__ENVELOPE__BODY_WELCOME;
+  env.welcome = &w;
+  if (gnmr__wire_encode(&env, &buf, &len) != GNMR_OK)
+    return 0;
+  int rv = server_send(d->agents, rr->conn, rr->conn_len, buf, len);
+  free(buf);
+  if (rv == GNMR_E_CLOSED) {
+    connection_gone(j, rr, 0);
+    return 0;
+  }
+  return rv == GNMR_OK;
+}
+
 /* Refuses a Hello: counted, answered; a job this Hello created goes (a
  * job exists only once a Hello was accepted). */
 #define REFUSE(code, ref, ...)                                   \
@@ -433,6 +462,19 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
       REFUSE(urv, "unit_ids", "%s", why);
     registered = 1;
   }
+  /* A rank is one agent: another live agent asking for a joined rank is
+   * refused, naming both (the same job name run twice, or two processes
+   * without RANK). The old connection is probed with its own Welcome: a
+   * gone peer fails at once (ROUTER_MANDATORY), a live one gets a harmless
+   * repeat. The same agent reconnecting replaces its connection. */
+  if (pr == NULL && rr->joined && rr->conn != NULL &&
+      rr->instance != NULL && h->instance[0] != '\0' &&
+      strcmp(rr->instance, h->instance) != 0 && probe_live(d, j, rr, h->rank))
+    REFUSE(GNMR_E_MISMATCH, "rank",
+           "rank %u of job %.64s is held by a live agent (%.80s); this "
+           "agent (%.80s) is refused: the same job name run twice, or two "
+           "processes with one rank (RANK unset?)", h->rank, c->name,
+           rr->instance, h->instance);
   /* Bind this connection to (job, rank), replacing an older connection. */
   if (pr == NULL) {
     if (rr->conn != NULL && hmap_get(&d->peers, rr->conn, rr->conn_len, &v)) {
@@ -448,6 +490,10 @@ static void on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
     records_rank(d->st, c, h->rank);
   if (user != NULL && rr->user == NULL)
     rr->user = strdup(user);
+  if (h->instance[0] != '\0') {
+    free(rr->instance);
+    rr->instance = strdup(h->instance);
+  }
   if (!rr->joined) {
     char detail[32];
     snprintf(detail, sizeof detail, "rank %u", h->rank);

@@ -327,8 +327,9 @@ START_TEST(bad_queries_and_unreachable_daemon_fail_clearly) {
   } cases[] = {
       {{"history", "nojob", NULL}, 1, "unknown job 'nojob'"},
       {{"decisions", "nojob", NULL}, 1, "unknown job"},
-      {{"status", "nojob", NULL}, 1, "no running job 'nojob'"},
-      {{"units", "nojob", NULL}, 1, "no running job"},
+      {{"status", "nojob", NULL}, 1, "unknown job 'nojob'"},
+      {{"units", "nojob", NULL}, 1, "unknown job"},
+      {{"set", "nojob", "alpha=3", NULL}, 1, "no running job 'nojob'"},
       {{"history", "q-job", "--kind", "bogus", NULL}, 1, "unknown event kind"},
       {{"history", "q-job", "--unit", "zz", NULL}, 1, "has no unit 'zz'"},
       {{"history", "q-job", "--from", "9", "--to", "3", NULL}, 2,

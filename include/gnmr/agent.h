@@ -163,6 +163,11 @@ GNMR_EXPORT uint64_t gnmr_agent_decided_step(const gnmr_agent *a);
 /* Whether the daemon has accepted this agent (Welcome received). */
 GNMR_EXPORT int gnmr_agent_joined(const gnmr_agent *a);
 
+/* The code of gnmrd's last Error reply to this agent (0: none) and, in
+ * buf (cap bytes, may be NULL), its message: why a Hello was refused, say
+ * ("rank 0 of job j is held by a live agent (...)"). Any thread. */
+GNMR_EXPORT int gnmr_agent_last_error(gnmr_agent *a, char *buf, size_t cap);
+
 GNMR_EXPORT int gnmr_agent_stats_get(const gnmr_agent *a,
                                      gnmr_agent_stats *out);
 

@@ -179,6 +179,8 @@ def load():
         "gnmr_agent_decided_step": (ctypes.c_uint64, [agent_p]),
         "gnmr_agent_joined": (ctypes.c_int, [agent_p]),
         "gnmr_agent_stats_get": (ctypes.c_int, [agent_p, P(Stats)]),
+        "gnmr_agent_last_error": (ctypes.c_int, [agent_p, ctypes.c_char_p,
+                                                 ctypes.c_size_t]),
         "gnmr_reduce_cpu": (ctypes.c_int, [P(Tensor), ctypes.c_size_t,
                                            ctypes.c_uint32,
                                            P(ctypes.c_double),

@@ -192,6 +192,13 @@ class Agent:
     def joined(self):
         return bool(lib().gnmr_agent_joined(self._a))
 
+    def last_error(self):
+        """(code, message) of gnmrd's last Error reply to this agent: why
+        its Hello was refused, say; (0, "") when none."""
+        buf = ctypes.create_string_buffer(256)
+        code = lib().gnmr_agent_last_error(self._a, buf, len(buf))
+        return code, buf.value.decode(errors="replace")
+
     def stats(self):
         st = _lib.Stats()
         _check(lib().gnmr_agent_stats_get(self._a, ctypes.byref(st)), "stats")

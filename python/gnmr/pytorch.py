@@ -464,11 +464,14 @@ class Controller:
             on_time = False
             self._not_joined += 1
             if self._not_joined == self.warn_after:
+                code, why = self.agent.last_error()
                 _warn(f"gnmr: rank {self.tp_rank} of job {self.job!r} has "
                       f"not joined gnmrd at {self.endpoint} after "
-                      f"{self.warn_after} steps: is gnmrd running there "
-                      "(`gnmrctl stats`)? Every unit stays on the fallback "
-                      "route until it joins")
+                      f"{self.warn_after} steps: " +
+                      (f"gnmrd refused it: {why}" if code else
+                       "is gnmrd running there (`gnmrctl stats`)?") +
+                      " Every unit stays on the fallback route until it "
+                      "joins")
         if joined:
             self._late = (self._late + [on_time])[-20:]
             late = self._late.count(False)

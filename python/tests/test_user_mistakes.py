@@ -244,6 +244,30 @@ class WithDaemonTest(unittest.TestCase):
         self.assertTrue(all("on time True" in ln for ln in lines), r.stdout)
         self.assertIn("recovery path: ['2']", lines[20])  # the spiked unit
 
+    def test_the_same_job_and_rank_twice_is_refused_naming_both(self):
+        net, x = Net(), torch.randn(8, 8)
+        first = Controller(net, self.d.agents, "twice", params=params())
+        backward(net, x)
+        self.assertTrue(first.step(1, wait_ms=5000))
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            second = Controller(Net(), self.d.agents, "twice",
+                                params=params(), join_wait_ms=300,
+                                warn_after=2)
+            for step in range(1, 3):
+                res = second.step(step, wait_ms=50)
+                self.assertFalse(res.joined)
+        text = " ".join(str(m.message) for m in w)
+        self.assertIn("gnmrd refused it: rank 0 of job twice is held by a "
+                      "live agent", text)
+        self.assertIn("pid", text)
+        # the first run is not disturbed
+        for step in range(2, 5):
+            backward(net, x)
+            self.assertTrue(first.step(step, wait_ms=5000))
+        second.close()
+        first.close()
+
     def ctl_cli(self, *args):
         r = subprocess.run([os.path.join(self.d_bin(), "gnmrctl"),
                             f"--admin=ipc://{self.d.dir}/admin.sock"] +
