@@ -1,0 +1,280 @@
+/* SPDX-License-Identifier: MIT */
+/* hello.c — joining a job: a Hello is checked, creates the job when it is
+ * the first accepted one, registers the rank's units (or an observer's),
+ * binds the connection and is answered with a Welcome. A rank is one
+ * agent: a second live one is refused. Loop thread only. */
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gnmr/error.h"
+#include "jobs_priv.h"
+#include "log.h"
+#include "records.h"
+#include "validate.h"
+
+static void welcome(gnmrd *d, const void *id, size_t id_len, core_job *c,
+                    const core_rank *rr, uint32_t rank) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Welcome w = GNMR__WELCOME__INIT;
+  Gnmr__Params wp;
+  uint8_t *buf;
+  size_t len;
+  gnmr__params_to_wire(&c->params, &wp);
+  w.job = c->name;
+  w.rank = rank;
+  w.n_unit_ids = rr->n_units;
+  w.unit_ids = rr->ids;
+  w.params = &wp;
+  w.last_step = c->last_decided;
+  env.body_case = GNMR__ENVELOPE__BODY_WELCOME;
+  env.welcome = &w;
+  if (gnmr__wire_encode(&env, &buf, &len) == GNMR_OK)
+    jobs__reply(d, id, id_len, buf, len);
+}
+
+/* A job's first Hello was accepted: the job exists from now on. */
+static void job_accepted(job *j) {
+  gnmrd *d = j->d;
+  d->c.jobs_created++;
+  LOG(INFO, "JOB-CREATE", "job %s: %u reporters, barrier %u ms",
+      j->core->name, j->core->reporters, j->core->barrier_ms);
+  records_job(d->st, j->core);
+  records_event(d->st, j->core, STORE_EV_JOB_STARTED, UINT32_MAX, NULL);
+}
+
+/* The Hello's requested ids as uint32_t (NULL: none), narrowed in place,
+ * once: they travel as uint64 so that validate_hello refuses an id above
+ * the limit instead of a silent cut; below it they fit. */
+static const uint32_t *narrow_ids(Gnmr__Hello *h) {
+  if (h->n_unit_ids == 0)
+    return NULL;
+  unsigned char *b = (unsigned char *)h->unit_ids;
+  for (size_t i = 0; i < h->n_unit_ids; i++) { /* writes trail reads */
+    uint64_t v;
+    memcpy(&v, b + 8 * i, sizeof v);
+    assert(v < POLICY_MAX_UNITS);
+    uint32_t v32 = (uint32_t)v;
+    memcpy(b + 4 * i, &v32, sizeof v32);
+  }
+  return (const uint32_t *)(void *)h->unit_ids;
+}
+
+/* An observer joins (a Hello with observer set): its units map decisions to
+ * its own units but add no shard; it gets every Decision and never
+ * reports. A free slot is reused. */
+static int observer_join(gnmrd *d, const void *id, size_t id_len, job *j,
+                         const Gnmr__Hello *h, const uint32_t *ids, peer *pr,
+                         const char *user) {
+  core_job *c = j->core;
+  char why[160];
+  uint32_t slot;
+  int full, rv;
+  if (pr != NULL) { /* the same connection again: welcome it again */
+    welcome(d, id, id_len, c, &c->observers[pr->rank], 0);
+    return 1;
+  }
+  core_rank *rr = core_observer_slot(c, &slot, &full);
+  if (rr == NULL) {
+    d->c.hellos_refused++;
+    if (full)
+      jobs__reply_error(d, id, id_len, GNMR_E_BUSY, "observer", 0,
+                  "job %.64s has %u observers already", c->name,
+                  CORE_MAX_OBSERVERS);
+    else
+      jobs__reply_error(d, id, id_len, GNMR_E_NOMEM, "observer", 0,
+                  "out of memory");
+    return 0;
+  }
+  if ((rv = core_register_units(c, rr, (const char *const *)h->units,
+                                h->n_units, ids, 0, why, sizeof why)) !=
+      GNMR_OK) {
+    d->c.hellos_refused++;
+    if (rv == GNMR_E_RANGE)
+      d->c.refused_max_units++;
+    jobs__reply_error(d, id, id_len, rv, "units", 0, "%s", why);
+    return 0;
+  }
+  if (jobs__bind_connection(d, j, rr, slot, 1, id, id_len) != GNMR_OK) {
+    d->c.hellos_refused++;
+    jobs__reply_error(d, id, id_len, GNMR_E_NOMEM, "observer", 0, "out of memory");
+    return 0;
+  }
+  rr->joined = 1;
+  rr->user = user ? strdup(user) : NULL;
+  LOG(INFO, "OBSERVER-JOIN", "job %s: an observer joined with %zu units",
+      c->name, h->n_units);
+  welcome(d, id, id_len, c, rr, 0);
+  return 1;
+}
+
+/* Whether a rank's connection still reaches a live peer: its Welcome is
+ * sent again. A connection ZeroMQ no longer has is forgotten. */
+static int probe_live(gnmrd *d, job *j, core_rank *rr, uint32_t rank) {
+  core_job *c = j->core;
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Welcome w = GNMR__WELCOME__INIT;
+  Gnmr__Params wp;
+  uint8_t *buf;
+  size_t len;
+  gnmr__params_to_wire(&c->params, &wp);
+  w.job = c->name;
+  w.rank = rank;
+  w.n_unit_ids = rr->n_units;
+  w.unit_ids = rr->ids;
+  w.params = &wp;
+  w.last_step = c->last_decided;
+  env.body_case = GNMR__ENVELOPE__BODY_WELCOME;
+  env.welcome = &w;
+  if (gnmr__wire_encode(&env, &buf, &len) != GNMR_OK)
+    return 0;
+  int rv = server_send(d->agents, rr->conn, rr->conn_len, buf, len);
+  free(buf);
+  if (rv == GNMR_E_CLOSED) {
+    jobs__connection_gone(j, rr, 0);
+    return 0;
+  }
+  return rv == GNMR_OK;
+}
+
+/* Refuses a Hello: counted, answered; a job this Hello created goes (a
+ * job exists only once a Hello was accepted). */
+#define REFUSE(code, ref, ...)                                   \
+  do {                                                           \
+    d->c.hellos_refused++;                                       \
+    jobs__reply_error(d, id, id_len, code, ref, 0, __VA_ARGS__);       \
+    if (created)                                                 \
+      jobs__free(j);                                               \
+    return;                                                      \
+  } while (0)
+
+void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
+                    const char *user) {
+  policy_params prm;
+  uint32_t barrier = 0;
+  job *j = NULL;
+  int created = 0;
+  d->c.hellos++;
+  {
+    const char *ref = "";
+    char why[256];
+    int vrv = gnmr__validate_hello(h, d->cfg ? &d->cfg->policy : NULL,
+                                   d->cfg ? (uint32_t)d->cfg->barrier_ms : 0,
+                                   &prm, &barrier, &ref, why, sizeof why);
+    if (vrv != GNMR_OK)
+      REFUSE(vrv, ref, "%s", why);
+  }
+  const uint32_t *ids = narrow_ids(h);
+  uint64_t v;
+  peer *pr = NULL;
+  if (hmap_get(&d->peers, id, id_len, &v)) {
+    pr = (peer *)(uintptr_t)v;
+    if (strcmp(pr->j->core->name, h->job) != 0 ||
+        pr->observer != h->observer || (!pr->observer && pr->rank != h->rank))
+      REFUSE(GNMR_E_MISMATCH, "rank",
+             "this connection already joined job %.64s as %s %u",
+             pr->j->core->name, pr->observer ? "observer" : "rank",
+             pr->rank);
+  }
+  j = job_of(core_find(&d->jobs, h->job));
+  if (j != NULL) {
+    core_job *c = j->core;
+    if (c->reporters != h->reporters)
+      REFUSE(GNMR_E_MISMATCH, "reporters",
+             "job %.64s has %u reporters, this agent says %u", c->name,
+             c->reporters, h->reporters);
+    if (!policy_params_equal(&c->hello_params, &prm))
+      REFUSE(GNMR_E_MISMATCH, "params",
+             "job %.64s runs with other policy parameters", c->name);
+    if (c->barrier_ms != barrier)
+      REFUSE(GNMR_E_MISMATCH, "barrier_ms",
+             "job %.64s has a %u ms barrier, this agent says %u", c->name,
+             c->barrier_ms, barrier);
+  } else if (d->cfg != NULL && core_count(&d->jobs) >= d->cfg->max_jobs) {
+    d->c.refused_max_jobs++;
+    REFUSE(GNMR_E_BUSY, "job", "gnmrd serves %zu jobs already ([limits] "
+           "max_jobs)", core_count(&d->jobs));
+  } else if ((j = jobs__create(d, h->job, &prm, h->reporters, barrier)) ==
+             NULL) {
+    REFUSE(GNMR_E_NOMEM, "job", "out of memory");
+  } else {
+    created = 1;
+  }
+  if (h->observer) {
+    if (!observer_join(d, id, id_len, j, h, ids, pr, user)) {
+      if (created)
+        jobs__free(j);
+      return;
+    }
+    if (created)
+      job_accepted(j);
+    return;
+  }
+  core_job *c = j->core;
+  core_rank *rr = &c->ranks[h->rank];
+  int returning = rr->ever && !rr->joined; /* said Bye before */
+  const char *const *names = (const char *const *)h->units;
+  /* under CURVE a rank belongs to the key it first joined with */
+  if (user != NULL && rr->user != NULL && strcmp(user, rr->user) != 0)
+    REFUSE(GNMR_E_MISMATCH, "rank",
+           "rank %u of job %.64s joined with another key", h->rank, c->name);
+  if (rr->ever && !core_same_units(c, rr, names, h->n_units, ids))
+    REFUSE(GNMR_E_MISMATCH, "units",
+           "rank %u of job %.64s joined before with other units", h->rank,
+           c->name);
+  int registered = 0;
+  if (!rr->ever) {
+    char why[160];
+    int urv = core_register_units(c, rr, names, h->n_units, ids, 1,
+                                  why, sizeof why);
+    if (urv == GNMR_E_RANGE)
+      d->c.refused_max_units++;
+    if (urv != GNMR_OK)
+      REFUSE(urv, "unit_ids", "%s", why);
+    registered = 1;
+  }
+  /* A rank is one agent: another live agent asking for a joined rank is
+   * refused, naming both (the same job name run twice, or two processes
+   * without RANK). The old connection is probed with its own Welcome: a
+   * gone peer fails at once (ROUTER_MANDATORY), a live one gets a harmless
+   * repeat. The same agent reconnecting replaces its connection. */
+  if (pr == NULL && rr->joined && rr->conn != NULL &&
+      rr->instance != NULL && h->instance[0] != '\0' &&
+      strcmp(rr->instance, h->instance) != 0 && probe_live(d, j, rr, h->rank))
+    REFUSE(GNMR_E_MISMATCH, "rank",
+           "rank %u of job %.64s is held by a live agent (%.80s); this "
+           "agent (%.80s) is refused: the same job name run twice, or two "
+           "processes with one rank (RANK unset?)", h->rank, c->name,
+           rr->instance, h->instance);
+  /* Bind this connection to (job, rank), replacing an older connection. */
+  if (pr == NULL) {
+    if (rr->conn != NULL && hmap_get(&d->peers, rr->conn, rr->conn_len, &v)) {
+      free((peer *)(uintptr_t)v);
+      hmap_del(&d->peers, rr->conn, rr->conn_len);
+    }
+    if (jobs__bind_connection(d, j, rr, h->rank, 0, id, id_len) != GNMR_OK)
+      REFUSE(GNMR_E_NOMEM, "rank", "out of memory");
+  }
+  if (created)
+    job_accepted(j);
+  if (registered)
+    records_rank(d->st, c, h->rank);
+  if (user != NULL && rr->user == NULL)
+    rr->user = strdup(user);
+  if (h->instance[0] != '\0') {
+    free(rr->instance);
+    rr->instance = strdup(h->instance);
+  }
+  if (!rr->joined) {
+    char detail[32];
+    snprintf(detail, sizeof detail, "rank %u", h->rank);
+    records_event(d->st, c, STORE_EV_AGENT_JOINED, h->rank, detail);
+  }
+  core_join(c, h->rank, returning);
+  LOG(INFO, "AGENT-JOIN", "job %s rank %u/%u joined with %zu units", c->name,
+      h->rank, c->reporters, h->n_units);
+  welcome(d, id, id_len, c, rr, h->rank);
+}
+#undef REFUSE
+

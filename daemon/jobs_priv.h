@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: MIT */
+/* jobs_priv.h — the agent protocol's parts (jobs.c: reports, decisions,
+ * connections; hello.c: joining; lifecycle.c: finishing, retiring,
+ * restoring, retuning) and what they share. Loop thread only. */
+#ifndef GNMRD_JOBS_PRIV_H
+#define GNMRD_JOBS_PRIV_H
+
+#include "gnmrd.h"
+#include "wire.h"
+
+/* The loop's half of a job: its timer. core->data points back here. */
+typedef struct job {
+  core_job *core;
+  gnmrd *d;
+  uv_timer_t timer;
+  uint64_t last_report_ms; /* loop time of the last accepted report, or of
+                              its creation: idle jobs are retired */
+} job;
+
+/* A report held for an undecided step: the decoded envelope and the bytes
+ * it came in, counted against [limits] max_held_mb. */
+typedef struct held {
+  Gnmr__Envelope *env;
+  size_t len;
+  gnmrd *d;
+} held;
+
+/* A connection identity's membership. */
+typedef struct peer {
+  job *j;
+  uint32_t rank;  /* for an observer: its index in the job's observers */
+  int observer;
+} peer;
+
+static inline job *job_of(core_job *c) {
+  return c ? (job *)c->data : NULL;
+}
+
+/* jobs.c */
+void jobs__reply(gnmrd *d, const void *id, size_t id_len, uint8_t *buf,
+                 size_t len);
+void jobs__reply_error(gnmrd *d, const void *id, size_t id_len, int code,
+                       const char *ref, uint64_t step, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+/* Binds connection id to rr as (j, rank): a new peer entry. */
+int jobs__bind_connection(gnmrd *d, job *j, core_rank *rr, uint32_t rank,
+                          int observer, const void *id, size_t id_len);
+/* A connection ZeroMQ no longer has: nothing more is sent to it. */
+void jobs__connection_gone(job *j, core_rank *rr, int observer);
+job *jobs__create(gnmrd *d, const char *name, const policy_params *prm,
+                  uint32_t reporters, uint32_t barrier_ms);
+/* Frees a job: its peers' memberships, its core state, then (via the
+ * loop) the struct itself. */
+void jobs__free(job *j);
+/* Decides every ready step, then arms the timer for the next deadline. */
+void jobs__decide_ready(job *j);
+
+/* hello.c */
+void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
+                    const char *user);
+
+/* lifecycle.c: how a job ends */
+enum { FINISH_BYES, FINISH_IDLE, FINISH_OPERATOR };
+void jobs__finish(job *j, int how);
+
+#endif /* GNMRD_JOBS_PRIV_H */

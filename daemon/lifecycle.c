@@ -1,0 +1,167 @@
+/* SPDX-License-Identifier: MIT */
+/* lifecycle.c — how jobs end and come back: finished (every rank said
+ * Bye, or gnmrctl finish), retired (no report for [limits] job_idle_s),
+ * freed at shutdown, restored at start from the store, snapshotted, and
+ * retuned (gnmrctl set). Loop thread only. */
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gnmr/error.h"
+#include "jobs_priv.h"
+#include "log.h"
+#include "records.h"
+#include "text.h"
+#include "validate.h"
+
+/* Ends a job. Its history and final state stay in the store. */
+void jobs__finish(job *j, int how) {
+  gnmrd *d = j->d;
+  core_job *c = j->core;
+  int retired = how == FINISH_IDLE;
+  LOG(INFO, retired ? "JOB-RETIRE" : "JOB-FINISH", "job %s %s at step %llu",
+      c->name, retired                 ? "retired, no report for [limits] "
+                                         "job_idle_s,"
+               : how == FINISH_OPERATOR ? "finished by gnmrctl finish"
+                                        : "finished",
+      (unsigned long long)c->last_decided);
+  records_event(d->st, c, retired ? STORE_EV_JOB_RETIRED
+                                  : STORE_EV_JOB_FINISHED, UINT32_MAX,
+                how == FINISH_OPERATOR ? "gnmrctl finish" : NULL);
+  records_snapshot(d->st, c);
+  records_state(d->st, c, retired ? "retired" : "finished");
+  if (retired)
+    d->c.jobs_retired++;
+  else
+    d->c.jobs_finished++;
+  jobs__free(j);
+}
+
+void jobs_finish(gnmrd *d, core_job *c) {
+  assert(job_of(c)->d == d);
+  jobs__finish(job_of(c), FINISH_OPERATOR);
+}
+
+static void sweep_cb(uv_timer_t *t) {
+  gnmrd *d = t->data;
+  uint64_t idle_ms = d->cfg->job_idle_s * 1000, now = uv_now(d->loop);
+  size_t pos = 0, n = 0;
+  core_job *c;
+  job **old = malloc((core_count(&d->jobs) + 1) * sizeof *old);
+  while (old != NULL && (c = core_next_job(&d->jobs, &pos)) != NULL)
+    if (now - job_of(c)->last_report_ms >= idle_ms)
+      old[n++] = job_of(c);
+  for (size_t i = 0; i < n; i++) /* jobs__finish() edits d->jobs */
+    jobs__finish(old[i], FINISH_IDLE);
+  free(old);
+}
+
+void jobs_start(gnmrd *d) {
+  uv_timer_init(d->loop, &d->sweep);
+  d->sweep.data = d;
+  if (d->cfg == NULL || d->cfg->job_idle_s == 0)
+    return;
+  uint64_t every = d->cfg->job_idle_s * 1000 / 4;
+  every = every < 100 ? 100 : every > 10000 ? 10000 : every;
+  uv_timer_start(&d->sweep, sweep_cb, every, every);
+  uv_unref((uv_handle_t *)&d->sweep);
+}
+
+void jobs_shutdown(gnmrd *d) {
+  size_t pos = 0;
+  core_job *c;
+  job **all = malloc((core_count(&d->jobs) + 1) * sizeof *all);
+  size_t n = 0;
+  while (all != NULL && (c = core_next_job(&d->jobs, &pos)) != NULL)
+    all[n++] = job_of(c);
+  for (size_t i = 0; i < n; i++) /* jobs__free() edits d->jobs */
+    jobs__free(all[i]);
+  free(all);
+  core_registry_free(&d->jobs);
+  uint64_t v;
+  pos = 0;
+  while (hmap_next(&d->peers, &pos, NULL, NULL, &v))
+    free((peer *)(uintptr_t)v);
+  hmap_free(&d->peers);
+}
+
+/* ---- restore, snapshots, retuning -------------------------------------------- */
+
+void jobs_restore(const store_job *sj, void *ctx) {
+  gnmrd *d = ctx;
+  char why[96], esc[600];
+  /* names are checked where they enter; an older gnmrd did not check */
+  int ok = gnmr__name_check(sj->name, GNMR_MAX_JOB_NAME, why, sizeof why);
+  for (uint32_t u = 0; ok && u < sj->n_units; u++)
+    ok = sj->unit_names[u] == NULL ||
+         gnmr__name_check(sj->unit_names[u], GNMR_MAX_UNIT_NAME, why,
+                          sizeof why);
+  if (!ok) {
+    LOG(ERROR, "JOB-RESTORE", "job %s: not restored, a name is invalid (%s);"
+        " its history stays queryable", gnmr__escape(sj->name, esc,
+                                                     sizeof esc), why);
+    return;
+  }
+  job *j = jobs__create(d, sj->name, &sj->hello_params, sj->reporters,
+                      sj->barrier_ms);
+  if (j == NULL) {
+    LOG(ERROR, "JOB-RESTORE", "job %s: out of memory", sj->name);
+    return;
+  }
+  core_job *c = j->core;
+  c->pass = sj->pass + 1;
+  policy *pol = NULL;
+  if (sj->snapshot != NULL &&
+      policy_import(sj->snapshot, sj->snapshot_len, &pol) != GNMR_OK) {
+    LOG(ERROR, "JOB-RESTORE", "job %s: snapshot unreadable, statistics "
+                              "start afresh", sj->name);
+    pol = NULL;
+  }
+  if (pol == NULL && policy_set_params(c->pol, &sj->params) == GNMR_OK)
+    c->params = sj->params;
+  if (core_restore(c, pol, sj->n_units, sj->unit_names, sj->n_ranks,
+                   sj->rank_n, sj->rank_ids) != GNMR_OK) {
+    LOG(ERROR, "JOB-RESTORE", "job %s: out of memory", sj->name);
+    jobs__free(j);
+    return;
+  }
+  records_job(d->st, c);
+  char detail[96];
+  snprintf(detail, sizeof detail, "pass %u: gnmrd restarted; state from the "
+           "snapshot at step %llu", c->pass,
+           (unsigned long long)c->last_decided);
+  records_event(d->st, c, STORE_EV_JOB_RESUMED, UINT32_MAX, detail);
+  LOG(INFO, "JOB-RESTORE", "job %s: %s", c->name, detail);
+}
+
+void jobs_snapshot_all(gnmrd *d) {
+  size_t pos = 0;
+  core_job *c;
+  while ((c = core_next_job(&d->jobs, &pos)) != NULL)
+    if (policy_last_step(c->pol) > 0)
+      records_snapshot(d->st, c);
+}
+
+int jobs_set_params(gnmrd *d, core_job *c, char **settings, size_t n,
+                    char *err, size_t errlen) {
+  policy_params p = c->params;
+  if (gnmr__policy_settings_apply(&p, settings, n, err, errlen) != 0)
+    return GNMR_E_INVAL;
+  int rv = policy_set_params(c->pol, &p);
+  if (rv != GNMR_OK) {
+    snprintf(err, errlen, "%s", gnmr_strerror(rv));
+    return rv;
+  }
+  c->params = p;
+  records_params(d->st, c);
+  char detail[512];
+  size_t off = 0;
+  for (size_t i = 0; i < n && off < sizeof detail - 1; i++)
+    off += (size_t)snprintf(detail + off, sizeof detail - off, "%s%s",
+                            i ? " " : "", settings[i]);
+  records_event(d->st, c, STORE_EV_PARAMS_CHANGED, UINT32_MAX, detail);
+  LOG(INFO, "JOB-RETUNE", "job %s: %s (from step %llu)", c->name, detail,
+      (unsigned long long)c->last_decided + 1);
+  return GNMR_OK;
+}
