@@ -101,6 +101,27 @@ static void run(uint32_t n, int steps) {
   if (n == 10000)
     printf("policy 10k-unit step: %.3f ms = %.1f%% of the 1 ms target\n",
            per_step * 1e3, per_step * 1e3 * 100);
+  /* a snapshot (gnmrd takes one every snapshot_every steps, on its loop)
+   * against a copy of the same bytes */
+  size_t len = policy_export_size(p), got;
+  void *buf = malloc(len), *copy = malloc(len);
+  int reps = n >= 1000000 ? 5 : 200;
+  double e0 = now_s();
+  for (int i = 0; i < reps; i++)
+    policy_export(p, buf, len, &got);
+  double exp_s = (now_s() - e0) / reps;
+  e0 = now_s();
+  for (int i = 0; i < reps; i++) {
+    memcpy(copy, buf, len);
+    ((volatile char *)copy)[i % len] ^= 0; /* keep the copy */
+  }
+  double cp_s = (now_s() - e0) / reps;
+  printf("policy %8u units: export %.3f ms (%.1f ns/unit, %.1f MB); memcpy "
+         "of the same bytes %.3f ms: %.2fx memcpy\n",
+         n, exp_s * 1e3, exp_s * 1e9 / n, len / 1e6, cp_s * 1e3,
+         exp_s / cp_s);
+  free(buf);
+  free(copy);
   free(norm);
   free(scale);
   policy_destroy(&p);

@@ -57,7 +57,7 @@ void config_defaults(gnmrd_config *c) {
   memset(c, 0, sizeof *c);
   c->log_level = GNMR_LOG_INFO;
   c->max_msg = 256u << 20;
-  c->snapshot_every = 100;
+  c->snapshot_every = 10;
   c->retain_steps = 0;
   c->barrier_ms = 1000;
   c->max_jobs = 1024;

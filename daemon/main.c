@@ -43,7 +43,7 @@ static const char usage[] =
     "  ipc://RUN/agents.sock and ipc://RUN/admin.sock, RUN being\n"
     "  $RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/gnmr, else /tmp/gnmr-UID.\n"
     "  History goes to DIR/gnmr.db; each job's policy state is snapshotted\n"
-    "  every --snapshot-every steps (default 100) and at shutdown, and\n"
+    "  every --snapshot-every steps (default 10) and at shutdown, and\n"
     "  unfinished jobs are restored at start. --retain-steps N keeps the\n"
     "  last N steps of history per job (default 0: all).\n"
     "  --config FILE reads settings (INI, see deploy/gnmrd.conf); flags\n"

@@ -806,6 +806,54 @@ START_TEST(export_import_continues_identically) {
 }
 END_TEST
 
+/* A version-1 snapshot (written by gnmrd before version 2: the same bytes,
+ * a byte-wise FNV-1a checksum) still imports, to the same state; an
+ * unknown version is VERSION, not PARSE. */
+static uint64_t fnv1a_bytes(const unsigned char *p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+START_TEST(version_1_snapshots_still_import) {
+  policy_params p = params(2, 2, 3, 2, 2, 0);
+  policy *a = make(&p, 5), *b = NULL, *c = NULL;
+  double norm[5];
+  for (uint64_t t = 1; t <= 10; t++) {
+    fill_norms(norm, 5, t);
+    step(a, t, norm, NULL, NULL);
+  }
+  size_t len = policy_export_size(a), len2 = 0;
+  unsigned char *v2 = malloc(len), *v1 = malloc(len), *again = malloc(len);
+  ck_assert_int_eq(policy_export(a, v2, len, &len), GNMR_OK);
+  ck_assert_uint_eq(v2[8], 2); /* version 2 is written */
+  memcpy(v1, v2, len);
+  v1[8] = 1;
+  uint64_t h = fnv1a_bytes(v1, len - 8);
+  for (int i = 0; i < 8; i++)
+    v1[len - 8 + i] = (unsigned char)(h >> (8 * i));
+  ck_assert_int_eq(policy_import(v1, len, &b), GNMR_OK);
+  ck_assert_int_eq(policy_export(b, again, len, &len2), GNMR_OK);
+  ck_assert_uint_eq(len2, len);
+  ck_assert_int_eq(memcmp(again, v2, len), 0); /* the same state */
+  v1[len - 1] ^= 1; /* a version-1 checksum is checked too */
+  ck_assert_int_eq(policy_import(v1, len, &c), GNMR_E_PARSE);
+  memcpy(v1, v2, len);
+  v1[8] = 3; /* a future version, its checksum intact */
+  h = fnv1a_bytes(v1, len - 8);
+  for (int i = 0; i < 8; i++)
+    v1[len - 8 + i] = (unsigned char)(h >> (8 * i));
+  ck_assert_int_eq(policy_import(v1, len, &c), GNMR_E_VERSION);
+  ck_assert_ptr_null(c);
+  free(v1);
+  free(v2);
+  free(again);
+  policy_destroy(&a);
+  policy_destroy(&b);
+}
+END_TEST
+
 START_TEST(import_rejects_truncated_and_corrupt_state) {
   policy_params p = params(2, 2, 3, 2, 2, 0);
   policy *a = make(&p, 5), *b = (policy *)1;
@@ -948,6 +996,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, zero_units_steps_cleanly);
   tcase_add_test(tc, export_import_continues_identically);
   tcase_add_test(tc, import_rejects_truncated_and_corrupt_state);
+  tcase_add_test(tc, version_1_snapshots_still_import);
   tcase_add_test(tc, set_params_keeps_newest_window_values_and_statistics);
   tcase_add_test(tc, set_params_changes_budget_from_next_step);
   tcase_add_test(tc, resize_adds_units_without_history);

@@ -384,6 +384,62 @@ class WithDaemonTest(unittest.TestCase):
                     os.environ[k] = v
 
 
+class RestartTest(unittest.TestCase):
+    def start(self, d, port=None):
+        bindir = os.environ.get("GNMR_BIN_DIR", os.path.join(REPO, "build",
+                                                             "bin"))
+        p = subprocess.Popen(
+            [os.path.join(bindir, "gnmrd"), "--data-dir", d + "/data",
+             "--agents", f"tcp://127.0.0.1:{port or '*'}", "--admin",
+             f"ipc://{d}/admin.sock"], stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True)
+        ep = None
+        for line in p.stdout:
+            if line.startswith("gnmrd: agents "):
+                ep = line.split()[2]
+            if line.startswith("gnmrd: admin"):
+                break
+        return p, ep
+
+    def test_a_crash_of_gnmrd_loses_at_most_snapshot_every_steps(self):
+        d = tempfile.mkdtemp(prefix="gnmr-py-")
+        p, ep = self.start(d)
+        net, x = Net(), torch.randn(8, 8)
+        ctl = Controller(net, ep, "crash-job", params=params(),
+                         fallback_after=100)
+        for step in range(1, 26):
+            backward(net, x)
+            self.assertTrue(ctl.step(step, wait_ms=5000))
+        time.sleep(0.3)  # the store commits step 25's records
+        p.kill()  # kill -9: no shutdown snapshot
+        p.wait()
+        p.stdout.close()
+        p, ep2 = self.start(d, port=ep.rsplit(":", 1)[1])
+        try:
+            r = subprocess.run(
+                [os.path.join(os.environ.get("GNMR_BIN_DIR", ""), "gnmrctl"),
+                 f"--admin=ipc://{d}/admin.sock", "units", "crash-job",
+                 "--json"], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            reports = {u["name"]: u["reports"] for u in json.loads(r.stdout)}
+            # the default snapshot_every (10): step 20's state came back
+            self.assertEqual(reports["a"], 20)
+            # the run goes on against the restarted gnmrd, in a new pass
+            for _ in range(500):  # the agent reconnects and joins again
+                if ctl.agent.joined:
+                    break
+                time.sleep(0.01)
+            self.assertTrue(ctl.agent.joined)
+            for step in range(26, 31):
+                backward(net, x)
+                self.assertTrue(ctl.step(step, wait_ms=5000))
+        finally:
+            ctl.close()
+            p.terminate()
+            p.wait()
+            p.stdout.close()
+
+
 class InstallTest(unittest.TestCase):
     def test_packaged_install_in_a_temporary_prefix(self):
         prefix = tempfile.mkdtemp(prefix="gnmr-prefix-")
