@@ -6,6 +6,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -115,11 +117,54 @@ int gnmr__key_file_read(const char *path, char *pub, char *sec, char *err,
   return GNMR_OK;
 }
 
-int gnmr__allow_file_read(const char *path, hmap *allowed, char *err,
-                          size_t errlen) {
+void gnmr__allow_free(gnmr_allow *a) {
+  for (size_t i = 0; i < a->n; i++) {
+    free(a->grants[i].jobs);
+    free(a->grants[i].name);
+  }
+  free(a->grants);
+  hmap_free(&a->keys);
+  memset(a, 0, sizeof *a);
+}
+
+/* Parses the words after a key: role=, jobs= and the name's words. */
+static int parse_grant(char *rest, gnmr_grant *g, int *has_role,
+                       const char **bad) {
+  char name[256] = "";
+  size_t nl = 0;
+  for (char *w = strtok(rest, " \t"); w != NULL; w = strtok(NULL, " \t")) {
+    if (strncmp(w, "role=", 5) == 0) {
+      *has_role = 1;
+      if (strcmp(w + 5, "operator") == 0)
+        g->operator = 1;
+      else if (strcmp(w + 5, "agent") != 0) {
+        *bad = "role is operator or agent";
+        return -1;
+      }
+    } else if (strncmp(w, "jobs=", 5) == 0) {
+      if (w[5] == '\0' || g->jobs != NULL) {
+        *bad = "jobs= takes one non-empty pattern";
+        return -1;
+      }
+      if ((g->jobs = strdup(w + 5)) == NULL)
+        return -2;
+    } else {
+      nl += (size_t)snprintf(name + nl, nl < sizeof name ? sizeof name - nl
+                                                         : 0,
+                             "%s%s", nl ? " " : "", w);
+    }
+  }
+  if (nl > 0 && (g->name = strdup(name)) == NULL)
+    return -2;
+  return 0;
+}
+
+int gnmr__allow_load(const char *path, gnmr_allow *a, char *err,
+                     size_t errlen) {
   FILE *f = fopen(path, "r");
   char line[512];
-  int n = 0, keys = 0, rv;
+  int n = 0, rv;
+  memset(a, 0, sizeof *a);
   if (f == NULL) {
     snprintf(err, errlen, "%s: %s", path, strerror(errno));
     return GNMR_E_IO;
@@ -138,29 +183,74 @@ int gnmr__allow_file_read(const char *path, hmap *allowed, char *err,
     if (k != GNMR_Z85_KEY_LEN) {
       snprintf(err, errlen, "%s:%d: not a 40-character Z85 CURVE key", path,
                n);
-      fclose(f);
-      return GNMR_E_PARSE;
+      rv = GNMR_E_PARSE;
+      goto fail;
     }
     memcpy(key, s, k);
     key[k] = '\0';
     if (!gnmr__key_valid(key)) {
       snprintf(err, errlen, "%s:%d: not a valid Z85 key", path, n);
-      fclose(f);
-      return GNMR_E_PARSE;
+      rv = GNMR_E_PARSE;
+      goto fail;
     }
-    if (hmap_put(allowed, key, GNMR_Z85_KEY_LEN, (uint64_t)n) != GNMR_OK) {
-      fclose(f);
-      snprintf(err, errlen, "out of memory");
-      return GNMR_E_NOMEM;
+    gnmr_grant *g = realloc(a->grants, (a->n + 1) * sizeof *g);
+    if (g == NULL)
+      goto nomem;
+    a->grants = g;
+    g = &a->grants[a->n];
+    memset(g, 0, sizeof *g);
+    a->n++;
+    const char *bad = NULL;
+    int pr = parse_grant(s + k, g, &a->tenancy, &bad);
+    if (pr == -1) {
+      snprintf(err, errlen, "%s:%d: %s", path, n, bad);
+      rv = GNMR_E_PARSE;
+      goto fail;
     }
-    keys++;
+    if (pr != 0 || hmap_put(&a->keys, key, GNMR_Z85_KEY_LEN, a->n - 1) !=
+                       GNMR_OK)
+      goto nomem;
   }
   fclose(f);
-  if (keys == 0) {
+  if (a->n == 0) {
     snprintf(err, errlen, "%s: no key listed: nobody could connect", path);
+    gnmr__allow_free(a);
     return GNMR_E_PARSE;
   }
   return GNMR_OK;
+nomem:
+  snprintf(err, errlen, "out of memory");
+  rv = GNMR_E_NOMEM;
+fail:
+  fclose(f);
+  gnmr__allow_free(a);
+  return rv;
+}
+
+const gnmr_grant *gnmr__allow_find(const gnmr_allow *a, const char *key) {
+  uint64_t i;
+  if (a == NULL || key == NULL ||
+      !hmap_get(&a->keys, key, strlen(key), &i))
+    return NULL;
+  return &a->grants[i];
+}
+
+int gnmr__allow_operator(const gnmr_allow *a, const char *key) {
+  const gnmr_grant *g;
+  if (a == NULL || !a->tenancy)
+    return 1;
+  return (g = gnmr__allow_find(a, key)) != NULL && g->operator;
+}
+
+int gnmr__allow_may(const gnmr_allow *a, const char *key, const char *owner,
+                    const char *job) {
+  const gnmr_grant *g;
+  if (gnmr__allow_operator(a, key) || owner == NULL)
+    return 1;
+  if (key != NULL && strcmp(key, owner) == 0)
+    return 1;
+  return (g = gnmr__allow_find(a, key)) != NULL && g->jobs != NULL &&
+         fnmatch(g->jobs, job, 0) == 0;
 }
 
 /* Creates path exclusively with mode and writes text. */

@@ -22,10 +22,40 @@ int gnmr__key_valid(const char *s);
 int gnmr__key_file_read(const char *path, char *pub, char *sec, char *err,
                         size_t errlen);
 
-/* Reads an allow list into allowed (Z85 key -> line number). Errors as
- * above; an empty list is an error (it would let nobody in). */
-int gnmr__allow_file_read(const char *path, hmap *allowed, char *err,
-                          size_t errlen);
+/* What an allowed key may do. An allow-list line is
+ *   KEY [NAME...] [role=operator|agent] [jobs=GLOB]
+ * An operator key may do anything to any job. Tenancy is on when one line
+ * names a role: then an agent key (the default role) owns the jobs it
+ * creates, may join and read those and the jobs whose name matches its
+ * GLOB (fnmatch), and may not retune, finish or export. With no role in
+ * the list, every listed key is trusted with everything (as before). */
+typedef struct gnmr_grant {
+  int operator;
+  char *jobs; /* GLOB, or NULL */
+  char *name; /* NAME, or NULL */
+} gnmr_grant;
+
+typedef struct gnmr_allow {
+  hmap keys;          /* Z85 key -> index in grants */
+  gnmr_grant *grants;
+  size_t n;
+  int tenancy;        /* some line names a role */
+} gnmr_allow;
+
+/* Reads an allow list. Errors as above; an empty list is an error (it
+ * would let nobody in), as is an unknown role or an empty GLOB. */
+int gnmr__allow_load(const char *path, gnmr_allow *a, char *err,
+                     size_t errlen);
+void gnmr__allow_free(gnmr_allow *a);
+/* The grant of a key (Z85), or NULL when it is not listed. */
+const gnmr_grant *gnmr__allow_find(const gnmr_allow *a, const char *key);
+/* Whether key may act on job as its owner would: no tenancy, an operator,
+ * the owner (owner NULL: a job nobody owns yet, or without CURVE), or a
+ * GLOB that matches the job's name. */
+int gnmr__allow_may(const gnmr_allow *a, const char *key, const char *owner,
+                    const char *job);
+/* Whether key is an operator (or tenancy is off). */
+int gnmr__allow_operator(const gnmr_allow *a, const char *key);
 
 /* Writes PREFIX.key (0600, the pair) and PREFIX.pub; refuses to overwrite.
  * Returns 0, GNMR_E_DUP (exists) or GNMR_E_IO with a message. */

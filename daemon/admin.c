@@ -16,6 +16,7 @@
 #include "gnmr/error.h"
 #include "commands.h"
 #include "gnmrd.h"
+#include "keys.h"
 #include "store_query.h"
 #include "text.h"
 #include "validate.h"
@@ -64,7 +65,8 @@ static void send_json(gnmrd *d, const void *id, size_t id_len, json_t *v) {
   free(text);
 }
 
-static void send_stats(gnmrd *d, const void *id, size_t id_len) {
+static void send_stats(gnmrd *d, const void *id, size_t id_len,
+                       const char *user) {
   static const char *const names[] = {
 #define GNMRD__COUNTER_NAME(name) #name,
       GNMRD_COUNTERS(GNMRD__COUNTER_NAME)
@@ -98,7 +100,9 @@ static void send_stats(gnmrd *d, const void *id, size_t id_len) {
   st.counters = cp;
   while (st.n_jobs < MAX_LISTED_JOBS &&
          (c = core_next_job(&d->jobs, &pos)) != NULL)
-    jobs[st.n_jobs++] = c->name;
+    if (d->allow == NULL || gnmr__allow_may(d->allow, user, c->owner,
+                                            c->name))
+      jobs[st.n_jobs++] = c->name;
   st.jobs = (char **)jobs;
   env.body_case = GNMR__ENVELOPE__BODY_STATS;
   env.stats = &st;
@@ -114,6 +118,7 @@ typedef struct query {
   size_t id_len;
   char path[4200];
   char *job, *unit, *kind; /* owned: sq points at them */
+  char who[64], *who_jobs;  /* the requester's key and grant (tenancy) */
   store_query sq;
 } query;
 
@@ -128,12 +133,13 @@ static void query_free(query *q) {
   free(q->job);
   free(q->unit);
   free(q->kind);
+  free(q->who_jobs);
   free(q);
 }
 
 /* Marks live jobs in a jobs answer, and adds live ones the store has not
  * committed yet. */
-static void mark_live(gnmrd *d, json_t *jobs) {
+static void mark_live(gnmrd *d, json_t *jobs, const query *q) {
   size_t i, pos = 0;
   json_t *o;
   const core_job *c;
@@ -144,6 +150,9 @@ static void mark_live(gnmrd *d, json_t *jobs) {
   }
   while ((c = core_next_job(&d->jobs, &pos)) != NULL) {
     int seen = 0;
+    if (q->sq.who != NULL && !gnmr__allow_may(d->allow, q->sq.who, c->owner,
+                                              c->name))
+      continue;
     json_array_foreach(jobs, i, o) {
       const char *nm = json_string_value(json_object_get(o, "name"));
       seen |= nm != NULL && strcmp(nm, c->name) == 0;
@@ -163,7 +172,7 @@ static void query_done(uv_work_t *req, int status) {
   }
   if (q->sq.result != NULL) {
     if (q->sq.command == GNMR_CMD_JOBS)
-      mark_live(d, q->sq.result);
+      mark_live(d, q->sq.result, q);
     send_json(d, q->id, q->id_len, q->sq.result);
     q->sq.result = NULL;
   } else {
@@ -174,7 +183,7 @@ static void query_done(uv_work_t *req, int status) {
 }
 
 static void start_query(gnmrd *d, const void *id, size_t id_len, int command,
-                        const Gnmr__AdminRequest *r) {
+                        const Gnmr__AdminRequest *r, const char *user) {
   query *q = calloc(1, sizeof *q);
   if (q == NULL || d->st == NULL) {
     free(q);
@@ -203,6 +212,19 @@ static void start_query(gnmrd *d, const void *id, size_t id_len, int command,
   q->sq.to = r->to_step;
   q->sq.limit = r->limit ? (r->limit > MAX_LIMIT ? MAX_LIMIT : r->limit)
                          : command == GNMR_CMD_TOP ? 10 : DEFAULT_LIMIT;
+  if (d->allow != NULL && !gnmr__allow_operator(d->allow, user)) {
+    /* tenancy: the store shows this key its own jobs and its grant's */
+    const gnmr_grant *g = gnmr__allow_find(d->allow, user);
+    snprintf(q->who, sizeof q->who, "%s", user ? user : "");
+    q->sq.who = q->who;
+    if (g != NULL && g->jobs != NULL &&
+        (q->who_jobs = strdup(g->jobs)) == NULL) {
+      query_free(q);
+      send_error(d, id, id_len, GNMR_E_NOMEM, "out of memory");
+      return;
+    }
+    q->sq.who_jobs = q->who_jobs;
+  }
   q->req.data = q;
   if (uv_queue_work(d->loop, &q->req, query_work, query_done) != 0) {
     send_error(d, id, id_len, GNMR_E_INTERNAL, "cannot queue the query");
@@ -211,7 +233,7 @@ static void start_query(gnmrd *d, const void *id, size_t id_len, int command,
 }
 
 static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
-                             const Gnmr__AdminRequest *r) {
+                             const Gnmr__AdminRequest *r, const char *user) {
   int k = gnmr__admin_command_find(r->command);
   if (r->to_step != 0 && r->to_step < r->from_step) {
     send_error(d, id, id_len, GNMR_E_INVAL, "--to is below --from");
@@ -237,19 +259,29 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
     send_error(d, id, id_len, GNMR_E_INVAL, msg);
     return;
   }
+  if (gnmr_admin_commands[k].operator && d->allow != NULL &&
+      !gnmr__allow_operator(d->allow, user)) {
+    snprintf(msg, sizeof msg, "'%s' is for operator keys (role=operator in "
+             "the allow list)", gnmr_admin_commands[k].name);
+    send_error(d, id, id_len, GNMR_E_DENIED, msg);
+    return;
+  }
   if (gnmr_admin_commands[k].needs_job && r->job[0] == '\0' &&
       gnmr_admin_commands[k].where == GNMR_AT_HISTORY) {
     send_error(d, id, id_len, GNMR_E_INVAL, "a job name is needed");
     return;
   }
   if (gnmr_admin_commands[k].where == GNMR_AT_HISTORY) {
-    start_query(d, id, id_len, k, r);
+    start_query(d, id, id_len, k, r, user);
     return;
   }
   core_job *c = core_find(&d->jobs, r->job);
+  if (c != NULL && d->allow != NULL &&
+      !gnmr__allow_may(d->allow, user, c->owner, c->name))
+    c = NULL; /* another tenant's job: as if it did not exist */
   if (c == NULL && d->st != NULL &&
       (k == GNMR_CMD_STATUS || k == GNMR_CMD_UNITS || k == GNMR_CMD_TOP)) {
-    start_query(d, id, id_len, k, r); /* a finished job, from the store */
+    start_query(d, id, id_len, k, r, user); /* not running: the store */
     return;
   }
   if (c == NULL) {
@@ -293,17 +325,16 @@ void admin_on_message(server *s, const void *id, size_t id_len,
                       const void *data, size_t len, const char *user,
                       void *ctx) {
   gnmrd *d = ctx;
-  (void)user; /* any allowed key may query */
   Gnmr__Envelope *env;
   char err[128];
   (void)s;
   d->c.admin_requests++;
   int rv = gnmr__wire_decode(data, len, &env, err, sizeof err);
   if (rv == GNMR_OK && env->body_case == GNMR__ENVELOPE__BODY_STATS_REQUEST) {
-    send_stats(d, id, id_len);
+    send_stats(d, id, id_len, user);
   } else if (rv == GNMR_OK &&
              env->body_case == GNMR__ENVELOPE__BODY_ADMIN_REQUEST) {
-    on_admin_request(d, id, id_len, env->admin_request);
+    on_admin_request(d, id, id_len, env->admin_request, user);
   } else {
     if (rv == GNMR_OK) {
       rv = GNMR_E_UNSUPPORTED;

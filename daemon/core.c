@@ -102,6 +102,7 @@ void core_job_free(core_registry *reg, core_job *j) {
   hmap_free(&j->unit_ids);
   policy_destroy(&j->pol);
   free(j->name);
+  free(j->owner);
   free(j);
 }
 

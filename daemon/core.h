@@ -59,6 +59,8 @@ typedef struct core_pending {
 typedef struct core_job {
   char *name;
   void *data;                /* the layer above's (jobs.c: its job) */
+  char *owner;               /* the CURVE key that created it, or NULL
+                                (the layer above's; freed with the job) */
   void (*release)(void *owner);
   uint32_t pass;             /* 1, +1 at each resume */
   uint32_t pub_pass;         /* pass of the last published decision */

@@ -25,6 +25,7 @@ typedef struct gnmrd {
   hmap peers;         /* connection identity -> membership (jobs.c) */
   store *st;          /* history; NULL when running without one */
   const gnmrd_config *cfg;
+  const struct gnmr_allow *allow; /* the CURVE allow list, NULL without */
   uv_timer_t watchdog;  /* systemd watchdog pings (notify.c) */
   struct zap *zap;      /* the ZAP handler, under CURVE */
   struct metrics *metrics;

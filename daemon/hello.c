@@ -10,6 +10,7 @@
 
 #include "gnmr/error.h"
 #include "jobs_priv.h"
+#include "keys.h"
 #include "log.h"
 #include "records.h"
 #include "validate.h"
@@ -178,6 +179,11 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
              pr->rank);
   }
   j = job_of(core_find(&d->jobs, h->job));
+  if (j != NULL && d->allow != NULL &&
+      !gnmr__allow_may(d->allow, user, j->core->owner, h->job))
+    REFUSE(GNMR_E_DENIED, "job", "job %.64s belongs to another key, and "
+           "the allow list grants this one no jobs= pattern that matches",
+           h->job);
   if (j != NULL) {
     core_job *c = j->core;
     if (c->reporters != h->reporters)
@@ -200,6 +206,8 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
     REFUSE(GNMR_E_NOMEM, "job", "out of memory");
   } else {
     created = 1;
+    if (user != NULL && (j->core->owner = strdup(user)) == NULL)
+      REFUSE(GNMR_E_NOMEM, "job", "out of memory");
   }
   if (h->observer) {
     if (!observer_join(d, id, id_len, j, h, ids, pr, user)) {

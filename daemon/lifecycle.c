@@ -111,6 +111,7 @@ void jobs_restore(const store_job *sj, void *ctx) {
   }
   core_job *c = j->core;
   c->pass = sj->pass + 1;
+  c->owner = sj->owner ? strdup(sj->owner) : NULL;
   policy *pol = NULL;
   if (sj->snapshot != NULL &&
       policy_import(sj->snapshot, sj->snapshot_len, &pol) != GNMR_OK) {

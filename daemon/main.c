@@ -145,7 +145,7 @@ static void close_walk(uv_handle_t *h, void *arg) {
  * endpoints, metrics off the loopback, abstract sockets, and socket
  * directories that exist. 0, or -1 with the reason in err. */
 static int check_settings(const gnmrd_config *cfg, char *pub, char *sec,
-                          hmap *allowed, char *err, size_t errlen) {
+                          gnmr_allow *allowed, char *err, size_t errlen) {
   int curve = cfg->curve_key_file[0] != '\0';
   if (curve != (cfg->curve_allow_file[0] != '\0')) {
     snprintf(err, errlen, "CURVE needs both curve_key_file and "
@@ -155,7 +155,7 @@ static int check_settings(const gnmrd_config *cfg, char *pub, char *sec,
   if (curve &&
       (gnmr__key_file_read(cfg->curve_key_file, pub, sec, err, errlen) !=
            GNMR_OK ||
-       gnmr__allow_file_read(cfg->curve_allow_file, allowed, err, errlen) !=
+       gnmr__allow_load(cfg->curve_allow_file, allowed, err, errlen) !=
            GNMR_OK))
     return -1;
   if (!curve && !cfg->insecure &&
@@ -306,28 +306,35 @@ int main(int argc, char **argv) {
 
   /* every check of the settings, for --check-config as for a start */
   char curve_pub[41], curve_sec[41];
-  hmap allowed = {0};
+  gnmr_allow allowed = {0};
   int curve = cfg.curve_key_file[0] != '\0';
   if (check_settings(&cfg, curve_pub, curve_sec, &allowed, err,
                      sizeof err) != 0) {
     fprintf(stderr, "gnmrd: %s\n", err);
-    hmap_free(&allowed);
+    gnmr__allow_free(&allowed);
     return check_path != NULL ? 1 : 2;
   }
   if (check_path != NULL) {
-    hmap_free(&allowed);
+    gnmr__allow_free(&allowed);
     printf("gnmrd: %s is valid\n", check_path);
     return 0;
   }
   if (cfg.metrics[0] != '\0' && !metrics_addr_is_loopback(cfg.metrics))
     LOG(WARN, "METRICS-INSECURE", "metrics on %s are plaintext HTTP that "
         "anyone who reaches the port can read (--insecure)", cfg.metrics);
+  if (curve)
+    LOG(INFO, "TENANCY", allowed.tenancy
+                             ? "tenancy on: agent keys own the jobs they "
+                               "create; operator keys act on every job"
+                             : "tenancy off: every allowed key may act on "
+                               "every job (give operator keys role=operator "
+                               "in the allow list to turn it on)");
   if (!curve)
     LOG(INFO, "NO-CURVE", "CURVE is off: any local peer that can reach the "
         "sockets is trusted (see gnmrd(8), SECURITY)");
   if (mkdirs(data_dir) != 0) {
     LOG(ERROR, "DATA-DIR", "create %s: %s", data_dir, strerror(errno));
-    hmap_free(&allowed);
+    gnmr__allow_free(&allowed);
     return 1;
   }
   char lock_path[1100];
@@ -337,13 +344,13 @@ int main(int argc, char **argv) {
     LOG(ERROR, "DATA-LOCK", "%s: %s", lock_path,
         errno == EWOULDBLOCK ? "another gnmrd uses this data directory"
                              : strerror(errno));
-    hmap_free(&allowed);
+    gnmr__allow_free(&allowed);
     return 1;
   }
   if (prepare_endpoint(cfg.agents) != 0 || prepare_endpoint(cfg.admin) != 0) {
     LOG(ERROR, "ENDPOINT-DIR", "cannot create the socket directory: %s",
         strerror(errno));
-    hmap_free(&allowed);
+    gnmr__allow_free(&allowed);
     return 1;
   }
   for (int i = 0; i < 2; i++) { /* sockets like ssh-agent's */
@@ -351,7 +358,7 @@ int main(int argc, char **argv) {
     if (gnmr__ipc_dir_check(ep, err, sizeof err) != GNMR_OK ||
         gnmr__ipc_free(ep, err, sizeof err) != GNMR_OK) {
       LOG(ERROR, "ENDPOINT", "refusing %s: %s", ep, err);
-      hmap_free(&allowed);
+      gnmr__allow_free(&allowed);
       return 1;
     }
   }
@@ -373,6 +380,7 @@ int main(int argc, char **argv) {
   uv_loop_init(&loop);
   d.loop = &loop;
   d.cfg = &cfg;
+  d.allow = curve ? &allowed : NULL;
   d.zctx = zmq_ctx_new();
   if (store_open(data_dir, (uint32_t)cfg.snapshot_every, cfg.retain_steps,
                  &d.st, err, sizeof err) != GNMR_OK) {
@@ -440,7 +448,7 @@ out:
   server_close(d.agents);
   server_close(d.admin);
   zap_close(d.zap);
-  hmap_free(&allowed);
+  gnmr__allow_free(&allowed);
   uv_walk(&loop, close_walk, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);

@@ -55,6 +55,7 @@ void records_job(store *st, const core_job *j) {
   r->reporters = j->reporters;
   r->barrier_ms = j->barrier_ms;
   r->params = j->hello_params;
+  r->text = j->owner ? strdup(j->owner) : NULL;
   put(st, r);
   if (!policy_params_equal(&j->params, &j->hello_params))
     records_params(st, j);

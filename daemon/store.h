@@ -14,7 +14,7 @@
 
 #include "policy.h"
 
-#define STORE_SCHEMA_VERSION 1
+#define STORE_SCHEMA_VERSION 2
 
 /* The operational events of the history (besides the policy's events,
  * POLICY_EVENTS): XX(ID, name), the name being the events table's kind. */
@@ -84,7 +84,7 @@ typedef struct store_rec {
   void *snapshot;        /* policy_export() bytes, or NULL */
   size_t snapshot_len;
   /* REC_EVENT / REC_STATE */
-  char *text;            /* event kind, or state */
+  char *text;            /* event kind, state, or (REC_JOB) the owner */
   char *detail;
 } store_rec;
 
@@ -134,6 +134,7 @@ typedef struct store_job {
   uint32_t **rank_ids;
   void *snapshot;             /* NULL when none was taken */
   size_t snapshot_len;
+  char *owner;                /* the CURVE key that created it, or NULL */
 } store_job;
 
 /* Reads every unfinished job. Calls fn for each (fn takes nothing; the

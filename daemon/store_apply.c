@@ -39,6 +39,10 @@ static const char *const schema_v1 =
     "CREATE TABLE IF NOT EXISTS snapshots(job TEXT, pass INTEGER,"
     " step INTEGER, state BLOB, PRIMARY KEY(job, pass, step));";
 
+/* Schema version 2: who owns a job (the CURVE key that created it). */
+static const char *const schema_v2 =
+    "ALTER TABLE jobs ADD COLUMN owner TEXT;";
+
 int64_t store__now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -113,9 +117,20 @@ int store__migrate(sqlite3 *db, char *err, size_t errlen) {
     return GNMR_E_STORE;
   }
   if (version < 1) {
-    if (store__exec(db, "BEGIN", err, errlen) || store__exec(db, schema_v1, err, errlen) ||
-        store__exec(db, "INSERT OR REPLACE INTO meta VALUES('schema','1')", err,
-             errlen) ||
+    if (store__exec(db, "BEGIN", err, errlen) ||
+        store__exec(db, schema_v1, err, errlen) ||
+        store__exec(db, "INSERT OR REPLACE INTO meta VALUES('schema','1')",
+                    err, errlen) ||
+        store__exec(db, "COMMIT", err, errlen)) {
+      store__exec(db, "ROLLBACK", NULL, 0);
+      return GNMR_E_STORE;
+    }
+  }
+  if (version < 2) { /* version 2: a job's owner (a CURVE key) */
+    if (store__exec(db, "BEGIN", err, errlen) ||
+        store__exec(db, schema_v2, err, errlen) ||
+        store__exec(db, "INSERT OR REPLACE INTO meta VALUES('schema','2')",
+                    err, errlen) ||
         store__exec(db, "COMMIT", err, errlen)) {
       store__exec(db, "ROLLBACK", NULL, 0);
       return GNMR_E_STORE;
@@ -168,6 +183,10 @@ static void bind_job(sqlite3_stmt *st, const void *arg) {
   bind_params(st, 5, &r->params);
   sqlite3_bind_int64(st, 5 + GNMR_NPARAMS, t);
   sqlite3_bind_int64(st, 6 + GNMR_NPARAMS, t);
+  if (r->text != NULL) /* the owner */
+    sqlite3_bind_text(st, 7 + GNMR_NPARAMS, r->text, -1, SQLITE_STATIC);
+  else
+    sqlite3_bind_null(st, 7 + GNMR_NPARAMS);
 }
 
 static void bind_params_row(sqlite3_stmt *st, const void *arg) {
@@ -365,12 +384,12 @@ int store__apply(store *s, const store_rec *r) {
   case REC_JOB: {
     int rv = run(s->db,
                  "INSERT INTO jobs(name, reporters, barrier_ms, state, pass, "
-                 "last_step" PARAM_COLS ", created_at, updated_at) "
-                 "VALUES(?,?,?,'running',?,0" PARAM_QS ",?,?) "
+                 "last_step" PARAM_COLS ", created_at, updated_at, owner) "
+                 "VALUES(?,?,?,'running',?,0" PARAM_QS ",?,?,?) "
                  "ON CONFLICT(name) DO UPDATE SET reporters=excluded.reporters,"
                  " barrier_ms=excluded.barrier_ms, state='running',"
                  " pass=excluded.pass" PARAM_SETS ","
-                 " updated_at=excluded.updated_at",
+                 " updated_at=excluded.updated_at, owner=excluded.owner",
                  bind_job, r);
     if (rv == GNMR_OK)
       rv = run(s->db, params_insert_sql, bind_params_row, r);

@@ -4,6 +4,7 @@
  * opens its own short-lived read connection; any thread (gnmrd runs them
  * on libuv's worker pool). Rows come back as JSON arrays of objects whose
  * keys are the column names listed here, never SELECT *. */
+#include <fnmatch.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -92,9 +93,19 @@ static json_t *rows(store_query *q, sqlite3 *db, const char *sql, const char *fm
   return arr;
 }
 
+/* Whether the requester may see a job of that owner (tenancy). */
+static int visible(const store_query *q, const char *name, const char *owner) {
+  return q->who == NULL || owner == NULL || strcmp(owner, q->who) == 0 ||
+         (q->who_jobs != NULL && name != NULL &&
+          fnmatch(q->who_jobs, name, 0) == 0);
+}
+
 static int job_exists(store_query *q, sqlite3 *db) {
-  json_t *r = rows(q, db, "SELECT name FROM jobs WHERE name=?", "t", q->job);
-  int ok = r != NULL && json_array_size(r) > 0;
+  json_t *r = rows(q, db, "SELECT name, owner FROM jobs WHERE name=?", "t",
+                   q->job);
+  int ok = r != NULL && json_array_size(r) > 0 &&
+           visible(q, q->job, json_string_value(json_object_get(
+                                  json_array_get(r, 0), "owner")));
   json_decref(r);
   if (r != NULL && !ok)
     qfail(q, GNMR_E_NOJOB, "unknown job '%.128s'", q->job);
@@ -128,6 +139,8 @@ static json_t *job_view(store_query *q, sqlite3 *db) {
   store_job sj = {0};
   char state[32] = "";
   json_t *out = NULL;
+  if (!job_exists(q, db))
+    return NULL; /* q->err set */
   if (sqlite3_prepare_v2(db, "SELECT reporters, barrier_ms, pass, state"
                          PARAM_COLS " FROM jobs WHERE name=?", -1, &st,
                          NULL) != SQLITE_OK) {
@@ -212,9 +225,17 @@ void store_query_run(const char *path, store_query *q) {
   } else if (q->command == GNMR_CMD_JOBS) {
     q->result = rows(q, db,
                      "SELECT name, state, pass, last_step, reporters, "
-                     "barrier_ms, created_at, updated_at FROM jobs ORDER BY "
-                     "name",
+                     "barrier_ms, created_at, updated_at, owner FROM jobs "
+                     "ORDER BY name",
                      "");
+    if (q->result != NULL && q->who != NULL) { /* another tenant's: hidden */
+      for (size_t i = json_array_size(q->result); i-- > 0;) {
+        json_t *o = json_array_get(q->result, i);
+        if (!visible(q, json_string_value(json_object_get(o, "name")),
+                     json_string_value(json_object_get(o, "owner"))))
+          json_array_remove(q->result, i);
+      }
+    }
   } else if (!job_exists(q, db)) {
     /* q->err set */
   } else if (q->command == GNMR_CMD_DECISIONS) {

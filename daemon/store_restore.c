@@ -23,6 +23,7 @@ void store__job_free(store_job *j) {
   free(j->rank_n);
   free(j->snapshot);
   free(j->name);
+  free(j->owner);
 }
 
 int store__load_job(sqlite3 *db, store_job *j) {
@@ -120,7 +121,7 @@ int store_restore(const char *dir, void (*fn)(const store_job *, void *),
     return GNMR_E_STORE;
   }
   if (sqlite3_prepare_v2(db,
-                         "SELECT name, reporters, barrier_ms, pass"
+                         "SELECT name, reporters, barrier_ms, pass, owner"
                          PARAM_COLS " FROM jobs WHERE state='running'",
                          -1, &st, NULL) != SQLITE_OK) {
     snprintf(err, errlen, "%s: %s", path, sqlite3_errmsg(db));
@@ -133,7 +134,9 @@ int store_restore(const char *dir, void (*fn)(const store_job *, void *),
     j.reporters = (uint32_t)sqlite3_column_int64(st, 1);
     j.barrier_ms = (uint32_t)sqlite3_column_int64(st, 2);
     j.pass = (uint32_t)sqlite3_column_int64(st, 3);
-    store__read_params(st, 4, &j.hello_params);
+    if (sqlite3_column_type(st, 4) == SQLITE_TEXT)
+      j.owner = strdup((const char *)sqlite3_column_text(st, 4));
+    store__read_params(st, 5, &j.hello_params);
     j.n_ranks = j.reporters;
     if (j.name == NULL || j.reporters == 0 || j.reporters > 4096 ||
         store__load_job(db, &j) != GNMR_OK) {

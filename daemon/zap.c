@@ -19,7 +19,7 @@
 struct zap {
   void *sock;
   zwatch *w;
-  hmap allowed;
+  const gnmr_allow *allowed;
   uint64_t *denied;
 };
 
@@ -65,7 +65,7 @@ static void on_request(void *sock, void *ctx) {
   if (curve)
     zmq_z85_encode(key, zmq_msg_data(&f[6]), 32);
   if (n >= 2) {
-    if (curve && hmap_get(&z->allowed, key, GNMR_Z85_KEY_LEN, NULL)) {
+    if (curve && gnmr__allow_find(z->allowed, key) != NULL) {
       send_reply(sock, &f[1], "200", "OK", key);
     } else {
       (*z->denied)++;
@@ -79,15 +79,14 @@ static void on_request(void *sock, void *ctx) {
     zmq_msg_close(&f[i]);
 }
 
-int zap_open(uv_loop_t *loop, void *zctx, hmap *allowed, uint64_t *denied,
-             zap **out, char *err, size_t errlen) {
+int zap_open(uv_loop_t *loop, void *zctx, const gnmr_allow *allowed,
+             uint64_t *denied, zap **out, char *err, size_t errlen) {
   int zero = 0;
   zap *z = calloc(1, sizeof *z);
   *out = NULL;
   if (z == NULL)
     return GNMR_E_NOMEM;
-  z->allowed = *allowed;
-  memset(allowed, 0, sizeof *allowed);
+  z->allowed = allowed;
   z->denied = denied;
   if ((z->sock = zmq_socket(zctx, ZMQ_REP)) == NULL ||
       zmq_setsockopt(z->sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
@@ -96,7 +95,6 @@ int zap_open(uv_loop_t *loop, void *zctx, hmap *allowed, uint64_t *denied,
     snprintf(err, errlen, "ZAP handler: %s", zmq_strerror(zmq_errno()));
     if (z->sock)
       zmq_close(z->sock);
-    hmap_free(&z->allowed);
     free(z);
     return GNMR_E_IO;
   }
@@ -109,6 +107,5 @@ void zap_close(zap *z) {
     return;
   zwatch_close(z->w);
   zmq_close(z->sock);
-  hmap_free(&z->allowed);
   free(z);
 }

@@ -10,14 +10,15 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "hmap.h"
+#include "keys.h"
 
 typedef struct zap zap;
 
-/* Binds the handler. allowed (Z85 key -> anything) is taken over.
- * *denied is incremented for each refused request. */
-int zap_open(uv_loop_t *loop, void *zctx, hmap *allowed, uint64_t *denied,
-             zap **out, char *err, size_t errlen);
+/* Binds the handler, which admits the keys of allowed (kept by the
+ * caller until zap_close). *denied is incremented for each refused
+ * request. */
+int zap_open(uv_loop_t *loop, void *zctx, const gnmr_allow *allowed,
+             uint64_t *denied, zap **out, char *err, size_t errlen);
 void zap_close(zap *z); /* NULL-safe; run the loop afterwards */
 
 #endif /* GNMRD_ZAP_H */

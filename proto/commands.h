@@ -2,30 +2,31 @@
 /* commands.h — the admin commands (AdminRequest.command), one table shared
  * by gnmrd (which serves them) and gnmrctl (which sends them).
  *
- *   XX(ID, name, where, needs_job, csv)
+ *   XX(ID, name, where, needs_job, csv, operator)
  *
  * where      LIVE: answered on gnmrd's loop from a running job's memory
  *            (status, units and top of a job that is not running are
  *            answered from the store, on the worker pool);
  *            HISTORY: a query of the store, on the worker pool.
  * needs_job  the request names a job.
- * csv        gnmrctl can print the answer as CSV (--csv). */
+ * csv        gnmrctl can print the answer as CSV (--csv).
+ * operator   with tenancy on (keys.h), only an operator key may send it. */
 #ifndef GNMR_COMMANDS_H
 #define GNMR_COMMANDS_H
 
 #define GNMR_ADMIN_COMMANDS(XX)                                              \
-  XX(STATUS, "status", LIVE, 1, 0)                                           \
-  XX(UNITS, "units", LIVE, 1, 1)                                             \
-  XX(TOP, "top", LIVE, 1, 1)                                                 \
-  XX(SET, "set", LIVE, 1, 0)                                                 \
-  XX(FINISH, "finish", LIVE, 1, 0)                                           \
-  XX(JOBS, "jobs", HISTORY, 0, 1)                                            \
-  XX(HISTORY, "history", HISTORY, 1, 1)                                      \
-  XX(DECISIONS, "decisions", HISTORY, 1, 1)                                  \
-  XX(EXPORT, "export", HISTORY, 1, 0)
+  XX(STATUS, "status", LIVE, 1, 0, 0)                                        \
+  XX(UNITS, "units", LIVE, 1, 1, 0)                                          \
+  XX(TOP, "top", LIVE, 1, 1, 0)                                              \
+  XX(SET, "set", LIVE, 1, 0, 1)                                              \
+  XX(FINISH, "finish", LIVE, 1, 0, 1)                                        \
+  XX(JOBS, "jobs", HISTORY, 0, 1, 0)                                         \
+  XX(HISTORY, "history", HISTORY, 1, 1, 0)                                   \
+  XX(DECISIONS, "decisions", HISTORY, 1, 1, 0)                               \
+  XX(EXPORT, "export", HISTORY, 1, 0, 1)
 
 enum gnmr_admin_cmd {
-#define GNMR__CMD_ENUM(id, name, where, job, csv) GNMR_CMD_##id,
+#define GNMR__CMD_ENUM(id, name, where, job, csv, op) GNMR_CMD_##id,
   GNMR_ADMIN_COMMANDS(GNMR__CMD_ENUM)
 #undef GNMR__CMD_ENUM
   GNMR_CMD_COUNT
@@ -38,6 +39,7 @@ typedef struct gnmr_admin_command {
   int where;     /* enum gnmr_admin_where */
   int needs_job;
   int csv;
+  int operator;
 } gnmr_admin_command;
 
 extern const gnmr_admin_command gnmr_admin_commands[GNMR_CMD_COUNT];

@@ -469,14 +469,13 @@ START_TEST(key_files_others_can_read_or_change_are_refused) {
   snprintf(line, sizeof line, "%s client\n", k);
   tu_write_file(allow, line);
   ck_assert_int_eq(chmod(allow, 0666), 0);
-  hmap h = {0};
-  ck_assert_int_eq(gnmr__allow_file_read(allow, &h, err, sizeof err),
+  gnmr_allow al;
+  ck_assert_int_eq(gnmr__allow_load(allow, &al, err, sizeof err),
                    GNMR_E_INVAL);
   ck_assert_msg(strstr(err, "others could change it"), "%s", err);
   ck_assert_int_eq(chmod(allow, 0644), 0);
-  ck_assert_int_eq(gnmr__allow_file_read(allow, &h, err, sizeof err),
-                   GNMR_OK);
-  hmap_free(&h);
+  ck_assert_int_eq(gnmr__allow_load(allow, &al, err, sizeof err), GNMR_OK);
+  gnmr__allow_free(&al);
   tu_rmrf(dir);
   free(dir);
 }

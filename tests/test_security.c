@@ -337,12 +337,139 @@ START_TEST(agent_refuses_partial_or_malformed_curve_settings) {
 }
 END_TEST
 
+/* gnmrctl with a key, any command; argv ends with NULL. */
+static run_result ctl_as(const tu_daemon *d, const char *server_pub,
+                         const keypair *k, char *a1, char *a2, char *a3) {
+  char admin[300];
+  snprintf(admin, sizeof admin, "--admin=%s", d->admin);
+  char *argv[] = {"gnmrctl", admin, "--curve-server-key", (char *)server_pub,
+                  "--key-file", (char *)k->path, a1, a2, a3, NULL};
+  return tu_run("gnmrctl", argv, NULL);
+}
+
+static gnmr_agent *curve_observer(const char *ep, const char *job,
+                                  const char *server_pub, const keypair *k) {
+  static const char *names[] = {"a", "b"};
+  gnmr_agent_config c = {0};
+  c.endpoint = ep;
+  c.job = job;
+  c.reporters = 1;
+  c.unit_names = names;
+  c.n_units = 2;
+  c.observer = 1;
+  gnmr_params_default(&c.params);
+  c.params.warmup_steps = 0;
+  c.curve_server_key = server_pub;
+  c.curve_public_key = k->pub;
+  c.curve_secret_key = k->sec;
+  gnmr_agent *a;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  return a;
+}
+
+START_TEST(tenants_see_and_touch_only_their_own_jobs) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  keypair server = keygen(d.dir, "server"), op = keygen(d.dir, "op"),
+          alice = keygen(d.dir, "alice"), bob = keygen(d.dir, "bob"),
+          carol = keygen(d.dir, "carol");
+  char allow[600], allow_path[200];
+  snprintf(allow, sizeof allow,
+           "%s ops team role=operator\n%s alice\n"
+           "%s bob jobs=alice-shared*\n%s carol role=agent\n",
+           op.pub, alice.pub, bob.pub, carol.pub);
+  snprintf(allow_path, sizeof allow_path, "%s/allowed", d.dir);
+  tu_write_file(allow_path, allow);
+  char *extra[] = {"--curve-key", server.path, "--curve-allow", allow_path,
+                   NULL};
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
+  gnmr_agent *a1 = curve_agent(d.agents, "alice-job", server.pub, &alice);
+  gnmr_agent *a2 = curve_agent(d.agents, "alice-shared-1", server.pub,
+                               &alice);
+  ck_assert(joins(a1, 3000) && joins(a2, 3000));
+  double s[2] = {1, 4};
+  for (uint64_t t = 1; t <= 3; t++) {
+    ck_assert_int_eq(gnmr_agent_report_sums(a1, t, s, NULL, NULL), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a1, t, 5000), GNMR_OK);
+  }
+  /* joining another tenant's job: refused, unless the grant matches */
+  gnmr_agent *b1 = curve_observer(d.agents, "alice-job", server.pub, &bob);
+  gnmr_agent *b2 = curve_observer(d.agents, "alice-shared-1", server.pub,
+                                  &bob);
+  gnmr_agent *c1 = curve_observer(d.agents, "alice-shared-1", server.pub,
+                                  &carol);
+  ck_assert(joins(b2, 3000));
+  ck_assert(!joins(b1, 1000) && !joins(c1, 200));
+  char why[256];
+  ck_assert_int_eq(gnmr_agent_last_error(b1, why, sizeof why),
+                   GNMR_E_DENIED);
+  ck_assert_msg(strstr(why, "belongs to another key"), "%s", why);
+  /* queries: carol sees nothing of alice's, alice her own, ops all */
+  run_result r = ctl_as(&d, server.pub, &carol, "jobs", NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "alice") == NULL, "%s", r.out);
+  tu_run_free(&r);
+  r = ctl_as(&d, server.pub, &carol, "status", "alice-job", NULL);
+  ck_assert_int_ne(r.code, 0);
+  ck_assert_msg(strstr(r.err, "unknown job") || strstr(r.err, "no running"),
+                "%s", r.err);
+  tu_run_free(&r);
+  r = ctl_as(&d, server.pub, &carol, "history", "alice-job", NULL);
+  ck_assert_int_ne(r.code, 0);
+  tu_run_free(&r);
+  r = ctl_as(&d, server.pub, &alice, "status", "alice-job", NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  tu_run_free(&r);
+  r = ctl_as(&d, server.pub, &alice, "jobs", NULL, NULL);
+  ck_assert(strstr(r.out, "alice-job") && strstr(r.out, "alice-shared-1"));
+  tu_run_free(&r);
+  r = ctl_as(&d, server.pub, &bob, "jobs", NULL, NULL);
+  ck_assert(strstr(r.out, "alice-shared-1") && !strstr(r.out, "alice-job"));
+  tu_run_free(&r);
+  /* retuning, finishing and exporting are for operators */
+  r = ctl_as(&d, server.pub, &alice, "set", "alice-job", "alpha=3");
+  ck_assert_int_ne(r.code, 0);
+  ck_assert_msg(strstr(r.err, "'set' is for operator keys"), "%s", r.err);
+  tu_run_free(&r);
+  r = ctl_as(&d, server.pub, &alice, "export", "alice-job", NULL);
+  ck_assert_int_ne(r.code, 0);
+  tu_run_free(&r);
+  r = ctl_as(&d, server.pub, &op, "set", "alice-job", "alpha=3");
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  tu_run_free(&r);
+  r = ctl_as(&d, server.pub, &op, "jobs", NULL, NULL);
+  ck_assert(strstr(r.out, "alice-job") && strstr(r.out, "alice-shared-1"));
+  tu_run_free(&r);
+  /* ownership survives a restart of gnmrd */
+  gnmr_agent *agents[] = {a1, a2, b1, b2, c1};
+  for (int i = 0; i < 5; i++)
+    gnmr_agent_close(&agents[i]);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
+  r = ctl_as(&d, server.pub, &carol, "jobs", NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "alice") == NULL, "%s", r.out);
+  tu_run_free(&r);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  /* a malformed grant is an error with its line */
+  snprintf(allow, sizeof allow, "%s x role=boss\n", op.pub);
+  tu_write_file(allow_path, allow);
+  gnmr_allow al;
+  char err[300];
+  ck_assert_int_eq(gnmr__allow_load(allow_path, &al, err, sizeof err),
+                   GNMR_E_PARSE);
+  ck_assert_msg(strstr(err, ":1: role is operator or agent"), "%s", err);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("security");
   TCase *tc = tcase_create("curve");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, keygen_writes_a_private_pair_and_never_overwrites);
   tcase_add_test(tc, only_listed_keys_are_served_and_refusals_are_counted);
+  tcase_add_test(tc, tenants_see_and_touch_only_their_own_jobs);
   tcase_add_test(tc, curve_setup_errors_and_network_endpoints_without_curve);
   tcase_add_test(tc, agent_refuses_partial_or_malformed_curve_settings);
   suite_add_tcase(s, tc);

@@ -37,7 +37,8 @@ extern "C" {
   XX(UNSUPPORTED, -17, "unsupported")                                        \
   XX(TOOBIG, -18, "too big")                                                 \
   XX(INTERNAL, -19, "internal error")                                        \
-  XX(CUDA, -20, "CUDA error")
+  XX(CUDA, -20, "CUDA error")                                                \
+  XX(DENIED, -21, "not allowed for this key")
 
 typedef enum gnmr_err {
 #define GNMR__ERR_ENUM(name, value, msg) GNMR_E_##name = (value),
