@@ -145,8 +145,10 @@ static void mark_live(gnmrd *d, json_t *jobs, const query *q) {
   const core_job *c;
   json_array_foreach(jobs, i, o) {
     const char *nm = json_string_value(json_object_get(o, "name"));
+    const core_job *live = nm ? core_find(&d->jobs, nm) : NULL;
+    json_int_t run = json_integer_value(json_object_get(o, "run"));
     json_object_set_new(o, "live",
-                        json_boolean(nm && core_find(&d->jobs, nm) != NULL));
+                        json_boolean(live && (json_int_t)live->run == run));
   }
   while ((c = core_next_job(&d->jobs, &pos)) != NULL) {
     int seen = 0;
@@ -158,8 +160,10 @@ static void mark_live(gnmrd *d, json_t *jobs, const query *q) {
       seen |= nm != NULL && strcmp(nm, c->name) == 0;
     }
     if (!seen)
-      json_array_append_new(jobs, json_pack("{s:s,s:s,s:b}", "name", c->name,
-                                            "state", "running", "live", 1));
+      json_array_append_new(jobs, json_pack("{s:s,s:I,s:s,s:b}", "name",
+                                            c->name, "run",
+                                            (json_int_t)c->run, "state",
+                                            "running", "live", 1));
   }
 }
 
@@ -212,6 +216,7 @@ static void start_query(gnmrd *d, const void *id, size_t id_len, int command,
   q->sq.to = r->to_step;
   q->sq.limit = r->limit ? (r->limit > MAX_LIMIT ? MAX_LIMIT : r->limit)
                          : command == GNMR_CMD_TOP ? 10 : DEFAULT_LIMIT;
+  q->sq.run = r->run;
   if (d->allow != NULL && !gnmr__allow_operator(d->allow, user)) {
     /* tenancy: the store shows this key its own jobs and its grant's */
     const gnmr_grant *g = gnmr__allow_find(d->allow, user);
@@ -279,6 +284,8 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
   if (c != NULL && d->allow != NULL &&
       !gnmr__allow_may(d->allow, user, c->owner, c->name))
     c = NULL; /* another tenant's job: as if it did not exist */
+  if (c != NULL && r->run != 0 && r->run != c->run)
+    c = NULL; /* an earlier run of the name: from the store */
   if (c == NULL && d->st != NULL &&
       (k == GNMR_CMD_STATUS || k == GNMR_CMD_UNITS || k == GNMR_CMD_TOP)) {
     start_query(d, id, id_len, k, r, user); /* not running: the store */

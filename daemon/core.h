@@ -62,6 +62,7 @@ typedef struct core_job {
   char *owner;               /* the CURVE key that created it, or NULL
                                 (the layer above's; freed with the job) */
   void (*release)(void *owner);
+  uint64_t run;              /* the run of this job name (never reused) */
   uint32_t pass;             /* 1, +1 at each resume */
   uint32_t pub_pass;         /* pass of the last published decision */
   uint64_t pub_step;         /* its step: a pass publishes each step once */

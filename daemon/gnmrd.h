@@ -31,6 +31,7 @@ typedef struct gnmrd {
   struct metrics *metrics;
   latency_hist decision_latency; /* first report to decision */
   size_t held_bytes;  /* reports held for undecided steps ([limits]) */
+  uint64_t last_run;  /* the newest run id: a new job takes the next */
   uv_timer_t sweep;   /* retires idle jobs (jobs.c) */
   int stopping;
 } gnmrd;

@@ -38,9 +38,12 @@ static void welcome(gnmrd *d, const void *id, size_t id_len, core_job *c,
 /* A job's first Hello was accepted: the job exists from now on. */
 static void job_accepted(job *j) {
   gnmrd *d = j->d;
+  assert(j->core->run == d->last_run + 1);
+  d->last_run = j->core->run;
   d->c.jobs_created++;
-  LOG(INFO, "JOB-CREATE", "job %s: %u reporters, barrier %u ms",
-      j->core->name, j->core->reporters, j->core->barrier_ms);
+  LOG(INFO, "JOB-CREATE", "job %s run %llu: %u reporters, barrier %u ms",
+      j->core->name, (unsigned long long)j->core->run, j->core->reporters,
+      j->core->barrier_ms);
   records_job(d->st, j->core);
   records_event(d->st, j->core, STORE_EV_JOB_STARTED, UINT32_MAX, NULL);
 }
@@ -206,6 +209,7 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
     REFUSE(GNMR_E_NOMEM, "job", "out of memory");
   } else {
     created = 1;
+    j->core->run = d->last_run + 1; /* taken when the Hello is accepted */
     if (user != NULL && (j->core->owner = strdup(user)) == NULL)
       REFUSE(GNMR_E_NOMEM, "job", "out of memory");
   }

@@ -111,6 +111,7 @@ void jobs_restore(const store_job *sj, void *ctx) {
   }
   core_job *c = j->core;
   c->pass = sj->pass + 1;
+  c->run = sj->run;
   c->owner = sj->owner ? strdup(sj->owner) : NULL;
   policy *pol = NULL;
   if (sj->snapshot != NULL &&

@@ -387,6 +387,7 @@ int main(int argc, char **argv) {
     LOG(ERROR, "STORE-OPEN", "%s", err);
     goto out;
   }
+  d.last_run = store_last_run(d.st);
   if (store_restore(data_dir, jobs_restore, &d, err, sizeof err) != GNMR_OK) {
     LOG(ERROR, "STORE-RESTORE", "%s", err);
     goto out;

@@ -8,6 +8,14 @@
 #include "gnmr/error.h"
 #include "records.h"
 
+/* A record of job j's current run. */
+static store_rec *rec(int kind, const core_job *j) {
+  store_rec *r = store_rec_new(kind, j->name);
+  if (r != NULL)
+    r->run = j->run;
+  return r;
+}
+
 static void put(store *st, store_rec *r) {
   if (r == NULL)
     return;
@@ -21,7 +29,7 @@ void records_event(store *st, const core_job *j, int kind, uint32_t rank,
                    const char *detail) {
   if (st == NULL)
     return;
-  store_rec *r = store_rec_new(REC_EVENT, j->name);
+  store_rec *r = rec(REC_EVENT, j);
   if (r == NULL)
     return;
   r->pass = j->pass;
@@ -35,7 +43,7 @@ void records_event(store *st, const core_job *j, int kind, uint32_t rank,
 void records_params(store *st, const core_job *j) {
   if (st == NULL)
     return;
-  store_rec *r = store_rec_new(REC_PARAMS, j->name);
+  store_rec *r = rec(REC_PARAMS, j);
   if (r == NULL)
     return;
   r->pass = j->pass;
@@ -47,7 +55,7 @@ void records_params(store *st, const core_job *j) {
 void records_job(store *st, const core_job *j) {
   if (st == NULL)
     return;
-  store_rec *r = store_rec_new(REC_JOB, j->name);
+  store_rec *r = rec(REC_JOB, j);
   if (r == NULL)
     return;
   r->pass = j->pass;
@@ -65,8 +73,8 @@ void records_rank(store *st, const core_job *j, uint32_t rank) {
   if (st == NULL)
     return;
   const core_rank *rr = &j->ranks[rank];
-  store_rec *u = store_rec_new(REC_UNITS, j->name);
-  store_rec *r = store_rec_new(REC_RANK, j->name);
+  store_rec *u = rec(REC_UNITS, j);
+  store_rec *r = rec(REC_RANK, j);
   size_t n = rr->n_units ? rr->n_units : 1;
   if (u && r && (u->ids = malloc(n * sizeof *u->ids)) &&
       (u->names = calloc(n, sizeof *u->names)) &&
@@ -88,7 +96,7 @@ void records_rank(store *st, const core_job *j, uint32_t rank) {
 }
 
 static store_rec *snapshot_rec(const core_job *j, int kind) {
-  store_rec *r = store_rec_new(kind, j->name);
+  store_rec *r = rec(kind, j);
   if (r == NULL)
     return NULL;
   size_t len = policy_export_size(j->pol);
@@ -110,7 +118,7 @@ void records_snapshot(store *st, const core_job *j) {
 void records_state(store *st, const core_job *j, const char *state) {
   if (st == NULL)
     return;
-  store_rec *r = store_rec_new(REC_STATE, j->name);
+  store_rec *r = rec(REC_STATE, j);
   if (r == NULL)
     return;
   r->text = strdup(state);
@@ -124,7 +132,7 @@ void records_step(store *st, const core_job *j, const core_outcome *o,
     return;
   int snap = o->step % store_snapshot_every(st) == 0;
   store_rec *r = snap ? snapshot_rec(j, REC_STEP)
-                      : store_rec_new(REC_STEP, j->name);
+                      : rec(REC_STEP, j);
   if (r == NULL)
     return;
   r->kind = REC_STEP;

@@ -103,7 +103,7 @@ static void *writer_main(void *arg) {
     for (store_rec *r = batch; rv == GNMR_OK && r; r = r->next) {
       rv = store__apply(s, r);
       if (rv == GNMR_OK && r->kind == REC_STEP)
-        rv = store__retain(s, r->job, r->step);
+        rv = store__retain(s, r->run, r->step);
       if (rv != GNMR_OK)
         snprintf(err, sizeof err, "%s", sqlite3_errmsg(s->db));
     }
@@ -214,6 +214,17 @@ int store_open(const char *dir, uint32_t snapshot_every, uint64_t retain_steps,
   if (store__integrity(s->db, err, errlen) != GNMR_OK ||
       store__migrate(s->db, err, errlen) != GNMR_OK)
     goto fail;
+  {
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, "SELECT COALESCE(MAX(run), 0) FROM jobs",
+                           -1, &st, NULL) != SQLITE_OK) {
+      snprintf(err, errlen, "%s: %s", s->path, sqlite3_errmsg(s->db));
+      goto fail;
+    }
+    if (sqlite3_step(st) == SQLITE_ROW)
+      s->last_run = (uint64_t)sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+  }
   const char *fault = getenv("GNMR_STORE_FAULT");
   if (fault != NULL) {
     const char *colon = strchr(fault, ':');
@@ -296,6 +307,7 @@ void store_commit_histogram(store *s, uint64_t *buckets, uint64_t *count,
 }
 
 uint32_t store_snapshot_every(const store *s) { return s->snapshot_every; }
+uint64_t store_last_run(const store *s) { return s->last_run; }
 const char *store_path(const store *s) { return s->path; }
 
 void store_get_stats(store *s, store_stats *st) {

@@ -14,7 +14,7 @@
 
 #include "policy.h"
 
-#define STORE_SCHEMA_VERSION 2
+#define STORE_SCHEMA_VERSION 3
 
 /* The operational events of the history (besides the policy's events,
  * POLICY_EVENTS): XX(ID, name), the name being the events table's kind. */
@@ -66,6 +66,7 @@ typedef struct store_rec {
   struct store_rec *next;
   int kind;
   char *job;
+  uint64_t run;          /* the run of the job (never reused) */
   uint32_t pass;
   uint64_t step;
   /* REC_JOB */
@@ -116,6 +117,9 @@ void store_commit_histogram(store *s, uint64_t *buckets, uint64_t *count,
                             double *sum);
 
 uint32_t store_snapshot_every(const store *s);
+/* The largest run id in the store at open (0: none): new runs take the
+ * ids after it, so that none is ever reused. */
+uint64_t store_last_run(const store *s);
 const char *store_path(const store *s);
 void store_get_stats(store *s, store_stats *st);
 
@@ -124,6 +128,7 @@ void store_get_stats(store *s, store_stats *st);
 /* A job to restore: what the store knew at its last commit. */
 typedef struct store_job {
   char *name;
+  uint64_t run;
   uint32_t reporters, barrier_ms, pass;
   policy_params params;       /* in force at the snapshot */
   policy_params hello_params; /* what agents send in Hello */

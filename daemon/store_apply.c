@@ -43,6 +43,61 @@ static const char *const schema_v1 =
 static const char *const schema_v2 =
     "ALTER TABLE jobs ADD COLUMN owner TEXT;";
 
+/* Schema version 3: runs. Each start of a job name is a run with an id
+ * never reused (jobs.run), and every row of a run carries it, so that a
+ * name used again never overwrites an earlier run's history. The jobs
+ * table gets one row per run; a version-2 database's jobs become runs 1..n
+ * in the order they were created. (Column lists frozen as of version 3.) */
+static const char *const schema_v3 =
+    "CREATE TABLE jobs3(run INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+    " reporters INTEGER, barrier_ms INTEGER, state TEXT, pass INTEGER,"
+    " last_step INTEGER, alpha REAL, beta REAL, window INTEGER,"
+    " max_active INTEGER, lock_steps INTEGER, warmup_steps INTEGER,"
+    " early_alpha REAL, early_beta REAL, early_steps INTEGER,"
+    " created_at INTEGER, updated_at INTEGER, owner TEXT);"
+    "INSERT INTO jobs3(name, reporters, barrier_ms, state, pass, last_step,"
+    " alpha, beta, window, max_active, lock_steps, warmup_steps,"
+    " early_alpha, early_beta, early_steps, created_at, updated_at, owner)"
+    " SELECT name, reporters, barrier_ms, state, pass, last_step, alpha,"
+    " beta, window, max_active, lock_steps, warmup_steps, early_alpha,"
+    " early_beta, early_steps, created_at, updated_at, owner FROM jobs"
+    " ORDER BY created_at, name;"
+    "DROP TABLE jobs;"
+    "ALTER TABLE jobs3 RENAME TO jobs;"
+    "CREATE INDEX jobs_by_name ON jobs(name, run);"
+    "ALTER TABLE params ADD COLUMN run INTEGER;"
+    "UPDATE params SET run=(SELECT run FROM jobs WHERE jobs.name=params.job);"
+    "ALTER TABLE events ADD COLUMN run INTEGER;"
+    "UPDATE events SET run=(SELECT run FROM jobs WHERE jobs.name=events.job);"
+    "CREATE INDEX events_by_run ON events(run, step);"
+    "CREATE TABLE units3(job TEXT, run INTEGER, id INTEGER, name TEXT,"
+    " PRIMARY KEY(run, id));"
+    "INSERT INTO units3 SELECT u.job, j.run, u.id, u.name FROM units u"
+    " JOIN jobs j ON j.name=u.job;"
+    "DROP TABLE units;"
+    "ALTER TABLE units3 RENAME TO units;"
+    "CREATE TABLE rank_units3(job TEXT, run INTEGER, rank INTEGER,"
+    " idx INTEGER, unit INTEGER, PRIMARY KEY(run, rank, idx));"
+    "INSERT INTO rank_units3 SELECT r.job, j.run, r.rank, r.idx, r.unit"
+    " FROM rank_units r JOIN jobs j ON j.name=r.job;"
+    "DROP TABLE rank_units;"
+    "ALTER TABLE rank_units3 RENAME TO rank_units;"
+    "CREATE TABLE steps3(job TEXT, run INTEGER, pass INTEGER, step INTEGER,"
+    " reports INTEGER, risky INTEGER, pool INTEGER, n_active INTEGER,"
+    " active TEXT, missing INTEGER, by_deadline INTEGER, latency_us INTEGER,"
+    " at INTEGER, PRIMARY KEY(run, pass, step));"
+    "INSERT INTO steps3 SELECT s.job, j.run, s.pass, s.step, s.reports,"
+    " s.risky, s.pool, s.n_active, s.active, s.missing, s.by_deadline,"
+    " s.latency_us, s.at FROM steps s JOIN jobs j ON j.name=s.job;"
+    "DROP TABLE steps;"
+    "ALTER TABLE steps3 RENAME TO steps;"
+    "CREATE TABLE snapshots3(job TEXT, run INTEGER, pass INTEGER,"
+    " step INTEGER, state BLOB, PRIMARY KEY(run, pass, step));"
+    "INSERT INTO snapshots3 SELECT s.job, j.run, s.pass, s.step, s.state"
+    " FROM snapshots s JOIN jobs j ON j.name=s.job;"
+    "DROP TABLE snapshots;"
+    "ALTER TABLE snapshots3 RENAME TO snapshots;";
+
 int64_t store__now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -126,11 +181,20 @@ int store__migrate(sqlite3 *db, char *err, size_t errlen) {
       return GNMR_E_STORE;
     }
   }
-  if (version < 2) { /* version 2: a job's owner (a CURVE key) */
+  static const struct {
+    int version;
+    const char *const *sql;
+  } steps[] = {{2, &schema_v2}, {3, &schema_v3}};
+  for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+    char meta[80];
+    if (version >= steps[i].version)
+      continue;
+    snprintf(meta, sizeof meta,
+             "INSERT OR REPLACE INTO meta VALUES('schema','%d')",
+             steps[i].version);
     if (store__exec(db, "BEGIN", err, errlen) ||
-        store__exec(db, schema_v2, err, errlen) ||
-        store__exec(db, "INSERT OR REPLACE INTO meta VALUES('schema','2')",
-                    err, errlen) ||
+        store__exec(db, *steps[i].sql, err, errlen) ||
+        store__exec(db, meta, err, errlen) ||
         store__exec(db, "COMMIT", err, errlen)) {
       store__exec(db, "ROLLBACK", NULL, 0);
       return GNMR_E_STORE;
@@ -176,6 +240,7 @@ static int run(sqlite3 *db, const char *sql,
 static void bind_job(sqlite3_stmt *st, const void *arg) {
   const store_rec *r = arg;
   int64_t t = store__now_ms();
+  sqlite3_bind_int64(st, 8 + GNMR_NPARAMS, (sqlite3_int64)r->run);
   sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
   sqlite3_bind_int64(st, 2, r->reporters);
   sqlite3_bind_int64(st, 3, r->barrier_ms);
@@ -191,6 +256,7 @@ static void bind_job(sqlite3_stmt *st, const void *arg) {
 
 static void bind_params_row(sqlite3_stmt *st, const void *arg) {
   const store_rec *r = arg;
+  sqlite3_bind_int64(st, 5 + GNMR_NPARAMS, (sqlite3_int64)r->run);
   sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
   sqlite3_bind_int64(st, 2, r->pass);
   sqlite3_bind_int64(st, 3, (sqlite3_int64)r->step);
@@ -210,13 +276,14 @@ static void bind_op_event(sqlite3_stmt *st, const void *arg) {
     sqlite3_bind_int64(st, 5, r->rank);
   sqlite3_bind_text(st, 6, r->detail ? r->detail : "", -1, SQLITE_STATIC);
   sqlite3_bind_int64(st, 7, store__now_ms());
+  sqlite3_bind_int64(st, 8, (sqlite3_int64)r->run);
 }
 
 static void bind_state(sqlite3_stmt *st, const void *arg) {
   const store_rec *r = arg;
   sqlite3_bind_text(st, 1, r->text, -1, SQLITE_STATIC);
   sqlite3_bind_int64(st, 2, store__now_ms());
-  sqlite3_bind_text(st, 3, r->job, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 3, (sqlite3_int64)r->run);
 }
 
 /* Stores r's snapshot and keeps only the job's two newest. */
@@ -224,26 +291,27 @@ static int apply_snapshot(sqlite3 *db, const store_rec *r) {
   sqlite3_stmt *st;
   int rc;
   if (sqlite3_prepare_v2(db,
-                         "INSERT OR REPLACE INTO snapshots "
-                         "VALUES(?,?,?,?)",
+                         "INSERT OR REPLACE INTO snapshots(job, pass, step,"
+                         " state, run) VALUES(?,?,?,?,?)",
                          -1, &st, NULL) != SQLITE_OK)
     return GNMR_E_STORE;
   sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
   sqlite3_bind_int64(st, 2, r->pass);
   sqlite3_bind_int64(st, 3, (sqlite3_int64)r->step);
   sqlite3_bind_blob(st, 4, r->snapshot, (int)r->snapshot_len, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 5, (sqlite3_int64)r->run);
   rc = sqlite3_step(st);
   sqlite3_finalize(st);
   if (rc != SQLITE_DONE)
     return GNMR_E_STORE;
-  /* keep the two newest snapshots of the job */
+  /* keep the two newest snapshots of the run */
   if (sqlite3_prepare_v2(db,
-                         "DELETE FROM snapshots WHERE job=?1 AND rowid NOT "
-                         "IN (SELECT rowid FROM snapshots WHERE job=?1 "
+                         "DELETE FROM snapshots WHERE run=?1 AND rowid NOT "
+                         "IN (SELECT rowid FROM snapshots WHERE run=?1 "
                          "ORDER BY pass DESC, step DESC LIMIT 2)",
                          -1, &st, NULL) != SQLITE_OK)
     return GNMR_E_STORE;
-  sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 1, (sqlite3_int64)r->run);
   rc = sqlite3_step(st);
   sqlite3_finalize(st);
   if (rc != SQLITE_DONE)
@@ -256,16 +324,19 @@ static int prepare_step(store *s) {
   if (s->st_step != NULL)
     return GNMR_OK;
   if (sqlite3_prepare_v2(s->db,
-                         "INSERT OR REPLACE INTO steps VALUES(?,?,?,?,?,?,?,"
-                         "?,?,?,?,?)",
+                         "INSERT OR REPLACE INTO steps(job, pass, step,"
+                         " reports, risky, pool, n_active, active, missing,"
+                         " by_deadline, latency_us, at, run)"
+                         " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
                          -1, &s->st_step, NULL) != SQLITE_OK ||
       sqlite3_prepare_v2(s->db,
-                         "INSERT INTO events VALUES(?,?,?,?,?,?,?,?,?,?,?,"
-                         "NULL,?)",
+                         "INSERT INTO events(job, pass, step, kind, unit,"
+                         " outcome, norm, g, d, s, count, detail, at, run)"
+                         " VALUES(?,?,?,?,?,?,?,?,?,?,?,NULL,?,?)",
                          -1, &s->st_event, NULL) != SQLITE_OK ||
       sqlite3_prepare_v2(s->db,
                          "UPDATE jobs SET last_step=?1, updated_at=?2 WHERE "
-                         "name=?3",
+                         "run=?3",
                          -1, &s->st_last, NULL) != SQLITE_OK)
     return GNMR_E_STORE;
   return GNMR_OK;
@@ -295,6 +366,7 @@ static int apply_step(store *s, const store_rec *r) {
   sqlite3_bind_int64(st, 10, r->by_deadline);
   sqlite3_bind_int64(st, 11, (sqlite3_int64)r->latency_us);
   sqlite3_bind_int64(st, 12, t);
+  sqlite3_bind_int64(st, 13, (sqlite3_int64)r->run);
   rc = sqlite3_step(st);
   sqlite3_reset(st);
   if (rc != SQLITE_DONE)
@@ -330,6 +402,7 @@ static int apply_step(store *s, const store_rec *r) {
 #undef BIND_NUM
       sqlite3_bind_int64(st, 11, e->count);
       sqlite3_bind_int64(st, 12, t);
+      sqlite3_bind_int64(st, 13, (sqlite3_int64)r->run);
       rc = sqlite3_step(st);
       sqlite3_reset(st);
       if (rc != SQLITE_DONE)
@@ -341,7 +414,7 @@ static int apply_step(store *s, const store_rec *r) {
   st = s->st_last;
   sqlite3_bind_int64(st, 1, (sqlite3_int64)r->step);
   sqlite3_bind_int64(st, 2, t);
-  sqlite3_bind_text(st, 3, r->job, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 3, (sqlite3_int64)r->run);
   rc = sqlite3_step(st);
   sqlite3_reset(st);
   return rc == SQLITE_DONE ? GNMR_OK : GNMR_E_STORE;
@@ -350,8 +423,10 @@ static int apply_step(store *s, const store_rec *r) {
 static int apply_ids(sqlite3 *db, const store_rec *r) {
   sqlite3_stmt *st;
   const char *sql = r->kind == REC_UNITS
-                        ? "INSERT OR REPLACE INTO units VALUES(?,?,?)"
-                        : "INSERT OR REPLACE INTO rank_units VALUES(?,?,?,?)";
+                        ? "INSERT OR REPLACE INTO units(job, id, name, run)"
+                          " VALUES(?,?,?,?)"
+                        : "INSERT OR REPLACE INTO rank_units(job, rank, idx,"
+                          " unit, run) VALUES(?,?,?,?,?)";
   if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
     return GNMR_E_STORE;
   for (uint32_t i = 0; i < r->n; i++) {
@@ -359,10 +434,12 @@ static int apply_ids(sqlite3 *db, const store_rec *r) {
     if (r->kind == REC_UNITS) {
       sqlite3_bind_int64(st, 2, r->ids[i]);
       sqlite3_bind_text(st, 3, r->names[i], -1, SQLITE_STATIC);
+      sqlite3_bind_int64(st, 4, (sqlite3_int64)r->run);
     } else {
       sqlite3_bind_int64(st, 2, r->rank);
       sqlite3_bind_int64(st, 3, i);
       sqlite3_bind_int64(st, 4, r->ids[i]);
+      sqlite3_bind_int64(st, 5, (sqlite3_int64)r->run);
     }
     int rc = sqlite3_step(st);
     sqlite3_reset(st);
@@ -376,17 +453,17 @@ static int apply_ids(sqlite3 *db, const store_rec *r) {
 }
 
 static const char params_insert_sql[] =
-    "INSERT INTO params(job, pass, from_step, at" PARAM_COLS ") "
-    "VALUES(?,?,?,?" PARAM_QS ")";
+    "INSERT INTO params(job, pass, from_step, at" PARAM_COLS ", run) "
+    "VALUES(?,?,?,?" PARAM_QS ",?)";
 
 int store__apply(store *s, const store_rec *r) {
   switch (r->kind) {
   case REC_JOB: {
     int rv = run(s->db,
                  "INSERT INTO jobs(name, reporters, barrier_ms, state, pass, "
-                 "last_step" PARAM_COLS ", created_at, updated_at, owner) "
-                 "VALUES(?,?,?,'running',?,0" PARAM_QS ",?,?,?) "
-                 "ON CONFLICT(name) DO UPDATE SET reporters=excluded.reporters,"
+                 "last_step" PARAM_COLS ", created_at, updated_at, owner, "
+                 "run) VALUES(?,?,?,'running',?,0" PARAM_QS ",?,?,?,?) "
+                 "ON CONFLICT(run) DO UPDATE SET reporters=excluded.reporters,"
                  " barrier_ms=excluded.barrier_ms, state='running',"
                  " pass=excluded.pass" PARAM_SETS ","
                  " updated_at=excluded.updated_at, owner=excluded.owner",
@@ -406,11 +483,11 @@ int store__apply(store *s, const store_rec *r) {
     return apply_snapshot(s->db, r);
   case REC_EVENT:
     return run(s->db,
-               "INSERT INTO events(job, pass, step, kind, unit, detail, at) "
-               "VALUES(?,?,?,?,?,?,?)",
+               "INSERT INTO events(job, pass, step, kind, unit, detail, at, "
+               "run) VALUES(?,?,?,?,?,?,?,?)",
                bind_op_event, r);
   case REC_STATE:
-    return run(s->db, "UPDATE jobs SET state=?1, updated_at=?2 WHERE name=?3",
+    return run(s->db, "UPDATE jobs SET state=?1, updated_at=?2 WHERE run=?3",
                bind_state, r);
   default:
     return GNMR_E_INVAL;
@@ -419,17 +496,17 @@ int store__apply(store *s, const store_rec *r) {
 
 /* Retention: drops a job's steps and events older than retain_steps
  * behind `step`. Runs in the writer thread, in the batch's transaction. */
-int store__retain(store *s, const char *job, uint64_t step) {
+int store__retain(store *s, uint64_t run, uint64_t step) {
   char sql[160];
   if (s->retain_steps == 0 || step <= s->retain_steps || step % 256 != 0)
     return GNMR_OK;
   for (int k = 0; k < 2; k++) {
     sqlite3_stmt *st;
-    snprintf(sql, sizeof sql, "DELETE FROM %s WHERE job=? AND step < ?",
+    snprintf(sql, sizeof sql, "DELETE FROM %s WHERE run=? AND step < ?",
              k ? "events" : "steps");
     if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK)
       return GNMR_E_STORE;
-    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 1, (sqlite3_int64)run);
     sqlite3_bind_int64(st, 2, (sqlite3_int64)(step - s->retain_steps));
     int rc = sqlite3_step(st);
     sqlite3_finalize(st);

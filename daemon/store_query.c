@@ -100,35 +100,47 @@ static int visible(const store_query *q, const char *name, const char *owner) {
           fnmatch(q->who_jobs, name, 0) == 0);
 }
 
+/* Finds the run asked for (q->run, or the name's latest) into
+ * q->resolved; 0 with q->err set when there is none (or it is another
+ * tenant's). */
 static int job_exists(store_query *q, sqlite3 *db) {
-  json_t *r = rows(q, db, "SELECT name, owner FROM jobs WHERE name=?", "t",
-                   q->job);
-  int ok = r != NULL && json_array_size(r) > 0 &&
-           visible(q, q->job, json_string_value(json_object_get(
-                                  json_array_get(r, 0), "owner")));
+  json_t *r = rows(q, db, "SELECT run, owner FROM jobs WHERE name=?1 AND "
+                   "(?2 = 0 OR run = ?2) ORDER BY run DESC LIMIT 1", "ti",
+                   q->job, (sqlite3_int64)q->run);
+  json_t *row = r ? json_array_get(r, 0) : NULL;
+  int ok = row != NULL &&
+           visible(q, q->job,
+                   json_string_value(json_object_get(row, "owner")));
+  if (ok)
+    q->resolved = (uint64_t)json_integer_value(json_object_get(row, "run"));
   json_decref(r);
-  if (r != NULL && !ok)
-    qfail(q, GNMR_E_NOJOB, "unknown job '%.128s'", q->job);
+  if (r != NULL && !ok) {
+    if (q->run != 0)
+      qfail(q, GNMR_E_NOJOB, "job '%.128s' has no run %llu", q->job,
+            (unsigned long long)q->run);
+    else
+      qfail(q, GNMR_E_NOJOB, "unknown job '%.128s'", q->job);
+  }
   return ok;
 }
 
 static int unit_exists(store_query *q, sqlite3 *db) {
-  json_t *r = rows(q, db, "SELECT 1 FROM units WHERE job=? AND name=?", "tt",
-                   q->job, q->unit);
+  json_t *r = rows(q, db, "SELECT 1 FROM units WHERE run=? AND name=?", "it",
+                   (sqlite3_int64)q->resolved, q->unit);
   int ok = r != NULL && json_array_size(r) > 0;
   json_decref(r);
   return ok;
 }
 
 static const char decisions_sql[] =
-    "SELECT step, active, pass FROM steps s WHERE job=?1 AND step BETWEEN ?2"
-    " AND ?3 AND pass=(SELECT MAX(pass) FROM steps WHERE job=?1 AND "
+    "SELECT step, active, pass FROM steps s WHERE run=?1 AND step BETWEEN ?2"
+    " AND ?3 AND pass=(SELECT MAX(pass) FROM steps WHERE run=?1 AND "
     "step=s.step) ORDER BY step";
 
 static const char events_sql_head[] =
     "SELECT e.pass, e.step, e.kind, e.unit, u.name AS unit_name, e.outcome,"
     " e.norm, e.g, e.d, e.s, e.count, e.detail, e.at FROM events e LEFT JOIN"
-    " units u ON u.job=e.job AND u.id=e.unit WHERE e.job=?1 AND e.step "
+    " units u ON u.run=e.run AND u.id=e.unit WHERE e.run=?1 AND e.step "
     "BETWEEN ?2 AND ?3";
 
 /* status, units and top of a job that is not running (finished, retired,
@@ -142,12 +154,12 @@ static json_t *job_view(store_query *q, sqlite3 *db) {
   if (!job_exists(q, db))
     return NULL; /* q->err set */
   if (sqlite3_prepare_v2(db, "SELECT reporters, barrier_ms, pass, state"
-                         PARAM_COLS " FROM jobs WHERE name=?", -1, &st,
+                         PARAM_COLS " FROM jobs WHERE run=?", -1, &st,
                          NULL) != SQLITE_OK) {
     qfail(q, GNMR_E_STORE, "%s", sqlite3_errmsg(db));
     return NULL;
   }
-  sqlite3_bind_text(st, 1, q->job, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 1, (sqlite3_int64)q->resolved);
   if (sqlite3_step(st) != SQLITE_ROW) {
     sqlite3_finalize(st);
     qfail(q, GNMR_E_NOJOB, "unknown job '%.128s'", q->job);
@@ -163,6 +175,7 @@ static json_t *job_view(store_query *q, sqlite3 *db) {
   store__read_params(st, 4, &sj.hello_params);
   sqlite3_finalize(st);
   sj.name = strdup(q->job);
+  sj.run = q->resolved;
   sj.n_ranks = sj.reporters;
   core_job c = {0};
   policy *pol = NULL;
@@ -175,6 +188,7 @@ static json_t *job_view(store_query *q, sqlite3 *db) {
       policy_import(sj.snapshot, sj.snapshot_len, &pol) != GNMR_OK)
     policy_create(&sj.params, 0, &pol); /* no statistics were kept */
   c.name = sj.name;
+  c.run = sj.run;
   c.pass = sj.pass;
   c.reporters = sj.reporters;
   c.barrier_ms = sj.barrier_ms;
@@ -224,9 +238,10 @@ void store_query_run(const char *path, store_query *q) {
     q->result = job_view(q, db);
   } else if (q->command == GNMR_CMD_JOBS) {
     q->result = rows(q, db,
-                     "SELECT name, state, pass, last_step, reporters, "
+                     "SELECT name, run, state, pass, last_step, reporters, "
                      "barrier_ms, created_at, updated_at, owner FROM jobs "
-                     "ORDER BY name",
+                     "WHERE run IN (SELECT MAX(run) FROM jobs GROUP BY name)"
+                     " ORDER BY name",
                      "");
     if (q->result != NULL && q->who != NULL) { /* another tenant's: hidden */
       for (size_t i = json_array_size(q->result); i-- > 0;) {
@@ -236,12 +251,28 @@ void store_query_run(const char *path, store_query *q) {
           json_array_remove(q->result, i);
       }
     }
+  } else if (q->command == GNMR_CMD_RUNS) {
+    json_t *r = rows(q, db, "SELECT run, state, pass, last_step, reporters, "
+                     "barrier_ms, created_at, updated_at, owner FROM jobs "
+                     "WHERE name=? ORDER BY run", "t", q->job);
+    for (size_t i = r ? json_array_size(r) : 0; i-- > 0;)
+      if (!visible(q, q->job, json_string_value(json_object_get(
+                                  json_array_get(r, i), "owner"))))
+        json_array_remove(r, i);
+    if (r != NULL && json_array_size(r) == 0) {
+      json_decref(r);
+      qfail(q, GNMR_E_NOJOB, "unknown job '%.128s'", q->job);
+    } else if (r != NULL) {
+      q->result = json_pack("{s:s,s:o}", "job", q->job, "runs", r);
+    }
   } else if (!job_exists(q, db)) {
     /* q->err set */
   } else if (q->command == GNMR_CMD_DECISIONS) {
-    json_t *r = rows(q, db, decisions_sql, "tii", q->job, from, to);
+    json_t *r = rows(q, db, decisions_sql, "iii", (sqlite3_int64)q->resolved,
+                     from, to);
     if (r)
-      q->result = json_pack("{s:s,s:o}", "job", q->job, "decisions", r);
+      q->result = json_pack("{s:s,s:I,s:o}", "job", q->job, "run",
+                            (json_int_t)q->resolved, "decisions", r);
   } else if (q->command == GNMR_CMD_HISTORY) {
     char sql[1024];
     if (q->kind[0] != '\0' && !store_event_kind_known(q->kind)) {
@@ -255,27 +286,29 @@ void store_query_run(const char *path, store_query *q) {
                                 "(?5 = '' OR e.kind = ?5) ORDER BY e.rowid "
                                 "LIMIT ?6",
                events_sql_head);
-      json_t *r = rows(q, db, sql, "tiitti", q->job, from, to, q->unit,
-                       q->kind, (sqlite3_int64)q->limit);
+      json_t *r = rows(q, db, sql, "iiitti", (sqlite3_int64)q->resolved,
+                       from, to, q->unit, q->kind, (sqlite3_int64)q->limit);
       if (r)
-        q->result = json_pack("{s:s,s:o}", "job", q->job, "events", r);
+        q->result = json_pack("{s:s,s:I,s:o}", "job", q->job, "run",
+                              (json_int_t)q->resolved, "events", r);
     }
   } else if (q->command == GNMR_CMD_EXPORT) {
-    json_t *jrow = rows(q, db, "SELECT name, reporters, barrier_ms, state, pass, "
-                        "last_step" PARAM_COLS ", created_at, updated_at "
-                        "FROM jobs WHERE name=?", "t", q->job);
+    sqlite3_int64 run = (sqlite3_int64)q->resolved;
+    json_t *jrow = rows(q, db, "SELECT name, run, reporters, barrier_ms, "
+                        "state, pass, last_step" PARAM_COLS ", created_at, "
+                        "updated_at FROM jobs WHERE run=?", "i", run);
     json_t *params = rows(q, db, "SELECT job, pass, from_step, at"
-                          PARAM_COLS " FROM params WHERE job=? ORDER BY "
-                          "rowid", "t", q->job);
-    json_t *units = rows(q, db, "SELECT id, name FROM units WHERE job=? "
-                                "ORDER BY id", "t", q->job);
+                          PARAM_COLS " FROM params WHERE run=? ORDER BY "
+                          "rowid", "i", run);
+    json_t *units = rows(q, db, "SELECT id, name FROM units WHERE run=? "
+                                "ORDER BY id", "i", run);
     json_t *steps = rows(q, db, "SELECT pass, step, reports, risky, pool, "
                                 "n_active, active, missing, by_deadline, "
-                                "latency_us, at FROM steps WHERE job=? ORDER"
-                                " BY pass, step", "t", q->job);
+                                "latency_us, at FROM steps WHERE run=? ORDER"
+                                " BY pass, step", "i", run);
     char sql[512];
     snprintf(sql, sizeof sql, "%s ORDER BY e.rowid", events_sql_head);
-    json_t *events = rows(q, db, sql, "tii", q->job, (sqlite3_int64)0,
+    json_t *events = rows(q, db, sql, "iii", run, (sqlite3_int64)0,
                           (sqlite3_int64)INT64_MAX);
     if (jrow && params && units && steps && events)
       q->result = json_pack("{s:o,s:o,s:o,s:o,s:o}", "job",

@@ -12,12 +12,14 @@ typedef struct store_query {
   const char *job, *unit, *kind; /* "" = any */
   uint64_t from, to;      /* steps; to 0 = no bound */
   uint32_t limit;         /* history rows */
+  uint64_t run;           /* the run of the job name; 0: its latest */
   const char *who;        /* tenancy: only jobs this key owns (or that
                              who_jobs matches, or nobody owns); NULL: all */
   const char *who_jobs;   /* fnmatch pattern, or NULL */
   /* out */
   json_t *result;         /* the answer, NULL on error */
   int code;               /* GNMR_OK or the error */
+  uint64_t resolved;      /* the run answered for */
   char err[256];
 } store_query;
 

@@ -32,10 +32,10 @@ int store__load_job(sqlite3 *db, store_job *j) {
   /* units */
   if (sqlite3_prepare_v2(db,
                          "SELECT COALESCE(MAX(id)+1,0) FROM units WHERE "
-                         "job=?",
+                         "run=?",
                          -1, &st, NULL) != SQLITE_OK)
     return GNMR_E_STORE;
-  sqlite3_bind_text(st, 1, j->name, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 1, (sqlite3_int64)j->run);
   j->n_units = sqlite3_step(st) == SQLITE_ROW
                    ? (uint32_t)sqlite3_column_int64(st, 0)
                    : 0;
@@ -47,10 +47,10 @@ int store__load_job(sqlite3 *db, store_job *j) {
   j->rank_ids = calloc(j->n_ranks, sizeof *j->rank_ids);
   if (!j->unit_names || !j->rank_n || !j->rank_ids)
     return GNMR_E_NOMEM;
-  if (sqlite3_prepare_v2(db, "SELECT id, name FROM units WHERE job=?", -1, &st,
+  if (sqlite3_prepare_v2(db, "SELECT id, name FROM units WHERE run=?", -1, &st,
                          NULL) != SQLITE_OK)
     return GNMR_E_STORE;
-  sqlite3_bind_text(st, 1, j->name, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 1, (sqlite3_int64)j->run);
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     int64_t id = sqlite3_column_int64(st, 0);
     if (id >= 0 && id < j->n_units && j->unit_names[id] == NULL)
@@ -59,11 +59,11 @@ int store__load_job(sqlite3 *db, store_job *j) {
   sqlite3_finalize(st);
   /* ranks */
   if (sqlite3_prepare_v2(db,
-                         "SELECT rank, idx, unit FROM rank_units WHERE job=? "
+                         "SELECT rank, idx, unit FROM rank_units WHERE run=? "
                          "ORDER BY rank, idx",
                          -1, &st, NULL) != SQLITE_OK)
     return GNMR_E_STORE;
-  sqlite3_bind_text(st, 1, j->name, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 1, (sqlite3_int64)j->run);
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     int64_t r = sqlite3_column_int64(st, 0), unit = sqlite3_column_int64(st, 2);
     if (r < 0 || r >= j->n_ranks || unit < 0 || unit >= j->n_units)
@@ -79,22 +79,22 @@ int store__load_job(sqlite3 *db, store_job *j) {
   sqlite3_finalize(st);
   /* parameters in force: the last row of the params table */
   if (sqlite3_prepare_v2(db,
-                         "SELECT 0" PARAM_COLS " FROM params WHERE job=? "
+                         "SELECT 0" PARAM_COLS " FROM params WHERE run=? "
                          "ORDER BY rowid DESC LIMIT 1",
                          -1, &st, NULL) != SQLITE_OK)
     return GNMR_E_STORE;
-  sqlite3_bind_text(st, 1, j->name, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 1, (sqlite3_int64)j->run);
   j->params = j->hello_params;
   if (sqlite3_step(st) == SQLITE_ROW)
     store__read_params(st, 1, &j->params);
   sqlite3_finalize(st);
   /* newest snapshot */
   if (sqlite3_prepare_v2(db,
-                         "SELECT state FROM snapshots WHERE job=? ORDER BY "
+                         "SELECT state FROM snapshots WHERE run=? ORDER BY "
                          "pass DESC, step DESC LIMIT 1",
                          -1, &st, NULL) != SQLITE_OK)
     return GNMR_E_STORE;
-  sqlite3_bind_text(st, 1, j->name, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 1, (sqlite3_int64)j->run);
   if (sqlite3_step(st) == SQLITE_ROW) {
     int len = sqlite3_column_bytes(st, 0);
     const void *b = sqlite3_column_blob(st, 0);
@@ -122,7 +122,7 @@ int store_restore(const char *dir, void (*fn)(const store_job *, void *),
   }
   if (sqlite3_prepare_v2(db,
                          "SELECT name, reporters, barrier_ms, pass, owner"
-                         PARAM_COLS " FROM jobs WHERE state='running'",
+                         PARAM_COLS ", run FROM jobs WHERE state='running'",
                          -1, &st, NULL) != SQLITE_OK) {
     snprintf(err, errlen, "%s: %s", path, sqlite3_errmsg(db));
     sqlite3_close(db);
@@ -137,6 +137,7 @@ int store_restore(const char *dir, void (*fn)(const store_job *, void *),
     if (sqlite3_column_type(st, 4) == SQLITE_TEXT)
       j.owner = strdup((const char *)sqlite3_column_text(st, 4));
     store__read_params(st, 5, &j.hello_params);
+    j.run = (uint64_t)sqlite3_column_int64(st, 5 + GNMR_NPARAMS);
     j.n_ranks = j.reporters;
     if (j.name == NULL || j.reporters == 0 || j.reporters > 4096 ||
         store__load_job(db, &j) != GNMR_OK) {

@@ -30,6 +30,7 @@
 struct store {
   char path[4096];
   uint32_t snapshot_every;
+  uint64_t last_run;
   uint64_t retain_steps;
   sqlite3 *db; /* the writer thread's connection */
   /* the step path's statements, prepared once (writer thread) */
@@ -64,8 +65,8 @@ int store__integrity(sqlite3 *db, char *err, size_t errlen);
 int store__migrate(sqlite3 *db, char *err, size_t errlen);
 /* Applies one record (inside the caller's transaction). */
 int store__apply(store *s, const store_rec *r);
-/* Drops history older than retain_steps behind step. */
-int store__retain(store *s, const char *job, uint64_t step);
+/* Drops a run's history older than retain_steps behind step. */
+int store__retain(store *s, uint64_t run, uint64_t step);
 /* Loads a job's units, ranks, parameters in force and newest snapshot
  * into j (name, reporters and hello_params set by the caller). */
 int store__load_job(sqlite3 *db, store_job *j);

@@ -37,8 +37,9 @@ json_t *views_status(const core_job *c) {
           active, json_pack("{s:I,s:s}", "id", (json_int_t)u, "name",
                             c->unit_names[u] ? c->unit_names[u] : ""));
   }
-  return json_pack("{s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o}", "job",
-                   c->name, "state", "running", "pass", (json_int_t)c->pass,
+  return json_pack("{s:s,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o}",
+                   "job", c->name, "run", (json_int_t)c->run, "state",
+                   "running", "pass", (json_int_t)c->pass,
                    "step", (json_int_t)c->last_decided, "reporters",
                    (json_int_t)c->reporters, "joined", (json_int_t)joined,
                    "units", (json_int_t)c->n_units, "pending_steps",

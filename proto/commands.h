@@ -23,7 +23,8 @@
   XX(JOBS, "jobs", HISTORY, 0, 1, 0)                                         \
   XX(HISTORY, "history", HISTORY, 1, 1, 0)                                   \
   XX(DECISIONS, "decisions", HISTORY, 1, 1, 0)                               \
-  XX(EXPORT, "export", HISTORY, 1, 0, 1)
+  XX(EXPORT, "export", HISTORY, 1, 0, 1)                                     \
+  XX(RUNS, "runs", HISTORY, 1, 1, 0)
 
 enum gnmr_admin_cmd {
 #define GNMR__CMD_ENUM(id, name, where, job, csv, op) GNMR_CMD_##id,

@@ -28,6 +28,10 @@ static const column job_cols[] = {
     {"name", "JOB", 20},      {"state", "STATE", 9}, {"pass", "PASS", 5},
     {"last_step", "STEP", 8}, {"reporters", "REPORTERS", 9},
     {"live", "LIVE", 5},      {NULL, NULL, 0}};
+static const column run_cols[] = {
+    {"run", "RUN", 6},        {"state", "STATE", 9}, {"pass", "PASS", 5},
+    {"last_step", "STEP", 8}, {"reporters", "REPORTERS", 9},
+    {"created_at", "CREATED_MS", 14}, {NULL, NULL, 0}};
 static const column unit_cols[] = {
     {"id", "ID", 6},        {"name", "NAME", 24},     {"shards", "SHARDS", 6},
     {"reports", "REPORTS", 8}, {"mean", "MEAN", 11},  {"g", "G", 9},
@@ -162,6 +166,9 @@ static const char usage[] =
     "       gnmrctl set JOB key=value... [--json]\n"
     "       gnmrctl export JOB\n"
     "       gnmrctl finish JOB [--json]\n"
+    "       gnmrctl runs JOB [--json|--csv]\n"
+    "  status, units, top, history, decisions and export take --run ID (a\n"
+    "  job name's runs: gnmrctl runs JOB); the default is the latest run.\n"
     "  status, units and top answer for finished jobs too (from the\n"
     "  history); finish ends a running job whose processes are gone.\n"
     "  Common: --timeout-ms MS (default 3000).\n";
@@ -175,13 +182,14 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
       {"unit", required_argument, NULL, 'u'},
       {"kind", required_argument, NULL, 'k'},
       {"limit", required_argument, NULL, 'l'},
+      {"run", required_argument, NULL, 'r'},
       {"timeout-ms", required_argument, NULL, 'T'},
       {"help", no_argument, NULL, 'h'},
       {0},
   };
   const char *cmd = argv[0];
   enum fmt f = FMT_TABLE;
-  uint64_t from = 0, to = 0, limit = 0, timeout = 3000;
+  uint64_t from = 0, to = 0, limit = 0, timeout = 3000, run = 0;
   const char *unit = "", *kind = "";
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -194,12 +202,13 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
     case 'f': num = &from; max = UINT64_MAX; break;
     case 't': num = &to; max = UINT64_MAX; break;
     case 'l': num = &limit; max = 1000000; break;
+    case 'r': num = &run; max = INT64_MAX; break;
     case 'T': num = &timeout; max = 600000; break;
     case 'h': fputs(usage, stdout); return CLI_OK;
     default: fputs(usage, stderr); return CLI_USAGE;
     }
     if (num != NULL && (gnmr__parse_u64(optarg, max, num) != 0 ||
-                        (c == 'T' && *num == 0))) {
+                        ((c == 'T' || c == 'r') && *num == 0))) {
       fprintf(stderr, "gnmrctl %s: '%s' is not a valid number for this "
                       "option\n", cmd, optarg);
       return CLI_USAGE;
@@ -245,6 +254,7 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
   ar.unit = (char *)unit;
   ar.kind = (char *)kind;
   ar.limit = (uint32_t)limit;
+  ar.run = run;
   if (k == GNMR_CMD_SET) {
     ar.n_settings = (size_t)(rest - 1);
     ar.settings = argv + optind + 1;
@@ -295,6 +305,9 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
       break;
     case GNMR_CMD_DECISIONS:
       render_decisions(v, f);
+      break;
+    case GNMR_CMD_RUNS:
+      render_rows(json_object_get(v, "runs"), run_cols, f);
       break;
     }
   }

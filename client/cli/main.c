@@ -28,6 +28,7 @@ static const struct {
     {"set", cmd_query, "change a running job's parameters (key=value)"},
     {"export", cmd_query, "a job's whole history as JSON"},
     {"finish", cmd_query, "end a running job whose processes are gone"},
+    {"runs", cmd_query, "the runs of a job name, oldest first"},
     {"watch", cmd_watch, "a live view of a running job"},
     {"stats", cmd_stats, "show gnmrd's counters and live jobs"},
     {"keygen", cmd_keygen, "write a CURVE key pair (PREFIX.key, PREFIX.pub)"},

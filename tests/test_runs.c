@@ -1,0 +1,224 @@
+/* SPDX-License-Identifier: MIT */
+/* test_runs.c — runs: a job name used again starts a new run (an id never
+ * reused) and never overwrites an earlier run's history; `gnmrctl runs`
+ * lists them and `--run` selects one; a database of schema version 2 (one
+ * history per name) migrates to runs with nothing lost. */
+#include <sqlite3.h>
+#include <sys/stat.h>
+
+#include "testutil.h"
+
+static run_result ctl(const tu_daemon *d, const char *a1, const char *a2,
+                      const char *a3, const char *a4, const char *a5) {
+  char admin[300];
+  snprintf(admin, sizeof admin, "--admin=%s", d->admin);
+  char *argv[] = {"gnmrctl", admin, (char *)a1, (char *)a2, (char *)a3,
+                  (char *)a4, (char *)a5, NULL};
+  return tu_run("gnmrctl", argv, NULL);
+}
+
+static void sim(const tu_daemon *d, const char *job, const char *trace,
+                const char *k, const char *l) {
+  char tp[512];
+  snprintf(tp, sizeof tp, "%s/%s", tu_traces(), trace);
+  char *argv[] = {"gnmr-sim", "--agents", (char *)d->agents, "--job",
+                  (char *)job, "--ranks", "2", "--trace", tp, "--barrier-ms",
+                  "20000", "--timeout-ms", "30000", "--max-active",
+                  (char *)k, "--lock-steps", (char *)l, NULL};
+  run_result r = tu_run("gnmr-sim", argv, NULL);
+  ck_assert_msg(r.code == 0, "sim: %s", r.err);
+  tu_run_free(&r);
+}
+
+/* The decisions CSV of a run once `rows` steps are committed. */
+static char *decisions(const tu_daemon *d, const char *job, const char *run,
+                       int rows) {
+  for (int i = 0; i < 1000; i++) {
+    run_result r = run ? ctl(d, "decisions", job, "--csv", "--run", run)
+                       : ctl(d, "decisions", job, "--csv", NULL, NULL);
+    int lines = 0;
+    for (const char *p = r.out; p && *p; p++)
+      lines += *p == '\n';
+    if (r.code == 0 && lines >= rows + 1) {
+      free(r.err);
+      return r.out;
+    }
+    tu_run_free(&r);
+    tu_sleep_ms(20);
+  }
+  ck_abort_msg("decisions of %s never reached %d rows", job, rows);
+  return NULL;
+}
+
+static void expect_file(const char *got, const char *name) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", tu_traces(), name);
+  char *want = tu_read_file(path, NULL);
+  ck_assert_msg(strcmp(got, want) == 0, "decisions differ from %s", name);
+  free(want);
+}
+
+START_TEST(a_name_used_again_is_a_new_run_and_overwrites_nothing) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  sim(&d, "reused", "small.csv", "4", "4");
+  char *one = decisions(&d, "reused", NULL, 200);
+  expect_file(one, "small.defaults.decisions.csv");
+  /* the same name again, another trace and other units */
+  sim(&d, "reused", "moe_idle.csv", "2", "6");
+  char *two = decisions(&d, "reused", NULL, 300);
+  expect_file(two, "moe_idle.k2_l6.decisions.csv");
+  char *again = decisions(&d, "reused", "1", 200); /* run 1 is intact */
+  ck_assert_str_eq(again, one);
+  free(one);
+  free(two);
+  free(again);
+  run_result r = ctl(&d, "runs", "reused", "--csv", NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "run,state,pass,last_step,reporters,") ==
+                    r.out, "%s", r.out);
+  ck_assert_msg(strstr(r.out, "\n1,finished,1,200,2,") != NULL, "%s", r.out);
+  ck_assert_msg(strstr(r.out, "\n2,finished,1,300,2,") != NULL, "%s", r.out);
+  tu_run_free(&r);
+  /* each run's units and events are its own */
+  r = ctl(&d, "history", "reused", "--run", "1", "--json");
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "\"run\": 1") != NULL, "%s", r.out);
+  tu_run_free(&r);
+  r = ctl(&d, "status", "reused", "--run", "1", "--json");
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "\"step\": 200") != NULL, "%s", r.out);
+  tu_run_free(&r);
+  r = ctl(&d, "export", "reused", "--run", "2", NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "\"run\": 2") != NULL, "%s", r.out);
+  tu_run_free(&r);
+  /* wrong runs are clear errors */
+  r = ctl(&d, "decisions", "reused", "--run", "9", NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_msg(strstr(r.err, "job 'reused' has no run 9"), "%s", r.err);
+  tu_run_free(&r);
+  r = ctl(&d, "decisions", "reused", "--run", "0", NULL);
+  ck_assert_int_eq(r.code, 2);
+  tu_run_free(&r);
+  r = ctl(&d, "runs", "nojob", NULL, NULL, NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_msg(strstr(r.err, "unknown job 'nojob'"), "%s", r.err);
+  tu_run_free(&r);
+  /* ids are never reused, across names and restarts */
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, NULL);
+  sim(&d, "other", "small.csv", "4", "4");
+  free(decisions(&d, "other", NULL, 200));
+  r = ctl(&d, "runs", "other", "--csv", NULL, NULL);
+  ck_assert_msg(strstr(r.out, "\n3,finished,") != NULL, "%s", r.out);
+  tu_run_free(&r);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+/* The on-disk format of schema version 2, as gnmrd wrote it. */
+static const char schema_v2_fixture[] =
+    "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);"
+    "INSERT INTO meta VALUES('schema','2');"
+    "CREATE TABLE jobs(name TEXT PRIMARY KEY, reporters INTEGER,"
+    " barrier_ms INTEGER, state TEXT, pass INTEGER, last_step INTEGER,"
+    " alpha REAL, beta REAL, window INTEGER, max_active INTEGER,"
+    " lock_steps INTEGER, warmup_steps INTEGER, early_alpha REAL,"
+    " early_beta REAL, early_steps INTEGER, created_at INTEGER,"
+    " updated_at INTEGER, owner TEXT);"
+    "CREATE TABLE params(job TEXT, pass INTEGER, from_step INTEGER,"
+    " at INTEGER, alpha REAL, beta REAL, window INTEGER, max_active INTEGER,"
+    " lock_steps INTEGER, warmup_steps INTEGER, early_alpha REAL,"
+    " early_beta REAL, early_steps INTEGER);"
+    "CREATE TABLE units(job TEXT, id INTEGER, name TEXT,"
+    " PRIMARY KEY(job, id));"
+    "CREATE TABLE rank_units(job TEXT, rank INTEGER, idx INTEGER,"
+    " unit INTEGER, PRIMARY KEY(job, rank, idx));"
+    "CREATE TABLE steps(job TEXT, pass INTEGER, step INTEGER,"
+    " reports INTEGER, risky INTEGER, pool INTEGER, n_active INTEGER,"
+    " active TEXT, missing INTEGER, by_deadline INTEGER,"
+    " latency_us INTEGER, at INTEGER, PRIMARY KEY(job, pass, step));"
+    "CREATE TABLE events(job TEXT, pass INTEGER, step INTEGER, kind TEXT,"
+    " unit INTEGER, outcome TEXT, norm REAL, g REAL, d REAL, s REAL,"
+    " count INTEGER, detail TEXT, at INTEGER);"
+    "CREATE INDEX events_by_step ON events(job, step);"
+    "CREATE TABLE snapshots(job TEXT, pass INTEGER, step INTEGER,"
+    " state BLOB, PRIMARY KEY(job, pass, step));"
+    "INSERT INTO jobs VALUES('old', 1, 1000, 'finished', 1, 3, 2, 2, 8, 4,"
+    " 4, 20, NULL, NULL, 0, 1000, 2000, NULL);"
+    "INSERT INTO jobs VALUES('older', 1, 1000, 'finished', 1, 1, 2, 2, 8, 4,"
+    " 4, 20, NULL, NULL, 0, 500, 600, NULL);"
+    "INSERT INTO units VALUES('old', 0, 'attn'), ('old', 1, 'mlp');"
+    "INSERT INTO rank_units VALUES('old', 0, 0, 0), ('old', 0, 1, 1);"
+    "INSERT INTO steps VALUES('old', 1, 1, 1, 0, 0, 0, '', 0, 0, 10, 1),"
+    " ('old', 1, 2, 1, 1, 1, 1, '1', 0, 0, 10, 2),"
+    " ('old', 1, 3, 1, 0, 0, 1, '1', 0, 0, 10, 3);"
+    "INSERT INTO events VALUES('old', 1, 2, 'exceed', 1, 'selected', 9.5,"
+    " 3.1, 2.9, 3.0, 0, NULL, 2);";
+
+START_TEST(a_version_2_database_migrates_to_runs) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  char data[128], db_path[160];
+  snprintf(data, sizeof data, "%s/data", d.dir);
+  ck_assert_int_eq(mkdir(data, 0700), 0);
+  snprintf(db_path, sizeof db_path, "%s/gnmr.db", data);
+  sqlite3 *db;
+  ck_assert_int_eq(sqlite3_open(db_path, &db), SQLITE_OK);
+  ck_assert_int_eq(sqlite3_exec(db, schema_v2_fixture, NULL, NULL, NULL),
+                   SQLITE_OK);
+  sqlite3_close(db);
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, NULL);
+  run_result r = ctl(&d, "runs", "old", "--csv", NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  /* runs numbered in the order the jobs were created: older, then old */
+  ck_assert_msg(strstr(r.out, "\n2,finished,1,3,1,") != NULL, "%s", r.out);
+  tu_run_free(&r);
+  r = ctl(&d, "decisions", "old", "--csv", NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_str_eq(r.out, "step,active\n1,\n2,1\n3,1\n");
+  tu_run_free(&r);
+  r = ctl(&d, "history", "old", "--unit", "mlp", "--csv");
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, ",exceed,1,mlp,selected,") != NULL, "%s",
+                r.out);
+  tu_run_free(&r);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  ck_assert_int_eq(sqlite3_open(db_path, &db), SQLITE_OK);
+  sqlite3_stmt *st;
+  ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE "
+                                          "key='schema'", -1, &st, NULL),
+                   SQLITE_OK);
+  ck_assert_int_eq(sqlite3_step(st), SQLITE_ROW);
+  ck_assert_str_eq((const char *)sqlite3_column_text(st, 0), "3");
+  sqlite3_finalize(st);
+  /* a database newer than this gnmrd is refused, not rewritten */
+  ck_assert_int_eq(sqlite3_exec(db, "UPDATE meta SET value='99' WHERE "
+                                    "key='schema'", NULL, NULL, NULL),
+                   SQLITE_OK);
+  sqlite3_close(db);
+  char adm[200];
+  snprintf(adm, sizeof adm, "ipc://%s/admin.sock", d.dir);
+  char *argv[] = {"gnmrd", "--data-dir", data, "--agents",
+                  "tcp://127.0.0.1:*", "--admin", adm, NULL};
+  r = tu_run("gnmrd", argv, NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_msg(strstr(r.err, "database schema 99 is newer"), "%s", r.err);
+  tu_run_free(&r);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("runs");
+  TCase *tc = tcase_create("runs");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, a_name_used_again_is_a_new_run_and_overwrites_nothing);
+  tcase_add_test(tc, a_version_2_database_migrates_to_runs);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return tu_check_main(suite()); }
