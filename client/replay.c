@@ -65,8 +65,9 @@ static void write_scores(FILE *f, const policy_result *r, const double *norm,
   }
 }
 
-int gnmr__replay(const trace *t, const policy_params *prm, FILE *decisions,
-                 FILE *scores) {
+int gnmr__replay(const trace *t, const policy_params *prm,
+                 const gnmr_schedule *sched, FILE *decisions, FILE *scores) {
+  size_t next = 0;
   int rv;
   policy *p = NULL;
   double *norm = NULL;
@@ -93,6 +94,9 @@ int gnmr__replay(const trace *t, const policy_params *prm, FILE *decisions,
       norm[t->rows[row].unit] = t->rows[row].norm;
       input[t->rows[row].unit] = POLICY_REPORTED;
     }
+    while (sched != NULL && next < sched->n && sched->e[next].step <= step)
+      if ((rv = policy_set_params(p, &sched->e[next++].prm)) != 0)
+        goto out;
     if ((rv = policy_step(p, step, norm, input, &res)) != 0)
       goto out;
     gnmr__write_decision_row(decisions, step, res.active, res.n_active);

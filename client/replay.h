@@ -15,11 +15,25 @@
  * set by its lock alone (outcome held). */
 #define GNMR_SCORES_HEADER "step,unit,norm,g,d,s,outcome"
 
-/* Replays t under prm. decisions receives the decisions CSV; scores (may be
- * NULL) the scores CSV. Returns 0, a policy error, or GNMR_E_IO when a write
- * fails. Does not close either stream. */
-int gnmr__replay(const trace *t, const policy_params *prm, FILE *decisions,
-                 FILE *scores);
+/* Parameter changes during a replay: from step `step` on, `prm` (as
+ * `gnmrctl set` made them live: a change recorded with from_step S
+ * applies before step S is decided). Steps ascending. */
+typedef struct gnmr_schedule_entry {
+  uint64_t step;
+  policy_params prm;
+} gnmr_schedule_entry;
+
+typedef struct gnmr_schedule {
+  gnmr_schedule_entry *e;
+  size_t n;
+} gnmr_schedule;
+
+/* Replays t under prm, switching parameters where sched says (sched may
+ * be NULL). decisions receives the decisions CSV; scores (may be NULL) the
+ * scores CSV. Returns 0, a policy error, or GNMR_E_IO when a write fails.
+ * Does not close either stream. */
+int gnmr__replay(const trace *t, const policy_params *prm,
+                 const gnmr_schedule *sched, FILE *decisions, FILE *scores);
 
 /* Writes an active set as the decisions CSV's "step,ids" row. */
 void gnmr__write_decision_row(FILE *f, uint64_t step, const uint32_t *ids,

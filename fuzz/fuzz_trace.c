@@ -19,7 +19,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     policy_params p;
     policy_params_default(&p);
     p.warmup_steps = 0;
-    gnmr__replay(&t, &p, sink, sink);
+    gnmr__replay(&t, &p, NULL, sink, sink);
   }
   trace_free(&t);
   return 0;

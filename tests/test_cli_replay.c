@@ -180,6 +180,61 @@ START_TEST(missing_trace_file_is_a_clear_error) {
 }
 END_TEST
 
+/* Runs replay with a schedule and returns its result. */
+static run_result replay_with(const char *dir, const char *trace,
+                              const char *schedule) {
+  char tp[256], sp[256];
+  snprintf(tp, sizeof tp, "%s/t.csv", dir);
+  snprintf(sp, sizeof sp, "%s/s.txt", dir);
+  tu_write_file(tp, trace);
+  tu_write_file(sp, schedule);
+  char *argv[] = {"gnmrctl", "replay", "--warmup-steps", "0", "--schedule",
+                  sp, tp, NULL};
+  return tu_run("gnmrctl", argv, NULL);
+}
+
+START_TEST(a_schedule_changes_parameters_from_its_step) {
+  const char *dir = tu_tmpdir();
+  static const char trace[] = "step,unit,norm\n1,0,1\n1,1,1\n2,0,1\n"
+                              "2,1,1\n3,0,9\n3,1,1\n4,0,1\n4,1,8\n";
+  run_result r = replay_with(dir, trace, "");
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_str_eq(r.out, "step,active\n1,\n2,\n3,0\n4,0 1\n");
+  tu_run_free(&r);
+  /* thresholds of 50 from step 3: nothing is risky any more */
+  r = replay_with(dir, trace, "# retuned live\n3 alpha=50 beta=50\n");
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_str_eq(r.out, "step,active\n1,\n2,\n3,\n4,\n");
+  tu_run_free(&r);
+  /* from step 4 only: step 3 still selects unit 0 */
+  r = replay_with(dir, trace, "4 alpha=50 beta=50\n");
+  ck_assert_str_eq(r.out, "step,active\n1,\n2,\n3,0\n4,0\n");
+  tu_run_free(&r);
+  static const struct {
+    const char *text, *part;
+  } bad[] = {
+      {"3 gamma=1\n", "s.txt:1: unknown parameter 'gamma'"},
+      {"3 alpha=2\n2 alpha=3\n", "s.txt:2: '2' is not a step above"},
+      {"0 alpha=2\n", "s.txt:1: '0' is not a step"},
+      {"x alpha=2\n", "s.txt:1: 'x' is not a step"},
+      {"3\n", "s.txt:1: give key=value after the step"},
+      {"3 window=0\n", "s.txt:1: --window must be from 1"},
+      {"{\"params\": []}", "no \"params\" rows"},
+      {"{\"params\": [{\"from_step\": 1}]}", "bad or missing alpha"},
+      {"{not json", "s.txt:1: not JSON"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    r = replay_with(dir, trace, bad[i].text);
+    ck_assert_msg(r.code == 1, "exit %d for %s", r.code, bad[i].text);
+    ck_assert_msg(strstr(r.err, bad[i].part) != NULL, "'%s' lacks '%s'",
+                  r.err, bad[i].part);
+    ck_assert_str_eq(r.out, "");
+    tu_run_free(&r);
+  }
+  tu_rmrf(dir);
+}
+END_TEST
+
 START_TEST(invalid_options_exit_2_with_a_message) {
   static const struct {
     const char *a, *b, *part;
@@ -251,6 +306,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, scores_list_risky_and_held_units_with_outcomes);
   tcase_add_test(tc, malformed_traces_exit_1_naming_the_line);
   tcase_add_test(tc, missing_trace_file_is_a_clear_error);
+  tcase_add_test(tc, a_schedule_changes_parameters_from_its_step);
   tcase_add_test(tc, invalid_options_exit_2_with_a_message);
   tcase_add_test(tc, options_change_the_decisions);
   suite_add_tcase(s, tc);

@@ -306,6 +306,36 @@ START_TEST(live_job_views_and_parameter_changes) {
   ck_assert_ptr_nonnull(strstr(r.out, "\"steps\""));
   ck_assert_ptr_nonnull(strstr(r.out, "\"events\""));
   ck_assert_ptr_nonnull(strstr(r.out, "\"name\": \"q\""));
+  /* the replay of what was reported, with the export as its schedule
+   * (the job's parameters, then the set before step 21), equals live */
+  char exp_path[200], trace_path[200];
+  snprintf(exp_path, sizeof exp_path, "%s/export.json", d.dir);
+  snprintf(trace_path, sizeof trace_path, "%s/trace.csv", d.dir);
+  tu_write_file(exp_path, r.out);
+  tu_run_free(&r);
+  FILE *tf = fopen(trace_path, "w");
+  fputs("step,unit,norm\n", tf);
+  for (uint64_t k = 1; k <= 40; k++) {
+    double s[4];
+    sums(k, s);
+    for (int u = 0; u < 4; u++)
+      fprintf(tf, "%llu,%d,%.17g\n", (unsigned long long)k, u, sqrt(s[u]));
+  }
+  fclose(tf);
+  char *rp[] = {"gnmrctl", "replay", "--schedule", exp_path, trace_path,
+                NULL};
+  r = tu_run("gnmrctl", rp, NULL);
+  ck_assert_msg(r.code == 0, "replay: %s", r.err);
+  char *live = decisions_csv(&d, "live-job", 40);
+  ck_assert_str_eq(r.out, live);
+  tu_run_free(&r);
+  /* without the schedule the replay differs after the set */
+  char *rp0[] = {"gnmrctl", "replay", "--warmup-steps", "0",
+                 "--max-active", "2", "--lock-steps", "2", trace_path, NULL};
+  r = tu_run("gnmrctl", rp0, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_str_ne(r.out, live);
+  free(live);
   tu_run_free(&r);
   gnmr_agent_close(&a);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);

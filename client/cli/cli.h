@@ -14,6 +14,7 @@ typedef struct cli_globals {
   const char *key_file;   /* --key-file FILE: this client's key pair */
 } cli_globals;
 
+#include "replay.h"
 #include "wire.h"
 
 /* Sends req to the admin endpoint (with CURVE when the globals give a
@@ -28,6 +29,11 @@ const char *cli_admin_endpoint(const cli_globals *g);
 
 /* argv[0] is the subcommand's name; getopt state is reset by the caller. */
 int cmd_replay(const cli_globals *g, int argc, char **argv);
+/* Reads a replay schedule (schedule.c): export JSON (its first params row
+ * replaces *base) or STEP key=value lines. 0, or an error with a message
+ * naming the file and line. */
+int cli_schedule_load(const char *path, policy_params *base,
+                      gnmr_schedule *s, char *err, size_t errlen);
 int cmd_stats(const cli_globals *g, int argc, char **argv);
 int cmd_query(const cli_globals *g, int argc, char **argv);
 int cmd_watch(const cli_globals *g, int argc, char **argv);

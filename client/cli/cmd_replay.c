@@ -16,17 +16,22 @@
 
 static const char usage[] =
     "usage: gnmrctl replay " GNMR_POLICY_OPTS_USAGE
-    " [--scores[=FILE]] TRACE\n"
+    " [--scores[=FILE]]\n                      [--schedule FILE] TRACE\n"
     "  Prints the decisions CSV (step,active) for TRACE ('-' = stdin).\n"
     "  --scores[=FILE]  also write, per step, every risky or lock-held unit\n"
     "                   with norm, g, d, s and its outcome (selected,\n"
-    "                   dropped, warmup, held) as CSV to FILE (default stderr)\n";
+    "                   dropped, warmup, held) as CSV to FILE (default stderr)\n"
+    "  --schedule FILE  the job's parameter changes: `gnmrctl export` output\n"
+    "                   (its parameters, then every `set`), or lines\n"
+    "                   'STEP key=value...' applied from step STEP on\n";
 
 /* Above 255 so that no value collides with a short option character. */
-enum { OPT_SCORES = 256, OPT_HELP, OPT_POLICY_BASE = 512 };
+enum { OPT_SCORES = 256, OPT_HELP, OPT_SCHEDULE, OPT_POLICY_BASE = 512 };
 
 int cmd_replay(const cli_globals *g, int argc, char **argv) {
-  struct option longopts[GNMR_POLICY_NOPTS + 3];
+  struct option longopts[GNMR_POLICY_NOPTS + 4];
+  const char *schedule_path = NULL;
+  gnmr_schedule sched = {0};
   policy_params prm;
   const char *scores_path = NULL;
   int want_scores = 0, c, rv, code = CLI_FAIL;
@@ -44,12 +49,16 @@ int cmd_replay(const cli_globals *g, int argc, char **argv) {
       (struct option){"scores", optional_argument, NULL, OPT_SCORES};
   longopts[GNMR_POLICY_NOPTS + 1] =
       (struct option){"help", no_argument, NULL, OPT_HELP};
-  longopts[GNMR_POLICY_NOPTS + 2] = (struct option){0};
+  longopts[GNMR_POLICY_NOPTS + 2] =
+      (struct option){"schedule", required_argument, NULL, OPT_SCHEDULE};
+  longopts[GNMR_POLICY_NOPTS + 3] = (struct option){0};
 
   while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
     if (c == OPT_SCORES) {
       want_scores = 1;
       scores_path = optarg;
+    } else if (c == OPT_SCHEDULE) {
+      schedule_path = optarg;
     } else if (c == OPT_HELP || c == 'h') {
       fputs(usage, stdout);
       return CLI_OK;
@@ -75,12 +84,17 @@ int cmd_replay(const cli_globals *g, int argc, char **argv) {
     fprintf(stderr, "gnmrctl replay: %s\n", msg);
     return CLI_USAGE;
   }
+  if (schedule_path != NULL &&
+      cli_schedule_load(schedule_path, &prm, &sched, msg, sizeof msg) != 0) {
+    fprintf(stderr, "gnmrctl replay: %s\n", msg);
+    return CLI_FAIL;
+  }
   const char *path = argv[optind];
   if ((rv = trace_read_file(path, &buf, &len)) != 0) {
     fprintf(stderr, "gnmrctl replay: %s: %s\n",
             strcmp(path, "-") == 0 ? "standard input" : path,
             rv == GNMR_E_IO ? strerror(errno) : gnmr_strerror(rv));
-    return CLI_FAIL;
+    goto out;
   }
   if ((rv = trace_parse(buf, len, &t, &terr)) != 0) {
     if (terr.line > 0)
@@ -99,7 +113,8 @@ int cmd_replay(const cli_globals *g, int argc, char **argv) {
       goto out;
     }
   }
-  if ((rv = gnmr__replay(&t, &prm, stdout, scores)) != 0) {
+  if ((rv = gnmr__replay(&t, &prm, schedule_path ? &sched : NULL, stdout,
+                         scores)) != 0) {
     fprintf(stderr, "gnmrctl replay: %s\n", gnmr_strerror(rv));
     goto out;
   }
@@ -112,5 +127,6 @@ out:
   }
   trace_free(&t);
   free(buf);
+  free(sched.e);
   return code;
 }
