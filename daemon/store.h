@@ -14,7 +14,7 @@
 
 #include "policy.h"
 
-#define STORE_SCHEMA_VERSION 3
+#define STORE_SCHEMA_VERSION 4
 
 /* The operational events of the history (besides the policy's events,
  * POLICY_EVENTS): XX(ID, name), the name being the events table's kind. */

@@ -98,6 +98,11 @@ static const char *const schema_v3 =
     "DROP TABLE snapshots;"
     "ALTER TABLE snapshots3 RENAME TO snapshots;";
 
+/* Schema version 4: a unit's events without reading the run's others
+ * (gnmrctl history --unit). */
+static const char *const schema_v4 =
+    "CREATE INDEX IF NOT EXISTS events_by_unit ON events(run, unit, step);";
+
 int64_t store__now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -184,7 +189,7 @@ int store__migrate(sqlite3 *db, char *err, size_t errlen) {
   static const struct {
     int version;
     const char *const *sql;
-  } steps[] = {{2, &schema_v2}, {3, &schema_v3}};
+  } steps[] = {{2, &schema_v2}, {3, &schema_v3}, {4, &schema_v4}};
   for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
     char meta[80];
     if (version >= steps[i].version)

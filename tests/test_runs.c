@@ -192,7 +192,7 @@ START_TEST(a_version_2_database_migrates_to_runs) {
                                           "key='schema'", -1, &st, NULL),
                    SQLITE_OK);
   ck_assert_int_eq(sqlite3_step(st), SQLITE_ROW);
-  ck_assert_str_eq((const char *)sqlite3_column_text(st, 0), "3");
+  ck_assert_str_eq((const char *)sqlite3_column_text(st, 0), "4");
   sqlite3_finalize(st);
   /* a database newer than this gnmrd is refused, not rewritten */
   ck_assert_int_eq(sqlite3_exec(db, "UPDATE meta SET value='99' WHERE "
