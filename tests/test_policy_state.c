@@ -1,0 +1,223 @@
+/* SPDX-License-Identifier: MIT */
+/* test_policy_state.c — the engine's state across calls: export/import
+ * (both snapshot format versions), corrupt and truncated snapshots,
+ * parameter changes with their effect on windows and budget, resize, and
+ * the stable event names. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "check_main.h"
+#include "policyutil.h"
+
+/* ---- export / import, parameter changes, resize ------------------------------ */
+static void fill_norms(double *norm, uint32_t n, uint64_t t) {
+  for (uint32_t i = 0; i < n; i++) {
+    norm[i] = 1.0 + 0.1 * (double)((t * 7 + i * 13) % 5);
+    if ((t + i) % 17 == 0)
+      norm[i] *= 8;
+    if ((t * 3 + i) % 41 == 0)
+      norm[i] = NAN;
+  }
+}
+
+START_TEST(export_import_continues_identically) {
+  policy_params p = params(1.8, 1.6, 4, 3, 2, 5);
+  policy *a = make(&p, 20), *b = NULL;
+  double norm[20];
+  for (uint64_t t = 1; t <= 40; t++) {
+    fill_norms(norm, 20, t);
+    step(a, t, norm, NULL, NULL);
+  }
+  size_t need = policy_export_size(a), len = 0;
+  unsigned char *buf = malloc(need);
+  ck_assert_int_eq(policy_export(a, buf, need - 1, &len), GNMR_E_RANGE);
+  ck_assert_int_eq(policy_export(a, buf, need, &len), GNMR_OK);
+  ck_assert_uint_eq(len, need);
+  ck_assert_int_eq(policy_import(buf, len, &b), GNMR_OK);
+  ck_assert_uint_eq(policy_last_step(b), 40);
+  ck_assert_uint_eq(policy_units(b), 20);
+  for (uint64_t t = 41; t <= 120; t++) {
+    policy_result ra, rb;
+    fill_norms(norm, 20, t);
+    char sa[256];
+    strcpy(sa, step(a, t, norm, NULL, &ra));
+    ck_assert_str_eq(step(b, t, norm, NULL, &rb), sa);
+    ck_assert_uint_eq(ra.n_events, rb.n_events);
+    ck_assert(memcmp(ra.events, rb.events,
+                     ra.n_events * sizeof *ra.events) == 0);
+  }
+  free(buf);
+  policy_destroy(&a);
+  policy_destroy(&b);
+}
+END_TEST
+
+/* A version-1 snapshot (written by gnmrd before version 2: the same bytes,
+ * a byte-wise FNV-1a checksum) still imports, to the same state; an
+ * unknown version is VERSION, not PARSE. */
+static uint64_t fnv1a_bytes(const unsigned char *p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+START_TEST(version_1_snapshots_still_import) {
+  policy_params p = params(2, 2, 3, 2, 2, 0);
+  policy *a = make(&p, 5), *b = NULL, *c = NULL;
+  double norm[5];
+  for (uint64_t t = 1; t <= 10; t++) {
+    fill_norms(norm, 5, t);
+    step(a, t, norm, NULL, NULL);
+  }
+  size_t len = policy_export_size(a), len2 = 0;
+  unsigned char *v2 = malloc(len), *v1 = malloc(len), *again = malloc(len);
+  ck_assert_int_eq(policy_export(a, v2, len, &len), GNMR_OK);
+  ck_assert_uint_eq(v2[8], 2); /* version 2 is written */
+  memcpy(v1, v2, len);
+  v1[8] = 1;
+  uint64_t h = fnv1a_bytes(v1, len - 8);
+  for (int i = 0; i < 8; i++)
+    v1[len - 8 + i] = (unsigned char)(h >> (8 * i));
+  ck_assert_int_eq(policy_import(v1, len, &b), GNMR_OK);
+  ck_assert_int_eq(policy_export(b, again, len, &len2), GNMR_OK);
+  ck_assert_uint_eq(len2, len);
+  ck_assert_int_eq(memcmp(again, v2, len), 0); /* the same state */
+  v1[len - 1] ^= 1; /* a version-1 checksum is checked too */
+  ck_assert_int_eq(policy_import(v1, len, &c), GNMR_E_PARSE);
+  memcpy(v1, v2, len);
+  v1[8] = 3; /* a future version, its checksum intact */
+  h = fnv1a_bytes(v1, len - 8);
+  for (int i = 0; i < 8; i++)
+    v1[len - 8 + i] = (unsigned char)(h >> (8 * i));
+  ck_assert_int_eq(policy_import(v1, len, &c), GNMR_E_VERSION);
+  ck_assert_ptr_null(c);
+  free(v1);
+  free(v2);
+  free(again);
+  policy_destroy(&a);
+  policy_destroy(&b);
+}
+END_TEST
+
+START_TEST(import_rejects_truncated_and_corrupt_state) {
+  policy_params p = params(2, 2, 3, 2, 2, 0);
+  policy *a = make(&p, 5), *b = (policy *)1;
+  double norm[5];
+  for (uint64_t t = 1; t <= 10; t++) {
+    fill_norms(norm, 5, t);
+    step(a, t, norm, NULL, NULL);
+  }
+  size_t len = policy_export_size(a);
+  unsigned char *buf = malloc(len), *cp = malloc(len);
+  ck_assert_int_eq(policy_export(a, buf, len, &len), GNMR_OK);
+  for (size_t cut = 0; cut < len; cut++) {
+    ck_assert_int_ne(policy_import(buf, cut, &b), GNMR_OK);
+    ck_assert_ptr_null(b);
+  }
+  for (size_t i = 0; i < len; i++) {
+    memcpy(cp, buf, len);
+    cp[i] ^= 0x5a;
+    ck_assert_int_ne(policy_import(cp, len, &b), GNMR_OK);
+    ck_assert_ptr_null(b);
+  }
+  ck_assert_int_eq(policy_import(NULL, 0, &b), GNMR_E_PARSE);
+  ck_assert_int_eq(policy_import(buf, len, NULL), GNMR_E_INVAL);
+  free(buf);
+  free(cp);
+  policy_destroy(&a);
+}
+END_TEST
+
+START_TEST(set_params_keeps_newest_window_values_and_statistics) {
+  policy_params p = params(1e9, 1e9, 4, 2, 2, 0);
+  policy *e = make(&p, 1);
+  policy_result r;
+  const double n[] = {1, 2, 4, 8, 16};
+  for (int t = 0; t < 5; t++)
+    step(e, t + 1, &n[t], NULL, &r);
+  /* g: t4 = 8/(7/3), t5 = 16/3.75; window 4 holds g2..g5 */
+  double g4 = 8 / (7.0 / 3), g5 = 16 / 3.75;
+  p.window = 2; /* keep the newest two: g4, g5 */
+  ck_assert_int_eq(policy_set_params(e, &p), GNMR_OK);
+  double x = 31;
+  step(e, 6, &x, NULL, &r);
+  double g6 = 31 / 6.2;
+  ck_assert_double_eq_tol(r.g[0], g6, 1e-12);
+  ck_assert_double_eq_tol(r.d[0], g6 / ((g4 + g5) / 2), 1e-12);
+  /* growing the window keeps the values too: window 2 after g6 is [g5, g6] */
+  p.window = 8;
+  ck_assert_int_eq(policy_set_params(e, &p), GNMR_OK);
+  step(e, 7, &x, NULL, &r);
+  double g7 = 31 / (62.0 / 6);
+  ck_assert_double_eq_tol(r.d[0], g7 / ((g5 + g6) / 2), 1e-12);
+  /* a bad change is refused and nothing changes */
+  p.alpha = -1;
+  ck_assert_int_eq(policy_set_params(e, &p), GNMR_E_INVAL);
+  ck_assert_double_eq(policy_get_params(e)->alpha, 1e9);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(set_params_changes_budget_from_next_step) {
+  policy_params p = params(2, 2, 8, 3, 0, 0);
+  policy *e = make(&p, 4);
+  double n[4] = {1, 1, 1, 1}, m[4] = {9, 8, 7, 1};
+  step(e, 1, n, NULL, NULL);
+  ck_assert_str_eq(step(e, 2, m, NULL, NULL), "0 1 2");
+  p.max_active = 1;
+  ck_assert_int_eq(policy_set_params(e, &p), GNMR_OK);
+  double q[4] = {90, 80, 70, 1};
+  policy_result r;
+  ck_assert_str_eq(step(e, 3, q, NULL, &r), "0");
+  ck_assert_int_eq(count_events(&r, POLICY_EV_DEMOTE, UINT32_MAX), 2);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(resize_adds_units_without_history) {
+  policy_params p = params(2, 2, 8, 4, 0, 0);
+  policy *e = make(&p, 1);
+  double n[2] = {1, 1};
+  step(e, 1, n, NULL, NULL);
+  ck_assert_int_eq(policy_resize(e, 2), GNMR_OK);
+  ck_assert_uint_eq(policy_units(e), 2);
+  policy_result r;
+  double m[2] = {1, 50};
+  step(e, 2, m, NULL, &r);
+  ck_assert_double_eq(r.s[1], 0); /* first report of unit 1 */
+  policy_unit_info info;
+  policy_unit(e, 0, &info);
+  ck_assert_uint_eq(info.cnt, 2);
+  policy_destroy(&e);
+}
+END_TEST
+
+START_TEST(event_names_are_stable) {
+  ck_assert_str_eq(policy_event_name(POLICY_EV_EXCEED), "exceed");
+  ck_assert_str_eq(policy_event_name(POLICY_EV_BUDGET_SATURATED),
+                   "budget_saturated");
+  ck_assert_str_eq(policy_event_name(99), "unknown");
+  ck_assert_str_eq(policy_outcome_name(POLICY_OUT_DROPPED), "dropped");
+  ck_assert_str_eq(gnmr_strerror(GNMR_E_PARSE), "malformed input");
+  ck_assert_str_eq(gnmr_errname(GNMR_E_DUP), "GNMR_E_DUP");
+  ck_assert_str_eq(gnmr_strerror(-9999), "unknown error");
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("policy_state");
+  TCase *tc = tcase_create("state");
+  tcase_add_test(tc, export_import_continues_identically);
+  tcase_add_test(tc, import_rejects_truncated_and_corrupt_state);
+  tcase_add_test(tc, version_1_snapshots_still_import);
+  tcase_add_test(tc, set_params_keeps_newest_window_values_and_statistics);
+  tcase_add_test(tc, set_params_changes_budget_from_next_step);
+  tcase_add_test(tc, resize_adds_units_without_history);
+  tcase_add_test(tc, event_names_are_stable);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return tu_check_main(suite()); }
