@@ -199,7 +199,7 @@ $(BUILD)/tests/test_core: $(BUILD)/obj/tests/test_core.o $(BUILD)/obj/daemon/cor
 # linker's --wrap (tests/test_agent_alloc.c).
 $(BUILD)/tests/test_agent_alloc: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
 # test_hostile edits an old database by hand.
-$(BUILD)/tests/test_hostile $(BUILD)/tests/test_runs: LDLIBS += $(DB_LIBS)
+$(BUILD)/tests/test_hostile: LDLIBS += $(DB_LIBS)
 
 $(BUILD)/obj/tests/%.o: tests/%.c
 	@mkdir -p $(dir $@)
@@ -216,6 +216,11 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TEST_LIBS)
 $(BUILD)/obj/bench/%.o: $(GEN)/proto/gnmr.pb-c.h
 STORE_OBJ = $(call obj,daemon/store.c daemon/store_apply.c daemon/store_restore.c \
               daemon/store_query.c daemon/views.c)
+# test_runs checks the history queries' plans (EXPLAIN QUERY PLAN).
+$(BUILD)/tests/test_runs: $(BUILD)/obj/tests/test_runs.o $(STORE_OBJ) $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(CHECK_LIBS) $(DB_LIBS) $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
+
 $(BUILD)/bench/store: $(BUILD)/obj/bench/store.o $(STORE_OBJ) $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(DB_LIBS) $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@

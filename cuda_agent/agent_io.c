@@ -64,7 +64,10 @@ static void send_hello(gnmr_agent *a, io_state *io) {
     /* unanswered: again later, and later each time (a job of a million
      * units takes gnmrd most of a second to register, and every Hello
      * is answered with a Welcome that size) */
-    io->hello_retry = io->hello_retry ? io->hello_retry * 2 : HELLO_RETRY_MS;
+    /* the first wait grows with the job: registering a unit takes gnmrd
+     * about a microsecond (a million units, most of a second) */
+    io->hello_retry = io->hello_retry ? io->hello_retry * 2
+                                      : HELLO_RETRY_MS + a->n_units / 1000;
     if (io->hello_retry > HELLO_RETRY_MAX_MS)
       io->hello_retry = HELLO_RETRY_MAX_MS;
     io->next_hello = gnmr__now_ms() + io->hello_retry;

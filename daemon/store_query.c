@@ -227,6 +227,14 @@ out:
   return out;
 }
 
+const char *store_query_history_sql(int by_unit, int by_kind, char *buf,
+                                    size_t cap) {
+  snprintf(buf, cap, "%s%s%s ORDER BY e.step, e.rowid LIMIT ?6",
+           events_sql_head, by_unit ? " AND e.unit = ?4" : "",
+           by_kind ? " AND e.kind = ?5" : "");
+  return buf;
+}
+
 void store_query_run(const char *path, store_query *q) {
   sqlite3 *db = NULL;
   sqlite3_int64 from = (sqlite3_int64)q->from,
@@ -291,9 +299,8 @@ void store_query_run(const char *path, store_query *q) {
        * read: SQLite walks one of them and stops at the limit, instead of
        * sorting every event of the run first. A filter left out is left
        * out of the SQL, so that the planner sees only what applies. */
-      snprintf(sql, sizeof sql, "%s%s%s ORDER BY e.step, e.rowid LIMIT ?6",
-               events_sql_head, uid >= 0 ? " AND e.unit = ?4" : "",
-               q->kind[0] ? " AND e.kind = ?5" : "");
+      store_query_history_sql(uid >= 0, q->kind[0] != '\0', sql,
+                              sizeof sql);
       json_t *r = rows(q, db, sql, "iiiiti", (sqlite3_int64)q->resolved,
                        from, to, (sqlite3_int64)uid, q->kind,
                        (sqlite3_int64)q->limit);

@@ -23,6 +23,12 @@ typedef struct store_query {
   char err[256];
 } store_query;
 
+/* The SQL of a history query (parameters ?1 run, ?2..?3 steps, ?4 unit id,
+ * ?5 kind, ?6 limit), with the unit and kind filters or without: for
+ * EXPLAIN QUERY PLAN in the tests. Returns buf. */
+const char *store_query_history_sql(int by_unit, int by_kind, char *buf,
+                                    size_t cap);
+
 /* Runs q against the database at path. Any thread. */
 void store_query_run(const char *path, store_query *q);
 

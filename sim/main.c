@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "gnmr/agent.h"
@@ -143,6 +144,13 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
+  { /* every agent is a few descriptors: take what the hard limit allows */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &rl);
+    }
+  }
   struct option longopts[GNMR_POLICY_NOPTS + 19] = {
       {"agents", required_argument, NULL, OPT_AGENTS},
       {"job", required_argument, NULL, OPT_JOB},

@@ -6,6 +6,7 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include "store_query.h"
 #include "testutil.h"
 
 static run_result ctl(const tu_daemon *d, const char *a1, const char *a2,
@@ -211,12 +212,48 @@ START_TEST(a_version_2_database_migrates_to_runs) {
 }
 END_TEST
 
+/* The history queries walk an index in the order they return rows and
+ * stop at their limit: no sort of a run's events first. */
+START_TEST(history_queries_read_in_index_order) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d); /* the current schema */
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  char path[200];
+  snprintf(path, sizeof path, "%s/data/gnmr.db", d.dir);
+  sqlite3 *db;
+  ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
+  for (int unit = 0; unit < 2; unit++)
+    for (int kind = 0; kind < 2; kind++) {
+      char sql[1024], explain[1100], plan[1024] = "";
+      store_query_history_sql(unit, kind, sql, sizeof sql);
+      snprintf(explain, sizeof explain, "EXPLAIN QUERY PLAN %s", sql);
+      sqlite3_stmt *st;
+      ck_assert_int_eq(sqlite3_prepare_v2(db, explain, -1, &st, NULL),
+                       SQLITE_OK);
+      while (sqlite3_step(st) == SQLITE_ROW) {
+        size_t l = strlen(plan);
+        snprintf(plan + l, sizeof plan - l, "%s; ",
+                 (const char *)sqlite3_column_text(st, 3));
+      }
+      sqlite3_finalize(st);
+      ck_assert_msg(strstr(plan, "TEMP B-TREE") == NULL,
+                    "unit %d kind %d sorts: %s", unit, kind, plan);
+      ck_assert_msg(strstr(plan, unit ? "USING INDEX events_by_unit"
+                                      : "USING INDEX events_by_run"),
+                    "unit %d kind %d: %s", unit, kind, plan);
+    }
+  sqlite3_close(db);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("runs");
   TCase *tc = tcase_create("runs");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, a_name_used_again_is_a_new_run_and_overwrites_nothing);
   tcase_add_test(tc, a_version_2_database_migrates_to_runs);
+  tcase_add_test(tc, history_queries_read_in_index_order);
   suite_add_tcase(s, tc);
   return s;
 }
