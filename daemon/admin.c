@@ -48,6 +48,19 @@ static void send_error(gnmrd *d, const void *id, size_t id_len, int code,
   }
 }
 
+/* Sends a chunk of an answer's text (export streams). */
+static void send_chunk(gnmrd *d, const void *id, size_t id_len,
+                       const char *text, int more, uint64_t stream) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__AdminReply rep = GNMR__ADMIN_REPLY__INIT;
+  rep.json = (char *)text;
+  rep.more = more;
+  rep.stream = stream;
+  env.body_case = GNMR__ENVELOPE__BODY_ADMIN_REPLY;
+  env.admin_reply = &rep;
+  send_env(d, id, id_len, &env);
+}
+
 /* Sends v (taken) as an AdminReply. */
 static void send_json(gnmrd *d, const void *id, size_t id_len, json_t *v) {
   char *text = json_dumps(v, JSON_COMPACT | JSON_ENSURE_ASCII);
@@ -120,7 +133,16 @@ typedef struct query {
   char *job, *unit, *kind; /* owned: sq points at them */
   char who[64], *who_jobs;  /* the requester's key and grant (tenancy) */
   store_query sq;
+  uint64_t stream;          /* an export stream's id, 0 otherwise */
+  uint64_t idle_since;      /* loop time its last chunk went out */
 } query;
+
+/* Export streams between chunks: id -> query. A stream idle longer than
+ * STREAM_IDLE_MS is closed; at most MAX_STREAMS are open. */
+#define STREAM_IDLE_MS 60000
+#define MAX_STREAMS 16
+static hmap streams;
+static uint64_t next_stream = 1;
 
 static void query_work(uv_work_t *req) {
   query *q = req->data;
@@ -128,6 +150,8 @@ static void query_work(uv_work_t *req) {
 }
 
 static void query_free(query *q) {
+  store_query_close(&q->sq);
+  free(q->sq.chunk);
   json_decref(q->sq.result);
   free(q->id);
   free(q->job);
@@ -174,6 +198,19 @@ static void query_done(uv_work_t *req, int status) {
     query_free(q);
     return;
   }
+  if (q->sq.chunk != NULL) { /* a chunk of an export */
+    send_chunk(d, q->id, q->id_len, q->sq.chunk, q->sq.more, q->stream);
+    free(q->sq.chunk);
+    q->sq.chunk = NULL;
+    if (q->sq.more &&
+        hmap_put(&streams, &q->stream, sizeof q->stream, (uintptr_t)q) ==
+            GNMR_OK) {
+      q->idle_since = uv_now(d->loop);
+      return; /* kept for the next request */
+    }
+    query_free(q);
+    return;
+  }
   if (q->sq.result != NULL) {
     if (q->sq.command == GNMR_CMD_JOBS)
       mark_live(d, q->sq.result, q);
@@ -186,8 +223,18 @@ static void query_done(uv_work_t *req, int status) {
   query_free(q);
 }
 
+static void sweep_streams(gnmrd *d);
+
 static void start_query(gnmrd *d, const void *id, size_t id_len, int command,
                         const Gnmr__AdminRequest *r, const char *user) {
+  if (command == GNMR_CMD_EXPORT) {
+    sweep_streams(d);
+    if (streams.live >= MAX_STREAMS) {
+      send_error(d, id, id_len, GNMR_E_BUSY, "too many exports in progress;"
+                 " try again");
+      return;
+    }
+  }
   query *q = calloc(1, sizeof *q);
   if (q == NULL || d->st == NULL) {
     free(q);
@@ -217,6 +264,8 @@ static void start_query(gnmrd *d, const void *id, size_t id_len, int command,
   q->sq.limit = r->limit ? (r->limit > MAX_LIMIT ? MAX_LIMIT : r->limit)
                          : command == GNMR_CMD_TOP ? 10 : DEFAULT_LIMIT;
   q->sq.run = r->run;
+  if (command == GNMR_CMD_EXPORT)
+    q->stream = next_stream++;
   if (d->allow != NULL && !gnmr__allow_operator(d->allow, user)) {
     /* tenancy: the store shows this key its own jobs and its grant's */
     const gnmr_grant *g = gnmr__allow_find(d->allow, user);
@@ -235,6 +284,67 @@ static void start_query(gnmrd *d, const void *id, size_t id_len, int command,
     send_error(d, id, id_len, GNMR_E_INTERNAL, "cannot queue the query");
     query_free(q);
   }
+}
+
+/* Closes the streams idle too long. */
+static void sweep_streams(gnmrd *d) {
+  size_t pos = 0;
+  uint64_t v, now = uv_now(d->loop);
+  const void *key;
+  size_t n = 0;
+  uint64_t old[MAX_STREAMS + 1];
+  while (n <= MAX_STREAMS && hmap_next(&streams, &pos, &key, NULL, &v))
+    if (now - ((query *)(uintptr_t)v)->idle_since > STREAM_IDLE_MS)
+      memcpy(&old[n++], key, sizeof old[0]);
+  for (size_t i = 0; i < n; i++) {
+    hmap_get(&streams, &old[i], sizeof old[i], &v);
+    hmap_del(&streams, &old[i], sizeof old[i]);
+    query_free((query *)(uintptr_t)v);
+  }
+}
+
+/* The next chunk of an export stream, for whoever holds its id (and, with
+ * tenancy, the same key). */
+static void go_on(gnmrd *d, const void *id, size_t id_len,
+                  const Gnmr__AdminRequest *r, const char *user) {
+  uint64_t v;
+  sweep_streams(d);
+  if (!hmap_get(&streams, &r->stream, sizeof r->stream, &v)) {
+    send_error(d, id, id_len, GNMR_E_NOJOB, "no such export stream (it "
+               "finished, or was idle for a minute)");
+    return;
+  }
+  query *q = (query *)(uintptr_t)v;
+  if (strcmp(q->job, r->job) != 0 ||
+      (q->who[0] != '\0' && (user == NULL || strcmp(q->who, user) != 0))) {
+    send_error(d, id, id_len, GNMR_E_DENIED, "this export stream is "
+               "another request's");
+    return;
+  }
+  hmap_del(&streams, &r->stream, sizeof r->stream);
+  char *nid = malloc(id_len ? id_len : 1);
+  if (nid == NULL) {
+    query_free(q);
+    send_error(d, id, id_len, GNMR_E_NOMEM, "out of memory");
+    return;
+  }
+  memcpy(nid, id, id_len);
+  free(q->id);
+  q->id = nid;
+  q->id_len = id_len;
+  if (uv_queue_work(d->loop, &q->req, query_work, query_done) != 0) {
+    send_error(d, id, id_len, GNMR_E_INTERNAL, "cannot queue the query");
+    query_free(q);
+  }
+}
+
+void admin_shutdown(gnmrd *d) {
+  size_t pos = 0;
+  uint64_t v;
+  (void)d;
+  while (hmap_next(&streams, &pos, NULL, NULL, &v))
+    query_free((query *)(uintptr_t)v);
+  hmap_free(&streams);
 }
 
 static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
@@ -262,6 +372,10 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
       !gnmr__name_check(r->unit, GNMR_MAX_UNIT_NAME, why, sizeof why)) {
     snprintf(msg, sizeof msg, "unit name: %s", why);
     send_error(d, id, id_len, GNMR_E_INVAL, msg);
+    return;
+  }
+  if (k == GNMR_CMD_EXPORT && r->stream != 0) {
+    go_on(d, id, id_len, r, user);
     return;
   }
   if (gnmr_admin_commands[k].operator && d->allow != NULL &&

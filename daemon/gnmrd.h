@@ -65,5 +65,7 @@ void admin_on_message(server *s, const void *id, size_t id_len,
 /* Counts a failed handshake (either endpoint). */
 void gnmrd_on_handshake_failed(server *s, server_refusal why, void *ctx);
 void admin_on_bad_frames(server *s, void *ctx);
+/* Closes the export streams in progress (shutdown). */
+void admin_shutdown(gnmrd *d);
 
 #endif /* GNMRD_H */

@@ -445,6 +445,7 @@ int main(int argc, char **argv) {
 out:
   jobs_snapshot_all(&d);
   jobs_shutdown(&d);
+  admin_shutdown(&d);
   metrics_close(&d);
   server_close(d.agents);
   server_close(d.admin);

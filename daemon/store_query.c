@@ -235,12 +235,20 @@ const char *store_query_history_sql(int by_unit, int by_kind, char *buf,
   return buf;
 }
 
+static void export_next(const char *path, store_query *q);
+
 void store_query_run(const char *path, store_query *q) {
   sqlite3 *db = NULL;
   sqlite3_int64 from = (sqlite3_int64)q->from,
                 to = q->to ? (sqlite3_int64)q->to : INT64_MAX;
   q->result = NULL;
   q->code = GNMR_OK;
+  q->chunk = NULL;
+  q->chunk_len = 0;
+  if (q->command == GNMR_CMD_EXPORT) {
+    export_next(path, q);
+    return;
+  }
   if (store_open_reader(path, &db) != GNMR_OK) {
     qfail(q, GNMR_E_STORE, "cannot open %s", path);
     return;
@@ -308,40 +316,171 @@ void store_query_run(const char *path, store_query *q) {
         q->result = json_pack("{s:s,s:I,s:o}", "job", q->job, "run",
                               (json_int_t)q->resolved, "events", r);
     }
-  } else if (q->command == GNMR_CMD_EXPORT) {
-    sqlite3_int64 run = (sqlite3_int64)q->resolved;
-    json_t *jrow = rows(q, db, "SELECT name, run, reporters, barrier_ms, "
-                        "state, pass, last_step" PARAM_COLS ", created_at, "
-                        "updated_at FROM jobs WHERE run=?", "i", run);
-    json_t *params = rows(q, db, "SELECT job, pass, from_step, at"
-                          PARAM_COLS " FROM params WHERE run=? ORDER BY "
-                          "rowid", "i", run);
-    json_t *units = rows(q, db, "SELECT id, name FROM units WHERE run=? "
-                                "ORDER BY id", "i", run);
-    json_t *steps = rows(q, db, "SELECT pass, step, reports, risky, pool, "
-                                "n_active, active, missing, by_deadline, "
-                                "latency_us, at FROM steps WHERE run=? ORDER"
-                                " BY pass, step", "i", run);
-    char sql[512];
-    snprintf(sql, sizeof sql, "%s ORDER BY e.step, e.rowid",
-             events_sql_head);
-    json_t *events = rows(q, db, sql, "iii", run, (sqlite3_int64)0,
-                          (sqlite3_int64)INT64_MAX);
-    if (jrow && params && units && steps && events)
-      q->result = json_pack("{s:o,s:o,s:o,s:o,s:o}", "job",
-                            json_incref(json_array_get(jrow, 0)), "params",
-                            params, "units", units, "steps", steps, "events",
-                            events);
-    else {
-      json_decref(params);
-      json_decref(units);
-      json_decref(steps);
-      json_decref(events);
-    }
-    json_decref(jrow);
   }
   sqlite3_close(db);
 }
+
+/* ---- export, streamed ------------------------------------------------------- */
+
+typedef struct text {
+  char *p;
+  size_t len, cap;
+  int oom;
+} text;
+
+static void put(text *t, const char *s, size_t n) {
+  if (t->oom)
+    return;
+  if (t->len + n + 1 > t->cap) {
+    size_t cap = t->cap ? t->cap : 4096;
+    while (cap < t->len + n + 1)
+      cap *= 2;
+    char *p = realloc(t->p, cap);
+    if (p == NULL) {
+      t->oom = 1;
+      return;
+    }
+    t->p = p;
+    t->cap = cap;
+  }
+  memcpy(t->p + t->len, s, n);
+  t->len += n;
+  t->p[t->len] = '\0';
+}
+
+static void puts_t(text *t, const char *s) { put(t, s, strlen(s)); }
+
+/* One row of the cursor as JSON ({"col": value, ...}). */
+static void put_row(text *t, sqlite3_stmt *st) {
+  json_t *o = json_object();
+  for (int c = 0; c < sqlite3_column_count(st); c++)
+    json_object_set_new(o, sqlite3_column_name(st, c), col_json(st, c));
+  char *s = json_dumps(o, JSON_ENSURE_ASCII);
+  json_decref(o);
+  if (s == NULL) {
+    t->oom = 1;
+    return;
+  }
+  puts_t(t, s);
+  free(s);
+}
+
+void store_query_close(store_query *q) {
+  if (q->cursor != NULL)
+    sqlite3_finalize(q->cursor);
+  if (q->db != NULL)
+    sqlite3_close(q->db);
+  q->cursor = NULL;
+  q->db = NULL;
+}
+
+/* The sections of an export, each a key and the SQL of its rows. */
+static const struct {
+  const char *key, *sql;
+} export_sections[] = {
+    {"params", "SELECT job, pass, from_step, at" PARAM_COLS " FROM params "
+               "WHERE run=? ORDER BY rowid"},
+    {"units", "SELECT id, name FROM units WHERE run=? ORDER BY id"},
+    {"steps", "SELECT pass, step, reports, risky, pool, n_active, active, "
+              "missing, by_deadline, latency_us, at FROM steps WHERE run=? "
+              "ORDER BY pass, step"},
+    {"events", NULL}, /* events_sql_head, in (step, rowid) order */
+};
+enum { N_EXPORT_SECTIONS = 4 };
+
+/* The next chunk of an export: the job's row first, then each section's
+ * rows, at most about STORE_EXPORT_CHUNK bytes at a time. */
+static void export_next(const char *path, store_query *q) {
+  text t = {0};
+  q->more = 0;
+  if (q->db == NULL) { /* the first chunk */
+    sqlite3_stmt *st;
+    if (store_open_reader(path, &q->db) != GNMR_OK) {
+      qfail(q, GNMR_E_STORE, "cannot open %s", path);
+      return;
+    }
+    if (!job_exists(q, q->db)) {
+      store_query_close(q);
+      return;
+    }
+    if (sqlite3_prepare_v2(q->db, "SELECT name, run, reporters, barrier_ms, "
+                           "state, pass, last_step" PARAM_COLS ", created_at,"
+                           " updated_at FROM jobs WHERE run=?", -1, &st,
+                           NULL) != SQLITE_OK) {
+      qfail(q, GNMR_E_STORE, "%s", sqlite3_errmsg(q->db));
+      store_query_close(q);
+      return;
+    }
+    sqlite3_bind_int64(st, 1, (sqlite3_int64)q->resolved);
+    puts_t(&t, "{\n  \"job\": ");
+    if (sqlite3_step(st) == SQLITE_ROW)
+      put_row(&t, st);
+    else
+      puts_t(&t, "null");
+    sqlite3_finalize(st);
+    q->section = 0;
+  }
+  while (q->section < N_EXPORT_SECTIONS && t.len < STORE_EXPORT_CHUNK &&
+         !t.oom) {
+    if (q->cursor == NULL) { /* a section starts */
+      char sql[600];
+      if (export_sections[q->section].sql != NULL)
+        snprintf(sql, sizeof sql, "%s", export_sections[q->section].sql);
+      else
+        snprintf(sql, sizeof sql, "%s ORDER BY e.step, e.rowid",
+                 events_sql_head);
+      if (sqlite3_prepare_v2(q->db, sql, -1, &q->cursor, NULL) !=
+          SQLITE_OK) {
+        qfail(q, GNMR_E_STORE, "%s", sqlite3_errmsg(q->db));
+        free(t.p);
+        store_query_close(q);
+        return;
+      }
+      sqlite3_bind_int64(q->cursor, 1, (sqlite3_int64)q->resolved);
+      if (export_sections[q->section].sql == NULL) {
+        sqlite3_bind_int64(q->cursor, 2, 0);
+        sqlite3_bind_int64(q->cursor, 3, INT64_MAX);
+      }
+      puts_t(&t, ",\n  \"");
+      puts_t(&t, export_sections[q->section].key);
+      puts_t(&t, "\": [");
+      q->section_rows = 0;
+    }
+    int rc;
+    while (t.len < STORE_EXPORT_CHUNK && !t.oom &&
+           (rc = sqlite3_step(q->cursor)) == SQLITE_ROW) {
+      puts_t(&t, q->section_rows++ ? ",\n    " : "\n    ");
+      put_row(&t, q->cursor);
+    }
+    if (t.len >= STORE_EXPORT_CHUNK || t.oom)
+      break; /* this section goes on in the next chunk */
+    if (rc != SQLITE_DONE) {
+      qfail(q, GNMR_E_STORE, "%s", sqlite3_errmsg(q->db));
+      free(t.p);
+      store_query_close(q);
+      return;
+    }
+    sqlite3_finalize(q->cursor);
+    q->cursor = NULL;
+    puts_t(&t, q->section_rows ? "\n  ]" : "]");
+    q->section++;
+  }
+  if (t.oom) {
+    free(t.p);
+    qfail(q, GNMR_E_NOMEM, "out of memory");
+    store_query_close(q);
+    return;
+  }
+  if (q->section == N_EXPORT_SECTIONS) {
+    puts_t(&t, "\n}\n");
+    store_query_close(q);
+  } else {
+    q->more = 1;
+  }
+  q->chunk = t.p;
+  q->chunk_len = t.len;
+}
+
 
 
 /* ---- the event kinds of the history ------------------------------------------ */

@@ -16,6 +16,16 @@ typedef struct store_query {
   const char *who;        /* tenancy: only jobs this key owns (or that
                              who_jobs matches, or nobody owns); NULL: all */
   const char *who_jobs;   /* fnmatch pattern, or NULL */
+  /* export streams: the answer comes as JSON text in chunks of about
+   * STORE_EXPORT_CHUNK bytes; the query keeps its connection and cursor
+   * between them (any thread, one at a time) */
+  struct sqlite3 *db;
+  struct sqlite3_stmt *cursor;
+  int section;
+  uint64_t section_rows;  /* rows of the current section so far */
+  char *chunk;            /* out: this chunk's text (the caller frees) */
+  size_t chunk_len;
+  int more;               /* out: another chunk follows */
   /* out */
   json_t *result;         /* the answer, NULL on error */
   int code;               /* GNMR_OK or the error */
@@ -29,7 +39,14 @@ typedef struct store_query {
 const char *store_query_history_sql(int by_unit, int by_kind, char *buf,
                                     size_t cap);
 
-/* Runs q against the database at path. Any thread. */
+#define STORE_EXPORT_CHUNK (1u << 20)
+
+/* Ends an export stream early (its connection and cursor). */
+void store_query_close(store_query *q);
+
+/* Runs q against the database at path. Any thread. An export answers in
+ * chunk (not result); while more is set, running q again gives the next
+ * chunk. */
 void store_query_run(const char *path, store_query *q);
 
 #endif /* GNMRD_STORE_QUERY_H */

@@ -3,6 +3,7 @@
  * reused) and never overwrites an earlier run's history; `gnmrctl runs`
  * lists them and `--run` selects one; a database of schema version 2 (one
  * history per name) migrates to runs with nothing lost. */
+#include <jansson.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
 
@@ -247,6 +248,83 @@ START_TEST(history_queries_read_in_index_order) {
 }
 END_TEST
 
+static long hwm_kb(pid_t pid) {
+  char path[64], line[256];
+  long kb = -1;
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  while (f && fgets(line, sizeof line, f))
+    if (strncmp(line, "VmHWM:", 6) == 0)
+      kb = strtol(line + 6, NULL, 10);
+  if (f)
+    fclose(f);
+  return kb;
+}
+
+/* An export streams in chunks: valid JSON with every row, while gnmrd's
+ * memory high-water stays far below the size of the answer. */
+START_TEST(export_streams_in_bounded_memory) {
+  /* valgrind runs the same with fewer rows (a chunk or two) */
+  const int slow = getenv("GNMR_VALGRIND") != NULL;
+  const int EVENTS = slow ? 10000 : 200000;
+  tu_daemon d = {0};
+  tu_daemon_start(&d); /* the schema */
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  char path[200];
+  snprintf(path, sizeof path, "%s/data/gnmr.db", d.dir);
+  sqlite3 *db;
+  sqlite3_stmt *st;
+  ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
+  ck_assert_int_eq(sqlite3_exec(db, "BEGIN; INSERT INTO jobs(run, name, "
+                                    "reporters, barrier_ms, state, pass, "
+                                    "last_step) VALUES(1, 'big', 1, 1000, "
+                                    "'finished', 1, 1000);"
+                                    "INSERT INTO units VALUES('big', 1, 0,"
+                                    " 'layer.0');",
+                                NULL, NULL, NULL),
+                   SQLITE_OK);
+  ck_assert_int_eq(sqlite3_prepare_v2(db, "INSERT INTO events(job, run, "
+                                          "pass, step, kind, unit, outcome,"
+                                          " norm, g, d, s, count, at) VALUES("
+                                          "'big', 1, 1, ?, 'exceed', 0, "
+                                          "'dropped', 1.5, 3, 3, 3, 0, 0)",
+                                      -1, &st, NULL),
+                   SQLITE_OK);
+  for (int i = 0; i < EVENTS; i++) {
+    sqlite3_bind_int64(st, 1, 1 + i / 200);
+    ck_assert_int_eq(sqlite3_step(st), SQLITE_DONE);
+    sqlite3_reset(st);
+  }
+  sqlite3_finalize(st);
+  ck_assert_int_eq(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+  sqlite3_close(db);
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, NULL);
+  long before = hwm_kb(d.pid);
+  run_result r = ctl(&d, "export", "big", NULL, NULL, NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  long after = hwm_kb(d.pid);
+  size_t len = strlen(r.out);
+  if (!slow)
+    ck_assert_uint_gt(len, 4u * STORE_EXPORT_CHUNK); /* several chunks */
+  json_error_t je;
+  json_t *v = json_loads(r.out, 0, &je);
+  ck_assert_msg(v != NULL, "not JSON at line %d: %s", je.line, je.text);
+  ck_assert_uint_eq(json_array_size(json_object_get(v, "events")),
+                    (size_t)EVENTS);
+  ck_assert_int_eq(json_integer_value(json_object_get(
+                       json_object_get(v, "job"), "run")),
+                   1);
+  json_decref(v);
+  if (getenv("GNMR_VALGRIND") == NULL && getenv("GNMR_SANITIZED") == NULL)
+    ck_assert_msg(after - before < 16 * 1024,
+                  "gnmrd's high-water grew %ld kB for a %zu kB export",
+                  after - before, len / 1024);
+  tu_run_free(&r);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("runs");
   TCase *tc = tcase_create("runs");
@@ -254,6 +332,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, a_name_used_again_is_a_new_run_and_overwrites_nothing);
   tcase_add_test(tc, a_version_2_database_migrates_to_runs);
   tcase_add_test(tc, history_queries_read_in_index_order);
+  tcase_add_test(tc, export_streams_in_bounded_memory);
   suite_add_tcase(s, tc);
   return s;
 }

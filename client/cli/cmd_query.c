@@ -173,6 +173,38 @@ static const char usage[] =
     "  history); finish ends a running job whose processes are gone.\n"
     "  Common: --timeout-ms MS (default 3000).\n";
 
+/* An export comes in chunks of JSON text: each is printed as it arrives
+ * and the next asked for (env is the first; taken), so that neither gnmrd
+ * nor gnmrctl holds more than a chunk. */
+static int export_stream(const cli_globals *g, Gnmr__Envelope *req,
+                         Gnmr__Envelope *env, int timeout) {
+  int code = CLI_OK;
+  for (;;) {
+    const Gnmr__AdminReply *rep = env->admin_reply;
+    size_t n = strlen(rep->json);
+    if (fwrite(rep->json, 1, n, stdout) != n)
+      code = CLI_FAIL;
+    int more = rep->more;
+    req->admin_request->stream = rep->stream;
+    gnmr__wire_free(&env);
+    if (!more || code != CLI_OK)
+      break;
+    if ((env = cli_admin_call(g, req, timeout)) == NULL)
+      return CLI_FAIL;
+    if (env->body_case != GNMR__ENVELOPE__BODY_ADMIN_REPLY) {
+      fprintf(stderr, "gnmrctl export: %s\n",
+              env->body_case == GNMR__ENVELOPE__BODY_ERROR
+                  ? env->error->message
+                  : "unexpected reply from gnmrd");
+      gnmr__wire_free(&env);
+      return CLI_FAIL;
+    }
+  }
+  if (fflush(stdout) != 0)
+    code = CLI_FAIL;
+  return code;
+}
+
 int cmd_query(const cli_globals *g, int argc, char **argv) {
   static const struct option longopts[] = {
       {"json", no_argument, NULL, 'j'},
@@ -276,6 +308,8 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
     gnmr__wire_free(&env);
     return CLI_FAIL;
   }
+  if (k == GNMR_CMD_EXPORT) /* streamed: printed chunk by chunk */
+    return export_stream(g, &req, env, (int)timeout);
   json_error_t jerr;
   json_t *v = json_loads(env->admin_reply->json, 0, &jerr);
   if (v == NULL) {
