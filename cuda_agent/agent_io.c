@@ -283,9 +283,10 @@ void *gnmr__agent_io_main(void *arg) {
     while (zmq_msg_recv(&msg, io.pull, ZMQ_DONTWAIT) >= 0) {
       size_t n = zmq_msg_size(&msg);
       void *copy;
-      if (atomic_load(&a->joined))
-        send_report(a, &io, zmq_msg_data(&msg), n);
-      else if ((copy = malloc(n ? n : 1)) != NULL) {
+      if (atomic_load(&a->joined)) { /* forwarded as it is: no copy */
+        if (zmq_msg_send(&msg, io.dealer, ZMQ_DONTWAIT) < 0)
+          atomic_fetch_add(&a->reports_dropped, 1);
+      } else if ((copy = malloc(n ? n : 1)) != NULL) {
         memcpy(copy, zmq_msg_data(&msg), n);
         hold(a, &io, copy, n);
       } else

@@ -17,6 +17,15 @@
 #include "params.h"
 #include "wire.h"
 
+/* A buffer a report is packed into and handed to ZeroMQ without a copy;
+ * ZeroMQ's free callback (any thread) clears busy when it is done. */
+#define REPORT_POOL 4
+typedef struct pool_buf {
+  uint8_t *p;
+  size_t cap;
+  atomic_int busy;
+} pool_buf;
+
 /* Buffers reused by every report of an agent, grown once. */
 typedef struct report_scratch {
   double *sumsq;
@@ -71,6 +80,7 @@ struct gnmr_agent {
    * allocates nothing once these have their size */
   report_scratch enc;  /* under push_mu: the values and the packed bytes */
   report_scratch cpu;  /* under cpu_mu: gnmr_agent_report's reduction */
+  pool_buf pool[REPORT_POOL]; /* under push_mu, but for busy */
   pthread_mutex_t cpu_mu;
 
   /* counters */

@@ -2,11 +2,14 @@
 /* agent_report.c — reports: reduce (CPU backend), encode and queue a step's
  * per-unit sums for the I/O thread through an inproc PUSH/PULL pair, never
  * blocking. Any thread (the training thread, the CUDA completion thread).
- * The steady state allocates nothing: values and packed bytes go through
- * the agent's scratch buffers (sized at open, the pack buffer grown to the
- * largest report once), under the lock that also orders the pipe. */
+ * A report is packed straight from the caller's arrays into one of a few
+ * pool buffers that ZeroMQ takes without a copy (zmq_msg_init_data) and
+ * the I/O thread forwards as it is; the steady state allocates nothing of
+ * ours (libzmq allocates its small message header). Under the lock that
+ * also orders the pipe. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "agent_internal.h"
@@ -40,6 +43,27 @@ static void scratch_free(report_scratch *s) {
 void gnmr__agent_scratch_free(gnmr_agent *a) {
   scratch_free(&a->enc);
   scratch_free(&a->cpu);
+  /* ZeroMQ releases the buffers of dropped messages as it tears the
+   * closed sockets down (at once when the context ends): wait for that,
+   * briefly; a buffer still held then is left to ZeroMQ, never freed
+   * under it. */
+  for (int tries = 0; tries < 2000; tries++) {
+    int busy = 0;
+    for (int i = 0; i < REPORT_POOL; i++)
+      busy |= atomic_load(&a->pool[i].busy);
+    if (!busy)
+      break;
+    usleep(1000);
+  }
+  for (int i = 0; i < REPORT_POOL; i++)
+    if (!atomic_load(&a->pool[i].busy))
+      free(a->pool[i].p);
+}
+
+/* ZeroMQ is done with a pool buffer (any thread). */
+static void pool_release(void *data, void *hint) {
+  (void)data;
+  atomic_store(&((pool_buf *)hint)->busy, 0);
 }
 
 /* last_reported only grows: CUDA results arrive after later steps began. */
@@ -64,42 +88,98 @@ static int queue_values(gnmr_agent *a, uint64_t step, const double *sumsq,
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   Gnmr__Report r = GNMR__REPORT__INIT;
   report_scratch *e = &a->enc;
+  const uint32_t n = a->n_units;
   int any_nf = 0, any_nr = 0, rv = GNMR_OK;
   pthread_mutex_lock(&a->push_mu);
-  for (uint32_t i = 0; i < a->n_units; i++) {
-    int skip = (not_reported && not_reported[i]) || (seen && !seen[i]);
-    e->sumsq[i] = skip ? 0 : sumsq[i];
-    e->nonfinite[i] = skip || !nonfinite ? 0 : nonfinite[i];
-    e->not_reported[i] = skip;
-    any_nf |= e->nonfinite[i] != 0;
-    any_nr |= skip;
+  /* Packed straight from the caller's arrays; the flags a unit without a
+   * value needs are built only when some unit has none. gnmrd ignores the
+   * sum and the count of a unit marked not reported. */
+  uint8_t nr_any = 0;
+  if (not_reported != NULL)
+    for (uint32_t i = 0; i < n; i++)
+      nr_any |= not_reported[i];
+  if (seen != NULL)
+    for (uint32_t i = 0; i < n; i++)
+      nr_any |= !seen[i];
+  if (nr_any) {
+    for (uint32_t i = 0; i < n; i++)
+      e->not_reported[i] = (not_reported && not_reported[i]) ||
+                           (seen && !seen[i]);
+    any_nr = 1;
+  }
+  if (nonfinite != NULL) {
+    uint64_t acc = 0;
+    for (uint32_t i = 0; i < n; i++)
+      acc |= nonfinite[i];
+    any_nf = acc != 0;
   }
   r.job = a->job;
   r.rank = a->rank;
   r.step = step;
-  r.n_sumsq = a->n_units;
-  r.sumsq = e->sumsq;
-  r.n_nonfinite = any_nf ? a->n_units : 0;
-  r.nonfinite = e->nonfinite;
-  r.n_not_reported = any_nr ? a->n_units : 0;
+  r.n_sumsq = n;
+  r.sumsq = (double *)sumsq;
+  r.n_nonfinite = any_nf ? n : 0;
+  r.nonfinite = (uint64_t *)nonfinite;
+  r.n_not_reported = any_nr ? n : 0;
   r.not_reported = e->not_reported;
   env.body_case = GNMR__ENVELOPE__BODY_REPORT;
   env.report = &r;
   size_t len = gnmr__wire_packed_size(&env);
-  if (len > e->pack_cap) { /* the first report, or a larger one: room for
-                              longer varints (steps, counts) to come */
+  int sent;
+  pool_buf *b = NULL;
+  for (int i = 0; i < REPORT_POOL && b == NULL; i++)
+    if (!atomic_load(&a->pool[i].busy))
+      b = &a->pool[i];
+  if (b != NULL && len > b->cap) {
+    /* the first report, or a larger one: every free buffer takes the new
+     * size now (with room for longer varints), the copying path's too, so
+     * that the steady state allocates nothing whichever buffer it gets */
     size_t cap = len + len / 8 + 64;
-    uint8_t *b = realloc(e->pack, cap);
-    if (b == NULL) {
+    for (int i = 0; i < REPORT_POOL; i++) {
+      pool_buf *o = &a->pool[i];
+      uint8_t *p;
+      if (o->cap < cap && !atomic_load(&o->busy) &&
+          (p = realloc(o->p, cap)) != NULL) {
+        o->p = p;
+        o->cap = cap;
+      }
+    }
+    uint8_t *p;
+    if (cap > e->pack_cap && (p = realloc(e->pack, cap)) != NULL) {
+      e->pack = p;
+      e->pack_cap = cap;
+    }
+    if (len > b->cap)
+      b = NULL; /* out of memory: the copying path below */
+  }
+  if (b != NULL) { /* zero-copy: ZeroMQ takes the buffer until sent */
+    zmq_msg_t m;
+    len = gnmr__wire_pack(&env, b->p);
+    atomic_store(&b->busy, 1);
+    if (zmq_msg_init_data(&m, b->p, len, pool_release, b) != 0) {
+      atomic_store(&b->busy, 0);
       rv = GNMR_E_NOMEM;
       goto out;
     }
-    e->pack = b;
-    e->pack_cap = cap;
+    gnmr__agent_mark_reported(a, step);
+    sent = zmq_msg_send(&m, a->push, ZMQ_DONTWAIT) >= 0;
+    if (!sent)
+      zmq_msg_close(&m); /* releases b */
+  } else { /* every pool buffer still in flight: one copy */
+    if (len > e->pack_cap) {
+      size_t cap = len + len / 8 + 64;
+      uint8_t *p = realloc(e->pack, cap);
+      if (p == NULL) {
+        rv = GNMR_E_NOMEM;
+        goto out;
+      }
+      e->pack = p;
+      e->pack_cap = cap;
+    }
+    len = gnmr__wire_pack(&env, e->pack);
+    gnmr__agent_mark_reported(a, step);
+    sent = zmq_send(a->push, e->pack, len, ZMQ_DONTWAIT) >= 0;
   }
-  len = gnmr__wire_pack(&env, e->pack);
-  gnmr__agent_mark_reported(a, step);
-  int sent = zmq_send(a->push, e->pack, len, ZMQ_DONTWAIT) >= 0;
   atomic_fetch_add(sent ? &a->reports_sent : &a->reports_dropped, 1);
 out:
   pthread_mutex_unlock(&a->push_mu);
@@ -112,9 +192,16 @@ int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step, const double *sumsq,
   if (a == NULL || sumsq == NULL || step == 0 ||
       step <= atomic_load(&a->last_reported))
     return GNMR_E_INVAL;
-  for (uint32_t i = 0; i < a->n_units; i++)
-    if (!(sumsq[i] >= 0) && !(not_reported && not_reported[i]))
-      return GNMR_E_INVAL; /* negative or NaN: use nonfinite counts */
+  /* negative or NaN: use nonfinite counts (one branch-free pass) */
+  int bad = 0;
+  if (not_reported == NULL)
+    for (uint32_t i = 0; i < a->n_units; i++)
+      bad |= !(sumsq[i] >= 0);
+  else
+    for (uint32_t i = 0; i < a->n_units; i++)
+      bad |= !(sumsq[i] >= 0) & !not_reported[i];
+  if (bad)
+    return GNMR_E_INVAL;
   return queue_values(a, step, sumsq, nonfinite, not_reported, NULL);
 }
 
