@@ -41,18 +41,20 @@ CPPFLAGS += -D_GNU_SOURCE -DGNMR_VERSION='"$(VERSION)"' -DGNMR_HAVE_CUDA=$(CUDA)
             -Iinclude -Icommon
 # Each folder sees only the headers of what it may use, so that a
 # cross-folder include shows up as a build error: common < policy < proto <
-# client (the replay, gnmrctl), cuda_agent, daemon, sim; the daemon never
+# store (the history's database and queries: gnmrd's and gnmrctl --store's)
+# < client (the replay, gnmrctl), cuda_agent, daemon, sim; the daemon never
 # sees client/ and the agent never sees the daemon.
 INC_POLICY := -Ipolicy
 INC_PROTO := $(INC_POLICY) -Iproto -I$(GEN)
 $(BUILD)/obj/policy/%.o: CPPFLAGS += $(INC_POLICY)
 $(BUILD)/obj/proto/%.o $(BUILD)/obj/gen/%.o: CPPFLAGS += $(INC_PROTO)
-$(BUILD)/obj/client/%.o: CPPFLAGS += $(INC_PROTO) -Iclient
+$(BUILD)/obj/client/%.o: CPPFLAGS += $(INC_PROTO) -Istore -Iclient
 $(BUILD)/obj/cuda_agent/%.o: CPPFLAGS += $(INC_PROTO) -Icuda_agent
-$(BUILD)/obj/daemon/%.o: CPPFLAGS += $(INC_PROTO) -Idaemon
+$(BUILD)/obj/store/%.o: CPPFLAGS += $(INC_PROTO) -Istore $(PQ_CFLAGS)
+$(BUILD)/obj/daemon/%.o: CPPFLAGS += $(INC_PROTO) -Istore -Idaemon
 $(BUILD)/obj/sim/%.o: CPPFLAGS += $(INC_PROTO) -Iclient
 $(BUILD)/obj/tests/%.o $(BUILD)/obj/bench/%.o $(BUILD)/obj/fuzz/%.o: \
-  CPPFLAGS += $(INC_PROTO) -Iclient -Icuda_agent -Idaemon
+  CPPFLAGS += $(INC_PROTO) -Iclient -Icuda_agent -Istore -Idaemon
 CFLAGS ?= $(OPT) -g
 CFLAGS += -std=c11 $(WARN) -fvisibility=hidden -fPIC -pthread
 LDLIBS += -lm -pthread
@@ -68,7 +70,8 @@ CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
 ZMQ_LIBS = $(shell pkg-config --libs libzmq 2>/dev/null || echo -lzmq)
 PBC_LIBS = $(shell pkg-config --libs libprotobuf-c 2>/dev/null || echo -lprotobuf-c)
 UV_LIBS = $(shell pkg-config --libs libuv 2>/dev/null || echo -luv)
-DB_LIBS = $(shell pkg-config --libs sqlite3 jansson 2>/dev/null || echo -lsqlite3 -ljansson)
+DB_LIBS = $(shell pkg-config --libs sqlite3 jansson libpq 2>/dev/null || echo -lsqlite3 -ljansson -lpq)
+PQ_CFLAGS = $(shell pkg-config --cflags libpq 2>/dev/null || echo -I/usr/include/postgresql)
 DAEMON_LIBS = $(shell pkg-config --libs inih libsystemd libmicrohttpd 2>/dev/null || echo -linih -lsystemd -lmicrohttpd)
 NET_LIBS = $(ZMQ_LIBS) $(PBC_LIBS)
 
@@ -80,6 +83,7 @@ POLICY_SRC := policy/policy.c policy/snapshot.c
 WIRE_SRC := proto/wire.c proto/validate.c proto/commands.c
 PROTO_C := $(GEN)/proto/gnmr.pb-c.c
 REPLAY_SRC := client/replay.c client/trace.c
+STORE_SRC := $(wildcard store/*.c)
 GNMRCTL_SRC := $(wildcard client/cli/*.c)
 AGENT_SRC := cuda_agent/agent.c cuda_agent/agent_config.c cuda_agent/agent_ctx.c \
              cuda_agent/agent_io.c cuda_agent/agent_report.c \
@@ -104,6 +108,7 @@ LIB_COMMON := $(BUILD)/lib/libgnmr-common.a
 LIB_PARAMS := $(BUILD)/lib/libgnmr-params.a
 LIB_POLICY := $(BUILD)/lib/libgnmr-policy.a
 LIB_REPLAY := $(BUILD)/lib/libgnmr-replay.a
+LIB_STORE := $(BUILD)/lib/libgnmr-store.a
 LIB_WIRE := $(BUILD)/lib/libgnmr-wire.a
 LIB_AGENT := $(BUILD)/lib/libgnmr-agent.a
 SO_AGENT := $(BUILD)/lib/libgnmr-agent.so
@@ -157,12 +162,13 @@ $(BUILD)/obj/gen/gnmr.pb-c.o: $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-unused-parameter -c $< -o $@
 # Everything that includes wire.h needs the generated header first.
-$(call obj,$(WIRE_SRC) $(AGENT_SRC) $(GNMRD_SRC) $(SIM_SRC) $(GNMRCTL_SRC) $(REPLAY_SRC)): $(GEN)/proto/gnmr.pb-c.h
+$(call obj,$(WIRE_SRC) $(AGENT_SRC) $(GNMRD_SRC) $(SIM_SRC) $(GNMRCTL_SRC) $(REPLAY_SRC) $(STORE_SRC)): $(GEN)/proto/gnmr.pb-c.h
 
 $(LIB_COMMON): $(call obj,$(COMMON_SRC))
 $(LIB_PARAMS): $(call obj,$(PARAMS_SRC))
 $(LIB_POLICY): $(call obj,$(POLICY_SRC))
 $(LIB_REPLAY): $(call obj,$(REPLAY_SRC))
+$(LIB_STORE): $(call obj,$(STORE_SRC))
 $(LIB_WIRE): $(call obj,$(WIRE_SRC)) $(BUILD)/obj/gen/gnmr.pb-c.o
 $(LIB_AGENT): $(AGENT_OBJ)
 $(BUILD)/lib/%.a:
@@ -176,11 +182,11 @@ $(SO_AGENT): $(AGENT_OBJ) $(LIB_WIRE) $(LIB_PARAMS) $(LIB_COMMON)
 	$(CC) -shared $(CFLAGS) $(LDFLAGS) -Wl,-soname,libgnmr-agent.so.0 $^ \
 	  $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 
-$(GNMRCTL): $(call obj,$(GNMRCTL_SRC)) $(LIB_REPLAY) $(LIB_WIRE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON)
+$(GNMRCTL): $(call obj,$(GNMRCTL_SRC)) $(LIB_REPLAY) $(LIB_STORE) $(LIB_WIRE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(DB_LIBS) $(NET_LIBS) $(LDLIBS) -o $@
 
-$(GNMRD): $(call obj,$(GNMRD_SRC)) $(LIB_WIRE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON)
+$(GNMRD): $(call obj,$(GNMRD_SRC)) $(LIB_STORE) $(LIB_WIRE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(UV_LIBS) $(DB_LIBS) $(DAEMON_LIBS) $(NET_LIBS) $(LDLIBS) -o $@
 
@@ -215,7 +221,7 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TEST_LIBS)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 $(BUILD)/obj/bench/%.o: $(GEN)/proto/gnmr.pb-c.h
 STORE_OBJ = $(call obj,daemon/store.c daemon/store_apply.c daemon/store_restore.c \
-              daemon/store_query.c daemon/views.c)
+              daemon/store_view.c daemon/views.c) $(LIB_STORE)
 # test_runs checks the history queries' plans (EXPLAIN QUERY PLAN).
 $(BUILD)/tests/test_runs: $(BUILD)/obj/tests/test_runs.o $(STORE_OBJ) $(TEST_LIBS)
 	@mkdir -p $(dir $@)

@@ -256,6 +256,7 @@ static void start_query(gnmrd *d, const void *id, size_t id_len, int command,
   q->id_len = id_len;
   snprintf(q->path, sizeof q->path, "%s", store_path(d->st));
   q->sq.command = command;
+  q->sq.view = store_view_job;
   q->sq.job = q->job;
   q->sq.unit = q->unit;
   q->sq.kind = q->kind;

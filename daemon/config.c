@@ -15,7 +15,16 @@
 #include "num.h"
 #include "params.h"
 
-enum kind { K_PATH, K_ENDPOINT, K_ADDR, K_LEVEL, K_U64, K_BOOL, K_POLICY };
+enum kind {
+  K_PATH,
+  K_STORE,
+  K_ENDPOINT,
+  K_ADDR,
+  K_LEVEL,
+  K_U64,
+  K_BOOL,
+  K_POLICY
+};
 
 static const struct {
   const char *section, *key;
@@ -24,6 +33,8 @@ static const struct {
   uint64_t min, max;
 } keys[] = {
     {"gnmrd", "data_dir", K_PATH, offsetof(gnmrd_config, data_dir), 0, 0},
+    {"gnmrd", "store", K_STORE, offsetof(gnmrd_config, store), 0, 0},
+    {"gnmrd", "standby", K_BOOL, offsetof(gnmrd_config, standby), 0, 1},
     {"gnmrd", "agents", K_ENDPOINT, offsetof(gnmrd_config, agents), 0, 0},
     {"gnmrd", "admin", K_ENDPOINT, offsetof(gnmrd_config, admin), 0, 0},
     {"gnmrd", "metrics", K_ADDR, offsetof(gnmrd_config, metrics), 0, 0},
@@ -104,6 +115,20 @@ int config_set(gnmrd_config *c, const char *section, const char *key,
       if (keys[i].kind == K_ENDPOINT && strstr(value, "://") == NULL) {
         snprintf(err, errlen, "key '%s': '%s' is not a ZeroMQ endpoint "
                               "(ipc:///path or tcp://host:port)", key, value);
+        return GNMR_E_PARSE;
+      }
+      snprintf(field, 1024, "%s", value);
+      return GNMR_OK;
+    case K_STORE:
+      /* SQLite lives in data_dir; store names a PostgreSQL database */
+      if (value[0] != '\0' &&
+          (strlen(value) >= 1024 ||
+           (strncmp(value, "postgresql://", 13) != 0 &&
+            strncmp(value, "postgres://", 11) != 0))) {
+        snprintf(err, errlen,
+                 "key '%s': '%.64s' is not a postgresql:// URL (SQLite, the "
+                 "default, needs no store: it lives in data_dir)",
+                 key, value);
         return GNMR_E_PARSE;
       }
       snprintf(field, 1024, "%s", value);

@@ -12,6 +12,8 @@
 
 typedef struct gnmrd_config {
   char data_dir[1024];
+  char store[1024];      /* a postgresql:// URL, or "": SQLite in data_dir */
+  uint64_t standby;      /* wait for the store's leadership (PostgreSQL) */
   char agents[1024];
   char admin[1024];
   char metrics[256];     /* HOST:PORT of the Prometheus endpoint, or "" */

@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: MIT */
-/* store.c — the SQLite history (see store.h). WAL with synchronous=NORMAL
- * survives a crash of gnmrd; the writer thread takes the whole queue per
- * batch and commits it in one transaction. A failed batch (disk full, a
- * read-only file) is rolled back, logged, counted and retried with backoff;
- * records are only freed once committed. */
+/* store.c — the history's writer (see store.h). The writer thread takes
+ * the whole queue per batch and commits it in one transaction. A failed
+ * batch (disk full, a read-only file or database, a PostgreSQL server
+ * that went away) is rolled back, logged, counted and retried with
+ * backoff, reconnecting first when the connection was lost; records are
+ * only freed once committed, and stay queued (up to QUEUE_CAP) while the
+ * database is away. SQLite's file runs in WAL with synchronous=NORMAL,
+ * which survives a crash of gnmrd. */
 #include "store.h"
 #include "store_sql.h"
 
@@ -75,19 +78,19 @@ static void *writer_main(void *arg) {
     if (batch == NULL && stop)
       break;
 
-    if (s->fault_until != 0 && !s->fault_lifted) {
+    if (s->fault_until != 0 && !s->fault_lifted &&
+        db_sqlite_handle(s->db) != NULL) {
       char pragma[96];
       int on = store__now_ms() < s->fault_until;
       if (s->fault_readonly) {
         snprintf(pragma, sizeof pragma, "PRAGMA query_only=%d", on);
       } else if (on) {
-        sqlite3_stmt *pc;
+        db_stmt *pc;
         long long pages = 1;
-        if (sqlite3_prepare_v2(s->db, "PRAGMA page_count", -1, &pc, NULL) ==
-            SQLITE_OK) {
-          if (sqlite3_step(pc) == SQLITE_ROW)
-            pages = sqlite3_column_int64(pc, 0);
-          sqlite3_finalize(pc);
+        if (db_prepare(s->db, "PRAGMA page_count", &pc) == GNMR_OK) {
+          if (db_step(pc) == DB_ROW)
+            pages = db_column_int64(pc, 0);
+          db_finalize(pc);
         }
         snprintf(pragma, sizeof pragma, "PRAGMA max_page_count=%lld", pages);
       } else {
@@ -99,18 +102,20 @@ static void *writer_main(void *arg) {
     char err[256] = "";
     struct timespec c0, c1;
     clock_gettime(CLOCK_MONOTONIC, &c0);
-    int rv = store__exec(s->db, "BEGIN IMMEDIATE", err, sizeof err);
+    int rv = db_begin(s->db);
+    if (rv != GNMR_OK)
+      snprintf(err, sizeof err, "%s", db_errmsg(s->db));
     for (store_rec *r = batch; rv == GNMR_OK && r; r = r->next) {
       rv = store__apply(s, r);
       if (rv == GNMR_OK && r->kind == REC_STEP)
         rv = store__retain(s, r->run, r->step);
       if (rv != GNMR_OK)
-        snprintf(err, sizeof err, "%s", sqlite3_errmsg(s->db));
+        snprintf(err, sizeof err, "%s", db_errmsg(s->db));
     }
     if (rv == GNMR_OK)
       rv = store__exec(s->db, "COMMIT", err, sizeof err);
-    int ec = sqlite3_errcode(s->db);
-    if (rv != GNMR_OK && (ec == SQLITE_CORRUPT || ec == SQLITE_NOTADB)) {
+    int ec = rv != GNMR_OK ? db_error_class(s->db) : 0;
+    if (ec == DB_ERR_DAMAGED) {
       /* retrying cannot help: the history stops here, loudly; decisions
        * go on (they never wait on the store) */
       store__exec(s->db, "ROLLBACK", NULL, 0);
@@ -119,7 +124,7 @@ static void *writer_main(void *arg) {
       if (!s->corrupt)
         LOG(ERROR, "STORE-CORRUPT", "%s: %s: the database is damaged; no "
             "more history is written (restore it from a backup, or move it "
-            "away and restart gnmrd)", s->path, err);
+            "away and restart gnmrd)", s->shown, err);
       s->corrupt = 1;
       while (batch) {
         store_rec *next = batch->next;
@@ -129,10 +134,11 @@ static void *writer_main(void *arg) {
       continue;
     }
     if (rv != GNMR_OK) {
-      store__exec(s->db, "ROLLBACK", NULL, 0);
+      if (ec != DB_ERR_CONNECTION)
+        db_rollback(s->db);
       atomic_fetch_add(&s->errors, 1);
       LOG(ERROR, "STORE-COMMIT", "%s: %s (%llu records kept, retrying)",
-          s->path, err, (unsigned long long)n);
+          s->shown, err, (unsigned long long)n);
       /* put the batch back in front of anything queued since */
       pthread_mutex_lock(&s->mu);
       store_rec *last = batch;
@@ -157,6 +163,12 @@ static void *writer_main(void *arg) {
         break;
       }
       usleep(backoff_ms * 1000);
+      if (ec == DB_ERR_CONNECTION) {
+        if (db_reconnect(s->db) == GNMR_OK)
+          LOG(INFO, "STORE-RECONNECT", "%s: connected again", s->shown);
+        else
+          LOG(WARN, "STORE-RECONNECT", "%s: %s", s->shown, db_errmsg(s->db));
+      }
       continue;
     }
     backoff_ms = 0;
@@ -176,9 +188,9 @@ static void *writer_main(void *arg) {
       store_rec_free(batch);
       batch = next;
     }
-    if ((since_checkpoint += n) > 50000) {
-      sqlite3_wal_checkpoint_v2(s->db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL,
-                                NULL);
+    if ((since_checkpoint += n) > 50000 && db_sqlite_handle(s->db)) {
+      sqlite3_wal_checkpoint_v2(db_sqlite_handle(s->db), NULL,
+                                SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
       since_checkpoint = 0;
     }
   }
@@ -191,39 +203,38 @@ static void *writer_main(void *arg) {
   return NULL;
 }
 
-int store_open(const char *dir, uint32_t snapshot_every, uint64_t retain_steps,
+int store_open(const char *where, uint32_t snapshot_every, uint64_t retain_steps,
                store **out, char *err, size_t errlen) {
   store *s = calloc(1, sizeof *s);
   *out = NULL;
   if (s == NULL)
     return GNMR_E_NOMEM;
-  snprintf(s->path, sizeof s->path, "%s/gnmr.db", dir);
+  store_target(where, s->path, sizeof s->path);
+  db_target_display(s->path, s->shown, sizeof s->shown);
   s->snapshot_every = snapshot_every ? snapshot_every : 1;
   s->retain_steps = retain_steps;
-  if (sqlite3_open_v2(s->path, &s->db,
-                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
-                          SQLITE_OPEN_NOMUTEX,
-                      NULL) != SQLITE_OK) {
-    snprintf(err, errlen, "%s: %s", s->path, sqlite3_errmsg(s->db));
+  if (db_open(s->path, DB_CREATE, &s->db, err, errlen) != GNMR_OK)
     goto fail;
-  }
   if (store__configure(s->db) != GNMR_OK) {
-    snprintf(err, errlen, "%s: %s", s->path, sqlite3_errmsg(s->db));
+    snprintf(err, errlen, "%s: %s", s->shown, db_errmsg(s->db));
     goto fail;
   }
   if (store__integrity(s->db, err, errlen) != GNMR_OK ||
-      store__migrate(s->db, err, errlen) != GNMR_OK)
+      store__migrate(s->db, err, errlen) != GNMR_OK) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", err);
+    snprintf(err, errlen, "%s: %s", s->shown, why);
     goto fail;
+  }
   {
-    sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(s->db, "SELECT COALESCE(MAX(run), 0) FROM jobs",
-                           -1, &st, NULL) != SQLITE_OK) {
-      snprintf(err, errlen, "%s: %s", s->path, sqlite3_errmsg(s->db));
+    db_stmt *st;
+    if (db_prepare(s->db, "SELECT COALESCE(MAX(run), 0) FROM jobs", &st) != GNMR_OK) {
+      snprintf(err, errlen, "%s: %s", s->shown, db_errmsg(s->db));
       goto fail;
     }
-    if (sqlite3_step(st) == SQLITE_ROW)
-      s->last_run = (uint64_t)sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
+    if (db_step(st) == DB_ROW)
+      s->last_run = (uint64_t)db_column_int64(st, 0);
+    db_finalize(st);
   }
   const char *fault = getenv("GNMR_STORE_FAULT");
   if (fault != NULL) {
@@ -247,7 +258,7 @@ int store_open(const char *dir, uint32_t snapshot_every, uint64_t retain_steps,
   *out = s;
   return GNMR_OK;
 fail:
-  sqlite3_close(s->db);
+  db_close(s->db);
   free(s);
   return GNMR_E_STORE;
 }
@@ -261,12 +272,13 @@ void store_close(store **ps) {
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
   pthread_join(s->thread, NULL);
-  sqlite3_finalize(s->st_step);
-  sqlite3_finalize(s->st_event);
-  sqlite3_finalize(s->st_last);
-  sqlite3_wal_checkpoint_v2(s->db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL,
-                            NULL);
-  sqlite3_close(s->db);
+  db_finalize(s->st_step);
+  db_finalize(s->st_event);
+  db_finalize(s->st_last);
+  if (db_sqlite_handle(s->db) != NULL)
+    sqlite3_wal_checkpoint_v2(db_sqlite_handle(s->db), NULL,
+                              SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+  db_close(s->db);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
   free(s);

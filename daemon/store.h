@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* store.h — gnmrd's history in SQLite (DATA_DIR/gnmr.db): jobs, their
- * parameters over time, units, one row per decided step (with its
- * decision), the policy's events, operational events, and policy-state
- * snapshots. The loop thread hands records to store_put(), which never
- * waits on SQLite; the store's writer thread owns its connection and
- * commits whatever is queued in one transaction. A record is applied whole
- * or not at all, so a step's snapshot always commits with its step row. */
+/* store.h — gnmrd's history: jobs, their parameters over time, units, one
+ * row per decided step (with its decision), the policy's events,
+ * operational events, and policy-state snapshots. It lives in SQLite
+ * (DATA_DIR/gnmr.db, the default) or in PostgreSQL (a postgresql:// URL:
+ * `--store`), through one interface (db.h) and one set of statements. The
+ * loop thread hands records to store_put(), which never waits on the
+ * database; the store's writer thread owns its connection and commits
+ * whatever is queued in one transaction. A record is applied whole or not
+ * at all, so a step's snapshot always commits with its step row. */
 #ifndef GNMRD_STORE_H
 #define GNMRD_STORE_H
 
@@ -13,32 +15,7 @@
 #include <stdint.h>
 
 #include "policy.h"
-
-#define STORE_SCHEMA_VERSION 4
-
-/* The operational events of the history (besides the policy's events,
- * POLICY_EVENTS): XX(ID, name), the name being the events table's kind. */
-#define STORE_OP_EVENTS(XX)                                                  \
-  XX(JOB_STARTED, "job_started")                                             \
-  XX(JOB_RESUMED, "job_resumed")                                             \
-  XX(JOB_FINISHED, "job_finished")                                           \
-  XX(JOB_RETIRED, "job_retired")                                             \
-  XX(AGENT_JOINED, "agent_joined")                                           \
-  XX(AGENT_LEFT, "agent_left")                                               \
-  XX(PARAMS_CHANGED, "params_changed")
-
-enum store_op_event {
-#define STORE__EV_ENUM(id, name) STORE_EV_##id,
-  STORE_OP_EVENTS(STORE__EV_ENUM)
-#undef STORE__EV_ENUM
-  STORE_EV_COUNT
-};
-
-const char *store_op_event_name(int kind);
-/* Whether kind names an event of the history (the policy's or ours). */
-int store_event_kind_known(const char *kind);
-/* "exceed, promote, ..., params_changed": every kind, for messages. */
-const char *store_event_kinds(void);
+#include "store_schema.h"
 
 enum store_rec_kind {
   REC_JOB = 1,   /* job started or resumed: reporters, barrier, params */
@@ -95,10 +72,11 @@ typedef struct store_stats {
 
 typedef struct store store;
 
-/* Opens (creating or migrating) DATA_DIR/gnmr.db and starts the writer
- * thread. snapshot_every: steps between snapshots; retain_steps: history
- * kept per job (0 = all). Errors: GNMR_E_STORE with a message in err. */
-int store_open(const char *dir, uint32_t snapshot_every, uint64_t retain_steps,
+/* Opens (creating or migrating) the store at where (store_target) and
+ * starts the writer thread. snapshot_every: steps between snapshots;
+ * retain_steps: history kept per job (0 = all). Errors: GNMR_E_STORE with
+ * a message in err (the URL's password never shown). */
+int store_open(const char *where, uint32_t snapshot_every, uint64_t retain_steps,
                store **out, char *err, size_t errlen);
 
 /* Commits everything queued, stops the writer, closes. NULL-safe. */
@@ -120,6 +98,7 @@ uint32_t store_snapshot_every(const store *s);
 /* The largest run id in the store at open (0: none): new runs take the
  * ids after it, so that none is ever reused. */
 uint64_t store_last_run(const store *s);
+/* The target (store_target): what queries open. */
 const char *store_path(const store *s);
 void store_get_stats(store *s, store_stats *st);
 
@@ -144,11 +123,14 @@ typedef struct store_job {
 
 /* Reads every unfinished job. Calls fn for each (fn takes nothing; the
  * store_job is freed after fn returns). Returns 0 or GNMR_E_STORE. */
-int store_restore(const char *dir, void (*fn)(const store_job *, void *),
+int store_restore(const char *where, void (*fn)(const store_job *, void *),
                   void *ctx, char *err, size_t errlen);
 
-/* Opens a short-lived read connection (queries): busy timeout set. */
-struct sqlite3;
-int store_open_reader(const char *path, struct sqlite3 **db);
+/* A job's status, units or top from the store (store_view.c): the view
+ * of store_query (store_query.h). */
+struct store_query;
+struct db;
+struct json_t;
+struct json_t *store_view_job(struct store_query *q, struct db *db);
 
 #endif /* GNMRD_STORE_H */

@@ -111,217 +111,268 @@ int64_t store__now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int store__exec(sqlite3 *db, const char *sql, char *err, size_t errlen) {
-  char *msg = NULL;
-  if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+/* PostgreSQL's schema: born at version 4, the SQLite schema's shape
+ * (runs, the two events indexes) with PostgreSQL's types (64-bit
+ * integers, double precision, bytea) and a "rowid" column where the store
+ * reads rows in insertion order (params, events), so that the statements
+ * are the same. Later versions append migrations to pg_steps, as SQLite's
+ * append to theirs. */
+static const char *const pg_schema_v4 =
+    "CREATE TABLE jobs(run BIGINT PRIMARY KEY, name TEXT NOT NULL,"
+    " reporters BIGINT, barrier_ms BIGINT, state TEXT, pass BIGINT,"
+    " last_step BIGINT" PARAM_PG_DEFS ", created_at BIGINT,"
+    " updated_at BIGINT, owner TEXT);"
+    "CREATE INDEX jobs_by_name ON jobs(name, run);"
+    "CREATE TABLE params(rowid BIGSERIAL PRIMARY KEY, job TEXT, pass BIGINT,"
+    " from_step BIGINT, at BIGINT" PARAM_PG_DEFS ", run BIGINT);"
+    "CREATE INDEX params_by_run ON params(run, rowid);"
+    "CREATE TABLE units(job TEXT, run BIGINT, id BIGINT, name TEXT,"
+    " PRIMARY KEY(run, id));"
+    "CREATE TABLE rank_units(job TEXT, run BIGINT, rank BIGINT, idx BIGINT,"
+    " unit BIGINT, PRIMARY KEY(run, rank, idx));"
+    "CREATE TABLE steps(job TEXT, run BIGINT, pass BIGINT, step BIGINT,"
+    " reports BIGINT, risky BIGINT, pool BIGINT, n_active BIGINT,"
+    " active TEXT, missing BIGINT, by_deadline BIGINT, latency_us BIGINT,"
+    " at BIGINT, PRIMARY KEY(run, pass, step));"
+    "CREATE TABLE events(rowid BIGSERIAL, job TEXT, pass BIGINT,"
+    " step BIGINT, kind TEXT, unit BIGINT, outcome TEXT,"
+    " norm DOUBLE PRECISION, g DOUBLE PRECISION, d DOUBLE PRECISION,"
+    " s DOUBLE PRECISION, count BIGINT, detail TEXT, at BIGINT,"
+    " run BIGINT);"
+    "CREATE INDEX events_by_run ON events(run, step);"
+    "CREATE INDEX events_by_unit ON events(run, unit, step);"
+    "CREATE TABLE snapshots(job TEXT, run BIGINT, pass BIGINT, step BIGINT,"
+    " state BYTEA, PRIMARY KEY(run, pass, step));";
+
+/* Two gnmrd starting together on one PostgreSQL database migrate one
+ * after the other: this transaction-scoped advisory lock (an arbitrary
+ * key, "GNMRMIGR") is held by the one migrating. */
+#define PG_MIGRATE_LOCK "SELECT pg_advisory_xact_lock(4706215811427387218)"
+
+int store__exec(db_conn *db, const char *sql, char *err, size_t errlen) {
+  if (db_exec(db, sql) != GNMR_OK) {
     if (err)
-      snprintf(err, errlen, "%s", msg ? msg : sqlite3_errmsg(db));
-    sqlite3_free(msg);
+      snprintf(err, errlen, "%s", db_errmsg(db));
     return GNMR_E_STORE;
   }
   return GNMR_OK;
 }
 
-int store__configure(sqlite3 *db) {
-  sqlite3_busy_timeout(db, 5000);
+int store__configure(db_conn *db) {
+  if (db_kind(db) != DB_SQLITE)
+    return GNMR_OK;
   return store__exec(db,
               "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
               "PRAGMA foreign_keys=OFF;",
               NULL, 0);
 }
 
-int store_open_reader(const char *path, sqlite3 **db) {
-  if (sqlite3_open_v2(path, db, SQLITE_OPEN_READWRITE, NULL) != SQLITE_OK) {
-    sqlite3_close(*db);
-    *db = NULL;
+int store__integrity(db_conn *db, char *err, size_t errlen) {
+  db_stmt *st;
+  if (db_kind(db) != DB_SQLITE)
+    return GNMR_OK; /* the server keeps its own files whole */
+  if (db_prepare(db, "PRAGMA quick_check(1)", &st) != GNMR_OK) {
+    snprintf(err, errlen, "%s", db_errmsg(db));
     return GNMR_E_STORE;
   }
-  sqlite3_busy_timeout(*db, 5000);
-  return GNMR_OK;
-}
-
-int store__integrity(sqlite3 *db, char *err, size_t errlen) {
-  sqlite3_stmt *st;
-  if (sqlite3_prepare_v2(db, "PRAGMA quick_check(1)", -1, &st, NULL) !=
-      SQLITE_OK) {
-    snprintf(err, errlen, "%s", sqlite3_errmsg(db));
-    return GNMR_E_STORE;
-  }
-  int rc = sqlite3_step(st);
-  const char *res = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 0)
-                                     : NULL;
+  int rc = db_step(st);
+  const char *res = rc == DB_ROW ? db_column_text(st, 0) : NULL;
   int ok = res != NULL && strcmp(res, "ok") == 0;
   if (!ok)
     snprintf(err, errlen, "the database is damaged (PRAGMA quick_check: %s);"
              " restore it from a backup, or move it away to start afresh",
-             res ? res : sqlite3_errmsg(db));
-  sqlite3_finalize(st);
+             res ? res : db_errmsg(db));
+  db_finalize(st);
   return ok ? GNMR_OK : GNMR_E_STORE;
 }
 
-int store__migrate(sqlite3 *db, char *err, size_t errlen) {
-  sqlite3_stmt *st;
+static int schema_version(db_conn *db) {
+  db_stmt *st;
   int version = 0;
+  if (db_prepare(db, "SELECT value FROM meta WHERE key='schema'", &st) ==
+      GNMR_OK) {
+    if (db_step(st) == DB_ROW && db_column_text(st, 0) != NULL)
+      version = atoi(db_column_text(st, 0));
+    db_finalize(st);
+  }
+  return version;
+}
+
+/* Runs one migration to version in a transaction of its own. */
+static int migrate_to(db_conn *db, int version, const char *sql, char *err,
+                      size_t errlen) {
+  char meta[160];
+  snprintf(meta, sizeof meta,
+           "INSERT INTO meta VALUES('schema','%d') ON CONFLICT(key) DO "
+           "UPDATE SET value=excluded.value",
+           version);
+  if (store__exec(db, sql, err, errlen) ||
+      store__exec(db, meta, err, errlen))
+    return GNMR_E_STORE;
+  return GNMR_OK;
+}
+
+int store__migrate(db_conn *db, char *err, size_t errlen) {
+  int pg = db_kind(db) == DB_PG;
   if (store__exec(db,
            "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, "
            "value TEXT);",
            err, errlen))
     return GNMR_E_STORE;
-  if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key='schema'", -1,
-                         &st, NULL) == SQLITE_OK) {
-    if (sqlite3_step(st) == SQLITE_ROW)
-      version = atoi((const char *)sqlite3_column_text(st, 0));
-    sqlite3_finalize(st);
-  }
-  if (version > STORE_SCHEMA_VERSION) {
-    snprintf(err, errlen, "database schema %d is newer than this gnmrd (%d)",
-             version, STORE_SCHEMA_VERSION);
+  if (store__exec(db, pg ? "BEGIN" : "BEGIN IMMEDIATE", err, errlen))
     return GNMR_E_STORE;
+  if (pg && store__exec(db, PG_MIGRATE_LOCK, err, errlen))
+    goto fail;
+  int version = schema_version(db);
+  if (version > STORE_SCHEMA_VERSION) {
+    snprintf(err, errlen,
+             "database schema %d is newer than this gnmrd (%d): upgrade "
+             "gnmrd, or give it another database",
+             version, STORE_SCHEMA_VERSION);
+    goto fail;
   }
-  if (version < 1) {
-    if (store__exec(db, "BEGIN", err, errlen) ||
-        store__exec(db, schema_v1, err, errlen) ||
-        store__exec(db, "INSERT OR REPLACE INTO meta VALUES('schema','1')",
-                    err, errlen) ||
-        store__exec(db, "COMMIT", err, errlen)) {
-      store__exec(db, "ROLLBACK", NULL, 0);
-      return GNMR_E_STORE;
-    }
+  if (pg) {
+    /* (version, SQL): PostgreSQL's own history, from its first version */
+    static const struct {
+      int version;
+      const char *const *sql;
+    } pg_steps[] = {{4, &pg_schema_v4}};
+    for (size_t i = 0; i < sizeof pg_steps / sizeof pg_steps[0]; i++)
+      if (version < pg_steps[i].version &&
+          migrate_to(db, pg_steps[i].version, *pg_steps[i].sql, err, errlen))
+        goto fail;
+  } else {
+    static const struct {
+      int version;
+      const char *const *sql;
+    } steps[] = {{1, &schema_v1}, {2, &schema_v2}, {3, &schema_v3},
+                 {4, &schema_v4}};
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
+      if (version < steps[i].version &&
+          migrate_to(db, steps[i].version, *steps[i].sql, err, errlen))
+        goto fail;
   }
-  static const struct {
-    int version;
-    const char *const *sql;
-  } steps[] = {{2, &schema_v2}, {3, &schema_v3}, {4, &schema_v4}};
-  for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
-    char meta[80];
-    if (version >= steps[i].version)
-      continue;
-    snprintf(meta, sizeof meta,
-             "INSERT OR REPLACE INTO meta VALUES('schema','%d')",
-             steps[i].version);
-    if (store__exec(db, "BEGIN", err, errlen) ||
-        store__exec(db, *steps[i].sql, err, errlen) ||
-        store__exec(db, meta, err, errlen) ||
-        store__exec(db, "COMMIT", err, errlen)) {
-      store__exec(db, "ROLLBACK", NULL, 0);
-      return GNMR_E_STORE;
-    }
-  }
+  if (store__exec(db, "COMMIT", err, errlen))
+    goto fail;
   return GNMR_OK;
+fail:
+  db_rollback(db);
+  return GNMR_E_STORE;
 }
 
-static void bind_params(sqlite3_stmt *st, int at, const policy_params *p) {
+static void bind_params(db_stmt *st, int at, const policy_params *p) {
   for (int i = 0; i < GNMR_NPARAMS; i++) {
     if (!policy_param_is_f64(i))
-      sqlite3_bind_int64(st, at + i, (sqlite3_int64)policy_param_u64(p, i));
+      db_bind_int64(st, at + i, (int64_t)policy_param_u64(p, i));
     else if (isnan(policy_param_f64(p, i)))
-      sqlite3_bind_null(st, at + i);
+      db_bind_null(st, at + i);
     else
-      sqlite3_bind_double(st, at + i, policy_param_f64(p, i));
+      db_bind_double(st, at + i, policy_param_f64(p, i));
   }
 }
 
-void store__read_params(sqlite3_stmt *st, int at, policy_params *p) {
+void store__read_params(db_stmt *st, int at, policy_params *p) {
   for (int i = 0; i < GNMR_NPARAMS; i++) {
     if (!policy_param_is_f64(i))
-      policy_param_set_u64(p, i, (uint64_t)sqlite3_column_int64(st, at + i));
+      policy_param_set_u64(p, i, (uint64_t)db_column_int64(st, at + i));
     else
-      policy_param_set_f64(p, i, sqlite3_column_type(st, at + i) == SQLITE_NULL
+      policy_param_set_f64(p, i, db_column_type(st, at + i) == DB_NULL
                                      ? NAN
-                                     : sqlite3_column_double(st, at + i));
+                                     : db_column_double(st, at + i));
   }
 }
 
 /* Runs one statement with the binder's values; 0 or GNMR_E_STORE. */
-static int run(sqlite3 *db, const char *sql,
-               void (*bind)(sqlite3_stmt *, const void *), const void *arg) {
-  sqlite3_stmt *st;
-  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+static int run(db_conn *db, const char *sql,
+               void (*bind)(db_stmt *, const void *), const void *arg) {
+  db_stmt *st;
+  if (db_prepare(db, sql, &st) != GNMR_OK)
     return GNMR_E_STORE;
   bind(st, arg);
-  int rc = sqlite3_step(st);
-  sqlite3_finalize(st);
-  return rc == SQLITE_DONE ? GNMR_OK : GNMR_E_STORE;
+  int rc = db_step(st);
+  db_finalize(st);
+  return rc == DB_DONE ? GNMR_OK : GNMR_E_STORE;
 }
 
-static void bind_job(sqlite3_stmt *st, const void *arg) {
+static void bind_job(db_stmt *st, const void *arg) {
   const store_rec *r = arg;
   int64_t t = store__now_ms();
-  sqlite3_bind_int64(st, 8 + GNMR_NPARAMS, (sqlite3_int64)r->run);
-  sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
-  sqlite3_bind_int64(st, 2, r->reporters);
-  sqlite3_bind_int64(st, 3, r->barrier_ms);
-  sqlite3_bind_int64(st, 4, r->pass);
+  db_bind_int64(st, 8 + GNMR_NPARAMS, (int64_t)r->run);
+  db_bind_text(st, 1, r->job);
+  db_bind_int64(st, 2, r->reporters);
+  db_bind_int64(st, 3, r->barrier_ms);
+  db_bind_int64(st, 4, r->pass);
   bind_params(st, 5, &r->params);
-  sqlite3_bind_int64(st, 5 + GNMR_NPARAMS, t);
-  sqlite3_bind_int64(st, 6 + GNMR_NPARAMS, t);
+  db_bind_int64(st, 5 + GNMR_NPARAMS, t);
+  db_bind_int64(st, 6 + GNMR_NPARAMS, t);
   if (r->text != NULL) /* the owner */
-    sqlite3_bind_text(st, 7 + GNMR_NPARAMS, r->text, -1, SQLITE_STATIC);
+    db_bind_text(st, 7 + GNMR_NPARAMS, r->text);
   else
-    sqlite3_bind_null(st, 7 + GNMR_NPARAMS);
+    db_bind_null(st, 7 + GNMR_NPARAMS);
 }
 
-static void bind_params_row(sqlite3_stmt *st, const void *arg) {
+static void bind_params_row(db_stmt *st, const void *arg) {
   const store_rec *r = arg;
-  sqlite3_bind_int64(st, 5 + GNMR_NPARAMS, (sqlite3_int64)r->run);
-  sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
-  sqlite3_bind_int64(st, 2, r->pass);
-  sqlite3_bind_int64(st, 3, (sqlite3_int64)r->step);
-  sqlite3_bind_int64(st, 4, store__now_ms());
+  db_bind_int64(st, 5 + GNMR_NPARAMS, (int64_t)r->run);
+  db_bind_text(st, 1, r->job);
+  db_bind_int64(st, 2, r->pass);
+  db_bind_int64(st, 3, (int64_t)r->step);
+  db_bind_int64(st, 4, store__now_ms());
   bind_params(st, 5, &r->params);
 }
 
-static void bind_op_event(sqlite3_stmt *st, const void *arg) {
+static void bind_op_event(db_stmt *st, const void *arg) {
   const store_rec *r = arg;
-  sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
-  sqlite3_bind_int64(st, 2, r->pass);
-  sqlite3_bind_int64(st, 3, (sqlite3_int64)r->step);
-  sqlite3_bind_text(st, 4, r->text, -1, SQLITE_STATIC);
+  db_bind_text(st, 1, r->job);
+  db_bind_int64(st, 2, r->pass);
+  db_bind_int64(st, 3, (int64_t)r->step);
+  db_bind_text(st, 4, r->text);
   if (r->rank == UINT32_MAX)
-    sqlite3_bind_null(st, 5);
+    db_bind_null(st, 5);
   else
-    sqlite3_bind_int64(st, 5, r->rank);
-  sqlite3_bind_text(st, 6, r->detail ? r->detail : "", -1, SQLITE_STATIC);
-  sqlite3_bind_int64(st, 7, store__now_ms());
-  sqlite3_bind_int64(st, 8, (sqlite3_int64)r->run);
+    db_bind_int64(st, 5, r->rank);
+  db_bind_text(st, 6, r->detail ? r->detail : "");
+  db_bind_int64(st, 7, store__now_ms());
+  db_bind_int64(st, 8, (int64_t)r->run);
 }
 
-static void bind_state(sqlite3_stmt *st, const void *arg) {
+static void bind_state(db_stmt *st, const void *arg) {
   const store_rec *r = arg;
-  sqlite3_bind_text(st, 1, r->text, -1, SQLITE_STATIC);
-  sqlite3_bind_int64(st, 2, store__now_ms());
-  sqlite3_bind_int64(st, 3, (sqlite3_int64)r->run);
+  db_bind_text(st, 1, r->text);
+  db_bind_int64(st, 2, store__now_ms());
+  db_bind_int64(st, 3, (int64_t)r->run);
 }
 
 /* Stores r's snapshot and keeps only the job's two newest. */
-static int apply_snapshot(sqlite3 *db, const store_rec *r) {
-  sqlite3_stmt *st;
+static int apply_snapshot(db_conn *db, const store_rec *r) {
+  db_stmt *st;
   int rc;
-  if (sqlite3_prepare_v2(db,
-                         "INSERT OR REPLACE INTO snapshots(job, pass, step,"
-                         " state, run) VALUES(?,?,?,?,?)",
-                         -1, &st, NULL) != SQLITE_OK)
+  if (db_prepare(db,
+                 "INSERT INTO snapshots(job, pass, step, state, run)"
+                 " VALUES(?,?,?,?,?) ON CONFLICT(run, pass, step) DO UPDATE"
+                 " SET state=excluded.state",
+                 &st) != GNMR_OK)
     return GNMR_E_STORE;
-  sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
-  sqlite3_bind_int64(st, 2, r->pass);
-  sqlite3_bind_int64(st, 3, (sqlite3_int64)r->step);
-  sqlite3_bind_blob(st, 4, r->snapshot, (int)r->snapshot_len, SQLITE_STATIC);
-  sqlite3_bind_int64(st, 5, (sqlite3_int64)r->run);
-  rc = sqlite3_step(st);
-  sqlite3_finalize(st);
-  if (rc != SQLITE_DONE)
+  db_bind_text(st, 1, r->job);
+  db_bind_int64(st, 2, r->pass);
+  db_bind_int64(st, 3, (int64_t)r->step);
+  db_bind_blob(st, 4, r->snapshot, r->snapshot_len);
+  db_bind_int64(st, 5, (int64_t)r->run);
+  rc = db_step(st);
+  db_finalize(st);
+  if (rc != DB_DONE)
     return GNMR_E_STORE;
   /* keep the two newest snapshots of the run */
-  if (sqlite3_prepare_v2(db,
-                         "DELETE FROM snapshots WHERE run=?1 AND rowid NOT "
-                         "IN (SELECT rowid FROM snapshots WHERE run=?1 "
-                         "ORDER BY pass DESC, step DESC LIMIT 2)",
-                         -1, &st, NULL) != SQLITE_OK)
+  if (db_prepare(db,
+                 "DELETE FROM snapshots WHERE run=?1 AND (pass, step) NOT IN"
+                 " (SELECT pass, step FROM snapshots WHERE run=?1"
+                 " ORDER BY pass DESC, step DESC LIMIT 2)",
+                 &st) != GNMR_OK)
     return GNMR_E_STORE;
-  sqlite3_bind_int64(st, 1, (sqlite3_int64)r->run);
-  rc = sqlite3_step(st);
-  sqlite3_finalize(st);
-  if (rc != SQLITE_DONE)
+  db_bind_int64(st, 1, (int64_t)r->run);
+  rc = db_step(st);
+  db_finalize(st);
+  if (rc != DB_DONE)
     return GNMR_E_STORE;
   return GNMR_OK;
 }
@@ -330,132 +381,137 @@ static int apply_snapshot(sqlite3 *db, const store_rec *r) {
 static int prepare_step(store *s) {
   if (s->st_step != NULL)
     return GNMR_OK;
-  if (sqlite3_prepare_v2(s->db,
-                         "INSERT OR REPLACE INTO steps(job, pass, step,"
-                         " reports, risky, pool, n_active, active, missing,"
-                         " by_deadline, latency_us, at, run)"
-                         " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                         -1, &s->st_step, NULL) != SQLITE_OK ||
-      sqlite3_prepare_v2(s->db,
-                         "INSERT INTO events(job, pass, step, kind, unit,"
-                         " outcome, norm, g, d, s, count, detail, at, run)"
-                         " VALUES(?,?,?,?,?,?,?,?,?,?,?,NULL,?,?)",
-                         -1, &s->st_event, NULL) != SQLITE_OK ||
-      sqlite3_prepare_v2(s->db,
-                         "UPDATE jobs SET last_step=?1, updated_at=?2 WHERE "
-                         "run=?3",
-                         -1, &s->st_last, NULL) != SQLITE_OK)
+  if (db_prepare(s->db,
+                 "INSERT INTO steps(job, pass, step, reports, risky, pool,"
+                 " n_active, active, missing, by_deadline, latency_us, at,"
+                 " run) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)"
+                 " ON CONFLICT(run, pass, step) DO UPDATE SET"
+                 " reports=excluded.reports, risky=excluded.risky,"
+                 " pool=excluded.pool, n_active=excluded.n_active,"
+                 " active=excluded.active, missing=excluded.missing,"
+                 " by_deadline=excluded.by_deadline,"
+                 " latency_us=excluded.latency_us, at=excluded.at",
+                 &s->st_step) != GNMR_OK ||
+      db_prepare(s->db,
+                 "INSERT INTO events(job, pass, step, kind, unit, outcome,"
+                 " norm, g, d, s, count, detail, at, run)"
+                 " VALUES(?,?,?,?,?,?,?,?,?,?,?,NULL,?,?)",
+                 &s->st_event) != GNMR_OK ||
+      db_prepare(s->db,
+                 "UPDATE jobs SET last_step=?1, updated_at=?2 WHERE run=?3",
+                 &s->st_last) != GNMR_OK)
     return GNMR_E_STORE;
   return GNMR_OK;
 }
 
 static int apply_step(store *s, const store_rec *r) {
-  sqlite3 *db = s->db;
-  sqlite3_stmt *st;
+  db_conn *db = s->db;
+  db_stmt *st;
   int rc;
   int64_t t = store__now_ms();
   if (prepare_step(s) != GNMR_OK)
     return GNMR_E_STORE;
   /* a failed earlier batch may have left a statement mid-way */
-  sqlite3_reset(s->st_step);
-  sqlite3_reset(s->st_event);
-  sqlite3_reset(s->st_last);
+  db_reset(s->st_step);
+  db_reset(s->st_event);
+  db_reset(s->st_last);
   st = s->st_step;
-  sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
-  sqlite3_bind_int64(st, 2, r->pass);
-  sqlite3_bind_int64(st, 3, (sqlite3_int64)r->step);
-  sqlite3_bind_int64(st, 4, r->reports);
-  sqlite3_bind_int64(st, 5, r->risky);
-  sqlite3_bind_int64(st, 6, r->pool);
-  sqlite3_bind_int64(st, 7, r->n);
-  sqlite3_bind_text(st, 8, r->active ? r->active : "", -1, SQLITE_STATIC);
-  sqlite3_bind_int64(st, 9, r->missing);
-  sqlite3_bind_int64(st, 10, r->by_deadline);
-  sqlite3_bind_int64(st, 11, (sqlite3_int64)r->latency_us);
-  sqlite3_bind_int64(st, 12, t);
-  sqlite3_bind_int64(st, 13, (sqlite3_int64)r->run);
-  rc = sqlite3_step(st);
-  sqlite3_reset(st);
-  if (rc != SQLITE_DONE)
+  db_bind_text(st, 1, r->job);
+  db_bind_int64(st, 2, r->pass);
+  db_bind_int64(st, 3, (int64_t)r->step);
+  db_bind_int64(st, 4, r->reports);
+  db_bind_int64(st, 5, r->risky);
+  db_bind_int64(st, 6, r->pool);
+  db_bind_int64(st, 7, r->n);
+  db_bind_text(st, 8, r->active ? r->active : "");
+  db_bind_int64(st, 9, r->missing);
+  db_bind_int64(st, 10, r->by_deadline);
+  db_bind_int64(st, 11, (int64_t)r->latency_us);
+  db_bind_int64(st, 12, t);
+  db_bind_int64(st, 13, (int64_t)r->run);
+  rc = db_step(st);
+  db_reset(st);
+  if (rc != DB_DONE)
     return GNMR_E_STORE;
   if (r->n_events > 0) {
     st = s->st_event;
     for (uint32_t i = 0; i < r->n_events; i++) {
       const store_event *e = &r->events[i];
-      sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
-      sqlite3_bind_int64(st, 2, r->pass);
-      sqlite3_bind_int64(st, 3, (sqlite3_int64)r->step);
-      sqlite3_bind_text(st, 4, policy_event_name(e->kind), -1, SQLITE_STATIC);
+      db_bind_text(st, 1, r->job);
+      db_bind_int64(st, 2, r->pass);
+      db_bind_int64(st, 3, (int64_t)r->step);
+      db_bind_text(st, 4, policy_event_name(e->kind));
       if (e->unit == UINT32_MAX)
-        sqlite3_bind_null(st, 5);
+        db_bind_null(st, 5);
       else
-        sqlite3_bind_int64(st, 5, e->unit);
+        db_bind_int64(st, 5, e->unit);
       if (e->outcome)
-        sqlite3_bind_text(st, 6, policy_outcome_name(e->outcome), -1,
-                          SQLITE_STATIC);
+        db_bind_text(st, 6, policy_outcome_name(e->outcome));
       else
-        sqlite3_bind_null(st, 6);
+        db_bind_null(st, 6);
 #define BIND_NUM(col, v)                                                       \
   do {                                                                         \
     if (isnan(v))                                                              \
-      sqlite3_bind_null(st, col);                                              \
+      db_bind_null(st, col);                                              \
     else                                                                       \
-      sqlite3_bind_double(st, col, v); /* SQLite keeps +-Inf */                \
+      db_bind_double(st, col, v); /* both keep +-Inf */                   \
   } while (0)
       BIND_NUM(7, e->norm);
       BIND_NUM(8, e->g);
       BIND_NUM(9, e->d);
       BIND_NUM(10, e->s);
 #undef BIND_NUM
-      sqlite3_bind_int64(st, 11, e->count);
-      sqlite3_bind_int64(st, 12, t);
-      sqlite3_bind_int64(st, 13, (sqlite3_int64)r->run);
-      rc = sqlite3_step(st);
-      sqlite3_reset(st);
-      if (rc != SQLITE_DONE)
+      db_bind_int64(st, 11, e->count);
+      db_bind_int64(st, 12, t);
+      db_bind_int64(st, 13, (int64_t)r->run);
+      rc = db_step(st);
+      db_reset(st);
+      if (rc != DB_DONE)
         return GNMR_E_STORE;
     }
   }
   if (r->snapshot != NULL && apply_snapshot(db, r) != GNMR_OK)
     return GNMR_E_STORE;
   st = s->st_last;
-  sqlite3_bind_int64(st, 1, (sqlite3_int64)r->step);
-  sqlite3_bind_int64(st, 2, t);
-  sqlite3_bind_int64(st, 3, (sqlite3_int64)r->run);
-  rc = sqlite3_step(st);
-  sqlite3_reset(st);
-  return rc == SQLITE_DONE ? GNMR_OK : GNMR_E_STORE;
+  db_bind_int64(st, 1, (int64_t)r->step);
+  db_bind_int64(st, 2, t);
+  db_bind_int64(st, 3, (int64_t)r->run);
+  rc = db_step(st);
+  db_reset(st);
+  return rc == DB_DONE ? GNMR_OK : GNMR_E_STORE;
 }
 
-static int apply_ids(sqlite3 *db, const store_rec *r) {
-  sqlite3_stmt *st;
+static int apply_ids(db_conn *db, const store_rec *r) {
+  db_stmt *st;
   const char *sql = r->kind == REC_UNITS
-                        ? "INSERT OR REPLACE INTO units(job, id, name, run)"
-                          " VALUES(?,?,?,?)"
-                        : "INSERT OR REPLACE INTO rank_units(job, rank, idx,"
-                          " unit, run) VALUES(?,?,?,?,?)";
-  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+                        ? "INSERT INTO units(job, id, name, run)"
+                          " VALUES(?,?,?,?) ON CONFLICT(run, id) DO UPDATE"
+                          " SET name=excluded.name"
+                        : "INSERT INTO rank_units(job, rank, idx, unit, run)"
+                          " VALUES(?,?,?,?,?) ON CONFLICT(run, rank, idx) DO"
+                          " UPDATE SET unit=excluded.unit";
+  if (db_prepare(db, sql, &st) != GNMR_OK)
     return GNMR_E_STORE;
   for (uint32_t i = 0; i < r->n; i++) {
-    sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
+    db_bind_text(st, 1, r->job);
     if (r->kind == REC_UNITS) {
-      sqlite3_bind_int64(st, 2, r->ids[i]);
-      sqlite3_bind_text(st, 3, r->names[i], -1, SQLITE_STATIC);
-      sqlite3_bind_int64(st, 4, (sqlite3_int64)r->run);
+      db_bind_int64(st, 2, r->ids[i]);
+      db_bind_text(st, 3, r->names[i]);
+      db_bind_int64(st, 4, (int64_t)r->run);
     } else {
-      sqlite3_bind_int64(st, 2, r->rank);
-      sqlite3_bind_int64(st, 3, i);
-      sqlite3_bind_int64(st, 4, r->ids[i]);
-      sqlite3_bind_int64(st, 5, (sqlite3_int64)r->run);
+      db_bind_int64(st, 2, r->rank);
+      db_bind_int64(st, 3, i);
+      db_bind_int64(st, 4, r->ids[i]);
+      db_bind_int64(st, 5, (int64_t)r->run);
     }
-    int rc = sqlite3_step(st);
-    sqlite3_reset(st);
-    if (rc != SQLITE_DONE) {
-      sqlite3_finalize(st);
+    int rc = db_step(st);
+    db_reset(st);
+    if (rc != DB_DONE) {
+      db_finalize(st);
       return GNMR_E_STORE;
     }
   }
-  sqlite3_finalize(st);
+  db_finalize(st);
   return GNMR_OK;
 }
 
@@ -508,16 +564,16 @@ int store__retain(store *s, uint64_t run, uint64_t step) {
   if (s->retain_steps == 0 || step <= s->retain_steps || step % 256 != 0)
     return GNMR_OK;
   for (int k = 0; k < 2; k++) {
-    sqlite3_stmt *st;
+    db_stmt *st;
     snprintf(sql, sizeof sql, "DELETE FROM %s WHERE run=? AND step < ?",
              k ? "events" : "steps");
-    if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK)
+    if (db_prepare(s->db, sql, &st) != GNMR_OK)
       return GNMR_E_STORE;
-    sqlite3_bind_int64(st, 1, (sqlite3_int64)run);
-    sqlite3_bind_int64(st, 2, (sqlite3_int64)(step - s->retain_steps));
-    int rc = sqlite3_step(st);
-    sqlite3_finalize(st);
-    if (rc != SQLITE_DONE)
+    db_bind_int64(st, 1, (int64_t)run);
+    db_bind_int64(st, 2, (int64_t)(step - s->retain_steps));
+    int rc = db_step(st);
+    db_finalize(st);
+    if (rc != DB_DONE)
       return GNMR_E_STORE;
   }
   return GNMR_OK;

@@ -26,20 +26,18 @@ void store__job_free(store_job *j) {
   free(j->owner);
 }
 
-int store__load_job(sqlite3 *db, store_job *j) {
-  sqlite3_stmt *st;
+int store__load_job(db_conn *db, store_job *j) {
+  db_stmt *st;
   int rc;
   /* units */
-  if (sqlite3_prepare_v2(db,
-                         "SELECT COALESCE(MAX(id)+1,0) FROM units WHERE "
-                         "run=?",
-                         -1, &st, NULL) != SQLITE_OK)
+  if (db_prepare(db, "SELECT COALESCE(MAX(id)+1,0) FROM units WHERE "
+                         "run=?", &st) != GNMR_OK)
     return GNMR_E_STORE;
-  sqlite3_bind_int64(st, 1, (sqlite3_int64)j->run);
-  j->n_units = sqlite3_step(st) == SQLITE_ROW
-                   ? (uint32_t)sqlite3_column_int64(st, 0)
+  db_bind_int64(st, 1, (int64_t)j->run);
+  j->n_units = db_step(st) == DB_ROW
+                   ? (uint32_t)db_column_int64(st, 0)
                    : 0;
-  sqlite3_finalize(st);
+  db_finalize(st);
   if (j->n_units > POLICY_MAX_UNITS)
     return GNMR_E_STORE;
   j->unit_names = calloc(j->n_units ? j->n_units : 1, sizeof *j->unit_names);
@@ -47,97 +45,87 @@ int store__load_job(sqlite3 *db, store_job *j) {
   j->rank_ids = calloc(j->n_ranks, sizeof *j->rank_ids);
   if (!j->unit_names || !j->rank_n || !j->rank_ids)
     return GNMR_E_NOMEM;
-  if (sqlite3_prepare_v2(db, "SELECT id, name FROM units WHERE run=?", -1, &st,
-                         NULL) != SQLITE_OK)
+  if (db_prepare(db, "SELECT id, name FROM units WHERE run=?", &st) != GNMR_OK)
     return GNMR_E_STORE;
-  sqlite3_bind_int64(st, 1, (sqlite3_int64)j->run);
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-    int64_t id = sqlite3_column_int64(st, 0);
+  db_bind_int64(st, 1, (int64_t)j->run);
+  while ((rc = db_step(st)) == DB_ROW) {
+    int64_t id = db_column_int64(st, 0);
     if (id >= 0 && id < j->n_units && j->unit_names[id] == NULL)
-      j->unit_names[id] = strdup((const char *)sqlite3_column_text(st, 1));
+      j->unit_names[id] = strdup(db_column_text(st, 1));
   }
-  sqlite3_finalize(st);
+  db_finalize(st);
   /* ranks */
-  if (sqlite3_prepare_v2(db,
-                         "SELECT rank, idx, unit FROM rank_units WHERE run=? "
-                         "ORDER BY rank, idx",
-                         -1, &st, NULL) != SQLITE_OK)
+  if (db_prepare(db, "SELECT rank, idx, unit FROM rank_units WHERE run=? "
+                         "ORDER BY rank, idx", &st) != GNMR_OK)
     return GNMR_E_STORE;
-  sqlite3_bind_int64(st, 1, (sqlite3_int64)j->run);
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-    int64_t r = sqlite3_column_int64(st, 0), unit = sqlite3_column_int64(st, 2);
+  db_bind_int64(st, 1, (int64_t)j->run);
+  while ((rc = db_step(st)) == DB_ROW) {
+    int64_t r = db_column_int64(st, 0), unit = db_column_int64(st, 2);
     if (r < 0 || r >= j->n_ranks || unit < 0 || unit >= j->n_units)
       continue;
     uint32_t *ids = realloc(j->rank_ids[r], (j->rank_n[r] + 1) * sizeof *ids);
     if (ids == NULL) {
-      sqlite3_finalize(st);
+      db_finalize(st);
       return GNMR_E_NOMEM;
     }
     ids[j->rank_n[r]++] = (uint32_t)unit;
     j->rank_ids[r] = ids;
   }
-  sqlite3_finalize(st);
+  db_finalize(st);
   /* parameters in force: the last row of the params table */
-  if (sqlite3_prepare_v2(db,
-                         "SELECT 0" PARAM_COLS " FROM params WHERE run=? "
-                         "ORDER BY rowid DESC LIMIT 1",
-                         -1, &st, NULL) != SQLITE_OK)
+  if (db_prepare(db, "SELECT 0" PARAM_COLS " FROM params WHERE run=? "
+                         "ORDER BY rowid DESC LIMIT 1", &st) != GNMR_OK)
     return GNMR_E_STORE;
-  sqlite3_bind_int64(st, 1, (sqlite3_int64)j->run);
+  db_bind_int64(st, 1, (int64_t)j->run);
   j->params = j->hello_params;
-  if (sqlite3_step(st) == SQLITE_ROW)
+  if (db_step(st) == DB_ROW)
     store__read_params(st, 1, &j->params);
-  sqlite3_finalize(st);
+  db_finalize(st);
   /* newest snapshot */
-  if (sqlite3_prepare_v2(db,
-                         "SELECT state FROM snapshots WHERE run=? ORDER BY "
-                         "pass DESC, step DESC LIMIT 1",
-                         -1, &st, NULL) != SQLITE_OK)
+  if (db_prepare(db, "SELECT state FROM snapshots WHERE run=? ORDER BY "
+                         "pass DESC, step DESC LIMIT 1", &st) != GNMR_OK)
     return GNMR_E_STORE;
-  sqlite3_bind_int64(st, 1, (sqlite3_int64)j->run);
-  if (sqlite3_step(st) == SQLITE_ROW) {
-    int len = sqlite3_column_bytes(st, 0);
-    const void *b = sqlite3_column_blob(st, 0);
+  db_bind_int64(st, 1, (int64_t)j->run);
+  if (db_step(st) == DB_ROW) {
+    int len = db_column_bytes(st, 0);
+    const void *b = db_column_blob(st, 0);
     if (len > 0 && (j->snapshot = malloc((size_t)len)) != NULL) {
       memcpy(j->snapshot, b, (size_t)len);
       j->snapshot_len = (size_t)len;
     }
   }
-  sqlite3_finalize(st);
+  db_finalize(st);
   return GNMR_OK;
 }
 
-int store_restore(const char *dir, void (*fn)(const store_job *, void *),
+int store_restore(const char *where, void (*fn)(const store_job *, void *),
                   void *ctx, char *err, size_t errlen) {
-  char path[4200];
-  sqlite3 *db;
-  sqlite3_stmt *st;
+  char path[4200], shown[4200];
+  db_conn *db;
+  db_stmt *st;
   int rv = GNMR_OK;
-  snprintf(path, sizeof path, "%s/gnmr.db", dir);
-  if (access(path, F_OK) != 0)
+  store_target(where, path, sizeof path);
+  db_target_display(path, shown, sizeof shown);
+  if (!db_target_is_pg(path) && access(path, F_OK) != 0)
     return GNMR_OK; /* nothing to restore */
-  if (store_open_reader(path, &db) != GNMR_OK) {
-    snprintf(err, errlen, "%s: cannot open", path);
+  if (store_open_reader(path, &db, err, errlen) != GNMR_OK)
+    return GNMR_E_STORE;
+  if (db_prepare(db, "SELECT name, reporters, barrier_ms, pass, owner"
+                         PARAM_COLS ", run FROM jobs WHERE state='running'", &st) != GNMR_OK) {
+    snprintf(err, errlen, "%s: %s", shown, db_errmsg(db));
+    db_close(db);
     return GNMR_E_STORE;
   }
-  if (sqlite3_prepare_v2(db,
-                         "SELECT name, reporters, barrier_ms, pass, owner"
-                         PARAM_COLS ", run FROM jobs WHERE state='running'",
-                         -1, &st, NULL) != SQLITE_OK) {
-    snprintf(err, errlen, "%s: %s", path, sqlite3_errmsg(db));
-    sqlite3_close(db);
-    return GNMR_E_STORE;
-  }
-  while (sqlite3_step(st) == SQLITE_ROW) {
+  while (db_step(st) == DB_ROW) {
     store_job j = {0};
-    j.name = strdup((const char *)sqlite3_column_text(st, 0));
-    j.reporters = (uint32_t)sqlite3_column_int64(st, 1);
-    j.barrier_ms = (uint32_t)sqlite3_column_int64(st, 2);
-    j.pass = (uint32_t)sqlite3_column_int64(st, 3);
-    if (sqlite3_column_type(st, 4) == SQLITE_TEXT)
-      j.owner = strdup((const char *)sqlite3_column_text(st, 4));
+    j.name = strdup(db_column_text(st, 0));
+    j.reporters = (uint32_t)db_column_int64(st, 1);
+    j.barrier_ms = (uint32_t)db_column_int64(st, 2);
+    j.pass = (uint32_t)db_column_int64(st, 3);
+    if (db_column_type(st, 4) == DB_TEXT)
+      j.owner = strdup(db_column_text(st, 4));
     store__read_params(st, 5, &j.hello_params);
-    j.run = (uint64_t)sqlite3_column_int64(st, 5 + GNMR_NPARAMS);
+    j.run = (uint64_t)db_column_int64(st, 5 + GNMR_NPARAMS);
     j.n_ranks = j.reporters;
     if (j.name == NULL || j.reporters == 0 || j.reporters > 4096 ||
         store__load_job(db, &j) != GNMR_OK) {
@@ -149,7 +137,7 @@ int store_restore(const char *dir, void (*fn)(const store_job *, void *),
     fn(&j, ctx);
     store__job_free(&j);
   }
-  sqlite3_finalize(st);
-  sqlite3_close(db);
+  db_finalize(st);
+  db_close(db);
   return rv;
 }

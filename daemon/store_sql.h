@@ -9,32 +9,24 @@
 #define GNMRD_STORE_SQL_H
 
 #include <pthread.h>
-#include <sqlite3.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "db.h"
 #include "gnmr/params.h"
 #include "latency.h"
 #include "store.h"
 
-#define STORE__PCOL(name, ctype, kind, opt, env, def, inh) ", " #name
-#define STORE__PQ(name, ctype, kind, opt, env, def, inh) ",?"
-#define STORE__PSET(name, ctype, kind, opt, env, def, inh)                   \
-  ", " #name "=excluded." #name
-/* ", alpha, beta, ...", ",?,?,...", ", alpha=excluded.alpha, ..." */
-#define PARAM_COLS GNMR_PARAMS_MAP(STORE__PCOL)
-#define PARAM_QS GNMR_PARAMS_MAP(STORE__PQ)
-#define PARAM_SETS GNMR_PARAMS_MAP(STORE__PSET)
-
 /* The store (store.c's writer, store_apply.c's statements). */
 struct store {
-  char path[4096];
+  char path[4096];  /* the target: a SQLite file or a PostgreSQL URL */
+  char shown[4096]; /* the target as logs show it (no password) */
   uint32_t snapshot_every;
   uint64_t last_run;
   uint64_t retain_steps;
-  sqlite3 *db; /* the writer thread's connection */
+  db_conn *db; /* the writer thread's connection */
   /* the step path's statements, prepared once (writer thread) */
-  sqlite3_stmt *st_step, *st_event, *st_last;
+  db_stmt *st_step, *st_event, *st_last;
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -43,35 +35,36 @@ struct store {
   int stop;
   atomic_uint_fast64_t records, batches, errors, dropped;
   atomic_uint_fast64_t commit_buckets[LATENCY_N_BUCKETS], commit_ns; /* commit times */
-  /* Test hook: GNMR_STORE_FAULT=full:T or readonly:T makes the database
-   * full (max_page_count pinned to its size: SQLITE_FULL) or read-only
-   * (query_only: SQLITE_READONLY) for T ms after open, so that commits
-   * fail with SQLite's own errors and the retry path runs for real. */
+  /* Test hook (SQLite): GNMR_STORE_FAULT=full:T or readonly:T makes the
+   * database full (max_page_count pinned to its size: SQLITE_FULL) or
+   * read-only (query_only: SQLITE_READONLY) for T ms after open, so that
+   * commits fail with SQLite's own errors and the retry path runs for
+   * real. (PostgreSQL's tests make the server itself refuse.) */
   int64_t fault_until;
   int fault_readonly, fault_lifted;
-  int corrupt; /* SQLITE_CORRUPT seen: records are dropped (writer) */
+  int corrupt; /* a damaged SQLite file: records are dropped (writer) */
 };
 
 
 /* store_apply.c: the schema and the records applied to it (writer thread) */
 int64_t store__now_ms(void);
-int store__exec(sqlite3 *db, const char *sql, char *err, size_t errlen);
+int store__exec(db_conn *db, const char *sql, char *err, size_t errlen);
 /* Sets the pragmas every connection of ours uses. */
-int store__configure(sqlite3 *db);
+int store__configure(db_conn *db);
 /* PRAGMA quick_check: GNMR_E_STORE with SQLite's first complaint when
  * the database is damaged. */
-int store__integrity(sqlite3 *db, char *err, size_t errlen);
+int store__integrity(db_conn *db, char *err, size_t errlen);
 /* Creates or migrates the schema; refuses a newer one. */
-int store__migrate(sqlite3 *db, char *err, size_t errlen);
+int store__migrate(db_conn *db, char *err, size_t errlen);
 /* Applies one record (inside the caller's transaction). */
 int store__apply(store *s, const store_rec *r);
 /* Drops a run's history older than retain_steps behind step. */
 int store__retain(store *s, uint64_t run, uint64_t step);
 /* Loads a job's units, ranks, parameters in force and newest snapshot
  * into j (name, reporters and hello_params set by the caller). */
-int store__load_job(sqlite3 *db, store_job *j);
+int store__load_job(db_conn *db, store_job *j);
 void store__job_free(store_job *j);
 /* The parameter columns at at..at+GNMR_NPARAMS-1 (NULL: unset). */
-void store__read_params(sqlite3_stmt *st, int at, policy_params *p);
+void store__read_params(db_stmt *st, int at, policy_params *p);
 
 #endif /* GNMRD_STORE_SQL_H */

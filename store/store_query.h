@@ -6,7 +6,9 @@
 #include <jansson.h>
 #include <stdint.h>
 
-typedef struct store_query {
+struct db;
+typedef struct store_query store_query;
+struct store_query {
   /* in */
   int command;            /* GNMR_CMD_JOBS, _HISTORY, _DECISIONS, _EXPORT */
   const char *job, *unit, *kind; /* "" = any */
@@ -19,8 +21,8 @@ typedef struct store_query {
   /* export streams: the answer comes as JSON text in chunks of about
    * STORE_EXPORT_CHUNK bytes; the query keeps its connection and cursor
    * between them (any thread, one at a time) */
-  struct sqlite3 *db;
-  struct sqlite3_stmt *cursor;
+  struct db *db;
+  struct db_stmt *cursor;
   int section;
   uint64_t section_rows;  /* rows of the current section so far */
   char *chunk;            /* out: this chunk's text (the caller frees) */
@@ -31,7 +33,16 @@ typedef struct store_query {
   int code;               /* GNMR_OK or the error */
   uint64_t resolved;      /* the run answered for */
   char err[256];
-} store_query;
+  /* status, units, top: a job's view from the store (gnmrd's
+   * store_view_job); NULL where there is no policy engine (gnmrctl) */
+  json_t *(*view)(store_query *q, struct db *db);
+};
+
+/* The run asked for (q->run, or the name's latest) into q->resolved; 0
+ * with q->err set when there is none (or it is another tenant's). */
+int store_query_resolve(store_query *q, struct db *db);
+void store_query_fail(store_query *q, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* The SQL of a history query (parameters ?1 run, ?2..?3 steps, ?4 unit id,
  * ?5 kind, ?6 limit), with the unit and kind filters or without: for
@@ -44,7 +55,8 @@ const char *store_query_history_sql(int by_unit, int by_kind, char *buf,
 /* Ends an export stream early (its connection and cursor). */
 void store_query_close(store_query *q);
 
-/* Runs q against the database at path. Any thread. An export answers in
+/* Runs q against the database at path (a SQLite file or a PostgreSQL
+ * URL: store_target). Any thread. An export answers in
  * chunk (not result); while more is set, running q again gives the next
  * chunk. */
 void store_query_run(const char *path, store_query *q);

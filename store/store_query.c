@@ -10,19 +10,16 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <sqlite3.h>
-
 #include "commands.h"
 #include "gnmr/error.h"
-#include "store.h"
+#include "db.h"
+#include "policy.h"
 #include "store_query.h"
-#include "store_sql.h"
-#include "views.h"
+#include "store_schema.h"
 #include "text.h"
 
-static void qfail(store_query *q, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void qfail(store_query *q, int code, const char *fmt, ...) {
+#define qfail store_query_fail
+void store_query_fail(store_query *q, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(q->err, sizeof q->err, fmt, ap);
@@ -30,21 +27,21 @@ static void qfail(store_query *q, int code, const char *fmt, ...) {
   q->code = code;
 }
 
-static json_t *col_json(sqlite3_stmt *st, int c) {
-  switch (sqlite3_column_type(st, c)) {
-  case SQLITE_INTEGER:
-    return json_integer(sqlite3_column_int64(st, c));
-  case SQLITE_FLOAT: {
-    double v = sqlite3_column_double(st, c);
+static json_t *col_json(db_stmt *st, int c) {
+  switch (db_column_type(st, c)) {
+  case DB_INT:
+    return json_integer(db_column_int64(st, c));
+  case DB_FLOAT: {
+    double v = db_column_double(st, c);
     if (v != v)
       return json_null();
     if (v > 1.7e308 || v < -1.7e308)
       return json_string(v > 0 ? "inf" : "-inf");
     return json_real(v);
   }
-  case SQLITE_TEXT: {
+  case DB_TEXT: {
     /* names were checked on entry; an older database may hold anything */
-    const char *t = (const char *)sqlite3_column_text(st, c);
+    const char *t = db_column_text(st, c);
     json_t *j = json_string(t);
     if (j == NULL) {
       char esc[2048];
@@ -59,34 +56,33 @@ static json_t *col_json(sqlite3_stmt *st, int c) {
 
 /* Runs sql with text/int binds described by fmt ('t' text, 'i' int64) and
  * returns the rows as an array of objects. NULL on error (q->err set). */
-static json_t *rows(store_query *q, sqlite3 *db, const char *sql, const char *fmt,
+static json_t *rows(store_query *q, db_conn *db, const char *sql, const char *fmt,
                     ...) {
-  sqlite3_stmt *st;
+  db_stmt *st;
   va_list ap;
-  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
-    qfail(q, GNMR_E_STORE, "%s", sqlite3_errmsg(db));
+  if (db_prepare(db, sql, &st) != GNMR_OK) {
+    qfail(q, GNMR_E_STORE, "%s", db_errmsg(db));
     return NULL;
   }
   va_start(ap, fmt);
   for (int i = 0; fmt[i]; i++) {
     if (fmt[i] == 't')
-      sqlite3_bind_text(st, i + 1, va_arg(ap, const char *), -1,
-                        SQLITE_TRANSIENT);
+      db_bind_text(st, i + 1, va_arg(ap, const char *));
     else
-      sqlite3_bind_int64(st, i + 1, va_arg(ap, sqlite3_int64));
+      db_bind_int64(st, i + 1, va_arg(ap, int64_t));
   }
   va_end(ap);
   json_t *arr = json_array();
   int rc;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+  while ((rc = db_step(st)) == DB_ROW) {
     json_t *o = json_object();
-    for (int c = 0; c < sqlite3_column_count(st); c++)
-      json_object_set_new(o, sqlite3_column_name(st, c), col_json(st, c));
+    for (int c = 0; c < db_column_count(st); c++)
+      json_object_set_new(o, db_column_name(st, c), col_json(st, c));
     json_array_append_new(arr, o);
   }
-  sqlite3_finalize(st);
-  if (rc != SQLITE_DONE) {
-    qfail(q, GNMR_E_STORE, "%s", sqlite3_errmsg(db));
+  db_finalize(st);
+  if (rc != DB_DONE) {
+    qfail(q, GNMR_E_STORE, "%s", db_errmsg(db));
     json_decref(arr);
     return NULL;
   }
@@ -103,10 +99,10 @@ static int visible(const store_query *q, const char *name, const char *owner) {
 /* Finds the run asked for (q->run, or the name's latest) into
  * q->resolved; 0 with q->err set when there is none (or it is another
  * tenant's). */
-static int job_exists(store_query *q, sqlite3 *db) {
+int store_query_resolve(store_query *q, db_conn *db) {
   json_t *r = rows(q, db, "SELECT run, owner FROM jobs WHERE name=?1 AND "
                    "(?2 = 0 OR run = ?2) ORDER BY run DESC LIMIT 1", "ti",
-                   q->job, (sqlite3_int64)q->run);
+                   q->job, (int64_t)q->run);
   json_t *row = r ? json_array_get(r, 0) : NULL;
   int ok = row != NULL &&
            visible(q, q->job,
@@ -125,9 +121,9 @@ static int job_exists(store_query *q, sqlite3 *db) {
 }
 
 /* The id of the unit named q->unit in the run, or -1. */
-static int64_t unit_id(store_query *q, sqlite3 *db) {
+static int64_t unit_id(store_query *q, db_conn *db) {
   json_t *r = rows(q, db, "SELECT id FROM units WHERE run=? AND name=?", "it",
-                   (sqlite3_int64)q->resolved, q->unit);
+                   (int64_t)q->resolved, q->unit);
   int64_t id = r != NULL && json_array_size(r) > 0
                    ? json_integer_value(json_object_get(json_array_get(r, 0),
                                                         "id"))
@@ -150,82 +146,6 @@ static const char events_sql_head[] =
 /* status, units and top of a job that is not running (finished, retired,
  * or gnmrd restarted without it): its row, units and ranks, and its
  * newest snapshot rebuilt into an engine, seen through the live views. */
-static json_t *job_view(store_query *q, sqlite3 *db) {
-  sqlite3_stmt *st;
-  store_job sj = {0};
-  char state[32] = "";
-  json_t *out = NULL;
-  if (!job_exists(q, db))
-    return NULL; /* q->err set */
-  if (sqlite3_prepare_v2(db, "SELECT reporters, barrier_ms, pass, state"
-                         PARAM_COLS " FROM jobs WHERE run=?", -1, &st,
-                         NULL) != SQLITE_OK) {
-    qfail(q, GNMR_E_STORE, "%s", sqlite3_errmsg(db));
-    return NULL;
-  }
-  sqlite3_bind_int64(st, 1, (sqlite3_int64)q->resolved);
-  if (sqlite3_step(st) != SQLITE_ROW) {
-    sqlite3_finalize(st);
-    qfail(q, GNMR_E_NOJOB, "unknown job '%.128s'", q->job);
-    return NULL;
-  }
-  sj.reporters = (uint32_t)sqlite3_column_int64(st, 0);
-  sj.barrier_ms = (uint32_t)sqlite3_column_int64(st, 1);
-  sj.pass = (uint32_t)sqlite3_column_int64(st, 2);
-  snprintf(state, sizeof state, "%s",
-           sqlite3_column_text(st, 3) ? (const char *)sqlite3_column_text(
-                                            st, 3)
-                                      : "");
-  store__read_params(st, 4, &sj.hello_params);
-  sqlite3_finalize(st);
-  sj.name = strdup(q->job);
-  sj.run = q->resolved;
-  sj.n_ranks = sj.reporters;
-  core_job c = {0};
-  policy *pol = NULL;
-  if (sj.name == NULL || sj.reporters == 0 || sj.reporters > 4096 ||
-      store__load_job(db, &sj) != GNMR_OK) {
-    qfail(q, GNMR_E_STORE, "job %.128s cannot be read back", q->job);
-    goto out;
-  }
-  if (sj.snapshot == NULL ||
-      policy_import(sj.snapshot, sj.snapshot_len, &pol) != GNMR_OK)
-    policy_create(&sj.params, 0, &pol); /* no statistics were kept */
-  c.name = sj.name;
-  c.run = sj.run;
-  c.pass = sj.pass;
-  c.reporters = sj.reporters;
-  c.barrier_ms = sj.barrier_ms;
-  c.params = pol ? *policy_get_params(pol) : sj.params;
-  c.pol = pol;
-  c.last_decided = pol ? policy_last_step(pol) : 0;
-  c.n_units = sj.n_units;
-  c.unit_names = sj.unit_names;
-  c.ranks = calloc(sj.reporters, sizeof *c.ranks);
-  c.shards = calloc(sj.n_units ? sj.n_units : 1, sizeof *c.shards);
-  if (pol == NULL || c.ranks == NULL || c.shards == NULL) {
-    qfail(q, GNMR_E_NOMEM, "out of memory");
-    goto out;
-  }
-  for (uint32_t r = 0; r < sj.n_ranks; r++)
-    for (uint32_t i = 0; i < sj.rank_n[r]; i++)
-      if (sj.rank_ids[r][i] < sj.n_units)
-        c.shards[sj.rank_ids[r][i]]++;
-  if (q->command == GNMR_CMD_STATUS) {
-    out = views_status(&c);
-    json_object_set_new(out, "state", json_string(state));
-  } else {
-    out = views_units(&c, q->command == GNMR_CMD_TOP ? (q->limit ? q->limit
-                                                                  : 10)
-                                                      : 0);
-  }
-out:
-  free(c.ranks);
-  free(c.shards);
-  policy_destroy(&pol);
-  store__job_free(&sj);
-  return out;
-}
 
 const char *store_query_history_sql(int by_unit, int by_kind, char *buf,
                                     size_t cap) {
@@ -238,9 +158,9 @@ const char *store_query_history_sql(int by_unit, int by_kind, char *buf,
 static void export_next(const char *path, store_query *q);
 
 void store_query_run(const char *path, store_query *q) {
-  sqlite3 *db = NULL;
-  sqlite3_int64 from = (sqlite3_int64)q->from,
-                to = q->to ? (sqlite3_int64)q->to : INT64_MAX;
+  db_conn *db = NULL;
+  int64_t from = (int64_t)q->from,
+                to = q->to ? (int64_t)q->to : INT64_MAX;
   q->result = NULL;
   q->code = GNMR_OK;
   q->chunk = NULL;
@@ -249,13 +169,17 @@ void store_query_run(const char *path, store_query *q) {
     export_next(path, q);
     return;
   }
-  if (store_open_reader(path, &db) != GNMR_OK) {
-    qfail(q, GNMR_E_STORE, "cannot open %s", path);
+  if (store_open_reader(path, &db, q->err, sizeof q->err) != GNMR_OK) {
+    q->code = GNMR_E_STORE;
     return;
   }
   if (q->command == GNMR_CMD_STATUS || q->command == GNMR_CMD_UNITS ||
       q->command == GNMR_CMD_TOP) {
-    q->result = job_view(q, db);
+    if (q->view != NULL)
+      q->result = q->view(q, db);
+    else
+      qfail(q, GNMR_E_INVAL, "status, units and top of a job come from "
+            "gnmrd (its policy engine), not from the store");
   } else if (q->command == GNMR_CMD_JOBS) {
     q->result = rows(q, db,
                      "SELECT name, run, state, pass, last_step, reporters, "
@@ -285,10 +209,10 @@ void store_query_run(const char *path, store_query *q) {
     } else if (r != NULL) {
       q->result = json_pack("{s:s,s:o}", "job", q->job, "runs", r);
     }
-  } else if (!job_exists(q, db)) {
+  } else if (!store_query_resolve(q, db)) {
     /* q->err set */
   } else if (q->command == GNMR_CMD_DECISIONS) {
-    json_t *r = rows(q, db, decisions_sql, "iii", (sqlite3_int64)q->resolved,
+    json_t *r = rows(q, db, decisions_sql, "iii", (int64_t)q->resolved,
                      from, to);
     if (r)
       q->result = json_pack("{s:s,s:I,s:o}", "job", q->job, "run",
@@ -309,15 +233,15 @@ void store_query_run(const char *path, store_query *q) {
        * out of the SQL, so that the planner sees only what applies. */
       store_query_history_sql(uid >= 0, q->kind[0] != '\0', sql,
                               sizeof sql);
-      json_t *r = rows(q, db, sql, "iiiiti", (sqlite3_int64)q->resolved,
-                       from, to, (sqlite3_int64)uid, q->kind,
-                       (sqlite3_int64)q->limit);
+      json_t *r = rows(q, db, sql, "iiiiti", (int64_t)q->resolved,
+                       from, to, (int64_t)uid, q->kind,
+                       (int64_t)q->limit);
       if (r)
         q->result = json_pack("{s:s,s:I,s:o}", "job", q->job, "run",
                               (json_int_t)q->resolved, "events", r);
     }
   }
-  sqlite3_close(db);
+  db_close(db);
 }
 
 /* ---- export, streamed ------------------------------------------------------- */
@@ -351,10 +275,10 @@ static void put(text *t, const char *s, size_t n) {
 static void puts_t(text *t, const char *s) { put(t, s, strlen(s)); }
 
 /* One row of the cursor as JSON ({"col": value, ...}). */
-static void put_row(text *t, sqlite3_stmt *st) {
+static void put_row(text *t, db_stmt *st) {
   json_t *o = json_object();
-  for (int c = 0; c < sqlite3_column_count(st); c++)
-    json_object_set_new(o, sqlite3_column_name(st, c), col_json(st, c));
+  for (int c = 0; c < db_column_count(st); c++)
+    json_object_set_new(o, db_column_name(st, c), col_json(st, c));
   char *s = json_dumps(o, JSON_ENSURE_ASCII);
   json_decref(o);
   if (s == NULL) {
@@ -367,9 +291,9 @@ static void put_row(text *t, sqlite3_stmt *st) {
 
 void store_query_close(store_query *q) {
   if (q->cursor != NULL)
-    sqlite3_finalize(q->cursor);
+    db_finalize(q->cursor);
   if (q->db != NULL)
-    sqlite3_close(q->db);
+    db_close(q->db);
   q->cursor = NULL;
   q->db = NULL;
 }
@@ -394,30 +318,29 @@ static void export_next(const char *path, store_query *q) {
   text t = {0};
   q->more = 0;
   if (q->db == NULL) { /* the first chunk */
-    sqlite3_stmt *st;
-    if (store_open_reader(path, &q->db) != GNMR_OK) {
-      qfail(q, GNMR_E_STORE, "cannot open %s", path);
+    db_stmt *st;
+    if (store_open_reader(path, &q->db, q->err, sizeof q->err) != GNMR_OK) {
+      q->code = GNMR_E_STORE;
       return;
     }
-    if (!job_exists(q, q->db)) {
+    if (!store_query_resolve(q, q->db)) {
       store_query_close(q);
       return;
     }
-    if (sqlite3_prepare_v2(q->db, "SELECT name, run, reporters, barrier_ms, "
+    if (db_prepare(q->db, "SELECT name, run, reporters, barrier_ms, "
                            "state, pass, last_step" PARAM_COLS ", created_at,"
-                           " updated_at FROM jobs WHERE run=?", -1, &st,
-                           NULL) != SQLITE_OK) {
-      qfail(q, GNMR_E_STORE, "%s", sqlite3_errmsg(q->db));
+                           " updated_at FROM jobs WHERE run=?", &st) != GNMR_OK) {
+      qfail(q, GNMR_E_STORE, "%s", db_errmsg(q->db));
       store_query_close(q);
       return;
     }
-    sqlite3_bind_int64(st, 1, (sqlite3_int64)q->resolved);
+    db_bind_int64(st, 1, (int64_t)q->resolved);
     puts_t(&t, "{\n  \"job\": ");
-    if (sqlite3_step(st) == SQLITE_ROW)
+    if (db_step(st) == DB_ROW)
       put_row(&t, st);
     else
       puts_t(&t, "null");
-    sqlite3_finalize(st);
+    db_finalize(st);
     q->section = 0;
   }
   while (q->section < N_EXPORT_SECTIONS && t.len < STORE_EXPORT_CHUNK &&
@@ -429,17 +352,16 @@ static void export_next(const char *path, store_query *q) {
       else
         snprintf(sql, sizeof sql, "%s ORDER BY e.step, e.rowid",
                  events_sql_head);
-      if (sqlite3_prepare_v2(q->db, sql, -1, &q->cursor, NULL) !=
-          SQLITE_OK) {
-        qfail(q, GNMR_E_STORE, "%s", sqlite3_errmsg(q->db));
+      if (db_prepare_stream(q->db, sql, &q->cursor) != GNMR_OK) {
+        qfail(q, GNMR_E_STORE, "%s", db_errmsg(q->db));
         free(t.p);
         store_query_close(q);
         return;
       }
-      sqlite3_bind_int64(q->cursor, 1, (sqlite3_int64)q->resolved);
+      db_bind_int64(q->cursor, 1, (int64_t)q->resolved);
       if (export_sections[q->section].sql == NULL) {
-        sqlite3_bind_int64(q->cursor, 2, 0);
-        sqlite3_bind_int64(q->cursor, 3, INT64_MAX);
+        db_bind_int64(q->cursor, 2, 0);
+        db_bind_int64(q->cursor, 3, INT64_MAX);
       }
       puts_t(&t, ",\n  \"");
       puts_t(&t, export_sections[q->section].key);
@@ -448,19 +370,19 @@ static void export_next(const char *path, store_query *q) {
     }
     int rc;
     while (t.len < STORE_EXPORT_CHUNK && !t.oom &&
-           (rc = sqlite3_step(q->cursor)) == SQLITE_ROW) {
+           (rc = db_step(q->cursor)) == DB_ROW) {
       puts_t(&t, q->section_rows++ ? ",\n    " : "\n    ");
       put_row(&t, q->cursor);
     }
     if (t.len >= STORE_EXPORT_CHUNK || t.oom)
       break; /* this section goes on in the next chunk */
-    if (rc != SQLITE_DONE) {
-      qfail(q, GNMR_E_STORE, "%s", sqlite3_errmsg(q->db));
+    if (rc != DB_DONE) {
+      qfail(q, GNMR_E_STORE, "%s", db_errmsg(q->db));
       free(t.p);
       store_query_close(q);
       return;
     }
-    sqlite3_finalize(q->cursor);
+    db_finalize(q->cursor);
     q->cursor = NULL;
     puts_t(&t, q->section_rows ? "\n  ]" : "]");
     q->section++;
@@ -479,42 +401,4 @@ static void export_next(const char *path, store_query *q) {
   }
   q->chunk = t.p;
   q->chunk_len = t.len;
-}
-
-
-
-/* ---- the event kinds of the history ------------------------------------------ */
-
-const char *store_op_event_name(int kind) {
-  static const char *const names[STORE_EV_COUNT] = {
-#define STORE__EV_NAME(id, name) [STORE_EV_##id] = name,
-      STORE_OP_EVENTS(STORE__EV_NAME)
-#undef STORE__EV_NAME
-  };
-  return kind >= 0 && kind < STORE_EV_COUNT ? names[kind] : "unknown";
-}
-
-int store_event_kind_known(const char *kind) {
-  static const char *const all[] = {
-#define STORE__POLICY_EV(id, v, name) name,
-#define STORE__OP_EV(id, name) name,
-      POLICY_EVENTS(STORE__POLICY_EV) STORE_OP_EVENTS(STORE__OP_EV)
-#undef STORE__POLICY_EV
-#undef STORE__OP_EV
-  };
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    if (strcmp(kind, all[i]) == 0)
-      return 1;
-  return 0;
-}
-
-const char *store_event_kinds(void) {
-  static const char kinds[] =
-#define STORE__POLICY_EV(id, v, name) ", " name
-#define STORE__OP_EV(id, name) ", " name
-      POLICY_EVENTS(STORE__POLICY_EV) STORE_OP_EVENTS(STORE__OP_EV)
-#undef STORE__POLICY_EV
-#undef STORE__OP_EV
-      ;
-  return kinds + 2;
 }
