@@ -353,9 +353,29 @@ int gnmr__agent_open_io_sockets(gnmr_agent *a) {
     goto err;
   zmq_setsockopt(a->monitor, ZMQ_LINGER, &zero, sizeof zero);
   if (zmq_connect(a->monitor, mon) != 0 ||
-      zmq_connect(a->pull, a->pipe_addr) != 0 ||
-      zmq_connect(a->dealer, a->endpoint) != 0)
+      zmq_connect(a->pull, a->pipe_addr) != 0)
     goto err;
+  /* "a,b": an active gnmrd and its standbys. Only the active one binds,
+   * and under ZMQ_IMMEDIATE messages go to completed connections only, so
+   * every message reaches the one serving; when it goes, the standby that
+   * takes over binds and the agent joins it as it re-joins a restart. */
+  {
+    char *list = strdup(a->endpoint), *save = NULL;
+    int n = 0;
+    if (list == NULL)
+      goto err;
+    for (char *ep = strtok_r(list, ",", &save); ep != NULL;
+         ep = strtok_r(NULL, ",", &save)) {
+      if (zmq_connect(a->dealer, ep) != 0) {
+        free(list);
+        goto err;
+      }
+      n++;
+    }
+    free(list);
+    if (n == 0)
+      goto err;
+  }
   return GNMR_OK;
 err:
   if (a->monitor)

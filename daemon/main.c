@@ -15,11 +15,13 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "db.h"
 #include "gnmr/error.h"
 #include "gnmrd.h"
 #include "log.h"
 #include "ipc.h"
 #include "keys.h"
+#include "leader.h"
 #include "metrics.h"
 #include "notify.h"
 #include "zap.h"
@@ -34,7 +36,7 @@ static const char usage[] =
     "             [--log-level error|warn|info|debug] [--max-msg BYTES]\n"
     "             [--snapshot-every STEPS] [--retain-steps STEPS]\n"
     "             [--curve-key FILE --curve-allow FILE] [--insecure]\n"
-    "             [--metrics HOST:PORT]\n"
+    "             [--metrics HOST:PORT] [--store postgresql://... [--standby]]\n"
     "  Runs in the foreground; stops cleanly on SIGTERM or SIGINT.\n"
     "  Endpoints are ZeroMQ addresses: ipc:///path or tcp://HOST:PORT\n"
     "  (tcp://127.0.0.1:* picks a free port; the bound one is printed).\n"
@@ -46,6 +48,10 @@ static const char usage[] =
     "  every --snapshot-every steps (default 10) and at shutdown, and\n"
     "  unfinished jobs are restored at start. --retain-steps N keeps the\n"
     "  last N steps of history per job (default 0: all).\n"
+    "  --store postgresql://USER@HOST/DB keeps the history and the jobs'\n"
+    "  snapshots in PostgreSQL instead (DIR still holds the lock file).\n"
+    "  One gnmrd is active per store; --standby waits for it to stop and\n"
+    "  takes over, restoring every live job from its latest snapshot.\n"
     "  --config FILE reads settings (INI, see deploy/gnmrd.conf); flags\n"
     "  override it. gnmrd --check-config FILE validates a file and exits.\n"
     "  --curve-key FILE (the server's key pair, gnmrctl keygen) and\n"
@@ -134,6 +140,26 @@ static void on_signal(uv_signal_t *h, int signum) {
   uv_stop(h->loop);
 }
 
+/* SIGTERM/SIGINT while a standby waits (before the loop runs). */
+static volatile sig_atomic_t standby_stop;
+static void on_standby_signal(int sig) {
+  (void)sig;
+  standby_stop = 1;
+}
+
+/* The leadership's watch: a lost session stops this gnmrd (exit 3). */
+typedef struct leader_watch {
+  leader *l;
+  int lost;
+} leader_watch;
+static void on_leader_check(uv_timer_t *t) {
+  leader_watch *w = t->data;
+  if (leader_lost(w->l)) {
+    w->lost = 1;
+    uv_stop(t->loop);
+  }
+}
+
 static void close_walk(uv_handle_t *h, void *arg) {
   (void)arg;
   if (!uv_is_closing(h))
@@ -147,6 +173,11 @@ static void close_walk(uv_handle_t *h, void *arg) {
 static int check_settings(const gnmrd_config *cfg, char *pub, char *sec,
                           gnmr_allow *allowed, char *err, size_t errlen) {
   int curve = cfg->curve_key_file[0] != '\0';
+  if (cfg->standby && cfg->store[0] == '\0') {
+    snprintf(err, errlen, "standby needs a PostgreSQL store (--store "
+                          "postgresql://...): SQLite's file has one gnmrd");
+    return -1;
+  }
   if (curve != (cfg->curve_allow_file[0] != '\0')) {
     snprintf(err, errlen, "CURVE needs both curve_key_file and "
                           "curve_allow_file (--curve-key, --curve-allow)");
@@ -210,6 +241,8 @@ int main(int argc, char **argv) {
       {"curve-key", required_argument, NULL, 'k'},
       {"curve-allow", required_argument, NULL, 'w'},
       {"insecure", no_argument, NULL, 'I'},
+      {"store", required_argument, NULL, 'S'},
+      {"standby", no_argument, NULL, 'B'},
       {"config", required_argument, NULL, 'c'},
       {"check-config", required_argument, NULL, 'C'},
       {"help", no_argument, NULL, 'h'},
@@ -225,7 +258,8 @@ int main(int argc, char **argv) {
                    {'x', "max_msg"},   {'s', "snapshot_every"},
                    {'r', "retain_steps"}, {'k', "curve_key_file"},
                    {'w', "curve_allow_file"}, {'I', "insecure"},
-                   {'M', "metrics"}};
+                   {'M', "metrics"}, {'S', "store"},
+                   {'B', "standby"}};
   flag flags[16];
   int n_flags = 0, c, code = 1;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -251,7 +285,7 @@ int main(int argc, char **argv) {
         fputs(usage, stderr);
         return 2;
       }
-      flags[n_flags++] = (flag){key, c == 'I' ? "true" : optarg};
+      flags[n_flags++] = (flag){key, c == 'I' || c == 'B' ? "true" : optarg};
     }
     }
   }
@@ -374,6 +408,35 @@ int main(int argc, char **argv) {
     }
   }
 
+  /* a PostgreSQL store serves one gnmrd at a time: the leader */
+  leader *lead = NULL;
+  leader_watch watch = {0};
+  char where_shown[1100] = "";
+  const char *where = cfg.store[0] != '\0' ? cfg.store : data_dir;
+  db_target_display(where, where_shown, sizeof where_shown);
+  if (cfg.store[0] != '\0') {
+    struct sigaction sa = {0};
+    sa.sa_handler = on_standby_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    if (cfg.standby)
+      LOG(INFO, "STANDBY", "%s: waiting for the store's leadership",
+          where_shown);
+    int rv = leader_take(cfg.store, (int)cfg.standby, &standby_stop, &lead,
+                         err, sizeof err);
+    if (rv != GNMR_OK) {
+      if (rv == GNMR_E_CLOSED) {
+        LOG(INFO, "STOP", "stopped while standing by");
+      } else {
+        LOG(ERROR, "LEADER", "%s", err);
+      }
+      gnmr__allow_free(&allowed);
+      close(lock_fd);
+      return rv == GNMR_E_CLOSED ? 0 : 1;
+    }
+    LOG(INFO, "LEADER", "%s: this gnmrd is active", where_shown);
+  }
+
   gnmrd d = {0};
   uv_loop_t loop;
   uv_signal_t sigterm, sigint;
@@ -382,13 +445,13 @@ int main(int argc, char **argv) {
   d.cfg = &cfg;
   d.allow = curve ? &allowed : NULL;
   d.zctx = zmq_ctx_new();
-  if (store_open(data_dir, (uint32_t)cfg.snapshot_every, cfg.retain_steps,
+  if (store_open(where, (uint32_t)cfg.snapshot_every, cfg.retain_steps,
                  &d.st, err, sizeof err) != GNMR_OK) {
     LOG(ERROR, "STORE-OPEN", "%s", err);
     goto out;
   }
   d.last_run = store_last_run(d.st);
-  if (store_restore(data_dir, jobs_restore, &d, err, sizeof err) != GNMR_OK) {
+  if (store_restore(where, jobs_restore, &d, err, sizeof err) != GNMR_OK) {
     LOG(ERROR, "STORE-RESTORE", "%s", err);
     goto out;
   }
@@ -430,20 +493,30 @@ int main(int argc, char **argv) {
   uv_signal_start(&sigterm, on_signal, SIGTERM);
   uv_signal_start(&sigint, on_signal, SIGINT);
   notify_start(&d);
+  uv_timer_t leader_timer;
+  if (lead != NULL) {
+    watch.l = lead;
+    uv_timer_init(&loop, &leader_timer);
+    leader_timer.data = &watch;
+    uv_timer_start(&leader_timer, on_leader_check, 100, 100);
+  }
 
   printf("gnmrd %s: data %s\ngnmrd: agents %s\ngnmrd: admin %s\n",
          GNMR_VERSION, data_dir, bound_agents, bound_admin);
   if (bound_metrics[0] != '\0')
     printf("gnmrd: metrics %s\n", bound_metrics);
+  if (lead != NULL)
+    printf("gnmrd: store %s\n", where_shown);
   fflush(stdout);
   LOG(INFO, "START", "serving agents on %s, admin on %s", bound_agents,
       bound_admin);
   notify_ready(&d, bound_agents);
   uv_run(&loop, UV_RUN_DEFAULT);
   notify_stopping(&d);
-  code = 0;
+  code = watch.lost ? 3 : 0;
 out:
-  jobs_snapshot_all(&d);
+  if (!watch.lost) /* a standby may be serving these jobs already */
+    jobs_snapshot_all(&d);
   jobs_shutdown(&d);
   admin_shutdown(&d);
   metrics_close(&d);
@@ -456,6 +529,7 @@ out:
   uv_loop_close(&loop);
   metrics_free(&d);
   store_close(&d.st); /* commits everything queued, snapshots included */
+  leader_release(&lead); /* only now may a standby take over */
   zmq_ctx_term(d.zctx);
   close(lock_fd);
   if (code == 0)

@@ -12,6 +12,7 @@ typedef struct cli_globals {
   const char *admin;      /* --admin ENDPOINT */
   const char *server_key; /* --curve-server-key KEY|FILE */
   const char *key_file;   /* --key-file FILE: this client's key pair */
+  const char *store;      /* --store URL|FILE: read the history there */
 } cli_globals;
 
 #include "replay.h"

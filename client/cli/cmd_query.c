@@ -4,8 +4,10 @@
  * the JSON reply as a table (default), CSV (--csv) or the JSON itself
  * (--json). `decisions --csv` prints exactly the decisions CSV of
  * docs/policy.md. */
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +15,10 @@
 #include "cli.h"
 #include "gnmr/error.h"
 #include "commands.h"
+#include "db.h"
 #include "num.h"
+#include "store_query.h"
+#include "store_schema.h"
 #include "text.h"
 
 enum fmt { FMT_TABLE, FMT_CSV, FMT_JSON };
@@ -205,6 +210,10 @@ static int export_stream(const cli_globals *g, Gnmr__Envelope *req,
   return code;
 }
 
+static int render(int k, const json_t *v, enum fmt f);
+static int from_store(const char *where, const char *cmd, store_query *q,
+                      enum fmt f);
+
 int cmd_query(const cli_globals *g, int argc, char **argv) {
   static const struct option longopts[] = {
       {"json", no_argument, NULL, 'j'},
@@ -293,6 +302,18 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
   }
   req.body_case = GNMR__ENVELOPE__BODY_ADMIN_REQUEST;
   req.admin_request = &ar;
+  if (g->store != NULL && g->store[0] != '\0') {
+    store_query q = {0};
+    q.command = k;
+    q.job = ar.job;
+    q.unit = unit;
+    q.kind = kind;
+    q.from = from;
+    q.to = to;
+    q.limit = limit ? (uint32_t)limit : 1000; /* gnmrd's default */
+    q.run = run;
+    return from_store(g->store, cmd, &q, f);
+  }
   Gnmr__Envelope *env =
       cli_admin_call(g, &req, (int)timeout);
   if (env == NULL)
@@ -312,11 +333,19 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
     return export_stream(g, &req, env, (int)timeout);
   json_error_t jerr;
   json_t *v = json_loads(env->admin_reply->json, 0, &jerr);
+  gnmr__wire_free(&env);
   if (v == NULL) {
     fprintf(stderr, "gnmrctl %s: bad JSON from gnmrd: %s\n", cmd, jerr.text);
-    gnmr__wire_free(&env);
     return CLI_FAIL;
   }
+  code = render(k, v, f);
+  json_decref(v);
+  return code;
+}
+
+/* Prints an answer (v) of command k in format f. */
+static int render(int k, const json_t *v, enum fmt f) {
+  int code = CLI_OK;
   if (f == FMT_JSON || k == GNMR_CMD_EXPORT) {
     json_dumpf(v, stdout, JSON_INDENT(2));
     putchar('\n');
@@ -347,7 +376,57 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
   }
   if (fflush(stdout) != 0)
     code = CLI_FAIL;
-  json_decref(v);
-  gnmr__wire_free(&env);
+  return code;
+}
+
+/* gnmrctl --store: the history read straight from the database, gnmrd
+ * up or not. Only the history's commands: a live job's views and changes
+ * need gnmrd. */
+static int from_store(const char *where, const char *cmd, store_query *q,
+                      enum fmt f) {
+  char target[4200];
+  struct stat st;
+  if (gnmr_admin_commands[q->command].where != GNMR_AT_HISTORY) {
+    fprintf(stderr, "gnmrctl %s: not with --store: a job's %s comes from "
+            "gnmrd (--admin)\n", cmd,
+            q->command == GNMR_CMD_SET || q->command == GNMR_CMD_FINISH
+                ? "change"
+                : "live view");
+    return CLI_USAGE;
+  }
+  /* a URL, a SQLite file, or the data directory holding gnmr.db */
+  if (!db_target_is_pg(where) && stat(where, &st) == 0 && S_ISDIR(st.st_mode))
+    store_target(where, target, sizeof target);
+  else
+    snprintf(target, sizeof target, "%s", where);
+  if (!db_target_is_pg(target) && stat(target, &st) != 0) {
+    fprintf(stderr, "gnmrctl %s: %s: %s (give a postgresql:// URL, a "
+            "gnmr.db file or its data directory)\n", cmd, target,
+            strerror(errno));
+    return CLI_FAIL;
+  }
+  int code = CLI_OK;
+  do {
+    store_query_run(target, q);
+    if (q->code != GNMR_OK) {
+      fprintf(stderr, "gnmrctl %s: %s\n", cmd, q->err);
+      store_query_close(q);
+      json_decref(q->result);
+      return CLI_FAIL;
+    }
+    if (q->chunk != NULL) { /* export: printed chunk by chunk */
+      if (fwrite(q->chunk, 1, q->chunk_len, stdout) != q->chunk_len)
+        code = CLI_FAIL;
+      free(q->chunk);
+      q->chunk = NULL;
+    }
+  } while (q->more && code == CLI_OK);
+  store_query_close(q);
+  if (q->result != NULL) {
+    code = render(q->command, q->result, f);
+    json_decref(q->result);
+  } else if (fflush(stdout) != 0) {
+    code = CLI_FAIL;
+  }
   return code;
 }

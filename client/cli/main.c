@@ -52,22 +52,28 @@ const char *cli_admin_endpoint(const cli_globals *g) {
 
 static void usage(FILE *f) {
   fputs("usage: gnmrctl [--admin ENDPOINT] [--curve-server-key KEY|FILE "
-        "--key-file FILE]\n               COMMAND [ARGS]\n"
+        "--key-file FILE]\n               [--store postgresql://...|FILE] "
+        "COMMAND [ARGS]\n"
         "       gnmrctl --version | --help\n\ncommands:\n",
         f);
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
-  fputs("\n'gnmrctl COMMAND --help' describes each command.\n", f);
+  fputs("\n--store (or $GNMR_STORE) reads jobs, runs, history, decisions "
+        "and export\nstraight from a store, with no gnmrd: a PostgreSQL "
+        "URL, or a SQLite file\n(DATA_DIR/gnmr.db) or its directory.\n"
+        "'gnmrctl COMMAND --help' describes each command.\n", f);
 }
 
 int main(int argc, char **argv) {
   cli_globals g = {.admin = getenv("GNMR_ADMIN"),
                    .server_key = getenv("GNMR_CURVE_SERVER_KEY"),
-                   .key_file = getenv("GNMR_KEY_FILE")};
+                   .key_file = getenv("GNMR_KEY_FILE"),
+                   .store = getenv("GNMR_STORE")};
   static const struct option longopts[] = {
       {"admin", required_argument, NULL, 'a'},
       {"curve-server-key", required_argument, NULL, 's'},
       {"key-file", required_argument, NULL, 'k'},
+      {"store", required_argument, NULL, 'S'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {0},
@@ -84,6 +90,9 @@ int main(int argc, char **argv) {
       break;
     case 'k':
       g.key_file = optarg;
+      break;
+    case 'S':
+      g.store = optarg;
       break;
     case 'h':
       usage(stdout);

@@ -39,7 +39,9 @@ typedef struct gnmr_params {
 } gnmr_params;
 
 typedef struct gnmr_agent_config {
-  const char *endpoint;   /* gnmrd's agent endpoint, e.g. ipc:///run/gnmr/agents */
+  const char *endpoint;   /* gnmrd's agent endpoint, e.g. ipc:///run/gnmr/agents;
+                             "A,B": an active gnmrd and its standbys
+                             (PostgreSQL store), the one serving is used */
   const char *job;        /* job name, 1..128 printable bytes */
   uint32_t rank;          /* this reporter, 0 <= rank < reporters */
   uint32_t reporters;     /* reports per step (model-parallel shards) */

@@ -1,0 +1,144 @@
+/* SPDX-License-Identifier: MIT */
+/* leader.c — the store's leadership (leader.h): a session advisory lock
+ * on a connection of its own, and a thread that checks that session. */
+#include "leader.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "db.h"
+#include "gnmr/error.h"
+#include "log.h"
+
+struct leader {
+  db_conn *db;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int stop;
+  atomic_int lost;
+};
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+  nanosleep(&ts, NULL);
+}
+
+/* 1: taken, 0: held elsewhere, <0: error. */
+static int try_lock(db_conn *db) {
+  db_stmt *st;
+  if (db_prepare(db, "SELECT pg_try_advisory_lock(?)", &st) != GNMR_OK)
+    return GNMR_E_STORE;
+  db_bind_int64(st, 1, LEADER_LOCK_KEY);
+  int rc = db_step(st), got = rc == DB_ROW ? (int)db_column_int64(st, 0) : 0;
+  db_finalize(st);
+  return rc == DB_ROW ? got : GNMR_E_STORE;
+}
+
+static void *check_main(void *arg) {
+  leader *l = arg;
+  pthread_mutex_lock(&l->mu);
+  while (!l->stop) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += (long)LEADER_CHECK_MS * 1000000;
+    until.tv_sec += until.tv_nsec / 1000000000;
+    until.tv_nsec %= 1000000000;
+    pthread_cond_timedwait(&l->cv, &l->mu, &until);
+    if (l->stop)
+      break;
+    pthread_mutex_unlock(&l->mu);
+    /* the lock lives as long as this session: one round trip proves it */
+    int ok = db_exec(l->db, "SELECT 1") == GNMR_OK;
+    pthread_mutex_lock(&l->mu);
+    if (!ok) {
+      LOG(ERROR, "LEADER-LOST", "the store's session is gone (%s): this "
+          "gnmrd stops serving, so that a standby can take over",
+          db_errmsg(l->db));
+      atomic_store(&l->lost, 1);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&l->mu);
+  return NULL;
+}
+
+int leader_take(const char *url, int wait, volatile sig_atomic_t *stop,
+                leader **out, char *err, size_t errlen) {
+  *out = NULL;
+  leader *l = calloc(1, sizeof *l);
+  if (l == NULL)
+    return GNMR_E_NOMEM;
+  int rv, said = 0;
+  for (;;) {
+    if (l->db == NULL && db_open(url, 0, &l->db, err, errlen) != GNMR_OK) {
+      if (!wait)
+        goto fail;
+      if (!said++)
+        LOG(WARN, "STANDBY", "%s (retrying)", err);
+    } else {
+      int got = try_lock(l->db);
+      if (got == 1)
+        break;
+      if (got < 0) { /* the session broke: open another */
+        snprintf(err, errlen, "%s", db_errmsg(l->db));
+        db_close(l->db);
+        l->db = NULL;
+        if (!wait)
+          goto fail;
+      } else if (!wait) {
+        snprintf(err, errlen, "another gnmrd is active on this store (start "
+                 "this one with --standby to take over when it stops)");
+        rv = GNMR_E_BUSY;
+        goto out_fail;
+      } else if (!said++) {
+        LOG(INFO, "STANDBY", "another gnmrd is active on this store; "
+            "standing by to take over");
+      }
+    }
+    if (stop != NULL && *stop) {
+      snprintf(err, errlen, "stopped while standing by");
+      rv = GNMR_E_CLOSED;
+      goto out_fail;
+    }
+    sleep_ms(LEADER_POLL_MS);
+  }
+  pthread_mutex_init(&l->mu, NULL);
+  pthread_cond_init(&l->cv, NULL);
+  if (pthread_create(&l->thread, NULL, check_main, l) != 0) {
+    snprintf(err, errlen, "cannot start the leadership check");
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    goto fail;
+  }
+  *out = l;
+  return GNMR_OK;
+fail:
+  rv = GNMR_E_STORE;
+out_fail:
+  db_close(l->db);
+  free(l);
+  return rv;
+}
+
+int leader_lost(leader *l) { return l != NULL && atomic_load(&l->lost); }
+
+void leader_release(leader **pl) {
+  if (pl == NULL || *pl == NULL)
+    return;
+  leader *l = *pl;
+  pthread_mutex_lock(&l->mu);
+  l->stop = 1;
+  pthread_cond_signal(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+  pthread_join(l->thread, NULL);
+  pthread_mutex_destroy(&l->mu);
+  pthread_cond_destroy(&l->cv);
+  db_close(l->db); /* the server releases the lock with the session */
+  free(l);
+  *pl = NULL;
+}

@@ -1,0 +1,41 @@
+/* SPDX-License-Identifier: MIT */
+/* leader.h — which gnmrd serves the jobs of a PostgreSQL store: the one
+ * holding the store's leadership, a PostgreSQL session advisory lock.
+ *
+ * Why an advisory lock and not a lease row: the server releases it the
+ * moment the holder's session ends (gnmrd killed, its host gone once TCP
+ * keepalives give up), so a standby needs no clock, no lease length to
+ * tune and no clock agreement between hosts; a lease row would make every
+ * failover wait out the lease. The holder also checks its own session
+ * every second and stops serving (exit 3) the moment it cannot reach the
+ * server, so that two never serve at once for longer than that check. */
+#ifndef GNMRD_LEADER_H
+#define GNMRD_LEADER_H
+
+#include <signal.h>
+#include <stddef.h>
+
+typedef struct leader leader;
+
+/* The lock's key: one leadership per database (one gnmrd group). */
+#define LEADER_LOCK_KEY 4706215811427387213LL
+
+#define LEADER_POLL_MS 100   /* a standby's retry */
+#define LEADER_CHECK_MS 1000 /* the holder's check of its session */
+
+/* Takes the leadership of the store at url. Without wait, one try: held
+ * elsewhere is an error ("another gnmrd is active..."). With wait (a
+ * standby), tries every LEADER_POLL_MS until it has it or *stop is set.
+ * Errors: GNMR_E_STORE (err says why), GNMR_E_BUSY (held elsewhere),
+ * GNMR_E_CLOSED (stopped while waiting). */
+int leader_take(const char *url, int wait, volatile sig_atomic_t *stop,
+                leader **out, char *err, size_t errlen);
+
+/* Whether the leadership was lost (the session's check failed): then the
+ * caller stops serving. Any thread. */
+int leader_lost(leader *l);
+
+/* Releases it (closing the session). NULL-safe. */
+void leader_release(leader **l);
+
+#endif /* GNMRD_LEADER_H */
