@@ -4,48 +4,7 @@
  * middle of a job loses no committed step and the job continues from its
  * snapshot exactly as the engine would; live parameter changes; query
  * filters and every kind of bad query; readers while the daemon writes. */
-#include <math.h>
-
-#include "gnmr/agent.h"
-#include "policy.h"
-#include "testutil.h"
-
-static run_result ctl(const tu_daemon *d, char **args) {
-  char *argv[32];
-  int n = 0;
-  static char admin[300];
-  snprintf(admin, sizeof admin, "--admin=%s", d->admin);
-  argv[n++] = "gnmrctl";
-  argv[n++] = admin;
-  for (int i = 0; args[i] && n < 31; i++)
-    argv[n++] = args[i];
-  argv[n] = NULL;
-  return tu_run("gnmrctl", argv, NULL);
-}
-
-static int count_lines(const char *s) {
-  int n = 0;
-  for (; *s; s++)
-    n += *s == '\n';
-  return n;
-}
-
-/* Polls `decisions JOB --csv` until it has rows+1 lines (committed); the
- * store may be retrying after a fault with up to 5 s of backoff. */
-static char *decisions_csv(const tu_daemon *d, const char *job, int rows) {
-  for (int i = 0; i < 1500; i++) {
-    char *args[] = {"decisions", (char *)job, "--csv", NULL};
-    run_result r = ctl(d, args);
-    if (r.code == 0 && count_lines(r.out) >= rows + 1) {
-      free(r.err);
-      return r.out;
-    }
-    tu_run_free(&r);
-    tu_sleep_ms(20);
-  }
-  ck_abort_msg("decisions of %s never reached %d rows", job, rows);
-  return NULL;
-}
+#include "storeutil.h"
 
 START_TEST(decisions_csv_after_sim_equals_expected_file) {
   tu_daemon d = {0};
@@ -91,74 +50,6 @@ START_TEST(decisions_csv_after_sim_equals_expected_file) {
   tu_rmrf(d.dir);
 }
 END_TEST
-
-/* The sums of squares of step t for 4 units: steady, with spikes. */
-static void sums(uint64_t t, double *s) {
-  for (int u = 0; u < 4; u++) {
-    double n = (u + 1) * (1.0 + 0.05 * (double)((t * 7 + (uint64_t)u) % 5));
-    if ((t + (uint64_t)u * 11) % 13 == 0)
-      n *= 6;
-    s[u] = n * n;
-  }
-}
-
-static gnmr_agent *open_agent(const char *ep, const char *job) {
-  static const char *names[] = {"q", "k", "v", "o"};
-  gnmr_agent_config c = {0};
-  c.endpoint = ep;
-  c.job = job;
-  c.reporters = 1;
-  c.unit_names = names;
-  c.n_units = 4;
-  gnmr_params_default(&c.params);
-  c.params.warmup_steps = 0;
-  c.params.max_active = 2;
-  c.params.lock_steps = 2;
-  c.barrier_ms = 5000;
-  gnmr_agent *a;
-  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
-  return a;
-}
-
-static void step_agent(gnmr_agent *a, uint64_t t) {
-  double s[4];
-  sums(t, s);
-  ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
-  ck_assert_msg(gnmr_agent_wait(a, t, 10000) == GNMR_OK,
-                "no decision for step %llu", (unsigned long long)t);
-}
-
-/* The engine's decision rows for the given steps, as gnmrd computes them
- * (norm = sqrt(sumsq)). */
-static void engine_rows(const uint64_t *steps, size_t n, char *out,
-                        size_t cap, uint64_t from_row) {
-  policy_params p;
-  policy_params_default(&p);
-  p.warmup_steps = 0;
-  p.max_active = 2;
-  p.lock_steps = 2;
-  policy *e;
-  ck_assert_int_eq(policy_create(&p, 4, &e), GNMR_OK);
-  size_t off = 0;
-  out[0] = '\0';
-  for (size_t i = 0; i < n; i++) {
-    double s[4], norm[4];
-    policy_result r;
-    sums(steps[i], s);
-    for (int u = 0; u < 4; u++)
-      norm[u] = sqrt(s[u]);
-    ck_assert_int_eq(policy_step(e, steps[i], norm, NULL, &r), GNMR_OK);
-    if (steps[i] < from_row)
-      continue;
-    off += (size_t)snprintf(out + off, cap - off, "%llu,",
-                            (unsigned long long)steps[i]);
-    for (uint32_t k = 0; k < r.n_active; k++)
-      off += (size_t)snprintf(out + off, cap - off, k ? " %u" : "%u",
-                              r.active[k]);
-    off += (size_t)snprintf(out + off, cap - off, "\n");
-  }
-  policy_destroy(&e);
-}
 
 START_TEST(sigkill_loses_no_committed_step_and_job_continues_from_snapshot) {
   tu_daemon d = {0};

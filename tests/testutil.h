@@ -190,8 +190,12 @@ static inline void tu_sleep_ms(int ms) {
 /* Starts gnmrd with its data in a fresh temporary directory. agents/admin
  * may be NULL: then tcp://127.0.0.1:* and ipc://DIR/admin.sock. With dir
  * set, uses that directory (a restart). extra (NULL-terminated, may be
- * NULL) are more gnmrd options. Waits until it printed its endpoints. */
-static inline void tu_daemon_start_in(tu_daemon *d, const char *agents,
+ * NULL) are more gnmrd options. tu_daemon_start_in waits until it
+ * printed its endpoints; tu_daemon_spawn_in does not. */
+static inline void tu_daemon_wait_ready(tu_daemon *d, int timeout_ms);
+
+/* (a standby prints its endpoints only once it takes over) */
+static inline void tu_daemon_spawn_in(tu_daemon *d, const char *agents,
                                       const char *admin, const char *dir,
                                       char *const *extra) {
   char data[128], out[128], err[128], adm[160];
@@ -237,7 +241,13 @@ static inline void tu_daemon_start_in(tu_daemon *d, const char *agents,
   posix_spawn_file_actions_destroy(&fa);
   ck_assert_msg(rv == 0, "spawn gnmrd: %s", strerror(rv));
   tu_track_daemon(d->pid, 1);
-  for (int i = 0; i < 1000; i++) { /* up to 20 s (valgrind is slow) */
+}
+
+/* Waits until gnmrd printed its endpoints (into d->agents, d->admin). */
+static inline void tu_daemon_wait_ready(tu_daemon *d, int timeout_ms) {
+  char out[128];
+  snprintf(out, sizeof out, "%s/out", d->dir);
+  for (int i = 0; i < timeout_ms / 20; i++) {
     char *txt = tu_read_file(out, NULL);
     char *a = txt ? strstr(txt, "gnmrd: agents ") : NULL;
     char *m = txt ? strstr(txt, "gnmrd: admin ") : NULL;
@@ -253,6 +263,13 @@ static inline void tu_daemon_start_in(tu_daemon *d, const char *agents,
     tu_sleep_ms(20);
   }
   ck_abort_msg("gnmrd did not print its endpoints");
+}
+
+static inline void tu_daemon_start_in(tu_daemon *d, const char *agents,
+                                      const char *admin, const char *dir,
+                                      char *const *extra) {
+  tu_daemon_spawn_in(d, agents, admin, dir, extra);
+  tu_daemon_wait_ready(d, 20000); /* valgrind is slow */
 }
 
 static inline void tu_daemon_start(tu_daemon *d) {
