@@ -39,6 +39,40 @@ static int try_lock(db_conn *db) {
   return rc == DB_ROW ? got : GNMR_E_STORE;
 }
 
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* The session is gone (the server restarted, or cannot be reached): take
+ * the lock again on a new session within LEADER_GRACE_MS. 1: regained; 0:
+ * another gnmrd holds it now, or the server stayed away. */
+static int regain(leader *l) {
+  uint64_t until = now_ms() + LEADER_GRACE_MS;
+  LOG(WARN, "LEADER-SESSION", "the store's session is gone (%s): taking "
+      "the leadership again", db_errmsg(l->db));
+  do {
+    if (db_reconnect(l->db) == GNMR_OK) {
+      int got = try_lock(l->db);
+      if (got == 1) {
+        LOG(INFO, "LEADER-REGAINED", "this gnmrd is still the active one");
+        return 1;
+      }
+      if (got == 0) {
+        LOG(ERROR, "LEADER-LOST", "another gnmrd took over the store: "
+            "this one stops serving");
+        return 0;
+      }
+    }
+    sleep_ms(LEADER_POLL_MS);
+  } while (now_ms() < until);
+  LOG(ERROR, "LEADER-LOST", "the store stayed out of reach for %d ms (%s): "
+      "this gnmrd stops serving, so that a standby can take over",
+      LEADER_GRACE_MS, db_errmsg(l->db));
+  return 0;
+}
+
 static void *check_main(void *arg) {
   leader *l = arg;
   pthread_mutex_lock(&l->mu);
@@ -53,12 +87,9 @@ static void *check_main(void *arg) {
       break;
     pthread_mutex_unlock(&l->mu);
     /* the lock lives as long as this session: one round trip proves it */
-    int ok = db_exec(l->db, "SELECT 1") == GNMR_OK;
+    int ok = db_exec(l->db, "SELECT 1") == GNMR_OK || regain(l);
     pthread_mutex_lock(&l->mu);
     if (!ok) {
-      LOG(ERROR, "LEADER-LOST", "the store's session is gone (%s): this "
-          "gnmrd stops serving, so that a standby can take over",
-          db_errmsg(l->db));
       atomic_store(&l->lost, 1);
       break;
     }

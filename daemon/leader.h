@@ -6,9 +6,14 @@
  * moment the holder's session ends (gnmrd killed, its host gone once TCP
  * keepalives give up), so a standby needs no clock, no lease length to
  * tune and no clock agreement between hosts; a lease row would make every
- * failover wait out the lease. The holder also checks its own session
- * every second and stops serving (exit 3) the moment it cannot reach the
- * server, so that two never serve at once for longer than that check. */
+ * failover wait out the lease.
+ *
+ * The holder checks its session every LEADER_CHECK_MS. When the session is
+ * gone (the server restarted, or cannot be reached) it takes the lock
+ * again on a new one: regained, it goes on serving; held by another gnmrd
+ * (a standby won the race), or the server still away after
+ * LEADER_GRACE_MS, it stops serving (exit 3) so that two never serve at
+ * once for longer than a check. */
 #ifndef GNMRD_LEADER_H
 #define GNMRD_LEADER_H
 
@@ -21,7 +26,8 @@ typedef struct leader leader;
 #define LEADER_LOCK_KEY 4706215811427387213LL
 
 #define LEADER_POLL_MS 100   /* a standby's retry */
-#define LEADER_CHECK_MS 1000 /* the holder's check of its session */
+#define LEADER_CHECK_MS 250   /* the holder's check of its session */
+#define LEADER_GRACE_MS 5000  /* to take it again after losing it */
 
 /* Takes the leadership of the store at url. Without wait, one try: held
  * elsewhere is an error ("another gnmrd is active..."). With wait (a

@@ -94,9 +94,14 @@ static void set_err(pg *p, const PGresult *r) {
 }
 
 static int connect_pg(pg *p, char *err, size_t errlen) {
+  /* over TCP, a peer that vanished shows within about 10 s rather than
+   * the kernel's minutes; the URL may say otherwise (it comes last) */
   const char *const keys[] = {"connect_timeout", "application_name",
-                              "dbname", NULL};
-  const char *const vals[] = {"5", "gnmrd", p->url, NULL};
+                              "keepalives", "keepalives_idle",
+                              "keepalives_interval", "keepalives_count",
+                              "tcp_user_timeout", "dbname", NULL};
+  const char *const vals[] = {"5", "gnmrd", "1", "5", "2", "3", "10000",
+                              p->url, NULL};
   p->c = PQconnectdbParams(keys, vals, 1);
   if (p->c == NULL) {
     snprintf(err, errlen, "out of memory");

@@ -197,6 +197,8 @@ START_TEST(server_killed_and_restarted_mid_job_loses_nothing) {
   char *log = tu_daemon_log(&d);
   ck_assert_ptr_nonnull(strstr(log, "STORE-COMMIT"));
   ck_assert_ptr_nonnull(strstr(log, "connected again"));
+  /* the restart ended the leadership's session too: taken again */
+  ck_assert_ptr_nonnull(strstr(log, "LEADER-REGAINED"));
   free(log);
   gnmr_agent_close(&a);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
@@ -279,6 +281,40 @@ START_TEST(standby_takes_over_with_the_decisions_of_a_restart) {
   free(before);
   free(after);
   gnmr_agent_close(&ag);
+  ck_assert_int_eq(tu_daemon_stop(&b, SIGTERM), 0);
+  tu_rmrf(a.dir);
+  tu_rmrf(b.dir);
+}
+END_TEST
+
+/* The active gnmrd's session ends while it is stopped (SIGSTOP); the
+ * standby takes over; the old one, continued, finds the lock taken and
+ * stops serving (exit 3) instead of deciding next to the new one. */
+START_TEST(a_deposed_active_stops_serving) {
+  char url[256];
+  fresh_db("deposed", url, sizeof url);
+  tu_daemon a = {0}, b = {0};
+  char *active[] = {"--store", url, NULL};
+  char *standby[] = {"--store", url, "--standby", NULL};
+  tu_daemon_start_in(&a, NULL, NULL, NULL, active);
+  tu_daemon_spawn_in(&b, NULL, NULL, NULL, standby);
+  tu_sleep_ms(300); /* standing by */
+  kill(a.pid, SIGSTOP);
+  psql("postgres", "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE "
+                   "locktype='advisory' AND granted AND objid <> 0 AND "
+                   "database=(SELECT oid FROM pg_database WHERE "
+                   "datname='deposed')");
+  tu_daemon_wait_ready(&b, 5000);
+  kill(a.pid, SIGCONT);
+  int st;
+  ck_assert_int_eq(waitpid(a.pid, &st, 0), a.pid);
+  tu_track_daemon(a.pid, 0);
+  a.pid = 0;
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 3, "exit %d",
+                WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+  char *log = tu_daemon_log(&a);
+  ck_assert_ptr_nonnull(strstr(log, "another gnmrd took over the store"));
+  free(log);
   ck_assert_int_eq(tu_daemon_stop(&b, SIGTERM), 0);
   tu_rmrf(a.dir);
   tu_rmrf(b.dir);
@@ -415,6 +451,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, traces_give_the_same_decisions_and_history_as_sqlite);
   tcase_add_test(tc, server_killed_and_restarted_mid_job_loses_nothing);
   tcase_add_test(tc, standby_takes_over_with_the_decisions_of_a_restart);
+  tcase_add_test(tc, a_deposed_active_stops_serving);
   tcase_add_test(tc, bad_urls_passwords_and_schemas_are_refused_clearly);
   tcase_add_loop_test(
       tc, read_only_and_full_databases_are_retried_losing_nothing, 0, 2);
