@@ -227,6 +227,7 @@ $(BUILD)/tests/test_runs: $(BUILD)/obj/tests/test_runs.o $(STORE_OBJ) $(TEST_LIB
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(CHECK_LIBS) $(DB_LIBS) $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 
+$(BUILD)/obj/bench/store.o: CPPFLAGS += $(PQ_CFLAGS)
 $(BUILD)/bench/store: $(BUILD)/obj/bench/store.o $(STORE_OBJ) $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(DB_LIBS) $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@

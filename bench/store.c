@@ -4,7 +4,13 @@
  * by the writer), against the limit measured in the same run: raw batched
  * SQLite inserts of the same rows into the same schema. Also reports the
  * worst time store_put() took on the loop side (it must never wait on
- * SQLite). Target: >= 200k events/s. */
+ * SQLite). Target: >= 200k events/s.
+ *
+ * Then the same against PostgreSQL (a throwaway cluster started by
+ * scripts/pg_tmp.sh, Unix socket, fsync off as in the tests), against raw
+ * COPY of the same rows into a copy of the events table (same columns,
+ * same indexes) in the same run. */
+#include <libpq-fe.h>
 #include <math.h>
 #include <sqlite3.h>
 
@@ -74,14 +80,53 @@ static double raw_inserts(const char *dir) {
   return dt;
 }
 
-int main(void) {
-  char dir[] = "/tmp/gnmr-bench-store-XXXXXX", err[256];
-  if (mkdtemp(dir) == NULL)
-    return 1;
+/* Raw COPY of the same rows into raw_events (events' columns and
+ * indexes), RECORDS/500 transactions as the SQLite limit has. */
+static double raw_copy(const char *url) {
+  PGconn *c = PQconnectdb(url);
+  if (PQstatus(c) != CONNECTION_OK) {
+    PQfinish(c);
+    return -1;
+  }
+  PQclear(PQexec(c, "SET client_min_messages=warning;"
+                    "DROP TABLE IF EXISTS raw_events;"
+                    "CREATE TABLE raw_events (LIKE events INCLUDING ALL);"));
+  char line[256];
+  double t0 = bu_now();
+  for (int r = 0; r < RECORDS; r++) {
+    if (r % 500 == 0) {
+      PQclear(PQexec(c, "BEGIN"));
+      PQclear(PQexec(c, "COPY raw_events(job, pass, step, kind, unit, "
+                        "outcome, norm, g, d, s, count, at, run) FROM "
+                        "STDIN"));
+    }
+    for (int i = 0; i < EVENTS_PER; i++) {
+      int n = snprintf(line, sizeof line,
+                       "bench\t1\t%d\texceed\t%d\tselected\t1.5\t2.5\t"
+                       "3.5\t1.25\t0\t0\t1\n",
+                       r + 1, i);
+      PQputCopyData(c, line, n);
+    }
+    if (r % 500 == 499) {
+      PQputCopyEnd(c, NULL);
+      PQclear(PQgetResult(c));
+      PQclear(PQexec(c, "COMMIT"));
+    }
+  }
+  double dt = bu_now() - t0;
+  PQclear(PQexec(c, "DROP TABLE raw_events"));
+  PQfinish(c);
+  return dt;
+}
+
+/* Events/s through the store at where; worst store_put() in *worst. */
+static double through_store(const char *where, double *worst,
+                            uint64_t *batches) {
+  char err[512];
   store *s;
-  if (store_open(dir, 100, 0, &s, err, sizeof err) != GNMR_OK) {
+  if (store_open(where, 100, 0, &s, err, sizeof err) != GNMR_OK) {
     fprintf(stderr, "store: %s\n", err);
-    return 1;
+    return -1;
   }
   store_rec **recs = malloc(RECORDS * sizeof *recs);
   for (int r = 0; r < RECORDS; r++)
@@ -101,12 +146,55 @@ int main(void) {
   double dt = bu_now() - t0;
   store_close(&s);
   free(recs);
+  *worst = worst_put;
+  *batches = st.batches;
+  return st.records < RECORDS ? -1 : dt;
+}
+
+static int pg_part(void) {
+  char dir[] = "/tmp/gnmr-bench-pg-XXXXXX", cmd[256], url[256];
+  if (mkdtemp(dir) == NULL || rmdir(dir) != 0)
+    return 1;
+  snprintf(cmd, sizeof cmd, "scripts/pg_tmp.sh start '%s' >/dev/null", dir);
+  if (system(cmd) != 0) {
+    printf("store pg: no PostgreSQL server to start (scripts/deps.sh check "
+           "installs postgresql): not measured\n");
+    return 0;
+  }
+  snprintf(url, sizeof url, "postgresql://gnmr@/gnmr?host=%s", dir);
+  double worst;
+  uint64_t batches;
+  double dt = through_store(url, &worst, &batches);
+  double raw = raw_copy(url);
+  double ev = (double)RECORDS * EVENTS_PER;
+  if (dt > 0 && raw > 0)
+    printf("store pg %d step records x %d events: %.0f events/s persisted "
+           "in %llu batches; raw COPY into the same table %.0f events/s: "
+           "%.0f%% of raw\n",
+           RECORDS, EVENTS_PER, ev / dt, (unsigned long long)batches,
+           ev / raw, 100 * raw / dt);
+  printf("store pg worst store_put() on the loop thread: %.1f us\n",
+         worst * 1e6);
+  snprintf(cmd, sizeof cmd,
+           "scripts/pg_tmp.sh stop '%s' >/dev/null; rm -rf '%s'", dir, dir);
+  return system(cmd) != 0 || dt < 0 || raw < 0;
+}
+
+int main(void) {
+  char dir[] = "/tmp/gnmr-bench-store-XXXXXX";
+  if (mkdtemp(dir) == NULL)
+    return 1;
+  double worst_put;
+  uint64_t batches;
+  double dt = through_store(dir, &worst_put, &batches);
+  if (dt < 0)
+    return 1;
   double raw = raw_inserts(dir);
   double ev = (double)RECORDS * EVENTS_PER;
   printf("store %d step records x %d events: %.0f events/s persisted in %llu "
          "batches (target >= 200000); raw batched SQLite inserts %.0f "
          "events/s: %.0f%% of raw\n",
-         RECORDS, EVENTS_PER, ev / dt, (unsigned long long)st.batches,
+         RECORDS, EVENTS_PER, ev / dt, (unsigned long long)batches,
          ev / raw, 100 * raw / dt);
   printf("store worst store_put() on the loop thread: %.1f us (it never "
          "waits on SQLite)\n", worst_put * 1e6);
@@ -114,5 +202,5 @@ int main(void) {
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd) != 0)
     return 1;
-  return 0;
+  return pg_part();
 }

@@ -273,7 +273,8 @@ void store_close(store **ps) {
   pthread_mutex_unlock(&s->mu);
   pthread_join(s->thread, NULL);
   db_finalize(s->st_step);
-  db_finalize(s->st_event);
+  for (int k = 0; k <= STORE_EVENT_ROWS; k++)
+    db_finalize(s->st_events[k]);
   db_finalize(s->st_last);
   if (db_sqlite_handle(s->db) != NULL)
     sqlite3_wal_checkpoint_v2(db_sqlite_handle(s->db), NULL,

@@ -377,6 +377,46 @@ static int apply_snapshot(db_conn *db, const store_rec *r) {
   return GNMR_OK;
 }
 
+/* A step's events go up to EVENT_ROWS to a statement: one round trip to
+ * PostgreSQL, one parse in SQLite; a statement per row count, prepared
+ * when first needed. */
+#define EVENT_ROWS STORE_EVENT_ROWS
+#define EVENT_COLS 13
+
+/* INSERT INTO events ... VALUES(...) with rows rows. */
+static const char *events_sql(int rows, char *buf, size_t cap) {
+  size_t n = (size_t)snprintf(buf, cap,
+                              "INSERT INTO events(job, pass, step, kind, "
+                              "unit, outcome, norm, g, d, s, count, at, run)"
+                              " VALUES");
+  for (int r = 0; r < rows && n < cap; r++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                          r ? "," : "");
+  return buf;
+}
+
+/* Binds event e as row `row` (0-based) of an events statement. */
+static void bind_event(db_stmt *st, int row, const store_rec *r,
+                       const store_event *e, int64_t t) {
+  int c = row * EVENT_COLS;
+  db_bind_text(st, c + 1, r->job);
+  db_bind_int64(st, c + 2, r->pass);
+  db_bind_int64(st, c + 3, (int64_t)r->step);
+  db_bind_text(st, c + 4, policy_event_name(e->kind));
+  if (e->unit == UINT32_MAX)
+    db_bind_null(st, c + 5);
+  else
+    db_bind_int64(st, c + 5, e->unit);
+  db_bind_text(st, c + 6, e->outcome ? policy_outcome_name(e->outcome) : NULL);
+  db_bind_double(st, c + 7, e->norm); /* NaN: NULL; both keep +-Inf */
+  db_bind_double(st, c + 8, e->g);
+  db_bind_double(st, c + 9, e->d);
+  db_bind_double(st, c + 10, e->s);
+  db_bind_int64(st, c + 11, e->count);
+  db_bind_int64(st, c + 12, t);
+  db_bind_int64(st, c + 13, (int64_t)r->run);
+}
+
 /* Prepares the step path's statements once per connection. */
 static int prepare_step(store *s) {
   if (s->st_step != NULL)
@@ -392,11 +432,7 @@ static int prepare_step(store *s) {
                  " by_deadline=excluded.by_deadline,"
                  " latency_us=excluded.latency_us, at=excluded.at",
                  &s->st_step) != GNMR_OK ||
-      db_prepare(s->db,
-                 "INSERT INTO events(job, pass, step, kind, unit, outcome,"
-                 " norm, g, d, s, count, detail, at, run)"
-                 " VALUES(?,?,?,?,?,?,?,?,?,?,?,NULL,?,?)",
-                 &s->st_event) != GNMR_OK ||
+
       db_prepare(s->db,
                  "UPDATE jobs SET last_step=?1, updated_at=?2 WHERE run=?3",
                  &s->st_last) != GNMR_OK)
@@ -413,7 +449,9 @@ static int apply_step(store *s, const store_rec *r) {
     return GNMR_E_STORE;
   /* a failed earlier batch may have left a statement mid-way */
   db_reset(s->st_step);
-  db_reset(s->st_event);
+  for (int k = 0; k <= STORE_EVENT_ROWS; k++)
+    if (s->st_events[k] != NULL)
+      db_reset(s->st_events[k]);
   db_reset(s->st_last);
   st = s->st_step;
   db_bind_text(st, 1, r->job);
@@ -433,42 +471,23 @@ static int apply_step(store *s, const store_rec *r) {
   db_reset(st);
   if (rc != DB_DONE)
     return GNMR_E_STORE;
-  if (r->n_events > 0) {
-    st = s->st_event;
-    for (uint32_t i = 0; i < r->n_events; i++) {
-      const store_event *e = &r->events[i];
-      db_bind_text(st, 1, r->job);
-      db_bind_int64(st, 2, r->pass);
-      db_bind_int64(st, 3, (int64_t)r->step);
-      db_bind_text(st, 4, policy_event_name(e->kind));
-      if (e->unit == UINT32_MAX)
-        db_bind_null(st, 5);
-      else
-        db_bind_int64(st, 5, e->unit);
-      if (e->outcome)
-        db_bind_text(st, 6, policy_outcome_name(e->outcome));
-      else
-        db_bind_null(st, 6);
-#define BIND_NUM(col, v)                                                       \
-  do {                                                                         \
-    if (isnan(v))                                                              \
-      db_bind_null(st, col);                                              \
-    else                                                                       \
-      db_bind_double(st, col, v); /* both keep +-Inf */                   \
-  } while (0)
-      BIND_NUM(7, e->norm);
-      BIND_NUM(8, e->g);
-      BIND_NUM(9, e->d);
-      BIND_NUM(10, e->s);
-#undef BIND_NUM
-      db_bind_int64(st, 11, e->count);
-      db_bind_int64(st, 12, t);
-      db_bind_int64(st, 13, (int64_t)r->run);
-      rc = db_step(st);
-      db_reset(st);
-      if (rc != DB_DONE)
+  for (uint32_t i = 0; i < r->n_events;) {
+    int rows = r->n_events - i >= EVENT_ROWS ? EVENT_ROWS
+                                             : (int)(r->n_events - i);
+    if (s->st_events[rows] == NULL) { /* each size prepared once */
+      char sql[EVENT_ROWS * 32 + 160];
+      if (db_prepare(s->db, events_sql(rows, sql, sizeof sql),
+                     &s->st_events[rows]) != GNMR_OK)
         return GNMR_E_STORE;
     }
+    st = s->st_events[rows];
+    for (int k = 0; k < rows; k++)
+      bind_event(st, k, r, &r->events[i + (uint32_t)k], t);
+    rc = db_step(st);
+    db_reset(st);
+    if (rc != DB_DONE)
+      return GNMR_E_STORE;
+    i += (uint32_t)rows;
   }
   if (r->snapshot != NULL && apply_snapshot(db, r) != GNMR_OK)
     return GNMR_E_STORE;

@@ -17,6 +17,8 @@
 #include "latency.h"
 #include "store.h"
 
+#define STORE_EVENT_ROWS 64 /* events per INSERT */
+
 /* The store (store.c's writer, store_apply.c's statements). */
 struct store {
   char path[4096];  /* the target: a SQLite file or a PostgreSQL URL */
@@ -26,7 +28,8 @@ struct store {
   uint64_t retain_steps;
   db_conn *db; /* the writer thread's connection */
   /* the step path's statements, prepared once (writer thread) */
-  db_stmt *st_step, *st_event, *st_last;
+  db_stmt *st_step, *st_last;
+  db_stmt *st_events[STORE_EVENT_ROWS + 1]; /* by rows per statement */
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cv;
