@@ -105,6 +105,10 @@ int leader_take(const char *url, int wait, volatile sig_atomic_t *stop,
   if (l == NULL)
     return GNMR_E_NOMEM;
   int rv, said = 0;
+  /* without wait, a lock still held is waited out for LEADER_GRACE_MS:
+   * the server ends a killed holder's session a moment after it died, and
+   * a supervisor's restart comes in that moment */
+  uint64_t until = now_ms() + LEADER_GRACE_MS;
   for (;;) {
     if (l->db == NULL && db_open(url, 0, &l->db, err, errlen) != GNMR_OK) {
       if (!wait)
@@ -121,7 +125,7 @@ int leader_take(const char *url, int wait, volatile sig_atomic_t *stop,
         l->db = NULL;
         if (!wait)
           goto fail;
-      } else if (!wait) {
+      } else if (!wait && now_ms() >= until) {
         snprintf(err, errlen, "another gnmrd is active on this store (start "
                  "this one with --standby to take over when it stops)");
         rv = GNMR_E_BUSY;

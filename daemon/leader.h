@@ -29,8 +29,10 @@ typedef struct leader leader;
 #define LEADER_CHECK_MS 250   /* the holder's check of its session */
 #define LEADER_GRACE_MS 5000  /* to take it again after losing it */
 
-/* Takes the leadership of the store at url. Without wait, one try: held
- * elsewhere is an error ("another gnmrd is active..."). With wait (a
+/* Takes the leadership of the store at url. Without wait, it tries for
+ * LEADER_GRACE_MS (a killed holder's session ends a moment after it, as a
+ * restart comes): still held is an error ("another gnmrd is active..."),
+ * as is a server it cannot reach. With wait (a
  * standby), tries every LEADER_POLL_MS until it has it or *stop is set.
  * Errors: GNMR_E_STORE (err says why), GNMR_E_BUSY (held elsewhere),
  * GNMR_E_CLOSED (stopped while waiting). */
