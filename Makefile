@@ -206,6 +206,7 @@ $(BUILD)/tests/test_core: $(BUILD)/obj/tests/test_core.o $(BUILD)/obj/daemon/cor
 $(BUILD)/tests/test_agent_alloc: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
 # test_hostile edits an old database by hand.
 $(BUILD)/tests/test_hostile: LDLIBS += $(DB_LIBS)
+$(BUILD)/tests/test_pg: LDLIBS += $(DB_LIBS)
 
 $(BUILD)/obj/tests/%.o: tests/%.c
 	@mkdir -p $(dir $@)

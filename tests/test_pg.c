@@ -3,14 +3,16 @@
  * cluster (scripts/pg_tmp.sh: initdb in a temporary directory, a Unix
  * socket, an unprivileged user) that this suite starts and stops. Each test
  * has a database of its own.
- *   - the shared traces give the same decisions and history as SQLite, and
- *     gnmrctl --store reads them with no gnmrd up;
+ *   - the shared traces give the same decisions and history as SQLite,
+ *     gnmrctl --store reads them with no gnmrd up, and deploy/grafana's
+ *     views and every panel's query run on them;
  *   - the server killed and restarted mid-job: nothing lost;
  *   - the active gnmrd SIGKILLed mid-job: the standby takes over, and its
  *     decisions are those of one gnmrd restarted on the same data;
  *   - a wrong URL or password, a schema newer than gnmrd's, a standby
  *     without PostgreSQL: clear errors; a read-only and a full database:
  *     logged, retried, nothing lost. */
+#include <jansson.h>
 #include <stdarg.h>
 
 #include "storeutil.h"
@@ -36,6 +38,29 @@ static void psql(const char *db, const char *sql) {
                    "-c \"%s\" >/dev/null",
                    pg_dir, db, sql) == 0,
                 "psql: %s", sql);
+}
+
+/* psql's unaligned output of sql on database db (the caller frees); NULL
+ * when psql failed. */
+static char *psql_out(const char *db, const char *sql) {
+  char path[] = "/tmp/gnmr-sql-XXXXXX", out[64];
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(write(fd, sql, strlen(sql)), (ssize_t)strlen(sql));
+  close(fd);
+  snprintf(out, sizeof out, "%s.out", path);
+  int rc = sh("psql -X -A -t -q -v ON_ERROR_STOP=1 -h '%s' -U gnmr -d '%s' "
+              "-f '%s' >'%s' 2>&1",
+              pg_dir, db, path, out);
+  char *text = tu_read_file(out, NULL);
+  unlink(path);
+  unlink(out);
+  if (rc != 0) {
+    fprintf(stderr, "psql: %s\n%s\n", sql, text ? text : "");
+    free(text);
+    return NULL;
+  }
+  return text;
 }
 
 /* A fresh database for one test; its URL in url. */
@@ -163,6 +188,56 @@ START_TEST(traces_give_the_same_decisions_and_history_as_sqlite) {
   ck_assert_ptr_nonnull(strstr(r.out, "\"events\": ["));
   ck_assert_ptr_nonnull(strstr(r.out, "\"kind\": \"exceed\""));
   tu_run_free(&r);
+  /* deploy/grafana: the views apply, and every panel's query runs (with
+   * Grafana's macro and variable filled in) and the step panels have rows */
+  char vp[512];
+  snprintf(vp, sizeof vp, "%s/deploy/grafana/views.sql",
+           getenv("GNMR_SOURCE_DIR"));
+  ck_assert_int_eq(sh("psql -X -q -v ON_ERROR_STOP=1 -h '%s' -U gnmr -d same "
+                      "-f '%s' >/dev/null",
+                      pg_dir, vp),
+                   0);
+  snprintf(vp, sizeof vp, "%s/deploy/grafana/dashboard.json",
+           getenv("GNMR_SOURCE_DIR"));
+  json_error_t je;
+  json_t *dash = json_load_file(vp, 0, &je);
+  ck_assert_msg(dash != NULL, "%s:%d: %s", vp, je.line, je.text);
+  json_t *panels = json_object_get(dash, "panels"), *pn;
+  size_t pi;
+  ck_assert_int_ge(json_array_size(panels), 4);
+  json_array_foreach(panels, pi, pn) {
+    const char *raw = json_string_value(json_object_get(
+        json_array_get(json_object_get(pn, "targets"), 0), "rawSql"));
+    ck_assert_ptr_nonnull(raw);
+    char sql[2048];
+    size_t o = 0;
+    for (const char *q = raw; *q && o < sizeof sql - 32;) {
+      if (strncmp(q, "$__timeFilter(time)", 19) == 0) {
+        o += (size_t)snprintf(sql + o, sizeof sql - o, "time IS NOT NULL");
+        q += 19;
+      } else if (strncmp(q, "$job", 4) == 0) {
+        o += (size_t)snprintf(sql + o, sizeof sql - o, "same-0");
+        q += 4;
+      } else {
+        sql[o++] = *q++;
+      }
+    }
+    sql[o] = '\0';
+    char *rows = psql_out("same", sql);
+    ck_assert_msg(rows != NULL, "panel '%s': its query fails",
+                  json_string_value(json_object_get(pn, "title")));
+    if (pi == 0 || pi >= 4) /* steps, and the fleet tables */
+      ck_assert_msg(count_lines(rows) > 0, "panel '%s' is empty",
+                    json_string_value(json_object_get(pn, "title")));
+    free(rows);
+  }
+  json_decref(dash);
+  /* fleet-wide: every exceed of a unit across runs, straight in SQL */
+  char *ex_rows = psql_out("same", "SELECT sum(exceeds) FROM "
+                                   "gnmr_unit_exceeds WHERE job='same-1'");
+  ck_assert_ptr_nonnull(ex_rows);
+  ck_assert_int_gt(atoi(ex_rows), 0);
+  free(ex_rows);
   /* a live view needs gnmrd */
   char *st[] = {"status", "same-0", NULL};
   r = ctl_store(url, st);
