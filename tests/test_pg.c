@@ -197,7 +197,7 @@ START_TEST(traces_give_the_same_decisions_and_history_as_sqlite) {
                       "-f '%s' >/dev/null",
                       pg_dir, vp),
                    0);
-  snprintf(vp, sizeof vp, "%s/deploy/grafana/dashboard.json",
+  snprintf(vp, sizeof vp, "%s/deploy/grafana/gnmr-store-dashboard.json",
            getenv("GNMR_SOURCE_DIR"));
   json_error_t je;
   json_t *dash = json_load_file(vp, 0, &je);
