@@ -29,6 +29,13 @@ typedef struct io_state {
   uint32_t *ids;       /* job-wide id of each local unit (Welcome) */
   uint32_t *by_id;     /* local indices sorted by job-wide id */
   int have_ids;
+  /* The last report forwarded, until its decision comes: a gnmrd that
+   * dies with it (killed, or its standby taking over) took it along, and
+   * on the disconnection it goes back to the hold for the next one. A
+   * reference to the same buffer (zmq_msg_copy), not a copy. */
+  zmq_msg_t inflight;
+  int have_inflight;
+  uint64_t inflight_step;
 } io_state;
 
 static void send_hello(gnmr_agent *a, io_state *io) {
@@ -94,16 +101,73 @@ static void send_report(gnmr_agent *a, io_state *io, const void *buf,
   (void)io;
 }
 
-/* The step of a held report (0 when it does not decode). */
-static uint64_t held_step(const held_msg *h) {
-  Gnmr__Envelope *env;
-  uint64_t step = 0;
-  if (gnmr__wire_decode(h->buf, h->len, &env, NULL, 0) != GNMR_OK)
+/* A protobuf varint at *p (below end); 0 when truncated or too long. */
+static int varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+  *v = 0;
+  for (int shift = 0; *p < end && shift < 64; shift += 7) {
+    uint8_t byte = *(*p)++;
+    *v |= (uint64_t)(byte & 0x7f) << shift;
+    if (!(byte & 0x80))
+      return 1;
+  }
+  return 0;
+}
+
+/* Skips one field's value of wire type wt; 0 when it does not fit. */
+static int skip_field(const uint8_t **p, const uint8_t *end, unsigned wt) {
+  uint64_t v;
+  switch (wt) {
+  case 0:
+    return varint(p, end, &v);
+  case 1:
+  case 5:
+    v = wt == 1 ? 8 : 4;
+    break;
+  case 2:
+    if (!varint(p, end, &v))
+      return 0;
+    break;
+  default:
     return 0;
-  if (env->body_case == GNMR__ENVELOPE__BODY_REPORT)
-    step = env->report->step;
-  gnmr__wire_free(&env);
-  return step;
+  }
+  if (v > (uint64_t)(end - *p))
+    return 0;
+  *p += v;
+  return 1;
+}
+
+/* The step of an encoded Report envelope (Envelope.report = 12, its
+ * step = 3), read without decoding the message: its sums may be
+ * megabytes. 0 when it is no report or does not parse. */
+static uint64_t report_step(const void *buf, size_t len) {
+  const uint8_t *p = buf, *end = p + len;
+  uint64_t key, n, step;
+  while (p < end) {
+    if (!varint(&p, end, &key))
+      return 0;
+    if (key == (12u << 3 | 2)) { /* the report */
+      if (!varint(&p, end, &n) || n > (uint64_t)(end - p))
+        return 0;
+      const uint8_t *q = p, *qe = p + n;
+      while (q < qe) {
+        if (!varint(&q, qe, &key))
+          return 0;
+        if (key == (3u << 3 | 0))
+          return varint(&q, qe, &step) ? step : 0;
+        if (!skip_field(&q, qe, (unsigned)(key & 7)))
+          return 0;
+      }
+      return 0;
+    }
+    if (!skip_field(&p, end, (unsigned)(key & 7)))
+      return 0;
+  }
+  return 0;
+}
+
+/* The step of a held report (0 when it does not parse). */
+static uint64_t held_step(const held_msg *h) {
+  return report_step(h->buf, h->len);
 }
 
 /* On a re-join, drops the held reports that are stale: made while the link
@@ -159,6 +223,10 @@ static void on_welcome(gnmr_agent *a, io_state *io, const Gnmr__Welcome *w) {
 
 /* Marks local units whose job-wide id is active; publishes under seqlock. */
 static void on_decision(gnmr_agent *a, io_state *io, const Gnmr__Decision *d) {
+  if (io->have_inflight && d->step >= io->inflight_step) {
+    zmq_msg_close(&io->inflight); /* decided: the buffer goes back */
+    io->have_inflight = 0;
+  }
   if (!io->have_ids || d->step <= atomic_load(&a->decided_step))
     return;
   uint64_t words[a->n_words];
@@ -223,6 +291,33 @@ static void on_message(gnmr_agent *a, io_state *io, const void *buf,
   gnmr__wire_free(&env);
 }
 
+/* A report sent but not decided when the connection went: back to the
+ * front of the hold (it is older than any held), sent again on re-join
+ * unless the job decided that step meanwhile (drop_stale). A daemon that
+ * did get it counts the second one as a duplicate. */
+static void requeue_inflight(gnmr_agent *a, io_state *io) {
+  if (!io->have_inflight)
+    return;
+  size_t n = zmq_msg_size(&io->inflight);
+  void *copy = io->inflight_step > atomic_load(&a->decided_step)
+                   ? malloc(n ? n : 1)
+                   : NULL;
+  if (copy != NULL) {
+    memcpy(copy, zmq_msg_data(&io->inflight), n);
+    if (io->n_held == HELD_MAX) { /* the hold keeps the newest */
+      free(copy);
+      atomic_fetch_add(&a->reports_dropped, 1);
+    } else {
+      memmove(&io->held[1], &io->held[0], (size_t)io->n_held *
+                                              sizeof io->held[0]);
+      io->held[0] = (held_msg){copy, n};
+      io->n_held++;
+    }
+  }
+  zmq_msg_close(&io->inflight);
+  io->have_inflight = 0;
+}
+
 /* Reads one monitor event (two frames): on a disconnect the daemon may be
  * gone, so reports are held and Hello is sent again on reconnection. */
 static void on_monitor(gnmr_agent *a, io_state *io) {
@@ -238,6 +333,7 @@ static void on_monitor(gnmr_agent *a, io_state *io) {
       atomic_store(&a->joined, 0);
       io->next_hello = 0;
       io->hello_retry = 0;
+      requeue_inflight(a, io);
     } else if ((ev == ZMQ_EVENT_CONNECTED ||
                 ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) &&
                !atomic_load(&a->joined)) {
@@ -284,6 +380,11 @@ void *gnmr__agent_io_main(void *arg) {
       size_t n = zmq_msg_size(&msg);
       void *copy;
       if (atomic_load(&a->joined)) { /* forwarded as it is: no copy */
+        if (io.have_inflight)
+          zmq_msg_close(&io.inflight);
+        zmq_msg_init(&io.inflight);
+        io.have_inflight = zmq_msg_copy(&io.inflight, &msg) == 0;
+        io.inflight_step = report_step(zmq_msg_data(&msg), n);
         if (zmq_msg_send(&msg, io.dealer, ZMQ_DONTWAIT) < 0)
           atomic_fetch_add(&a->reports_dropped, 1);
       } else if ((copy = malloc(n ? n : 1)) != NULL) {
@@ -314,6 +415,8 @@ void *gnmr__agent_io_main(void *arg) {
     }
   }
 out:
+  if (io.have_inflight)
+    zmq_msg_close(&io.inflight);
   for (int i = 0; i < io.n_held; i++)
     free(io.held[i].buf);
   zmq_close(io.monitor);

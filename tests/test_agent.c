@@ -576,6 +576,74 @@ static void wait_joined(gnmr_agent *a, int want) {
   ck_assert_int_eq(gnmr_agent_joined(a), want);
 }
 
+/* Sends the agent a Decision for step (no active unit). */
+static void fake_decide(fake_daemon *f, uint64_t step) {
+  Gnmr__Envelope out = GNMR__ENVELOPE__INIT;
+  Gnmr__Decision d = GNMR__DECISION__INIT;
+  d.job = "inflight-job";
+  d.step = step;
+  out.body_case = GNMR__ENVELOPE__BODY_DECISION;
+  out.decision = &d;
+  uint8_t *buf;
+  size_t len;
+  ck_assert_int_eq(gnmr__wire_encode(&out, &buf, &len), GNMR_OK);
+  zmq_send(f->router, f->ident, f->ident_len, ZMQ_SNDMORE);
+  zmq_send(f->router, buf, len, 0);
+  free(buf);
+}
+
+START_TEST(a_report_the_daemon_died_with_goes_to_the_next_one) {
+  /* Step 3's report reached a daemon that died before deciding it (or a
+   * standby took over): the agent sends it again on its re-join, so the
+   * step is decided all the same. Steps already decided are not resent. */
+  const char *dir = tu_tmpdir();
+  char ep[300];
+  snprintf(ep, sizeof ep, "ipc://%s/fake.sock", dir);
+  fake_daemon f = {0};
+  f.ctx = zmq_ctx_new();
+  fake_bind(&f, ep);
+  static const char *names[] = {"a", "b"};
+  gnmr_agent_config cfg = {0};
+  cfg.endpoint = ep;
+  cfg.job = "inflight-job";
+  cfg.unit_names = names;
+  cfg.n_units = 2;
+  cfg.reporters = 1;
+  gnmr_params_default(&cfg.params);
+  gnmr_agent *a = NULL;
+  ck_assert_int_eq(gnmr_agent_open(&cfg, &a), GNMR_OK);
+  fake_welcome(&f, 0);
+  wait_joined(a, 1);
+  double s[2] = {1, 2};
+  uint64_t got[16];
+  for (uint64_t t = 1; t <= 2; t++) {
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
+    ck_assert_int_eq(fake_steps(&f, got, 16, 200), 1);
+    fake_decide(&f, t);
+    ck_assert_int_eq(gnmr_agent_wait(a, t, 2000), GNMR_OK);
+  }
+  ck_assert_int_eq(gnmr_agent_report_sums(a, 3, s, NULL, NULL), GNMR_OK);
+  ck_assert_int_eq(fake_steps(&f, got, 16, 200), 1); /* received... */
+  zmq_close(f.router);                               /* ...and gone */
+  wait_joined(a, 0);
+  fake_bind(&f, ep);
+  fake_welcome(&f, 2);
+  int n = fake_steps(&f, got, 16, 300);
+  ck_assert_int_eq(n, 1);
+  ck_assert_uint_eq(got[0], 3);
+  fake_decide(&f, 3);
+  ck_assert_int_eq(gnmr_agent_wait(a, 3, 2000), GNMR_OK);
+  gnmr_agent_stats st;
+  ck_assert_int_eq(gnmr_agent_stats_get(a, &st), GNMR_OK);
+  ck_assert_uint_eq(st.reports_stale, 0);
+  ck_assert_uint_eq(st.reports_dropped, 0);
+  gnmr_agent_close(&a);
+  zmq_close(f.router);
+  zmq_ctx_term(f.ctx);
+  tu_rmrf(dir);
+}
+END_TEST
+
 START_TEST(rejoining_agent_drops_reports_the_job_decided_without_it) {
   /* A link that goes down for longer than the job waits: the reports made
    * meanwhile are held; at the re-join, those at or below the Welcome's
@@ -619,7 +687,9 @@ START_TEST(rejoining_agent_drops_reports_the_job_decided_without_it) {
   ck_assert_uint_eq(got[1], 8);
   gnmr_agent_stats st;
   ck_assert_int_eq(gnmr_agent_stats_get(a, &st), GNMR_OK);
-  ck_assert_uint_eq(st.reports_stale, 3);
+  /* 4, 5, 6, and 3: sent, never decided (this fake decides nothing), so
+   * held again when the link went, in case the daemon died with it */
+  ck_assert_uint_eq(st.reports_stale, 4);
 
   /* training restarts from a checkpoint at step 5: a new agent, whose
    * first Welcome drops nothing (gnmrd starts a new pass) */
@@ -661,6 +731,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, observers_receive_every_decision_without_reporting);
   tcase_add_test(tc, lagging_rank_is_decided_missing_at_the_barrier_deadline);
   tcase_add_test(tc, rejoining_agent_drops_reports_the_job_decided_without_it);
+  tcase_add_test(tc, a_report_the_daemon_died_with_goes_to_the_next_one);
   suite_add_tcase(s, tc);
   return s;
 }
