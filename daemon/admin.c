@@ -85,7 +85,7 @@ static void send_stats(gnmrd *d, const void *id, size_t id_len,
       GNMRD_COUNTERS(GNMRD__COUNTER_NAME)
 #undef GNMRD__COUNTER_NAME
       "store_records", "store_batches", "store_errors", "store_dropped",
-      "store_queued",
+      "store_queued", "store_queued_bytes",
   };
   store_stats ss = {0};
   if (d->st)
@@ -95,6 +95,7 @@ static void send_stats(gnmrd *d, const void *id, size_t id_len,
       GNMRD_COUNTERS(GNMRD__COUNTER_VALUE)
 #undef GNMRD__COUNTER_VALUE
       ss.records, ss.batches, ss.errors, ss.dropped, ss.queued,
+      ss.queued_bytes,
   };
   enum { N = sizeof names / sizeof names[0] };
   Gnmr__Counter cs[N], *cp[N];

@@ -60,6 +60,8 @@ static const struct {
      1u << 20},
     {"limits", "job_idle_s", K_U64, offsetof(gnmrd_config, job_idle_s), 0,
      UINT32_MAX},
+    {"limits", "store_queue_mb", K_U64, offsetof(gnmrd_config, store_queue_mb),
+     1, 1u << 20},
     /* every policy parameter, by the names of policy_opts */
     {"policy", "*", K_POLICY, 0, 0, 0},
 };
@@ -75,6 +77,7 @@ void config_defaults(gnmrd_config *c) {
   c->max_units = 1u << 20;
   c->max_held_mb = 1024;
   c->job_idle_s = 86400;
+  c->store_queue_mb = 1024;
   policy_params_default(&c->policy);
 }
 

@@ -32,6 +32,8 @@ typedef struct gnmrd_config {
   uint64_t max_held_mb;  /* reports held for undecided steps, all jobs */
   uint64_t job_idle_s;   /* a job with no report for this long is retired
                             (0: never) */
+  uint64_t store_queue_mb; /* records waiting for the store (a database
+                              away), beyond which new ones are dropped */
 } gnmrd_config;
 
 /* The built-in defaults (paths empty: main.c derives them). */

@@ -155,6 +155,10 @@ static void render(gnmrd *d, text *t) {
   put(t, "# HELP gnmr_store_queue_depth Records waiting for the store.\n"
          "# TYPE gnmr_store_queue_depth gauge\ngnmr_store_queue_depth %llu\n",
       (unsigned long long)ss.queued);
+  put(t, "# HELP gnmr_store_queue_bytes Bytes of records waiting for the "
+         "store (capped by [limits] store_queue_mb).\n"
+         "# TYPE gnmr_store_queue_bytes gauge\ngnmr_store_queue_bytes %llu\n",
+      (unsigned long long)ss.queued_bytes);
   counter(t, "gnmr_store_records_total", "Records committed.", ss.records);
   counter(t, "gnmr_store_errors_total", "Failed commits (retried).",
           ss.errors);

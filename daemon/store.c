@@ -4,7 +4,8 @@
  * batch (disk full, a read-only file or database, a PostgreSQL server
  * that went away) is rolled back, logged, counted and retried with
  * backoff, reconnecting first when the connection was lost; records are
- * only freed once committed, and stay queued (up to QUEUE_CAP) while the
+ * only freed once committed, and stay queued (up to QUEUE_CAP records and
+ * the byte cap, store_set_queue_cap) while the
  * database is away. SQLite's file runs in WAL with synchronous=NORMAL,
  * which survives a crash of gnmrd. */
 #include "store.h"
@@ -71,8 +72,10 @@ static void *writer_main(void *arg) {
       pthread_cond_wait(&s->cv, &s->mu);
     store_rec *batch = s->head;
     s->head = s->tail = NULL;
-    uint64_t n = s->queued;
+    uint64_t n = s->queued, nbytes = s->queued_bytes;
     s->queued = 0;
+    s->queued_bytes = 0;
+    s->batch_bytes = nbytes; /* still held, while the writer has them */
     int stop = s->stop;
     pthread_mutex_unlock(&s->mu);
     if (batch == NULL && stop)
@@ -126,6 +129,9 @@ static void *writer_main(void *arg) {
             "more history is written (restore it from a backup, or move it "
             "away and restart gnmrd)", s->shown, err);
       s->corrupt = 1;
+      pthread_mutex_lock(&s->mu);
+      s->batch_bytes = 0;
+      pthread_mutex_unlock(&s->mu);
       while (batch) {
         store_rec *next = batch->next;
         store_rec_free(batch);
@@ -150,6 +156,8 @@ static void *writer_main(void *arg) {
           s->tail = last;
         s->head = batch;
         s->queued += n;
+        s->queued_bytes += nbytes;
+        s->batch_bytes = 0;
       }
       pthread_mutex_unlock(&s->mu);
       backoff_ms = backoff_ms ? backoff_ms * 2 : 100;
@@ -172,6 +180,10 @@ static void *writer_main(void *arg) {
       continue;
     }
     backoff_ms = 0;
+    pthread_mutex_lock(&s->mu);
+    s->dropping = 0;
+    s->batch_bytes = 0;
+    pthread_mutex_unlock(&s->mu);
     clock_gettime(CLOCK_MONOTONIC, &c1);
     {
       uint64_t ns = (uint64_t)(c1.tv_sec - c0.tv_sec) * 1000000000u +
@@ -286,18 +298,46 @@ void store_close(store **ps) {
   *ps = NULL;
 }
 
+/* What a record holds in memory, about. */
+static uint64_t rec_bytes(const store_rec *r) {
+  uint64_t b = sizeof *r + strlen(r->job) + 1 + r->snapshot_len +
+               (uint64_t)r->n_events * sizeof *r->events +
+               (r->ids ? (uint64_t)r->n * sizeof *r->ids : 0) +
+               (r->active ? strlen(r->active) + 1 : 0) +
+               (r->text ? strlen(r->text) + 1 : 0) +
+               (r->detail ? strlen(r->detail) + 1 : 0);
+  if (r->names)
+    for (uint32_t i = 0; i < r->n; i++)
+      b += sizeof *r->names + (r->names[i] ? strlen(r->names[i]) + 1 : 0);
+  return b;
+}
+
+void store_set_queue_cap(store *s, uint64_t bytes) {
+  pthread_mutex_lock(&s->mu);
+  s->queue_cap_bytes = bytes;
+  pthread_mutex_unlock(&s->mu);
+}
+
 void store_put(store *s, store_rec *r) {
   if (r == NULL)
     return;
   r->next = NULL;
+  uint64_t bytes = rec_bytes(r);
   pthread_mutex_lock(&s->mu);
-  if (s->queued >= QUEUE_CAP) {
+  if (s->queued >= QUEUE_CAP ||
+      (s->queue_cap_bytes != 0 &&
+       s->queued_bytes + s->batch_bytes + bytes > s->queue_cap_bytes)) {
+    uint64_t qb = s->queued_bytes, q = s->queued;
+    int first = !s->dropping;
+    s->dropping = 1;
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_add(&s->dropped, 1);
-    LOG(ERROR, "STORE-DROP",
-        "store queue full (%u records): a %d record of "
-        "job %s is lost",
-        QUEUE_CAP, r->kind, r->job);
+    if (first) /* once per episode: a database away drops many */
+      LOG(ERROR, "STORE-DROP",
+          "store queue full (%llu records, %llu MB): records of job %s "
+          "and others are lost until the database takes writes again "
+          "(store_dropped counts them)",
+          (unsigned long long)q, (unsigned long long)(qb >> 20), r->job);
     store_rec_free(r);
     return;
   }
@@ -307,6 +347,7 @@ void store_put(store *s, store_rec *r) {
     s->head = r;
   s->tail = r;
   s->queued++;
+  s->queued_bytes += bytes;
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
 }
@@ -330,6 +371,7 @@ void store_get_stats(store *s, store_stats *st) {
   st->dropped = atomic_load(&s->dropped);
   pthread_mutex_lock(&s->mu);
   st->queued = s->queued;
+  st->queued_bytes = s->queued_bytes + s->batch_bytes;
   pthread_mutex_unlock(&s->mu);
 }
 

@@ -67,7 +67,7 @@ typedef struct store_rec {
 } store_rec;
 
 typedef struct store_stats {
-  uint64_t records, batches, errors, dropped, queued;
+  uint64_t records, batches, errors, dropped, queued, queued_bytes;
 } store_stats;
 
 typedef struct store store;
@@ -78,6 +78,12 @@ typedef struct store store;
  * a message in err (the URL's password never shown). */
 int store_open(const char *where, uint32_t snapshot_every, uint64_t retain_steps,
                store **out, char *err, size_t errlen);
+
+/* The most the queue holds, in bytes of records (about): while the
+ * database is away, records wait up to it, then new ones are dropped
+ * (counted as store_dropped, logged once per episode). 0: no byte cap
+ * (the record cap, a million, still holds). Any thread. */
+void store_set_queue_cap(store *s, uint64_t bytes);
 
 /* Commits everything queued, stops the writer, closes. NULL-safe. */
 void store_close(store **s);

@@ -34,7 +34,10 @@ struct store {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   store_rec *head, *tail; /* queue, under mu */
-  uint64_t queued;
+  uint64_t queued, queued_bytes;
+  uint64_t batch_bytes;     /* the writer's batch, until committed */
+  uint64_t queue_cap_bytes; /* 0: none */
+  int dropping;             /* in a drop episode (logged once) */
   int stop;
   atomic_uint_fast64_t records, batches, errors, dropped;
   atomic_uint_fast64_t commit_buckets[LATENCY_N_BUCKETS], commit_ns; /* commit times */

@@ -7,6 +7,8 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include "gnmr/error.h"
+#include "store.h"
 #include "store_query.h"
 #include "testutil.h"
 
@@ -325,6 +327,45 @@ START_TEST(export_streams_in_bounded_memory) {
 }
 END_TEST
 
+/* While the database refuses writes, records wait within the byte cap;
+ * beyond it new ones are dropped and counted; once it takes writes again,
+ * every record kept is committed. */
+START_TEST(the_store_queue_is_capped_in_bytes_while_the_database_is_away) {
+  const char *dir = tu_tmpdir();
+  char err[256];
+  store *s;
+  setenv("GNMR_STORE_FAULT", "readonly:1500", 1);
+  ck_assert_int_eq(store_open(dir, 1, 0, &s, err, sizeof err), GNMR_OK);
+  unsetenv("GNMR_STORE_FAULT");
+  store_set_queue_cap(s, 1 << 20);
+  enum { N = 50, SNAP = 100 * 1024 };
+  for (int i = 0; i < N; i++) {
+    store_rec *r = store_rec_new(REC_SNAPSHOT, "capped");
+    r->run = 1;
+    r->pass = 1;
+    r->step = (uint64_t)i + 1;
+    r->snapshot = calloc(1, SNAP);
+    r->snapshot_len = SNAP;
+    store_put(s, r);
+  }
+  store_stats st;
+  store_get_stats(s, &st);
+  ck_assert_uint_le(st.queued_bytes, 1 << 20);
+  ck_assert_uint_gt(st.dropped, 30); /* about ten fit in 1 MB */
+  ck_assert_uint_lt(st.dropped, N);
+  uint64_t kept = N - st.dropped;
+  for (int i = 0; i < 500 && st.records < kept; i++) {
+    tu_sleep_ms(20);
+    store_get_stats(s, &st);
+  }
+  ck_assert_uint_eq(st.records, kept);
+  ck_assert_uint_gt(st.errors, 0);
+  ck_assert_uint_eq(st.queued_bytes, 0);
+  store_close(&s);
+  tu_rmrf(dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("runs");
   TCase *tc = tcase_create("runs");
@@ -333,6 +374,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, a_version_2_database_migrates_to_runs);
   tcase_add_test(tc, history_queries_read_in_index_order);
   tcase_add_test(tc, export_streams_in_bounded_memory);
+  tcase_add_test(tc, the_store_queue_is_capped_in_bytes_while_the_database_is_away);
   suite_add_tcase(s, tc);
   return s;
 }
