@@ -188,7 +188,7 @@ static void pg_close(db_conn *d) {
 /* "?" / "?N" to "$N", outside quotes; counts the largest index. */
 static char *translate(const char *sql, int *n_max, unsigned char **named) {
   size_t len = strlen(sql);
-  char *out = malloc(len * 4 + 16);
+  char *out = malloc(len * 7 + 16); /* "?" -> "$65535" at most */
   unsigned char *seen = calloc(1, len + 2);
   if (out == NULL || seen == NULL) {
     free(out);
@@ -502,7 +502,7 @@ static int64_t pg_column_int64(db_stmt *st, int c) {
   const char *v = pg_column_text(st, c);
   if (v == NULL)
     return 0;
-  if (v[0] == 't' || v[0] == 'f') /* bool */
+  if (PQftype(PS(st)->res, c) == OID_BOOL) /* "t" or "f" */
     return v[0] == 't';
   return strtoll(v, NULL, 10);
 }
