@@ -265,6 +265,10 @@ test: all $(TESTS) $(if $(filter 1,$(CUDA)),$(GPU_TEST))
 	@fail=0; for t in $(TESTS) $(if $(filter 1,$(CUDA)),$(if $(SAN),,$(GPU_TEST))); do \
 	  echo "== $$t"; $(TEST_ENV) $$t || fail=1; \
 	done; \
+	if [ "$(CUDA)" = 1 ] && [ -z "$(SAN)" ]; then \
+	  echo "== tests/gpu/false_green.sh"; \
+	  $(TEST_ENV) tests/gpu/false_green.sh $(GPU_TEST) || fail=1; \
+	fi; \
 	if [ $$fail = 0 ]; then echo "tests ($(BUILD)): all passed"; \
 	else echo "tests ($(BUILD)): FAILED"; exit 1; fi
 

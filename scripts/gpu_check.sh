@@ -22,6 +22,11 @@ step() { # name, command...
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 step build make -j"$(nproc)" all build/tests/gpu/test_gpu build/bench/norm_cuda
 step test-gpu make test-gpu
+# no false green: a GPU that nvidia-smi lists must be tested, not skipped
+if grep -q "SKIPPED" "$out/test-gpu.log" && nvidia-smi -L 2>/dev/null | grep -q "^GPU "; then
+  echo "== test-gpu skipped although nvidia-smi lists a GPU: FAILED"
+  [ $rc -eq 0 ] && rc=1
+fi
 step norm_cuda build/bench/norm_cuda
 if /usr/bin/python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   step python-cuda env GNMR_AGENT_LIB="$PWD/build/lib/libgnmr-agent.so" \

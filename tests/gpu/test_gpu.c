@@ -465,11 +465,42 @@ START_TEST(an_agent_reports_gpu_norms_to_gnmrd) {
 }
 END_TEST
 
+/* Whether nvidia-smi lists a GPU: then a runtime that sees none is a
+ * broken setup (a driver older than the runtime, a container without the
+ * device), never a reason to skip. */
+static int smi_sees_a_gpu(void) {
+  FILE *p = popen("nvidia-smi -L 2>/dev/null", "r");
+  char line[256];
+  int yes = 0;
+  while (p != NULL && fgets(line, sizeof line, p) != NULL)
+    yes |= strncmp(line, "GPU ", 4) == 0;
+  if (p != NULL)
+    pclose(p);
+  return yes;
+}
+
 int main(void) {
-  int n = gnmr_cuda_device_count();
-  if (n == 0) {
-    printf("test_gpu: SKIPPED: no CUDA device (or no driver) on this "
-           "machine\n");
+  int n = 0, drv = 0, rt = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  cudaDriverGetVersion(&drv);
+  cudaRuntimeGetVersion(&rt);
+  printf("test_gpu: CUDA driver %d.%d, runtime %d.%d, cudaGetDeviceCount: "
+         "%s (%d devices)\n",
+         drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10,
+         cudaGetErrorName(e), e == cudaSuccess ? n : 0);
+  if (e != cudaSuccess || n == 0) {
+    cudaGetLastError(); /* the sticky "no driver" error */
+    if (smi_sees_a_gpu()) {
+      printf("test_gpu: FAILED: nvidia-smi lists a GPU but the CUDA runtime "
+             "sees none (%s: %s); a driver older than runtime %d.%d, or a "
+             "device not passed through\n",
+             cudaGetErrorName(e), cudaGetErrorString(e), rt / 1000,
+             rt % 1000 / 10);
+      return 1;
+    }
+    printf("test_gpu: SKIPPED: no CUDA device on this machine (%s; "
+           "nvidia-smi lists none)\n",
+           cudaGetErrorName(e));
     return 0;
   }
   struct cudaDeviceProp prop;
