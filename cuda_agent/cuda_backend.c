@@ -52,6 +52,14 @@ struct gnmr_cuda {
   cudaStream_t s_side, s_upload;
   cudaEvent_t ev_input, ev_last, ev_done;
   int launched; /* ev_last has been recorded */
+  unsigned generation; /* of the device buffers (gnmr_cuda_generation) */
+  int captured; /* a launch was captured into a graph: its buffers stay */
+  void *retired[64]; /* buffers a captured graph may still use, freed at
+                        close */
+  int n_retired;
+  void *retired_host[32]; /* outgrown staging: cudaFreeHost would wait for
+                             the whole device, so it waits for close */
+  int n_retired_host;
 
   /* ring: [tail, head) submitted and not yet delivered */
   slot ring[RING_MAX];
@@ -136,6 +144,11 @@ static void deliver(gnmr_cuda *c, slot *s) {
 static void *completion_main(void *arg) {
   gnmr_cuda *c = arg;
   cudaSetDevice(c->device);
+  /* this thread's synchronizations must not invalidate a graph that the
+   * training thread captures meanwhile (torch.cuda.graph captures in
+   * global mode, where any thread's synchronization ends the capture) */
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
   pthread_mutex_lock(&c->mu);
   for (;;) {
     while (c->tail == c->head && !c->stop)
@@ -158,6 +171,12 @@ static void *completion_main(void *arg) {
 }
 
 static void free_buffers(gnmr_cuda *c) {
+  for (int i = 0; i < c->n_retired; i++)
+    cudaFree(c->retired[i]);
+  c->n_retired = 0;
+  for (int i = 0; i < c->n_retired_host; i++)
+    cudaFreeHost(c->retired_host[i]);
+  c->n_retired_host = 0;
   cudaFree(c->d_tables);
   cudaFree(c->d_partial);
   cudaFree(c->d_pcount);
@@ -227,6 +246,11 @@ int gnmr_cuda_open(gnmr_agent *agent, const gnmr_cuda_config *cfg,
   CK(c, cudaEventCreateWithFlags(&c->ev_input, cudaEventDisableTiming));
   CK(c, cudaEventCreateWithFlags(&c->ev_last, cudaEventDisableTiming));
   CK(c, cudaEventCreateWithFlags(&c->ev_done, cudaEventDisableTiming));
+  /* recorded once now, so that every wait on them is on a recorded
+   * event: ev_last stands for the last launch or graph replay, ev_done
+   * for the last copy of the result */
+  CK(c, cudaEventRecord(c->ev_last, c->s_upload));
+  CK(c, cudaEventRecord(c->ev_done, c->s_upload));
   for (uint32_t i = 0; i < c->n_slots; i++) {
     CK(c, cudaHostAlloc((void **)&c->ring[i].host, c->result_size,
                         cudaHostAllocPortable));
@@ -266,7 +290,7 @@ void gnmr_cuda_close(gnmr_cuda **pc) {
     pthread_join(c->thr, NULL);
   devguard g;
   if (dev_enter(c, &g) == GNMR_OK) {
-    if (c->launched)
+    if (c->ev_last)
       cudaEventSynchronize(c->ev_last);
     free_buffers(c);
     dev_leave(c, &g);
@@ -281,15 +305,29 @@ void gnmr_cuda_close(gnmr_cuda **pc) {
   *pc = NULL;
 }
 
-/* Grows a device buffer to at least need bytes (contents not kept). */
-static cudaError_t grow(void **p, size_t *cap, size_t need, size_t elem) {
+/* Grows a device buffer to at least need bytes (contents not kept), on
+ * the upload stream: stream-ordered allocation and free, so that no free
+ * waits for the whole device. A buffer that a captured graph may use is
+ * never freed under it: it is kept until close, and the generation tells
+ * the caller to capture again. */
+static cudaError_t grow(gnmr_cuda *c, void **p, size_t *cap, size_t need,
+                        size_t elem) {
   if (need * elem <= *cap && *p != NULL)
     return cudaSuccess;
   size_t want = need * elem * 2 > 4096 ? need * elem * 2 : 4096;
-  cudaFree(*p);
+  if (*p != NULL) {
+    if (c->captured && c->n_retired < 64) {
+      c->retired[c->n_retired++] = *p;
+    } else {
+      cudaError_t e = cudaFreeAsync(*p, c->s_upload);
+      if (e != cudaSuccess)
+        return e;
+    }
+    c->generation++;
+  }
   *p = NULL;
   *cap = 0;
-  cudaError_t e = cudaMalloc(p, want);
+  cudaError_t e = cudaMallocAsync(p, want, c->s_upload);
   if (e == cudaSuccess)
     *cap = want;
   return e;
@@ -326,20 +364,25 @@ int gnmr_cuda_register(gnmr_cuda *c, const gnmr_tensor *t, size_t n) {
     return rv;
   }
   size_t tsize = gnmr__plan_tables_size(&np, NULL);
-  /* the previous launch may still read the buffers being replaced */
-  if (c->launched)
-    CK(c, cudaEventSynchronize(c->ev_last));
+  /* the previous launch or graph replay may still read the buffers being
+   * replaced, and the last copy the result: the upload waits for both
+   * (on the device), the host only for the upload */
+  CK(c, cudaStreamWaitEvent(c->s_upload, c->ev_last, 0));
+  CK(c, cudaStreamWaitEvent(c->s_upload, c->ev_done, 0));
   if (tsize > c->staging_cap) {
-    cudaFreeHost(c->h_staging);
+    if (c->h_staging != NULL && c->n_retired_host < 32)
+      c->retired_host[c->n_retired_host++] = c->h_staging;
+    else
+      cudaFreeHost(c->h_staging);
     c->h_staging = NULL;
     c->staging_cap = 0;
     CK(c, cudaHostAlloc(&c->h_staging, tsize * 2, cudaHostAllocPortable));
     c->staging_cap = tsize * 2;
   }
-  CK(c, grow(&c->d_tables, &c->tables_cap, tsize, 1));
-  CK(c, grow((void **)&c->d_partial, &c->partial_cap, np.n_chunks,
+  CK(c, grow(c, &c->d_tables, &c->tables_cap, tsize, 1));
+  CK(c, grow(c, (void **)&c->d_partial, &c->partial_cap, np.n_chunks,
              sizeof(double)));
-  CK(c, grow((void **)&c->d_pcount, &c->pcount_cap, np.n_chunks,
+  CK(c, grow(c, (void **)&c->d_pcount, &c->pcount_cap, np.n_chunks,
              sizeof(uint32_t)));
   CK(c, cudaMemsetAsync(c->d_unit_done, 0,
                         (size_t)c->n_units * sizeof *c->d_unit_done,
@@ -372,16 +415,27 @@ static uint32_t grid_of(const gnmr_cuda *c) {
 }
 
 /* Launches on the caller's stream, or on the side stream after it. Sets
- * *used to the stream the result is ready on. */
+ * *used to the stream the result is ready on. Launches share the chunk
+ * slots, the counters and the result, whatever their stream: each waits
+ * for the previous one (ev_last) and for the last copy of the result
+ * (ev_done). Under capture those waits belong to the caller's stream
+ * order; the launch records ev_last in the graph, so that every replay
+ * records it and a later registration waits for the replays too. */
 static int launch(gnmr_cuda *c, cudaStream_t stream, cudaStream_t *used) {
   int rv = GNMR_OK;
   enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   CK(c, cudaStreamIsCapturing(stream, &cap));
   cudaStream_t s = stream;
-  if (c->side && cap == cudaStreamCaptureStatusNone) {
-    CK(c, cudaEventRecord(c->ev_input, stream));
-    CK(c, cudaStreamWaitEvent(c->s_side, c->ev_input, 0));
-    s = c->s_side;
+  if (cap == cudaStreamCaptureStatusNone) {
+    if (c->side) {
+      CK(c, cudaEventRecord(c->ev_input, stream));
+      CK(c, cudaStreamWaitEvent(c->s_side, c->ev_input, 0));
+      s = c->s_side;
+    }
+    CK(c, cudaStreamWaitEvent(s, c->ev_last, 0));
+    CK(c, cudaStreamWaitEvent(s, c->ev_done, 0));
+  } else {
+    c->captured = 1;
   }
   gnmr__launch l = {
       .tables = c->d_tables,
@@ -393,10 +447,8 @@ static int launch(gnmr_cuda *c, cudaStream_t stream, cudaStream_t *used) {
   };
   CK(c, (cudaError_t)gnmr__cuda_launch(&l, s));
   atomic_fetch_add(&c->launches, 1);
-  if (cap == cudaStreamCaptureStatusNone) {
-    CK(c, cudaEventRecord(c->ev_last, s));
-    c->launched = 1;
-  }
+  CK(c, cudaEventRecord(c->ev_last, s));
+  c->launched = 1;
   *used = s;
 out:
   return rv;
@@ -422,6 +474,8 @@ static int submit_on(gnmr_cuda *c, uint64_t step, cudaStream_t s) {
   pthread_mutex_lock(&c->mu);
   slot *sl = &c->ring[c->head % c->n_slots]; /* free: ring_full() said so */
   pthread_mutex_unlock(&c->mu);
+  /* the result is the last launch's, whichever stream it ran on */
+  CK(c, cudaStreamWaitEvent(s, c->ev_last, 0));
   CK(c, cudaMemcpyAsync(sl->host, c->d_result, c->result_size,
                         cudaMemcpyDeviceToHost, s));
   CK(c, cudaEventRecord(sl->ev, s));
@@ -462,6 +516,21 @@ static int report_step(gnmr_cuda *c, uint64_t step, cudaStream_t stream,
                        int with_launch) {
   if (c == NULL || c->plan.n_units == 0)
     return GNMR_E_INVAL;
+  /* a copy into the ring and an event for the completion thread cannot be
+   * captured: a replay would copy into a slot the host already took */
+  enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  cudaError_t ce = cudaStreamIsCapturing(stream, &cap);
+  if (ce != cudaSuccess)
+    return cuda_fail(c, ce, "cudaStreamIsCapturing");
+  if (cap != cudaStreamCaptureStatusNone) {
+    atomic_fetch_add(&c->errs, 1);
+    pthread_mutex_lock(&c->err_mu);
+    snprintf(c->err, sizeof c->err, "%s on a capturing stream: capture "
+             "gnmr_cuda_reduce_async only, and submit after each replay",
+             with_launch ? "gnmr_cuda_report" : "gnmr_cuda_submit");
+    pthread_mutex_unlock(&c->err_mu);
+    return GNMR_E_INVAL;
+  }
   int rv = begin_step(c, step);
   if (rv != GNMR_OK)
     return rv < 0 ? rv : GNMR_OK; /* observer: nothing to reduce */
@@ -502,6 +571,7 @@ int gnmr_cuda_read(gnmr_cuda *c, void *stream, double *sumsq,
     free(h);
     return rv;
   }
+  CK(c, cudaStreamWaitEvent((cudaStream_t)stream, c->ev_last, 0));
   CK(c, cudaMemcpyAsync(h, c->d_result, c->result_size,
                         cudaMemcpyDeviceToHost, (cudaStream_t)stream));
   CK(c, cudaStreamSynchronize((cudaStream_t)stream));
@@ -519,6 +589,8 @@ out:
 }
 
 void *gnmr_cuda_done_event(gnmr_cuda *c) { return c ? (void *)c->ev_done : NULL; }
+
+unsigned gnmr_cuda_generation(gnmr_cuda *c) { return c ? c->generation : 0; }
 
 int gnmr_cuda_flush(gnmr_cuda *c, int timeout_ms) {
   if (c == NULL)

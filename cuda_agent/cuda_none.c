@@ -52,6 +52,11 @@ void *gnmr_cuda_done_event(gnmr_cuda *c) {
   return NULL;
 }
 
+unsigned gnmr_cuda_generation(gnmr_cuda *c) {
+  (void)c;
+  return 0;
+}
+
 int gnmr_cuda_flush(gnmr_cuda *c, int timeout_ms) {
   (void)c, (void)timeout_ms;
   return GNMR_E_UNSUPPORTED;

@@ -116,6 +116,12 @@ GNMR_EXPORT int gnmr_cuda_read(gnmr_cuda *c, void *stream, double *sumsq,
 
 /* Recorded after the last report's copy (cudaEvent_t). */
 GNMR_EXPORT void *gnmr_cuda_done_event(gnmr_cuda *c);
+/* The generation of the device buffers a launch uses: it changes when a
+ * registration outgrows them and new ones are allocated. A graph captured
+ * (reduce_async under capture) before the change still reads the old
+ * buffers and the old tables, which stay allocated until close: capture
+ * it again to reduce the new registration. */
+GNMR_EXPORT unsigned gnmr_cuda_generation(gnmr_cuda *c);
 /* Waits up to timeout_ms until every submitted result is delivered:
  * GNMR_OK or GNMR_E_TIMEDOUT. */
 GNMR_EXPORT int gnmr_cuda_flush(gnmr_cuda *c, int timeout_ms);

@@ -14,5 +14,13 @@ void fake_cuda_devices(int n);
 int fake_cuda_launches(void);
 /* Device, pinned and handle allocations not yet freed. */
 int fake_cuda_live_allocs(void);
+/* Device-wide synchronizations (cudaFree, cudaFreeHost) so far. */
+int fake_cuda_device_syncs(void);
+/* Ordering violations so far (see cuda_fake.c), the first described. */
+int fake_cuda_violations(void);
+const char *fake_cuda_violation(void);
+void fake_cuda_reset_violations(void);
+/* Nonzero: some ready work also runs early, at random from this seed. */
+void fake_cuda_seed(unsigned seed);
 
 #endif /* GNMR_CUDA_FAKE_H */

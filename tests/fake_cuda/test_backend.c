@@ -6,10 +6,14 @@
  * thread, uploads only on change, skipped steps when the host is slow, the
  * step rules, observers, an agent reporting to a real gnmrd, and a CUDA
  * failure injected into every call the backend makes (clean error, message,
- * nothing leaked, the previous registration kept). The real GPU is tested
- * by tests/gpu/test_gpu.c. */
+ * nothing leaked, the previous registration kept), and the ordering
+ * between streams, events, graph replays and frees, which the stand-in
+ * checks (findings 1, 3, 4 and 5 of issue 16 fail it without their fixes).
+ * The real GPU is tested by tests/gpu/test_gpu.c. */
 #include <math.h>
 #include <stdatomic.h>
+
+#include <cuda_runtime_api.h>
 
 #include "cuda_fake.h"
 #include "agentutil.h"
@@ -176,7 +180,8 @@ START_TEST(each_cuda_failure_is_an_error_that_leaks_nothing) {
                                 "cudaHostAlloc", "cudaMemsetAsync",
                                 "cudaMemcpyAsync", "cudaStreamSynchronize",
                                 "gnmr__cuda_launch", "cudaEventRecord",
-                                "cudaEventSynchronize"};
+                                "cudaEventSynchronize", "cudaMallocAsync",
+                                "cudaStreamWaitEvent"};
   gnmr_tensor t = {xs, 100, GNMR_DTYPE_F32, 0, 0};
   gnmr_tensor t2 = {ys, 100, GNMR_DTYPE_F32, 0, 0};
   for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
@@ -316,6 +321,180 @@ START_TEST(an_observer_records_steps_without_launching) {
 }
 END_TEST
 
+/* ---- ordering: the stand-in runs work only when something must see it
+ * done (cuda_fake.c), so a missing wait leaves a kernel pending under the
+ * copy that should follow it, and the test fails. Each runs with a few
+ * seeds of early progress too. */
+
+static void expect_ordered(const char *what) {
+  ck_assert_msg(fake_cuda_violations() == 0, "%s: %s", what,
+                fake_cuda_violation());
+}
+
+static gnmr_cuda *open_side(sink *k, int side) {
+  gnmr_cuda_config cfg = {.device = 0, .n_units = 3, .side_stream = side,
+                          .on_result = on_result, .on_result_ctx = k};
+  gnmr_cuda *c = NULL;
+  ck_assert_int_eq(gnmr_cuda_open(NULL, &cfg, &c), GNMR_OK);
+  return c;
+}
+
+/* Finding 1: with side_stream, reduce_async launches on the internal
+ * stream; submit and read copy the result on the caller's stream, which
+ * must wait for that launch. */
+START_TEST(submit_and_read_wait_for_a_side_stream_launch) {
+  fake_cuda_seed((unsigned)_i * 7919u);
+  fake_cuda_reset_violations();
+  sink k = {0};
+  gnmr_cuda *c = open_side(&k, 1);
+  gnmr_tensor t[2] = {{xs, 1000, GNMR_DTYPE_F32, 0, 0},
+                      {ys, 1000, GNMR_DTYPE_F32, 2, 0}};
+  ck_assert_int_eq(gnmr_cuda_register(c, t, 2), GNMR_OK);
+  for (uint64_t step = 1; step <= 4; step++) {
+    fill((float)step);
+    ck_assert_int_eq(gnmr_cuda_reduce_async(c, NULL), GNMR_OK);
+    ck_assert_int_eq(gnmr_cuda_submit(c, step, NULL), GNMR_OK);
+    double s[3];
+    ck_assert_int_eq(gnmr_cuda_read(c, NULL, s, NULL, NULL), GNMR_OK);
+    ck_assert_int_eq(gnmr_cuda_flush(c, 5000), GNMR_OK);
+    double want[3] = {0};
+    uint64_t nf[3] = {0};
+    ck_assert_int_eq(gnmr_reduce_cpu(t, 2, 3, want, nf, NULL), GNMR_OK);
+    ck_assert_msg(fabs(s[0] - want[0]) <= 1e-6 * want[0],
+                  "step %llu: read %g, not %g", (unsigned long long)step,
+                  s[0], want[0]);
+    ck_assert_msg(fabs(k.sumsq[step - 1][0] - want[0]) <= 1e-6 * want[0],
+                  "step %llu: delivered %g, not %g", (unsigned long long)step,
+                  k.sumsq[step - 1][0], want[0]);
+  }
+  gnmr_cuda_close(&c);
+  expect_ordered("side stream");
+  fake_cuda_seed(0);
+}
+END_TEST
+
+/* Finding 3: launches on different streams share the chunk slots, the
+ * counters and the result: each waits for the previous one and for the
+ * copy of its result. */
+START_TEST(launches_on_alternating_streams_are_ordered) {
+  fake_cuda_seed((unsigned)_i * 104729u);
+  fake_cuda_reset_violations();
+  sink k = {0};
+  gnmr_cuda *c = open_side(&k, 0);
+  cudaStream_t a, b;
+  ck_assert_int_eq(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), 0);
+  ck_assert_int_eq(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), 0);
+  gnmr_tensor t[1] = {{xs, 5000, GNMR_DTYPE_F32, 0, 0}};
+  ck_assert_int_eq(gnmr_cuda_register(c, t, 1), GNMR_OK);
+  fill(1.0f);
+  for (uint64_t step = 1; step <= 8; step++) /* the ring has 4 slots */
+    ck_assert_int_eq(gnmr_cuda_report(c, step, step % 2 ? a : b), GNMR_OK);
+  ck_assert_int_eq(gnmr_cuda_flush(c, 5000), GNMR_OK);
+  double want[3] = {0};
+  uint64_t nf[3] = {0};
+  ck_assert_int_eq(gnmr_reduce_cpu(t, 1, 3, want, nf, NULL), GNMR_OK);
+  int n = atomic_load(&k.n);
+  ck_assert_int_ge(n, 4);
+  for (int i = 0; i < n; i++)
+    ck_assert_msg(fabs(k.sumsq[i][0] - want[0]) <= 1e-6 * want[0],
+                  "result %d: %g, not %g", i, k.sumsq[i][0], want[0]);
+  gnmr_cuda_close(&c);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+  expect_ordered("alternating streams");
+  fake_cuda_seed(0);
+}
+END_TEST
+
+/* Finding 4: a captured graph's replays record ev_last (so that a new
+ * registration waits for them), buffers a graph uses are never freed
+ * under it (the move is reported: gnmr_cuda_generation), and a capturing
+ * stream is refused by report and submit (5b). */
+START_TEST(captured_graphs_keep_their_buffers_and_are_waited_for) {
+  fake_cuda_reset_violations();
+  sink k = {0};
+  gnmr_cuda *c = open_side(&k, 0);
+  cudaStream_t s;
+  ck_assert_int_eq(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), 0);
+  gnmr_tensor t[1] = {{xs, 1000, GNMR_DTYPE_F32, 0, 0}};
+  ck_assert_int_eq(gnmr_cuda_register(c, t, 1), GNMR_OK);
+  unsigned gen = gnmr_cuda_generation(c);
+  fill(2.0f);
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  ck_assert_int_eq(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), 0);
+  ck_assert_int_eq(gnmr_cuda_reduce_async(c, s), GNMR_OK);
+  ck_assert_int_eq(gnmr_cuda_report(c, 1, s), GNMR_E_INVAL); /* 5b */
+  ck_assert_int_eq(gnmr_cuda_submit(c, 1, s), GNMR_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(gnmr_cuda_last_error(c), "captur"));
+  ck_assert_int_eq(cudaStreamEndCapture(s, &g), 0);
+  ck_assert_int_eq(cudaGraphInstantiate(&ge, g, 0), 0);
+  for (uint64_t step = 1; step <= 3; step++) {
+    ck_assert_int_eq(cudaGraphLaunch(ge, s), 0);
+    ck_assert_int_eq(gnmr_cuda_submit(c, step, s), GNMR_OK);
+  }
+  /* a replay still pending: a new registration waits for it */
+  ck_assert_int_eq(cudaGraphLaunch(ge, s), 0);
+  t[0].data = ys;
+  ck_assert_int_eq(gnmr_cuda_register(c, t, 1), GNMR_OK);
+  ck_assert_uint_eq(gnmr_cuda_generation(c), gen); /* same buffers */
+  /* tables that outgrow the buffers: the graph's stay alive, the move
+   * is reported, and no free waits for the whole device */
+  static gnmr_tensor many[2000];
+  for (int i = 0; i < 2000; i++)
+    many[i] = (gnmr_tensor){ys + i, 1, GNMR_DTYPE_F32, (uint32_t)(i % 3), 0};
+  int syncs = fake_cuda_device_syncs();
+  ck_assert_int_eq(gnmr_cuda_register(c, many, 2000), GNMR_OK);
+  ck_assert_uint_ne(gnmr_cuda_generation(c), gen);
+  ck_assert_int_eq(fake_cuda_device_syncs(), syncs);
+  ck_assert_int_eq(gnmr_cuda_flush(c, 5000), GNMR_OK);
+  ck_assert_int_eq(atomic_load(&k.n), 3);
+  double want[3] = {0};
+  gnmr_tensor old[1] = {{xs, 1000, GNMR_DTYPE_F32, 0, 0}};
+  uint64_t nf[3] = {0};
+  ck_assert_int_eq(gnmr_reduce_cpu(old, 1, 3, want, nf, NULL), GNMR_OK);
+  ck_assert_msg(fabs(k.sumsq[2][0] - want[0]) <= 1e-6 * want[0], "%g vs %g",
+                k.sumsq[2][0], want[0]);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  gnmr_cuda_close(&c);
+  cudaStreamDestroy(s);
+  expect_ordered("graph replays");
+}
+END_TEST
+
+/* 5a: the completion thread synchronizes events while the training thread
+ * captures a graph in global mode: it must do so in relaxed mode, or CUDA
+ * invalidates the capture. */
+START_TEST(the_completion_thread_does_not_break_a_capture) {
+  fake_cuda_reset_violations();
+  sink k = {0};
+  gnmr_cuda *c = open_side(&k, 0);
+  cudaStream_t s;
+  ck_assert_int_eq(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), 0);
+  gnmr_tensor t[1] = {{xs, 1000, GNMR_DTYPE_F32, 0, 0}};
+  ck_assert_int_eq(gnmr_cuda_register(c, t, 1), GNMR_OK);
+  cudaStream_t cap;
+  ck_assert_int_eq(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking),
+                   0);
+  ck_assert_int_eq(cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal),
+                   0);
+  for (uint64_t step = 1; step <= 3; step++)
+    ck_assert_int_eq(gnmr_cuda_report(c, step, s), GNMR_OK);
+  ck_assert_int_eq(gnmr_cuda_flush(c, 5000), GNMR_OK);
+  cudaGraph_t g;
+  ck_assert_int_eq(cudaStreamEndCapture(cap, &g), 0);
+  cudaGraphExec_t ge;
+  ck_assert_int_eq(cudaGraphInstantiate(&ge, g, 0), 0);
+  cudaGraphExecDestroy(ge);
+  ck_assert_int_eq(atomic_load(&k.n), 3);
+  gnmr_cuda_close(&c);
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(cap);
+  expect_ordered("capture");
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("cuda-backend");
   TCase *tc = tcase_create("cuda-backend");
@@ -328,6 +507,11 @@ int main(void) {
   tcase_add_test(tc, no_device_means_open_fails);
   tcase_add_test(tc, an_agent_reports_through_the_backend_to_gnmrd);
   tcase_add_test(tc, an_observer_records_steps_without_launching);
+  tcase_add_loop_test(tc, submit_and_read_wait_for_a_side_stream_launch, 0,
+                      4);
+  tcase_add_loop_test(tc, launches_on_alternating_streams_are_ordered, 0, 8);
+  tcase_add_test(tc, captured_graphs_keep_their_buffers_and_are_waited_for);
+  tcase_add_test(tc, the_completion_thread_does_not_break_a_capture);
   suite_add_tcase(s, tc);
   return tu_check_main(s);
 }
