@@ -358,7 +358,22 @@ class Controller:
                                 _DTYPES[g.dtype]))
         return keep, buffers
 
-    def _report(self, t):
+    def _caller_stream(self):
+        """The current CUDA stream of the first CUDA parameter's device, on
+        the calling thread; None without CUDA parameters."""
+        for ps in self._params:
+            for p in ps:
+                if p.is_cuda:
+                    return torch.cuda.current_stream(p.device)
+        return None
+
+    def _report(self, t, stream=None):
+        if stream is not None:  # a worker thread: the caller's stream
+            with torch.cuda.stream(stream):
+                return self._report_on(t, stream)
+        return self._report_on(t, None)
+
+    def _report_on(self, t, stream):
         grads = [[p.grad for p in ps if p.grad is not None]
                  for ps in self._params]
         self._local = None
@@ -374,9 +389,9 @@ class Controller:
             # order on the current stream; copies made here stay valid
             # for it (stream-ordered allocator); keep them one step
             self._keep, buffers = self._buffers(grads)
-            self._cuda.report(t, buffers,
-                              torch.cuda.current_stream(cuda[0].device)
-                              .cuda_stream)
+            if stream is None:
+                stream = torch.cuda.current_stream(cuda[0].device)
+            self._cuda.report(t, buffers, stream.cuda_stream)
             return
         if cuda:  # torch reduces device tensors, the library host ones
             sumsq, nonfinite = self._sums_on_device(
@@ -435,7 +450,11 @@ class Controller:
         if self._worker is None:
             from concurrent.futures import ThreadPoolExecutor
             self._worker = ThreadPoolExecutor(1, "gnmr-report")
-        self._pending = (step, self._worker.submit(self._report, t))
+        # the caller's stream, taken here: on the worker thread
+        # current_stream() is that thread's (the default stream), which
+        # the backward that made the gradients never ran on
+        self._pending = (step, self._worker.submit(self._report, t,
+                                                   self._caller_stream()))
 
     def finish(self, step, wait_ms=None):
         """Completes step: the report_async() in flight (its errors are

@@ -264,7 +264,7 @@ class ControllerTest(unittest.TestCase):
         self.assertTrue(res.repeated)
         self.assertFalse(res)
         # a report that fails on the worker raises in finish()
-        def boom(t):
+        def boom(t, stream=None):
             raise gnmr.GnmrError(-1, "report")
         ctl._report = boom
         ctl.report_async(10)
