@@ -20,13 +20,23 @@
  * every slot is still in flight the step is skipped and counted
  * (skipped_steps), never waited for.
  *
+ * Ordering: launches share the device buffers whatever their stream, so
+ * each launch waits (on the device) for the previous launch and the last
+ * copy of the result; submit and read wait for the last launch, so a
+ * result is never read before the kernel that writes it, side stream or
+ * not. The completion thread synchronizes in relaxed capture mode, so it
+ * never invalidates a graph the training thread captures meanwhile.
+ *
  * CUDA graphs: gnmr_cuda_reduce_async() is the launch alone (no host
- * metadata copy, no event), so it can be captured; after each replay,
- * gnmr_cuda_submit() copies the result into the ring like report does.
- * The kernel reads the table sizes from device memory, so a captured graph
- * stays valid across re-registrations that fit the buffers it was captured
- * with (no more segments, chunks or units than before); a larger one
- * reallocates them and the graph must be captured again.
+ * metadata copy), so it can be captured; it records an event inside the
+ * graph, so that every replay marks itself done and a later registration
+ * waits for it. After each replay, gnmr_cuda_submit() copies the result
+ * into the ring like report does. report and submit refuse a capturing
+ * stream (GNMR_E_INVAL). The kernel reads the table sizes from device
+ * memory, so a captured graph stays valid across re-registrations that fit
+ * the buffers it was captured with; a larger one allocates new buffers
+ * (stream-ordered: no device-wide wait), keeps the old ones for the graph
+ * until close, and changes gnmr_cuda_generation(): capture again.
  *
  * Built only where nvcc exists (make prints which); otherwise every call
  * returns GNMR_E_UNSUPPORTED. Streams and events are cudaStream_t and
