@@ -17,7 +17,7 @@ typedef struct gnmr__launch {
   const void *tables;
   double *partial;       /* one slot per chunk */
   uint32_t *pcount;      /* one count per chunk */
-  unsigned int *unit_done; /* per unit, 0 between launches */
+  unsigned int *unit_done; /* per unit: chunks done, mod their count */
   unsigned char *result; /* gnmr__result_size(n_units) bytes */
   uint32_t grid;         /* blocks, >= 1 */
 } gnmr__launch;

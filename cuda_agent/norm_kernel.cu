@@ -11,8 +11,10 @@
 // rest. Each chunk's sum (times its tensor's scale^2) and count go to the
 // chunk's own slot. The block that completes a unit's last chunk (a per-unit
 // integer atomic counter) adds the unit's slots in a fixed order in fp64 —
-// thread t the slots t, t+NT, ..., then a fixed tree — and resets the
-// counter for the next launch (and the next replay of a captured graph).
+// thread t the slots t, t+NT, ..., then a fixed tree. The counter wraps
+// to 0 by itself on the last chunk (atomicInc with the chunk count less
+// one), ready for the next launch or graph replay with no reset store
+// that could race another launch's increments.
 // Which block finishes a unit does not change the order, so results do not
 // depend on the grid or on scheduling; units finish in parallel.
 //
@@ -343,7 +345,9 @@ __global__ void __launch_bounds__(NT)
       __threadfence();
       uint32_t u = sg.unit;
       uint32_t k = tb.unit_begin[u + 1] - tb.unit_begin[u];
-      finisher = atomicAdd(&unit_done[u], 1u) == k - 1 ? (int)u : -1;
+      // counts 0..k-1 and wraps to 0 by itself on the unit's last chunk:
+      // no reset store that could race another launch's increments
+      finisher = atomicInc(&unit_done[u], k - 1) == k - 1 ? (int)u : -1;
     }
     __syncthreads();
     if (finisher >= 0) {
@@ -357,7 +361,6 @@ __global__ void __launch_bounds__(NT)
         out.sumsq[u] = us;
         out.nonfinite[u] = un;
         out.seen[u] = 1;
-        unit_done[u] = 0; // ready for the next launch or graph replay
       }
     }
     __syncthreads();
