@@ -6,9 +6,12 @@
 // accumulates in fp32 (fmaf, in a fixed element order) the squares of the
 // finite elements it owns and counts the others; the block adds its
 // threads' partials in fp64 in a fixed tree. A chunk whose fp32 partials
-// overflowed (values near FLT_MAX) is recomputed with fp64 accumulators:
-// the decision depends only on the data, so it is as deterministic as the
-// rest. Each chunk's sum (times its tensor's scale^2) and count go to the
+// overflowed (values near FLT_MAX), or whose fp32 sum is below 2^-80
+// (squares there fall into fp32's subnormals or to zero: a norm below
+// about 1e-12 would lose digits, one below 2.6e-23 would read 0), is
+// recomputed with fp64 accumulators: the decision depends only on the
+// data, so it is as deterministic as the rest. (An all-zero chunk is read
+// twice: its sum is 0.) Each chunk's sum (times its tensor's scale^2) and count go to the
 // chunk's own slot. The block that completes a unit's last chunk (a per-unit
 // integer atomic counter) adds the unit's slots in a fixed order in fp64 —
 // thread t the slots t, t+NT, ..., then a fixed tree. The counter wraps
@@ -107,6 +110,14 @@ __host__ __device__ __forceinline__ void acc_one(float x, double *acc,
     (*nf)++;
   else
     *acc = fma((double)x, (double)x, *acc);
+}
+
+// Whether a chunk's fp32 sum must be computed again in fp64: it
+// overflowed, or it is so small that squares fell into fp32's subnormals
+// (their loss, at most FLT_MIN each, stays below 2^-126 * 32768 = 2^-111,
+// a relative 2^-31 of any sum above 2^-80).
+__host__ __device__ __forceinline__ bool redo_in_fp64(double sum) {
+  return isinf(sum) || sum < 0x1p-80;
 }
 
 template <int DT, typename Acc>
@@ -331,7 +342,7 @@ __global__ void __launch_bounds__(NT)
     double sum = sh[0];
     uint32_t cnt = shn[0];
     __syncthreads();
-    if (isinf(sum)) { // fp32 partials overflowed: again in fp64
+    if (redo_in_fp64(sum)) { // fp32 overflowed or underflowed: in fp64
       thread_any<double>(sg, ch, t, &sh[t], &nf);
       shn[t] = nf;
       block_sum(sh, shn, t);
@@ -424,7 +435,7 @@ extern "C" int gnmr__cuda_model(const gnmr__plan *p, double *sumsq,
         }
       if (pass == 0)
         pcount[c] = shn[0];
-      if (!isinf(sh[0]))
+      if (!redo_in_fp64(sh[0]))
         break;
     }
     partial[c] = sh[0] * sg.scale2;

@@ -323,6 +323,38 @@ START_TEST(model_survives_values_near_overflow) {
 }
 END_TEST
 
+START_TEST(model_keeps_the_digits_of_tiny_gradients) {
+  /* squares below fp32's normal range: the chunk is redone in fp64, so a
+   * unit's sum keeps its digits (1e-20) or exists at all (1e-24, whose
+   * fp32 square is 0) as the CPU backend's fp64 has them */
+  uint64_t n = CH + 100;
+  float *x = malloc(n * 4), *y = malloc(n * 4), *z = calloc(n, 4);
+  uint16_t *b = malloc(n * 2);
+  for (uint64_t j = 0; j < n; j++) {
+    x[j] = (j % 2 ? 1e-20f : -3e-20f) * (float)(1 + j % 7);
+    y[j] = 1e-24f * (float)(1 + j % 3);
+    b[j] = 0x0080; /* bf16 ~1.2e-38: its square is 0 in fp32 */
+  }
+  gnmr_tensor t[4] = {{x, n, GNMR_DTYPE_F32, 0, 0},
+                      {y, n, GNMR_DTYPE_F32, 1, 0},
+                      {b, n, GNMR_DTYPE_BF16, 2, 0},
+                      {z, n, GNMR_DTYPE_F32, 3, 0}}; /* zeros stay 0 */
+  model_vs_cpu(t, 4, 4, 1e-12);
+  gnmr__plan p;
+  uint64_t nf[4];
+  double s[4];
+  gnmr__plan_build(&p, t, 4, 4);
+  gnmr__cuda_model(&p, s, nf);
+  ck_assert(s[1] > 0 && s[2] > 0);
+  ck_assert(s[3] == 0);
+  gnmr__plan_free(&p);
+  free(x);
+  free(y);
+  free(z);
+  free(b);
+}
+END_TEST
+
 START_TEST(model_decodes_every_fp8_value_like_the_cpu) {
   uint8_t all[256 * 3];
   for (int i = 0; i < 256 * 3; i++)
@@ -370,6 +402,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, model_equals_cpu_on_ragged_mixed_dtype_units);
   tcase_add_test(tc, model_counts_nonfinite_exactly_at_chunk_edges);
   tcase_add_test(tc, model_survives_values_near_overflow);
+  tcase_add_test(tc, model_keeps_the_digits_of_tiny_gradients);
   tcase_add_test(tc, model_decodes_every_fp8_value_like_the_cpu);
   tcase_add_test(tc, model_takes_fp64_and_many_tiny_tensors);
 #else
