@@ -68,10 +68,34 @@ typedef struct set {
   uint32_t dtype;
   int layers;
   uint64_t d, vocab;
+  int misaligned; /* tensors one element off 16-byte alignment */
 } set;
+
+static size_t elem_size(uint32_t dtype) {
+  return dtype == GNMR_DTYPE_F64   ? 8
+         : dtype == GNMR_DTYPE_F32 ? 4
+         : dtype <= GNMR_DTYPE_BF16 ? 2
+                                   : 1;
+}
+
+/* torch's name of a dtype, or NULL (no _foreach_norm over FP8) */
+static const char *torch_dtype(uint32_t dtype) {
+  switch (dtype) {
+  case GNMR_DTYPE_F64: return "float64";
+  case GNMR_DTYPE_F32: return "float32";
+  case GNMR_DTYPE_F16: return "float16";
+  case GNMR_DTYPE_BF16: return "bfloat16";
+  default: return NULL;
+  }
+}
 
 static void torch_compare(const set *s, size_t n, const uint64_t *sizes,
                           double gnmr_ms) {
+  if (torch_dtype(s->dtype) == NULL) {
+    printf("norm_cuda %-10s torch._foreach_norm: no such dtype in torch\n",
+           s->name);
+    return;
+  }
   if (system("/usr/bin/python3 -c 'import torch; assert "
              "torch.cuda.is_available()' >/dev/null 2>&1") != 0) {
     printf("norm_cuda %-10s torch._foreach_norm: skipped (no torch with "
@@ -95,7 +119,7 @@ static void torch_compare(const set *s, size_t n, const uint64_t *sizes,
            "  a.record(); torch._foreach_norm(ts); b.record(); "
            "torch.cuda.synchronize(); best=min(best,a.elapsed_time(b))\n"
            "print(best)'",
-           s->dtype == GNMR_DTYPE_F32 ? "float32" : "bfloat16", REPS);
+           torch_dtype(s->dtype), REPS);
   FILE *p = popen(cmd, "r");
   double t = 0;
   if (p == NULL || fscanf(p, "%lf", &t) != 1 || t <= 0)
@@ -114,7 +138,7 @@ static void run(const set *s, double limit) {
   size_t n = (size_t)s->layers * 8 + 2;
   uint64_t *sizes = malloc(n * sizeof *sizes);
   gnmr_tensor *t = malloc(n * sizeof *t);
-  size_t es = s->dtype == GNMR_DTYPE_F32 ? 4 : 2, k = 0;
+  size_t es = elem_size(s->dtype), k = 0;
   uint64_t total = 0;
   uint32_t units = (uint32_t)s->layers * 4 + 1;
   for (int l = 0; l < s->layers; l++) {
@@ -132,7 +156,7 @@ static void run(const set *s, double limit) {
   CK(cudaMemset(mem, 0x3c, total * es + 256 * n));
   uint64_t off = 0;
   for (size_t i = 0; i < n; i++) {
-    t[i].data = mem + off;
+    t[i].data = mem + off + (s->misaligned ? es : 0);
     t[i].numel = sizes[i];
     t[i].dtype = s->dtype;
     t[i].scale = 0;
@@ -207,9 +231,13 @@ int main(void) {
   printf("norm_cuda: %s, %d SMs; device copy %.0f GB/s (the limit)\n", p.name,
          p.multiProcessorCount, limit / 1e9);
   static const set sets[] = {
-      {"124M fp32", GNMR_DTYPE_F32, 12, 768, 50257},
-      {"124M bf16", GNMR_DTYPE_BF16, 12, 768, 50257},
-      {"1.3B bf16", GNMR_DTYPE_BF16, 24, 2048, 50257},
+      {"124M fp32", GNMR_DTYPE_F32, 12, 768, 50257, 0},
+      {"124M bf16", GNMR_DTYPE_BF16, 12, 768, 50257, 0},
+      {"124M f16", GNMR_DTYPE_F16, 12, 768, 50257, 0},
+      {"124M e4m3", GNMR_DTYPE_F8E4M3, 12, 768, 50257, 0},
+      {"124M fp64", GNMR_DTYPE_F64, 12, 768, 50257, 0},
+      {"124M bf16/", GNMR_DTYPE_BF16, 12, 768, 50257, 1}, /* misaligned */
+      {"1.3B bf16", GNMR_DTYPE_BF16, 24, 2048, 50257, 0},
   };
   for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
     run(&sets[i], limit);

@@ -24,6 +24,11 @@ typedef struct gnmr__launch {
 
 /* Launches the kernel on stream (a cudaStream_t); returns a cudaError_t. */
 int gnmr__cuda_launch(const gnmr__launch *l, void *stream);
+/* The kernel as the device runs it (cudaFuncGetAttributes): registers per
+ * thread, local (spill) memory, PTX and binary versions (90: real sm_90
+ * code). A cudaError_t. */
+int gnmr__cuda_kernel_attrs(int *regs, size_t *local_bytes, int *ptx,
+                            int *binary);
 /* Blocks that fill the device (SMs x resident blocks); a cudaError_t. */
 int gnmr__cuda_grid_max(int device, uint32_t *grid);
 /* The kernel's arithmetic on the host, over a plan whose addresses are host

@@ -391,6 +391,19 @@ extern "C" int gnmr__cuda_launch(const gnmr__launch *l, void *stream) {
   return (int)cudaGetLastError();
 }
 
+extern "C" int gnmr__cuda_kernel_attrs(int *regs, size_t *local_bytes,
+                                       int *ptx, int *binary) {
+  cudaFuncAttributes fa;
+  cudaError_t e = cudaFuncGetAttributes(&fa, norm_kernel);
+  if (e != cudaSuccess)
+    return (int)e;
+  *regs = fa.numRegs;
+  *local_bytes = fa.localSizeBytes;
+  *ptx = fa.ptxVersion;
+  *binary = fa.binaryVersion;
+  return 0;
+}
+
 extern "C" int gnmr__cuda_grid_max(int device, uint32_t *grid) {
   int sms = 0, per_sm = 0;
   cudaError_t e =

@@ -1,9 +1,16 @@
 #!/bin/bash
 # SPDX-License-Identifier: MIT
 # The GPU checks of the CUDA backend as one script, for a machine with a
-# GPU: builds, runs `make test-gpu`, then bench/norm_cuda (and the CUDA
-# part of the Python tests when torch sees the GPU). Logs go to $OUT (or
-# build/gpu-check). Exit status: that of the first failing step.
+# GPU, in this order: the environment (nvidia-smi; then test_gpu's first
+# lines: driver and runtime versions, the kernel's registers, local memory
+# and whether real sm_90 code runs), `make test-gpu` (bitwise equality
+# with the host model per dtype, alignment and grid; graph replays;
+# streams), compute-sanitizer's memcheck, racecheck and synccheck over
+# it, bench/norm_cuda (GB/s per dtype against the same run's device copy
+# bandwidth), and the CUDA part of the Python tests when torch sees the
+# GPU. A GPU that nvidia-smi lists but the runtime cannot see fails it.
+# Logs go to $OUT (or build/gpu-check). Exit status: that of the first
+# failing step.
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-check}
@@ -26,6 +33,18 @@ step test-gpu make test-gpu
 if grep -q "SKIPPED" "$out/test-gpu.log" && nvidia-smi -L 2>/dev/null | grep -q "^GPU "; then
   echo "== test-gpu skipped although nvidia-smi lists a GPU: FAILED"
   [ $rc -eq 0 ] && rc=1
+fi
+# compute-sanitizer over the GPU tests: memcheck, racecheck, synccheck,
+# each must report 0 errors (CUDA's toolkit has it; skipped, saying so,
+# where it is missing)
+san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if [ -n "$san" ]; then
+  for tool in memcheck racecheck synccheck; do
+    step "sanitizer-$tool" env GNMR_BIN_DIR="$PWD/build/bin" "$san" --tool "$tool" \
+      --error-exitcode 1 build/tests/gpu/test_gpu
+  done
+else
+  echo "== compute-sanitizer: not found; not run"
 fi
 step norm_cuda build/bench/norm_cuda
 if /usr/bin/python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then

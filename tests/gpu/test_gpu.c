@@ -507,6 +507,14 @@ int main(void) {
   cudaGetDeviceProperties(&prop, 0);
   printf("test_gpu: device 0: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major,
          prop.minor, prop.multiProcessorCount);
+  int regs = 0, ptx = 0, bin = 0;
+  size_t local = 0;
+  e = (cudaError_t)gnmr__cuda_kernel_attrs(&regs, &local, &ptx, &bin);
+  printf("test_gpu: kernel: %s; %d registers, %zu bytes local memory, PTX "
+         "%d, binary %d (%s)\n",
+         cudaGetErrorName(e), regs, local, ptx, bin,
+         bin == prop.major * 10 + prop.minor ? "real code for this device"
+                                             : "JIT from PTX");
   Suite *s = suite_create("gpu");
   TCase *tc = tcase_create("gpu");
   tcase_set_timeout(tc, 300);
