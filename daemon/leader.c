@@ -31,7 +31,11 @@ static void sleep_ms(int ms) {
 /* 1: taken, 0: held elsewhere, <0: error. */
 static int try_lock(db_conn *db) {
   db_stmt *st;
-  if (db_prepare(db, "SELECT pg_try_advisory_lock(?)", &st) != GNMR_OK)
+  /* one leadership per schema: two gnmrd groups may share a database,
+   * each in its own schema (search_path in the URL's options) */
+  if (db_prepare(db, "SELECT pg_try_advisory_lock(CAST(? AS integer), "
+                     "hashtext(current_schema()))",
+                 &st) != GNMR_OK)
     return GNMR_E_STORE;
   db_bind_int64(st, 1, LEADER_LOCK_KEY);
   int rc = db_step(st), got = rc == DB_ROW ? (int)db_column_int64(st, 0) : 0;

@@ -22,8 +22,9 @@
 
 typedef struct leader leader;
 
-/* The lock's key: one leadership per database (one gnmrd group). */
-#define LEADER_LOCK_KEY 4706215811427387213LL
+/* The lock's key: this constant ("GNMR") and a hash of the schema, so
+ * there is one leadership per schema (one gnmrd group each). */
+#define LEADER_LOCK_KEY 0x474e4d52
 
 #define LEADER_POLL_MS 100   /* a standby's retry */
 #define LEADER_CHECK_MS 250   /* the holder's check of its session */

@@ -144,10 +144,11 @@ static const char *const pg_schema_v4 =
     "CREATE TABLE snapshots(job TEXT, run BIGINT, pass BIGINT, step BIGINT,"
     " state BYTEA, PRIMARY KEY(run, pass, step));";
 
-/* Two gnmrd starting together on one PostgreSQL database migrate one
- * after the other: this transaction-scoped advisory lock (an arbitrary
- * key, "GNMRMIGR") is held by the one migrating. */
-#define PG_MIGRATE_LOCK "SELECT pg_advisory_xact_lock(4706215811427387218)"
+/* Two gnmrd starting together on one PostgreSQL schema migrate one after
+ * the other: this transaction-scoped advisory lock ("GNMI" and the
+ * schema) is held by the one migrating. */
+#define PG_MIGRATE_LOCK                                                      \
+  "SELECT pg_advisory_xact_lock(1196313929, hashtext(current_schema()))"
 
 int store__exec(db_conn *db, const char *sql, char *err, size_t errlen) {
   if (db_exec(db, sql) != GNMR_OK) {

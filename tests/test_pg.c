@@ -387,7 +387,7 @@ START_TEST(a_deposed_active_stops_serving) {
   tu_sleep_ms(300); /* standing by */
   kill(a.pid, SIGSTOP);
   psql("postgres", "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE "
-                   "locktype='advisory' AND granted AND objid <> 0 AND "
+                   "locktype='advisory' AND granted AND classid = 1196313938 AND "
                    "database=(SELECT oid FROM pg_database WHERE "
                    "datname='deposed')");
   tu_daemon_wait_ready(&b, 5000);
@@ -402,6 +402,46 @@ START_TEST(a_deposed_active_stops_serving) {
   ck_assert_ptr_nonnull(strstr(log, "another gnmrd took over the store"));
   free(log);
   ck_assert_int_eq(tu_daemon_stop(&b, SIGTERM), 0);
+  tu_rmrf(a.dir);
+  tu_rmrf(b.dir);
+}
+END_TEST
+
+/* Two gnmrd groups share one database, each in its own schema: both are
+ * active (one leadership per schema), and each schema holds its own
+ * history with its own run ids. */
+START_TEST(two_groups_share_a_database_in_two_schemas) {
+  char url[256], u1[400], u2[400];
+  fresh_db("groups", url, sizeof url);
+  psql("groups", "CREATE SCHEMA g1; CREATE SCHEMA g2");
+  snprintf(u1, sizeof u1, "%s&options=-c%%20search_path%%3Dg1", url);
+  snprintf(u2, sizeof u2, "%s&options=-c%%20search_path%%3Dg2", url);
+  tu_daemon a = {0}, b = {0};
+  char *e1[] = {"--store", u1, NULL}, *e2[] = {"--store", u2, NULL};
+  tu_daemon_start_in(&a, NULL, NULL, NULL, e1);
+  tu_daemon_start_in(&b, NULL, NULL, NULL, e2); /* not refused */
+  gnmr_agent *x = open_agent(a.agents, "in-g1"), *y = open_agent(b.agents,
+                                                                 "in-g2");
+  for (uint64_t t = 1; t <= 5; t++) {
+    step_agent(x, t);
+    step_agent(y, t);
+  }
+  free(decisions_csv(&a, "in-g1", 5));
+  free(decisions_csv(&b, "in-g2", 5));
+  gnmr_agent_close(&x);
+  gnmr_agent_close(&y);
+  ck_assert_int_eq(tu_daemon_stop(&a, SIGTERM), 0);
+  ck_assert_int_eq(tu_daemon_stop(&b, SIGTERM), 0);
+  char *jobs[] = {"jobs", "--csv", NULL};
+  run_result r = ctl_store(u1, jobs);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "in-g1,finished,1,5,"));
+  ck_assert_ptr_null(strstr(r.out, "in-g2"));
+  tu_run_free(&r);
+  char *g2 = psql_out("groups", "SELECT name, run FROM g2.jobs");
+  ck_assert_ptr_nonnull(g2);
+  ck_assert_str_eq(g2, "in-g2|1\n");
+  free(g2);
   tu_rmrf(a.dir);
   tu_rmrf(b.dir);
 }
@@ -688,6 +728,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, server_killed_and_restarted_mid_job_loses_nothing);
   tcase_add_test(tc, standby_takes_over_with_the_decisions_of_a_restart);
   tcase_add_test(tc, a_deposed_active_stops_serving);
+  tcase_add_test(tc, two_groups_share_a_database_in_two_schemas);
   tcase_add_test(tc, bad_urls_passwords_and_schemas_are_refused_clearly);
   tcase_add_loop_test(
       tc, read_only_and_full_databases_are_retried_losing_nothing, 0, 2);
