@@ -51,6 +51,63 @@ static int has_field_zero(const ProtobufCMessage *m) {
   return 0;
 }
 
+/* A protobuf varint at *p (below end); 0 when it does not parse. */
+static int wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+  *v = 0;
+  for (int shift = 0; *p < end && shift < 64; shift += 7) {
+    uint8_t b = *(*p)++;
+    *v |= (uint64_t)(b & 0x7f) << shift;
+    if (!(b & 0x80))
+      return 1;
+  }
+  return 0;
+}
+
+/* Whether a string field of the message on the wire (p, n, with its
+ * descriptor) holds a NUL byte: protobuf-c hands strings over as C
+ * strings, so "a\0b" would arrive as "a" and pass every later check.
+ * Runs after a successful unpack: the wire is well formed. */
+static int string_has_nul(const uint8_t *p, size_t n,
+                          const ProtobufCMessageDescriptor *d, int depth) {
+  const uint8_t *end = p + n;
+  uint64_t key, v;
+  while (p < end) {
+    if (!wire_varint(&p, end, &key))
+      return 0;
+    const ProtobufCFieldDescriptor *f =
+        key >> 3 <= UINT32_MAX
+            ? protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3))
+            : NULL;
+    switch (key & 7) {
+    case 0:
+      if (!wire_varint(&p, end, &v))
+        return 0;
+      break;
+    case 1:
+    case 5:
+      v = (key & 7) == 1 ? 8 : 4;
+      if (v > (uint64_t)(end - p))
+        return 0;
+      p += v;
+      break;
+    case 2:
+      if (!wire_varint(&p, end, &v) || v > (uint64_t)(end - p))
+        return 0;
+      if (f != NULL && f->type == PROTOBUF_C_TYPE_STRING &&
+          memchr(p, 0, (size_t)v) != NULL)
+        return 1;
+      if (f != NULL && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 16 &&
+          string_has_nul(p, (size_t)v, f->descriptor, depth + 1))
+        return 1;
+      p += v;
+      break;
+    default:
+      return 0;
+    }
+  }
+  return 0;
+}
+
 int gnmr__wire_decode(const void *buf, size_t len, Gnmr__Envelope **out,
                       char *err, size_t errlen) {
   Gnmr__Envelope *env;
@@ -62,6 +119,12 @@ int gnmr__wire_decode(const void *buf, size_t len, Gnmr__Envelope **out,
   }
   if (has_field_zero(&env->base)) {
     set_err(err, errlen, "not a GNMR envelope (field number 0)");
+    gnmr__envelope__free_unpacked(env, NULL);
+    return GNMR_E_PARSE;
+  }
+  if (string_has_nul(buf, len, &gnmr__envelope__descriptor, 0)) {
+    set_err(err, errlen, "a string (a job or unit name, a command...) "
+                         "holds a NUL byte");
     gnmr__envelope__free_unpacked(env, NULL);
     return GNMR_E_PARSE;
   }

@@ -65,7 +65,8 @@ static inline void expect_error(raw_peer *p, int code, const char *part) {
   Gnmr__Envelope *env = raw_recv(p, 5000);
   ck_assert_msg(env != NULL, "no reply (expected %s)", gnmr_errname(code));
   ck_assert_msg(env->body_case == GNMR__ENVELOPE__BODY_ERROR,
-                "reply is not an Error (expected %s)", gnmr_errname(code));
+                "reply is not an Error (expected %s; body %d)",
+                gnmr_errname(code), (int)env->body_case);
   ck_assert_msg(env->error->code == code, "code %s, expected %s (%s)",
                 gnmr_errname(env->error->code), gnmr_errname(code),
                 env->error->message);

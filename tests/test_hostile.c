@@ -128,6 +128,56 @@ START_TEST(names_are_utf8_without_controls_or_format_characters) {
 }
 END_TEST
 
+/* An encoded Hello for job and units, with every 'X' of a name turned
+ * into a NUL byte (protobuf-c itself cannot write one). */
+static uint8_t *hello_with_nul(const char *job, char **units, size_t n,
+                               size_t *len) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Hello h = GNMR__HELLO__INIT;
+  h.protocol = 1;
+  h.job = (char *)job;
+  h.reporters = 1;
+  h.n_units = n;
+  h.units = units;
+  env.body_case = GNMR__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  uint8_t *buf;
+  ck_assert_int_eq(gnmr__wire_encode(&env, &buf, len), GNMR_OK);
+  for (size_t i = 0; i < *len; i++)
+    if (buf[i] == 'X')
+      buf[i] = 0;
+  return buf;
+}
+
+START_TEST(a_nul_byte_inside_a_name_is_refused_not_cut) {
+  char *ok[] = {"u0", "u1"}, *nul_unit[] = {"u0", "uXtail"};
+  const struct {
+    const char *job;
+    char **units;
+    int bad;
+  } cases[] = {{"plain-job", ok, 0},
+               {"jobXhidden", ok, 1},   /* would arrive as "job" */
+               {"nul-unit", nul_unit, 1}, /* would arrive as "u" */
+               {"tailX", ok, 1}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    size_t len;
+    uint8_t *buf = hello_with_nul(cases[i].job, cases[i].units, 2, &len);
+    Gnmr__Envelope *env = NULL;
+    char err[160] = "";
+    int rv = gnmr__wire_decode(buf, len, &env, err, sizeof err);
+    if (cases[i].bad) {
+      ck_assert_int_eq(rv, GNMR_E_PARSE);
+      ck_assert_ptr_null(env);
+      ck_assert_msg(strstr(err, "NUL byte") != NULL, "%s", err);
+    } else {
+      ck_assert_int_eq(rv, GNMR_OK);
+      gnmr__wire_free(&env);
+    }
+    free(buf);
+  }
+}
+END_TEST
+
 START_TEST(hostile_names_are_refused_and_create_nothing) {
   tu_daemon d = {0};
   tu_daemon_start(&d);
@@ -139,6 +189,13 @@ START_TEST(hostile_names_are_refused_and_create_nothing) {
     hello_ids(&p, "names-job", 0, 1, bad_unit, 2, NULL);
     expect_error(&p, GNMR_E_INVAL, "unit 1: name");
   }
+  /* a NUL inside a name: refused whole, never taken as its prefix */
+  char *units[] = {"u0", "u1"};
+  size_t nl;
+  uint8_t *nb = hello_with_nul("nulXjob", units, 2, &nl);
+  raw_send(&p, nb, nl);
+  free(nb);
+  expect_error(&p, GNMR_E_PARSE, "NUL byte");
   ck_assert_int_eq(tu_counter(&d, "jobs_created"), 0);
   /* admin requests with such names: a clear error, and gnmrd lives on */
   run_result r = ctl(&d, "status", "a\xc2\x9b" "b");
@@ -533,6 +590,7 @@ static Suite *suite(void) {
   Suite *s = suite_create("hostile");
   TCase *names = tcase_create("names");
   tcase_add_test(names, names_are_utf8_without_controls_or_format_characters);
+  tcase_add_test(names, a_nul_byte_inside_a_name_is_refused_not_cut);
   suite_add_tcase(s, names);
   TCase *live = tcase_create("live");
   tcase_set_timeout(live, 120);
