@@ -447,6 +447,59 @@ START_TEST(two_groups_share_a_database_in_two_schemas) {
 }
 END_TEST
 
+/* An export bigger than a chunk streams from PostgreSQL too: the cursor
+ * stays open across chunks (single-row mode) and the JSON is whole. */
+START_TEST(a_large_export_streams_from_postgresql) {
+  char url[256];
+  fresh_db("bigexport", url, sizeof url);
+  tu_daemon d = {0};
+  char *extra[] = {"--store", url, NULL};
+  tu_daemon_start_in(&d, NULL, NULL, NULL, extra); /* the schema */
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+  const int n = getenv("GNMR_VALGRIND") ? 5000 : 60000;
+  char sql[512];
+  psql("bigexport", "INSERT INTO jobs(run, name, reporters, barrier_ms, "
+                    "state, pass, last_step) VALUES(1, 'big', 1, 1000, "
+                    "'finished', 1, 1000); INSERT INTO units VALUES('big', "
+                    "1, 0, 'layer.0')");
+  snprintf(sql, sizeof sql,
+           "INSERT INTO events(job, run, pass, step, kind, unit, outcome, "
+           "norm, g, d, s, count, at) SELECT 'big', 1, 1, 1 + i / 200, "
+           "'exceed', 0, 'dropped', 1.5, 3, 'Infinity', 3, 0, 0 FROM "
+           "generate_series(0, %d) AS i",
+           n - 1);
+  psql("bigexport", sql);
+  char *ex[] = {"export", "big", NULL};
+  run_result r = ctl_store(url, ex);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  if (!getenv("GNMR_VALGRIND"))
+    ck_assert_uint_gt(strlen(r.out), 2u << 20); /* several chunks */
+  json_error_t je;
+  json_t *v = json_loads(r.out, 0, &je);
+  ck_assert_msg(v != NULL, "not JSON at line %d: %s", je.line, je.text);
+  json_t *evs = json_object_get(v, "events");
+  ck_assert_uint_eq(json_array_size(evs), (size_t)n);
+  ck_assert_str_eq(json_string_value(json_object_get(
+                       json_array_get(evs, n - 1), "d")),
+                   "inf");
+  json_decref(v);
+  tu_run_free(&r);
+  /* and through gnmrd's admin endpoint, chunk by chunk */
+  tu_daemon_start_in(&d, NULL, NULL, NULL, extra);
+  r = ctl(&d, ex);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  v = json_loads(r.out, 0, &je);
+  ck_assert_ptr_nonnull(v);
+  ck_assert_uint_eq(json_array_size(json_object_get(v, "events")),
+                    (size_t)n);
+  json_decref(v);
+  tu_run_free(&r);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 /* Starts gnmrd with extra and expects it to exit 1 or 2 with `want` on
  * stderr, and never `never` (a password). */
 static void refused(char **extra, int code, const char *want,
@@ -729,6 +782,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, standby_takes_over_with_the_decisions_of_a_restart);
   tcase_add_test(tc, a_deposed_active_stops_serving);
   tcase_add_test(tc, two_groups_share_a_database_in_two_schemas);
+  tcase_add_test(tc, a_large_export_streams_from_postgresql);
   tcase_add_test(tc, bad_urls_passwords_and_schemas_are_refused_clearly);
   tcase_add_loop_test(
       tc, read_only_and_full_databases_are_retried_losing_nothing, 0, 2);
