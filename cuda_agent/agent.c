@@ -43,7 +43,10 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
   a->job = strdup(cfg->job);
   a->names = calloc(cfg->n_units, sizeof *a->names);
   a->routes = calloc(a->n_words, sizeof *a->routes);
-  if (!a->endpoint || !a->job || !a->names || !a->routes)
+  a->risky_units = calloc(cfg->n_units, sizeof *a->risky_units);
+  a->risky_gds = calloc(3 * (size_t)cfg->n_units, sizeof *a->risky_gds);
+  if (!a->endpoint || !a->job || !a->names || !a->routes ||
+      !a->risky_units || !a->risky_gds)
     goto err_free;
   for (uint32_t i = 0; i < cfg->n_units; i++)
     if ((a->names[i] = strdup(cfg->unit_names[i])) == NULL)
@@ -57,6 +60,7 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
   if (gnmr__agent_scratch_init(a) != GNMR_OK)
     goto err_free;
   pthread_mutex_init(&a->mu, NULL);
+  pthread_mutex_init(&a->risky_mu, NULL);
   pthread_mutex_init(&a->push_mu, NULL);
   pthread_mutex_init(&a->cpu_mu, NULL);
   pthread_mutex_init(&a->err_mu, NULL);
@@ -104,6 +108,7 @@ err_ctx:
   gnmr__ctx_release();
 err_sync:
   pthread_mutex_destroy(&a->mu);
+  pthread_mutex_destroy(&a->risky_mu);
   pthread_mutex_destroy(&a->push_mu);
   pthread_mutex_destroy(&a->cpu_mu);
   pthread_mutex_destroy(&a->err_mu);
@@ -116,10 +121,38 @@ err_free:
   free(a->names);
   free(a->req_ids);
   free(a->routes);
+  free(a->risky_units);
+  free(a->risky_gds);
   free(a->endpoint);
   free(a->job);
   free(a);
   return rv;
+}
+
+uint64_t gnmr_agent_risky(gnmr_agent *a, uint32_t *units, double *g,
+                          double *d, double *s, uint32_t cap, uint32_t *n) {
+  if (a == NULL) {
+    if (n != NULL)
+      *n = 0;
+    return 0;
+  }
+  pthread_mutex_lock(&a->risky_mu);
+  uint64_t step = a->risky_step;
+  uint32_t k = a->n_risky < cap ? a->n_risky : cap;
+  for (uint32_t i = 0; i < k; i++) {
+    if (units)
+      units[i] = a->risky_units[i];
+    if (g)
+      g[i] = a->risky_gds[i];
+    if (d)
+      d[i] = a->risky_gds[a->n_units + i];
+    if (s)
+      s[i] = a->risky_gds[2 * (size_t)a->n_units + i];
+  }
+  if (n != NULL)
+    *n = a->n_risky;
+  pthread_mutex_unlock(&a->risky_mu);
+  return step;
 }
 
 void gnmr_agent_close(gnmr_agent **pa) {
@@ -131,6 +164,7 @@ void gnmr_agent_close(gnmr_agent **pa) {
   zmq_close(a->push);
   gnmr__ctx_release();
   pthread_mutex_destroy(&a->mu);
+  pthread_mutex_destroy(&a->risky_mu);
   pthread_mutex_destroy(&a->push_mu);
   pthread_mutex_destroy(&a->cpu_mu);
   pthread_mutex_destroy(&a->err_mu);

@@ -51,6 +51,8 @@ void gnmr__agent_free_config(gnmr_agent *a) {
   free(a->names);
   free(a->req_ids);
   free(a->routes);
+  free(a->risky_units);
+  free(a->risky_gds);
   free(a->endpoint);
   free(a->job);
 }

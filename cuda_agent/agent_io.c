@@ -246,6 +246,39 @@ static void on_decision(gnmr_agent *a, io_state *io, const Gnmr__Decision *d) {
       words[u / 64] |= UINT64_C(1) << (u % 64);
     }
   }
+  /* the risky units this agent holds, local indices ascending */
+  pthread_mutex_lock(&a->risky_mu);
+  uint32_t nr = 0, nu = a->n_units;
+  size_t n_in = d->n_risky;
+  if (d->n_g < n_in || d->n_d < n_in || d->n_s < n_in)
+    n_in = 0; /* a malformed decision: no scores */
+  for (size_t k = 0; k < n_in; k++) {
+    uint32_t id = d->risky[k], lo = 0, hi = nu;
+    while (lo < hi) {
+      uint32_t mid = lo + (hi - lo) / 2;
+      if (io->ids[io->by_id[mid]] < id)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    for (; lo < nu && io->ids[io->by_id[lo]] == id && nr < nu; lo++) {
+      uint32_t u = io->by_id[lo], at = nr++;
+      while (at > 0 && a->risky_units[at - 1] > u) { /* keep ascending */
+        a->risky_units[at] = a->risky_units[at - 1];
+        for (int q = 0; q < 3; q++)
+          a->risky_gds[(size_t)q * nu + at] =
+              a->risky_gds[(size_t)q * nu + at - 1];
+        at--;
+      }
+      a->risky_units[at] = u;
+      a->risky_gds[at] = d->g[k];
+      a->risky_gds[nu + at] = d->d[k];
+      a->risky_gds[2 * (size_t)nu + at] = d->s[k];
+    }
+  }
+  a->n_risky = nr;
+  a->risky_step = d->step;
+  pthread_mutex_unlock(&a->risky_mu);
   atomic_fetch_add_explicit(&a->seq, 1, memory_order_acq_rel); /* odd */
   for (size_t i = 0; i < a->n_words; i++)
     atomic_store_explicit(&a->routes[i], words[i], memory_order_relaxed);

@@ -74,6 +74,15 @@ struct gnmr_agent {
   pthread_mutex_t mu;       /* for gnmr_agent_wait() only */
   pthread_cond_t cv;
 
+  /* the latest decision's risky units of this agent (local indices,
+   * ascending) with their g, d, s: written by the I/O thread, read by
+   * gnmr_agent_risky(), under risky_mu; n_units entries each */
+  pthread_mutex_t risky_mu;
+  uint64_t risky_step;
+  uint32_t n_risky;
+  uint32_t *risky_units;
+  double *risky_gds; /* g[0..n_units), d[...], s[...] */
+
   atomic_uint_fast64_t last_reported; /* written by the training thread */
 
   /* report encoding scratch (agent_report.c): the per-report path

@@ -168,9 +168,37 @@ static void publish(job *j, const core_outcome *o) {
   dec.step = o->step;
   dec.n_active = o->res.n_active;
   dec.active = (uint32_t *)o->res.active;
+  /* the risky units (their exceed events) with their g, d, s */
+  uint32_t n_risky = 0;
+  for (uint32_t i = 0; i < o->res.n_events; i++)
+    n_risky += o->res.events[i].kind == POLICY_EV_EXCEED &&
+               o->res.events[i].unit != UINT32_MAX;
+  uint32_t *risky = n_risky ? malloc(n_risky * sizeof *risky) : NULL;
+  double *gds = n_risky ? malloc(3 * (size_t)n_risky * sizeof *gds) : NULL;
+  if (risky != NULL && gds != NULL) {
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < o->res.n_events; i++) {
+      const policy_event *e = &o->res.events[i];
+      if (e->kind != POLICY_EV_EXCEED || e->unit == UINT32_MAX)
+        continue;
+      risky[k] = e->unit;
+      gds[k] = o->res.g[e->unit];
+      gds[n_risky + k] = o->res.d[e->unit];
+      gds[2 * n_risky + k] = o->res.s[e->unit];
+      k++;
+    }
+    dec.n_risky = dec.n_g = dec.n_d = dec.n_s = n_risky;
+    dec.risky = risky;
+    dec.g = gds;
+    dec.d = gds + n_risky;
+    dec.s = gds + 2 * n_risky;
+  }
   env.body_case = GNMR__ENVELOPE__BODY_DECISION;
   env.decision = &dec;
-  if (gnmr__wire_encode(&env, &buf, &len) == GNMR_OK) {
+  int enc = gnmr__wire_encode(&env, &buf, &len);
+  free(risky);
+  free(gds);
+  if (enc == GNMR_OK) {
     for (uint32_t r = 0; r < c->reporters + c->n_observers; r++) {
       int obs = r >= c->reporters;
       core_rank *rr = obs ? &c->observers[r - c->reporters] : &c->ranks[r];

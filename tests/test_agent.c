@@ -396,8 +396,31 @@ START_TEST(observers_receive_every_decision_without_reporting) {
       for (int i = 1; i < 4; i++)
         ck_assert_int_eq(gnmr_agent_route(ag[i], u), want);
     }
-    if (t == 10)
+    if (t == 10) {
       ck_assert_int_eq(gnmr_agent_route(ag[2], 1), GNMR_ROUTE_HIGH);
+      /* why: mlp exceeded, with its GNMR, Delta-GNMR and score, for a
+       * reporter and an observer alike */
+      for (int i = 0; i < 4; i += 2) {
+        uint32_t units[3], n = 99;
+        double g[3], dd[3], sc[3];
+        ck_assert_uint_eq(gnmr_agent_risky(ag[i], units, g, dd, sc, 3, &n),
+                          10);
+        ck_assert_uint_eq(n, 1);
+        ck_assert_uint_eq(units[0], 1);
+        ck_assert_msg(g[0] > 2 && dd[0] > 1 && sc[0] > 0,
+                      "g %g d %g s %g", g[0], dd[0], sc[0]);
+        ck_assert_uint_eq(gnmr_agent_risky(ag[i], NULL, NULL, NULL, NULL, 0,
+                                           &n),
+                          10);
+        ck_assert_uint_eq(n, 1);
+      }
+    } else if (t < 10) {
+      uint32_t n = 99;
+      ck_assert_uint_eq(gnmr_agent_risky(ag[0], NULL, NULL, NULL, NULL, 0,
+                                         &n),
+                        t);
+      ck_assert_uint_eq(n, 0);
+    }
   }
   /* observers never held a step back, and sent nothing */
   ck_assert_int_eq(tu_counter(&d, "deadline_decisions"), 0);

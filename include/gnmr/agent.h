@@ -162,6 +162,15 @@ GNMR_EXPORT int gnmr_agent_route(gnmr_agent *a, uint32_t unit);
 /* The step of the latest decision received (0: none yet). */
 GNMR_EXPORT uint64_t gnmr_agent_decided_step(const gnmr_agent *a);
 
+/* The units of this agent that exceeded a threshold at the latest
+ * decision (local indices, ascending), with their GNMR g, Delta-GNMR d
+ * and score s: why the active set is what it is. Fills up to cap entries
+ * of each array (any may be NULL); *n gets the count (may exceed cap).
+ * Returns that decision's step (0: none yet). Any thread. */
+GNMR_EXPORT uint64_t gnmr_agent_risky(gnmr_agent *a, uint32_t *units,
+                                      double *g, double *d, double *s,
+                                      uint32_t cap, uint32_t *n);
+
 /* Whether the daemon has accepted this agent (Welcome received). */
 GNMR_EXPORT int gnmr_agent_joined(const gnmr_agent *a);
 

@@ -188,6 +188,19 @@ class Agent:
     def decided_step(self):
         return lib().gnmr_agent_decided_step(self._a)
 
+    def risky(self):
+        """(step, [(unit, g, d, s), ...]): this agent's units that exceeded
+        a threshold at the latest decision, with their GNMR g, Delta-GNMR d
+        and score s (local unit indices, ascending); step 0: none yet."""
+        n = self.n_units
+        units = (ctypes.c_uint32 * n)()
+        g, d, s = ((ctypes.c_double * n)() for _ in range(3))
+        cnt = ctypes.c_uint32(0)
+        step = lib().gnmr_agent_risky(self._a, units, g, d, s, n,
+                                      ctypes.byref(cnt))
+        k = min(cnt.value, n)
+        return step, [(units[i], g[i], d[i], s[i]) for i in range(k)]
+
     @property
     def joined(self):
         return bool(lib().gnmr_agent_joined(self._a))

@@ -178,17 +178,22 @@ class StepResult:
     units whose route changed now; nonfinite: the units whose gradient had
     NaN or Inf elements (None when not known here: gradients reduced by the
     CUDA kernel, or an observer); norms: {unit: this rank's gradient norm}
-    (None likewise; with tp shards, this shard's part); repeated: the call
-    repeated an earlier step and did nothing."""
+    (None likewise; with tp shards, this shard's part); risky: {unit:
+    (g, d, s)}, the units that exceeded a threshold at this step with their
+    GNMR, Delta-GNMR and score, gnmrd's reason for the active set ({} when
+    none did; None when the decision did not come in time); repeated: the
+    call repeated an earlier step and did nothing."""
 
     __slots__ = ("step", "on_time", "joined", "active", "changed",
-                 "nonfinite", "norms", "repeated")
+                 "nonfinite", "norms", "risky", "repeated")
 
     def __init__(self, step, on_time=False, joined=False, active=(),
-                 changed=(), nonfinite=None, norms=None, repeated=False):
+                 changed=(), nonfinite=None, norms=None, repeated=False,
+                 risky=None):
         self.step, self.on_time, self.joined = step, on_time, joined
         self.active, self.changed = list(active), list(changed)
         self.nonfinite, self.norms = nonfinite, norms
+        self.risky = risky
         self.repeated = repeated
 
     def __bool__(self):
@@ -504,6 +509,11 @@ class Controller:
         res = StepResult(step, on_time, joined,
                          [n for (n, _), h in zip(self.units, self.high)
                           if h], self._changed)
+        if on_time:
+            rstep, risky = self.agent.risky()
+            if rstep == t:
+                res.risky = {self.units[u][0]: (g, d, s)
+                             for u, g, d, s in risky}
         if self._local is not None:
             sumsq, nonfinite, nr = self._local
             res.norms = {n: (s ** 0.5 if not skip else None)

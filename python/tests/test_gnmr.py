@@ -227,12 +227,22 @@ class ControllerTest(unittest.TestCase):
         self.assertEqual([n for n, _ in ctl.units], ["a", "b", "c", "frozen"])
         x = torch.randn(32, 8)
         for step in range(1, 8):
-            self.assertTrue(self.train_step(net, x, step, ctl))
+            res = self.train_step(net, x, step, ctl)
+            self.assertTrue(res)
+            self.assertEqual(res.risky, {})  # calm: nothing exceeded
         self.assertEqual(ctl.high, [False] * 4)
         calls.clear()
-        self.assertTrue(self.train_step(net, x, 8, ctl, scale=("b", 50.0)))
+        res = self.train_step(net, x, 8, ctl, scale=("b", 50.0))
+        self.assertTrue(res)
         self.assertEqual(calls, [("b", True)])  # only the change is applied
         self.assertEqual(ctl.high, [False, True, False, False])
+        # why: b exceeded, with its GNMR (about 50x its mean), Delta-GNMR
+        # and score, from gnmrd's decision
+        self.assertEqual(list(res.risky), ["b"])
+        g, d, s = res.risky["b"]
+        self.assertGreater(g, 10)
+        self.assertGreater(d, 1)
+        self.assertGreater(s, 0)
         calls.clear()
         self.assertTrue(self.train_step(net, x, 9, ctl))
         self.assertEqual(calls, [("b", False)])  # back after a calm step
