@@ -60,8 +60,8 @@ void store_rec_free(store_rec *r) {
   free(r);
 }
 
-/* Binds the parameters at at..at+GNMR_NPARAMS-1; an unset threshold is
- * NULL. */
+/* The writer thread: takes the whole queue, commits it in one
+ * transaction, retries a failed batch (see the top of the file). */
 static void *writer_main(void *arg) {
   store *s = arg;
   uint32_t backoff_ms = 0;

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
-/* store_sql.h — the store's private parts shared by its writer
- * (store.c), its statements (store_apply.c), its restore and its queries
- * (store_restore.c, store_query.c): the parameter columns,
- * generated from the table (gnmr/params.h). The jobs and params tables
- * have one column per parameter, of its name; a new parameter needs a
- * migration (store.c) adding its two columns. */
+/* store_sql.h — the writer's private parts, shared by store.c (the
+ * writer thread), store_apply.c (the schema and the statements),
+ * store_restore.c and store_view.c (reading a job back). The parameter
+ * columns come from store/store_schema.h: the jobs and params tables have
+ * one column per parameter, of its name; a new parameter needs a
+ * migration (store_apply.c, per backend) adding its two columns. */
 #ifndef GNMRD_STORE_SQL_H
 #define GNMRD_STORE_SQL_H
 
