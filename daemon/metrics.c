@@ -164,6 +164,13 @@ static void render(gnmrd *d, text *t) {
           ss.errors);
   counter(t, "gnmr_store_dropped_total", "Records lost: store queue full.",
           ss.dropped);
+  uint64_t snaps, helped;
+  policy_snap_counts(&snaps, &helped);
+  counter(t, "gnmr_snapshots_total",
+          "Policy-state snapshots, serialized by the store's writer.", snaps);
+  counter(t, "gnmr_snapshots_loop_helped_total",
+          "Snapshots whose job changed before the writer had them, so the "
+          "loop serialized part of them.", helped);
   if (d->st) {
     uint64_t b[LATENCY_N_BUCKETS], count;
     double sum;

@@ -95,18 +95,23 @@ void records_rank(store *st, const core_job *j, uint32_t rank) {
   store_rec_free(r);
 }
 
+/* A record that owes the job's state as of now: the store's writer
+ * serializes it off the loop (policy_snap_*); the loop does only when the
+ * job changes first, or when no handle can be had. */
 static store_rec *snapshot_rec(const core_job *j, int kind) {
   store_rec *r = rec(kind, j);
   if (r == NULL)
     return NULL;
+  r->pass = j->pass;
+  r->step = policy_last_step(j->pol);
+  if ((r->snap = policy_snap_begin(j->pol)) != NULL)
+    return r;
   size_t len = policy_export_size(j->pol);
   if ((r->snapshot = malloc(len)) == NULL ||
       policy_export(j->pol, r->snapshot, len, &r->snapshot_len) != GNMR_OK) {
     store_rec_free(r);
     return NULL;
   }
-  r->pass = j->pass;
-  r->step = policy_last_step(j->pol);
   return r;
 }
 

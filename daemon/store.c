@@ -55,9 +55,29 @@ void store_rec_free(store_rec *r) {
   free(r->active);
   free(r->events);
   free(r->snapshot);
+  policy_snap_free(&r->snap);
   free(r->text);
   free(r->detail);
   free(r);
+}
+
+/* Serializes the snapshots the batch's records still owe (off the loop:
+ * policy_snap_*); one that fails (no memory) is logged and left out, the
+ * step's record kept. */
+static void take_snapshots(store_rec *batch) {
+  for (store_rec *r = batch; r != NULL; r = r->next) {
+    if (r->snap == NULL)
+      continue;
+    int rv = policy_snap_take(r->snap, &r->snapshot, &r->snapshot_len);
+    if (rv != GNMR_OK) {
+      r->snapshot = NULL;
+      r->snapshot_len = 0;
+      LOG(ERROR, "SNAPSHOT", "job %s: snapshot at step %llu not taken: %s",
+          r->job, (unsigned long long)policy_snap_step(r->snap),
+          gnmr_strerror(rv));
+    }
+    policy_snap_free(&r->snap);
+  }
 }
 
 /* The writer thread: takes the whole queue, commits it in one
@@ -102,6 +122,7 @@ static void *writer_main(void *arg) {
       s->fault_lifted = !on;
       store__exec(s->db, pragma, NULL, 0);
     }
+    take_snapshots(batch);
     char err[256] = "";
     struct timespec c0, c1;
     clock_gettime(CLOCK_MONOTONIC, &c0);
@@ -301,6 +322,7 @@ void store_close(store **ps) {
 /* What a record holds in memory, about. */
 static uint64_t rec_bytes(const store_rec *r) {
   uint64_t b = sizeof *r + strlen(r->job) + 1 + r->snapshot_len +
+               (r->snap ? policy_snap_size(r->snap) : 0) +
                (uint64_t)r->n_events * sizeof *r->events +
                (r->ids ? (uint64_t)r->n * sizeof *r->ids : 0) +
                (r->active ? strlen(r->active) + 1 : 0) +

@@ -61,6 +61,8 @@ typedef struct store_rec {
   uint32_t n_events;
   void *snapshot;        /* policy_export() bytes, or NULL */
   size_t snapshot_len;
+  policy_snap *snap;     /* or the snapshot still owed: the writer takes
+                            it (policy_snap_take) before its batch */
   /* REC_EVENT / REC_STATE */
   char *text;            /* event kind, state, or (REC_JOB) the owner */
   char *detail;

@@ -174,6 +174,7 @@ int policy_create(const policy_params *params, uint32_t n_units,
 void policy_destroy(policy **pp) {
   if (pp == NULL || *pp == NULL)
     return;
+  policy__settle(*pp);
   bufs b = bufs_of(*pp);
   bufs_free(&b);
   free(*pp);
@@ -182,6 +183,7 @@ void policy_destroy(policy **pp) {
 
 static int reshape(policy *p, const policy_params *prm, uint32_t n) {
   bufs nb, ob;
+  policy__settle(p);
   int rv = bufs_alloc(&nb, n, prm);
   if (rv != GNMR_OK)
     return rv;
@@ -321,6 +323,7 @@ int policy_step(policy *p, uint64_t t, const double *norm,
       return GNMR_E_INVAL;
   }
 
+  policy__settle(p); /* a snapshot still owed is of the state before t */
   const policy_params *prm = &p->prm;
   int early = t <= prm->early_steps;
   double a = early && !isnan(prm->early_alpha) ? prm->early_alpha : prm->alpha;

@@ -121,6 +121,29 @@ int policy_unit(const policy *p, uint32_t u, policy_unit_info *info);
 size_t policy_export_size(const policy *p);
 int policy_export(const policy *p, void *buf, size_t cap, size_t *len);
 
+/* A snapshot taken off the engine's thread. policy_snap_begin() owes the
+ * state as of now to the returned handle in O(1): it allocates room for
+ * the bytes and serializes nothing (NULL on no memory: use
+ * policy_export). Another thread then gets the
+ * policy_export() bytes with policy_snap_take() (the caller frees *buf;
+ * a second take is GNMR_E_INVAL). The engine's own thread keeps reading;
+ * its next change (step, resize, set_params, destroy, another begin)
+ * first makes sure the bytes exist: it serializes, alongside the other
+ * thread, whatever pieces nobody has started. Only one thread may change
+ * the engine, as always; take and free may run on another.
+ * policy_snap_free() releases the consumer's reference (NULL-safe). */
+typedef struct policy_snap policy_snap;
+policy_snap *policy_snap_begin(policy *p);
+int policy_snap_take(policy_snap *s, void **buf, size_t *len);
+void policy_snap_free(policy_snap **s);
+/* The engine's last step at begin, and the room the bytes take until
+ * taken (every window full: at least policy_export_size()). */
+uint64_t policy_snap_step(const policy_snap *s);
+size_t policy_snap_size(const policy_snap *s);
+/* Process-wide: snapshots begun, and those whose engine changed before
+ * they were taken, so that its own thread serialized part of them. */
+void policy_snap_counts(uint64_t *snapshots, uint64_t *owner_helped);
+
 /* Import: a new engine from an export. Malformed, truncated or oversized
  * input is GNMR_E_PARSE (never a crash); bad parameters inside it are
  * GNMR_E_INVAL/GNMR_E_RANGE. On failure *out is NULL. */

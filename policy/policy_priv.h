@@ -30,6 +30,7 @@ struct policy {
   uint32_t *prev_act;  /* n: A_{t-1} ascending */
   uint32_t n_act, n_prev;
   policy_event *ev;    /* 3n + 1, see policy_step() */
+  policy_snap *pending;/* a snapshot owed (snapshot_async.c), or NULL */
 };
 
 /* The oldest slot of a ring of w slots holding len values, next write at
@@ -37,6 +38,18 @@ struct policy {
 static inline uint32_t ring_oldest(uint32_t head, uint32_t len, uint32_t w) {
   return (head + w - len) % w;
 }
+
+/* Before any change of p's state: serializes a snapshot still owed. */
+void policy__settle(policy *p);
+/* policy_export() in pieces (snapshot.c), for snapshot_async.c: the
+ * header (out NULL: only its size), units [u0, u1) (at most
+ * policy__export_units_max() bytes each), then the checksum over
+ * everything before the last 8 of len bytes. */
+size_t policy__export_head(const policy *p, uint8_t *out);
+size_t policy__export_units_max(const policy *p);
+size_t policy__export_units(const policy *p, uint32_t u0, uint32_t u1,
+                            uint8_t *out);
+void policy__export_seal(uint8_t *buf, size_t len);
 
 /* Rebuilds the last active set (p->act, ascending) from the flags. */
 void policy__rebuild_act(policy *p);

@@ -136,13 +136,14 @@ size_t policy_export_size(const policy *p) {
   return n;
 }
 
-int policy_export(const policy *p, void *buf, size_t cap, size_t *len) {
-  if (p == NULL || buf == NULL)
-    return GNMR_E_INVAL;
-  size_t need = policy_export_size(p);
-  if (cap < need)
-    return GNMR_E_RANGE;
-  wbuf w = {buf, 0};
+size_t policy__export_units_max(const policy *p) {
+  return SNAP_UNIT + 8 * (size_t)p->prm.window;
+}
+
+size_t policy__export_head(const policy *p, uint8_t *out) {
+  if (out == NULL)
+    return SNAP_HEAD;
+  wbuf w = {out, 0};
   const policy_params *prm = &p->prm;
   memcpy(w.p, SNAP_MAGIC, 8);
   w.len = 8;
@@ -158,8 +159,16 @@ int policy_export(const policy *p, void *buf, size_t cap, size_t *len) {
   put_u64(&w, prm->warmup_steps);
   put_u64(&w, prm->early_steps);
   put_u64(&w, p->last_step);
-  for (uint32_t u = 0; u < p->n; u++) {
-    uint32_t wl = p->win_len[u], ww = prm->window;
+  assert(w.len == SNAP_HEAD);
+  return w.len;
+}
+
+size_t policy__export_units(const policy *p, uint32_t u0, uint32_t u1,
+                            uint8_t *out) {
+  wbuf w = {out, 0};
+  uint32_t ww = p->prm.window;
+  for (uint32_t u = u0; u < u1; u++) {
+    uint32_t wl = p->win_len[u];
     put_u64(&w, p->cnt[u]);
     put_f64(&w, p->sum[u]);
     put_u64(&w, p->promotions[u]);
@@ -170,10 +179,27 @@ int policy_export(const policy *p, void *buf, size_t cap, size_t *len) {
     for (uint32_t k = 0; k < wl; k++, i = (i + 1) % ww)
       put_f64(&w, p->win[(size_t)u * ww + i]);
   }
-  put_u64(&w, sum64(w.p, w.len));
-  assert(w.len == need);
+  return w.len;
+}
+
+void policy__export_seal(uint8_t *buf, size_t len) {
+  wbuf w = {buf, len - 8};
+  put_u64(&w, sum64(buf, len - 8));
+}
+
+int policy_export(const policy *p, void *buf, size_t cap, size_t *len) {
+  if (p == NULL || buf == NULL)
+    return GNMR_E_INVAL;
+  size_t need = policy_export_size(p);
+  if (cap < need)
+    return GNMR_E_RANGE;
+  uint8_t *out = buf;
+  size_t off = policy__export_head(p, out);
+  off += policy__export_units(p, 0, p->n, out + off);
+  assert(off + 8 == need);
+  policy__export_seal(out, need);
   if (len != NULL)
-    *len = w.len;
+    *len = need;
   return GNMR_OK;
 }
 

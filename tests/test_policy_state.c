@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /* test_policy_state.c — the engine's state across calls: export/import
  * (both snapshot format versions), corrupt and truncated snapshots,
- * parameter changes with their effect on windows and budget, resize, and
- * the stable event names. */
+ * parameter changes with their effect on windows and budget, resize,
+ * snapshots taken on another thread while the engine changes, and the
+ * stable event names. */
 #include <check.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "check_main.h"
@@ -194,6 +196,137 @@ START_TEST(resize_adds_units_without_history) {
 }
 END_TEST
 
+/* ---- snapshots taken off the engine's thread (policy_snap_*) ------------- */
+
+/* n units (several pieces, one partial) run for steps steps; the last
+ * 3000 join 2 steps before the end, so their windows are short. */
+static policy *busy_engine(uint32_t n, uint64_t steps, double *norm) {
+  policy_params p = params(1.8, 1.6, 4, 3, 2, 5);
+  policy *e = make(&p, n - 3000);
+  for (uint64_t t = 1; t <= steps; t++) {
+    if (t == steps - 1)
+      ck_assert_int_eq(policy_resize(e, n), GNMR_OK);
+    fill_norms(norm, policy_units(e), t);
+    step(e, t, norm, NULL, NULL);
+  }
+  return e;
+}
+
+static unsigned char *export_now(const policy *e, size_t *len) {
+  size_t need = policy_export_size(e);
+  unsigned char *b = malloc(need);
+  ck_assert_int_eq(policy_export(e, b, need, len), GNMR_OK);
+  return b;
+}
+
+typedef struct taker {
+  policy_snap *s;
+  void *buf;
+  size_t len;
+  int rv;
+} taker;
+
+static void *take_main(void *arg) {
+  taker *t = arg;
+  t->rv = policy_snap_take(t->s, &t->buf, &t->len);
+  return NULL;
+}
+
+/* Taken on another thread, with or without the engine changing at the
+ * same time (its next step, a resize, new parameters, its destruction):
+ * the bytes are always exactly policy_export()'s at begin. */
+START_TEST(snapshot_off_thread_is_the_state_at_begin) {
+  enum { N = 20000 }; /* 3 pieces */
+  static double norm[N];
+  for (int change = 0; change < 5; change++)
+    for (int rep = 0; rep < 4; rep++) {
+      policy *e = busy_engine(N, 12, norm);
+      size_t want_len;
+      unsigned char *want = export_now(e, &want_len);
+      uint64_t snaps0, helped0, snaps1, helped1;
+      policy_snap_counts(&snaps0, &helped0);
+      taker t = {policy_snap_begin(e), NULL, 0, -1};
+      ck_assert_ptr_nonnull(t.s);
+      ck_assert_uint_eq(policy_snap_step(t.s), 12);
+      ck_assert_uint_ge(policy_snap_size(t.s), want_len);
+      pthread_t th;
+      if (rep % 2 == 0) /* the taker first, or the change first */
+        ck_assert_int_eq(pthread_create(&th, NULL, take_main, &t), 0);
+      policy_params np = params(2.5, 1.2, 3, 1, 1, 0);
+      fill_norms(norm, N, 13);
+      if (change == 0)
+        step(e, 13, norm, NULL, NULL);
+      else if (change == 1)
+        ck_assert_int_eq(policy_resize(e, N + 5), GNMR_OK);
+      else if (change == 2)
+        ck_assert_int_eq(policy_set_params(e, &np), GNMR_OK);
+      else if (change == 3)
+        policy_destroy(&e);
+      else
+        policy_snap_free(&(policy_snap *){policy_snap_begin(e)});
+      if (rep % 2 == 1)
+        ck_assert_int_eq(pthread_create(&th, NULL, take_main, &t), 0);
+      pthread_join(th, NULL);
+      ck_assert_int_eq(t.rv, GNMR_OK);
+      ck_assert_uint_eq(t.len, want_len);
+      ck_assert_msg(memcmp(t.buf, want, want_len) == 0,
+                    "change %d rep %d: the bytes differ from the export at "
+                    "begin", change, rep);
+      policy_snap_counts(&snaps1, &helped1);
+      ck_assert_uint_ge(snaps1, snaps0 + 1);
+      if (rep % 2 == 1) /* the change came first: the owner wrote it */
+        ck_assert_uint_ge(helped1, helped0 + 1);
+      /* a second take gets nothing */
+      void *again = NULL;
+      size_t alen = 1;
+      ck_assert_int_eq(policy_snap_take(t.s, &again, &alen), GNMR_E_INVAL);
+      ck_assert_ptr_null(again);
+      ck_assert_uint_eq(alen, 0);
+      policy_snap_free(&t.s);
+      ck_assert_ptr_null(t.s);
+      policy *back = NULL;
+      ck_assert_int_eq(policy_import(t.buf, t.len, &back), GNMR_OK);
+      ck_assert_uint_eq(policy_last_step(back), 12);
+      policy_destroy(&back);
+      free(t.buf);
+      free(want);
+      policy_destroy(&e);
+    }
+}
+END_TEST
+
+/* Nobody takes it: the engine goes on (the owed bytes are written at its
+ * next change and freed with the last reference, whichever side drops
+ * it), an engine of 0 units too. */
+START_TEST(snapshot_never_taken_leaks_nothing) {
+  static double norm[9000];
+  policy *e = busy_engine(9000, 4, norm);
+  policy_snap *s = policy_snap_begin(e);
+  fill_norms(norm, 9000, 5);
+  step(e, 5, norm, NULL, NULL);
+  policy_snap_free(&s);
+  s = policy_snap_begin(e);
+  policy_snap_free(&s); /* the consumer first */
+  step(e, 6, norm, NULL, NULL);
+  policy_destroy(&e);
+  policy_params p = params(1.8, 1.6, 4, 3, 2, 5);
+  e = make(&p, 0);
+  s = policy_snap_begin(e);
+  void *b;
+  size_t len;
+  ck_assert_int_eq(policy_snap_take(s, &b, &len), GNMR_OK);
+  ck_assert_uint_eq(len, policy_export_size(e));
+  policy *back = NULL;
+  ck_assert_int_eq(policy_import(b, len, &back), GNMR_OK);
+  policy_destroy(&back);
+  free(b);
+  policy_snap_free(&s);
+  policy_destroy(&e);
+  ck_assert_ptr_null(policy_snap_begin(NULL));
+  ck_assert_int_eq(policy_snap_take(NULL, &b, &len), GNMR_E_INVAL);
+}
+END_TEST
+
 START_TEST(event_names_are_stable) {
   ck_assert_str_eq(policy_event_name(POLICY_EV_EXCEED), "exceed");
   ck_assert_str_eq(policy_event_name(POLICY_EV_BUDGET_SATURATED),
@@ -216,6 +349,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, set_params_changes_budget_from_next_step);
   tcase_add_test(tc, resize_adds_units_without_history);
   tcase_add_test(tc, event_names_are_stable);
+  tcase_add_test(tc, snapshot_off_thread_is_the_state_at_begin);
+  tcase_add_test(tc, snapshot_never_taken_leaks_nothing);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: MIT */
+/* snapshot_async.c — a snapshot taken off the engine's thread (policy.h,
+ * policy_snap_*). policy_snap_begin() marks the engine's state as of now
+ * as owed: it writes the header and allocates room for every window full,
+ * in O(1) (the buffer's pages are touched by whoever writes them), without
+ * serializing a unit. The units go in pieces of SNAP_PIECE, each at its
+ * own offset in that room and claimed by whichever
+ * thread asks first: the consumer (gnmrd's store writer) in
+ * policy_snap_take(), or the engine's own thread at its next change
+ * (step, resize, new parameters, destroy), which must not change a unit
+ * before its bytes exist. So when the next change comes early, both
+ * threads serialize the rest together and the owner waits at most for
+ * the other's last piece. The consumer then closes the gaps that short
+ * windows left between pieces and adds the checksum. The engine is only
+ * read here: the owner's own
+ * reads (status views) need no lock. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gnmr/error.h"
+#include "policy_priv.h"
+
+#define SNAP_PIECE 8192u /* units: about 0.3 ms of work */
+
+struct policy_snap {
+  atomic_int refs;       /* the engine (until settled) and the consumer */
+  const policy *p;       /* valid while a piece is unclaimed */
+  uint64_t step;         /* the engine's last step at begin */
+  uint8_t *buf;          /* cap bytes; the consumer's once taken */
+  size_t cap;
+  size_t *len;           /* n_pieces: the bytes each piece wrote */
+  size_t head, unit_max;  /* header bytes; a unit's with its window full */
+  uint32_t n, n_pieces;
+  atomic_uint next;      /* the next piece to claim */
+  atomic_uint done;      /* pieces written */
+  pthread_mutex_t mu;    /* with cv: waiting for the last piece */
+  pthread_cond_t cv;
+  int taken;
+};
+
+static atomic_ullong n_snaps, n_helped;
+
+/* Where piece k goes: after the header and k pieces of full windows. */
+static size_t piece_off(const policy_snap *s, uint32_t k) {
+  return s->head + (size_t)k * SNAP_PIECE * s->unit_max;
+}
+
+/* Claims and writes pieces until none is left, then waits until every
+ * piece is written. Returns how many this thread wrote. */
+static uint32_t work(policy_snap *s) {
+  uint32_t mine = 0;
+  for (;;) {
+    unsigned k = atomic_fetch_add(&s->next, 1);
+    if (k >= s->n_pieces)
+      break;
+    uint32_t u0 = k * SNAP_PIECE;
+    uint32_t u1 = s->n - u0 < SNAP_PIECE ? s->n : u0 + SNAP_PIECE;
+    s->len[k] = policy__export_units(s->p, u0, u1, s->buf + piece_off(s, k));
+    mine++;
+    if (atomic_fetch_add(&s->done, 1) + 1 == s->n_pieces) {
+      pthread_mutex_lock(&s->mu);
+      pthread_cond_broadcast(&s->cv);
+      pthread_mutex_unlock(&s->mu);
+    }
+  }
+  pthread_mutex_lock(&s->mu);
+  while (atomic_load(&s->done) < s->n_pieces)
+    pthread_cond_wait(&s->cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
+  return mine;
+}
+
+static void unref(policy_snap *s) {
+  if (atomic_fetch_sub(&s->refs, 1) != 1)
+    return;
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+  free(s->buf);
+  free(s->len);
+  free(s);
+}
+
+void policy__settle(policy *p) {
+  policy_snap *s = p->pending;
+  if (s == NULL)
+    return;
+  if (work(s) > 0)
+    atomic_fetch_add(&n_helped, 1);
+  s->p = NULL; /* every piece is claimed and written: p may change */
+  p->pending = NULL;
+  unref(s);
+}
+
+policy_snap *policy_snap_begin(policy *p) {
+  if (p == NULL)
+    return NULL;
+  policy__settle(p); /* one owed snapshot at a time */
+  policy_snap *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return NULL;
+  s->n = p->n;
+  s->n_pieces = (p->n + SNAP_PIECE - 1) / SNAP_PIECE;
+  s->head = policy__export_head(p, NULL);
+  s->unit_max = policy__export_units_max(p);
+  s->cap = piece_off(s, s->n_pieces) + 8;
+  s->len = calloc((size_t)s->n_pieces + 1, sizeof *s->len);
+  if (s->len == NULL || (s->buf = malloc(s->cap)) == NULL) {
+    free(s->len);
+    free(s);
+    return NULL;
+  }
+  if (pthread_mutex_init(&s->mu, NULL) != 0) {
+    free(s->buf);
+    free(s->len);
+    free(s);
+    return NULL;
+  }
+  if (pthread_cond_init(&s->cv, NULL) != 0) {
+    pthread_mutex_destroy(&s->mu);
+    free(s->buf);
+    free(s->len);
+    free(s);
+    return NULL;
+  }
+  policy__export_head(p, s->buf);
+  atomic_init(&s->refs, 2);
+  atomic_init(&s->next, 0);
+  atomic_init(&s->done, 0);
+  s->p = p;
+  s->step = p->last_step;
+  p->pending = s;
+  atomic_fetch_add(&n_snaps, 1);
+  return s;
+}
+
+uint64_t policy_snap_step(const policy_snap *s) { return s->step; }
+size_t policy_snap_size(const policy_snap *s) { return s->cap; }
+
+int policy_snap_take(policy_snap *s, void **buf, size_t *len) {
+  if (s == NULL || buf == NULL || len == NULL)
+    return GNMR_E_INVAL;
+  *buf = NULL;
+  *len = 0;
+  if (s->taken)
+    return GNMR_E_INVAL;
+  work(s);
+  size_t at = s->head; /* close the gaps, in order */
+  for (uint32_t k = 0; k < s->n_pieces; k++) {
+    if (at != piece_off(s, k))
+      memmove(s->buf + at, s->buf + piece_off(s, k), s->len[k]);
+    at += s->len[k];
+  }
+  policy__export_seal(s->buf, at + 8);
+  s->taken = 1;
+  *buf = s->buf;
+  *len = at + 8;
+  s->buf = NULL;
+  return GNMR_OK;
+}
+
+void policy_snap_free(policy_snap **ps) {
+  if (ps == NULL || *ps == NULL)
+    return;
+  unref(*ps);
+  *ps = NULL;
+}
+
+void policy_snap_counts(uint64_t *snapshots, uint64_t *owner_helped) {
+  if (snapshots != NULL)
+    *snapshots = atomic_load(&n_snaps);
+  if (owner_helped != NULL)
+    *owner_helped = atomic_load(&n_helped);
+}
