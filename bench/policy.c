@@ -194,6 +194,8 @@ static void run(uint32_t n, int steps) {
 }
 
 int main(void) {
+  printf("policy SIMD path: %s (GNMR_POLICY_SIMD=off|avx2|avx512 narrows "
+         "it)\n", policy_simd_name(policy_simd_get()));
   run(10000, 2000);
   run(1000000, 20);
   return 0;

@@ -509,8 +509,8 @@ int main(int argc, char **argv) {
   if (lead != NULL)
     printf("gnmrd: store %s\n", where_shown);
   fflush(stdout);
-  LOG(INFO, "START", "serving agents on %s, admin on %s", bound_agents,
-      bound_admin);
+  LOG(INFO, "START", "serving agents on %s, admin on %s (policy SIMD: %s)",
+      bound_agents, bound_admin, policy_simd_name(policy_simd_get()));
   notify_ready(&d, bound_agents);
   uv_run(&loop, UV_RUN_DEFAULT);
   notify_stopping(&d);

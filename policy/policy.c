@@ -260,6 +260,14 @@ static void heap_sift_down(uint32_t *h, uint32_t n, uint32_t i,
   }
 }
 
+/* 1 / len for len a power of two (exact). */
+static inline double inv_pow2(uint32_t len) {
+  uint64_t bits = (uint64_t)(1023 - __builtin_ctz(len)) << 52;
+  double v;
+  memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
 /* Scores unit u for step t with thresholds (a, b); updates its statistics
  * as steps 1-3 of the spec say. Returns the score. */
 static double score_unit(policy *p, uint32_t u, double n, double a,
@@ -284,12 +292,15 @@ static double score_unit(policy *p, uint32_t u, double n, double a,
         if (++i == w)
           i = 0;
       }
-      d = g / (acc / len);
+      /* x / 2^k and x * 2^-k round the same exact value: identical bits
+       * (subnormals too), without a division */
+      d = g / ((len & (len - 1)) == 0 ? acc * inv_pow2(len) : acc / len);
     }
     /* fmax: a NaN d (only from inf/inf after float overflow) yields g/a. */
     s = fmax(g / a, d / b);
-    ring[p->win_head[u]] = g;
-    p->win_head[u] = (p->win_head[u] + 1) % w;
+    uint32_t h = p->win_head[u];
+    ring[h] = g;
+    p->win_head[u] = h + 1 == w ? 0 : h + 1;
     if (len < w)
       p->win_len[u] = len + 1;
     p->g[u] = g;
@@ -316,12 +327,19 @@ int policy_step(policy *p, uint64_t t, const double *norm,
                 const uint8_t *input, policy_result *res) {
   if (p == NULL || res == NULL || t == 0 || (norm == NULL && p->n > 0))
     return GNMR_E_INVAL;
-  for (uint32_t u = 0; u < p->n; u++) {
-    uint8_t in = input ? input[u] : POLICY_REPORTED;
-    if (in > POLICY_MISSING ||
-        (in == POLICY_REPORTED && norm[u] < 0 && isfinite(norm[u])))
-      return GNMR_E_INVAL;
-  }
+  /* a negative finite norm, or an unknown input kind: branch-free, so
+   * that the compiler can check several units at a time */
+  int bad = 0;
+  if (input != NULL)
+    for (uint32_t u = 0; u < p->n; u++)
+      bad |= (input[u] > POLICY_MISSING) |
+             ((input[u] == POLICY_REPORTED) & (norm[u] < 0) &
+              (norm[u] > -INFINITY));
+  else
+    for (uint32_t u = 0; u < p->n; u++)
+      bad |= (norm[u] < 0) & (norm[u] > -INFINITY);
+  if (bad)
+    return GNMR_E_INVAL;
 
   policy__settle(p); /* a snapshot still owed is of the state before t */
   const policy_params *prm = &p->prm;
@@ -333,10 +351,26 @@ int policy_step(policy *p, uint64_t t, const double *norm,
 
   memset(res, 0, sizeof *res);
   res->step = t;
+  uint32_t w = prm->window, simd_end = 0;
+  int simd = policy_simd_get() != POLICY_SIMD_OFF; /* policy_simd.c */
+  double inv = (w & (w - 1)) == 0 ? inv_pow2(w) : 0;
   for (uint32_t u = 0; u < p->n; u++) {
     uint8_t in = input ? input[u] : POLICY_REPORTED;
     double s = 0;
-    if (in != POLICY_REPORTED) {
+    if (u >= simd_end && simd) { /* steady units several at a time */
+      int quiet;
+      uint32_t k = policy__score_block(p, u, norm, input, a, b, inv, &quiet);
+      simd_end = u + k;
+      if (k > 0 && quiet) { /* no score above 1, no lock: nothing to add */
+        u = simd_end - 1;
+        continue;
+      }
+    }
+    if (u < simd_end) {
+      s = p->s[u];
+      if (isinf(s))
+        emit(p, res, POLICY_EV_NONFINITE, u, POLICY_OUT_NONE, 0);
+    } else if (in != POLICY_REPORTED) {
       p->g[u] = p->d[u] = NAN;
       if (in == POLICY_MISSING)
         emit(p, res, POLICY_EV_MISSING, u, POLICY_OUT_NONE, 0);

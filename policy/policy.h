@@ -144,6 +144,17 @@ size_t policy_snap_size(const policy_snap *s);
  * they were taken, so that its own thread serialized part of them. */
 void policy_snap_counts(uint64_t *snapshots, uint64_t *owner_helped);
 
+/* The steps' SIMD path (policy_simd.c): each lane does the scalar
+ * engine's arithmetic in its order, so results are identical whichever
+ * runs. Chosen once per process, the widest the CPU has, narrowed by
+ * GNMR_POLICY_SIMD=off|avx2|avx512; policy_simd_set() picks one
+ * (GNMR_E_UNSUPPORTED when the CPU lacks it; process-wide, set it before
+ * engines step on other threads). */
+enum { POLICY_SIMD_OFF = 0, POLICY_SIMD_AVX2 = 1, POLICY_SIMD_AVX512 = 2 };
+int policy_simd_set(int level);
+int policy_simd_get(void);
+const char *policy_simd_name(int level);
+
 /* Import: a new engine from an export. Malformed, truncated or oversized
  * input is GNMR_E_PARSE (never a crash); bad parameters inside it are
  * GNMR_E_INVAL/GNMR_E_RANGE. On failure *out is NULL. */

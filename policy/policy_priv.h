@@ -36,7 +36,7 @@ struct policy {
 /* The oldest slot of a ring of w slots holding len values, next write at
  * head. */
 static inline uint32_t ring_oldest(uint32_t head, uint32_t len, uint32_t w) {
-  return (head + w - len) % w;
+  return head >= len ? head - len : head + w - len; /* (head + w - len) % w */
 }
 
 /* Before any change of p's state: serializes a snapshot still owed. */
@@ -50,6 +50,15 @@ size_t policy__export_units_max(const policy *p);
 size_t policy__export_units(const policy *p, uint32_t u0, uint32_t u1,
                             uint8_t *out);
 void policy__export_seal(uint8_t *buf, size_t len);
+
+/* Scores the block of steady units at u (policy_simd.c) with thresholds
+ * a, b (inv: 1/window when a power of two, else 0) and returns how many
+ * it did (all the block's statistics updated, scores in p->s; *quiet: no
+ * score above 1 and no lock, so nothing else to do for them), or 0 when
+ * the block is not all steady or no SIMD is in use: nothing touched. */
+uint32_t policy__score_block(policy *p, uint32_t u, const double *norm,
+                             const uint8_t *input, double a, double b,
+                             double inv, int *quiet);
 
 /* Rebuilds the last active set (p->act, ascending) from the flags. */
 void policy__rebuild_act(policy *p);

@@ -1,0 +1,223 @@
+/* SPDX-License-Identifier: MIT */
+/* policy_simd.c — the steady units of a step, several at a time, with the
+ * spec's results bit for bit. A unit is steady when it reported a finite
+ * norm > 0, has history (cnt > 0) and a full window: then steps 1-3 of
+ * the spec are the same straight-line arithmetic for every unit, and each
+ * SIMD lane does exactly the scalar engine's operations in its order
+ * (IEEE division and addition are correctly rounded per lane, no fused
+ * multiply-add, the window summed oldest to newest; x / 2^k is x * 2^-k).
+ * A block with any other unit goes the scalar way (policy.c). Chosen at
+ * run time: AVX-512 (8 units), AVX2 (4), or none; GNMR_POLICY_SIMD=off|
+ * avx2|avx512 or policy_simd_set() narrows it (tests compare the three).
+ * tests/test_policy_simd.c runs random engines through every path. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gnmr/error.h"
+#include "policy_priv.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define SIMD_X86 1
+#else
+#define SIMD_X86 0
+#endif
+
+/* What the next steps use (POLICY_SIMD_*): -1 = not chosen yet. */
+static int level = -1;
+
+static int supported(int l) {
+#if SIMD_X86
+  __builtin_cpu_init();
+  if (l == POLICY_SIMD_AVX512)
+    return __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl");
+  if (l == POLICY_SIMD_AVX2)
+    return __builtin_cpu_supports("avx2");
+#endif
+  return l == POLICY_SIMD_OFF;
+}
+
+static int best(void) {
+  const char *env = getenv("GNMR_POLICY_SIMD");
+  int cap = POLICY_SIMD_AVX512;
+  if (env != NULL && strcmp(env, "off") == 0)
+    cap = POLICY_SIMD_OFF;
+  else if (env != NULL && strcmp(env, "avx2") == 0)
+    cap = POLICY_SIMD_AVX2;
+  for (int l = cap; l > POLICY_SIMD_OFF; l--)
+    if (supported(l))
+      return l;
+  return POLICY_SIMD_OFF;
+}
+
+int policy_simd_set(int l) {
+  if (l < POLICY_SIMD_OFF || l > POLICY_SIMD_AVX512 || !supported(l))
+    return GNMR_E_UNSUPPORTED;
+  level = l;
+  return GNMR_OK;
+}
+
+int policy_simd_get(void) {
+  if (level < 0)
+    level = best();
+  return level;
+}
+
+const char *policy_simd_name(int l) {
+  static const char *const names[] = {"off", "avx2", "avx512"};
+  return l >= POLICY_SIMD_OFF && l <= POLICY_SIMD_AVX512 ? names[l] : "unknown";
+}
+
+#if SIMD_X86
+/* 8 units from u: all steady? Then their scores into p->s and their
+ * statistics updated, and 1 (*quiet: none scored above 1 or is locked);
+ * else nothing touched, 0. a, b: thresholds; inv: 1/window when a power
+ * of two, else 0 (divide). */
+__attribute__((target("avx512f,avx512dq,avx512vl"))) static int
+score8(policy *p, uint32_t u, const double *norm, double a, double b,
+       double inv, int *quiet) {
+  uint32_t w = p->prm.window;
+  __m512d n = _mm512_loadu_pd(norm + u);
+  __m512i cnt = _mm512_loadu_si512((const void *)(p->cnt + u));
+  __m256i len = _mm256_loadu_si256((const __m256i *)(p->win_len + u));
+  __mmask8 ok =
+      _mm512_cmp_pd_mask(n, _mm512_setzero_pd(), _CMP_GT_OQ) &
+      _mm512_cmp_pd_mask(n, _mm512_set1_pd(INFINITY), _CMP_LT_OQ) &
+      _mm512_cmpneq_epu64_mask(cnt, _mm512_setzero_si512()) &
+      (__mmask8)_mm256_cmpeq_epi32_mask(len, _mm256_set1_epi32((int)w));
+  if (ok != 0xff)
+    return 0;
+  __m512d sum = _mm512_loadu_pd(p->sum + u);
+  __m512d m = _mm512_div_pd(sum, _mm512_cvtepu64_pd(cnt));
+  __m512d g = _mm512_div_pd(n, m);
+  /* the window, oldest (= head, as it is full) to newest */
+  __m256i head = _mm256_loadu_si256((const __m256i *)(p->win_head + u));
+  __m512i base = _mm512_mullo_epi64(
+      _mm512_add_epi64(_mm512_set1_epi64(u), _mm512_setr_epi64(0, 1, 2, 3,
+                                                               4, 5, 6, 7)),
+      _mm512_set1_epi64(w));
+  __m256i wv = _mm256_set1_epi32((int)w), i = head;
+  __m512d acc = _mm512_setzero_pd();
+  for (uint32_t k = 0; k < w; k++) {
+    __m512i idx = _mm512_add_epi64(base, _mm512_cvtepu32_epi64(i));
+    acc = _mm512_add_pd(acc, _mm512_i64gather_pd(idx, p->win, 8));
+    i = _mm256_add_epi32(i, _mm256_set1_epi32(1));
+    i = _mm256_mask_sub_epi32(i, _mm256_cmpeq_epi32_mask(i, wv), i, wv);
+  }
+  __m512d mean = inv != 0 ? _mm512_mul_pd(acc, _mm512_set1_pd(inv))
+                          : _mm512_div_pd(acc, _mm512_set1_pd((double)w));
+  __m512d d = _mm512_div_pd(g, mean);
+  /* fmax(g / a, d / b): max_pd gives its second operand when either is
+   * NaN; g / a never is (n finite > 0, m > 0), d / b may be */
+  __m512d s = _mm512_max_pd(_mm512_div_pd(d, _mm512_set1_pd(b)),
+                            _mm512_div_pd(g, _mm512_set1_pd(a)));
+  /* the ring's newest slot is the head; head moves on */
+  _mm512_i64scatter_pd(p->win, _mm512_add_epi64(base, _mm512_cvtepu32_epi64(head)),
+                       g, 8);
+  head = _mm256_add_epi32(head, _mm256_set1_epi32(1));
+  head = _mm256_mask_sub_epi32(head, _mm256_cmpeq_epi32_mask(head, wv), head,
+                               wv);
+  _mm256_storeu_si256((__m256i *)(p->win_head + u), head);
+  _mm512_storeu_pd(p->g + u, g);
+  _mm512_storeu_pd(p->d + u, d);
+  _mm512_storeu_pd(p->s + u, s);
+  __m256i lock = _mm256_loadu_si256((const __m256i *)(p->lock + u));
+  *quiet = _mm512_cmp_pd_mask(s, _mm512_set1_pd(1), _CMP_GT_OQ) == 0 &&
+           _mm256_test_epi32_mask(lock, lock) == 0;
+  _mm512_storeu_pd(p->sum + u, _mm512_add_pd(sum, n));
+  _mm512_storeu_si512((void *)(p->cnt + u),
+                      _mm512_add_epi64(cnt, _mm512_set1_epi64(1)));
+  return 1;
+}
+
+/* The same for 4 units with AVX2 (no u64 -> double conversion: counts
+ * below 2^52 go through the exponent trick, exact; larger ones are not
+ * steady here). */
+__attribute__((target("avx2"))) static int score4(policy *p, uint32_t u,
+                                                  const double *norm, double a,
+                                                  double b, double inv,
+                                                  int *quiet) {
+  uint32_t w = p->prm.window;
+  __m256d n = _mm256_loadu_pd(norm + u);
+  __m256i cnt = _mm256_loadu_si256((const __m256i *)(p->cnt + u));
+  __m256d pos = _mm256_and_pd(
+      _mm256_cmp_pd(n, _mm256_setzero_pd(), _CMP_GT_OQ),
+      _mm256_cmp_pd(n, _mm256_set1_pd(INFINITY), _CMP_LT_OQ));
+  if (_mm256_movemask_pd(pos) != 0xf)
+    return 0;
+  for (int k = 0; k < 4; k++)
+    if (p->cnt[u + k] == 0 || p->cnt[u + k] >= (1ull << 52) ||
+        p->win_len[u + k] != w)
+      return 0;
+  const __m256i magic = _mm256_set1_epi64x(0x4330000000000000ll);
+  __m256d cntd = _mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(cnt, magic)),
+                               _mm256_set1_pd(4503599627370496.0));
+  __m256d sum = _mm256_loadu_pd(p->sum + u);
+  __m256d m = _mm256_div_pd(sum, cntd);
+  __m256d g = _mm256_div_pd(n, m);
+  uint32_t h[4];
+  memcpy(h, p->win_head + u, sizeof h);
+  __m128i head = _mm_loadu_si128((const __m128i *)h), i = head;
+  __m128i wv = _mm_set1_epi32((int)w), one = _mm_set1_epi32(1);
+  __m128i base = _mm_mullo_epi32(
+      _mm_add_epi32(_mm_set1_epi32((int)u), _mm_setr_epi32(0, 1, 2, 3)), wv);
+  __m256d acc = _mm256_setzero_pd();
+  /* u * w + slot fits 32 bits: units * window is bounded by the engine's
+   * allocation (POLICY_MAX_UNITS * window < 2^31 is checked by caller) */
+  for (uint32_t k = 0; k < w; k++) {
+    acc = _mm256_add_pd(
+        acc, _mm256_i32gather_pd(p->win, _mm_add_epi32(base, i), 8));
+    i = _mm_add_epi32(i, one);
+    i = _mm_sub_epi32(i, _mm_and_si128(_mm_cmpeq_epi32(i, wv), wv));
+  }
+  __m256d mean = inv != 0 ? _mm256_mul_pd(acc, _mm256_set1_pd(inv))
+                          : _mm256_div_pd(acc, _mm256_set1_pd((double)w));
+  __m256d d = _mm256_div_pd(g, mean);
+  __m256d s = _mm256_max_pd(_mm256_div_pd(d, _mm256_set1_pd(b)),
+                            _mm256_div_pd(g, _mm256_set1_pd(a)));
+  double gs[4];
+  _mm256_storeu_pd(gs, g);
+  for (int k = 0; k < 4; k++) {
+    p->win[(size_t)(u + k) * w + h[k]] = gs[k];
+    p->win_head[u + k] = h[k] + 1 == w ? 0 : h[k] + 1;
+  }
+  _mm256_storeu_pd(p->g + u, g);
+  _mm256_storeu_pd(p->d + u, d);
+  _mm256_storeu_pd(p->s + u, s);
+  __m128i lock = _mm_loadu_si128((const __m128i *)(p->lock + u));
+  *quiet = _mm256_movemask_pd(_mm256_cmp_pd(s, _mm256_set1_pd(1),
+                                            _CMP_GT_OQ)) == 0 &&
+           _mm_testz_si128(lock, lock);
+  _mm256_storeu_pd(p->sum + u, _mm256_add_pd(sum, n));
+  _mm256_storeu_si256((__m256i *)(p->cnt + u),
+                      _mm256_add_epi64(cnt, _mm256_set1_epi64x(1)));
+  return 1;
+}
+#endif
+
+uint32_t policy__score_block(policy *p, uint32_t u, const double *norm,
+                             const uint8_t *input, double a, double b,
+                             double inv, int *quiet) {
+  *quiet = 0;
+#if SIMD_X86
+  int l = policy_simd_get();
+  uint32_t lanes = l == POLICY_SIMD_AVX512 ? 8 : l == POLICY_SIMD_AVX2 ? 4 : 0;
+  if (lanes == 0 || u + lanes > p->n)
+    return 0;
+  if (input != NULL)
+    for (uint32_t k = 0; k < lanes; k++)
+      if (input[u + k] != POLICY_REPORTED)
+        return 0;
+  if (l == POLICY_SIMD_AVX512)
+    return score8(p, u, norm, a, b, inv, quiet) ? 8 : 0;
+  if ((size_t)p->n * p->prm.window >= (1u << 31))
+    return 0; /* 32-bit gather indices */
+  return score4(p, u, norm, a, b, inv, quiet) ? 4 : 0;
+#else
+  (void)p, (void)u, (void)norm, (void)input, (void)a, (void)b, (void)inv;
+  return 0;
+#endif
+}

@@ -1,0 +1,190 @@
+/* SPDX-License-Identifier: MIT */
+/* test_policy_simd.c — the SIMD path of the policy step (policy_simd.c)
+ * gives the scalar engine's results bit for bit. Random engines (unit
+ * counts that are not multiples of the lanes, every window size, powers
+ * of two and not, warm-up, early thresholds, locks) are stepped with
+ * random norms that hit every branch: steady units, idle (0 and -0),
+ * NaN, +Inf, overflowing and subnormal norms, units not reported or
+ * missing, units that join mid-run and new parameters mid-run. Each step's
+ * decision, counts, events, g, d and s, and the whole exported state, must
+ * equal the scalar engine's; each SIMD level the CPU lacks says so and is
+ * skipped. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check_main.h"
+#include "policyutil.h"
+
+static uint64_t rng_next(uint64_t *s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+static double rng_unit(uint64_t *s) {
+  return (double)(rng_next(s) >> 11) * 0x1p-53;
+}
+
+/* Norms for one step: mostly steady values around each unit's scale. */
+static void fill(double *norm, uint8_t *in, uint32_t n, uint64_t *rng,
+                 int with_input) {
+  for (uint32_t u = 0; u < n; u++) {
+    uint64_t r = rng_next(rng) % 1000;
+    double scale = 1.0 + (double)(u % 13);
+    norm[u] = scale * (0.5 + rng_unit(rng));
+    in[u] = POLICY_REPORTED;
+    if (r < 40)
+      norm[u] *= 5 + 20 * rng_unit(rng); /* a spike */
+    else if (r < 48)
+      norm[u] = 0;
+    else if (r < 52)
+      norm[u] = -0.0;
+    else if (r < 56)
+      norm[u] = NAN;
+    else if (r < 60)
+      norm[u] = INFINITY;
+    else if (r < 64)
+      norm[u] = 1e308 * (1 + rng_unit(rng)); /* sums overflow */
+    else if (r < 68)
+      norm[u] = 4.9e-324 * (double)(1 + rng_next(rng) % 1000); /* subnormal */
+    else if (r < 74 && with_input)
+      in[u] = POLICY_NOT_REPORTED;
+    else if (r < 80 && with_input)
+      in[u] = POLICY_MISSING;
+  }
+}
+
+static int same_bits(const double *a, const double *b, uint32_t n) {
+  return memcmp(a, b, (size_t)n * sizeof *a) == 0;
+}
+
+static unsigned char *export_all(const policy *e, size_t *len) {
+  size_t need = policy_export_size(e);
+  unsigned char *b = malloc(need);
+  ck_assert_int_eq(policy_export(e, b, need, len), GNMR_OK);
+  return b;
+}
+
+/* One random run at level against the scalar engine. */
+static void one_run(int level, uint64_t seed) {
+  uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 1;
+  uint32_t n = 1 + (uint32_t)(rng_next(&rng) % 300);
+  uint32_t w = 1 + (uint32_t)(rng_next(&rng) % 12);
+  policy_params p = params(1.2 + rng_unit(&rng), 1.1 + rng_unit(&rng), w,
+                           1 + (uint32_t)(rng_next(&rng) % 10),
+                           (uint32_t)(rng_next(&rng) % 4),
+                           rng_next(&rng) % 6);
+  if (rng_next(&rng) % 2) {
+    p.early_steps = 5 + rng_next(&rng) % 20;
+    p.early_alpha = 3.0;
+    p.early_beta = 2.5;
+  }
+  policy *ref = make(&p, n), *vec = make(&p, n);
+  uint32_t cap = n + 64;
+  double *norm = calloc(cap, sizeof *norm);
+  uint8_t *in = calloc(cap, 1);
+  int with_input = rng_next(&rng) % 2;
+  for (uint64_t t = 1; t <= 120; t++) {
+    if (t == 60) { /* units join: short windows among full ones */
+      ck_assert_int_eq(policy_resize(ref, n + 40), GNMR_OK);
+      ck_assert_int_eq(policy_resize(vec, n + 40), GNMR_OK);
+      n += 40;
+    }
+    if (t == 90) { /* a new window: every ring reshaped */
+      policy_params q = p;
+      q.window = 1 + (uint32_t)(rng_next(&rng) % 12);
+      ck_assert_int_eq(policy_set_params(ref, &q), GNMR_OK);
+      ck_assert_int_eq(policy_set_params(vec, &q), GNMR_OK);
+    }
+    fill(norm, in, n, &rng, with_input);
+    policy_result ra, rb;
+    ck_assert_int_eq(policy_simd_set(POLICY_SIMD_OFF), GNMR_OK);
+    ck_assert_int_eq(policy_step(ref, t, norm, with_input ? in : NULL, &ra),
+                     GNMR_OK);
+    ck_assert_int_eq(policy_simd_set(level), GNMR_OK);
+    ck_assert_int_eq(policy_step(vec, t, norm, with_input ? in : NULL, &rb),
+                     GNMR_OK);
+    ck_assert_msg(ra.n_active == rb.n_active && ra.n_risky == rb.n_risky &&
+                      ra.n_pool == rb.n_pool && ra.n_events == rb.n_events,
+                  "%s seed %llu step %llu: counts differ",
+                  policy_simd_name(level), (unsigned long long)seed,
+                  (unsigned long long)t);
+    ck_assert(memcmp(ra.active, rb.active, ra.n_active * sizeof *ra.active) ==
+              0);
+    ck_assert(memcmp(ra.events, rb.events, ra.n_events * sizeof *ra.events) ==
+              0);
+    ck_assert_msg(same_bits(ra.g, rb.g, n) && same_bits(ra.d, rb.d, n) &&
+                      same_bits(ra.s, rb.s, n),
+                  "%s seed %llu step %llu: g, d or s differ",
+                  policy_simd_name(level), (unsigned long long)seed,
+                  (unsigned long long)t);
+    if (t % 20 == 0 || t == 120) {
+      size_t la, lb;
+      unsigned char *ea = export_all(ref, &la), *eb = export_all(vec, &lb);
+      ck_assert_msg(la == lb && memcmp(ea, eb, la) == 0,
+                    "%s seed %llu step %llu: states differ",
+                    policy_simd_name(level), (unsigned long long)seed,
+                    (unsigned long long)t);
+      free(ea);
+      free(eb);
+    }
+  }
+  policy_simd_set(POLICY_SIMD_OFF);
+  free(norm);
+  free(in);
+  policy_destroy(&ref);
+  policy_destroy(&vec);
+}
+
+static void level_matches_scalar(int level) {
+  if (policy_simd_set(level) != GNMR_OK) {
+    printf("SKIPPED: policy SIMD %s: this CPU does not have it\n",
+           policy_simd_name(level));
+    return;
+  }
+  for (uint64_t seed = 1; seed <= 150; seed++)
+    one_run(level, seed);
+}
+
+START_TEST(avx2_matches_scalar_bit_for_bit) {
+  level_matches_scalar(POLICY_SIMD_AVX2);
+}
+END_TEST
+
+START_TEST(avx512_matches_scalar_bit_for_bit) {
+  level_matches_scalar(POLICY_SIMD_AVX512);
+}
+END_TEST
+
+/* The steady path must actually run: a steady engine's steps under a SIMD
+ * level are the scalar one's, and the level is what was asked. */
+START_TEST(levels_can_be_chosen_and_off_is_always_there) {
+  ck_assert_int_eq(policy_simd_set(POLICY_SIMD_OFF), GNMR_OK);
+  ck_assert_int_eq(policy_simd_get(), POLICY_SIMD_OFF);
+  ck_assert_int_eq(policy_simd_set(7), GNMR_E_UNSUPPORTED);
+  ck_assert_int_eq(policy_simd_set(-1), GNMR_E_UNSUPPORTED);
+  ck_assert_str_eq(policy_simd_name(POLICY_SIMD_AVX512), "avx512");
+  ck_assert_str_eq(policy_simd_name(9), "unknown");
+  for (int l = POLICY_SIMD_AVX2; l <= POLICY_SIMD_AVX512; l++)
+    if (policy_simd_set(l) == GNMR_OK)
+      ck_assert_int_eq(policy_simd_get(), l);
+  policy_simd_set(POLICY_SIMD_OFF);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("policy_simd");
+  TCase *tc = tcase_create("simd");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, levels_can_be_chosen_and_off_is_always_there);
+  tcase_add_test(tc, avx2_matches_scalar_bit_for_bit);
+  tcase_add_test(tc, avx512_matches_scalar_bit_for_bit);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return tu_check_main(suite()); }
