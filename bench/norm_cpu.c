@@ -76,8 +76,68 @@ static float stream_f32(const float *x, size_t n) {
   return sum;
 }
 
-/* bf16 limit: widen by shifting, square and sum in fp32 lanes. */
+/* bf16 limit: widen by shifting, square and sum in fp32 lanes: 64 lanes
+ * of AVX-512 (or 32 of AVX2) when the CPU has them, as fast as this core
+ * streams 16-bit values. */
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+
+__attribute__((target("avx512f"))) static float
+stream_bf16_avx512(const uint16_t *x, size_t n) {
+  v16f acc[4] = {{0}};
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    for (int k = 0; k < 4; k++) {
+      v16h h;
+      memcpy(&h, x + i + 16 * k, 32);
+      v16f f = (v16f)(__builtin_convertvector(h, v16u) << 16);
+      acc[k] += f * f;
+    }
+  v16f t = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  float s = 0;
+  for (int k = 0; k < 16; k++)
+    s += t[k];
+  for (; i < n; i++) {
+    uint32_t bits = (uint32_t)x[i] << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    s += f * f;
+  }
+  return s;
+}
+
+__attribute__((target("avx2"))) static float stream_bf16_avx2(const uint16_t *x,
+                                                              size_t n) {
+  v8f acc[4] = {{0}};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; k++) {
+      v8h h;
+      memcpy(&h, x + i + 8 * k, 16);
+      v8f f = (v8f)(__builtin_convertvector(h, v8u) << 16);
+      acc[k] += f * f;
+    }
+  v8f t = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  float s = 0;
+  for (int k = 0; k < 8; k++)
+    s += t[k];
+  for (; i < n; i++) {
+    uint32_t bits = (uint32_t)x[i] << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    s += f * f;
+  }
+  return s;
+}
+
 static float stream_bf16(const uint16_t *x, size_t n) {
+  if (__builtin_cpu_supports("avx512f"))
+    return stream_bf16_avx512(x, n);
+  if (__builtin_cpu_supports("avx2"))
+    return stream_bf16_avx2(x, n);
   float acc[8] = {0};
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
