@@ -492,12 +492,19 @@ void gnmrd_on_handshake_failed(server *s, server_refusal why, void *ctx) {
                                               refused_client_key)},
       [SERVER_REFUSED_JUNK] = {"a connection that spoke no ZMTP",
                                offsetof(gnmrd_counters, refused_junk)},
+      [SERVER_REFUSED_CONNECTIONS] = {"a connection past the connection cap "
+                                      "([limits] max_connections) or the "
+                                      "descriptor limit",
+                                      offsetof(gnmrd_counters,
+                                               refused_connections)},
   };
-  static uint64_t last_ms[4], quiet[4];
+  enum { N_KINDS = sizeof kinds / sizeof kinds[0] };
+  static uint64_t last_ms[N_KINDS], quiet[N_KINDS];
   gnmrd *d = ctx;
   (void)s;
-  assert((unsigned)why < sizeof kinds / sizeof kinds[0]);
-  d->c.handshake_failures++;
+  assert((unsigned)why < N_KINDS);
+  if (why != SERVER_REFUSED_CONNECTIONS) /* not a handshake: counted apart */
+    d->c.handshake_failures++;
   (*(uint64_t *)((char *)&d->c + kinds[why].counter))++;
   uint64_t now = uv_now(d->loop);
   if (last_ms[why] != 0 && now - last_ms[why] < REFUSAL_LOG_MS) {
@@ -514,4 +521,23 @@ void gnmrd_on_handshake_failed(server *s, server_refusal why, void *ctx) {
       more);
   last_ms[why] = now ? now : 1;
   quiet[why] = 0;
+}
+
+/* A message from a connection past the cap: the reason, as an Error the
+ * agent library and gnmrctl show (GNMR_E_BUSY: try again later). */
+void gnmrd_on_over_cap(server *s, const void *id, size_t id_len,
+                       uint32_t max_conns, void *ctx) {
+  uint8_t *buf;
+  size_t len;
+  char msg[200];
+  (void)ctx;
+  snprintf(msg, sizeof msg,
+           "gnmrd serves at most %u connections on this endpoint ([limits] "
+           "max_connections); this one is closed: try again later",
+           max_conns);
+  if (gnmr__wire_error(GNMR_E_BUSY, msg, "connection", 0, &buf, &len) ==
+      GNMR_OK) {
+    server_send(s, id, id_len, buf, len);
+    free(buf);
+  }
 }

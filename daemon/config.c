@@ -62,6 +62,8 @@ static const struct {
      UINT32_MAX},
     {"limits", "store_queue_mb", K_U64, offsetof(gnmrd_config, store_queue_mb),
      1, 1u << 20},
+    {"limits", "max_connections", K_U64,
+     offsetof(gnmrd_config, max_connections), 0, 1u << 24},
     /* every policy parameter, by the names of policy_opts */
     {"policy", "*", K_POLICY, 0, 0, 0},
 };

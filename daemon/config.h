@@ -34,6 +34,8 @@ typedef struct gnmrd_config {
                             (0: never) */
   uint64_t store_queue_mb; /* records waiting for the store (a database
                               away), beyond which new ones are dropped */
+  uint64_t max_connections; /* agent connections at once (0: derived from
+                               the descriptor limit, main.c) */
 } gnmrd_config;
 
 /* The built-in defaults (paths empty: main.c derives them). */

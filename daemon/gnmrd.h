@@ -64,6 +64,9 @@ void admin_on_message(server *s, const void *id, size_t id_len,
                       void *ctx);
 /* Counts a failed handshake (either endpoint). */
 void gnmrd_on_handshake_failed(server *s, server_refusal why, void *ctx);
+/* Answers a message from a connection past the cap (server_cap_cb). */
+void gnmrd_on_over_cap(server *s, const void *id, size_t id_len,
+                       uint32_t max_conns, void *ctx);
 void admin_on_bad_frames(server *s, void *ctx);
 /* Closes the export streams in progress (shutdown). */
 void admin_shutdown(gnmrd *d);

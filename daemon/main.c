@@ -26,6 +26,12 @@
 #include "notify.h"
 #include "zap.h"
 
+/* Descriptors kept for everything but peers: the store, logs, metrics,
+ * ZeroMQ's own (its I/O threads, inproc pairs, monitors). */
+#define NOFILE_RESERVE 256
+/* Admin connections at once (gnmrctl calls, watches, dashboards). */
+#define ADMIN_MAX_CONNS 64
+
 #ifndef GNMR_VERSION
 #define GNMR_VERSION "0.0.0"
 #endif
@@ -397,7 +403,9 @@ int main(int argc, char **argv) {
     }
   }
   signal(SIGPIPE, SIG_IGN);
-  { /* each peer is a descriptor: take what the hard limit allows */
+  uint32_t max_conns = 0; /* the agents endpoint's connection cap */
+  { /* each peer is a descriptor: take what the hard limit allows, and keep
+     * connections below it (libzmq aborts on an ipc accept without one) */
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
       rlim_t was = rl.rlim_cur;
@@ -406,6 +414,22 @@ int main(int argc, char **argv) {
         LOG(DEBUG, "NOFILE", "descriptor limit %llu -> %llu",
             (unsigned long long)was, (unsigned long long)rl.rlim_cur);
     }
+    uint64_t fds = getrlimit(RLIMIT_NOFILE, &rl) == 0 &&
+                           rl.rlim_cur != RLIM_INFINITY
+                       ? (uint64_t)rl.rlim_cur
+                       : 1u << 20;
+    uint64_t room = fds > NOFILE_RESERVE + ADMIN_MAX_CONNS + 16
+                        ? fds - NOFILE_RESERVE - ADMIN_MAX_CONNS
+                        : 16;
+    uint64_t want = cfg.max_connections ? cfg.max_connections : room;
+    if (want > room) {
+      LOG(WARN, "NOFILE", "[limits] max_connections = %llu does not fit the "
+          "descriptor limit (%llu): capped at %llu; raise LimitNOFILE",
+          (unsigned long long)want, (unsigned long long)fds,
+          (unsigned long long)room);
+      want = room;
+    }
+    max_conns = (uint32_t)(want < UINT32_MAX ? want : UINT32_MAX);
   }
 
   /* a PostgreSQL store serves one gnmrd at a time: the leader */
@@ -465,7 +489,8 @@ int main(int argc, char **argv) {
   }
   server_opts ao = {cfg.agents,        (int64_t)cfg.max_msg,
                     curve ? curve_sec : NULL, jobs_on_message,
-                    jobs_on_bad_frames, gnmrd_on_handshake_failed, &d};
+                    jobs_on_bad_frames, gnmrd_on_handshake_failed, &d,
+                    max_conns, gnmrd_on_over_cap};
   if (server_open(&loop, d.zctx, &ao, bound_agents, sizeof bound_agents, err,
                   sizeof err, &d.agents) != GNMR_OK) {
     LOG(ERROR, "BIND-AGENTS", "%s", err);
@@ -473,7 +498,8 @@ int main(int argc, char **argv) {
   }
   server_opts mo = {cfg.admin,          1 << 20,
                     curve ? curve_sec : NULL, admin_on_message,
-                    admin_on_bad_frames, gnmrd_on_handshake_failed, &d};
+                    admin_on_bad_frames, gnmrd_on_handshake_failed, &d,
+                    ADMIN_MAX_CONNS, gnmrd_on_over_cap};
   if (server_open(&loop, d.zctx, &mo, bound_admin, sizeof bound_admin, err,
                   sizeof err, &d.admin) != GNMR_OK) {
     LOG(ERROR, "BIND-ADMIN", "%s", err);

@@ -143,6 +143,14 @@ static void render(gnmrd *d, text *t) {
   for (size_t i = 0; i < sizeof rej / sizeof rej[0]; i++)
     put(t, "gnmr_rejected_total{reason=\"%s\"} %llu\n", rej[i].reason,
         (unsigned long long)rej[i].v);
+  put(t, "# HELP gnmr_connections Connections open, by endpoint.\n"
+         "# TYPE gnmr_connections gauge\n"
+         "gnmr_connections{endpoint=\"agents\"} %u\n"
+         "gnmr_connections{endpoint=\"admin\"} %u\n",
+      server_connections(d->agents), server_connections(d->admin));
+  counter(t, "gnmr_connections_refused_total",
+          "Connections past [limits] max_connections (or the descriptor "
+          "limit), closed.", c->refused_connections);
   put(t, "# HELP gnmr_auth_failures_total Peers refused by CURVE, by kind.\n"
          "# TYPE gnmr_auth_failures_total counter\n"
          "gnmr_auth_failures_total{kind=\"denied\"} %llu\n"

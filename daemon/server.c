@@ -4,9 +4,11 @@
 #include "server.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <zmq.h>
 
 #include "gnmr/error.h"
@@ -16,11 +18,79 @@
  * but libzmq 4.3 accepts it: with it, no ZAP handler means no connection. */
 #define GNMR_ZMQ_ZAP_ENFORCE_DOMAIN 93
 
+/* A connection past the cap, closed at its deadline. */
+typedef struct over_conn {
+  int fd;
+  uint64_t deadline; /* the loop's ms */
+} over_conn;
+
 struct server {
   void *sock, *monitor;
   zwatch *w, *mw;
   server_opts o;
+  uv_loop_t *loop;
+  uint32_t live;      /* accepted, not yet disconnected */
+  over_conn *over;    /* connections past the cap, until closed */
+  size_t n_over, cap_over;
+  uv_timer_t *timer;  /* closes them; its own allocation (see close) */
 };
+
+static void on_monitor(void *sock, void *ctx);
+
+static over_conn *over_find(server *s, int fd) {
+  for (size_t i = 0; i < s->n_over; i++)
+    if (s->over[i].fd == fd)
+      return &s->over[i];
+  return NULL;
+}
+
+static void over_del(server *s, over_conn *c) {
+  *c = s->over[--s->n_over];
+}
+
+/* Closes the connections past the cap whose time is up. The monitor is
+ * drained first, so that a descriptor ZeroMQ has closed (and the system
+ * may have reused) is forgotten before anything is shut down. */
+static void on_over_timer(uv_timer_t *t) {
+  server *s = t->data;
+  if (s == NULL)
+    return;
+  on_monitor(s->monitor, s);
+  uint64_t now = uv_now(s->loop);
+  for (size_t i = 0; i < s->n_over;) {
+    if (s->over[i].deadline <= now) {
+      shutdown(s->over[i].fd, SHUT_RDWR);
+      over_del(s, &s->over[i]);
+    } else {
+      i++;
+    }
+  }
+  if (s->n_over == 0)
+    uv_timer_stop(t);
+}
+
+/* A connection past the cap: counted, then closed after the grace; with
+ * SERVER_POLITE_MAX already waiting (a flood), closed at once, so that
+ * the flood cannot use the descriptors the cap keeps free. */
+static void over_add(server *s, int fd) {
+  if (s->n_over >= SERVER_POLITE_MAX) {
+    shutdown(fd, SHUT_RDWR);
+    return;
+  }
+  if (s->n_over == s->cap_over) {
+    size_t cap = s->cap_over ? 2 * s->cap_over : 16;
+    over_conn *o = realloc(s->over, cap * sizeof *o);
+    if (o == NULL) { /* no memory to wait: close it now */
+      shutdown(fd, SHUT_RDWR);
+      return;
+    }
+    s->over = o;
+    s->cap_over = cap;
+  }
+  s->over[s->n_over++] = (over_conn){fd, uv_now(s->loop) + SERVER_GRACE_MS};
+  if (s->timer != NULL && !uv_is_active((uv_handle_t *)s->timer))
+    uv_timer_start(s->timer, on_over_timer, 50, 50);
+}
 
 /* Receives one whole message (all its frames). */
 static void on_readable(void *sock, void *ctx) {
@@ -50,7 +120,19 @@ static void on_readable(void *sock, void *ctx) {
     more = zmq_msg_more(&extra);
     zmq_msg_close(&extra);
   }
-  if (frames == 2) {
+  over_conn *oc = NULL;
+  if (frames == 2 && s->n_over > 0) {
+    on_monitor(s->monitor, s); /* its ACCEPTED may still be queued */
+    oc = over_find(s, zmq_msg_get(&body, ZMQ_SRCFD));
+  }
+  if (oc != NULL) { /* past the cap: answered, then closed */
+    if (s->o.on_over_cap)
+      s->o.on_over_cap(s, zmq_msg_data(&id), zmq_msg_size(&id),
+                       s->o.max_conns, s->o.ctx);
+    uint64_t soon = uv_now(s->loop) + SERVER_FLUSH_MS;
+    if (oc->deadline > soon)
+      oc->deadline = soon;
+  } else if (frames == 2) {
     const char *user = s->o.curve_secret ? zmq_msg_gets(&body, "User-Id")
                                          : NULL;
     s->o.on_msg(s, zmq_msg_data(&id), zmq_msg_size(&id), zmq_msg_data(&body),
@@ -75,15 +157,15 @@ static void refused(server *s, server_refusal why) {
  * ended. ZeroMQ's success events carry no connection, so a connection that
  * says nothing at all and is dropped by ZeroMQ without an event cannot be
  * counted. */
-static void on_monitor(void *sock, void *ctx) {
-  server *s = ctx;
+/* Takes one monitor event; 0 when none was waiting. */
+static int monitor_event(server *s, void *sock) {
   zmq_msg_t m;
   uint16_t ev = 0;
   uint32_t value = 0;
   zmq_msg_init(&m);
   if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
     zmq_msg_close(&m);
-    return;
+    return 0;
   }
   if (zmq_msg_size(&m) >= 6) {
     memcpy(&ev, zmq_msg_data(&m), sizeof ev);
@@ -93,6 +175,24 @@ static void on_monitor(void *sock, void *ctx) {
     ;
   zmq_msg_close(&m);
   switch (ev) {
+  case ZMQ_EVENT_ACCEPTED:
+    s->live++;
+    if (s->o.max_conns != 0 && s->live > s->o.max_conns) {
+      over_add(s, (int)value);
+      refused(s, SERVER_REFUSED_CONNECTIONS);
+    }
+    break;
+  case ZMQ_EVENT_ACCEPT_FAILED: /* no descriptor left (EMFILE) */
+    refused(s, SERVER_REFUSED_CONNECTIONS);
+    break;
+  case ZMQ_EVENT_DISCONNECTED: {
+    over_conn *oc = over_find(s, (int)value);
+    if (oc != NULL)
+      over_del(s, oc);
+    if (s->live > 0)
+      s->live--;
+    break;
+  }
   case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
     refused(s, SERVER_REFUSED_CLIENT_KEY);
     break;
@@ -111,7 +211,19 @@ static void on_monitor(void *sock, void *ctx) {
   default:
     break;
   }
+  return 1;
 }
+
+/* Every waiting monitor event (zwatch calls this per wake-up; the timer
+ * and the cap check call it to be current). */
+static void on_monitor(void *sock, void *ctx) {
+  while (monitor_event(ctx, sock))
+    ;
+}
+
+uint32_t server_connections(const server *s) { return s ? s->live : 0; }
+
+static void free_timer(uv_handle_t *h) { free(h); }
 
 int server_open(uv_loop_t *loop, void *zctx, const server_opts *o,
                 char *bound, size_t cap, char *err, size_t errlen,
@@ -125,6 +237,13 @@ int server_open(uv_loop_t *loop, void *zctx, const server_opts *o,
   if (s == NULL)
     return GNMR_E_NOMEM;
   s->o = *o;
+  s->loop = loop;
+  if ((s->timer = malloc(sizeof *s->timer)) == NULL) {
+    free(s);
+    return GNMR_E_NOMEM;
+  }
+  uv_timer_init(loop, s->timer);
+  s->timer->data = s;
   if ((s->sock = zmq_socket(zctx, ZMQ_ROUTER)) == NULL)
     goto err;
   zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);
@@ -145,7 +264,9 @@ int server_open(uv_loop_t *loop, void *zctx, const server_opts *o,
   if (zmq_socket_monitor(s->sock, mon,
                          ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
                              ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0 ||
+                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                             ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_ACCEPT_FAILED |
+                             ZMQ_EVENT_DISCONNECTED) != 0 ||
       (s->monitor = zmq_socket(zctx, ZMQ_PAIR)) == NULL)
     goto err;
   zmq_setsockopt(s->monitor, ZMQ_LINGER, &zero, sizeof zero);
@@ -167,6 +288,8 @@ err:
     zmq_close(s->monitor);
   if (s->sock)
     zmq_close(s->sock);
+  s->timer->data = NULL;
+  uv_close((uv_handle_t *)s->timer, free_timer);
   free(s);
   return GNMR_E_IO;
 }
@@ -192,5 +315,8 @@ void server_close(server *s) {
   zwatch_close(s->mw);
   zmq_close(s->monitor); /* after their polls stopped */
   zmq_close(s->sock);
+  s->timer->data = NULL;
+  uv_close((uv_handle_t *)s->timer, free_timer);
+  free(s->over);
   free(s);
 }

@@ -29,10 +29,17 @@ typedef enum server_refusal {
   SERVER_REFUSED_CLIENT_KEY, /* a CURVE key the allow list does not hold */
   SERVER_REFUSED_JUNK,       /* any other handshake failure: not ZMTP, or
                                 gone before its handshake ended */
+  SERVER_REFUSED_CONNECTIONS,/* past the connection cap (or no descriptor
+                                left to accept it) */
 } server_refusal;
 
 /* Called for each refused connection (may be NULL). */
 typedef void (*server_fail_cb)(server *s, server_refusal why, void *ctx);
+/* Called for a message from a connection past the cap, instead of
+ * server_msg_cb: answer it (server_send) with why it is refused; the
+ * connection is closed SERVER_FLUSH_MS later. May be NULL. */
+typedef void (*server_cap_cb)(server *s, const void *id, size_t id_len,
+                              uint32_t max_conns, void *ctx);
 
 typedef struct server_opts {
   const char *endpoint;
@@ -42,7 +49,20 @@ typedef struct server_opts {
   server_bad_cb on_bad;
   server_fail_cb on_handshake_failed;
   void *ctx;
+  /* The connection cap: at most max_conns connections at once (0: none).
+   * ZeroMQ gives no way to refuse one before it is accepted, so one past
+   * the cap is accepted, counted (SERVER_REFUSED_CONNECTIONS), given
+   * SERVER_GRACE_MS to say something, answered through on_over_cap, and
+   * then closed under ZeroMQ (shutdown(2) on its descriptor, which ZeroMQ
+   * reports through the socket monitor). Past SERVER_POLITE_MAX such
+   * connections waiting at once (a flood), more are closed at once. */
+  uint32_t max_conns;
+  server_cap_cb on_over_cap;
 } server_opts;
+
+#define SERVER_GRACE_MS 1000
+#define SERVER_FLUSH_MS 200
+#define SERVER_POLITE_MAX 32
 
 /* Binds a ROUTER socket (LINGER 0, ROUTER_MANDATORY, ROUTER_HANDOVER,
  * MAXMSGSIZE, heartbeats) and watches it on loop. The endpoint actually
@@ -56,6 +76,9 @@ int server_open(uv_loop_t *loop, void *zctx, const server_opts *o,
  * peer is gone, GNMR_E_BUSY when its queue is full. */
 int server_send(server *s, const void *id, size_t id_len, const void *data,
                 size_t len);
+
+/* Connections open now (accepted and not yet gone). */
+uint32_t server_connections(const server *s);
 
 /* Schedules a drain pass (call after sends from outside a drain). */
 void server_kick(server *s);

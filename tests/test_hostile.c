@@ -2,11 +2,18 @@
 /* test_hostile.c — regressions for hostile peers and large users (issue
  * 13): names that are not clean UTF-8, names already in an old database,
  * the [limits] caps (jobs, units, held bytes, idle jobs), refused Hellos
- * that must create nothing, and ids past 2^32. Each case runs against a
+ * that must create nothing, ids past 2^32, and the connection cap. Each case runs against a
  * real gnmrd, and a well-behaved peer is served afterwards. */
 #include <sqlite3.h>
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 
 #include "keys.h"
 #include "rawpeer.h"
@@ -317,6 +324,161 @@ START_TEST(caps_on_jobs_units_and_ids_refuse_clearly) {
 }
 END_TEST
 
+/* A raw TCP connection to endpoint "tcp://HOST:PORT" that says nothing. */
+static int tcp_silent(const char *endpoint) {
+  char host[64];
+  int port;
+  ck_assert_int_eq(sscanf(endpoint, "tcp://%63[^:]:%d", host, &port), 2);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {0};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)port);
+  inet_pton(AF_INET, host, &sa.sin_addr);
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  return fd;
+}
+
+/* Waits up to ms for the peer to close fd: 1 when it did. */
+static int closed_by_peer(int fd, int ms) {
+  struct pollfd pf = {fd, POLLIN, 0};
+  char buf[256];
+  for (int waited = 0; waited < ms; waited += 50) {
+    if (poll(&pf, 1, 50) > 0) {
+      ssize_t n = read(fd, buf, sizeof buf);
+      if (n == 0 || (n < 0 && errno == ECONNRESET))
+        return 1;
+    }
+  }
+  return 0;
+}
+
+START_TEST(connections_past_the_cap_are_refused_politely_and_counted) {
+  tu_daemon d = {0};
+  start_with(&d, "[limits]\nmax_connections = 3\n");
+  raw_peer in[3];
+  for (int i = 0; i < 3; i++) {
+    char job[16];
+    snprintf(job, sizeof job, "cap-%d", i);
+    in[i] = raw_open(d.agents);
+    hello_ids(&in[i], job, 0, 1, two_units, 2, NULL);
+    expect_welcome(&in[i]);
+  }
+  /* a fourth peer's Hello: told why, and closed */
+  raw_peer x = raw_open(d.agents);
+  hello_ids(&x, "cap-x", 0, 1, two_units, 2, NULL);
+  expect_error(&x, GNMR_E_BUSY, "max_connections");
+  raw_close(&x);
+  /* a connection that says nothing is closed after the grace period */
+  int fd = tcp_silent(d.agents);
+  ck_assert_msg(closed_by_peer(fd, 5000), "a silent connection past the cap "
+                "stayed open");
+  close(fd);
+  ck_assert_int_ge(tu_counter(&d, "refused_connections"), 2);
+  /* the three served are untouched, and a freed place is taken again */
+  double sumsq[2] = {1, 1};
+  send_report(&in[0], "cap-0", 0, 1, sumsq, 2);
+  Gnmr__Envelope *dec = expect_body(&in[0], GNMR__ENVELOPE__BODY_DECISION);
+  gnmr__wire_free(&dec);
+  raw_close(&in[2]);
+  int joined = 0;
+  for (int tries = 0; tries < 30 && !joined; tries++) {
+    raw_peer y = raw_open(d.agents);
+    hello_ids(&y, "cap-y", 0, 1, two_units, 2, NULL);
+    Gnmr__Envelope *env = raw_recv(&y, 2000);
+    joined = env != NULL && env->body_case == GNMR__ENVELOPE__BODY_WELCOME;
+    gnmr__wire_free(&env);
+    raw_close(&y);
+    if (!joined)
+      usleep(100000); /* gnmrd has not seen in[2] go yet */
+  }
+  ck_assert_msg(joined, "no place freed after a peer left");
+  raw_close(&in[0]);
+  raw_close(&in[1]);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+/* gnmrd under a descriptor limit of 1024 (soft and hard), serving agents
+ * on an ipc socket: before the connection cap, about 1000 connections
+ * made libzmq abort it ("Too many open files", ipc_listener.cpp). */
+START_TEST(a_connection_flood_under_a_low_descriptor_limit_is_survived) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  char data[160], out[160], err[160], agents[200], admin[200], path[512];
+  snprintf(data, sizeof data, "%s/data", d.dir);
+  snprintf(out, sizeof out, "%s/out", d.dir);
+  snprintf(err, sizeof err, "%s/err", d.dir);
+  snprintf(agents, sizeof agents, "ipc://%s/agents.sock", d.dir);
+  snprintf(admin, sizeof admin, "ipc://%s/admin.sock", d.dir);
+  snprintf(path, sizeof path, "%s/gnmrd", tu_bin_dir());
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    struct rlimit rl = {1024, 1024};
+    int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600),
+        e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0 || o < 0 || e < 0 ||
+        dup2(o, 1) < 0 || dup2(e, 2) < 0)
+      _exit(126);
+    execl(path, path, "--data-dir", data, "--agents", agents, "--admin",
+          admin, (char *)NULL);
+    _exit(127);
+  }
+  d.pid = pid;
+  tu_track_daemon(pid, 1);
+  tu_daemon_wait_ready(&d, 10000);
+  /* this process needs a descriptor per connection too */
+  struct rlimit mine;
+  getrlimit(RLIMIT_NOFILE, &mine);
+  enum { FLOOD = 1500 };
+  if (mine.rlim_cur < FLOOD + 200) {
+    mine.rlim_cur = mine.rlim_max < FLOOD + 200 ? mine.rlim_max : FLOOD + 200;
+    setrlimit(RLIMIT_NOFILE, &mine);
+  }
+  static int fds[FLOOD];
+  struct sockaddr_un sa = {0};
+  sa.sun_family = AF_UNIX;
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s/agents.sock", d.dir);
+  int opened = 0;
+  for (int i = 0; i < FLOOD; i++) {
+    fds[i] = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fds[i] < 0)
+      break; /* this process's own limit */
+    if (connect(fds[i], (struct sockaddr *)&sa, sizeof sa) != 0) {
+      close(fds[i]); /* the listen backlog is full: wait a little */
+      fds[i] = -1;
+      usleep(20000);
+      continue;
+    }
+    opened++;
+  }
+  ck_assert_msg(opened > 1024, "only %d connections made", opened);
+  usleep(1500000); /* past the grace period */
+  ck_assert_msg(kill(pid, 0) == 0 && waitpid(pid, NULL, WNOHANG) == 0,
+                "gnmrd died under the flood");
+  ck_assert_int_ge(tu_counter(&d, "refused_connections"), opened - 1024 + 320);
+  for (int i = 0; i < FLOOD; i++)
+    if (fds[i] > 0)
+      close(fds[i]);
+  /* served as before */
+  int joined = 0;
+  for (int tries = 0; tries < 30 && !joined; tries++) {
+    raw_peer y = raw_open(agents);
+    hello_ids(&y, "after-flood", 0, 1, two_units, 2, NULL);
+    Gnmr__Envelope *env = raw_recv(&y, 2000);
+    joined = env != NULL && env->body_case == GNMR__ENVELOPE__BODY_WELCOME;
+    gnmr__wire_free(&env);
+    raw_close(&y);
+    if (!joined)
+      usleep(100000);
+  }
+  ck_assert_msg(joined, "gnmrd serves no one after the flood");
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(held_bytes_are_capped_and_freed_by_decisions) {
   enum { U = 100000 }; /* 800 KB of sums per report */
   tu_daemon d = {0};
@@ -597,6 +759,8 @@ static Suite *suite(void) {
   tcase_add_test(live, hostile_names_are_refused_and_create_nothing);
   tcase_add_test(live, old_database_names_are_not_restored_and_are_escaped);
   tcase_add_test(live, caps_on_jobs_units_and_ids_refuse_clearly);
+  tcase_add_test(live, connections_past_the_cap_are_refused_politely_and_counted);
+  tcase_add_test(live, a_connection_flood_under_a_low_descriptor_limit_is_survived);
   tcase_add_test(live, held_bytes_are_capped_and_freed_by_decisions);
   tcase_add_test(live, idle_jobs_are_retired_and_their_slot_freed);
   tcase_add_test(live, socket_directories_like_ssh_agent);
