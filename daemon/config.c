@@ -56,6 +56,8 @@ static const struct {
      1000000},
     {"limits", "max_units", K_U64, offsetof(gnmrd_config, max_units), 1,
      POLICY_MAX_UNITS},
+    {"limits", "max_total_units", K_U64,
+     offsetof(gnmrd_config, max_total_units), 1, UINT32_MAX},
     {"limits", "max_held_mb", K_U64, offsetof(gnmrd_config, max_held_mb), 1,
      1u << 20},
     {"limits", "job_idle_s", K_U64, offsetof(gnmrd_config, job_idle_s), 0,
@@ -77,6 +79,7 @@ void config_defaults(gnmrd_config *c) {
   c->barrier_ms = 1000;
   c->max_jobs = 1024;
   c->max_units = 1u << 20;
+  c->max_total_units = 1u << 24;
   c->max_held_mb = 1024;
   c->job_idle_s = 86400;
   c->store_queue_mb = 1024;

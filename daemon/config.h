@@ -29,6 +29,7 @@ typedef struct gnmrd_config {
   /* [limits]: what one peer can make gnmrd hold (each refusal counted) */
   uint64_t max_jobs;     /* live jobs */
   uint64_t max_units;    /* units of one job, the largest unit id + 1 */
+  uint64_t max_total_units; /* the same summed over every job */
   uint64_t max_held_mb;  /* reports held for undecided steps, all jobs */
   uint64_t job_idle_s;   /* a job with no report for this long is retired
                             (0: never) */

@@ -15,6 +15,38 @@
 #include "records.h"
 #include "validate.h"
 
+/* core_register_units() under both unit caps: the job's ([limits]
+ * max_units) and gnmrd's over all jobs (max_total_units: units are
+ * allocated up to each job's largest id, so this bounds the memory that
+ * Hellos can make gnmrd hold). A refusal by the global cap says so. */
+static int register_capped(gnmrd *d, core_job *c, core_rank *rr,
+                           const char *const *names, size_t n,
+                           const uint32_t *ids, int shards, char *why,
+                           size_t whylen) {
+  uint64_t total = 0, cap = d->cfg ? d->cfg->max_total_units : UINT64_MAX;
+  size_t pos = 0;
+  for (core_job *o; (o = core_next_job(&d->jobs, &pos)) != NULL;)
+    total += o->n_units;
+  uint32_t job_cap = c->max_units;
+  uint64_t room = total < cap ? cap - total : 0;
+  int global = (uint64_t)c->n_units + room < job_cap;
+  if (global)
+    c->max_units = (uint32_t)(c->n_units + room);
+  int rv = core_register_units(c, rr, names, n, ids, shards, why, whylen);
+  c->max_units = job_cap;
+  if (rv == GNMR_E_RANGE && global) {
+    d->c.refused_max_total_units++;
+    snprintf(why, whylen,
+             "gnmrd holds at most %llu units over all its jobs ([limits] "
+             "max_total_units) and %llu are free; a unit id counts as id + 1 "
+             "units of its job",
+             (unsigned long long)cap, (unsigned long long)room);
+  } else if (rv == GNMR_E_RANGE) {
+    d->c.refused_max_units++;
+  }
+  return rv;
+}
+
 static void welcome(gnmrd *d, const void *id, size_t id_len, core_job *c,
                     const core_rank *rr, uint32_t rank) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
@@ -91,12 +123,10 @@ static int observer_join(gnmrd *d, const void *id, size_t id_len, job *j,
                   "out of memory");
     return 0;
   }
-  if ((rv = core_register_units(c, rr, (const char *const *)h->units,
-                                h->n_units, ids, 0, why, sizeof why)) !=
+  if ((rv = register_capped(d, c, rr, (const char *const *)h->units,
+                             h->n_units, ids, 0, why, sizeof why)) !=
       GNMR_OK) {
     d->c.hellos_refused++;
-    if (rv == GNMR_E_RANGE)
-      d->c.refused_max_units++;
     jobs__reply_error(d, id, id_len, rv, "units", 0, "%s", why);
     return 0;
   }
@@ -238,10 +268,8 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
   int registered = 0;
   if (!rr->ever) {
     char why[160];
-    int urv = core_register_units(c, rr, names, h->n_units, ids, 1,
-                                  why, sizeof why);
-    if (urv == GNMR_E_RANGE)
-      d->c.refused_max_units++;
+    int urv = register_capped(d, c, rr, names, h->n_units, ids, 1, why,
+                              sizeof why);
     if (urv != GNMR_OK)
       REFUSE(urv, "unit_ids", "%s", why);
     registered = 1;

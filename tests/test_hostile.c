@@ -479,6 +479,32 @@ START_TEST(a_connection_flood_under_a_low_descriptor_limit_is_survived) {
 }
 END_TEST
 
+/* Unit ids are array indices: a Hello's largest id is what gnmrd
+ * allocates. One peer may not make every job do it: max_total_units
+ * bounds the sum over all jobs. */
+START_TEST(units_are_capped_over_all_jobs) {
+  tu_daemon d = {0};
+  start_with(&d, "[limits]\nmax_units = 100\nmax_total_units = 150\n");
+  raw_peer a = raw_open(d.agents), b = raw_open(d.agents);
+  uint64_t big[] = {0, 99}; /* 100 units */
+  hello_ids(&a, "tot-a", 0, 1, two_units, 2, big);
+  expect_welcome(&a);
+  uint64_t past[] = {0, 60}; /* 61 units: 50 are free */
+  hello_ids(&b, "tot-b", 0, 1, two_units, 2, past);
+  expect_error(&b, GNMR_E_RANGE, "max_total_units");
+  ck_assert_int_eq(tu_counter(&d, "refused_max_total_units"), 1);
+  ck_assert_int_eq(tu_counter(&d, "refused_max_units"), 0);
+  ck_assert_int_eq(tu_counter(&d, "jobs_created"), 1);
+  uint64_t fits[] = {0, 49}; /* 50 units: exactly what is free */
+  hello_ids(&b, "tot-b", 0, 1, two_units, 2, fits);
+  expect_welcome(&b);
+  raw_close(&a);
+  raw_close(&b);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(held_bytes_are_capped_and_freed_by_decisions) {
   enum { U = 100000 }; /* 800 KB of sums per report */
   tu_daemon d = {0};
@@ -759,6 +785,7 @@ static Suite *suite(void) {
   tcase_add_test(live, hostile_names_are_refused_and_create_nothing);
   tcase_add_test(live, old_database_names_are_not_restored_and_are_escaped);
   tcase_add_test(live, caps_on_jobs_units_and_ids_refuse_clearly);
+  tcase_add_test(live, units_are_capped_over_all_jobs);
   tcase_add_test(live, connections_past_the_cap_are_refused_politely_and_counted);
   tcase_add_test(live, a_connection_flood_under_a_low_descriptor_limit_is_survived);
   tcase_add_test(live, held_bytes_are_capped_and_freed_by_decisions);
