@@ -67,6 +67,7 @@ static void pending_clear(core_job *j, core_pending *p) {
 static void rank_free(core_rank *rr) {
   free(rr->conn);
   free(rr->ids);
+  free(rr->slots);
   free(rr->user);
   free(rr->instance);
   memset(rr, 0, sizeof *rr);
@@ -91,6 +92,8 @@ void core_job_free(core_registry *reg, core_job *j) {
     free(j->unit_names[u]);
   free(j->observers);
   free(j->unit_names);
+  free(j->unit_id);
+  free(j->act_ids);
   free(j->shards);
   free(j->ranks);
   free(j->norm);
@@ -136,8 +139,10 @@ static int reserve_units(core_job *j, uint32_t n) {
       return GNMR_E_NOMEM;                                            \
     j->field = p;                                                     \
   } while (0)
+  GROW(unit_id);
   GROW(unit_names);
   GROW(shards);
+  GROW(act_ids);
   GROW(norm);
   GROW(acc);
   GROW(input);
@@ -149,19 +154,126 @@ static int reserve_units(core_job *j, uint32_t n) {
   return GNMR_OK;
 }
 
-/* Ids never reported by anyone (gaps) are units with no shard: never
- * reported. */
+uint32_t core_slot(const core_job *j, uint32_t id) {
+  uint32_t lo = 0, hi = j->n_units;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (j->unit_id[mid] < id)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < j->n_units && j->unit_id[lo] == id ? lo : UINT32_MAX;
+}
+
+int core_dense(const core_job *j) {
+  return j->n_units == 0 || j->unit_id[j->n_units - 1] == j->n_units - 1;
+}
+
+/* A unit to add: its id, its name (a copy), where it came in the call. */
+typedef struct new_unit {
+  uint32_t id;
+  char *name;
+} new_unit;
+
+static int by_id(const void *a, const void *b) {
+  uint32_t x = ((const new_unit *)a)->id, y = ((const new_unit *)b)->id;
+  return x < y ? -1 : x > y;
+}
+
+/* Adds units (sorted by id, none known) to j's slots, all or nothing:
+ * merges them into the ascending id order, moving the engine's units
+ * (policy_remap) only when one falls between existing ids. Every
+ * registration's slots follow. The names are taken over on success. */
+static int add_units(core_job *j, new_unit *add, uint32_t n_add) {
+  uint32_t old_n = j->n_units, total = old_n + n_add;
+  int append = old_n == 0 || n_add == 0 || add[0].id > j->unit_id[old_n - 1];
+  uint32_t *to = NULL, *nid = NULL, *nsh = NULL;
+  char **nnames = NULL;
+  if (reserve_units(j, total) != GNMR_OK)
+    return GNMR_E_NOMEM;
+  if (!append &&
+      ((to = malloc((old_n ? old_n : 1) * sizeof *to)) == NULL ||
+       (nid = malloc((size_t)j->cap_units * sizeof *nid)) == NULL ||
+       (nsh = malloc((size_t)j->cap_units * sizeof *nsh)) == NULL ||
+       (nnames = malloc((size_t)j->cap_units * sizeof *nnames)) == NULL))
+    goto nomem;
+  for (uint32_t i = 0; i < n_add; i++)
+    if (hmap_put(&j->unit_ids, add[i].name, strlen(add[i].name), add[i].id) !=
+        GNMR_OK) {
+      for (uint32_t k = 0; k < i; k++)
+        hmap_del(&j->unit_ids, add[k].name, strlen(add[k].name));
+      goto nomem;
+    }
+  if (append) {
+    if (policy_resize(j->pol, total) != GNMR_OK)
+      goto unput;
+    for (uint32_t i = 0; i < n_add; i++) {
+      j->unit_id[old_n + i] = add[i].id;
+      j->unit_names[old_n + i] = add[i].name;
+      j->shards[old_n + i] = 0;
+    }
+    j->n_units = total;
+    return GNMR_OK;
+  }
+  /* merge the two ascending lists */
+  uint32_t a = 0, b = 0;
+  for (uint32_t k = 0; k < total; k++) {
+    if (b == n_add || (a < old_n && j->unit_id[a] < add[b].id)) {
+      to[a] = k;
+      nid[k] = j->unit_id[a];
+      nnames[k] = j->unit_names[a];
+      nsh[k] = j->shards[a];
+      a++;
+    } else {
+      nid[k] = add[b].id;
+      nnames[k] = add[b].name;
+      nsh[k] = 0;
+      b++;
+    }
+  }
+  if (policy_remap(j->pol, total, to) != GNMR_OK)
+    goto unput;
+  free(j->unit_id);
+  free(j->unit_names);
+  free(j->shards);
+  j->unit_id = nid;
+  j->unit_names = nnames;
+  j->shards = nsh;
+  j->n_units = total;
+  for (uint32_t r = 0; r < j->reporters + j->n_observers; r++) {
+    core_rank *rr = r < j->reporters ? &j->ranks[r]
+                                     : &j->observers[r - j->reporters];
+    for (uint32_t i = 0; rr->slots != NULL && i < rr->n_units; i++)
+      rr->slots[i] = to[rr->slots[i]];
+  }
+  free(to);
+  return GNMR_OK;
+unput:
+  for (uint32_t k = 0; k < n_add; k++)
+    hmap_del(&j->unit_ids, add[k].name, strlen(add[k].name));
+nomem:
+  free(to);
+  free(nid);
+  free(nsh);
+  free(nnames);
+  return GNMR_E_NOMEM;
+}
+
 int core_register_units(core_job *j, core_rank *rr, const char *const *names,
                         size_t n, const uint32_t *req_ids, int shards,
                         char *why, size_t whylen) {
   uint32_t *ids = malloc((n ? n : 1) * sizeof *ids);
-  hmap asked = {0}; /* ids requested by new names in this call */
-  uint32_t new_n = j->n_units, n_auto = 0;
+  uint32_t *slots = malloc((n ? n : 1) * sizeof *slots);
+  new_unit *add = malloc((n ? n : 1) * sizeof *add);
+  hmap asked = {0}, seen = {0}; /* ids and names new in this call */
+  uint32_t n_add = 0, n_auto = 0;
+  uint64_t next = j->n_units ? (uint64_t)j->unit_id[j->n_units - 1] + 1 : 0;
   int rv = GNMR_E_NOMEM;
   assert(rr->ids == NULL);
   snprintf(why, whylen, "out of memory");
-  if (ids == NULL)
-    return GNMR_E_NOMEM;
+  if (ids == NULL || slots == NULL || add == NULL)
+    goto out;
   for (size_t i = 0; i < n; i++) { /* pass 1: decide, change nothing */
     uint64_t v;
     const char *nm = names[i];
@@ -174,83 +286,94 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
         goto out;
       }
       ids[i] = (uint32_t)v;
-    } else if (req_ids) {
-      if ((req < j->n_units && j->unit_names[req] != NULL) ||
+      continue;
+    }
+    if (hmap_get(&seen, nm, strlen(nm), NULL)) {
+      snprintf(why, whylen, "unit name '%.64s' listed twice", nm);
+      rv = GNMR_E_MISMATCH;
+      goto out;
+    }
+    if (hmap_put(&seen, nm, strlen(nm), i) != GNMR_OK)
+      goto out;
+    if (req_ids) {
+      if (req == UINT32_MAX) {
+        snprintf(why, whylen, "unit id %u is reserved", req);
+        rv = GNMR_E_RANGE;
+        goto out;
+      }
+      if (core_slot(j, req) != UINT32_MAX ||
           hmap_get(&asked, &req, sizeof req, NULL)) {
         snprintf(why, whylen, "unit id %u is already taken (asked for "
                               "'%.64s')", req, nm);
         rv = GNMR_E_MISMATCH;
         goto out;
       }
-      if (req >= j->max_units) {
-        snprintf(why, whylen, "unit id %u: a job has at most %u units", req,
-                 j->max_units);
-        rv = GNMR_E_RANGE;
-        goto out;
-      }
       if (hmap_put(&asked, &req, sizeof req, i) != GNMR_OK)
         goto out;
       ids[i] = req;
-      if (req + 1 > new_n)
-        new_n = req + 1;
+      if ((uint64_t)req + 1 > next)
+        next = (uint64_t)req + 1;
     } else {
       ids[i] = UINT32_MAX; /* numbered after every requested id */
       n_auto++;
     }
+    n_add++;
   }
-  if ((uint64_t)new_n + n_auto > j->max_units) {
+  if ((uint64_t)j->n_units + n_add > j->max_units) {
     snprintf(why, whylen, "a job has at most %u units", j->max_units);
     rv = GNMR_E_RANGE;
     goto out;
   }
-  uint32_t old_n = j->n_units, total = new_n + n_auto;
-  if (reserve_units(j, total) != GNMR_OK ||
-      policy_resize(j->pol, total) != GNMR_OK)
-    goto out; /* the arrays may have grown: harmless */
-  for (uint32_t u = old_n; u < total; u++) {
-    j->unit_names[u] = NULL;
-    j->shards[u] = 0;
+  if (next + n_auto > UINT32_MAX) {
+    snprintf(why, whylen, "no unit ids left after %llu",
+             (unsigned long long)next - 1);
+    rv = GNMR_E_RANGE;
+    goto out;
   }
-  for (size_t i = 0, next = new_n; i < n; i++) { /* pass 2: apply */
+  for (size_t i = 0; i < n; i++) { /* pass 2: the new units, numbered */
     const char *nm = names[i];
     if (hmap_get(&j->unit_ids, nm, strlen(nm), NULL))
       continue;
     if (ids[i] == UINT32_MAX)
       ids[i] = (uint32_t)next++;
-    char *copy = strdup(nm);
-    if (copy == NULL ||
-        hmap_put(&j->unit_ids, nm, strlen(nm), ids[i]) != GNMR_OK) {
-      free(copy);
-      for (uint32_t u = old_n; u < total; u++) /* roll the names back */
-        if (j->unit_names[u] != NULL) {
-          hmap_del(&j->unit_ids, j->unit_names[u], strlen(j->unit_names[u]));
-          free(j->unit_names[u]);
-          j->unit_names[u] = NULL;
-        }
-      for (size_t k = 0; k < i; k++) /* names below old_n: requested gaps */
-        if (ids[k] < old_n && j->unit_names[ids[k]] != NULL &&
-            j->shards[ids[k]] == 0) {
-          hmap_del(&j->unit_ids, j->unit_names[ids[k]],
-                   strlen(j->unit_names[ids[k]]));
-          free(j->unit_names[ids[k]]);
-          j->unit_names[ids[k]] = NULL;
-        }
+  }
+  n_add = 0;
+  for (size_t i = 0; i < n; i++) {
+    const char *nm = names[i];
+    if (hmap_get(&j->unit_ids, nm, strlen(nm), NULL))
+      continue;
+    if ((add[n_add].name = strdup(nm)) == NULL) {
+      for (uint32_t k = 0; k < n_add; k++)
+        free(add[k].name);
       goto out;
     }
-    j->unit_names[ids[i]] = copy;
+    add[n_add++].id = ids[i];
   }
-  j->n_units = total;
-  for (size_t i = 0; shards && i < n; i++)
-    j->shards[ids[i]]++;
+  qsort(add, n_add, sizeof *add, by_id);
+  if (add_units(j, add, n_add) != GNMR_OK) {
+    for (uint32_t k = 0; k < n_add; k++)
+      free(add[k].name);
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) {
+    slots[i] = core_slot(j, ids[i]);
+    assert(slots[i] != UINT32_MAX);
+    if (shards)
+      j->shards[slots[i]]++;
+  }
   rr->ids = ids;
+  rr->slots = slots;
   rr->n_units = (uint32_t)n;
   rr->ever = 1;
-  ids = NULL;
+  ids = slots = NULL;
   rv = GNMR_OK;
   why[0] = '\0';
 out:
   hmap_free(&asked);
+  hmap_free(&seen);
   free(ids);
+  free(slots);
+  free(add);
   return rv;
 }
 
@@ -259,7 +382,7 @@ int core_same_units(const core_job *j, const core_rank *rr,
   if (n != rr->n_units)
     return 0;
   for (size_t i = 0; i < n; i++)
-    if (strcmp(j->unit_names[rr->ids[i]], names[i]) != 0 ||
+    if (strcmp(j->unit_names[rr->slots[i]], names[i]) != 0 ||
         (ids != NULL && ids[i] != rr->ids[i]))
       return 0;
   return 1;
@@ -388,7 +511,7 @@ static uint32_t sum_shards(core_job *j, const core_pending *p) {
     if (h->owner == NULL)
       continue;
     for (uint32_t i = 0; i < rr->n_units; i++) {
-      uint32_t id = rr->ids[i];
+      uint32_t id = rr->slots[i]; /* a slot */
       j->got[id]++;
       if (h->not_reported && h->not_reported[i]) {
         j->nrc[id]++;
@@ -440,6 +563,8 @@ int core_decide_next(core_job *j, uint64_t now_ms, core_outcome *out) {
   out->missing = sum_shards(j, p);
   out->norm = j->norm;
   out->input = j->input;
+  out->unit_id = j->unit_id;
+  out->active_ids = j->act_ids;
   /* the invariant every rank relies on: one decision per step per pass */
   out->republish = j->pub_pass == j->pass && p->step <= j->pub_step;
   out->rv = out->republish ? GNMR_OK
@@ -448,6 +573,8 @@ int core_decide_next(core_job *j, uint64_t now_ms, core_outcome *out) {
   if (!out->republish && out->rv == GNMR_OK) {
     j->pub_pass = j->pass;
     j->pub_step = p->step;
+    for (uint32_t i = 0; i < out->res.n_active; i++)
+      j->act_ids[i] = j->unit_id[out->res.active[i]];
   }
   j->last_decided = p->step;
   pending_clear(j, p);
@@ -495,49 +622,94 @@ void core_join(core_job *j, uint32_t rank, int returning) {
 
 /* ---- restart ------------------------------------------------------------------- */
 
-int core_restore(core_job *j, policy *pol, uint32_t n_units,
+int core_restore(core_job *j, policy *pol, const uint32_t *pol_ids,
+                 uint32_t n_units, const uint32_t *unit_ids,
                  char *const *unit_names, uint32_t n_ranks,
                  const uint32_t *rank_n, uint32_t *const *rank_ids) {
   assert(j->n_units == 0 && n_ranks <= j->reporters);
-  if (pol != NULL) {
+  new_unit *add = malloc((n_units ? n_units : 1) * sizeof *add);
+  uint32_t n_add = 0;
+  if (add == NULL) {
+    policy_destroy(&pol);
+    return GNMR_E_NOMEM;
+  }
+  for (uint32_t i = 0; i < n_units; i++) {
+    if (unit_ids[i] == UINT32_MAX || unit_names[i] == NULL ||
+        hmap_get(&j->unit_ids, unit_names[i], strlen(unit_names[i]), NULL))
+      continue;
+    add[n_add].id = unit_ids[i];
+    if ((add[n_add].name = strdup(unit_names[i])) == NULL)
+      break;
+    n_add++;
+  }
+  qsort(add, n_add, sizeof *add, by_id);
+  uint32_t keep = 0; /* drop repeated ids */
+  for (uint32_t i = 0; i < n_add; i++) {
+    if (keep > 0 && add[keep - 1].id == add[i].id) {
+      free(add[i].name);
+      continue;
+    }
+    add[keep++] = add[i];
+  }
+  int rv = add_units(j, add, keep);
+  if (rv != GNMR_OK) {
+    for (uint32_t i = 0; i < keep; i++)
+      free(add[i].name);
+    free(add);
+    policy_destroy(&pol);
+    return rv;
+  }
+  free(add);
+  if (pol != NULL) { /* the snapshot's units to their slots */
+    uint32_t pn = policy_units(pol);
+    uint32_t *to = malloc((pn ? pn : 1) * sizeof *to);
+    if (to == NULL) {
+      policy_destroy(&pol);
+      return GNMR_E_NOMEM;
+    }
+    for (uint32_t u = 0; u < pn; u++)
+      to[u] = core_slot(j, pol_ids ? pol_ids[u] : u);
+    rv = policy_remap(pol, j->n_units, to);
+    free(to);
+    if (rv != GNMR_OK) {
+      policy_destroy(&pol);
+      return rv;
+    }
     policy_destroy(&j->pol);
     j->pol = pol;
     j->params = *policy_get_params(pol);
+  } else if (policy_resize(j->pol, j->n_units) != GNMR_OK) {
+    return GNMR_E_NOMEM;
   }
   j->last_decided = policy_last_step(j->pol);
-  uint32_t n = n_units;
-  if (policy_units(j->pol) > n)
-    n = policy_units(j->pol);
-  if (reserve_units(j, n) != GNMR_OK || policy_resize(j->pol, n) != GNMR_OK)
-    return GNMR_E_NOMEM;
-  for (uint32_t u = 0; u < n; u++) {
-    j->shards[u] = 0;
-    j->unit_names[u] = NULL;
-    if (u < n_units && unit_names[u] != NULL &&
-        (j->unit_names[u] = strdup(unit_names[u])) != NULL &&
-        hmap_put(&j->unit_ids, j->unit_names[u], strlen(j->unit_names[u]),
-                 u) != GNMR_OK) {
-      free(j->unit_names[u]);
-      j->unit_names[u] = NULL;
-    }
-  }
-  j->n_units = n;
   for (uint32_t r = 0; r < j->reporters; r++)
     j->ranks[r].last_step = UINT64_MAX; /* a rejoining rank's lower step
                                            restarts training */
   for (uint32_t r = 0; r < n_ranks; r++) {
     core_rank *rr = &j->ranks[r];
-    int bad = 0;
-    for (uint32_t i = 0; i < rank_n[r] && !bad; i++)
-      bad = rank_ids[r][i] >= n;
-    if (rank_n[r] == 0 || bad ||
-        (rr->ids = malloc(rank_n[r] * sizeof *rr->ids)) == NULL)
+    uint32_t n = rank_n[r];
+    if (n == 0 || (rr->ids = malloc(n * sizeof *rr->ids)) == NULL ||
+        (rr->slots = malloc(n * sizeof *rr->slots)) == NULL) {
+      free(rr->ids);
+      rr->ids = NULL;
       continue;
-    memcpy(rr->ids, rank_ids[r], rank_n[r] * sizeof *rr->ids);
-    rr->n_units = rank_n[r];
+    }
+    int bad = 0;
+    for (uint32_t i = 0; i < n && !bad; i++) {
+      rr->ids[i] = rank_ids[r][i];
+      rr->slots[i] = core_slot(j, rank_ids[r][i]);
+      bad = rr->slots[i] == UINT32_MAX;
+    }
+    if (bad) { /* a unit the store does not have: not registered */
+      free(rr->ids);
+      free(rr->slots);
+      rr->ids = rr->slots = NULL;
+      continue;
+    }
+    rr->n_units = n;
     rr->ever = 1;
-    for (uint32_t i = 0; i < rr->n_units; i++)
-      j->shards[rr->ids[i]]++;
+    for (uint32_t i = 0; i < n; i++)
+      j->shards[rr->slots[i]]++;
   }
   return GNMR_OK;
 }

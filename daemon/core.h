@@ -32,6 +32,7 @@ typedef struct core_rank {
                          UINT64_MAX after a restore (not known) */
   uint32_t n_units;
   uint32_t *ids;      /* job-wide id of each local unit */
+  uint32_t *slots;    /* the job's slot of each local unit (see core_job) */
   char *conn;         /* current connection identity (layer above) */
   size_t conn_len;
   char *user;         /* the CURVE key it first joined with, or NULL */
@@ -70,22 +71,29 @@ typedef struct core_job {
   policy_params params;      /* in force (changed by gnmrctl set) */
   uint32_t reporters, barrier_ms, byes;
   uint32_t max_units;        /* ids and units above it are refused */
+  /* Units live in slots 0..n_units-1 in ascending id order: the engine's
+   * unit u is slot u, so memory follows the units that exist, not the
+   * largest id, and ties (broken by the engine's index) still go to the
+   * smaller id. A new unit whose id falls between others moves the later
+   * slots up (policy_remap), at registration only. */
   policy *pol;
   hmap unit_ids;             /* name -> id */
-  char **unit_names;         /* by id; NULL = a gap (never registered) */
-  uint32_t *shards;          /* by id: ranks holding the unit */
-  uint32_t n_units, cap_units;
+  uint32_t *unit_id;         /* by slot: the job-wide id, ascending */
+  char **unit_names;         /* by slot */
+  uint32_t *shards;          /* by slot: ranks holding the unit */
+  uint32_t n_units, cap_units; /* slots */
   core_rank *ranks;          /* reporters entries */
   core_rank *observers;      /* replicas: decisions only */
   uint32_t n_observers, cap_observers;
   core_pending pend[CORE_MAX_PENDING]; /* sorted by step */
   uint32_t n_pend;
   uint64_t last_decided;
-  /* decision scratch, by unit id */
+  /* decision scratch, by slot */
   double *norm, *acc;
   uint8_t *input;
   uint32_t *got, *nrc;
   uint64_t *nfc;
+  uint32_t *act_ids;         /* the decision's active set, as ids */
 } core_job;
 
 typedef struct core_clock {
@@ -102,6 +110,8 @@ typedef struct core_registry {
 core_job *core_find(const core_registry *reg, const char *name);
 /* Creates and registers a job (pass 1, no units, at most POLICY_MAX_UNITS
  * units until max_units is set). NULL on no memory. */
+/* The slot of unit id, or UINT32_MAX when the job has no such unit. */
+uint32_t core_slot(const core_job *j, uint32_t id);
 core_job *core_job_new(core_registry *reg, const char *name,
                        const policy_params *prm, uint32_t reporters,
                        uint32_t barrier_ms, void (*release)(void *owner));
@@ -118,9 +128,10 @@ void core_registry_free(core_registry *reg);
 
 /* Registers a rank's (shards = 1) or an observer's (shards = 0) units:
  * known names map to their ids (a requested id must match), new names get
- * the requested ids (ids != NULL) or the next free ones. All or nothing;
- * on failure why says what conflicts: GNMR_E_MISMATCH, GNMR_E_RANGE,
- * GNMR_E_NOMEM. */
+ * the requested ids (ids != NULL; any id below UINT32_MAX) or the ids
+ * after the largest one. max_units bounds the job's number of units. All
+ * or nothing; on failure why says what conflicts: GNMR_E_MISMATCH,
+ * GNMR_E_RANGE, GNMR_E_NOMEM. */
 int core_register_units(core_job *j, core_rank *rr, const char *const *names,
                         size_t n, const uint32_t *ids, int shards, char *why,
                         size_t whylen);
@@ -162,9 +173,12 @@ typedef struct core_outcome {
   uint32_t reports;   /* reports that came */
   uint32_t missing;   /* units decided with a missing shard */
   uint64_t first_ms, first_ns;
-  policy_result res;  /* when rv == GNMR_OK and !republish */
-  const double *norm; /* by unit id: the summed norms */
+  policy_result res;  /* when rv == GNMR_OK and !republish: its units
+                         (events, active, g, d, s) are slots */
+  const double *norm; /* by slot: the summed norms */
   const uint8_t *input;
+  const uint32_t *unit_id;    /* slot -> job-wide id */
+  const uint32_t *active_ids; /* res.active as ids (ascending) */
 } core_outcome;
 
 /* Decides the oldest pending step when it, or any later one, is complete
@@ -184,10 +198,20 @@ void core_join(core_job *j, uint32_t rank, int returning);
 
 /* ---- restart ----------------------------------------------------------------- */
 
-/* Rebuilds a job's units and ranks after a restart of gnmrd. pol (may be
- * NULL) replaces the engine: the job's statistics from a snapshot. */
-int core_restore(core_job *j, policy *pol, uint32_t n_units,
+/* Rebuilds a job's units and ranks after a restart of gnmrd: n_units
+ * units (ids and names, any order; duplicate or UINT32_MAX ids skipped),
+ * ranks' ids (a rank naming an unknown id is left unregistered). pol (may
+ * be NULL) replaces the engine: the job's statistics from a snapshot,
+ * whose unit u had id pol_ids[u] (pol_ids NULL: id u, as snapshots of
+ * dense jobs and of gnmrd before sparse ids are); units the snapshot does
+ * not have start with no history. pol is the job's (or freed) whatever
+ * the result. */
+int core_restore(core_job *j, policy *pol, const uint32_t *pol_ids,
+                 uint32_t n_units, const uint32_t *unit_ids,
                  char *const *unit_names, uint32_t n_ranks,
                  const uint32_t *rank_n, uint32_t *const *rank_ids);
+/* Whether slot s holds id s for every slot (then snapshots need no id
+ * table). */
+int core_dense(const core_job *j);
 
 #endif /* GNMRD_CORE_H */

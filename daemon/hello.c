@@ -16,9 +16,9 @@
 #include "validate.h"
 
 /* core_register_units() under both unit caps: the job's ([limits]
- * max_units) and gnmrd's over all jobs (max_total_units: units are
- * allocated up to each job's largest id, so this bounds the memory that
- * Hellos can make gnmrd hold). A refusal by the global cap says so. */
+ * max_units) and gnmrd's over all jobs (max_total_units: the memory that
+ * Hellos can make gnmrd hold grows with the units that exist). A refusal
+ * by the global cap says so. */
 static int register_capped(gnmrd *d, core_job *c, core_rank *rr,
                            const char *const *names, size_t n,
                            const uint32_t *ids, int shards, char *why,
@@ -38,8 +38,7 @@ static int register_capped(gnmrd *d, core_job *c, core_rank *rr,
     d->c.refused_max_total_units++;
     snprintf(why, whylen,
              "gnmrd holds at most %llu units over all its jobs ([limits] "
-             "max_total_units) and %llu are free; a unit id counts as id + 1 "
-             "units of its job",
+             "max_total_units) and %llu are free",
              (unsigned long long)cap, (unsigned long long)room);
   } else if (rv == GNMR_E_RANGE) {
     d->c.refused_max_units++;
@@ -90,7 +89,7 @@ static const uint32_t *narrow_ids(Gnmr__Hello *h) {
   for (size_t i = 0; i < h->n_unit_ids; i++) { /* writes trail reads */
     uint64_t v;
     memcpy(&v, b + 8 * i, sizeof v);
-    assert(v < POLICY_MAX_UNITS);
+    assert(v < UINT32_MAX);
     uint32_t v32 = (uint32_t)v;
     memcpy(b + 4 * i, &v32, sizeof v32);
   }

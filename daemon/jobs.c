@@ -167,7 +167,7 @@ static void publish(job *j, const core_outcome *o) {
   dec.job = c->name;
   dec.step = o->step;
   dec.n_active = o->res.n_active;
-  dec.active = (uint32_t *)o->res.active;
+  dec.active = (uint32_t *)o->active_ids;
   /* the risky units (their exceed events) with their g, d, s */
   uint32_t n_risky = 0;
   for (uint32_t i = 0; i < o->res.n_events; i++)
@@ -181,7 +181,7 @@ static void publish(job *j, const core_outcome *o) {
       const policy_event *e = &o->res.events[i];
       if (e->kind != POLICY_EV_EXCEED || e->unit == UINT32_MAX)
         continue;
-      risky[k] = e->unit;
+      risky[k] = o->unit_id[e->unit]; /* e->unit is a slot */
       gds[k] = o->res.g[e->unit];
       gds[n_risky + k] = o->res.d[e->unit];
       gds[2 * n_risky + k] = o->res.s[e->unit];

@@ -114,16 +114,24 @@ void jobs_restore(const store_job *sj, void *ctx) {
   c->run = sj->run;
   c->owner = sj->owner ? strdup(sj->owner) : NULL;
   policy *pol = NULL;
+  uint32_t *pol_ids = NULL, n_pol_ids = 0;
+  size_t pol_len = 0;
   if (sj->snapshot != NULL &&
-      policy_import(sj->snapshot, sj->snapshot_len, &pol) != GNMR_OK) {
+      (store_snapshot_split(sj->snapshot, sj->snapshot_len, &pol_len,
+                            &pol_ids, &n_pol_ids) != GNMR_OK ||
+       policy_import(sj->snapshot, pol_len, &pol) != GNMR_OK ||
+       (pol_ids != NULL && n_pol_ids != policy_units(pol)))) {
     LOG(ERROR, "JOB-RESTORE", "job %s: snapshot unreadable, statistics "
                               "start afresh", sj->name);
-    pol = NULL;
+    policy_destroy(&pol);
   }
   if (pol == NULL && policy_set_params(c->pol, &sj->params) == GNMR_OK)
     c->params = sj->params;
-  if (core_restore(c, pol, sj->n_units, sj->unit_names, sj->n_ranks,
-                   sj->rank_n, sj->rank_ids) != GNMR_OK) {
+  int rrv = core_restore(c, pol, pol_ids, sj->n_units, sj->unit_ids,
+                         sj->unit_names, sj->n_ranks, sj->rank_n,
+                         sj->rank_ids);
+  free(pol_ids);
+  if (rrv != GNMR_OK) {
     LOG(ERROR, "JOB-RESTORE", "job %s: out of memory", sj->name);
     jobs__free(j);
     return;

@@ -83,7 +83,7 @@ void records_rank(store *st, const core_job *j, uint32_t rank) {
     r->rank = rank;
     for (uint32_t i = 0; i < rr->n_units; i++) {
       u->ids[i] = r->ids[i] = rr->ids[i];
-      u->names[i] = strdup(j->unit_names[rr->ids[i]]);
+      u->names[i] = strdup(j->unit_names[rr->slots[i]]);
       if (u->names[i] == NULL)
         u->names[i] = strdup("?");
     }
@@ -104,6 +104,15 @@ static store_rec *snapshot_rec(const core_job *j, int kind) {
     return NULL;
   r->pass = j->pass;
   r->step = policy_last_step(j->pol);
+  if (!core_dense(j)) { /* the engine's unit u is id unit_id[u] */
+    if ((r->snap_ids = malloc((size_t)j->n_units * sizeof *r->snap_ids)) ==
+        NULL) {
+      store_rec_free(r);
+      return NULL;
+    }
+    memcpy(r->snap_ids, j->unit_id, (size_t)j->n_units * sizeof *r->snap_ids);
+    r->n_snap_ids = j->n_units;
+  }
   if ((r->snap = policy_snap_begin(j->pol)) != NULL)
     return r;
   size_t len = policy_export_size(j->pol);
@@ -156,7 +165,7 @@ void records_step(store *st, const core_job *j, const core_outcome *o,
     r->active[0] = '\0';
     for (uint32_t i = 0; i < res->n_active; i++)
       off += (size_t)sprintf(r->active + off, i ? " %u" : "%u",
-                             res->active[i]);
+                             o->active_ids[i]);
   }
   if (res->n_events > 0 &&
       (r->events = malloc(res->n_events * sizeof *r->events)) != NULL) {
@@ -164,8 +173,8 @@ void records_step(store *st, const core_job *j, const core_outcome *o,
     for (uint32_t i = 0; i < res->n_events; i++) {
       const policy_event *e = &res->events[i];
       store_event *ev = &r->events[i];
-      int has_unit = e->unit != UINT32_MAX;
-      ev->unit = e->unit;
+      int has_unit = e->unit != UINT32_MAX; /* e->unit is a slot */
+      ev->unit = has_unit ? o->unit_id[e->unit] : UINT32_MAX;
       ev->kind = e->kind;
       ev->outcome = e->outcome;
       ev->count = e->count;

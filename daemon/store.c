@@ -56,6 +56,7 @@ void store_rec_free(store_rec *r) {
   free(r->events);
   free(r->snapshot);
   policy_snap_free(&r->snap);
+  free(r->snap_ids);
   free(r->text);
   free(r->detail);
   free(r);
@@ -64,19 +65,81 @@ void store_rec_free(store_rec *r) {
 /* Serializes the snapshots the batch's records still owe (off the loop:
  * policy_snap_*); one that fails (no memory) is logged and left out, the
  * step's record kept. */
+#define SNAP_IDS_MAGIC "GNMRSID1"
+
+/* Appends r's id table to its snapshot bytes (store_snapshot_split). */
+static int add_id_trailer(store_rec *r) {
+  size_t extra = (size_t)r->n_snap_ids * 4 + 4 + 8;
+  uint8_t *b = realloc(r->snapshot, r->snapshot_len + extra);
+  if (b == NULL)
+    return GNMR_E_NOMEM;
+  uint8_t *o = b + r->snapshot_len;
+  for (uint32_t i = 0; i <= r->n_snap_ids; i++) {
+    uint32_t v = i < r->n_snap_ids ? r->snap_ids[i] : r->n_snap_ids;
+    for (int k = 0; k < 4; k++)
+      *o++ = (uint8_t)(v >> (8 * k));
+  }
+  memcpy(o, SNAP_IDS_MAGIC, 8);
+  r->snapshot = b;
+  r->snapshot_len += extra;
+  free(r->snap_ids);
+  r->snap_ids = NULL;
+  return GNMR_OK;
+}
+
+int store_snapshot_split(const void *blob, size_t len, size_t *pol_len,
+                         uint32_t **ids, uint32_t *n_ids) {
+  const uint8_t *b = blob;
+  *ids = NULL;
+  *n_ids = 0;
+  *pol_len = len;
+  if (len < 12 || memcmp(b + len - 8, SNAP_IDS_MAGIC, 8) != 0)
+    return GNMR_OK;
+  uint32_t n = 0;
+  for (int k = 0; k < 4; k++)
+    n |= (uint32_t)b[len - 12 + k] << (8 * k);
+  if ((uint64_t)n * 4 + 12 > len)
+    return GNMR_E_PARSE;
+  size_t at = len - 12 - (size_t)n * 4;
+  uint32_t *v = malloc((n ? n : 1) * sizeof *v);
+  if (v == NULL)
+    return GNMR_E_NOMEM;
+  for (uint32_t i = 0; i < n; i++) {
+    v[i] = 0;
+    for (int k = 0; k < 4; k++)
+      v[i] |= (uint32_t)b[at + 4 * (size_t)i + k] << (8 * k);
+    if (v[i] == UINT32_MAX || (i > 0 && v[i] <= v[i - 1])) {
+      free(v);
+      return GNMR_E_PARSE; /* ids are ascending and below UINT32_MAX */
+    }
+  }
+  *ids = v;
+  *n_ids = n;
+  *pol_len = at;
+  return GNMR_OK;
+}
+
+/* Serializes the snapshots the batch's records still owe (off the loop:
+ * policy_snap_*), with their id tables; one that fails (no memory) is
+ * logged and left out, the step's record kept. */
 static void take_snapshots(store_rec *batch) {
   for (store_rec *r = batch; r != NULL; r = r->next) {
-    if (r->snap == NULL)
-      continue;
-    int rv = policy_snap_take(r->snap, &r->snapshot, &r->snapshot_len);
+    int rv = GNMR_OK;
+    uint64_t step = r->step;
+    if (r->snap != NULL) {
+      step = policy_snap_step(r->snap);
+      rv = policy_snap_take(r->snap, &r->snapshot, &r->snapshot_len);
+      policy_snap_free(&r->snap);
+    }
+    if (rv == GNMR_OK && r->snapshot != NULL && r->snap_ids != NULL)
+      rv = add_id_trailer(r);
     if (rv != GNMR_OK) {
+      free(r->snapshot);
       r->snapshot = NULL;
       r->snapshot_len = 0;
       LOG(ERROR, "SNAPSHOT", "job %s: snapshot at step %llu not taken: %s",
-          r->job, (unsigned long long)policy_snap_step(r->snap),
-          gnmr_strerror(rv));
+          r->job, (unsigned long long)step, gnmr_strerror(rv));
     }
-    policy_snap_free(&r->snap);
   }
 }
 
@@ -323,6 +386,7 @@ void store_close(store **ps) {
 static uint64_t rec_bytes(const store_rec *r) {
   uint64_t b = sizeof *r + strlen(r->job) + 1 + r->snapshot_len +
                (r->snap ? policy_snap_size(r->snap) : 0) +
+               (uint64_t)r->n_snap_ids * 4 +
                (uint64_t)r->n_events * sizeof *r->events +
                (r->ids ? (uint64_t)r->n * sizeof *r->ids : 0) +
                (r->active ? strlen(r->active) + 1 : 0) +

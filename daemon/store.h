@@ -63,6 +63,10 @@ typedef struct store_rec {
   size_t snapshot_len;
   policy_snap *snap;     /* or the snapshot still owed: the writer takes
                             it (policy_snap_take) before its batch */
+  uint32_t *snap_ids;    /* the engine's units' ids when they are not
+                            0..n-1: stored after the bytes (see
+                            store_snapshot_split) */
+  uint32_t n_snap_ids;
   /* REC_EVENT / REC_STATE */
   char *text;            /* event kind, state, or (REC_JOB) the owner */
   char *detail;
@@ -103,6 +107,14 @@ void store_commit_histogram(store *s, uint64_t *buckets, uint64_t *count,
                             double *sum);
 
 uint32_t store_snapshot_every(const store *s);
+
+/* A stored snapshot is policy_export() bytes, then, for a job whose unit
+ * ids are not 0..n-1 (units are kept in ascending id order), a trailer:
+ * n little-endian u32 ids, u32 n, "GNMRSID1". Splits blob: *pol_len bytes
+ * for policy_import(), and the ids (*ids malloc'd; NULL: ids 0..n-1).
+ * GNMR_E_PARSE for a trailer that does not hold together, GNMR_E_NOMEM. */
+int store_snapshot_split(const void *blob, size_t len, size_t *pol_len,
+                         uint32_t **ids, uint32_t *n_ids);
 /* The largest run id in the store at open (0: none): new runs take the
  * ids after it, so that none is ever reused. */
 uint64_t store_last_run(const store *s);
@@ -120,7 +132,8 @@ typedef struct store_job {
   policy_params params;       /* in force at the snapshot */
   policy_params hello_params; /* what agents send in Hello */
   uint32_t n_units;
-  char **unit_names;          /* by id; NULL for gaps */
+  uint32_t *unit_ids;         /* the units' ids and names, any order */
+  char **unit_names;
   uint32_t n_ranks;           /* = reporters */
   uint32_t *rank_n;           /* units per rank, 0 = never joined */
   uint32_t **rank_ids;

@@ -16,6 +16,7 @@ void store__job_free(store_job *j) {
     for (uint32_t u = 0; u < j->n_units; u++)
       free(j->unit_names[u]);
   free(j->unit_names);
+  free(j->unit_ids);
   if (j->rank_ids)
     for (uint32_t r = 0; r < j->n_ranks; r++)
       free(j->rank_ids[r]);
@@ -30,28 +31,34 @@ int store__load_job(db_conn *db, store_job *j) {
   db_stmt *st;
   int rc;
   /* units */
-  if (db_prepare(db, "SELECT COALESCE(MAX(id)+1,0) FROM units WHERE "
-                         "run=?", &st) != GNMR_OK)
+  if (db_prepare(db, "SELECT COUNT(*) FROM units WHERE run=?", &st) !=
+      GNMR_OK)
     return GNMR_E_STORE;
   db_bind_int64(st, 1, (int64_t)j->run);
-  j->n_units = db_step(st) == DB_ROW
-                   ? (uint32_t)db_column_int64(st, 0)
-                   : 0;
+  int64_t count = db_step(st) == DB_ROW ? db_column_int64(st, 0) : 0;
   db_finalize(st);
-  if (j->n_units > POLICY_MAX_UNITS)
+  if (count < 0 || count > POLICY_MAX_UNITS)
     return GNMR_E_STORE;
-  j->unit_names = calloc(j->n_units ? j->n_units : 1, sizeof *j->unit_names);
+  j->unit_names = calloc(count ? (size_t)count : 1, sizeof *j->unit_names);
+  j->unit_ids = calloc(count ? (size_t)count : 1, sizeof *j->unit_ids);
   j->rank_n = calloc(j->n_ranks, sizeof *j->rank_n);
   j->rank_ids = calloc(j->n_ranks, sizeof *j->rank_ids);
-  if (!j->unit_names || !j->rank_n || !j->rank_ids)
+  if (!j->unit_names || !j->unit_ids || !j->rank_n || !j->rank_ids)
     return GNMR_E_NOMEM;
   if (db_prepare(db, "SELECT id, name FROM units WHERE run=?", &st) != GNMR_OK)
     return GNMR_E_STORE;
   db_bind_int64(st, 1, (int64_t)j->run);
-  while ((rc = db_step(st)) == DB_ROW) {
+  j->n_units = 0;
+  while ((rc = db_step(st)) == DB_ROW && j->n_units < (uint64_t)count) {
     int64_t id = db_column_int64(st, 0);
-    if (id >= 0 && id < j->n_units && j->unit_names[id] == NULL)
-      j->unit_names[id] = strdup(db_column_text(st, 1));
+    const char *name = (const char *)db_column_text(st, 1);
+    if (id < 0 || id >= UINT32_MAX || name == NULL)
+      continue;
+    if ((j->unit_names[j->n_units] = strdup(name)) == NULL) {
+      db_finalize(st);
+      return GNMR_E_NOMEM;
+    }
+    j->unit_ids[j->n_units++] = (uint32_t)id;
   }
   db_finalize(st);
   /* ranks */
@@ -61,7 +68,7 @@ int store__load_job(db_conn *db, store_job *j) {
   db_bind_int64(st, 1, (int64_t)j->run);
   while ((rc = db_step(st)) == DB_ROW) {
     int64_t r = db_column_int64(st, 0), unit = db_column_int64(st, 2);
-    if (r < 0 || r >= j->n_ranks || unit < 0 || unit >= j->n_units)
+    if (r < 0 || r >= j->n_ranks || unit < 0 || unit >= UINT32_MAX)
       continue;
     uint32_t *ids = realloc(j->rank_ids[r], (j->rank_n[r] + 1) * sizeof *ids);
     if (ids == NULL) {

@@ -45,48 +45,49 @@ json_t *store_view_job(store_query *q, db_conn *db) {
   sj.name = strdup(q->job);
   sj.run = q->resolved;
   sj.n_ranks = sj.reporters;
-  core_job c = {0};
+  core_registry reg = {0};
+  core_job *c = NULL;
   policy *pol = NULL;
+  uint32_t *pol_ids = NULL, n_pol_ids = 0;
+  size_t pol_len = 0;
   if (sj.name == NULL || sj.reporters == 0 || sj.reporters > 4096 ||
       store__load_job(db, &sj) != GNMR_OK) {
     store_query_fail(q, GNMR_E_STORE, "job %.128s cannot be read back", q->job);
     goto out;
   }
-  if (sj.snapshot == NULL ||
-      policy_import(sj.snapshot, sj.snapshot_len, &pol) != GNMR_OK)
-    policy_create(&sj.params, 0, &pol); /* no statistics were kept */
-  c.name = sj.name;
-  c.run = sj.run;
-  c.pass = sj.pass;
-  c.reporters = sj.reporters;
-  c.barrier_ms = sj.barrier_ms;
-  c.params = pol ? *policy_get_params(pol) : sj.params;
-  c.pol = pol;
-  c.last_decided = pol ? policy_last_step(pol) : 0;
-  c.n_units = sj.n_units;
-  c.unit_names = sj.unit_names;
-  c.ranks = calloc(sj.reporters, sizeof *c.ranks);
-  c.shards = calloc(sj.n_units ? sj.n_units : 1, sizeof *c.shards);
-  if (pol == NULL || c.ranks == NULL || c.shards == NULL) {
+  if (sj.snapshot != NULL &&
+      (store_snapshot_split(sj.snapshot, sj.snapshot_len, &pol_len, &pol_ids,
+                            &n_pol_ids) != GNMR_OK ||
+       policy_import(sj.snapshot, pol_len, &pol) != GNMR_OK ||
+       (pol_ids != NULL && n_pol_ids != policy_units(pol))))
+    policy_destroy(&pol); /* no statistics were kept */
+  c = core_job_new(&reg, sj.name, pol ? policy_get_params(pol) : &sj.params,
+                   sj.reporters, sj.barrier_ms, NULL);
+  if (c == NULL) {
     store_query_fail(q, GNMR_E_NOMEM, "out of memory");
     goto out;
   }
-  for (uint32_t r = 0; r < sj.n_ranks; r++)
-    for (uint32_t i = 0; i < sj.rank_n[r]; i++)
-      if (sj.rank_ids[r][i] < sj.n_units)
-        c.shards[sj.rank_ids[r][i]]++;
+  int rrv = core_restore(c, pol, pol_ids, sj.n_units, sj.unit_ids,
+                         sj.unit_names, sj.n_ranks, sj.rank_n, sj.rank_ids);
+  pol = NULL; /* core_restore took it */
+  if (rrv != GNMR_OK) {
+    store_query_fail(q, GNMR_E_NOMEM, "out of memory");
+    goto out;
+  }
+  c->run = sj.run;
+  c->pass = sj.pass;
   if (q->command == GNMR_CMD_STATUS) {
-    out = views_status(&c);
+    out = views_status(c);
     json_object_set_new(out, "state", json_string(state));
   } else {
-    out = views_units(&c, q->command == GNMR_CMD_TOP ? (q->limit ? q->limit
+    out = views_units(c, q->command == GNMR_CMD_TOP ? (q->limit ? q->limit
                                                                   : 10)
                                                       : 0);
   }
 out:
-  free(c.ranks);
-  free(c.shards);
+  core_registry_free(&reg); /* c with it */
   policy_destroy(&pol);
+  free(pol_ids);
   store__job_free(&sj);
   return out;
 }

@@ -34,7 +34,8 @@ json_t *views_status(const core_job *c) {
     policy_unit_info info;
     if (policy_unit(c->pol, u, &info) == GNMR_OK && info.active)
       json_array_append_new(
-          active, json_pack("{s:I,s:s}", "id", (json_int_t)u, "name",
+          active, json_pack("{s:I,s:s}", "id", (json_int_t)c->unit_id[u],
+                            "name",
                             c->unit_names[u] ? c->unit_names[u] : ""));
   }
   return json_pack("{s:s,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o}",
@@ -53,6 +54,7 @@ typedef struct ranked {
   uint32_t u;
 } ranked;
 
+/* Ties to the smaller id: slots are in id order. */
 static int by_score_desc(const void *a, const void *b) {
   const ranked *x = a, *y = b;
   if (x->s != y->s)
@@ -86,7 +88,7 @@ json_t *views_units(const core_job *c, uint32_t top) {
       continue;
     json_array_append_new(
         arr, json_pack("{s:I,s:s,s:I,s:I,s:o,s:o,s:o,s:o,s:I,s:b,s:I}", "id",
-                       (json_int_t)u, "name",
+                       (json_int_t)c->unit_id[u], "name",
                        c->unit_names[u] ? c->unit_names[u] : "", "shards",
                        (json_int_t)c->shards[u], "reports",
                        (json_int_t)info.cnt, "mean", jnum(info.mean), "g",

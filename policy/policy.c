@@ -112,29 +112,34 @@ static bufs bufs_of(policy *p) {
   return b;
 }
 
-/* Index of the oldest value of unit u's ring of capacity w. */
+/* Moves old unit u of p into new unit v of b (sized under prm), keeping
+ * its ring's newest min(len, prm->window) values. */
+static void copy_unit(bufs *b, uint32_t v, const policy *p, uint32_t u,
+                      const policy_params *prm) {
+  uint32_t ow = p->prm.window, nw = prm->window;
+  b->cnt[v] = p->cnt[u];
+  b->sum[v] = p->sum[u];
+  b->promotions[v] = p->promotions[u];
+  b->lock[v] = p->lock[u] > prm->lock_steps ? prm->lock_steps : p->lock[u];
+  b->active[v] = p->active[u];
+  b->g[v] = p->g[u];
+  b->d[v] = p->d[u];
+  b->s[v] = p->s[u];
+  uint32_t len = p->win_len[u] < nw ? p->win_len[u] : nw;
+  uint32_t from = ring_oldest(p->win_head[u], len, ow);
+  for (uint32_t i = 0; i < len; i++)
+    b->win[(size_t)v * nw + i] = p->win[(size_t)u * ow + (from + i) % ow];
+  b->win_len[v] = len;
+  b->win_head[v] = len % nw;
+}
+
 /* Moves the state of p's first min(p->n, n) units into b (sized for n units
- * under prm), keeping each ring's newest min(len, prm->window) values. */
+ * under prm). */
 static void bufs_copy_state(bufs *b, const policy *p, const policy_params *prm,
                             uint32_t n) {
   uint32_t keep = p->n < n ? p->n : n;
-  uint32_t ow = p->prm.window, nw = prm->window;
-  for (uint32_t u = 0; u < keep; u++) {
-    b->cnt[u] = p->cnt[u];
-    b->sum[u] = p->sum[u];
-    b->promotions[u] = p->promotions[u];
-    b->lock[u] = p->lock[u] > prm->lock_steps ? prm->lock_steps : p->lock[u];
-    b->active[u] = p->active[u];
-    b->g[u] = p->g[u];
-    b->d[u] = p->d[u];
-    b->s[u] = p->s[u];
-    uint32_t len = p->win_len[u] < nw ? p->win_len[u] : nw;
-    uint32_t from = ring_oldest(p->win_head[u], len, ow);
-    for (uint32_t i = 0; i < len; i++)
-      b->win[(size_t)u * nw + i] = p->win[(size_t)u * ow + (from + i) % ow];
-    b->win_len[u] = len;
-    b->win_head[u] = len % nw;
-  }
+  for (uint32_t u = 0; u < keep; u++)
+    copy_unit(b, u, p, u, prm);
 }
 
 /* Rebuilds the last active set (p->act, ascending) from the flags; between
@@ -214,6 +219,40 @@ int policy_resize(policy *p, uint32_t n_units) {
   if (n_units == p->n)
     return GNMR_OK;
   return reshape(p, &p->prm, n_units);
+}
+
+int policy_remap(policy *p, uint32_t n_units, const uint32_t *to) {
+  if (p == NULL || (to == NULL && p->n > 0))
+    return GNMR_E_INVAL;
+  if (n_units > POLICY_MAX_UNITS)
+    return GNMR_E_RANGE;
+  uint8_t *taken = zalloc(n_units, 1);
+  if (taken == NULL)
+    return GNMR_E_NOMEM;
+  for (uint32_t u = 0; u < p->n; u++) {
+    if (to[u] == UINT32_MAX)
+      continue;
+    if (to[u] >= n_units || taken[to[u]]) {
+      free(taken);
+      return GNMR_E_INVAL;
+    }
+    taken[to[u]] = 1;
+  }
+  free(taken);
+  policy__settle(p);
+  bufs nb, ob;
+  int rv = bufs_alloc(&nb, n_units, &p->prm);
+  if (rv != GNMR_OK)
+    return rv;
+  for (uint32_t u = 0; u < p->n; u++)
+    if (to[u] != UINT32_MAX)
+      copy_unit(&nb, to[u], p, u, &p->prm);
+  ob = bufs_of(p);
+  bufs_free(&ob);
+  bufs_take(p, &nb);
+  p->n = n_units;
+  policy__rebuild_act(p);
+  return GNMR_OK;
 }
 
 const policy_params *policy_get_params(const policy *p) { return &p->prm; }

@@ -97,6 +97,13 @@ int policy_set_params(policy *p, const policy_params *params);
  * GNMR_E_INVAL. May allocate; on error nothing changes. */
 int policy_resize(policy *p, uint32_t n_units);
 
+/* Moves the units to new places: old unit u becomes unit to[u] of
+ * n_units (UINT32_MAX: dropped); units nothing moves to start with no
+ * history. Used when units are numbered in another order (gnmrd keeps a
+ * job's units in ascending id order). to must be injective: else
+ * GNMR_E_INVAL. May allocate; on error nothing changes. */
+int policy_remap(policy *p, uint32_t n_units, const uint32_t *to);
+
 const policy_params *policy_get_params(const policy *p);
 uint32_t policy_units(const policy *p);
 /* The last step run (0 before the first). */

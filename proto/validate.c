@@ -48,9 +48,9 @@ int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
     FAIL(GNMR_E_PROTO, "unit_ids", "unit_ids has %zu entries for %zu units",
          h->n_unit_ids, h->n_units);
   for (size_t i = 0; i < h->n_unit_ids; i++)
-    if (h->unit_ids[i] >= POLICY_MAX_UNITS)
+    if (h->unit_ids[i] >= UINT32_MAX) /* UINT32_MAX: no unit */
       FAIL(GNMR_E_RANGE, "unit_ids", "unit id %llu is not below %u",
-           (unsigned long long)h->unit_ids[i], POLICY_MAX_UNITS);
+           (unsigned long long)h->unit_ids[i], UINT32_MAX);
   if (h->params == NULL && defaults == NULL)
     FAIL(GNMR_E_INVAL, "params", "Hello without policy parameters");
   if (h->params != NULL)

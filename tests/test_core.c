@@ -63,6 +63,15 @@ static int report(core_job *j, uint32_t rank, uint64_t step,
   return rc;
 }
 
+static void join_ids(core_job *j, uint32_t rank, const char *const *names,
+                     size_t n, const uint32_t *ids) {
+  char why[160];
+  ck_assert_int_eq(core_register_units(j, &j->ranks[rank], names, n, ids, 1,
+                                       why, sizeof why),
+                   GNMR_OK);
+  core_join(j, rank, 0);
+}
+
 static const char *const one[] = {"w"};
 static const char *const two[] = {"a", "b"};
 
@@ -237,9 +246,12 @@ START_TEST(registration_is_all_or_nothing) {
   ck_assert_int_eq(core_register_units(j, &j->ranks[0], ab, 2, ids_ab, 1, why,
                                        sizeof why),
                    GNMR_OK);
-  ck_assert_uint_eq(j->n_units, 6); /* ids 0, 1, 3, 4: gaps */
-  ck_assert_ptr_null(j->unit_names[0]);
-  ck_assert_str_eq(j->unit_names[5], "a");
+  ck_assert_uint_eq(j->n_units, 2); /* two slots, in id order: 2, 5 */
+  ck_assert_uint_eq(j->unit_id[0], 2);
+  ck_assert_uint_eq(j->unit_id[1], 5);
+  ck_assert_str_eq(j->unit_names[1], "a");
+  ck_assert_uint_eq(core_slot(j, 5), 1);
+  ck_assert_uint_eq(core_slot(j, 3), UINT32_MAX);
   /* the same name under another id */
   static const char *const a_only[] = {"a"};
   static const uint32_t id7[] = {7};
@@ -253,29 +265,33 @@ START_TEST(registration_is_all_or_nothing) {
   ck_assert_int_eq(core_register_units(j, &j->ranks[1], cd, 2, ids_cd, 1, why,
                                        sizeof why),
                    GNMR_E_MISMATCH);
-  ck_assert_uint_eq(j->n_units, 6);
+  ck_assert_uint_eq(j->n_units, 2);
   ck_assert_int_eq(hmap_get(&j->unit_ids, "c", 1, NULL), 0);
   ck_assert_ptr_null(j->ranks[1].ids);
-  /* the largest id a job allows, and one past it */
-  static const uint32_t too_big[] = {POLICY_MAX_UNITS};
+  /* a job's unit count is capped, not its ids; UINT32_MAX is no unit */
+  static const uint32_t big[] = {POLICY_MAX_UNITS};
   ck_assert_int_eq(core_register_units(j, &j->ranks[1], a_only + 0, 1,
-                                       too_big, 1, why, sizeof why),
+                                       big, 1, why, sizeof why),
                    GNMR_E_MISMATCH); /* "a" is 5 */
-  static const char *const z[] = {"z"};
-  ck_assert_int_eq(core_register_units(j, &j->ranks[1], z, 1, too_big, 1, why,
+  static const char *const z[] = {"z"}, *const zy[] = {"z", "y"};
+  static const uint32_t big2[] = {POLICY_MAX_UNITS, 4000000000u};
+  j->max_units = 3;
+  ck_assert_int_eq(core_register_units(j, &j->ranks[1], zy, 2, big2, 1, why,
                                        sizeof why),
                    GNMR_E_RANGE);
+  ck_assert(strstr(why, "at most 3 units") != NULL);
+  j->max_units = POLICY_MAX_UNITS;
   static const uint32_t id_max32[] = {UINT32_MAX};
   ck_assert_int_eq(core_register_units(j, &j->ranks[1], z, 1, id_max32, 1,
                                        why, sizeof why),
                    GNMR_E_RANGE);
-  ck_assert_uint_eq(j->n_units, 6);
+  ck_assert_uint_eq(j->n_units, 2);
   /* shards: a second rank with the same names adds a shard each */
   ck_assert_int_eq(core_register_units(j, &j->ranks[1], ab, 2, NULL, 1, why,
                                        sizeof why),
                    GNMR_OK);
-  ck_assert_uint_eq(j->shards[5], 2);
-  ck_assert_uint_eq(j->shards[2], 2);
+  ck_assert_uint_eq(j->shards[core_slot(j, 5)], 2);
+  ck_assert_uint_eq(j->shards[core_slot(j, 2)], 2);
   ck_assert(core_same_units(j, &j->ranks[1], ab, 2, ids_ab));
   ck_assert(!core_same_units(j, &j->ranks[1], cd, 2, NULL));
 }
@@ -374,7 +390,8 @@ START_TEST(restore_rebuilds_units_ranks_and_statistics) {
   char *names[] = {"a", "b"};
   uint32_t n[] = {2, 0}, ids0[] = {0, 1};
   uint32_t *ids[] = {ids0, NULL};
-  ck_assert_int_eq(core_restore(r, pol, 2, names, 2, n, ids), GNMR_OK);
+  ck_assert_int_eq(core_restore(r, pol, NULL, 2, ids0, names, 2, n, ids),
+                   GNMR_OK);
   ck_assert_uint_eq(r->last_decided, 3);
   ck_assert_uint_eq(r->n_units, 2);
   ck_assert_uint_eq(r->shards[0], 1); /* rank 1 never joined: no shard yet */
@@ -392,8 +409,94 @@ START_TEST(restore_rebuilds_units_ranks_and_statistics) {
   core_job *bad = new_job("bad", 1, 10);
   uint32_t n1[] = {1}, far[] = {9};
   uint32_t *fids[] = {far};
-  ck_assert_int_eq(core_restore(bad, NULL, 2, names, 1, n1, fids), GNMR_OK);
+  ck_assert_int_eq(core_restore(bad, NULL, NULL, 2, ids0, names, 1, n1, fids),
+                   GNMR_OK);
   ck_assert_int_eq(bad->ranks[0].ever, 0);
+}
+END_TEST
+
+/* Units are slots in id order: memory follows the units that exist. A
+ * unit whose id falls between others moves the later ones, statistics
+ * and registrations with them; decisions and restores speak ids. */
+START_TEST(sparse_ids_take_slots_in_id_order) {
+  core_job *j = new_job("sparse", 1, 10);
+  char why[160];
+  static const char *const ac[] = {"a", "c"};
+  static const uint32_t ids_ac[] = {4000000000u, 10};
+  join_ids(j, 0, ac, 2, ids_ac);
+  ck_assert_uint_eq(j->n_units, 2);
+  ck_assert_uint_eq(policy_units(j->pol), 2);
+  ck_assert(!core_dense(j));
+  core_outcome o;
+  double spike[] = {1.0, 1.0};
+  for (uint64_t t = 1; t <= 12; t++) {
+    spike[0] = t == 12 ? 50.0 : 1.0 + 0.01 * (double)t; /* "a" spikes */
+    ck_assert_int_eq(report(j, 0, t, spike, 0), CORE_ACCEPTED);
+    ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
+  }
+  ck_assert_uint_eq(o.res.n_active, 1);
+  ck_assert_uint_eq(o.active_ids[0], 4000000000u); /* an id, not a slot */
+  ck_assert_uint_eq(o.unit_id[o.res.active[0]], 4000000000u);
+  policy_unit_info before_a, before_c, after_a, after_c, b_new;
+  ck_assert_int_eq(policy_unit(j->pol, core_slot(j, 4000000000u), &before_a),
+                   GNMR_OK);
+  ck_assert_int_eq(policy_unit(j->pol, core_slot(j, 10), &before_c), GNMR_OK);
+  /* an observer brings "b" with id 20: between 10 and 4e9 */
+  static const char *const ab[] = {"a", "b"};
+  static const uint32_t ids_ab[] = {4000000000u, 20};
+  uint32_t oslot;
+  int full;
+  core_rank *ob = core_observer_slot(j, &oslot, &full);
+  ck_assert_int_eq(core_register_units(j, ob, ab, 2, ids_ab, 0, why,
+                                       sizeof why),
+                   GNMR_OK);
+  ck_assert_uint_eq(ob->slots[0], 2);
+  ck_assert_uint_eq(ob->slots[1], 1);
+  ck_assert_uint_eq(j->n_units, 3);
+  ck_assert_uint_eq(j->unit_id[0], 10);
+  ck_assert_uint_eq(j->unit_id[1], 20);
+  ck_assert_uint_eq(j->unit_id[2], 4000000000u);
+  ck_assert_str_eq(j->unit_names[2], "a");
+  ck_assert_uint_eq(j->ranks[0].slots[0], 2); /* rank 0's "a" moved */
+  ck_assert_uint_eq(j->ranks[0].slots[1], 0);
+  ck_assert_uint_eq(j->shards[2], 1); /* an observer adds no shard */
+  ck_assert_uint_eq(j->shards[1], 0);
+  ck_assert_int_eq(policy_unit(j->pol, 2, &after_a), GNMR_OK);
+  ck_assert_int_eq(policy_unit(j->pol, 0, &after_c), GNMR_OK);
+  ck_assert_int_eq(policy_unit(j->pol, 1, &b_new), GNMR_OK);
+  ck_assert_uint_eq(after_a.cnt, before_a.cnt);
+  ck_assert(after_a.mean == before_a.mean && after_a.active);
+  ck_assert_uint_eq(after_c.cnt, before_c.cnt);
+  ck_assert_uint_eq(b_new.cnt, 0);
+  /* a restore from a snapshot that knew only c and a (ids 10, 4e9):
+   * built from j's engine without "b" */
+  size_t len = policy_export_size(j->pol), got;
+  void *snap = malloc(len);
+  policy *pol = NULL;
+  static const uint32_t snap_ids[] = {10, 4000000000u};
+  ck_assert_int_eq(policy_export(j->pol, snap, len, &got), GNMR_OK);
+  ck_assert_int_eq(policy_import(snap, got, &pol), GNMR_OK);
+  ck_assert_int_eq(policy_remap(pol, 2, (uint32_t[]){0, UINT32_MAX, 1}),
+                   GNMR_OK);
+  ck_assert_int_eq(policy_remap(pol, 2, (uint32_t[]){1, 1}), GNMR_E_INVAL);
+  free(snap);
+  core_job *r = new_job("sparse-back", 2, 10);
+  char *names[] = {"a", "b", "c"};
+  uint32_t uids[] = {4000000000u, 20, 10};
+  uint32_t n[] = {2, 2}, r0[] = {4000000000u, 10}, r1[] = {4000000000u, 20};
+  uint32_t *rids[] = {r0, r1};
+  ck_assert_int_eq(core_restore(r, pol, snap_ids, 3, uids, names, 2, n, rids),
+                   GNMR_OK);
+  ck_assert_uint_eq(r->n_units, 3);
+  ck_assert_uint_eq(r->unit_id[1], 20);
+  policy_unit_info ra, rb;
+  ck_assert_int_eq(policy_unit(r->pol, 2, &ra), GNMR_OK);
+  ck_assert_int_eq(policy_unit(r->pol, 1, &rb), GNMR_OK);
+  ck_assert_uint_eq(ra.cnt, before_a.cnt);
+  ck_assert(ra.active);
+  ck_assert_uint_eq(rb.cnt, 0);
+  ck_assert_uint_eq(r->shards[2], 2);
+  ck_assert_uint_eq(r->ranks[1].slots[1], 1);
 }
 END_TEST
 
@@ -427,6 +530,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, observers_add_no_shard_and_slots_are_reused);
   tcase_add_test(tc, a_rank_back_below_its_step_starts_a_new_pass);
   tcase_add_test(tc, restore_rebuilds_units_ranks_and_statistics);
+  tcase_add_test(tc, sparse_ids_take_slots_in_id_order);
   tcase_add_test(tc, registry_finds_iterates_and_frees);
   suite_add_tcase(s, tc);
   return s;

@@ -282,14 +282,32 @@ START_TEST(caps_on_jobs_units_and_ids_refuse_clearly) {
   tu_daemon d = {0};
   start_with(&d, "[limits]\nmax_jobs = 2\nmax_units = 100\n");
   raw_peer p = raw_open(d.agents);
-  /* one 60-byte Hello asking for unit id 2^24 - 1 */
+  /* one 60-byte Hello asking for unit id 2^24 - 1: two units, whatever
+   * their ids (they are stored sparsely) */
   uint64_t far[] = {(1u << 24) - 1, 0};
   hello_ids(&p, "amp", 0, 1, two_units, 2, far);
+  expect_welcome(&p);
+  run_result st = ctl(&d, "status", "amp");
+  ck_assert_msg(strstr(st.out, "\nunits          2\n") != NULL, "%s", st.out);
+  tu_run_free(&st);
+  raw_close(&p);
+  p = raw_open(d.agents);
+  /* more units than max_units */
+  char *many[101];
+  char buf[101][8];
+  for (int i = 0; i < 101; i++) {
+    snprintf(buf[i], sizeof buf[i], "m%d", i);
+    many[i] = buf[i];
+  }
+  hello_ids(&p, "amp-many", 0, 1, many, 101, NULL);
   expect_error(&p, GNMR_E_RANGE, "at most 100 units");
-  /* an id past 2^32 is not cut to 0 */
+  /* an id past 2^32 is not cut to 0; UINT32_MAX is no unit */
   uint64_t wrap[] = {UINT64_C(1) << 32, 1};
   hello_ids(&p, "wrap", 0, 1, two_units, 2, wrap);
   expect_error(&p, GNMR_E_RANGE, "unit id 4294967296 is not below");
+  uint64_t top[] = {UINT32_MAX, 1};
+  hello_ids(&p, "wrap", 0, 1, two_units, 2, top);
+  expect_error(&p, GNMR_E_RANGE, "unit id 4294967295 is not below");
   /* refused Hellos leave no job behind, whatever their number */
   uint64_t dup[] = {5, 5};
   for (int i = 0; i < 50; i++) {
@@ -298,17 +316,22 @@ START_TEST(caps_on_jobs_units_and_ids_refuse_clearly) {
     hello_ids(&p, name, 0, 1, two_units, 2, dup);
     expect_error(&p, GNMR_E_MISMATCH, "already taken");
   }
-  ck_assert_int_eq(tu_counter(&d, "jobs_created"), 0);
+  ck_assert_int_eq(tu_counter(&d, "jobs_created"), 1); /* "amp" */
   ck_assert_int_eq(tu_counter(&d, "refused_max_units"), 1);
   raw_peer a = raw_open(d.agents), b = raw_open(d.agents),
            c = raw_open(d.agents);
   hello_ids(&a, "job-a", 0, 1, two_units, 2, NULL);
   expect_welcome(&a);
   hello_ids(&b, "job-b", 0, 1, two_units, 2, NULL);
+  expect_error(&b, GNMR_E_BUSY, "max_jobs"); /* "amp" and "job-a" */
+  run_result fin = ctl(&d, "finish", "amp");
+  ck_assert_msg(fin.code == 0, "finish: %s", fin.err);
+  tu_run_free(&fin);
+  hello_ids(&b, "job-b", 0, 1, two_units, 2, NULL);
   expect_welcome(&b);
   hello_ids(&c, "job-c", 0, 1, two_units, 2, NULL);
   expect_error(&c, GNMR_E_BUSY, "max_jobs");
-  ck_assert_int_eq(tu_counter(&d, "refused_max_jobs"), 1);
+  ck_assert_int_eq(tu_counter(&d, "refused_max_jobs"), 2);
   /* a known job's new rank is no new job */
   run_result r = ctl(&d, "jobs", NULL);
   ck_assert(strstr(r.out, "job-a") && strstr(r.out, "job-b"));
@@ -479,24 +502,27 @@ START_TEST(a_connection_flood_under_a_low_descriptor_limit_is_survived) {
 }
 END_TEST
 
-/* Unit ids are array indices: a Hello's largest id is what gnmrd
- * allocates. One peer may not make every job do it: max_total_units
- * bounds the sum over all jobs. */
+/* max_total_units bounds the units of every job together, so that many
+ * jobs cannot multiply what max_units allows one. */
 START_TEST(units_are_capped_over_all_jobs) {
   tu_daemon d = {0};
   start_with(&d, "[limits]\nmax_units = 100\nmax_total_units = 150\n");
+  static char buf[100][8];
+  char *names[100];
+  for (int i = 0; i < 100; i++) {
+    snprintf(buf[i], sizeof buf[i], "u%d", i);
+    names[i] = buf[i];
+  }
   raw_peer a = raw_open(d.agents), b = raw_open(d.agents);
-  uint64_t big[] = {0, 99}; /* 100 units */
-  hello_ids(&a, "tot-a", 0, 1, two_units, 2, big);
+  hello_ids(&a, "tot-a", 0, 1, names, 100, NULL);
   expect_welcome(&a);
-  uint64_t past[] = {0, 60}; /* 61 units: 50 are free */
-  hello_ids(&b, "tot-b", 0, 1, two_units, 2, past);
+  hello_ids(&b, "tot-b", 0, 1, names, 51, NULL); /* 50 are free */
   expect_error(&b, GNMR_E_RANGE, "max_total_units");
   ck_assert_int_eq(tu_counter(&d, "refused_max_total_units"), 1);
   ck_assert_int_eq(tu_counter(&d, "refused_max_units"), 0);
   ck_assert_int_eq(tu_counter(&d, "jobs_created"), 1);
-  uint64_t fits[] = {0, 49}; /* 50 units: exactly what is free */
-  hello_ids(&b, "tot-b", 0, 1, two_units, 2, fits);
+  uint64_t sparse[] = {7, 4000000000u}; /* 2 units, whatever their ids */
+  hello_ids(&b, "tot-b", 0, 1, two_units, 2, sparse);
   expect_welcome(&b);
   raw_close(&a);
   raw_close(&b);

@@ -51,6 +51,105 @@ START_TEST(decisions_csv_after_sim_equals_expected_file) {
 }
 END_TEST
 
+/* Sparse unit ids across a SIGKILL: the job's units are slots in id
+ * order (7, 12, 300000, 4e9 here, named k, o, v, q), its snapshot carries
+ * the id table, and after the restart the decisions are the engine's on
+ * those slots, reported as ids. */
+static const char *sparse_names[] = {"q", "k", "v", "o"};
+static const uint32_t sparse_ids[] = {4000000000u, 7, 300000, 12};
+static const int slot_of_agent[] = {3, 0, 2, 1}; /* by id order */
+
+static void sparse_rows(const uint64_t *steps, size_t n, char *out,
+                        size_t cap, uint64_t from_row) {
+  static const uint32_t id_of_slot[] = {7, 12, 300000, 4000000000u};
+  policy_params p;
+  policy_params_default(&p);
+  p.warmup_steps = 0;
+  p.max_active = 2;
+  p.lock_steps = 2;
+  policy *e;
+  ck_assert_int_eq(policy_create(&p, 4, &e), GNMR_OK);
+  size_t off = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < n; i++) {
+    double s[4], norm[4];
+    policy_result r;
+    sums(steps[i], s);
+    for (int u = 0; u < 4; u++)
+      norm[slot_of_agent[u]] = sqrt(s[u]);
+    ck_assert_int_eq(policy_step(e, steps[i], norm, NULL, &r), GNMR_OK);
+    if (steps[i] < from_row)
+      continue;
+    off += (size_t)snprintf(out + off, cap - off, "%llu,",
+                            (unsigned long long)steps[i]);
+    for (uint32_t k = 0; k < r.n_active; k++)
+      off += (size_t)snprintf(out + off, cap - off, k ? " %u" : "%u",
+                              id_of_slot[r.active[k]]);
+    off += (size_t)snprintf(out + off, cap - off, "\n");
+  }
+  policy_destroy(&e);
+}
+
+START_TEST(sparse_unit_ids_survive_a_sigkill_through_the_snapshot) {
+  tu_daemon d = {0};
+  char ep[160];
+  char *every10[] = {"--snapshot-every", "10", NULL};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, every10);
+  gnmr_agent_config c = {0};
+  c.endpoint = ep;
+  c.job = "sparse-job";
+  c.reporters = 1;
+  c.unit_names = sparse_names;
+  c.unit_ids = sparse_ids;
+  c.n_units = 4;
+  gnmr_params_default(&c.params);
+  c.params.warmup_steps = 0;
+  c.params.max_active = 2;
+  c.params.lock_steps = 2;
+  c.barrier_ms = 5000;
+  gnmr_agent *a;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  for (uint64_t t = 1; t <= 35; t++)
+    step_agent(a, t);
+  char *before = decisions_csv(&d, "sparse-job", 35);
+  tu_daemon_stop(&d, SIGKILL);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, every10);
+  for (uint64_t t = 36; t <= 80; t++)
+    step_agent(a, t);
+  char *after = decisions_csv(&d, "sparse-job", 80);
+  ck_assert_msg(strncmp(after, before, strlen(before)) == 0,
+                "steps 1-35 changed after the restart");
+  uint64_t steps[75];
+  size_t n = 0;
+  for (uint64_t t = 1; t <= 30; t++)
+    steps[n++] = t;
+  for (uint64_t t = 36; t <= 80; t++)
+    steps[n++] = t;
+  static char want[8192], first[4096];
+  sparse_rows(steps, 30, first, sizeof first, 1);
+  ck_assert_msg(strstr(before, first) != NULL,
+                "decisions before the kill are not the engine's on id-ordered "
+                "slots:\n%s\nvs\n%s", before, first);
+  sparse_rows(steps, n, want, sizeof want, 36);
+  ck_assert_msg(strstr(after, want) != NULL,
+                "decisions after the restart differ from the engine "
+                "restored from its snapshot:\n%s\nvs\n%s", after, want);
+  char *uargs[] = {"units", "sparse-job", "--json", NULL};
+  run_result r = ctl(&d, uargs);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "4000000000") && strstr(r.out, "300000"),
+                "%s", r.out);
+  tu_run_free(&r);
+  gnmr_agent_close(&a);
+  free(before);
+  free(after);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(sigkill_loses_no_committed_step_and_job_continues_from_snapshot) {
   tu_daemon d = {0};
   char ep[160];
@@ -426,6 +525,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, decisions_csv_after_sim_equals_expected_file);
   tcase_add_test(tc,
                  sigkill_loses_no_committed_step_and_job_continues_from_snapshot);
+  tcase_add_test(tc, sparse_unit_ids_survive_a_sigkill_through_the_snapshot);
   tcase_add_test(tc, live_job_views_and_parameter_changes);
   tcase_add_test(tc, bad_queries_and_unreachable_daemon_fail_clearly);
   tcase_add_test(tc, readers_while_the_daemon_writes);
