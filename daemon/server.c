@@ -313,6 +313,9 @@ void server_close(server *s) {
     return;
   zwatch_close(s->w);
   zwatch_close(s->mw);
+  /* monitoring stops first: libzmq leaks an event it cannot deliver, and
+   * closing the socket disconnects every peer (one event each) */
+  zmq_socket_monitor(s->sock, NULL, 0);
   zmq_close(s->monitor); /* after their polls stopped */
   zmq_close(s->sock);
   s->timer->data = NULL;

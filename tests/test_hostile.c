@@ -294,7 +294,7 @@ START_TEST(caps_on_jobs_units_and_ids_refuse_clearly) {
   p = raw_open(d.agents);
   /* more units than max_units */
   char *many[101];
-  char buf[101][8];
+  char buf[101][16];
   for (int i = 0; i < 101; i++) {
     snprintf(buf[i], sizeof buf[i], "m%d", i);
     many[i] = buf[i];
@@ -507,7 +507,7 @@ END_TEST
 START_TEST(units_are_capped_over_all_jobs) {
   tu_daemon d = {0};
   start_with(&d, "[limits]\nmax_units = 100\nmax_total_units = 150\n");
-  static char buf[100][8];
+  static char buf[100][16];
   char *names[100];
   for (int i = 0; i < 100; i++) {
     snprintf(buf[i], sizeof buf[i], "u%d", i);
