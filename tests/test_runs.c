@@ -4,9 +4,11 @@
  * lists them and `--run` selects one; a database of schema version 2 (one
  * history per name) migrates to runs with nothing lost. */
 #include <jansson.h>
+#include <pthread.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include "gnmr/agent.h"
 #include "gnmr/error.h"
 #include "store.h"
 #include "store_query.h"
@@ -263,17 +265,13 @@ static long hwm_kb(pid_t pid) {
   return kb;
 }
 
-/* An export streams in chunks: valid JSON with every row, while gnmrd's
- * memory high-water stays far below the size of the answer. */
-START_TEST(export_streams_in_bounded_memory) {
-  /* valgrind runs the same with fewer rows (a chunk or two) */
-  const int slow = getenv("GNMR_VALGRIND") != NULL;
-  const int EVENTS = slow ? 10000 : 200000;
-  tu_daemon d = {0};
-  tu_daemon_start(&d); /* the schema */
-  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+/* A finished job "big" of one unit with `events` exceed events, 200 a
+ * step, written straight into a new gnmrd's database (d stopped). */
+static void big_history(tu_daemon *d, int EVENTS) {
+  tu_daemon_start(d); /* the schema */
+  ck_assert_int_eq(tu_daemon_stop(d, SIGTERM), 0);
   char path[200];
-  snprintf(path, sizeof path, "%s/data/gnmr.db", d.dir);
+  snprintf(path, sizeof path, "%s/data/gnmr.db", d->dir);
   sqlite3 *db;
   sqlite3_stmt *st;
   ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
@@ -300,6 +298,16 @@ START_TEST(export_streams_in_bounded_memory) {
   sqlite3_finalize(st);
   ck_assert_int_eq(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
   sqlite3_close(db);
+}
+
+/* An export streams in chunks: valid JSON with every row, while gnmrd's
+ * memory high-water stays far below the size of the answer. */
+START_TEST(export_streams_in_bounded_memory) {
+  /* valgrind runs the same with fewer rows (a chunk or two) */
+  const int slow = getenv("GNMR_VALGRIND") != NULL;
+  const int EVENTS = slow ? 10000 : 200000;
+  tu_daemon d = {0};
+  big_history(&d, EVENTS);
   tu_daemon_start_in(&d, NULL, NULL, d.dir, NULL);
   long before = hwm_kb(d.pid);
   run_result r = ctl(&d, "export", "big", NULL, NULL, NULL);
@@ -322,6 +330,95 @@ START_TEST(export_streams_in_bounded_memory) {
                   "gnmrd's high-water grew %ld kB for a %zu kB export",
                   after - before, len / 1024);
   tu_run_free(&r);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+/* The loop while a multi-hundred-MB export streams: a probe job keeps
+ * deciding steps, none slower than a tenth of the unit's WatchdogSec
+ * (10 s). Sanitizers and valgrind run it with a smaller history. */
+typedef struct probe {
+  const char *ep;
+  volatile int stop;
+  double max_ms;
+  uint64_t steps;
+} probe;
+
+static void *probe_main(void *arg) {
+  probe *p = arg;
+  const char *name = "p0";
+  gnmr_agent_config c = {0};
+  c.endpoint = p->ep;
+  c.job = "probe";
+  c.reporters = 1;
+  c.unit_names = &name;
+  c.n_units = 1;
+  gnmr_params_default(&c.params);
+  c.barrier_ms = 60000;
+  gnmr_agent *a;
+  if (gnmr_agent_open(&c, &a) != GNMR_OK)
+    return NULL;
+  double s = 1;
+  for (uint64_t t = 1; !p->stop; t++) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    gnmr_agent_report_sums(a, t, &s, NULL, NULL);
+    if (gnmr_agent_wait(a, t, 30000) != GNMR_OK)
+      break;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 +
+                (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
+    if (ms > p->max_ms)
+      p->max_ms = ms;
+    p->steps = t;
+    tu_sleep_ms(2);
+  }
+  gnmr_agent_close(&a);
+  return NULL;
+}
+
+START_TEST(a_large_export_never_stalls_the_loop) {
+  const int vg = getenv("GNMR_VALGRIND") != NULL;
+  const int slow = vg || getenv("GNMR_SANITIZED") != NULL;
+  const int EVENTS = vg ? 10000 : slow ? 100000 : 1500000;
+  const double limit_ms = vg ? 5000 : 1000;
+  tu_daemon d = {0};
+  big_history(&d, EVENTS);
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, NULL);
+  probe pr = {d.agents, 0, 0, 0};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, probe_main, &pr), 0);
+  while (pr.steps < 20) /* the probe has joined and runs */
+    tu_sleep_ms(10);
+  uint64_t before = pr.steps;
+  char out[300], cmd[1200];
+  snprintf(out, sizeof out, "%s/export.json", d.dir);
+  snprintf(cmd, sizeof cmd, "'%s/gnmrctl' --admin='%s' export big > '%s'",
+           tu_bin_dir(), d.admin, out);
+  ck_assert_int_eq(system(cmd), 0);
+  uint64_t during = pr.steps - before;
+  pr.stop = 1;
+  pthread_join(th, NULL);
+  struct stat sb;
+  ck_assert_int_eq(stat(out, &sb), 0);
+  if (!slow)
+    ck_assert_msg(sb.st_size > 200l << 20, "export of %lld bytes",
+                  (long long)sb.st_size);
+  FILE *f = fopen(out, "r"); /* it ends as a whole JSON document does */
+  char tail[16] = "";
+  fseek(f, -3, SEEK_END);
+  size_t got = fread(tail, 1, 3, f);
+  fclose(f);
+  ck_assert_msg(got == 3 && strchr(tail, '}') != NULL, "export cut: '%s'",
+                tail);
+  printf("export of %lld MB: the probe decided %llu steps meanwhile, the "
+         "slowest in %.1f ms\n", (long long)(sb.st_size >> 20),
+         (unsigned long long)during, pr.max_ms);
+  ck_assert_msg(during > (vg ? 0u : 10u), "the probe decided %llu steps "
+                "during the export", (unsigned long long)during);
+  ck_assert_msg(pr.max_ms < limit_ms, "a probe step took %.0f ms during "
+                "the export (WatchdogSec is 10 s)", pr.max_ms);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
   tu_rmrf(d.dir);
 }
@@ -374,6 +471,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, a_version_2_database_migrates_to_runs);
   tcase_add_test(tc, history_queries_read_in_index_order);
   tcase_add_test(tc, export_streams_in_bounded_memory);
+  tcase_add_test(tc, a_large_export_never_stalls_the_loop);
   tcase_add_test(tc, the_store_queue_is_capped_in_bytes_while_the_database_is_away);
   suite_add_tcase(s, tc);
   return s;
