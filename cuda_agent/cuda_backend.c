@@ -588,6 +588,26 @@ out:
   return rv;
 }
 
+int gnmr__cuda_counters(gnmr_cuda *c, void *stream, unsigned int *out) {
+  if (c == NULL || out == NULL)
+    return GNMR_E_INVAL;
+  devguard g;
+  int rv = dev_enter(c, &g);
+  if (rv != GNMR_OK)
+    return rv;
+  if (c->n_units > 0 && c->d_unit_done != NULL) {
+    if (c->launched)
+      CK(c, cudaStreamWaitEvent((cudaStream_t)stream, c->ev_last, 0));
+    CK(c, cudaMemcpyAsync(out, c->d_unit_done,
+                          (size_t)c->n_units * sizeof *out,
+                          cudaMemcpyDeviceToHost, (cudaStream_t)stream));
+    CK(c, cudaStreamSynchronize((cudaStream_t)stream));
+  }
+out:
+  dev_leave(c, &g);
+  return rv;
+}
+
 void *gnmr_cuda_done_event(gnmr_cuda *c) { return c ? (void *)c->ev_done : NULL; }
 
 unsigned gnmr_cuda_generation(gnmr_cuda *c) { return c ? c->generation : 0; }

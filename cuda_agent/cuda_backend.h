@@ -37,6 +37,12 @@ int gnmr__cuda_grid_max(int device, uint32_t *grid);
 int gnmr__cuda_model(const gnmr__plan *p, double *sumsq,
                      uint64_t *nonfinite);
 
+/* The per-unit chunk counters after the last launch (n_units entries;
+ * ordered after it on stream): all zero between launches, since each
+ * wraps to 0 by itself when its unit's last chunk is done. For tests. */
+struct gnmr_cuda;
+int gnmr__cuda_counters(struct gnmr_cuda *c, void *stream, unsigned int *out);
+
 #ifdef __cplusplus
 }
 #endif

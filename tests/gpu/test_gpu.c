@@ -2,7 +2,10 @@
 /* test_gpu.c — the CUDA backend on a real GPU (make test-gpu).
  *
  * Results must equal the kernel's host model (gnmr__cuda_model) bit for bit
- * and the CPU backend within fp32 tolerance: ragged LLM-like tensor lists,
+ * and the CPU backend within fp32 tolerance: a printed table per dtype x
+ * start alignment x grid (every bf16/fp16 bit pattern, every FP8 byte,
+ * fp32/fp64 specials), the unit counters back at 0 after 1000 graph
+ * replays and alternating streams, ragged LLM-like tensor lists,
  * mixed dtypes in one unit, 10^4 tiny tensors, a tensor over 2^31
  * elements, values near overflow, NaN/Inf at chunk boundaries with exact
  * counts; bitwise-identical reruns for any grid size; a captured CUDA graph
@@ -306,6 +309,148 @@ START_TEST(captured_graph_replays_stay_correct) {
 }
 END_TEST
 
+/* The table the GPU check prints: per dtype x start alignment x grid, the
+ * device's sums and non-finite counts against the host model, bit for
+ * bit. The values cover every 16-bit pattern of bf16 and fp16 (fp16
+ * subnormals, Inf, NaN), every FP8 byte, and fp32/fp64 subnormals, the
+ * largest finite values, Inf and NaN, over 3 chunks and a partial one. */
+static const char *dtype_name(uint32_t d) {
+  static const char *const n[] = {"f32", "f16", "bf16", "f64", "e4m3", "e5m2"};
+  return d < 6 ? n[d] : "?";
+}
+
+static size_t dtype_size(uint32_t d) {
+  return d == GNMR_DTYPE_F64 ? 8 : d == GNMR_DTYPE_F32 ? 4
+       : d >= GNMR_DTYPE_F8E4M3 ? 1 : 2;
+}
+
+static void fill_all_patterns(void *h, size_t n, uint32_t d, unsigned seed) {
+  for (size_t i = 0; i < n; i++) {
+    unsigned r = (unsigned)rand_r(&seed);
+    switch (d) {
+    case GNMR_DTYPE_F16:
+    case GNMR_DTYPE_BF16:
+      ((uint16_t *)h)[i] = (uint16_t)(i * 40503u); /* every pattern */
+      break;
+    case GNMR_DTYPE_F8E4M3:
+    case GNMR_DTYPE_F8E5M2:
+      ((uint8_t *)h)[i] = (uint8_t)(i * 167u); /* every byte */
+      break;
+    case GNMR_DTYPE_F32: {
+      static const float sp[] = {1e-45f, 1.2e-38f, FLT_MAX, -FLT_MAX,
+                                 INFINITY, NAN, 0.0f, -0.0f};
+      ((float *)h)[i] = r % 97 == 0 ? sp[r % 8] : frand(&seed);
+      break;
+    }
+    default: {
+      static const double sp[] = {4.9e-324, 2.2e-308, DBL_MAX, -DBL_MAX,
+                                  INFINITY, NAN, 1e150, -0.0};
+      ((double *)h)[i] = r % 97 == 0 ? sp[r % 8] : (double)frand(&seed);
+      break;
+    }
+    }
+  }
+}
+
+START_TEST(bitwise_table_per_dtype_alignment_and_grid) {
+  static const uint32_t dtypes[] = {GNMR_DTYPE_F32, GNMR_DTYPE_F64,
+                                    GNMR_DTYPE_BF16, GNMR_DTYPE_F16,
+                                    GNMR_DTYPE_F8E4M3, GNMR_DTYPE_F8E5M2};
+  static const size_t offsets[] = {0, 1, 3, 5}; /* elements: alignments */
+  static const uint32_t grids[] = {1, 3, 64, 0}; /* 0: the device's */
+  int bad = 0;
+  for (size_t di = 0; di < 6; di++) {
+    uint32_t d = dtypes[di];
+    size_t es = dtype_size(d), n = 3 * (size_t)CH + 12345;
+    for (size_t oi = 0; oi < 4; oi++) {
+      size_t off = offsets[oi];
+      buf b = mkbuf((n + off) * es);
+      fill_all_patterns(b.h, n + off, d, (unsigned)(di * 7 + oi));
+      upload(&b);
+      double scale = d >= GNMR_DTYPE_F8E4M3 ? 0.5 : 0;
+      gnmr_tensor host = {(char *)b.h + off * es, n, d, 0, scale};
+      gnmr_tensor dev = {(char *)b.d + off * es, n, d, 0, scale};
+      gnmr__plan p;
+      double want;
+      uint64_t wn;
+      ck_assert_int_eq(gnmr__plan_build(&p, &host, 1, 1), GNMR_OK);
+      ck_assert_int_eq(gnmr__cuda_model(&p, &want, &wn), GNMR_OK);
+      gnmr__plan_free(&p);
+      char line[256];
+      int len = snprintf(line, sizeof line, "test_gpu: table %-4s +%zu:",
+                         dtype_name(d), off);
+      for (size_t gi = 0; gi < 4; gi++) {
+        gnmr_cuda *c = open_bare(1, grids[gi]);
+        double got;
+        uint64_t gn;
+        ck_assert_int_eq(gnmr_cuda_register(c, &dev, 1), GNMR_OK);
+        ck_assert_int_eq(gnmr_cuda_reduce_async(c, NULL), GNMR_OK);
+        ck_assert_int_eq(gnmr_cuda_read(c, NULL, &got, &gn, NULL), GNMR_OK);
+        int same = memcmp(&got, &want, 8) == 0 && gn == wn;
+        bad += !same;
+        len += snprintf(line + len, sizeof line - (size_t)len, " grid %s%u %s",
+                        grids[gi] ? "" : "auto/", grids[gi],
+                        same ? "equal" : "DIFFERS");
+        gnmr_cuda_close(&c);
+      }
+      printf("%s (sum %.17g, non-finite %llu)\n", line, want,
+             (unsigned long long)wn);
+      freebuf(&b);
+    }
+  }
+  ck_assert_msg(bad == 0, "%d table entries differ from the host model", bad);
+}
+END_TEST
+
+/* The unit counters wrap to 0 by themselves: after 1000 graph replays and
+ * launches alternating between two streams, every counter is 0 and the
+ * results are still the model's. */
+START_TEST(counters_are_zero_after_replays_and_alternating_streams) {
+  model_set m;
+  make_llm(&m, 5);
+  uint32_t units = 2 * LAYERS + 1;
+  gnmr_cuda *c = open_bare(units, 0);
+  ck_assert_int_eq(gnmr_cuda_register(c, m.dev, m.n), GNMR_OK);
+  double want[2 * LAYERS + 1], got[2 * LAYERS + 1];
+  uint64_t wn[2 * LAYERS + 1], gn[2 * LAYERS + 1];
+  gnmr__plan p;
+  gnmr__plan_build(&p, m.host, m.n, units);
+  gnmr__cuda_model(&p, want, wn);
+  gnmr__plan_free(&p);
+  cudaStream_t s[2];
+  CUDA_OK(cudaStreamCreateWithFlags(&s[0], cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&s[1], cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CUDA_OK(cudaStreamBeginCapture(s[0], cudaStreamCaptureModeThreadLocal));
+  ck_assert_int_eq(gnmr_cuda_reduce_async(c, s[0]), GNMR_OK);
+  CUDA_OK(cudaStreamEndCapture(s[0], &g));
+  CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+  for (int rep = 0; rep < 1000; rep++)
+    CUDA_OK(cudaGraphLaunch(ge, s[0]));
+  CUDA_OK(cudaStreamSynchronize(s[0]));
+  for (int rep = 0; rep < 200; rep++)
+    ck_assert_int_eq(gnmr_cuda_reduce_async(c, s[rep % 2]), GNMR_OK);
+  unsigned int done[2 * LAYERS + 1];
+  memset(done, 0xff, sizeof done);
+  ck_assert_int_eq(gnmr__cuda_counters(c, s[1], done), GNMR_OK);
+  for (uint32_t u = 0; u < units; u++)
+    ck_assert_msg(done[u] == 0, "unit %u counter %u after the launches", u,
+                  done[u]);
+  ck_assert_int_eq(gnmr_cuda_read(c, s[1], got, gn, NULL), GNMR_OK);
+  ck_assert(memcmp(want, got, sizeof want) == 0);
+  ck_assert(memcmp(wn, gn, sizeof wn) == 0);
+  printf("test_gpu: counters all 0 after 1000 graph replays and 200 "
+         "launches on alternating streams\n");
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s[0]);
+  cudaStreamDestroy(s[1]);
+  gnmr_cuda_close(&c);
+  free_llm(&m);
+}
+END_TEST
+
 /* report path: every result delivered in order, with the right values */
 typedef struct sink {
   atomic_int n;
@@ -518,7 +663,9 @@ int main(void) {
   Suite *s = suite_create("gpu");
   TCase *tc = tcase_create("gpu");
   tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, bitwise_table_per_dtype_alignment_and_grid);
   tcase_add_test(tc, llm_like_units_equal_the_model_bitwise_for_any_grid);
+  tcase_add_test(tc, counters_are_zero_after_replays_and_alternating_streams);
   tcase_add_test(tc, ten_thousand_tiny_tensors_in_one_launch);
   tcase_add_test(tc, nonfinite_at_chunk_edges_and_values_near_overflow);
   tcase_add_test(tc, captured_graph_replays_stay_correct);
