@@ -266,7 +266,8 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
   uint32_t *ids = malloc((n ? n : 1) * sizeof *ids);
   uint32_t *slots = malloc((n ? n : 1) * sizeof *slots);
   new_unit *add = malloc((n ? n : 1) * sizeof *add);
-  hmap asked = {0}, seen = {0}; /* ids and names new in this call */
+  /* names in one call are distinct (validate_hello checks it); requested
+   * ids are checked against each other once sorted */
   uint32_t n_add = 0, n_auto = 0;
   uint64_t next = j->n_units ? (uint64_t)j->unit_id[j->n_units - 1] + 1 : 0;
   int rv = GNMR_E_NOMEM;
@@ -288,28 +289,18 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
       ids[i] = (uint32_t)v;
       continue;
     }
-    if (hmap_get(&seen, nm, strlen(nm), NULL)) {
-      snprintf(why, whylen, "unit name '%.64s' listed twice", nm);
-      rv = GNMR_E_MISMATCH;
-      goto out;
-    }
-    if (hmap_put(&seen, nm, strlen(nm), i) != GNMR_OK)
-      goto out;
     if (req_ids) {
       if (req == UINT32_MAX) {
         snprintf(why, whylen, "unit id %u is reserved", req);
         rv = GNMR_E_RANGE;
         goto out;
       }
-      if (core_slot(j, req) != UINT32_MAX ||
-          hmap_get(&asked, &req, sizeof req, NULL)) {
+      if (core_slot(j, req) != UINT32_MAX) {
         snprintf(why, whylen, "unit id %u is already taken (asked for "
                               "'%.64s')", req, nm);
         rv = GNMR_E_MISMATCH;
         goto out;
       }
-      if (hmap_put(&asked, &req, sizeof req, i) != GNMR_OK)
-        goto out;
       ids[i] = req;
       if ((uint64_t)req + 1 > next)
         next = (uint64_t)req + 1;
@@ -350,6 +341,15 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
     add[n_add++].id = ids[i];
   }
   qsort(add, n_add, sizeof *add, by_id);
+  for (uint32_t k = 1; k < n_add; k++)
+    if (add[k].id == add[k - 1].id) { /* two new names asked for one id */
+      snprintf(why, whylen, "unit id %u is already taken (asked for "
+                            "'%.64s')", add[k].id, add[k].name);
+      rv = GNMR_E_MISMATCH;
+      for (uint32_t m = 0; m < n_add; m++)
+        free(add[m].name);
+      goto out;
+    }
   if (add_units(j, add, n_add) != GNMR_OK) {
     for (uint32_t k = 0; k < n_add; k++)
       free(add[k].name);
@@ -369,8 +369,6 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
   rv = GNMR_OK;
   why[0] = '\0';
 out:
-  hmap_free(&asked);
-  hmap_free(&seen);
   free(ids);
   free(slots);
   free(add);

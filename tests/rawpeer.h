@@ -43,6 +43,11 @@ static inline void raw_send_env(raw_peer *p, Gnmr__Envelope *env) {
   free(buf);
 }
 
+/* How long a reply may take: 5 s, 30 s when gnmrd runs under valgrind. */
+static inline int raw_reply_ms(void) {
+  return getenv("GNMR_VALGRIND") != NULL ? 30000 : 5000;
+}
+
 /* Receives one envelope, or NULL when nothing comes within timeout_ms. */
 static inline Gnmr__Envelope *raw_recv(raw_peer *p, int timeout_ms) {
   zmq_setsockopt(p->sock, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
@@ -62,7 +67,7 @@ static inline Gnmr__Envelope *raw_recv(raw_peer *p, int timeout_ms) {
 
 /* Expects an Error with `code` whose message contains `part`. */
 static inline void expect_error(raw_peer *p, int code, const char *part) {
-  Gnmr__Envelope *env = raw_recv(p, 5000);
+  Gnmr__Envelope *env = raw_recv(p, raw_reply_ms());
   ck_assert_msg(env != NULL, "no reply (expected %s)", gnmr_errname(code));
   ck_assert_msg(env->body_case == GNMR__ENVELOPE__BODY_ERROR,
                 "reply is not an Error (expected %s; body %d)",
@@ -136,7 +141,7 @@ static inline void report(raw_peer *p, const char *job, uint32_t rank,
 }
 
 static inline Gnmr__Envelope *expect_body(raw_peer *p, int body) {
-  Gnmr__Envelope *env = raw_recv(p, 5000);
+  Gnmr__Envelope *env = raw_recv(p, raw_reply_ms());
   ck_assert_msg(env != NULL, "no reply");
   ck_assert_msg((int)env->body_case == body, "body %d, expected %d%s%s",
                 (int)env->body_case, body,

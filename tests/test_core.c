@@ -268,6 +268,14 @@ START_TEST(registration_is_all_or_nothing) {
   ck_assert_uint_eq(j->n_units, 2);
   ck_assert_int_eq(hmap_get(&j->unit_ids, "c", 1, NULL), 0);
   ck_assert_ptr_null(j->ranks[1].ids);
+  /* two new names asking for one id in one call */
+  static const uint32_t ids_same[] = {40, 40};
+  ck_assert_int_eq(core_register_units(j, &j->ranks[1], cd, 2, ids_same, 1,
+                                       why, sizeof why),
+                   GNMR_E_MISMATCH);
+  ck_assert(strstr(why, "unit id 40 is already taken") != NULL);
+  ck_assert_uint_eq(j->n_units, 2);
+  ck_assert_int_eq(hmap_get(&j->unit_ids, "d", 1, NULL), 0);
   /* a job's unit count is capped, not its ids; UINT32_MAX is no unit */
   static const uint32_t big[] = {POLICY_MAX_UNITS};
   ck_assert_int_eq(core_register_units(j, &j->ranks[1], a_only + 0, 1,
