@@ -64,6 +64,13 @@ CFLAGS += -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
           -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=address,undefined
 endif
+# ThreadSanitizer, for gnmrd's threads (loop, workers, store writer):
+# make BUILD=build/tsan SAN=tsan build/tsan/bin/gnmrd (not part of check:
+# the Debian libzmq and libuv it links are not instrumented)
+ifeq ($(SAN),tsan)
+CFLAGS += -O1 -fsanitize=thread -fno-omit-frame-pointer
+LDFLAGS += -fsanitize=thread
+endif
 
 CHECK_CFLAGS = $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)

@@ -457,6 +457,7 @@ void admin_on_message(server *s, const void *id, size_t id_len,
     send_stats(d, id, id_len, user);
   } else if (rv == GNMR_OK &&
              env->body_case == GNMR__ENVELOPE__BODY_ADMIN_REQUEST) {
+    jobs_quiesce_all(d); /* commands and views read engines */
     on_admin_request(d, id, id_len, env->admin_request, user);
   } else {
     if (rv == GNMR_OK) {

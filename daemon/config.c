@@ -45,6 +45,7 @@ static const struct {
      offsetof(gnmrd_config, snapshot_every), 1, 1000000000},
     {"gnmrd", "retain_steps", K_U64, offsetof(gnmrd_config, retain_steps), 0,
      UINT64_MAX},
+    {"gnmrd", "workers", K_U64, offsetof(gnmrd_config, workers), 0, 256},
     {"policy", "barrier_ms", K_U64, offsetof(gnmrd_config, barrier_ms), 1,
      600000},
     {"security", "curve_key_file", K_PATH,

@@ -22,6 +22,8 @@ typedef struct gnmrd_config {
   uint64_t snapshot_every;
   uint64_t retain_steps;
   uint64_t barrier_ms;   /* for Hellos that give none */
+  uint64_t workers;      /* threads deciding large steps (0: derived from
+                            the CPUs gnmrd may run on, main.c) */
   policy_params policy;  /* for Hellos that carry no parameters */
   char curve_key_file[1024];   /* the server's key pair: CURVE on */
   char curve_allow_file[1024]; /* the public keys allowed in */

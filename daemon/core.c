@@ -544,17 +544,37 @@ static uint32_t sum_shards(core_job *j, const core_pending *p) {
   return missing;
 }
 
-int core_decide_next(core_job *j, uint64_t now_ms, core_outcome *out) {
+int core_decide_begin(core_job *j, uint64_t now_ms, core_decision *dd) {
   int ready = 0;
   for (uint32_t i = 0; i < j->n_pend && !ready; i++)
     ready = j->pend[i].got >= expected(j) || j->pend[i].deadline <= now_ms;
   if (!ready)
     return 0;
   /* the oldest step goes first, ready or not: steps are decided in order */
-  core_pending *p = &j->pend[0];
+  memset(dd, 0, sizeof *dd);
+  dd->p = j->pend[0];
+  dd->pass = j->pass;
+  /* the invariant every rank relies on: one decision per step per pass */
+  dd->republish = j->pub_pass == j->pass && dd->p.step <= j->pub_step;
+  dd->by_deadline = dd->p.got < expected(j);
+  uint64_t work = j->n_units;
+  for (uint32_t r = 0; r < j->reporters; r++)
+    if (dd->p.by_rank[r].owner != NULL)
+      work += j->ranks[r].n_units;
+  dd->work = work;
+  j->last_decided = dd->p.step;
+  memmove(&j->pend[0], &j->pend[1], (j->n_pend - 1) * sizeof j->pend[0]);
+  j->n_pend--;
+  memset(&j->pend[j->n_pend], 0, sizeof j->pend[0]);
+  return 1;
+}
+
+void core_decide_run(core_job *j, const core_decision *dd,
+                     core_outcome *out) {
+  const core_pending *p = &dd->p;
   memset(out, 0, sizeof *out);
   out->step = p->step;
-  out->by_deadline = p->got < expected(j);
+  out->by_deadline = dd->by_deadline;
   out->reports = p->got;
   out->first_ms = p->first_ms;
   out->first_ns = p->first_ns;
@@ -563,22 +583,29 @@ int core_decide_next(core_job *j, uint64_t now_ms, core_outcome *out) {
   out->input = j->input;
   out->unit_id = j->unit_id;
   out->active_ids = j->act_ids;
-  /* the invariant every rank relies on: one decision per step per pass */
-  out->republish = j->pub_pass == j->pass && p->step <= j->pub_step;
+  out->republish = dd->republish;
   out->rv = out->republish ? GNMR_OK
                            : policy_step(j->pol, p->step, j->norm, j->input,
                                          &out->res);
-  if (!out->republish && out->rv == GNMR_OK) {
-    j->pub_pass = j->pass;
-    j->pub_step = p->step;
+  if (!out->republish && out->rv == GNMR_OK)
     for (uint32_t i = 0; i < out->res.n_active; i++)
       j->act_ids[i] = j->unit_id[out->res.active[i]];
+}
+
+void core_decide_end(core_job *j, core_decision *dd, const core_outcome *out) {
+  if (!out->republish && out->rv == GNMR_OK) {
+    j->pub_pass = dd->pass;
+    j->pub_step = dd->p.step;
   }
-  j->last_decided = p->step;
-  pending_clear(j, p);
-  memmove(&j->pend[0], &j->pend[1], (j->n_pend - 1) * sizeof j->pend[0]);
-  j->n_pend--;
-  memset(&j->pend[j->n_pend], 0, sizeof j->pend[0]);
+  pending_clear(j, &dd->p);
+}
+
+int core_decide_next(core_job *j, uint64_t now_ms, core_outcome *out) {
+  core_decision dd;
+  if (!core_decide_begin(j, now_ms, &dd))
+    return 0;
+  core_decide_run(j, &dd, out);
+  core_decide_end(j, &dd, out);
   return 1;
 }
 

@@ -183,8 +183,35 @@ typedef struct core_outcome {
 
 /* Decides the oldest pending step when it, or any later one, is complete
  * or past its deadline. Returns 1 with *out filled (the step is gone from
- * the pending list), 0 when nothing is ready. Call until 0. */
+ * the pending list), 0 when nothing is ready. Call until 0. The same as
+ * core_decide_begin, _run and _end in a row. */
 int core_decide_next(core_job *j, uint64_t now_ms, core_outcome *out);
+
+/* A step taken off the pending list to be decided, possibly on another
+ * thread (gnmrd's workers). Between core_decide_begin and core_decide_end
+ * the job's thread may call only core_report_step, core_bye,
+ * core_is_pending, core_next_deadline and core_disconnect on the job
+ * (they touch neither the engine nor the scratch arrays nor the units),
+ * and core_decide_run runs once on any one thread, after begin and
+ * before end (a happens-before edge each way, e.g. a mutex). */
+typedef struct core_decision {
+  core_pending p;    /* detached: its reports stay held until end */
+  uint32_t pass;     /* the pass it is decided in */
+  int republish;
+  int by_deadline;   /* not every expected report came */
+  uint64_t work;     /* unit-shards to sum plus units to decide */
+} core_decision;
+
+/* The loop's half before: returns 1 with *dd filled when a step is ready
+ * (as core_decide_next); the job's last decided step is then dd's. */
+int core_decide_begin(core_job *j, uint64_t now_ms, core_decision *dd);
+/* The arithmetic: rank-order shard sums and the engine's step. *out's
+ * pointers stay valid until the next call that changes the job. */
+void core_decide_run(core_job *j, const core_decision *dd,
+                     core_outcome *out);
+/* The loop's half after: marks the step published in its pass and
+ * releases its reports. */
+void core_decide_end(core_job *j, core_decision *dd, const core_outcome *out);
 /* Whether step has reports waiting (it is neither decided nor new). */
 int core_is_pending(const core_job *j, uint64_t step);
 /* The earliest pending deadline, UINT64_MAX when nothing is pending. */

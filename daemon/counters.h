@@ -42,7 +42,9 @@
   XX(refused_max_held)   /* a report beyond [limits] max_held_mb */          \
   XX(refused_connections) /* a connection past [limits] max_connections,    \
                             or none accepted: no descriptor left */         \
-  XX(jobs_retired)       /* no report for [limits] job_idle_s */
+  XX(jobs_retired)       /* no report for [limits] job_idle_s */            \
+  XX(worker_steps)       /* steps decided on a worker thread ([gnmrd]       \
+                            workers) */
 
 typedef struct gnmrd_counters {
 #define GNMRD__COUNTER_FIELD(name) uint64_t name;

@@ -33,6 +33,8 @@ typedef struct gnmrd {
   size_t held_bytes;  /* reports held for undecided steps ([limits]) */
   uint64_t last_run;  /* the newest run id: a new job takes the next */
   uv_timer_t sweep;   /* retires idle jobs (jobs.c) */
+  struct workers *workers; /* decide large steps; NULL: all on the loop */
+  uint64_t worker_min;     /* steps of fewer unit-shards stay on the loop */
   int stopping;
 } gnmrd;
 
@@ -47,6 +49,9 @@ void jobs_start(gnmrd *d);
 void jobs_shutdown(gnmrd *d);
 /* Recreates an unfinished job from the store (start-up). */
 void jobs_restore(const store_job *sj, void *ctx);
+/* Waits for every job's step on a worker (jobs.c): the loop may then
+ * read any job's engine and scratch (views, metrics, admin commands). */
+void jobs_quiesce_all(gnmrd *d);
 /* Queues a snapshot of every live job (shutdown). */
 void jobs_snapshot_all(gnmrd *d);
 /* Ends a live job now, as if every rank had said Bye (gnmrctl finish: a

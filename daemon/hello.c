@@ -211,6 +211,8 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
              pr->rank);
   }
   j = job_of(core_find(&d->jobs, h->job));
+  if (j != NULL)
+    jobs__quiesce(j); /* registration changes the engine and the units */
   if (j != NULL && d->allow != NULL &&
       !gnmr__allow_may(d->allow, user, j->core->owner, h->job))
     REFUSE(GNMR_E_DENIED, "job", "job %.64s belongs to another key, and "

@@ -6,6 +6,7 @@
  * the same encoded Decision to every rank and observer. Endings and
  * restarts are in lifecycle.c. Loop thread only. */
 #include <assert.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,6 +86,9 @@ void jobs__connection_gone(job *j, core_rank *rr, int observer) {
 
 /* ---- job lifetime ----------------------------------------------------------- */
 
+static void decide_run(workers_task *t);
+static void decide_done(workers_task *t);
+
 static void release_held(void *owner) {
   held *h = owner;
   assert(h->d->held_bytes >= h->len);
@@ -100,6 +104,7 @@ static void job_timer_closed(uv_handle_t *h) { free(h->data); }
 void jobs__free(job *j) {
   gnmrd *d = j->d;
   core_job *c = j->core;
+  jobs__quiesce(j);
   for (uint32_t r = 0; r < c->reporters + c->n_observers; r++) {
     core_rank *rr = r < c->reporters ? &c->ranks[r]
                                      : &c->observers[r - c->reporters];
@@ -131,6 +136,8 @@ job *jobs__create(gnmrd *d, const char *name, const policy_params *prm,
   if (d->cfg != NULL)
     j->core->max_units = (uint32_t)d->cfg->max_units;
   j->d = d;
+  j->task.run = decide_run;
+  j->task.done = decide_done;
   j->last_report_ms = uv_now(d->loop);
   uv_timer_init(d->loop, &j->timer);
   j->timer.data = j;
@@ -224,12 +231,57 @@ static void publish(job *j, const core_outcome *o) {
 
 static void deadline_cb(uv_timer_t *t);
 
-/* Decides every ready step, then arms the timer for the next deadline. */
+/* On a worker: the step's arithmetic. */
+static void decide_run(workers_task *t) {
+  job *j = (job *)((char *)t - offsetof(job, task));
+  core_decide_run(j->core, &j->dd, &j->out);
+}
+
+/* Back on the loop: publish, then go on with the next ready step. */
+static void decide_done(workers_task *t) {
+  job *j = (job *)((char *)t - offsetof(job, task));
+  core_decide_end(j->core, &j->dd, &j->out);
+  publish(j, &j->out);
+  j->d->c.worker_steps++;
+  jobs__decide_ready(j);
+}
+
+void jobs__quiesce(job *j) {
+  j->hold++;
+  while (workers_busy(&j->task))
+    workers_wait(j->d->workers, &j->task);
+  j->hold--;
+}
+
+void jobs_quiesce_all(gnmrd *d) {
+  size_t pos = 0;
+  core_job *c;
+  if (d->workers == NULL)
+    return;
+  while ((c = core_next_job(&d->jobs, &pos)) != NULL)
+    jobs__quiesce(job_of(c));
+}
+
+/* Decides every ready step, then arms the timer for the next deadline. A
+ * step of at least worker_min unit-shards goes to a worker, unless the
+ * loop is waiting for the job (hold): the loop reads other messages
+ * meanwhile, and the job's next step waits for it. */
 void jobs__decide_ready(job *j) {
   core_outcome o;
-  while (core_decide_next(j->core, uv_now(j->d->loop), &o))
+  gnmrd *d = j->d;
+  if (workers_busy(&j->task))
+    return; /* decide_done() comes back here */
+  while (core_decide_begin(j->core, uv_now(d->loop), &j->dd)) {
+    if (d->workers != NULL && !j->hold && j->dd.work >= d->worker_min) {
+      workers_submit(d->workers, &j->task);
+      server_kick(d->agents);
+      return;
+    }
+    core_decide_run(j->core, &j->dd, &o);
+    core_decide_end(j->core, &j->dd, &o);
     publish(j, &o);
-  server_kick(j->d->agents);
+  }
+  server_kick(d->agents);
   uv_timer_stop(&j->timer);
   uint64_t first = core_next_deadline(j->core), now = uv_now(j->d->loop);
   if (first != UINT64_MAX)
@@ -282,6 +334,10 @@ static int on_report(gnmrd *d, const void *id, size_t id_len,
     REFUSE(GNMR_E_BUSY, "step", "gnmrd holds %zu MB of reports for "
            "undecided steps ([limits] max_held_mb)", d->held_bytes >> 20);
   }
+  /* a report at or below the last decided step may start a new pass,
+   * which changes the pass the step on a worker is recorded in */
+  if (r->step <= c->last_decided)
+    jobs__quiesce(j);
   held *hd = malloc(sizeof *hd);
   if (hd == NULL)
     REFUSE(GNMR_E_NOMEM, "step", "out of memory");

@@ -7,6 +7,7 @@
 
 #include "gnmrd.h"
 #include "wire.h"
+#include "workers.h"
 
 /* The loop's half of a job: its timer. core->data points back here. */
 typedef struct job {
@@ -15,6 +16,14 @@ typedef struct job {
   uv_timer_t timer;
   uint64_t last_report_ms; /* loop time of the last accepted report, or of
                               its creation: idle jobs are retired */
+  /* A large step is decided on a worker (workers.h): at most one per job,
+   * so its steps stay in order. While task is busy the loop may only take
+   * reports and Byes for the job; everything else that touches it waits
+   * first (jobs__quiesce). */
+  workers_task task;
+  core_decision dd;
+  core_outcome out;
+  int hold; /* quiescing: decide on the loop */
 } job;
 
 /* A report held for an undecided step: the decoded envelope and the bytes
@@ -52,8 +61,12 @@ job *jobs__create(gnmrd *d, const char *name, const policy_params *prm,
 /* Frees a job: its peers' memberships, its core state, then (via the
  * loop) the struct itself. */
 void jobs__free(job *j);
-/* Decides every ready step, then arms the timer for the next deadline. */
+/* Decides every ready step (a large one on a worker), then arms the
+ * timer for the next deadline. */
 void jobs__decide_ready(job *j);
+/* Waits for j's step on a worker, if any, and publishes it: afterwards
+ * the loop may touch j freely until it next calls jobs__decide_ready. */
+void jobs__quiesce(job *j);
 
 /* hello.c */
 void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,

@@ -19,6 +19,7 @@
 void jobs__finish(job *j, int how) {
   gnmrd *d = j->d;
   core_job *c = j->core;
+  jobs__quiesce(j); /* its last step is recorded before it ends */
   int retired = how == FINISH_IDLE;
   LOG(INFO, retired ? "JOB-RETIRE" : "JOB-FINISH", "job %s %s at step %llu",
       c->name, retired                 ? "retired, no report for [limits] "
@@ -71,6 +72,7 @@ void jobs_start(gnmrd *d) {
 void jobs_shutdown(gnmrd *d) {
   size_t pos = 0;
   core_job *c;
+  jobs_quiesce_all(d);
   job **all = malloc((core_count(&d->jobs) + 1) * sizeof *all);
   size_t n = 0;
   while (all != NULL && (c = core_next_job(&d->jobs, &pos)) != NULL)
@@ -148,6 +150,7 @@ void jobs_restore(const store_job *sj, void *ctx) {
 void jobs_snapshot_all(gnmrd *d) {
   size_t pos = 0;
   core_job *c;
+  jobs_quiesce_all(d);
   while ((c = core_next_job(&d->jobs, &pos)) != NULL)
     if (policy_last_step(c->pol) > 0)
       records_snapshot(d->st, c);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include "leader.h"
 #include "metrics.h"
 #include "notify.h"
+#include "workers.h"
 #include "zap.h"
 
 /* Descriptors kept for everything but peers: the store, logs, metrics,
@@ -41,6 +43,7 @@ static const char usage[] =
     "             [--admin ENDPOINT]\n"
     "             [--log-level error|warn|info|debug] [--max-msg BYTES]\n"
     "             [--snapshot-every STEPS] [--retain-steps STEPS]\n"
+    "             [--workers N]\n"
     "             [--curve-key FILE --curve-allow FILE] [--insecure]\n"
     "             [--metrics HOST:PORT] [--store postgresql://... [--standby]]\n"
     "  Runs in the foreground; stops cleanly on SIGTERM or SIGINT.\n"
@@ -54,6 +57,8 @@ static const char usage[] =
     "  every --snapshot-every steps (default 10) and at shutdown, and\n"
     "  unfinished jobs are restored at start. --retain-steps N keeps the\n"
     "  last N steps of history per job (default 0: all).\n"
+    "  --workers N decides large steps (16384 unit-shards or more) on N\n"
+    "  threads, one step of a job at a time (default 0: one per CPU).\n"
     "  --store postgresql://USER@HOST/DB keeps the history and the jobs'\n"
     "  snapshots in PostgreSQL instead (DIR still holds the lock file).\n"
     "  One gnmrd is active per store; --standby waits for it to stop and\n"
@@ -243,6 +248,7 @@ int main(int argc, char **argv) {
       {"max-msg", required_argument, NULL, 'x'},
       {"snapshot-every", required_argument, NULL, 's'},
       {"retain-steps", required_argument, NULL, 'r'},
+      {"workers", required_argument, NULL, 'W'},
       {"metrics", required_argument, NULL, 'M'},
       {"curve-key", required_argument, NULL, 'k'},
       {"curve-allow", required_argument, NULL, 'w'},
@@ -265,7 +271,7 @@ int main(int argc, char **argv) {
                    {'r', "retain_steps"}, {'k', "curve_key_file"},
                    {'w', "curve_allow_file"}, {'I', "insecure"},
                    {'M', "metrics"}, {'S', "store"},
-                   {'B', "standby"}};
+                   {'B', "standby"}, {'W', "workers"}};
   flag flags[16];
   int n_flags = 0, c, code = 1;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -469,6 +475,32 @@ int main(int argc, char **argv) {
   d.cfg = &cfg;
   d.allow = curve ? &allowed : NULL;
   d.zctx = zmq_ctx_new();
+  {
+    /* large steps go to workers; GNMR_WORKERS_MIN (unit-shards) moves the
+     * line below which a step is cheaper to decide on the loop */
+    unsigned n = (unsigned)cfg.workers;
+    if (n == 0) {
+      cpu_set_t set;
+      n = sched_getaffinity(0, sizeof set, &set) == 0 ? (unsigned)CPU_COUNT(&set)
+                                                      : 1;
+      n = n > 64 ? 64 : n;
+    }
+    const char *min = getenv("GNMR_WORKERS_MIN");
+    char *end = NULL;
+    d.worker_min = 16384;
+    if (min != NULL && *min != '\0') {
+      unsigned long long v = strtoull(min, &end, 10);
+      if (*end == '\0' && min[0] != '-')
+        d.worker_min = v;
+      else
+        LOG(WARN, "WORKERS", "GNMR_WORKERS_MIN '%s' is not a number; "
+            "using %llu", min, (unsigned long long)d.worker_min);
+    }
+    d.workers = workers_new(&loop, n);
+    if (d.workers == NULL)
+      LOG(WARN, "WORKERS", "no worker threads: every step is decided on "
+          "the loop");
+  }
   if (store_open(where, (uint32_t)cfg.snapshot_every, cfg.retain_steps,
                  &d.st, err, sizeof err) != GNMR_OK) {
     LOG(ERROR, "STORE-OPEN", "%s", err);
@@ -535,8 +567,10 @@ int main(int argc, char **argv) {
   if (lead != NULL)
     printf("gnmrd: store %s\n", where_shown);
   fflush(stdout);
-  LOG(INFO, "START", "serving agents on %s, admin on %s (policy SIMD: %s)",
-      bound_agents, bound_admin, policy_simd_name(policy_simd_get()));
+  LOG(INFO, "START", "serving agents on %s, admin on %s (policy SIMD: %s; "
+      "%u workers for steps of %llu unit-shards or more)", bound_agents,
+      bound_admin, policy_simd_name(policy_simd_get()),
+      workers_count(d.workers), (unsigned long long)d.worker_min);
   notify_ready(&d, bound_agents);
   uv_run(&loop, UV_RUN_DEFAULT);
   notify_stopping(&d);
@@ -544,7 +578,8 @@ int main(int argc, char **argv) {
 out:
   if (!watch.lost) /* a standby may be serving these jobs already */
     jobs_snapshot_all(&d);
-  jobs_shutdown(&d);
+  jobs_shutdown(&d); /* no step is left on a worker */
+  workers_close(d.workers);
   admin_shutdown(&d);
   metrics_close(&d);
   server_close(d.agents);

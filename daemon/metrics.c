@@ -108,6 +108,7 @@ static void render(gnmrd *d, text *t) {
   size_t n_jobs = core_count(&d->jobs), pos;
   const core_job *j;
   store_stats ss = {0};
+  jobs_quiesce_all(d); /* the gauges read engines */
   if (d->st)
     store_get_stats(d->st, &ss);
   put(t, "# HELP gnmr_jobs Jobs being served.\n# TYPE gnmr_jobs gauge\n"

@@ -199,6 +199,9 @@ START_TEST(bad_command_lines_exit_2_with_a_message) {
       {"--max-msg", "12", NULL},
       {"--bogus", NULL},
       {"extra-arg", NULL},
+      {"--workers", "257", NULL},
+      {"--workers", "-1", NULL},
+      {"--workers", "two", NULL},
   };
   for (size_t i = 0; i < sizeof gnmrd_bad / sizeof gnmrd_bad[0]; i++) {
     char *argv[6] = {"gnmrd"};
@@ -286,6 +289,88 @@ START_TEST(synthetic_job_decisions_equal_replay_of_its_trace) {
 }
 END_TEST
 
+/* Every step on a worker thread (GNMR_WORKERS_MIN=0, 3 workers): the four
+ * traces, a 6000-unit synthetic job (snapshots every 10 steps while the
+ * next step runs) and gnmrctl reading the jobs' engines meanwhile (the
+ * loop waits for a job's worker before it reads). Decisions must be
+ * those of the loop, i.e. replay's, and every step must have gone to a
+ * worker. */
+START_TEST(steps_on_worker_threads_decide_exactly_as_replay) {
+  tu_daemon d = {0};
+  char *extra[] = {"--workers", "3", NULL};
+  setenv("GNMR_WORKERS_MIN", "0", 1);
+  tu_daemon_start_in(&d, NULL, NULL, NULL, extra);
+  unsetenv("GNMR_WORKERS_MIN");
+  char *log = tu_daemon_log(&d);
+  ck_assert_msg(strstr(log, "3 workers for steps of 0 unit-shards") != NULL,
+                "START names the workers: %s", log);
+  free(log);
+  enum { N = sizeof cases / sizeof cases[0] };
+  pid_t pid[N + 1];
+  char out[N + 1][128], job[N][32], tp[128];
+  for (size_t i = 0; i < N; i++) {
+    snprintf(out[i], sizeof out[i], "%s/sim%zu", d.dir, i);
+    snprintf(job[i], sizeof job[i], "wk-%zu", i);
+    pid[i] = spawn_sim(i, d.agents, job[i], out[i]);
+  }
+  snprintf(tp, sizeof tp, "%s/big.csv", d.dir);
+  snprintf(out[N], sizeof out[N], "%s/big.out", d.dir);
+  {
+    char path[512];
+    char *argv[] = {"gnmr-sim", "--agents", d.agents, "--job", "wk-big",
+                    "--ranks", "4", "--shards", "2", "--units", "6000",
+                    "--steps", "60", "--seed", "11", "--barrier-ms", "20000",
+                    "--timeout-ms", "60000", "--write-trace", tp, NULL};
+    snprintf(path, sizeof path, "%s/gnmr-sim", tu_bin_dir());
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out[N],
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    ck_assert_int_eq(posix_spawn(&pid[N], path, &fa, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  /* read the engines while steps run on the workers */
+  char adm[300];
+  snprintf(adm, sizeof adm, "%s", d.admin);
+  int queries = 0;
+  for (int k = 0; k < 40; k++) {
+    char *q1[] = {"gnmrctl", "--admin", adm, "top", "wk-big", NULL};
+    char *q2[] = {"gnmrctl", "--admin", adm, "status", "wk-3", NULL};
+    run_result r = tu_run("gnmrctl", k % 2 ? q1 : q2, NULL);
+    queries += r.code == 0;
+    tu_run_free(&r);
+  }
+  for (size_t i = 0; i <= N; i++) {
+    int st;
+    waitpid(pid[i], &st, 0);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "sim %zu failed", i);
+  }
+  for (size_t i = 0; i < N; i++) {
+    char *o = tu_read_file(out[i], NULL), *e = expected(i);
+    ck_assert_msg(strcmp(o, e) == 0, "%s differs on workers", cases[i].trace);
+    free(o);
+    free(e);
+  }
+  char *replay_argv[] = {"gnmrctl", "replay", tp, NULL};
+  run_result rr = tu_run("gnmrctl", replay_argv, NULL);
+  ck_assert_int_eq(rr.code, 0);
+  char *big = tu_read_file(out[N], NULL);
+  ck_assert_msg(strcmp(big, rr.out) == 0, "the 6000-unit job differs from "
+                "replay on workers");
+  free(big);
+  tu_run_free(&rr);
+  ck_assert_int_gt(queries, 0);
+  long long decided = tu_counter(&d, "steps_decided");
+  ck_assert_int_gt(decided, 100);
+  ck_assert_int_eq(tu_counter(&d, "worker_steps"), decided);
+  ck_assert_int_eq(tu_counter(&d, "deadline_decisions"), 0);
+  ck_assert_int_eq(tu_counter(&d, "republish_refused"), 0);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("e2e");
   TCase *tc = tcase_create("live");
@@ -293,6 +378,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, decisions_equal_replay_over_tcp_with_ranks_and_shards);
   tcase_add_test(tc, decisions_equal_replay_over_ipc);
   tcase_add_test(tc, two_jobs_at_once_stay_independent);
+  tcase_add_test(tc, steps_on_worker_threads_decide_exactly_as_replay);
   tcase_add_test(tc, synthetic_job_decisions_equal_replay_of_its_trace);
   tcase_add_test(tc, daemon_prints_endpoints_and_stops_cleanly_on_sigterm);
   tcase_add_test(tc, second_daemon_on_the_same_data_dir_is_refused);
