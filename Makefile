@@ -213,6 +213,8 @@ $(BUILD)/tests/test_core: $(BUILD)/obj/tests/test_core.o $(BUILD)/obj/daemon/cor
 $(BUILD)/tests/test_agent_alloc: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
 # test_hostile edits an old database by hand.
 $(BUILD)/tests/test_hostile: LDLIBS += $(DB_LIBS)
+# test_store reads the snapshots table.
+$(BUILD)/tests/test_store: LDLIBS += $(DB_LIBS)
 # test_pg also drives the store's database interface (libgnmr-store) itself
 $(BUILD)/tests/test_pg: $(LIB_STORE)
 $(BUILD)/tests/test_pg: LDLIBS += $(LIB_STORE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON) $(DB_LIBS)

@@ -144,7 +144,12 @@ void records_step(store *st, const core_job *j, const core_outcome *o,
   const policy_result *res = &o->res;
   if (st == NULL)
     return;
-  int snap = o->step % store_snapshot_every(st) == 0;
+  /* every `every` steps, at a phase set by the run id: jobs in lockstep
+   * (runs created one after another) snapshot in different steps, so the
+   * writer gets them in turn, not all at once; a store's first job (run
+   * 1) snapshots at multiples of every */
+  uint64_t every = store_snapshot_every(st);
+  int snap = (o->step + (j->run > 0 ? (j->run - 1) % every : 0)) % every == 0;
   store_rec *r = snap ? snapshot_rec(j, REC_STEP)
                       : rec(REC_STEP, j);
   if (r == NULL)

@@ -4,6 +4,8 @@
  * middle of a job loses no committed step and the job continues from its
  * snapshot exactly as the engine would; live parameter changes; query
  * filters and every kind of bad query; readers while the daemon writes. */
+#include <sqlite3.h>
+
 #include "storeutil.h"
 
 START_TEST(decisions_csv_after_sim_equals_expected_file) {
@@ -518,6 +520,48 @@ START_TEST(repeated_sigkill_loses_no_committed_step_and_agents_never_stall) {
 }
 END_TEST
 
+/* Jobs in lockstep snapshot in different steps: each at a phase set by
+ * its run id (run 1 at multiples of snapshot_every, run 2 one step
+ * earlier, ...), so the store's writer gets them in turn. */
+START_TEST(jobs_in_lockstep_snapshot_in_different_steps) {
+  tu_daemon d = {0};
+  char ep[160], db_path[300];
+  char *every5[] = {"--snapshot-every", "5", NULL};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, every5);
+  gnmr_agent *a = open_agent(ep, "phase-a"), *b = open_agent(ep, "phase-b");
+  for (uint64_t t = 1; t <= 12; t++) {
+    step_agent(a, t);
+    step_agent(b, t);
+  }
+  tu_sleep_ms(500); /* the writer commits; SIGKILL takes no final one */
+  tu_daemon_stop(&d, SIGKILL);
+  gnmr_agent_close(&a);
+  gnmr_agent_close(&b);
+  snprintf(db_path, sizeof db_path, "%s/data/gnmr.db", d.dir);
+  sqlite3 *db;
+  ck_assert_int_eq(sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READONLY, NULL),
+                   SQLITE_OK);
+  sqlite3_stmt *st;
+  ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT job, run, step FROM "
+                                          "snapshots ORDER BY run, step",
+                                      -1, &st, NULL),
+                   SQLITE_OK);
+  char got[256] = "";
+  size_t off = 0;
+  while (sqlite3_step(st) == SQLITE_ROW && off < sizeof got - 40)
+    off += (size_t)snprintf(got + off, sizeof got - off, "%s/%lld/%lld ",
+                            (const char *)sqlite3_column_text(st, 0),
+                            (long long)sqlite3_column_int64(st, 1),
+                            (long long)sqlite3_column_int64(st, 2));
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  ck_assert_str_eq(got, "phase-a/1/5 phase-a/1/10 phase-b/2/4 phase-b/2/9 ");
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("store");
   TCase *tc = tcase_create("history");
@@ -526,6 +570,7 @@ static Suite *suite(void) {
   tcase_add_test(tc,
                  sigkill_loses_no_committed_step_and_job_continues_from_snapshot);
   tcase_add_test(tc, sparse_unit_ids_survive_a_sigkill_through_the_snapshot);
+  tcase_add_test(tc, jobs_in_lockstep_snapshot_in_different_steps);
   tcase_add_test(tc, live_job_views_and_parameter_changes);
   tcase_add_test(tc, bad_queries_and_unreachable_daemon_fail_clearly);
   tcase_add_test(tc, readers_while_the_daemon_writes);
