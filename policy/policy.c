@@ -307,6 +307,18 @@ static inline double inv_pow2(uint32_t len) {
   return v;
 }
 
+double policy__exact_recip(double x) {
+  uint64_t bits;
+  memcpy(&bits, &x, sizeof bits);
+  uint64_t e = bits >> 52; /* sign and exponent */
+  if ((bits & ((1ull << 52) - 1)) != 0 || e < 1 || e > 2045)
+    return 0; /* not +2^k, or 2^-k not normal (e = 0: subnormal or 0) */
+  bits = (2046 - e) << 52;
+  double r;
+  memcpy(&r, &bits, sizeof r);
+  return r;
+}
+
 /* Scores unit u for step t with thresholds (a, b); updates its statistics
  * as steps 1-3 of the spec say. Returns the score. */
 static double score_unit(policy *p, uint32_t u, double n, double a,
@@ -390,22 +402,25 @@ int policy_step(policy *p, uint64_t t, const double *norm,
 
   memset(res, 0, sizeof *res);
   res->step = t;
-  uint32_t w = prm->window, simd_end = 0;
+  uint32_t w = prm->window, simd_start = 0, simd_end = 0, simd_done = 0;
   int simd = policy_simd_get() != POLICY_SIMD_OFF; /* policy_simd.c */
-  double inv = (w & (w - 1)) == 0 ? inv_pow2(w) : 0;
+  policy__consts kc = {a, b, (w & (w - 1)) == 0 ? inv_pow2(w) : 0,
+                       policy__exact_recip(a), policy__exact_recip(b)};
   for (uint32_t u = 0; u < p->n; u++) {
     uint8_t in = input ? input[u] : POLICY_REPORTED;
     double s = 0;
     if (u >= simd_end && simd) { /* steady units several at a time */
       int quiet;
-      uint32_t k = policy__score_block(p, u, norm, input, a, b, inv, &quiet);
+      uint32_t k = policy__score_block(p, u, norm, input, &kc, &simd_done,
+                                       &quiet);
+      simd_start = u;
       simd_end = u + k;
       if (k > 0 && quiet) { /* no score above 1, no lock: nothing to add */
         u = simd_end - 1;
         continue;
       }
     }
-    if (u < simd_end) {
+    if (u < simd_end && (simd_done >> (u - simd_start) & 1)) {
       s = p->s[u];
       if (isinf(s))
         emit(p, res, POLICY_EV_NONFINITE, u, POLICY_OUT_NONE, 0);

@@ -51,14 +51,27 @@ size_t policy__export_units(const policy *p, uint32_t u0, uint32_t u1,
                             uint8_t *out);
 void policy__export_seal(uint8_t *buf, size_t len);
 
-/* Scores the block of steady units at u (policy_simd.c) with thresholds
- * a, b (inv: 1/window when a power of two, else 0) and returns how many
- * it did (all the block's statistics updated, scores in p->s; *quiet: no
- * score above 1 and no lock, so nothing else to do for them), or 0 when
- * the block is not all steady or no SIMD is in use: nothing touched. */
+/* A step's constants for the steady blocks: thresholds a, b; inv =
+ * 1/window, ia = 1/a, ib = 1/b where that divisor is a power of two whose
+ * reciprocal is normal (then x / 2^k and x * 2^-k round the same exact
+ * value: identical bits, subnormals included), else 0 (divide). */
+typedef struct policy__consts {
+  double a, b, inv, ia, ib;
+} policy__consts;
+
+/* 1/x when x is a power of two with a normal reciprocal, else 0. */
+double policy__exact_recip(double x);
+
+/* Scores the steady units of the block at u (policy_simd.c) with k:
+ * returns the block's length (0: no SIMD in use, or the block runs past
+ * the last unit) and in *done the lanes it scored (bit i: unit u + i; its
+ * statistics updated, its score in p->s). The other lanes are untouched:
+ * the caller scores them the scalar way, in unit order as always. *quiet:
+ * every lane done, none scored above 1 and none locked, so nothing else to
+ * do for the block. */
 uint32_t policy__score_block(policy *p, uint32_t u, const double *norm,
-                             const uint8_t *input, double a, double b,
-                             double inv, int *quiet);
+                             const uint8_t *input, const policy__consts *k,
+                             uint32_t *done, int *quiet);
 
 /* Rebuilds the last active set (p->act, ascending) from the flags. */
 void policy__rebuild_act(policy *p);

@@ -6,7 +6,9 @@
  * SIMD lane does exactly the scalar engine's operations in its order
  * (IEEE division and addition are correctly rounded per lane, no fused
  * multiply-add, the window summed oldest to newest; x / 2^k is x * 2^-k).
- * A block with any other unit goes the scalar way (policy.c). Chosen at
+ * With AVX-512 a block's other units go the scalar way, one by one, and
+ * its steady ones stay in SIMD (masked); with AVX2 a block with any other
+ * unit goes the scalar way whole (policy.c). Chosen at
  * run time: AVX-512 (8 units), AVX2 (4), or none; GNMR_POLICY_SIMD=off|
  * avx2|avx512 or policy_simd_set() narrows it (tests compare the three).
  * tests/test_policy_simd.c runs random engines through every path. */
@@ -72,24 +74,28 @@ const char *policy_simd_name(int l) {
 }
 
 #if SIMD_X86
-/* 8 units from u: all steady? Then their scores into p->s and their
- * statistics updated, and 1 (*quiet: none scored above 1 or is locked);
- * else nothing touched, 0. a, b: thresholds; inv: 1/window when a power
- * of two, else 0 (divide). */
+/* 8 units from u: the steady ones among want get their scores into p->s
+ * and their statistics updated, and come back as a mask (*quiet: all 8
+ * done, none scored above 1 or is locked); the others are not touched.
+ * kc: the step's thresholds and exact reciprocals (policy_priv.h). */
 __attribute__((target("avx512f,avx512dq,avx512vl"))) static int
-score8(policy *p, uint32_t u, const double *norm, double a, double b,
-       double inv, int *quiet) {
+score8(policy *p, uint32_t u, const double *norm, const policy__consts *kc,
+       __mmask8 want, int *quiet) {
   uint32_t w = p->prm.window;
   __m512d n = _mm512_loadu_pd(norm + u);
   __m512i cnt = _mm512_loadu_si512((const void *)(p->cnt + u));
   __m256i len = _mm256_loadu_si256((const __m256i *)(p->win_len + u));
   __mmask8 ok =
-      _mm512_cmp_pd_mask(n, _mm512_setzero_pd(), _CMP_GT_OQ) &
+      want & _mm512_cmp_pd_mask(n, _mm512_setzero_pd(), _CMP_GT_OQ) &
       _mm512_cmp_pd_mask(n, _mm512_set1_pd(INFINITY), _CMP_LT_OQ) &
       _mm512_cmpneq_epu64_mask(cnt, _mm512_setzero_si512()) &
       (__mmask8)_mm256_cmpeq_epi32_mask(len, _mm256_set1_epi32((int)w));
-  if (ok != 0xff)
+  *quiet = 0;
+  if (ok == 0)
     return 0;
+  /* the lanes not ok (idle, non-finite, short window, not reported) are
+   * computed on whatever they hold and never stored: the caller scores
+   * them the scalar way */
   __m512d sum = _mm512_loadu_pd(p->sum + u);
   __m512d m = _mm512_div_pd(sum, _mm512_cvtepu64_pd(cnt));
   __m512d g = _mm512_div_pd(n, m);
@@ -103,42 +109,49 @@ score8(policy *p, uint32_t u, const double *norm, double a, double b,
   __m512d acc = _mm512_setzero_pd();
   for (uint32_t k = 0; k < w; k++) {
     __m512i idx = _mm512_add_epi64(base, _mm512_cvtepu32_epi64(i));
-    acc = _mm512_add_pd(acc, _mm512_i64gather_pd(idx, p->win, 8));
+    acc = _mm512_add_pd(
+        acc, _mm512_mask_i64gather_pd(_mm512_setzero_pd(), ok, idx, p->win,
+                                      8));
     i = _mm256_add_epi32(i, _mm256_set1_epi32(1));
     i = _mm256_mask_sub_epi32(i, _mm256_cmpeq_epi32_mask(i, wv), i, wv);
   }
-  __m512d mean = inv != 0 ? _mm512_mul_pd(acc, _mm512_set1_pd(inv))
-                          : _mm512_div_pd(acc, _mm512_set1_pd((double)w));
+  __m512d mean = kc->inv != 0
+                     ? _mm512_mul_pd(acc, _mm512_set1_pd(kc->inv))
+                     : _mm512_div_pd(acc, _mm512_set1_pd((double)w));
   __m512d d = _mm512_div_pd(g, mean);
   /* fmax(g / a, d / b): max_pd gives its second operand when either is
    * NaN; g / a never is (n finite > 0, m > 0), d / b may be */
-  __m512d s = _mm512_max_pd(_mm512_div_pd(d, _mm512_set1_pd(b)),
-                            _mm512_div_pd(g, _mm512_set1_pd(a)));
+  __m512d db = kc->ib != 0 ? _mm512_mul_pd(d, _mm512_set1_pd(kc->ib))
+                           : _mm512_div_pd(d, _mm512_set1_pd(kc->b));
+  __m512d ga = kc->ia != 0 ? _mm512_mul_pd(g, _mm512_set1_pd(kc->ia))
+                           : _mm512_div_pd(g, _mm512_set1_pd(kc->a));
+  __m512d s = _mm512_max_pd(db, ga);
   /* the ring's newest slot is the head; head moves on */
-  _mm512_i64scatter_pd(p->win, _mm512_add_epi64(base, _mm512_cvtepu32_epi64(head)),
-                       g, 8);
+  _mm512_mask_i64scatter_pd(
+      p->win, ok, _mm512_add_epi64(base, _mm512_cvtepu32_epi64(head)), g, 8);
   head = _mm256_add_epi32(head, _mm256_set1_epi32(1));
   head = _mm256_mask_sub_epi32(head, _mm256_cmpeq_epi32_mask(head, wv), head,
                                wv);
-  _mm256_storeu_si256((__m256i *)(p->win_head + u), head);
-  _mm512_storeu_pd(p->g + u, g);
-  _mm512_storeu_pd(p->d + u, d);
-  _mm512_storeu_pd(p->s + u, s);
+  _mm256_mask_storeu_epi32(p->win_head + u, ok, head);
+  _mm512_mask_storeu_pd(p->g + u, ok, g);
+  _mm512_mask_storeu_pd(p->d + u, ok, d);
+  _mm512_mask_storeu_pd(p->s + u, ok, s);
   __m256i lock = _mm256_loadu_si256((const __m256i *)(p->lock + u));
-  *quiet = _mm512_cmp_pd_mask(s, _mm512_set1_pd(1), _CMP_GT_OQ) == 0 &&
+  *quiet = ok == 0xff &&
+           _mm512_cmp_pd_mask(s, _mm512_set1_pd(1), _CMP_GT_OQ) == 0 &&
            _mm256_test_epi32_mask(lock, lock) == 0;
-  _mm512_storeu_pd(p->sum + u, _mm512_add_pd(sum, n));
-  _mm512_storeu_si512((void *)(p->cnt + u),
-                      _mm512_add_epi64(cnt, _mm512_set1_epi64(1)));
-  return 1;
+  _mm512_mask_storeu_pd(p->sum + u, ok, _mm512_add_pd(sum, n));
+  _mm512_mask_storeu_epi64(p->cnt + u, ok,
+                           _mm512_add_epi64(cnt, _mm512_set1_epi64(1)));
+  return ok;
 }
 
 /* The same for 4 units with AVX2 (no u64 -> double conversion: counts
  * below 2^52 go through the exponent trick, exact; larger ones are not
  * steady here). */
 __attribute__((target("avx2"))) static int score4(policy *p, uint32_t u,
-                                                  const double *norm, double a,
-                                                  double b, double inv,
+                                                  const double *norm,
+                                                  const policy__consts *kc,
                                                   int *quiet) {
   uint32_t w = p->prm.window;
   __m256d n = _mm256_loadu_pd(norm + u);
@@ -173,11 +186,15 @@ __attribute__((target("avx2"))) static int score4(policy *p, uint32_t u,
     i = _mm_add_epi32(i, one);
     i = _mm_sub_epi32(i, _mm_and_si128(_mm_cmpeq_epi32(i, wv), wv));
   }
-  __m256d mean = inv != 0 ? _mm256_mul_pd(acc, _mm256_set1_pd(inv))
-                          : _mm256_div_pd(acc, _mm256_set1_pd((double)w));
+  __m256d mean = kc->inv != 0
+                     ? _mm256_mul_pd(acc, _mm256_set1_pd(kc->inv))
+                     : _mm256_div_pd(acc, _mm256_set1_pd((double)w));
   __m256d d = _mm256_div_pd(g, mean);
-  __m256d s = _mm256_max_pd(_mm256_div_pd(d, _mm256_set1_pd(b)),
-                            _mm256_div_pd(g, _mm256_set1_pd(a)));
+  __m256d db = kc->ib != 0 ? _mm256_mul_pd(d, _mm256_set1_pd(kc->ib))
+                           : _mm256_div_pd(d, _mm256_set1_pd(kc->b));
+  __m256d ga = kc->ia != 0 ? _mm256_mul_pd(g, _mm256_set1_pd(kc->ia))
+                           : _mm256_div_pd(g, _mm256_set1_pd(kc->a));
+  __m256d s = _mm256_max_pd(db, ga);
   double gs[4];
   _mm256_storeu_pd(gs, g);
   for (int k = 0; k < 4; k++) {
@@ -199,25 +216,30 @@ __attribute__((target("avx2"))) static int score4(policy *p, uint32_t u,
 #endif
 
 uint32_t policy__score_block(policy *p, uint32_t u, const double *norm,
-                             const uint8_t *input, double a, double b,
-                             double inv, int *quiet) {
+                             const uint8_t *input, const policy__consts *kc,
+                             uint32_t *done, int *quiet) {
   *quiet = 0;
+  *done = 0;
 #if SIMD_X86
   int l = policy_simd_get();
   uint32_t lanes = l == POLICY_SIMD_AVX512 ? 8 : l == POLICY_SIMD_AVX2 ? 4 : 0;
   if (lanes == 0 || u + lanes > p->n)
     return 0;
+  uint32_t want = (1u << lanes) - 1;
   if (input != NULL)
     for (uint32_t k = 0; k < lanes; k++)
       if (input[u + k] != POLICY_REPORTED)
-        return 0;
-  if (l == POLICY_SIMD_AVX512)
-    return score8(p, u, norm, a, b, inv, quiet) ? 8 : 0;
-  if ((size_t)p->n * p->prm.window >= (1u << 31))
-    return 0; /* 32-bit gather indices */
-  return score4(p, u, norm, a, b, inv, quiet) ? 4 : 0;
+        want &= ~(1u << k);
+  if (l == POLICY_SIMD_AVX512) {
+    *done = want ? score8(p, u, norm, kc, (__mmask8)want, quiet) : 0;
+    return 8;
+  }
+  if (want != 0xf || (size_t)p->n * p->prm.window >= (1u << 31))
+    return 4; /* AVX2: all four lanes or none; 32-bit gather indices */
+  *done = score4(p, u, norm, kc, quiet) ? 0xf : 0;
+  return 4;
 #else
-  (void)p, (void)u, (void)norm, (void)input, (void)a, (void)b, (void)inv;
+  (void)p, (void)u, (void)norm, (void)input, (void)kc;
   return 0;
 #endif
 }

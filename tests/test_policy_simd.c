@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "check_main.h"
+#include "policy_priv.h"
 #include "policyutil.h"
 
 static uint64_t rng_next(uint64_t *s) {
@@ -78,10 +79,14 @@ static void one_run(int level, uint64_t seed) {
                            1 + (uint32_t)(rng_next(&rng) % 10),
                            (uint32_t)(rng_next(&rng) % 4),
                            rng_next(&rng) % 6);
+  if (rng_next(&rng) % 3 == 0) { /* powers of two: multiplied, not divided */
+    p.alpha = rng_next(&rng) % 2 ? 2.0 : 4.0;
+    p.beta = rng_next(&rng) % 2 ? 2.0 : 1.1 + rng_unit(&rng);
+  }
   if (rng_next(&rng) % 2) {
     p.early_steps = 5 + rng_next(&rng) % 20;
-    p.early_alpha = 3.0;
-    p.early_beta = 2.5;
+    p.early_alpha = rng_next(&rng) % 2 ? 3.0 : 2.0;
+    p.early_beta = rng_next(&rng) % 2 ? 2.5 : 4.0;
   }
   policy *ref = make(&p, n), *vec = make(&p, n);
   uint32_t cap = n + 64;
@@ -176,11 +181,40 @@ START_TEST(levels_can_be_chosen_and_off_is_always_there) {
 }
 END_TEST
 
+/* The divisors the steady path multiplies by the reciprocal of: exactly
+ * the powers of two whose reciprocal is a normal number. */
+START_TEST(exact_reciprocals_only_for_powers_of_two) {
+  ck_assert(policy__exact_recip(2.0) == 0.5);
+  ck_assert(policy__exact_recip(4.0) == 0.25);
+  ck_assert(policy__exact_recip(1.0) == 1.0);
+  ck_assert(policy__exact_recip(0.5) == 2.0);
+  ck_assert(policy__exact_recip(0x1p1022) == 0x1p-1022); /* smallest normal */
+  ck_assert(policy__exact_recip(0x1p-1022) == 0x1p1022);
+  ck_assert(policy__exact_recip(0x1p1023) == 0);  /* 2^-1023: subnormal */
+  ck_assert(policy__exact_recip(0x1p-1074) == 0); /* a subnormal */
+  const double no[] = {3.0, 2.5, 1.8, -2.0, 0.0, -0.0, INFINITY, -INFINITY,
+                       NAN, 0x1.0000000000001p1};
+  for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+    ck_assert_msg(policy__exact_recip(no[i]) == 0, "%a", no[i]);
+  /* and x * (1/2^k) is x / 2^k bit for bit, subnormal results included */
+  const double xs[] = {1.0, 3.0, 0x1.fffffffffffffp1023, 0x1p-1022,
+                       0x1.8p-1073, 0x1p-1074, 0x1.23456789abcdep-1030};
+  const double ks[] = {2.0, 4.0, 0x1p10, 0x1p-3};
+  for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++)
+    for (size_t k = 0; k < sizeof ks / sizeof ks[0]; k++) {
+      volatile double q = xs[i] / ks[k], m = xs[i] * policy__exact_recip(ks[k]);
+      ck_assert_msg(memcmp((const void *)&q, (const void *)&m, sizeof q) == 0,
+                    "%a / %a", xs[i], ks[k]);
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("policy_simd");
   TCase *tc = tcase_create("simd");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, levels_can_be_chosen_and_off_is_always_there);
+  tcase_add_test(tc, exact_reciprocals_only_for_powers_of_two);
   tcase_add_test(tc, avx2_matches_scalar_bit_for_bit);
   tcase_add_test(tc, avx512_matches_scalar_bit_for_bit);
   suite_add_tcase(s, tc);
