@@ -19,7 +19,8 @@
 typedef struct bufs {
   uint64_t *cnt, *promotions;
   double *sum, *win, *g, *d, *s;
-  uint32_t *win_len, *win_head, *lock, *pool, *heap, *act, *prev_act;
+  uint32_t *win_len, *lock, *pool, *heap, *act, *prev_act;
+  uint32_t n; /* units: the stride of win */
   uint8_t *active, *chosen;
   policy_event *ev;
 } bufs;
@@ -33,7 +34,6 @@ static void bufs_free(bufs *b) {
   free(b->d);
   free(b->s);
   free(b->win_len);
-  free(b->win_head);
   free(b->lock);
   free(b->pool);
   free(b->heap);
@@ -63,7 +63,7 @@ static int bufs_alloc(bufs *b, uint32_t n, const policy_params *prm) {
   b->d = zalloc(n, sizeof *b->d);
   b->s = zalloc(n, sizeof *b->s);
   b->win_len = zalloc(n, sizeof *b->win_len);
-  b->win_head = zalloc(n, sizeof *b->win_head);
+  b->n = n;
   b->lock = zalloc(n, sizeof *b->lock);
   b->pool = zalloc(n, sizeof *b->pool);
   b->heap = zalloc(heap_cap(prm->max_active, n), sizeof *b->heap);
@@ -73,7 +73,7 @@ static int bufs_alloc(bufs *b, uint32_t n, const policy_params *prm) {
   b->chosen = zalloc(n, sizeof *b->chosen);
   b->ev = zalloc(3 * (size_t)n + 1, sizeof *b->ev);
   if (!b->cnt || !b->promotions || !b->sum || !b->win || !b->g || !b->d ||
-      !b->s || !b->win_len || !b->win_head || !b->lock || !b->pool ||
+      !b->s || !b->win_len || !b->lock || !b->pool ||
       !b->heap || !b->act || !b->prev_act || !b->active || !b->chosen ||
       !b->ev) {
     bufs_free(b);
@@ -93,7 +93,6 @@ static void bufs_take(policy *p, bufs *b) {
   p->d = b->d;
   p->s = b->s;
   p->win_len = b->win_len;
-  p->win_head = b->win_head;
   p->lock = b->lock;
   p->pool = b->pool;
   p->heap = b->heap;
@@ -105,10 +104,10 @@ static void bufs_take(policy *p, bufs *b) {
 }
 
 static bufs bufs_of(policy *p) {
-  bufs b = {p->cnt,  p->promotions, p->sum,      p->win,  p->g,
-            p->d,    p->s,          p->win_len,  p->win_head,
-            p->lock, p->pool,       p->heap,     p->act,  p->prev_act,
-            p->active, p->chosen,   p->ev};
+  bufs b = {p->cnt,  p->promotions, p->sum,  p->win,     p->g,
+            p->d,    p->s,          p->win_len, p->lock, p->pool,
+            p->heap, p->act,        p->prev_act, p->n,   p->active,
+            p->chosen, p->ev};
   return b;
 }
 
@@ -126,11 +125,11 @@ static void copy_unit(bufs *b, uint32_t v, const policy *p, uint32_t u,
   b->d[v] = p->d[u];
   b->s[v] = p->s[u];
   uint32_t len = p->win_len[u] < nw ? p->win_len[u] : nw;
-  uint32_t from = ring_oldest(p->win_head[u], len, ow);
+  uint32_t from = p->win_len[u] - len; /* the newest len, oldest first */
+  (void)ow;
   for (uint32_t i = 0; i < len; i++)
-    b->win[(size_t)v * nw + i] = p->win[(size_t)u * ow + (from + i) % ow];
+    b->win[(size_t)i * b->n + v] = *win_at(p, from + i, u);
   b->win_len[v] = len;
-  b->win_head[v] = len % nw;
 }
 
 /* Moves the state of p's first min(p->n, n) units into b (sized for n units
@@ -323,7 +322,6 @@ double policy__exact_recip(double x) {
  * as steps 1-3 of the spec say. Returns the score. */
 static double score_unit(policy *p, uint32_t u, double n, double a,
                          double b) {
-  uint32_t w = p->prm.window;
   p->g[u] = p->d[u] = NAN;
   if (n == 0)
     return 0; /* idle unit: no update */
@@ -334,26 +332,18 @@ static double score_unit(policy *p, uint32_t u, double n, double a,
     double m = p->sum[u] / (double)p->cnt[u];
     double g = n / m, d = 1;
     uint32_t len = p->win_len[u];
-    double *ring = p->win + (size_t)u * w;
     if (len > 0) {
       double acc = 0;
-      uint32_t i = ring_oldest(p->win_head[u], len, w);
-      for (uint32_t k = 0; k < len; k++) {
-        acc += ring[i];
-        if (++i == w)
-          i = 0;
-      }
+      const double *c = p->win + u; /* oldest to newest */
+      for (uint32_t k = 0; k < len; k++)
+        acc += c[(size_t)k * p->n];
       /* x / 2^k and x * 2^-k round the same exact value: identical bits
        * (subnormals too), without a division */
       d = g / ((len & (len - 1)) == 0 ? acc * inv_pow2(len) : acc / len);
     }
     /* fmax: a NaN d (only from inf/inf after float overflow) yields g/a. */
     s = fmax(g / a, d / b);
-    uint32_t h = p->win_head[u];
-    ring[h] = g;
-    p->win_head[u] = h + 1 == w ? 0 : h + 1;
-    if (len < w)
-      p->win_len[u] = len + 1;
+    win_push(p, u, g);
     p->g[u] = g;
     p->d[u] = d;
   }
@@ -378,17 +368,9 @@ int policy_step(policy *p, uint64_t t, const double *norm,
                 const uint8_t *input, policy_result *res) {
   if (p == NULL || res == NULL || t == 0 || (norm == NULL && p->n > 0))
     return GNMR_E_INVAL;
-  /* a negative finite norm, or an unknown input kind: branch-free, so
-   * that the compiler can check several units at a time */
-  int bad = 0;
-  if (input != NULL)
-    for (uint32_t u = 0; u < p->n; u++)
-      bad |= (input[u] > POLICY_MISSING) |
-             ((input[u] == POLICY_REPORTED) & (norm[u] < 0) &
-              (norm[u] > -INFINITY));
-  else
-    for (uint32_t u = 0; u < p->n; u++)
-      bad |= (norm[u] < 0) & (norm[u] > -INFINITY);
+  /* a negative finite norm, or an unknown input kind (several units at a
+   * time, policy_simd.c) */
+  int bad = policy__bad_norms(norm, input, p->n);
   if (bad)
     return GNMR_E_INVAL;
 

@@ -14,9 +14,12 @@ struct policy {
   /* per-unit statistics */
   uint64_t *cnt;
   double *sum;
-  double *win;         /* n * prm.window, ring per unit */
-  uint32_t *win_len;
-  uint32_t *win_head;  /* next write position in the unit's ring */
+  /* Each unit's window, oldest first, stored by age: the k-th oldest
+   * value of unit u is win[k * n + u] (win_at), so the k-th oldest of
+   * consecutive units are consecutive and a block of units reads and
+   * shifts its windows with plain vector loads and stores. */
+  double *win;         /* prm.window * n */
+  uint32_t *win_len;   /* values held, <= prm.window */
   uint32_t *lock;
   uint8_t *active;     /* in the last step's active set */
   uint64_t *promotions;
@@ -33,10 +36,24 @@ struct policy {
   policy_snap *pending;/* a snapshot owed (snapshot_async.c), or NULL */
 };
 
-/* The oldest slot of a ring of w slots holding len values, next write at
- * head. */
-static inline uint32_t ring_oldest(uint32_t head, uint32_t len, uint32_t w) {
-  return head >= len ? head - len : head + w - len; /* (head + w - len) % w */
+/* The k-th oldest value of unit u's window (k < win_len[u]). */
+static inline double *win_at(const policy *p, uint32_t k, uint32_t u) {
+  return p->win + (size_t)k * p->n + u;
+}
+
+/* Appends g as unit u's newest value; a full window drops its oldest. */
+static inline void win_push(policy *p, uint32_t u, double g) {
+  uint32_t len = p->win_len[u], w = p->prm.window;
+  size_t st = p->n;
+  double *c = p->win + u;
+  if (len < w) {
+    c[len * st] = g;
+    p->win_len[u] = len + 1;
+    return;
+  }
+  for (uint32_t k = 0; k + 1 < w; k++)
+    c[k * st] = c[(k + 1) * st];
+  c[(w - 1) * st] = g;
 }
 
 /* Before any change of p's state: serializes a snapshot still owed. */
@@ -58,6 +75,12 @@ void policy__export_seal(uint8_t *buf, size_t len);
 typedef struct policy__consts {
   double a, b, inv, ia, ib;
 } policy__consts;
+
+/* policy_step's check of its input: whether any x[i] is below 0 and
+ * above -inf where in[i] is POLICY_REPORTED (every i when in is NULL), or
+ * any in[i] is not an input kind (policy_simd.c: as many at a time as the
+ * SIMD level allows). */
+int policy__bad_norms(const double *x, const uint8_t *in, uint32_t n);
 
 /* 1/x when x is a power of two with a normal reciprocal, else 0. */
 double policy__exact_recip(double x);

@@ -99,22 +99,18 @@ score8(policy *p, uint32_t u, const double *norm, const policy__consts *kc,
   __m512d sum = _mm512_loadu_pd(p->sum + u);
   __m512d m = _mm512_div_pd(sum, _mm512_cvtepu64_pd(cnt));
   __m512d g = _mm512_div_pd(n, m);
-  /* the window, oldest (= head, as it is full) to newest */
-  __m256i head = _mm256_loadu_si256((const __m256i *)(p->win_head + u));
-  __m512i base = _mm512_mullo_epi64(
-      _mm512_add_epi64(_mm512_set1_epi64(u), _mm512_setr_epi64(0, 1, 2, 3,
-                                                               4, 5, 6, 7)),
-      _mm512_set1_epi64(w));
-  __m256i wv = _mm256_set1_epi32((int)w), i = head;
-  __m512d acc = _mm512_setzero_pd();
-  for (uint32_t k = 0; k < w; k++) {
-    __m512i idx = _mm512_add_epi64(base, _mm512_cvtepu32_epi64(i));
-    acc = _mm512_add_pd(
-        acc, _mm512_mask_i64gather_pd(_mm512_setzero_pd(), ok, idx, p->win,
-                                      8));
-    i = _mm256_add_epi32(i, _mm256_set1_epi32(1));
-    i = _mm256_mask_sub_epi32(i, _mm256_cmpeq_epi32_mask(i, wv), i, wv);
+  /* the window, oldest to newest (stored by age: win_at); as it is full,
+   * it shifts down one age and g becomes the newest */
+  const double *c = p->win + u;
+  size_t st = p->n;
+  __m512d acc = _mm512_setzero_pd(), v = _mm512_loadu_pd(c);
+  acc = _mm512_add_pd(acc, v);
+  for (uint32_t k = 1; k < w; k++) {
+    v = _mm512_loadu_pd(c + k * st);
+    acc = _mm512_add_pd(acc, v);
+    _mm512_mask_storeu_pd(p->win + (k - 1) * st + u, ok, v);
   }
+  _mm512_mask_storeu_pd(p->win + (size_t)(w - 1) * st + u, ok, g);
   __m512d mean = kc->inv != 0
                      ? _mm512_mul_pd(acc, _mm512_set1_pd(kc->inv))
                      : _mm512_div_pd(acc, _mm512_set1_pd((double)w));
@@ -126,16 +122,12 @@ score8(policy *p, uint32_t u, const double *norm, const policy__consts *kc,
   __m512d ga = kc->ia != 0 ? _mm512_mul_pd(g, _mm512_set1_pd(kc->ia))
                            : _mm512_div_pd(g, _mm512_set1_pd(kc->a));
   __m512d s = _mm512_max_pd(db, ga);
-  /* the ring's newest slot is the head; head moves on */
-  _mm512_mask_i64scatter_pd(
-      p->win, ok, _mm512_add_epi64(base, _mm512_cvtepu32_epi64(head)), g, 8);
-  head = _mm256_add_epi32(head, _mm256_set1_epi32(1));
-  head = _mm256_mask_sub_epi32(head, _mm256_cmpeq_epi32_mask(head, wv), head,
-                               wv);
-  _mm256_mask_storeu_epi32(p->win_head + u, ok, head);
-  _mm512_mask_storeu_pd(p->g + u, ok, g);
-  _mm512_mask_storeu_pd(p->d + u, ok, d);
-  _mm512_mask_storeu_pd(p->s + u, ok, s);
+  /* g, d and s whole: the caller writes the other lanes' own (the scalar
+   * way) before anything reads them, and it reads s back at once, which a
+   * full-width store forwards and a masked one would not */
+  _mm512_storeu_pd(p->g + u, g);
+  _mm512_storeu_pd(p->d + u, d);
+  _mm512_storeu_pd(p->s + u, s);
   __m256i lock = _mm256_loadu_si256((const __m256i *)(p->lock + u));
   *quiet = ok == 0xff &&
            _mm512_cmp_pd_mask(s, _mm512_set1_pd(1), _CMP_GT_OQ) == 0 &&
@@ -171,21 +163,17 @@ __attribute__((target("avx2"))) static int score4(policy *p, uint32_t u,
   __m256d sum = _mm256_loadu_pd(p->sum + u);
   __m256d m = _mm256_div_pd(sum, cntd);
   __m256d g = _mm256_div_pd(n, m);
-  uint32_t h[4];
-  memcpy(h, p->win_head + u, sizeof h);
-  __m128i head = _mm_loadu_si128((const __m128i *)h), i = head;
-  __m128i wv = _mm_set1_epi32((int)w), one = _mm_set1_epi32(1);
-  __m128i base = _mm_mullo_epi32(
-      _mm_add_epi32(_mm_set1_epi32((int)u), _mm_setr_epi32(0, 1, 2, 3)), wv);
-  __m256d acc = _mm256_setzero_pd();
-  /* u * w + slot fits 32 bits: units * window is bounded by the engine's
-   * allocation (POLICY_MAX_UNITS * window < 2^31 is checked by caller) */
-  for (uint32_t k = 0; k < w; k++) {
-    acc = _mm256_add_pd(
-        acc, _mm256_i32gather_pd(p->win, _mm_add_epi32(base, i), 8));
-    i = _mm_add_epi32(i, one);
-    i = _mm_sub_epi32(i, _mm_and_si128(_mm_cmpeq_epi32(i, wv), wv));
+  /* the window by age, shifted down one (all four are full) */
+  const double *c = p->win + u;
+  size_t st = p->n;
+  __m256d acc = _mm256_setzero_pd(), v = _mm256_loadu_pd(c);
+  acc = _mm256_add_pd(acc, v);
+  for (uint32_t k = 1; k < w; k++) {
+    v = _mm256_loadu_pd(c + k * st);
+    acc = _mm256_add_pd(acc, v);
+    _mm256_storeu_pd(p->win + (k - 1) * st + u, v);
   }
+  _mm256_storeu_pd(p->win + (size_t)(w - 1) * st + u, g);
   __m256d mean = kc->inv != 0
                      ? _mm256_mul_pd(acc, _mm256_set1_pd(kc->inv))
                      : _mm256_div_pd(acc, _mm256_set1_pd((double)w));
@@ -195,12 +183,6 @@ __attribute__((target("avx2"))) static int score4(policy *p, uint32_t u,
   __m256d ga = kc->ia != 0 ? _mm256_mul_pd(g, _mm256_set1_pd(kc->ia))
                            : _mm256_div_pd(g, _mm256_set1_pd(kc->a));
   __m256d s = _mm256_max_pd(db, ga);
-  double gs[4];
-  _mm256_storeu_pd(gs, g);
-  for (int k = 0; k < 4; k++) {
-    p->win[(size_t)(u + k) * w + h[k]] = gs[k];
-    p->win_head[u + k] = h[k] + 1 == w ? 0 : h[k] + 1;
-  }
   _mm256_storeu_pd(p->g + u, g);
   _mm256_storeu_pd(p->d + u, d);
   _mm256_storeu_pd(p->s + u, s);
@@ -213,7 +195,86 @@ __attribute__((target("avx2"))) static int score4(policy *p, uint32_t u,
                       _mm256_add_epi64(cnt, _mm256_set1_epi64x(1)));
   return 1;
 }
+
+/* Whether any of x[0..n) is below 0 and above -inf: policy_step's check
+ * of the norms. */
+__attribute__((target("avx512f"))) static int neg512(const double *x,
+                                                    uint32_t n) {
+  __mmask8 bad = 0;
+  uint32_t i = 0;
+  const __m512d zero = _mm512_setzero_pd(), ninf = _mm512_set1_pd(-INFINITY);
+  for (; i + 8 <= n; i += 8) {
+    __m512d v = _mm512_loadu_pd(x + i);
+    bad |= _mm512_cmp_pd_mask(v, zero, _CMP_LT_OQ) &
+           _mm512_cmp_pd_mask(v, ninf, _CMP_GT_OQ);
+  }
+  int r = bad != 0;
+  for (; i < n; i++)
+    r |= (x[i] < 0) & (x[i] > -INFINITY);
+  return r;
+}
+
+/* The same where in[i] is POLICY_REPORTED, or any in[i] above
+ * POLICY_MISSING (not an input at all). */
+__attribute__((target("avx512f"))) static int bad512(const double *x,
+                                                    const uint8_t *in,
+                                                    uint32_t n) {
+  __mmask8 bad = 0;
+  uint32_t i = 0;
+  const __m512d zero = _mm512_setzero_pd(), ninf = _mm512_set1_pd(-INFINITY);
+  const __m512i rep = _mm512_set1_epi64(POLICY_REPORTED),
+                top = _mm512_set1_epi64(POLICY_MISSING);
+  for (; i + 8 <= n; i += 8) {
+    __m512i k = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(in + i)));
+    __m512d v = _mm512_loadu_pd(x + i);
+    bad |= _mm512_cmpgt_epu64_mask(k, top) |
+           (_mm512_cmpeq_epu64_mask(k, rep) &
+            _mm512_cmp_pd_mask(v, zero, _CMP_LT_OQ) &
+            _mm512_cmp_pd_mask(v, ninf, _CMP_GT_OQ));
+  }
+  int r = bad != 0;
+  for (; i < n; i++)
+    r |= (in[i] > POLICY_MISSING) |
+         ((in[i] == POLICY_REPORTED) & (x[i] < 0) & (x[i] > -INFINITY));
+  return r;
+}
+
+__attribute__((target("avx2"))) static int neg256(const double *x,
+                                                 uint32_t n) {
+  __m256d bad = _mm256_setzero_pd();
+  uint32_t i = 0;
+  const __m256d zero = _mm256_setzero_pd(), ninf = _mm256_set1_pd(-INFINITY);
+  for (; i + 4 <= n; i += 4) {
+    __m256d v = _mm256_loadu_pd(x + i);
+    bad = _mm256_or_pd(bad, _mm256_and_pd(_mm256_cmp_pd(v, zero, _CMP_LT_OQ),
+                                          _mm256_cmp_pd(v, ninf,
+                                                        _CMP_GT_OQ)));
+  }
+  int r = _mm256_movemask_pd(bad) != 0;
+  for (; i < n; i++)
+    r |= (x[i] < 0) & (x[i] > -INFINITY);
+  return r;
+}
 #endif
+
+int policy__bad_norms(const double *x, const uint8_t *in, uint32_t n) {
+  int r = 0;
+#if SIMD_X86
+  int l = policy_simd_get();
+  if (l == POLICY_SIMD_AVX512)
+    return in ? bad512(x, in, n) : neg512(x, n);
+  if (l == POLICY_SIMD_AVX2 && in == NULL)
+    return neg256(x, n);
+#endif
+  if (in != NULL)
+    for (uint32_t i = 0; i < n; i++)
+      r |= (in[i] > POLICY_MISSING) |
+           ((in[i] == POLICY_REPORTED) & (x[i] < 0) & (x[i] > -INFINITY));
+  else
+    for (uint32_t i = 0; i < n; i++)
+      r |= (x[i] < 0) & (x[i] > -INFINITY);
+  return r;
+}
 
 uint32_t policy__score_block(policy *p, uint32_t u, const double *norm,
                              const uint8_t *input, const policy__consts *kc,
@@ -234,8 +295,8 @@ uint32_t policy__score_block(policy *p, uint32_t u, const double *norm,
     *done = want ? score8(p, u, norm, kc, (__mmask8)want, quiet) : 0;
     return 8;
   }
-  if (want != 0xf || (size_t)p->n * p->prm.window >= (1u << 31))
-    return 4; /* AVX2: all four lanes or none; 32-bit gather indices */
+  if (want != 0xf)
+    return 4; /* AVX2: all four lanes or none */
   *done = score4(p, u, norm, kc, quiet) ? 0xf : 0;
   return 4;
 #else

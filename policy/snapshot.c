@@ -166,7 +166,6 @@ size_t policy__export_head(const policy *p, uint8_t *out) {
 size_t policy__export_units(const policy *p, uint32_t u0, uint32_t u1,
                             uint8_t *out) {
   wbuf w = {out, 0};
-  uint32_t ww = p->prm.window;
   for (uint32_t u = u0; u < u1; u++) {
     uint32_t wl = p->win_len[u];
     put_u64(&w, p->cnt[u]);
@@ -175,9 +174,8 @@ size_t policy__export_units(const policy *p, uint32_t u0, uint32_t u1,
     put_u32(&w, p->lock[u]);
     w.p[w.len++] = p->active[u];
     put_u32(&w, wl);
-    uint32_t i = ring_oldest(p->win_head[u], wl, ww);
-    for (uint32_t k = 0; k < wl; k++, i = (i + 1) % ww)
-      put_f64(&w, p->win[(size_t)u * ww + i]);
+    for (uint32_t k = 0; k < wl; k++)
+      put_f64(&w, *win_at(p, k, u));
   }
   return w.len;
 }
@@ -257,10 +255,9 @@ int policy_import(const void *buf, size_t len, policy **out) {
       double v = get_f64(&r);
       if (!(v >= 0)) /* GNMR values are positive; NaN fails too */
         r.bad = 1;
-      p->win[(size_t)u * prm.window + k] = v;
+      *win_at(p, k, u) = v;
     }
     p->win_len[u] = wl;
-    p->win_head[u] = wl % prm.window;
   }
   if (r.bad || r.off != r.len) {
     policy_destroy(&p);

@@ -209,12 +209,56 @@ START_TEST(exact_reciprocals_only_for_powers_of_two) {
 }
 END_TEST
 
+/* policy_step's input check at every level, with the offending value at
+ * every position of a run that is not a multiple of the lanes: negative
+ * finite norms are refused where reported, -0, -inf and NaN are not, and
+ * an unknown input kind is refused anywhere. */
+START_TEST(input_check_finds_a_bad_value_at_every_position) {
+  enum { N = 37 };
+  double x[N];
+  uint8_t in[N];
+  for (int l = POLICY_SIMD_OFF; l <= POLICY_SIMD_AVX512; l++) {
+    if (policy_simd_set(l) != GNMR_OK)
+      continue;
+    for (int pos = 0; pos < N; pos++) {
+      for (int i = 0; i < N; i++) {
+        x[i] = 1.0 + i;
+        in[i] = (uint8_t)(i % 3);
+      }
+      ck_assert_int_eq(policy__bad_norms(x, NULL, N), 0);
+      ck_assert_int_eq(policy__bad_norms(x, in, N), 0);
+      const double fine[] = {-0.0, -INFINITY, NAN, -NAN, 0.0, INFINITY};
+      for (size_t f = 0; f < sizeof fine / sizeof fine[0]; f++) {
+        x[pos] = fine[f];
+        ck_assert_msg(policy__bad_norms(x, NULL, N) == 0, "%s: %a at %d",
+                      policy_simd_name(l), fine[f], pos);
+      }
+      x[pos] = -1e-300;
+      ck_assert_msg(policy__bad_norms(x, NULL, N) == 1, "%s: negative at %d",
+                    policy_simd_name(l), pos);
+      in[pos] = POLICY_NOT_REPORTED; /* not reported: its value is not read */
+      ck_assert_int_eq(policy__bad_norms(x, in, N), 0);
+      in[pos] = POLICY_REPORTED;
+      ck_assert_int_eq(policy__bad_norms(x, in, N), 1);
+      x[pos] = 2.0;
+      in[pos] = 3; /* not an input kind */
+      ck_assert_msg(policy__bad_norms(x, in, N) == 1, "%s: kind 3 at %d",
+                    policy_simd_name(l), pos);
+      in[pos] = 255;
+      ck_assert_int_eq(policy__bad_norms(x, in, N), 1);
+    }
+  }
+  policy_simd_set(POLICY_SIMD_OFF);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("policy_simd");
   TCase *tc = tcase_create("simd");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, levels_can_be_chosen_and_off_is_always_there);
   tcase_add_test(tc, exact_reciprocals_only_for_powers_of_two);
+  tcase_add_test(tc, input_check_finds_a_bad_value_at_every_position);
   tcase_add_test(tc, avx2_matches_scalar_bit_for_bit);
   tcase_add_test(tc, avx512_matches_scalar_bit_for_bit);
   suite_add_tcase(s, tc);
