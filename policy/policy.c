@@ -389,19 +389,18 @@ int policy_step(policy *p, uint64_t t, const double *norm,
   policy__consts kc = {a, b, (w & (w - 1)) == 0 ? inv_pow2(w) : 0,
                        policy__exact_recip(a), policy__exact_recip(b)};
   for (uint32_t u = 0; u < p->n; u++) {
-    uint8_t in = input ? input[u] : POLICY_REPORTED;
     double s = 0;
     if (u >= simd_end && simd) { /* steady units several at a time */
-      int quiet;
-      uint32_t k = policy__score_block(p, u, norm, input, &kc, &simd_done,
-                                       &quiet);
+      /* quiet blocks (no score above 1, no lock: nothing to add) are
+       * skipped whole; u comes back at the first other block, or the end */
+      uint32_t k;
+      u = policy__score_blocks(p, u, norm, input, &kc, &k, &simd_done);
+      if (u >= p->n)
+        break;
       simd_start = u;
       simd_end = u + k;
-      if (k > 0 && quiet) { /* no score above 1, no lock: nothing to add */
-        u = simd_end - 1;
-        continue;
-      }
     }
+    uint8_t in = input ? input[u] : POLICY_REPORTED;
     if (u < simd_end && (simd_done >> (u - simd_start) & 1)) {
       s = p->s[u];
       if (isinf(s))

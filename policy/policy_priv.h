@@ -85,16 +85,16 @@ int policy__bad_norms(const double *x, const uint8_t *in, uint32_t n);
 /* 1/x when x is a power of two with a normal reciprocal, else 0. */
 double policy__exact_recip(double x);
 
-/* Scores the steady units of the block at u (policy_simd.c) with k:
- * returns the block's length (0: no SIMD in use, or the block runs past
- * the last unit) and in *done the lanes it scored (bit i: unit u + i; its
- * statistics updated, its score in p->s). The other lanes are untouched:
- * the caller scores them the scalar way, in unit order as always. *quiet:
- * every lane done, none scored above 1 and none locked, so nothing else to
- * do for the block. */
-uint32_t policy__score_block(policy *p, uint32_t u, const double *norm,
-                             const uint8_t *input, const policy__consts *k,
-                             uint32_t *done, int *quiet);
+/* Scores blocks of steady units from u on (policy_simd.c: 8 units with
+ * AVX-512, 4 with AVX2), as long as each is quiet (every lane steady, no
+ * score above 1, no lock: nothing else to do for it). Returns the first
+ * unit not in a quiet block (p->n at the end), with that block's length
+ * in *len (0: no SIMD block there; score the unit the scalar way) and in
+ * *done the lanes it scored (bit i: unit + i; statistics updated, score
+ * in p->s); the caller scores the others the scalar way, in unit order. */
+uint32_t policy__score_blocks(policy *p, uint32_t u, const double *norm,
+                              const uint8_t *input, const policy__consts *k,
+                              uint32_t *len, uint32_t *done);
 
 /* Rebuilds the last active set (p->act, ascending) from the flags. */
 void policy__rebuild_act(policy *p);

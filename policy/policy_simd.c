@@ -276,9 +276,17 @@ int policy__bad_norms(const double *x, const uint8_t *in, uint32_t n) {
   return r;
 }
 
-uint32_t policy__score_block(policy *p, uint32_t u, const double *norm,
-                             const uint8_t *input, const policy__consts *kc,
-                             uint32_t *done, int *quiet) {
+/* Scores the steady units of the block at u with kc: returns the block's
+ * length (0: no SIMD in use, or the block runs past the last unit) and in
+ * *done the lanes it scored (bit i: unit u + i; its statistics updated,
+ * its score in p->s). The other lanes are untouched: the caller scores
+ * them the scalar way, in unit order as always. *quiet: every lane done,
+ * none scored above 1 and none locked, so nothing else to do for the
+ * block. */
+static inline uint32_t score_block(policy *p, uint32_t u, const double *norm,
+                                   const uint8_t *input,
+                                   const policy__consts *kc, uint32_t *done,
+                                   int *quiet) {
   *quiet = 0;
   *done = 0;
 #if SIMD_X86
@@ -303,4 +311,19 @@ uint32_t policy__score_block(policy *p, uint32_t u, const double *norm,
   (void)p, (void)u, (void)norm, (void)input, (void)kc;
   return 0;
 #endif
+}
+
+uint32_t policy__score_blocks(policy *p, uint32_t u, const double *norm,
+                              const uint8_t *input, const policy__consts *kc,
+                              uint32_t *len, uint32_t *done) {
+  int quiet;
+  while (u < p->n) {
+    *len = score_block(p, u, norm, input, kc, done, &quiet);
+    if (*len == 0 || !quiet)
+      return u;
+    u += *len;
+  }
+  *len = 0;
+  *done = 0;
+  return p->n;
 }
