@@ -192,15 +192,8 @@ int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step, const double *sumsq,
   if (a == NULL || sumsq == NULL || step == 0 ||
       step <= atomic_load(&a->last_reported))
     return GNMR_E_INVAL;
-  /* negative or NaN: use nonfinite counts (one branch-free pass) */
-  int bad = 0;
-  if (not_reported == NULL)
-    for (uint32_t i = 0; i < a->n_units; i++)
-      bad |= !(sumsq[i] >= 0);
-  else
-    for (uint32_t i = 0; i < a->n_units; i++)
-      bad |= !(sumsq[i] >= 0) & !not_reported[i];
-  if (bad)
+  /* negative or NaN: use nonfinite counts (one pass, SIMD) */
+  if (gnmr__sums_invalid(sumsq, not_reported, a->n_units))
     return GNMR_E_INVAL;
   return queue_values(a, step, sumsq, nonfinite, not_reported, NULL);
 }

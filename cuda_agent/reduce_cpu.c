@@ -379,3 +379,58 @@ int gnmr_reduce_cpu(const gnmr_tensor *tensors, size_t n, uint32_t n_units,
   }
   return GNMR_OK;
 }
+
+/* ---- checking reported sums ------------------------------------------------ */
+
+#ifdef GNMR_HAVE_X86
+__attribute__((target("avx512f"))) static int
+sums_bad_avx512(const double *x, const uint8_t *skip, uint32_t n) {
+  __mmask8 bad = 0;
+  uint32_t i = 0;
+  const __m512d zero = _mm512_setzero_pd();
+  for (; i + 8 <= n; i += 8) {
+    __mmask8 b = ~_mm512_cmp_pd_mask(_mm512_loadu_pd(x + i), zero, _CMP_GE_OQ);
+    if (skip != NULL) {
+      __m512i k =
+          _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(skip + i)));
+      b &= ~_mm512_test_epi64_mask(k, k);
+    }
+    bad |= b;
+  }
+  int r = bad != 0;
+  for (; i < n; i++)
+    r |= !(x[i] >= 0) & (skip == NULL || !skip[i]);
+  return r;
+}
+
+__attribute__((target("avx2"))) static int
+sums_bad_avx2(const double *x, const uint8_t *skip, uint32_t n) {
+  uint32_t i = 0;
+  int r = 0;
+  const __m256d zero = _mm256_setzero_pd();
+  if (skip == NULL) {
+    __m256d ok = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+    for (; i + 4 <= n; i += 4)
+      ok = _mm256_and_pd(ok, _mm256_cmp_pd(_mm256_loadu_pd(x + i), zero,
+                                           _CMP_GE_OQ));
+    r = _mm256_movemask_pd(ok) != 0xf;
+  }
+  for (; i < n; i++)
+    r |= !(x[i] >= 0) & (skip == NULL || !skip[i]);
+  return r;
+}
+#endif
+
+int gnmr__sums_invalid(const double *x, const uint8_t *skip, uint32_t n) {
+#ifdef GNMR_HAVE_X86
+  int level = gnmr__reduce_simd_level();
+  if (level == 2)
+    return sums_bad_avx512(x, skip, n);
+  if (level == 1)
+    return sums_bad_avx2(x, skip, n);
+#endif
+  int r = 0;
+  for (uint32_t i = 0; i < n; i++)
+    r |= !(x[i] >= 0) & (skip == NULL || !skip[i]);
+  return r;
+}

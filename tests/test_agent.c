@@ -195,6 +195,41 @@ static gnmr_agent_config config(const char *endpoint) {
   return c;
 }
 
+/* gnmr_agent_report_sums' check at every SIMD level: a negative or NaN
+ * sum at every position of a run that is not a multiple of the lanes is
+ * found, unless that unit is marked not reported; -0 and +inf pass. */
+START_TEST(reported_sums_are_checked_at_every_position) {
+  gnmr__reduce_set_simd(_i);
+  enum { N = 37 };
+  double x[N];
+  uint8_t skip[N];
+  for (int pos = 0; pos < N; pos++) {
+    for (int i = 0; i < N; i++) {
+      x[i] = 0.5 * i;
+      skip[i] = 0;
+    }
+    ck_assert_int_eq(gnmr__sums_invalid(x, NULL, N), 0);
+    x[pos] = -0.0;
+    ck_assert_int_eq(gnmr__sums_invalid(x, NULL, N), 0);
+    x[pos] = INFINITY;
+    ck_assert_int_eq(gnmr__sums_invalid(x, NULL, N), 0);
+    const double bad[] = {-1e-300, -INFINITY, NAN, -NAN};
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+      x[pos] = bad[b];
+      ck_assert_msg(gnmr__sums_invalid(x, NULL, N) == 1,
+                    "level %d: %a at %d passed", _i, bad[b], pos);
+      ck_assert_int_eq(gnmr__sums_invalid(x, skip, N), 1);
+      skip[pos] = 7; /* not reported: its value is not read */
+      ck_assert_msg(gnmr__sums_invalid(x, skip, N) == 0,
+                    "level %d: a unit not reported at %d was checked", _i,
+                    pos);
+      skip[pos] = 0;
+    }
+  }
+  gnmr__reduce_set_simd(-1);
+}
+END_TEST
+
 START_TEST(bad_configuration_is_refused) {
   gnmr_agent *a = (gnmr_agent *)1;
   gnmr_agent_config c = config("tcp://127.0.0.1:1");
@@ -747,6 +782,7 @@ static Suite *suite(void) {
   suite_add_tcase(s, tc);
   tc = tcase_create("live");
   tcase_set_timeout(tc, 120);
+  tcase_add_loop_test(tc, reported_sums_are_checked_at_every_position, 0, 3);
   tcase_add_test(tc, bad_configuration_is_refused);
   tcase_add_test(tc, agent_without_daemon_keeps_stepping_within_its_deadline);
   tcase_add_test(tc, daemon_killed_mid_run_then_restarted_agent_rejoins);
