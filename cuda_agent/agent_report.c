@@ -74,13 +74,77 @@ void gnmr__agent_mark_reported(gnmr_agent *a, uint64_t step) {
     ;
 }
 
+/* ---- packing a Report ------------------------------------------------------ */
+
+static size_t varint_len(uint64_t v) {
+  size_t n = 1;
+  for (; v >= 0x80; v >>= 7)
+    n++;
+  return n;
+}
+
+static size_t put_varint(uint8_t *p, uint64_t v) {
+  size_t n = 0;
+  for (; v >= 0x80; v >>= 7)
+    p[n++] = (uint8_t)(v | 0x80);
+  p[n++] = (uint8_t)v;
+  return n;
+}
+
+void gnmr__report_plan(gnmr__report_layout *pl, const Gnmr__Report *r) {
+  Gnmr__Envelope head = GNMR__ENVELOPE__INIT;
+  Gnmr__Report pre = GNMR__REPORT__INIT, post = GNMR__REPORT__INIT;
+  head.version = GNMR_PROTOCOL_VERSION;
+  pre.job = r->job;
+  pre.rank = r->rank;
+  pre.step = r->step;
+  post.n_nonfinite = r->n_nonfinite;
+  post.nonfinite = r->nonfinite;
+  post.n_not_reported = r->n_not_reported;
+  post.not_reported = r->not_reported;
+  pl->head = head;
+  pl->pre = pre;
+  pl->post = post;
+  pl->sumsq = r->sumsq;
+  pl->n = (uint32_t)r->n_sumsq;
+  size_t data = 8 * (size_t)pl->n;
+  pl->rep_len = gnmr__report__get_packed_size(&pl->pre) +
+                (pl->n ? 1 + varint_len(data) + data : 0) +
+                gnmr__report__get_packed_size(&pl->post);
+  pl->len = gnmr__envelope__get_packed_size(&pl->head) + 1 +
+            varint_len(pl->rep_len) + pl->rep_len;
+}
+
+int gnmr__report_pack(gnmr__report_layout *pl, const uint8_t *skip, int check,
+                      uint8_t *out) {
+  /* protobuf-c's bytes exactly (fields in number order): the envelope's
+   * version, its report (field 12) holding job, rank, step, then the sums
+   * (field 4, packed doubles) written here, then nonfinite and
+   * not_reported */
+  uint8_t *o = out;
+  int bad = 0;
+  o += gnmr__envelope__pack(&pl->head, o);
+  *o++ = (12 << 3) | 2;
+  o += put_varint(o, pl->rep_len);
+  o += gnmr__report__pack(&pl->pre, o);
+  if (pl->n > 0) {
+    *o++ = (4 << 3) | 2;
+    o += put_varint(o, 8 * (uint64_t)pl->n);
+    bad = gnmr__sums_copy_check(o, pl->sumsq, skip, pl->n, check);
+    o += 8 * (size_t)pl->n;
+  }
+  o += gnmr__report__pack(&pl->post, o);
+  return bad;
+}
+
 /* Queues one step's per-unit values. Unit i is not reported when
  * not_reported[i] != 0 or seen[i] == 0 (either array may be NULL). Packs
  * into a->enc and sends under push_mu: the pipe sees reports whole and in
  * the order they were packed. */
 static int queue_values(gnmr_agent *a, uint64_t step, const double *sumsq,
                         const uint64_t *nonfinite,
-                        const uint8_t *not_reported, const uint8_t *seen) {
+                        const uint8_t *not_reported, const uint8_t *seen,
+                        int check) {
   if (a->observer) { /* another replica reports this shard */
     gnmr__agent_mark_reported(a, step);
     return GNMR_OK;
@@ -124,7 +188,10 @@ static int queue_values(gnmr_agent *a, uint64_t step, const double *sumsq,
   r.not_reported = e->not_reported;
   env.body_case = GNMR__ENVELOPE__BODY_REPORT;
   env.report = &r;
-  size_t len = gnmr__wire_packed_size(&env);
+  (void)env; /* packed by gnmr__report_pack, as protobuf-c would */
+  gnmr__report_layout pl;
+  gnmr__report_plan(&pl, &r);
+  size_t len = pl.len;
   int sent;
   pool_buf *b = NULL;
   for (int i = 0; i < REPORT_POOL && b == NULL; i++)
@@ -154,7 +221,10 @@ static int queue_values(gnmr_agent *a, uint64_t step, const double *sumsq,
   }
   if (b != NULL) { /* zero-copy: ZeroMQ takes the buffer until sent */
     zmq_msg_t m;
-    len = gnmr__wire_pack(&env, b->p);
+    if (gnmr__report_pack(&pl, not_reported, check, b->p)) {
+      rv = GNMR_E_INVAL; /* the buffer stays free */
+      goto out;
+    }
     atomic_store(&b->busy, 1);
     if (zmq_msg_init_data(&m, b->p, len, pool_release, b) != 0) {
       atomic_store(&b->busy, 0);
@@ -176,7 +246,10 @@ static int queue_values(gnmr_agent *a, uint64_t step, const double *sumsq,
       e->pack = p;
       e->pack_cap = cap;
     }
-    len = gnmr__wire_pack(&env, e->pack);
+    if (gnmr__report_pack(&pl, not_reported, check, e->pack)) {
+      rv = GNMR_E_INVAL;
+      goto out;
+    }
     gnmr__agent_mark_reported(a, step);
     sent = zmq_send(a->push, e->pack, len, ZMQ_DONTWAIT) >= 0;
   }
@@ -192,10 +265,12 @@ int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step, const double *sumsq,
   if (a == NULL || sumsq == NULL || step == 0 ||
       step <= atomic_load(&a->last_reported))
     return GNMR_E_INVAL;
-  /* negative or NaN: use nonfinite counts (one pass, SIMD) */
-  if (gnmr__sums_invalid(sumsq, not_reported, a->n_units))
+  /* negative or NaN: use nonfinite counts. Checked as the sums are
+   * copied into the message (one pass); an observer sends nothing, so its
+   * check is a pass of its own. */
+  if (a->observer && gnmr__sums_invalid(sumsq, not_reported, a->n_units))
     return GNMR_E_INVAL;
-  return queue_values(a, step, sumsq, nonfinite, not_reported, NULL);
+  return queue_values(a, step, sumsq, nonfinite, not_reported, NULL, 1);
 }
 
 int gnmr_agent_report(gnmr_agent *a, uint64_t step, const gnmr_tensor *t,
@@ -213,7 +288,7 @@ int gnmr_agent_report(gnmr_agent *a, uint64_t step, const gnmr_tensor *t,
   memset(c->seen, 0, a->n_units);
   int rv = gnmr_reduce_cpu(t, n, a->n_units, c->sumsq, c->nonfinite, c->seen);
   if (rv == GNMR_OK)
-    rv = queue_values(a, step, c->sumsq, c->nonfinite, NULL, c->seen);
+    rv = queue_values(a, step, c->sumsq, c->nonfinite, NULL, c->seen, 0);
   pthread_mutex_unlock(&a->cpu_mu);
   return rv;
 }
@@ -231,5 +306,5 @@ int gnmr__agent_begin_step(gnmr_agent *a, uint64_t step) {
 
 int gnmr__agent_queue_seen(gnmr_agent *a, uint64_t step, const double *sumsq,
                            const uint64_t *nonfinite, const uint8_t *seen) {
-  return queue_values(a, step, sumsq, nonfinite, NULL, seen);
+  return queue_values(a, step, sumsq, nonfinite, NULL, seen, 0);
 }

@@ -434,3 +434,60 @@ int gnmr__sums_invalid(const double *x, const uint8_t *skip, uint32_t n) {
     r |= !(x[i] >= 0) & (skip == NULL || !skip[i]);
   return r;
 }
+
+/* ---- copying reported sums into a message, checking them on the way ------- */
+
+#ifdef GNMR_HAVE_X86
+__attribute__((target("avx512f"))) static int
+copy_check_avx512(uint8_t *dst, const double *x, const uint8_t *skip,
+                  uint32_t n) {
+  __mmask8 bad = 0;
+  uint32_t i = 0;
+  const __m512d zero = _mm512_setzero_pd();
+  for (; i + 8 <= n; i += 8) {
+    __m512d v = _mm512_loadu_pd(x + i);
+    _mm512_storeu_pd(dst + 8 * (size_t)i, v);
+    __mmask8 b = ~_mm512_cmp_pd_mask(v, zero, _CMP_GE_OQ);
+    if (skip != NULL) {
+      __m512i k =
+          _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(skip + i)));
+      b &= ~_mm512_test_epi64_mask(k, k);
+    }
+    bad |= b;
+  }
+  int r = bad != 0;
+  memcpy(dst + 8 * (size_t)i, x + i, 8 * (size_t)(n - i));
+  for (; i < n; i++)
+    r |= !(x[i] >= 0) & (skip == NULL || !skip[i]);
+  return r;
+}
+#endif
+
+int gnmr__sums_copy_check(uint8_t *dst, const double *x, const uint8_t *skip,
+                          uint32_t n, int check) {
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+  for (uint32_t i = 0; i < n; i++) { /* the wire is little-endian */
+    uint64_t b;
+    memcpy(&b, &x[i], 8);
+    b = __builtin_bswap64(b);
+    memcpy(dst + 8 * (size_t)i, &b, 8);
+  }
+  return check && gnmr__sums_invalid(x, skip, n);
+#endif
+  if (!check) {
+    memcpy(dst, x, 8 * (size_t)n);
+    return 0;
+  }
+#ifdef GNMR_HAVE_X86
+  if (gnmr__reduce_simd_level() == 2)
+    return copy_check_avx512(dst, x, skip, n);
+#endif
+  /* one pass in blocks that stay in the cache between copy and check */
+  int r = 0;
+  for (uint32_t i = 0; i < n; i += 4096) {
+    uint32_t m = n - i < 4096 ? n - i : 4096;
+    memcpy(dst + 8 * (size_t)i, x + i, 8 * (size_t)m);
+    r |= gnmr__sums_invalid(x + i, skip ? skip + i : NULL, m);
+  }
+  return r;
+}

@@ -19,4 +19,10 @@ void gnmr__reduce_set_simd(int max_level);
  * -0 and +inf pass. */
 int gnmr__sums_invalid(const double *x, const uint8_t *skip, uint32_t n);
 
+/* Copies n doubles from x to dst (any alignment; the host's byte order,
+ * little-endian as the wire's) and, when check, returns whether any is
+ * invalid as gnmr__sums_invalid says, in the same pass. */
+int gnmr__sums_copy_check(uint8_t *dst, const double *x, const uint8_t *skip,
+                          uint32_t n, int check);
+
 #endif /* GNMR_REDUCE_CPU_H */

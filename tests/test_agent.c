@@ -7,6 +7,7 @@
 #include <zmq.h>
 
 #include "gnmr/agent.h"
+#include "agent_priv.h"
 #include "agentutil.h"
 #include "reduce_cpu.h"
 #include "wire.h"
@@ -225,6 +226,78 @@ START_TEST(reported_sums_are_checked_at_every_position) {
                     pos);
       skip[pos] = 0;
     }
+  }
+  gnmr__reduce_set_simd(-1);
+}
+END_TEST
+
+/* The Report the agent packs by hand around the caller's sums is, byte
+ * for byte, what protobuf-c packs: every size around the varint limits,
+ * with and without the optional arrays, rank 0 and large ones, long job
+ * names; and the check made on the way finds what gnmr__sums_invalid
+ * finds. */
+START_TEST(hand_packed_reports_equal_protobuf_c) {
+  gnmr__reduce_set_simd(_i);
+  static const uint32_t sizes[] = {0, 1, 7, 8, 9, 15, 16, 17, 100, 1000, 2047,
+                                   2048, 16383, 16384, 70000};
+  uint64_t rng = 12345 + (uint64_t)_i;
+  char job[300];
+  for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+    uint32_t n = sizes[si];
+    double *x = malloc((n ? n : 1) * sizeof *x);
+    uint64_t *nf = malloc((n ? n : 1) * sizeof *nf);
+    protobuf_c_boolean *nr = malloc((n ? n : 1) * sizeof *nr);
+    uint8_t *skip = malloc(n ? n : 1);
+    for (int variant = 0; variant < 4; variant++) {
+      for (uint32_t i = 0; i < n; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (double)(rng >> 11) * 0x1p-40;
+        nf[i] = (variant & 1) && i % 5 == 0 ? rng >> 50 : 0;
+        nr[i] = (variant & 2) && i % 7 == 3;
+        skip[i] = (uint8_t)nr[i];
+      }
+      size_t jl = (size_t)(variant * 70 + si) % 290 + 1;
+      memset(job, 'j', jl);
+      job[jl] = '\0';
+      Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+      Gnmr__Report r = GNMR__REPORT__INIT;
+      r.job = job;
+      r.rank = variant == 0 ? 0 : (uint32_t)(rng >> 33);
+      r.step = variant == 3 ? UINT64_MAX : (uint64_t)si + 1;
+      r.n_sumsq = n;
+      r.sumsq = x;
+      r.n_nonfinite = (variant & 1) ? n : 0;
+      r.nonfinite = nf;
+      r.n_not_reported = (variant & 2) ? n : 0;
+      r.not_reported = nr;
+      env.body_case = GNMR__ENVELOPE__BODY_REPORT;
+      env.report = &r;
+      size_t want_len = gnmr__wire_packed_size(&env);
+      uint8_t *want = malloc(want_len), *got = malloc(want_len + 16);
+      ck_assert_uint_eq(gnmr__wire_pack(&env, want), want_len);
+      gnmr__report_layout pl;
+      gnmr__report_plan(&pl, &r);
+      ck_assert_uint_eq(pl.len, want_len);
+      ck_assert_int_eq(gnmr__report_pack(&pl, skip, 1, got), 0);
+      ck_assert_msg(memcmp(got, want, want_len) == 0,
+                    "level %d, %u units, variant %d: bytes differ", _i, n,
+                    variant);
+      if (n > 0) { /* a bad sum where reported is found, and only there */
+        uint32_t at = n / 2;
+        x[at] = -1.0;
+        ck_assert_int_eq(gnmr__report_pack(&pl, skip, 1, got),
+                         skip[at] ? 0 : 1);
+        ck_assert_int_eq(gnmr__report_pack(&pl, skip, 0, got), 0);
+        x[at] = NAN;
+        ck_assert_int_eq(gnmr__report_pack(&pl, NULL, 1, got), 1);
+      }
+      free(want);
+      free(got);
+    }
+    free(x);
+    free(nf);
+    free(nr);
+    free(skip);
   }
   gnmr__reduce_set_simd(-1);
 }
@@ -783,6 +856,7 @@ static Suite *suite(void) {
   tc = tcase_create("live");
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, reported_sums_are_checked_at_every_position, 0, 3);
+  tcase_add_loop_test(tc, hand_packed_reports_equal_protobuf_c, 0, 3);
   tcase_add_test(tc, bad_configuration_is_refused);
   tcase_add_test(tc, agent_without_daemon_keeps_stepping_within_its_deadline);
   tcase_add_test(tc, daemon_killed_mid_run_then_restarted_agent_rejoins);
