@@ -544,20 +544,27 @@ START_TEST(jobs_in_lockstep_snapshot_in_different_steps) {
   ck_assert_int_eq(sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READONLY, NULL),
                    SQLITE_OK);
   sqlite3_stmt *st;
-  ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT job, run, step FROM "
-                                          "snapshots ORDER BY run, step",
+  /* which job's Hello came first (run 1) is up to the agents' threads */
+  ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT run, step FROM snapshots "
+                                          "ORDER BY run, step",
                                       -1, &st, NULL),
                    SQLITE_OK);
   char got[256] = "";
   size_t off = 0;
   while (sqlite3_step(st) == SQLITE_ROW && off < sizeof got - 40)
-    off += (size_t)snprintf(got + off, sizeof got - off, "%s/%lld/%lld ",
-                            (const char *)sqlite3_column_text(st, 0),
-                            (long long)sqlite3_column_int64(st, 1),
-                            (long long)sqlite3_column_int64(st, 2));
+    off += (size_t)snprintf(got + off, sizeof got - off, "%lld/%lld ",
+                            (long long)sqlite3_column_int64(st, 0),
+                            (long long)sqlite3_column_int64(st, 1));
+  sqlite3_finalize(st);
+  ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT COUNT(DISTINCT job) FROM "
+                                          "snapshots",
+                                      -1, &st, NULL),
+                   SQLITE_OK);
+  ck_assert_int_eq(sqlite3_step(st), SQLITE_ROW);
+  ck_assert_int_eq(sqlite3_column_int(st, 0), 2);
   sqlite3_finalize(st);
   sqlite3_close(db);
-  ck_assert_str_eq(got, "phase-a/1/5 phase-a/1/10 phase-b/2/4 phase-b/2/9 ");
+  ck_assert_str_eq(got, "1/5 1/10 2/4 2/9 ");
   tu_rmrf(d.dir);
 }
 END_TEST
