@@ -17,7 +17,7 @@
 #define GNMR_HAVE_X86 1
 #endif
 
-#define BLOCK 4096 /* elements per block: 16 KiB of fp32 staging */
+#define BLOCK GNMR_REDUCE_BLOCK /* 16 KiB of fp32 staging */
 
 typedef float v2f __attribute__((vector_size(8)));
 typedef double v2d __attribute__((vector_size(16)));
@@ -289,79 +289,83 @@ static void widen(const void *data, size_t n, uint32_t dtype, float *tmp) {
   }
 }
 
-/* One tensor: sum of squares of its finite elements, count of others. */
-static double reduce_tensor(const gnmr_tensor *t, uint64_t *bad, int simd) {
-  double total = 0;
+/* One block of a tensor (n <= BLOCK elements from element off): the sum of
+ * squares of its finite elements; adds the count of others to *bad. */
+double gnmr__reduce_block(const gnmr_tensor *t, uint64_t off, size_t n,
+                          uint64_t *bad, int simd) {
   float tmp[BLOCK];
-  for (uint64_t off = 0; off < t->numel; off += BLOCK) {
-    size_t n = (size_t)(t->numel - off < BLOCK ? t->numel - off : BLOCK);
-    double s;
+  double s;
 #ifdef GNMR_HAVE_X86
-    if (simd && t->dtype != GNMR_DTYPE_F64 && t->dtype < GNMR_DTYPE_F8E4M3) {
-      const uint16_t *h = (const uint16_t *)t->data + off;
-      if (t->dtype == GNMR_DTYPE_F32)
-        s = simd == 2 ? ss_f32_avx512((const float *)t->data + off, n)
-                      : ss_f32_avx2((const float *)t->data + off, n);
-      else if (simd == 2)
-        s = ss_half_avx512(h, n, t->dtype == GNMR_DTYPE_BF16, f16_table);
-      else if (t->dtype == GNMR_DTYPE_BF16)
-        s = ss_bf16_avx2(h, n, tmp);
-      else
-        s = ss_f16_avx2(h, n, f16_table);
-      if (!isfinite(s)) { /* rare: recount this block exactly */
-        if (t->dtype == GNMR_DTYPE_F32) {
-          s = recount_f32((const float *)t->data + off, n, bad);
-        } else {
-          widen(h, n, t->dtype, tmp);
-          s = recount_f32(tmp, n, bad);
-        }
+  if (simd && t->dtype != GNMR_DTYPE_F64 && t->dtype < GNMR_DTYPE_F8E4M3) {
+    const uint16_t *h = (const uint16_t *)t->data + off;
+    if (t->dtype == GNMR_DTYPE_F32)
+      s = simd == 2 ? ss_f32_avx512((const float *)t->data + off, n)
+                    : ss_f32_avx2((const float *)t->data + off, n);
+    else if (simd == 2)
+      s = ss_half_avx512(h, n, t->dtype == GNMR_DTYPE_BF16, f16_table);
+    else if (t->dtype == GNMR_DTYPE_BF16)
+      s = ss_bf16_avx2(h, n, tmp);
+    else
+      s = ss_f16_avx2(h, n, f16_table);
+    if (!isfinite(s)) { /* rare: recount this block exactly */
+      if (t->dtype == GNMR_DTYPE_F32) {
+        s = recount_f32((const float *)t->data + off, n, bad);
+      } else {
+        widen(h, n, t->dtype, tmp);
+        s = recount_f32(tmp, n, bad);
       }
-      total += s;
-      continue;
     }
-#else
-    (void)simd;
-#endif
-    switch (t->dtype) {
-    case GNMR_DTYPE_F32: {
-      const float *x = (const float *)t->data + off;
-      s = ss_f32(x, n);
-      if (!isfinite(s))
-        s = recount_f32(x, n, bad);
-      break;
-    }
-    case GNMR_DTYPE_F64: {
-      const double *x = (const double *)t->data + off;
-      s = ss_f64(x, n);
-      if (!isfinite(s))
-        s = recount_f64(x, n, bad);
-      break;
-    }
-    case GNMR_DTYPE_F8E4M3:
-    case GNMR_DTYPE_F8E5M2:
-      widen((const uint8_t *)t->data + off, n, t->dtype, tmp);
-      s = ss_f32(tmp, n);
-      if (!isfinite(s))
-        s = recount_f32(tmp, n, bad);
-      break;
-    default: {
-      widen((const uint16_t *)t->data + off, n, t->dtype, tmp);
-      s = ss_f32(tmp, n);
-      if (!isfinite(s))
-        s = recount_f32(tmp, n, bad);
-      break;
-    }
-    }
-    total += s;
+    return s;
   }
-  if (t->scale != 0)
-    total *= t->scale * t->scale;
-  return total;
+#else
+  (void)simd;
+#endif
+  switch (t->dtype) {
+  case GNMR_DTYPE_F32: {
+    const float *x = (const float *)t->data + off;
+    s = ss_f32(x, n);
+    if (!isfinite(s))
+      s = recount_f32(x, n, bad);
+    break;
+  }
+  case GNMR_DTYPE_F64: {
+    const double *x = (const double *)t->data + off;
+    s = ss_f64(x, n);
+    if (!isfinite(s))
+      s = recount_f64(x, n, bad);
+    break;
+  }
+  case GNMR_DTYPE_F8E4M3:
+  case GNMR_DTYPE_F8E5M2:
+    widen((const uint8_t *)t->data + off, n, t->dtype, tmp);
+    s = ss_f32(tmp, n);
+    if (!isfinite(s))
+      s = recount_f32(tmp, n, bad);
+    break;
+  default:
+    widen((const uint16_t *)t->data + off, n, t->dtype, tmp);
+    s = ss_f32(tmp, n);
+    if (!isfinite(s))
+      s = recount_f32(tmp, n, bad);
+    break;
+  }
+  return s;
 }
 
-int gnmr_reduce_cpu(const gnmr_tensor *tensors, size_t n, uint32_t n_units,
-                    double *sumsq, uint64_t *nonfinite, uint8_t *seen) {
-  if ((tensors == NULL && n > 0) || sumsq == NULL || nonfinite == NULL)
+/* One tensor: its blocks' sums added in order, then the scale. The threaded
+ * reduction (reduce_pool.c) adds the same block sums in the same order. */
+static double reduce_tensor(const gnmr_tensor *t, uint64_t *bad, int simd) {
+  double total = 0;
+  for (uint64_t off = 0; off < t->numel; off += BLOCK) {
+    size_t n = (size_t)(t->numel - off < BLOCK ? t->numel - off : BLOCK);
+    total += gnmr__reduce_block(t, off, n, bad, simd);
+  }
+  return gnmr__reduce_scale(t, total);
+}
+
+int gnmr__reduce_check(const gnmr_tensor *tensors, size_t n,
+                       uint32_t n_units) {
+  if (tensors == NULL && n > 0)
     return GNMR_E_INVAL;
   for (size_t i = 0; i < n; i++) {
     const gnmr_tensor *t = &tensors[i];
@@ -370,6 +374,14 @@ int gnmr_reduce_cpu(const gnmr_tensor *tensors, size_t n, uint32_t n_units,
         !isfinite(t->scale))
       return GNMR_E_INVAL;
   }
+  return GNMR_OK;
+}
+
+int gnmr_reduce_cpu(const gnmr_tensor *tensors, size_t n, uint32_t n_units,
+                    double *sumsq, uint64_t *nonfinite, uint8_t *seen) {
+  if (sumsq == NULL || nonfinite == NULL ||
+      gnmr__reduce_check(tensors, n, n_units) != GNMR_OK)
+    return GNMR_E_INVAL;
   int simd = gnmr__reduce_simd_level();
   for (size_t i = 0; i < n; i++) {
     const gnmr_tensor *t = &tensors[i];

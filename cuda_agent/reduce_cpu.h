@@ -5,7 +5,38 @@
 #ifndef GNMR_REDUCE_CPU_H
 #define GNMR_REDUCE_CPU_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include "gnmr/agent.h"
+
+/* Elements per block: the unit of the kernels and of their summation order
+ * (a tensor's sum is its blocks' sums added in order, then scaled). */
+#define GNMR_REDUCE_BLOCK 4096
+
+/* GNMR_OK when every tensor is one gnmr_reduce_cpu accepts (unit below
+ * n_units, a known dtype, data unless empty, a finite scale >= 0). */
+int gnmr__reduce_check(const gnmr_tensor *tensors, size_t n,
+                       uint32_t n_units);
+
+/* The sum of squares of the finite elements of t's n elements from off (n
+ * <= GNMR_REDUCE_BLOCK) at SIMD level simd; adds the others' count to *bad.
+ * Any thread. */
+double gnmr__reduce_block(const gnmr_tensor *t, uint64_t off, size_t n,
+                          uint64_t *bad, int simd);
+
+/* gnmr_reduce_cpu_threads' count for 0 (GNMR_REDUCE_THREADS, else the
+ * CPUs this process may run on), 1 to 8. */
+unsigned gnmr__reduce_default_threads(void);
+
+/* How many helper threads gnmr_reduce_cpu_threads has started (0 before
+ * its first reduction that used them, and in a fork's child). */
+unsigned gnmr__reduce_helpers(void);
+
+/* A tensor's sum of its blocks' sums times its scale squared (0: 1). */
+static inline double gnmr__reduce_scale(const gnmr_tensor *t, double total) {
+  return t->scale != 0 ? total * (t->scale * t->scale) : total;
+}
 
 /* 0 for the portable kernels, 1 AVX2/F16C, 2 AVX2 with AVX-512 for fp32. */
 int gnmr__reduce_simd_level(void);

@@ -4,6 +4,9 @@
  * chunk edges, empty tensors), configuration checks, and the failure
  * semantics: no daemon, daemon killed mid-run, daemon restarted. */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/wait.h>
 #include <zmq.h>
 
 #include "gnmr/agent.h"
@@ -184,6 +187,204 @@ START_TEST(several_tensors_of_one_unit_add_up_and_bad_input_is_refused) {
   ck_assert_int_eq(gnmr_reduce_cpu(&null_data, 1, 2, s, nf, NULL),
                    GNMR_E_INVAL);
   ck_assert_int_eq(gnmr_reduce_cpu(t, 1, 2, NULL, nf, NULL), GNMR_E_INVAL);
+}
+END_TEST
+
+/* Random tensors of every dtype, ragged sizes around the 4096-element
+ * blocks and 16-block items, NaN/Inf here and there, scales, units shared
+ * by several tensors, empty tensors. */
+typedef struct mt_case {
+  gnmr_tensor t[40];
+  void *mem[40];
+  size_t n;
+} mt_case;
+
+static void mt_case_make(mt_case *c, unsigned seed, uint32_t n_units) {
+  static const uint64_t sizes[] = {0, 1, 4095, 4096, 4097, 65535, 65536,
+                                   65537, 262144, 300001, 16 * 4096 * 3 + 7};
+  static const uint32_t dtypes[] = {GNMR_DTYPE_F32, GNMR_DTYPE_F16,
+                                    GNMR_DTYPE_BF16, GNMR_DTYPE_F64,
+                                    GNMR_DTYPE_F8E4M3, GNMR_DTYPE_F8E5M2};
+  c->n = 40;
+  for (size_t i = 0; i < c->n; i++) {
+    uint64_t n = sizes[rand_r(&seed) % (sizeof sizes / sizeof sizes[0])];
+    uint32_t dt = dtypes[rand_r(&seed) % 6];
+    size_t es = dt == GNMR_DTYPE_F64 ? 8 : dt == GNMR_DTYPE_F32 ? 4
+                : dt >= GNMR_DTYPE_F8E4M3                       ? 1 : 2;
+    uint8_t *m = malloc(n * es + 1);
+    for (uint64_t j = 0; j < n * es; j++)
+      m[j] = (uint8_t)rand_r(&seed);
+    /* mostly finite values: random bytes in the low half of each element
+     * and a small exponent in the high byte */
+    for (uint64_t j = 0; j < n; j++) {
+      uint8_t *hi = m + j * es + es - 1;
+      if (es > 1)
+        *hi = (uint8_t)(0x3c + (rand_r(&seed) % 3)) |
+              (uint8_t)(rand_r(&seed) & 0x80);
+      if (rand_r(&seed) % 50000 == 0)
+        memset(m + j * es, 0xff, es); /* NaN in every format */
+    }
+    c->mem[i] = m;
+    c->t[i] = (gnmr_tensor){m, n, dt, (uint32_t)rand_r(&seed) % n_units,
+                            rand_r(&seed) % 4 == 0 ? 0.37 : 0};
+  }
+}
+
+static void mt_case_free(mt_case *c) {
+  for (size_t i = 0; i < c->n; i++)
+    free(c->mem[i]);
+}
+
+START_TEST(threaded_reduction_equals_the_serial_one_bit_for_bit) {
+  gnmr__reduce_set_simd(_i); /* 0 portable, 1 AVX2, 2 AVX-512 (as the CPU has) */
+  enum { U = 7 };
+  static const unsigned threads[] = {0, 1, 2, 3, 5, 8, 1000};
+  for (unsigned seed = 1; seed <= 3; seed++) {
+    mt_case c;
+    mt_case_make(&c, seed, U);
+    double want[U] = {0};
+    uint64_t want_nf[U] = {0};
+    uint8_t want_seen[U] = {0};
+    ck_assert_int_eq(gnmr_reduce_cpu(c.t, c.n, U, want, want_nf, want_seen),
+                     GNMR_OK);
+    uint64_t nf_total = 0;
+    for (int u = 0; u < U; u++)
+      nf_total += want_nf[u];
+    ck_assert_uint_gt(nf_total, 0); /* the case has NaN/Inf to count */
+    for (size_t k = 0; k < sizeof threads / sizeof threads[0]; k++) {
+      double got[U];
+      uint64_t got_nf[U];
+      uint8_t got_seen[U] = {0};
+      for (int u = 0; u < U; u++)
+        got[u] = 1.5, got_nf[u] = 2; /* added to, not cleared */
+      ck_assert_int_eq(gnmr_reduce_cpu_threads(c.t, c.n, U, got, got_nf,
+                                               got_seen, threads[k]),
+                       GNMR_OK);
+      for (int u = 0; u < U; u++) {
+        double w = 1.5 + want[u];
+        ck_assert_msg(memcmp(&got[u], &w, sizeof w) == 0,
+                      "seed %u threads %u unit %d: %.17g vs %.17g", seed,
+                      threads[k], u, got[u], w);
+        ck_assert_uint_eq(got_nf[u], want_nf[u] + 2);
+        ck_assert_int_eq(got_seen[u], want_seen[u]);
+      }
+    }
+    mt_case_free(&c);
+  }
+  /* it did run on helpers (this machine may have one CPU: threads given) */
+  ck_assert_uint_ge(gnmr__reduce_helpers(), 1);
+}
+END_TEST
+
+START_TEST(threaded_reduction_refuses_bad_input_and_leaves_sums) {
+  float *x = calloc(1 << 20, sizeof *x);
+  gnmr_tensor good = {x, 1 << 20, GNMR_DTYPE_F32, 0, 0};
+  gnmr_tensor bad[] = {{x, 1 << 20, GNMR_DTYPE_F32, 2, 0},    /* unit */
+                       {x, 1 << 20, 99, 0, 0},                /* dtype */
+                       {NULL, 1 << 20, GNMR_DTYPE_F32, 0, 0}, /* data */
+                       {x, 1 << 20, GNMR_DTYPE_F32, 0, -1},   /* scale */
+                       {x, 1 << 20, GNMR_DTYPE_F32, 0, NAN}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    gnmr_tensor two[2] = {good, bad[i]};
+    double s[2] = {7, 7};
+    uint64_t nf[2] = {3, 3};
+    ck_assert_int_eq(gnmr_reduce_cpu_threads(two, 2, 2, s, nf, NULL, 4),
+                     GNMR_E_INVAL);
+    ck_assert_double_eq(s[0], 7); /* nothing added before the refusal */
+    ck_assert_uint_eq(nf[0], 3);
+  }
+  double s = 0;
+  uint64_t nf = 0;
+  ck_assert_int_eq(gnmr_reduce_cpu_threads(&good, 1, 1, NULL, &nf, NULL, 2),
+                   GNMR_E_INVAL);
+  ck_assert_int_eq(gnmr_reduce_cpu_threads(&good, 1, 1, &s, NULL, NULL, 2),
+                   GNMR_E_INVAL);
+  ck_assert_int_eq(gnmr_reduce_cpu_threads(NULL, 1, 1, &s, &nf, NULL, 2),
+                   GNMR_E_INVAL);
+  ck_assert_int_eq(gnmr_reduce_cpu_threads(NULL, 0, 1, &s, &nf, NULL, 2),
+                   GNMR_OK);
+  free(x);
+}
+END_TEST
+
+typedef struct mt_caller {
+  mt_case *c;
+  double sums[5];
+  uint64_t nf[5];
+  int rv;
+} mt_caller;
+
+static void *mt_call(void *arg) {
+  mt_caller *m = arg;
+  for (int r = 0; r < 20 && m->rv == GNMR_OK; r++) {
+    memset(m->sums, 0, sizeof m->sums);
+    memset(m->nf, 0, sizeof m->nf);
+    m->rv = gnmr_reduce_cpu_threads(m->c->t, m->c->n, 5, m->sums, m->nf,
+                                    NULL, 3);
+  }
+  return NULL;
+}
+
+START_TEST(threaded_reductions_from_several_threads_and_after_fork) {
+  mt_case c;
+  mt_case_make(&c, 11, 5);
+  double want[5] = {0};
+  uint64_t want_nf[5] = {0};
+  ck_assert_int_eq(gnmr_reduce_cpu(c.t, c.n, 5, want, want_nf, NULL), GNMR_OK);
+  /* four callers at once: one has the helpers, the others reduce alone */
+  pthread_t th[4];
+  mt_caller m[4];
+  for (int i = 0; i < 4; i++) {
+    m[i] = (mt_caller){.c = &c, .rv = GNMR_OK};
+    ck_assert_int_eq(pthread_create(&th[i], NULL, mt_call, &m[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    ck_assert_int_eq(m[i].rv, GNMR_OK);
+    ck_assert_mem_eq(m[i].sums, want, sizeof want);
+    ck_assert_mem_eq(m[i].nf, want_nf, sizeof want_nf);
+  }
+  ck_assert_uint_ge(gnmr__reduce_helpers(), 1);
+  /* a fork's child has none of the parent's helpers: it starts its own */
+  fflush(NULL);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) { /* exit(), not _exit(): the destructor stops the helpers */
+    int ok = gnmr__reduce_helpers() == 0;
+    double s[5] = {0};
+    uint64_t nf[5] = {0};
+    ok = ok && gnmr_reduce_cpu_threads(c.t, c.n, 5, s, nf, NULL, 3) == GNMR_OK;
+    ok = ok && memcmp(s, want, sizeof s) == 0 &&
+         memcmp(nf, want_nf, sizeof nf) == 0 && gnmr__reduce_helpers() >= 1;
+    mt_case_free(&c);
+    exit(ok ? 0 : 1);
+  }
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                "the fork's child reduced wrongly or hung (status %d)", st);
+  mt_case_free(&c);
+}
+END_TEST
+
+START_TEST(reduce_threads_come_from_the_environment_or_the_cpus) {
+  cpu_set_t set;
+  ck_assert_int_eq(sched_getaffinity(0, sizeof set, &set), 0);
+  unsigned cpus = (unsigned)CPU_COUNT(&set);
+  unsigned dflt = cpus > 8 ? 8 : cpus;
+  unsetenv("GNMR_REDUCE_THREADS");
+  ck_assert_uint_eq(gnmr__reduce_default_threads(), dflt);
+  static const struct { const char *v; unsigned want; } cases[] = {
+      {"3", 3}, {"1", 1}, {"8", 8}, {"100", 8}, {"0", 0}, {"-2", 0},
+      {"3x", 0}, {"", 0}, {"99999999999999999999", 0}, {" 2", 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    setenv("GNMR_REDUCE_THREADS", cases[i].v, 1);
+    unsigned want = cases[i].want ? cases[i].want : dflt;
+    ck_assert_msg(gnmr__reduce_default_threads() == want,
+                  "GNMR_REDUCE_THREADS='%s': %u, want %u", cases[i].v,
+                  gnmr__reduce_default_threads(), want);
+  }
+  unsetenv("GNMR_REDUCE_THREADS");
 }
 END_TEST
 
@@ -852,6 +1053,11 @@ static Suite *suite(void) {
   tcase_add_test(tc, fp8_values_decode_to_the_ocp_formats_and_scale_applies);
   tcase_add_loop_test(tc, nonfinite_elements_are_counted_exactly_and_excluded, 0, 3);
   tcase_add_loop_test(tc, several_tensors_of_one_unit_add_up_and_bad_input_is_refused, 0, 3);
+  tcase_add_loop_test(tc, threaded_reduction_equals_the_serial_one_bit_for_bit, 0, 3);
+  tcase_add_test(tc, threaded_reduction_refuses_bad_input_and_leaves_sums);
+  tcase_add_test(tc, threaded_reductions_from_several_threads_and_after_fork);
+  tcase_add_test(tc, reduce_threads_come_from_the_environment_or_the_cpus);
+  tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
   tc = tcase_create("live");
   tcase_set_timeout(tc, 120);

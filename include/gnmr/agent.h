@@ -190,6 +190,20 @@ GNMR_EXPORT int gnmr_reduce_cpu(const gnmr_tensor *tensors, size_t n,
                                 uint32_t n_units, double *sumsq,
                                 uint64_t *nonfinite, uint8_t *seen);
 
+/* gnmr_reduce_cpu on `threads` threads: the caller and threads - 1 helpers
+ * the library starts on first use and keeps asleep in between (at most 7).
+ * 0: the GNMR_REDUCE_THREADS environment variable, else one per CPU this
+ * process may run on, at most 8. Same arguments, errors and results, bit
+ * for bit, whatever the thread count: every tensor's 4096-element blocks
+ * are summed in order by the caller. Below 2^18 elements in all, or while
+ * another thread's reduction holds the helpers, the caller reduces alone.
+ * Meant for a synchronous step, when the training's own threads wait; pass
+ * 1 where the reduction overlaps other work. */
+GNMR_EXPORT int gnmr_reduce_cpu_threads(const gnmr_tensor *tensors, size_t n,
+                                        uint32_t n_units, double *sumsq,
+                                        uint64_t *nonfinite, uint8_t *seen,
+                                        unsigned threads);
+
 #ifdef __cplusplus
 }
 #endif

@@ -29,8 +29,10 @@ expert) is a unit too; each parameter counts in one unit only: the
 outermost match takes it, and a parameter shared by two units (tied
 weights) counts in the first, with a warning. After backward,
 `report(step)` sends every unit's sum of squares (host tensors are reduced
-by libgnmr-agent in fp64; parameters without a gradient make their unit
-"not reported"). Before the next forward, `apply_routes()` calls
+by libgnmr-agent in fp64, in step() on up to `reduce_threads` threads: 0,
+the default, is one per CPU, at most 8, or GNMR_REDUCE_THREADS; the sums
+do not depend on it; report_async() reduces on its one worker thread.
+Parameters without a gradient make their unit "not reported"). Before the next forward, `apply_routes()` calls
 `on_route(name, module, high)` for every unit whose route changed, `high`
 meaning the recovery path.
 
@@ -244,7 +246,7 @@ class Controller:
                  select=(torch.nn.Linear,), pattern=None, on_route=None,
                  tp_size=None, tp_group=None, global_rank=None, wait_ms=50,
                  on_decision=None, trace=None, warn_after=3,
-                 join_wait_ms=1000, **agent_kwargs):
+                 join_wait_ms=1000, reduce_threads=0, **agent_kwargs):
         job = job or os.environ.get("GNMR_JOB")
         if not job:
             raise ValueError("give job= (or set GNMR_JOB): the name that "
@@ -271,6 +273,9 @@ class Controller:
         while not self.agent.joined and time.monotonic() < deadline:
             time.sleep(0.005)
         self.on_route, self.on_decision = on_route, on_decision
+        if not isinstance(reduce_threads, int) or reduce_threads < 0:
+            raise ValueError("reduce_threads is 0 (automatic) or more")
+        self.reduce_threads = reduce_threads
         self.wait_ms, self.warn_after = wait_ms, warn_after
         self.high = [None] * len(self.units)
         self._forced = None     # route_all()'s route
@@ -372,13 +377,15 @@ class Controller:
                     return torch.cuda.current_stream(p.device)
         return None
 
-    def _report(self, t, stream=None):
+    def _report(self, t, stream=None, threads=None):
+        if threads is None:
+            threads = self.reduce_threads
         if stream is not None:  # a worker thread: the caller's stream
             with torch.cuda.stream(stream):
-                return self._report_on(t, stream)
-        return self._report_on(t, None)
+                return self._report_on(t, stream, threads)
+        return self._report_on(t, None, threads)
 
-    def _report_on(self, t, stream):
+    def _report_on(self, t, stream, threads):
         grads = [[p.grad for p in ps if p.grad is not None]
                  for ps in self._params]
         self._local = None
@@ -405,7 +412,7 @@ class Controller:
             sumsq, nonfinite = [0.0] * len(grads), [0] * len(grads)
         keep, buffers = self._buffers(host)
         if buffers:
-            hs, hn = reduce_cpu(buffers, len(grads))
+            hs, hn = reduce_cpu(buffers, len(grads), threads)
             sumsq = [a + b for a, b in zip(sumsq, hs)]
             nonfinite = [a + b for a, b in zip(nonfinite, hn)]
         del keep
@@ -458,8 +465,9 @@ class Controller:
         # the caller's stream, taken here: on the worker thread
         # current_stream() is that thread's (the default stream), which
         # the backward that made the gradients never ran on
+        # one thread: the pass overlaps the caller's own work
         self._pending = (step, self._worker.submit(self._report, t,
-                                                   self._caller_stream()))
+                                                   self._caller_stream(), 1))
 
     def finish(self, step, wait_ms=None):
         """Completes step: the report_async() in flight (its errors are

@@ -94,6 +94,22 @@ class NormsTest(unittest.TestCase):
         self.assertEqual(nonfinite[0], 3)
         self.assertEqual(sumsq[0], 4997.0)
 
+    def test_threads_give_the_same_sums_bit_for_bit(self):
+        torch.manual_seed(2)
+        tensors = [torch.randn(n) * 3 for n in (300001, 4096 * 16 + 1, 5)]
+        tensors.append(torch.randn(200000).to(torch.bfloat16))
+        tensors[0][123456] = float("nan")
+        buffers = [(i % 3, t.data_ptr(), t.numel(), str(t.dtype)[6:])
+                   for i, t in enumerate(tensors)]
+        want = gnmr.reduce_cpu(buffers, 3)
+        self.assertEqual(want[1][0], 1)
+        for threads in (0, 2, 3, 8):
+            self.assertEqual(gnmr.reduce_cpu(buffers, 3, threads), want,
+                             msg=f"threads={threads}")
+        with self.assertRaisesRegex(ValueError, "threads"):
+            gnmr.reduce_cpu(buffers, 3, -1)
+        with self.assertRaisesRegex(ValueError, "out of range"):
+            gnmr.reduce_cpu(buffers, 2, 2)
 
     def test_fp8_and_per_tensor_scale(self):
         # every byte of both OCP FP8 formats, the reference from their
@@ -274,12 +290,32 @@ class ControllerTest(unittest.TestCase):
         self.assertTrue(res.repeated)
         self.assertFalse(res)
         # a report that fails on the worker raises in finish()
-        def boom(t, stream=None):
+        def boom(t, stream=None, threads=None):
             raise gnmr.GnmrError(-1, "report")
         ctl._report = boom
         ctl.report_async(10)
         with self.assertRaises(gnmr.GnmrError):
             ctl.finish(10, wait_ms=10)
+        ctl.close()
+
+    def test_threaded_pass_gives_the_norms_of_one_thread(self):
+        torch.manual_seed(3)
+        net = torch.nn.Sequential(torch.nn.Linear(1024, 512),
+                                  torch.nn.Linear(512, 600))
+        with self.assertRaisesRegex(ValueError, "reduce_threads"):
+            Controller(net, self.d.agents, "threads-bad", reduce_threads=-1)
+        ctl = Controller(net, self.d.agents, "threads-job", reduce_threads=3,
+                         params=gnmr.default_params(warmup_steps=0))
+        x = torch.randn(8, 1024)
+        for step in range(1, 4):
+            res = self.train_step(net, x, step, ctl)
+            self.assertTrue(res)
+            for name, module in ctl.units:
+                grads = [p.grad for p in module.parameters()]
+                (s,), _ = gnmr.reduce_cpu(
+                    [(0, g.data_ptr(), g.numel(), "float32")
+                     for g in grads], 1)
+                self.assertEqual(res.norms[name], s ** 0.5)
         ctl.close()
 
     def test_nonfinite_gradient_is_selected_and_idle_unit_is_not(self):
