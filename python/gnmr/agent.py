@@ -51,11 +51,14 @@ def default_params(**overrides):
     return p
 
 
+_DTYPE_CODES = {"float32": _lib.DTYPE_F32, "float16": _lib.DTYPE_F16,
+                "bfloat16": _lib.DTYPE_BF16, "float64": _lib.DTYPE_F64,
+                "float8_e4m3fn": _lib.DTYPE_F8E4M3,
+                "float8_e5m2": _lib.DTYPE_F8E5M2}
+
+
 def _dtype_code(dtype_name):
-    return {"float32": _lib.DTYPE_F32, "float16": _lib.DTYPE_F16,
-            "bfloat16": _lib.DTYPE_BF16, "float64": _lib.DTYPE_F64,
-            "float8_e4m3fn": _lib.DTYPE_F8E4M3,
-            "float8_e5m2": _lib.DTYPE_F8E5M2}[dtype_name]
+    return _DTYPE_CODES[dtype_name]
 
 
 def _tensor_array(buffers, n_units):

@@ -358,7 +358,8 @@ class Controller:
         keep, buffers = [], []
         for unit, gs in enumerate(grads):
             for g in gs:
-                g = g.detach()
+                if g.requires_grad:  # backward(create_graph=True)
+                    g = g.detach()
                 if g.dtype not in _DTYPES:
                     g = g.float()
                 if not g.is_contiguous():
