@@ -308,15 +308,25 @@ test-python: all
 	  exit $${PIPESTATUS[0]}
 
 # Unit suites under valgrind, without Check's fork so every path is seen.
+# Valgrind runs a program's threads one at a time, so the suites run
+# CHECK_JOBS at once (default: one per CPU), the slowest first; each
+# suite's output is printed whole when it ends (make -Otarget).
 VALGRIND = valgrind -q --error-exitcode=99 --leak-check=full \
            --errors-for-leak-kinds=definite,indirect --track-fds=no
+CHECK_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+VG_SLOW := test_store test_e2e test_pg test_hostile test_agent
+VG_ORDER := $(filter $(addprefix $(BUILD)/tests/,$(VG_SLOW)),$(TESTS)) \
+            $(filter-out $(addprefix $(BUILD)/tests/,$(VG_SLOW)),$(TESTS))
+VG_RUNS := $(addprefix valgrind-run/,$(VG_ORDER))
+.PHONY: $(VG_RUNS)
 test-valgrind: all $(TESTS)
-	@fail=0; for t in $(TESTS); do \
-	  echo "== valgrind $$t"; \
-	  CK_FORK=no GNMR_VALGRIND=1 $(TEST_ENV) $(VALGRIND) $$t || fail=1; \
-	done; \
-	if [ $$fail = 0 ]; then echo "tests (valgrind): all passed"; \
+	@if $(MAKE) --no-print-directory -k -j$(CHECK_JOBS) -Otarget $(VG_RUNS); \
+	then echo "tests (valgrind): all passed"; \
 	else echo "tests (valgrind): FAILED"; exit 1; fi
+valgrind-run/%:
+	@echo "== valgrind $*"; \
+	CK_FORK=no GNMR_VALGRIND=1 $(TEST_ENV) $(VALGRIND) $* || \
+	  { echo "valgrind $*: FAILED"; exit 1; }
 
 # A bounded soak of gnmrd: RSS, fds and database size must stay flat.
 SOAK_SECONDS ?= 60

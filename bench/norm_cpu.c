@@ -5,8 +5,12 @@
  * single-core streaming sum of squares of the same bytes in fp32 lanes
  * (no fp64, no non-finite handling). Target: >= 80% of the limit. Where
  * /usr/bin/python3 has torch, torch._foreach_norm on tensors of the same
- * sizes is timed too. */
+ * sizes is timed too. With more than one CPU, the fp32 pass on every CPU
+ * (gnmr_reduce_cpu_threads, up to 8) against the same streaming sum with
+ * each thread reading its share of every tensor. */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,6 +208,58 @@ static double run_gnmr(void *arg) {
   return sumsq[0];
 }
 
+/* The streaming limit on `threads` threads: thread k sums the k-th share
+ * of every tensor. */
+typedef struct share {
+  const job *j;
+  int k, threads;
+  double s;
+} share;
+
+static void *stream_share(void *arg) {
+  share *sh = arg;
+  double s = 0;
+  for (int i = 0; i < N_TENSORS; i++) {
+    uint64_t n = sh->j->t[i].numel;
+    uint64_t a = n * (uint64_t)sh->k / (uint64_t)sh->threads;
+    uint64_t b = n * (uint64_t)(sh->k + 1) / (uint64_t)sh->threads;
+    s += stream_f32((const float *)sh->j->t[i].data + a, (size_t)(b - a));
+  }
+  sh->s = s;
+  return NULL;
+}
+
+static int mt_threads;
+
+static double run_limit_f32_mt(void *arg) {
+  job *j = arg;
+  pthread_t th[8];
+  share sh[8];
+  for (int k = 0; k < mt_threads; k++) {
+    sh[k] = (share){j, k, mt_threads, 0};
+    if (k > 0)
+      pthread_create(&th[k], NULL, stream_share, &sh[k]);
+  }
+  stream_share(&sh[0]);
+  double s = sh[0].s;
+  for (int k = 1; k < mt_threads; k++) {
+    pthread_join(th[k], NULL);
+    s += sh[k].s;
+  }
+  j->sink = s;
+  return s;
+}
+
+static double run_gnmr_mt(void *arg) {
+  job *j = arg;
+  double sumsq[8] = {0};
+  uint64_t nf[8] = {0};
+  gnmr_reduce_cpu_threads(j->t, N_TENSORS, 8, sumsq, nf, NULL,
+                          (unsigned)mt_threads);
+  j->sink = sumsq[0];
+  return sumsq[0];
+}
+
 static void torch_compare(const job *j, const char *dtype, double gnmr_s) {
   if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
     printf("norm_cpu %-5s torch._foreach_norm: skipped (no torch for "
@@ -270,6 +326,22 @@ int main(void) {
          TOTAL, ours * 1e3, gb / ours, lim * 1e3, gb / lim,
          100 * lim / ours);
   torch_compare(&j, "fp32", ours);
+  cpu_set_t cpus;
+  mt_threads = sched_getaffinity(0, sizeof cpus, &cpus) == 0
+                   ? CPU_COUNT(&cpus) : 1;
+  if (mt_threads > 8)
+    mt_threads = 8;
+  if (mt_threads < 2) {
+    printf("norm_cpu fp32  threads: skipped (one CPU)\n");
+  } else {
+    double lim_mt = best_of(run_limit_f32_mt, &j);
+    double ours_mt = best_of(run_gnmr_mt, &j);
+    printf("norm_cpu fp32  %d threads: gnmr %.1f ms (%.2f GB/s), streaming "
+           "limit on %d threads %.1f ms (%.2f GB/s): %.0f%% of limit; %.2fx "
+           "one thread\n",
+           mt_threads, ours_mt * 1e3, gb / ours_mt, mt_threads, lim_mt * 1e3,
+           gb / lim_mt, 100 * lim_mt / ours_mt, ours / ours_mt);
+  }
   for (int i = 0; i < N_TENSORS; i++)
     free((void *)j.t[i].data);
   /* bf16 */
