@@ -323,7 +323,7 @@ test-valgrind: all $(TESTS)
 	@if $(MAKE) --no-print-directory -k -j$(CHECK_JOBS) -Otarget $(VG_RUNS); \
 	then echo "tests (valgrind): all passed"; \
 	else echo "tests (valgrind): FAILED"; exit 1; fi
-valgrind-run/%:
+$(VG_RUNS): valgrind-run/%:
 	@echo "== valgrind $*"; \
 	CK_FORK=no GNMR_VALGRIND=1 $(TEST_ENV) $(VALGRIND) $* || \
 	  { echo "valgrind $*: FAILED"; exit 1; }
