@@ -113,7 +113,9 @@ static store_rec *snapshot_rec(const core_job *j, int kind) {
     memcpy(r->snap_ids, j->unit_id, (size_t)j->n_units * sizeof *r->snap_ids);
     r->n_snap_ids = j->n_units;
   }
-  if ((r->snap = policy_snap_begin(j->pol)) != NULL)
+  /* room for the id table that the writer appends (store.c) */
+  size_t room = r->snap_ids ? (size_t)r->n_snap_ids * 4 + 12 : 0;
+  if ((r->snap = policy_snap_begin_room(j->pol, room)) != NULL)
     return r;
   size_t len = policy_export_size(j->pol);
   if ((r->snapshot = malloc(len)) == NULL ||

@@ -54,7 +54,8 @@ void store_rec_free(store_rec *r) {
   free(r->job);
   free(r->active);
   free(r->events);
-  free(r->snapshot);
+  if (r->snap == NULL) /* else the bytes are the snapshot handle's */
+    free(r->snapshot);
   policy_snap_free(&r->snap);
   free(r->snap_ids);
   free(r->text);
@@ -67,11 +68,14 @@ void store_rec_free(store_rec *r) {
  * step's record kept. */
 #define SNAP_IDS_MAGIC "GNMRSID1"
 
-/* Appends r's id table to its snapshot bytes (store_snapshot_split). */
+/* Appends r's id table to its snapshot bytes (store_snapshot_split): in
+ * the room the snapshot handle keeps after them (records.c), or by
+ * growing an export's own buffer. */
 static int add_id_trailer(store_rec *r) {
   size_t extra = (size_t)r->n_snap_ids * 4 + 4 + 8;
-  uint8_t *b = realloc(r->snapshot, r->snapshot_len + extra);
-  if (b == NULL)
+  uint8_t *b = r->snapshot;
+  if (r->snap == NULL &&
+      (b = realloc(r->snapshot, r->snapshot_len + extra)) == NULL)
     return GNMR_E_NOMEM;
   uint8_t *o = b + r->snapshot_len;
   for (uint32_t i = 0; i <= r->n_snap_ids; i++) {
@@ -126,15 +130,17 @@ static void take_snapshots(store_rec *batch) {
   for (store_rec *r = batch; r != NULL; r = r->next) {
     int rv = GNMR_OK;
     uint64_t step = r->step;
-    if (r->snap != NULL) {
+    if (r->snap != NULL && r->snapshot == NULL) { /* not on a retry */
       step = policy_snap_step(r->snap);
+      /* the bytes stay the handle's, which the record keeps (and frees) */
       rv = policy_snap_take(r->snap, &r->snapshot, &r->snapshot_len);
-      policy_snap_free(&r->snap);
     }
     if (rv == GNMR_OK && r->snapshot != NULL && r->snap_ids != NULL)
       rv = add_id_trailer(r);
     if (rv != GNMR_OK) {
-      free(r->snapshot);
+      if (r->snap == NULL)
+        free(r->snapshot);
+      policy_snap_free(&r->snap);
       r->snapshot = NULL;
       r->snapshot_len = 0;
       LOG(ERROR, "SNAPSHOT", "job %s: snapshot at step %llu not taken: %s",

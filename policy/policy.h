@@ -129,18 +129,28 @@ size_t policy_export_size(const policy *p);
 int policy_export(const policy *p, void *buf, size_t cap, size_t *len);
 
 /* A snapshot taken off the engine's thread. policy_snap_begin() owes the
- * state as of now to the returned handle in O(1): it allocates room for
- * the bytes and serializes nothing (NULL on no memory: use
- * policy_export). Another thread then gets the
- * policy_export() bytes with policy_snap_take() (the caller frees *buf;
- * a second take is GNMR_E_INVAL). The engine's own thread keeps reading;
- * its next change (step, resize, set_params, destroy, another begin)
- * first makes sure the bytes exist: it serializes, alongside the other
- * thread, whatever pieces nobody has started. Only one thread may change
- * the engine, as always; take and free may run on another.
- * policy_snap_free() releases the consumer's reference (NULL-safe). */
+ * state as of now to the returned handle in O(1): it finds room for the
+ * bytes and serializes nothing (NULL on no memory: use policy_export).
+ * Another thread then gets the policy_export() bytes with
+ * policy_snap_take(): *buf stays the handle's, valid until
+ * policy_snap_free(), writable, with policy_snap_begin_room()'s `room`
+ * bytes free after *len for the caller's own trailer (a second take is
+ * GNMR_E_INVAL). The engine's own thread keeps reading; its next change
+ * (step, resize, set_params, destroy, another begin) first makes sure the
+ * bytes exist: it serializes, alongside the other thread, whatever pieces
+ * nobody has started. Only one thread may change the engine, as always;
+ * take and free may run on another. policy_snap_free() releases the
+ * consumer's reference (NULL-safe).
+ *
+ * Buffers of 2 MiB or more are kept for the next snapshot (at most
+ * POLICY_SNAP_SPARES of them, process-wide) rather than unmapped: a fresh
+ * mapping costs a page fault per page at first touch, which on a VM can
+ * cost more than writing the bytes (97 MB: 0.3 s where a fault takes
+ * 12 us), so a job's snapshots reuse pages already mapped. */
+#define POLICY_SNAP_SPARES 4
 typedef struct policy_snap policy_snap;
 policy_snap *policy_snap_begin(policy *p);
+policy_snap *policy_snap_begin_room(policy *p, size_t room);
 int policy_snap_take(policy_snap *s, void **buf, size_t *len);
 void policy_snap_free(policy_snap **s);
 /* The engine's last step at begin, and the room the bytes take until
@@ -150,6 +160,10 @@ size_t policy_snap_size(const policy_snap *s);
 /* Process-wide: snapshots begun, and those whose engine changed before
  * they were taken, so that its own thread serialized part of them. */
 void policy_snap_counts(uint64_t *snapshots, uint64_t *owner_helped);
+/* Process-wide: large snapshot buffers kept for reuse now (count and
+ * bytes), and snapshots that found one. */
+void policy_snap_spares(uint32_t *buffers, uint64_t *bytes,
+                        uint64_t *reused);
 
 /* The steps' SIMD path (policy_simd.c): each lane does the scalar
  * engine's arithmetic in its order, so results are identical whichever

@@ -13,11 +13,15 @@
  * the other's last piece. The consumer then closes the gaps that short
  * windows left between pieces and adds the checksum. The engine is only
  * read here: the owner's own
- * reads (status views) need no lock. */
+ * reads (status views) need no lock. The buffer stays the handle's until
+ * its last reference goes, then waits as a spare for the next snapshot
+ * (large ones; see policy.h). */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "gnmr/error.h"
 #include "policy_priv.h"
@@ -28,8 +32,9 @@ struct policy_snap {
   atomic_int refs;       /* the engine (until settled) and the consumer */
   const policy *p;       /* valid while a piece is unclaimed */
   uint64_t step;         /* the engine's last step at begin */
-  uint8_t *buf;          /* cap bytes; the consumer's once taken */
-  size_t cap;
+  uint8_t *buf;          /* buf_cap bytes, of which cap are the export's
+                            room and `room` the consumer's after it */
+  size_t cap, room, buf_cap;
   size_t *len;           /* n_pieces: the bytes each piece wrote */
   size_t head, unit_max;  /* header bytes; a unit's with its window full */
   uint32_t n, n_pieces;
@@ -41,6 +46,121 @@ struct policy_snap {
 };
 
 static atomic_ullong n_snaps, n_helped;
+
+/* ---- buffers ---------------------------------------------------------
+ * Under SPARE_MIN: malloc (the allocator keeps such sizes in its heap).
+ * From SPARE_MIN: an anonymous mapping in whole huge pages, advised to
+ * use them where the kernel does (transparent huge pages on madvise, as
+ * Debian sets it), kept after use in spare[] for the next snapshot that
+ * fits, smallest fit first. A spare that is too small for a snapshot
+ * that found none is unmapped (its job grew, or ended); a returned
+ * buffer with no free slot replaces a smaller spare, else is unmapped. */
+#define SPARE_MIN ((size_t)2 << 20)
+
+static pthread_mutex_t spare_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  uint8_t *buf;
+  size_t cap;
+} spare[POLICY_SNAP_SPARES];
+static uint32_t n_spare;
+static uint64_t spare_bytes;
+static atomic_ullong n_reused;
+
+static void unmap(uint8_t *b, size_t cap) {
+  if (b != NULL)
+    munmap(b, cap);
+}
+
+static void spare_take(uint32_t i, uint8_t **b, size_t *cap) {
+  *b = spare[i].buf;
+  *cap = spare[i].cap;
+  spare_bytes -= spare[i].cap;
+  spare[i] = spare[--n_spare];
+}
+
+/* Room for need bytes; *cap gets what the buffer holds. */
+static uint8_t *buf_get(size_t need, size_t *cap) {
+  if (need < SPARE_MIN) {
+    *cap = need;
+    return malloc(need);
+  }
+  uint8_t *b = NULL, *drop = NULL;
+  size_t drop_cap = 0;
+  pthread_mutex_lock(&spare_mu);
+  uint32_t fit = n_spare, small = n_spare;
+  for (uint32_t i = 0; i < n_spare; i++) {
+    if (spare[i].cap >= need) {
+      if (fit == n_spare || spare[i].cap < spare[fit].cap)
+        fit = i;
+    } else if (small == n_spare || spare[i].cap > spare[small].cap) {
+      small = i;
+    }
+  }
+  if (fit < n_spare)
+    spare_take(fit, &b, cap);
+  else if (small < n_spare)
+    spare_take(small, &drop, &drop_cap);
+  pthread_mutex_unlock(&spare_mu);
+  unmap(drop, drop_cap);
+  if (b != NULL) {
+    atomic_fetch_add(&n_reused, 1);
+    return b;
+  }
+  size_t len = (need + SPARE_MIN - 1) / SPARE_MIN * SPARE_MIN;
+  void *m = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED)
+    return NULL;
+#ifdef MADV_HUGEPAGE
+  (void)madvise(m, len, MADV_HUGEPAGE); /* advice: fewer faults, or none */
+#endif
+  *cap = len;
+  return m;
+}
+
+static void buf_put(uint8_t *b, size_t cap) {
+  if (b == NULL)
+    return;
+  if (cap < SPARE_MIN) {
+    free(b);
+    return;
+  }
+  pthread_mutex_lock(&spare_mu);
+  if (n_spare < POLICY_SNAP_SPARES) {
+    spare[n_spare].buf = b;
+    spare[n_spare++].cap = cap;
+    spare_bytes += cap;
+    b = NULL;
+  } else {
+    uint32_t small = 0;
+    for (uint32_t i = 1; i < n_spare; i++)
+      if (spare[i].cap < spare[small].cap)
+        small = i;
+    if (spare[small].cap < cap) { /* keep the larger */
+      uint8_t *old = spare[small].buf;
+      size_t old_cap = spare[small].cap;
+      spare_bytes += cap - old_cap;
+      spare[small].buf = b;
+      spare[small].cap = cap;
+      b = old;
+      cap = old_cap;
+    }
+  }
+  pthread_mutex_unlock(&spare_mu);
+  unmap(b, cap);
+}
+
+void policy_snap_spares(uint32_t *buffers, uint64_t *bytes,
+                        uint64_t *reused) {
+  pthread_mutex_lock(&spare_mu);
+  if (buffers != NULL)
+    *buffers = n_spare;
+  if (bytes != NULL)
+    *bytes = spare_bytes;
+  pthread_mutex_unlock(&spare_mu);
+  if (reused != NULL)
+    *reused = atomic_load(&n_reused);
+}
 
 /* Where piece k goes: after the header and k pieces of full windows. */
 static size_t piece_off(const policy_snap *s, uint32_t k) {
@@ -77,7 +197,7 @@ static void unref(policy_snap *s) {
     return;
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
-  free(s->buf);
+  buf_put(s->buf, s->buf_cap);
   free(s->len);
   free(s);
 }
@@ -94,6 +214,10 @@ void policy__settle(policy *p) {
 }
 
 policy_snap *policy_snap_begin(policy *p) {
+  return policy_snap_begin_room(p, 0);
+}
+
+policy_snap *policy_snap_begin_room(policy *p, size_t room) {
   if (p == NULL)
     return NULL;
   policy__settle(p); /* one owed snapshot at a time */
@@ -105,21 +229,23 @@ policy_snap *policy_snap_begin(policy *p) {
   s->head = policy__export_head(p, NULL);
   s->unit_max = policy__export_units_max(p);
   s->cap = piece_off(s, s->n_pieces) + 8;
+  s->room = room;
   s->len = calloc((size_t)s->n_pieces + 1, sizeof *s->len);
-  if (s->len == NULL || (s->buf = malloc(s->cap)) == NULL) {
+  if (s->len == NULL || s->cap > SIZE_MAX - room ||
+      (s->buf = buf_get(s->cap + room, &s->buf_cap)) == NULL) {
     free(s->len);
     free(s);
     return NULL;
   }
   if (pthread_mutex_init(&s->mu, NULL) != 0) {
-    free(s->buf);
+    buf_put(s->buf, s->buf_cap);
     free(s->len);
     free(s);
     return NULL;
   }
   if (pthread_cond_init(&s->cv, NULL) != 0) {
     pthread_mutex_destroy(&s->mu);
-    free(s->buf);
+    buf_put(s->buf, s->buf_cap);
     free(s->len);
     free(s);
     return NULL;
@@ -154,9 +280,8 @@ int policy_snap_take(policy_snap *s, void **buf, size_t *len) {
   }
   policy__export_seal(s->buf, at + 8);
   s->taken = 1;
-  *buf = s->buf;
+  *buf = s->buf; /* still the handle's: returned at the last unref */
   *len = at + 8;
-  s->buf = NULL;
   return GNMR_OK;
 }
 

@@ -282,13 +282,12 @@ START_TEST(snapshot_off_thread_is_the_state_at_begin) {
       ck_assert_int_eq(policy_snap_take(t.s, &again, &alen), GNMR_E_INVAL);
       ck_assert_ptr_null(again);
       ck_assert_uint_eq(alen, 0);
-      policy_snap_free(&t.s);
-      ck_assert_ptr_null(t.s);
       policy *back = NULL;
       ck_assert_int_eq(policy_import(t.buf, t.len, &back), GNMR_OK);
       ck_assert_uint_eq(policy_last_step(back), 12);
       policy_destroy(&back);
-      free(t.buf);
+      policy_snap_free(&t.s); /* the bytes go with the handle */
+      ck_assert_ptr_null(t.s);
       free(want);
       policy_destroy(&e);
     }
@@ -319,11 +318,76 @@ START_TEST(snapshot_never_taken_leaks_nothing) {
   policy *back = NULL;
   ck_assert_int_eq(policy_import(b, len, &back), GNMR_OK);
   policy_destroy(&back);
-  free(b);
   policy_snap_free(&s);
   policy_destroy(&e);
   ck_assert_ptr_null(policy_snap_begin(NULL));
   ck_assert_int_eq(policy_snap_take(NULL, &b, &len), GNMR_E_INVAL);
+}
+END_TEST
+
+/* A snapshot of 2 MiB or more keeps its buffer for the next one
+ * (mapped pages, touched once): the next snapshot reuses it, its bytes
+ * are still exactly the export (nothing of the last one shows), the room
+ * after them is the caller's, and no more than POLICY_SNAP_SPARES wait. */
+START_TEST(snapshot_buffers_are_reused_and_bounded) {
+  enum { N = 60000, K = POLICY_SNAP_SPARES + 2 };
+  static double norm[N];
+  policy *e = busy_engine(N, 12, norm);
+  policy_snap *s = policy_snap_begin_room(e, 4096);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_uint_ge(policy_snap_size(s), (size_t)2 << 20);
+  void *b;
+  size_t len;
+  ck_assert_int_eq(policy_snap_take(s, &b, &len), GNMR_OK);
+  memset((char *)b + len, 0xA5, 4096); /* the room is writable */
+  policy_snap_free(&s);
+  /* the engine lets go of it at its next change */
+  fill_norms(norm, N, 13);
+  step(e, 13, norm, NULL, NULL);
+  uint32_t nb;
+  uint64_t bytes, reused0, reused1;
+  policy_snap_spares(&nb, &bytes, &reused0);
+  ck_assert_uint_ge(nb, 1);
+  ck_assert_uint_le(nb, POLICY_SNAP_SPARES);
+  ck_assert_uint_ge(bytes, len + 4096);
+  /* the next snapshot reuses a spare, and its bytes are this export's */
+  size_t want_len;
+  unsigned char *want = export_now(e, &want_len);
+  s = policy_snap_begin(e);
+  ck_assert_int_eq(policy_snap_take(s, &b, &len), GNMR_OK);
+  policy_snap_spares(NULL, NULL, &reused1);
+  ck_assert_uint_eq(reused1, reused0 + 1);
+  ck_assert_uint_eq(len, want_len);
+  ck_assert(memcmp(b, want, len) == 0);
+  policy_snap_free(&s);
+  free(want);
+  /* K at once on engines of growing size, then all freed: at most
+   * POLICY_SNAP_SPARES stay, the largest ones */
+  static double big[N + 30000 * (K - 1)];
+  policy *es[K];
+  policy_snap *ss[K];
+  uint64_t keep = 0; /* the sizes of the largest POLICY_SNAP_SPARES */
+  for (int i = 0; i < K; i++) {
+    es[i] = busy_engine(N + 30000u * (uint32_t)i, 10, big);
+    ss[i] = policy_snap_begin(es[i]);
+    ck_assert_ptr_nonnull(ss[i]);
+    if (i >= K - POLICY_SNAP_SPARES)
+      keep += policy_snap_size(ss[i]);
+  }
+  for (int i = 0; i < K; i++) {
+    ck_assert_int_eq(policy_snap_take(ss[i], &b, &len), GNMR_OK);
+    policy *back = NULL;
+    ck_assert_int_eq(policy_import(b, len, &back), GNMR_OK);
+    ck_assert_uint_eq(policy_units(back), N + 30000u * (uint32_t)i);
+    policy_destroy(&back);
+    policy_snap_free(&ss[i]);
+    policy_destroy(&es[i]);
+  }
+  policy_snap_spares(&nb, &bytes, NULL);
+  ck_assert_uint_eq(nb, POLICY_SNAP_SPARES);
+  /* the largest ones are kept, not the first ones returned */
+  ck_assert_uint_ge(bytes, keep);
+  policy_destroy(&e);
 }
 END_TEST
 
@@ -351,6 +415,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, event_names_are_stable);
   tcase_add_test(tc, snapshot_off_thread_is_the_state_at_begin);
   tcase_add_test(tc, snapshot_never_taken_leaks_nothing);
+  tcase_add_test(tc, snapshot_buffers_are_reused_and_bounded);
   suite_add_tcase(s, tc);
   return s;
 }

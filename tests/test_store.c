@@ -152,6 +152,125 @@ START_TEST(sparse_unit_ids_survive_a_sigkill_through_the_snapshot) {
 }
 END_TEST
 
+/* A snapshot over 1 MiB goes into SQLite through the incremental blob
+ * API (and its buffer, over 2 MiB, is a reused mapping with the id table
+ * written in its room): the stored bytes are exactly the export of an
+ * engine that saw the same steps, followed by the job's id table, and
+ * gnmrd resumes from them after a SIGKILL. */
+static double big_sum(uint32_t u, uint64_t t) {
+  double s = 1.0 + (double)((u * 7u + (uint32_t)t * 13u) % 17u);
+  return (u + t) % 997 == 0 ? s * 400.0 : s;
+}
+
+START_TEST(large_snapshot_streams_into_sqlite_and_restores) {
+  enum { N = 30000, LAST = 25, SNAP = 20 };
+  tu_daemon d = {0};
+  char ep[160], db_path[512];
+  char *every10[] = {"--snapshot-every", "10", NULL};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, every10);
+  static char name_pool[N][8];
+  static const char *names[N];
+  static uint32_t ids[N];
+  for (uint32_t u = 0; u < N; u++) {
+    snprintf(name_pool[u], sizeof name_pool[u], "u%u", u);
+    names[u] = name_pool[u];
+    ids[u] = 1 + 3 * u; /* not 0..N-1: the snapshot carries the id table */
+  }
+  gnmr_agent_config c = {0};
+  c.endpoint = ep;
+  c.job = "big-snap";
+  c.reporters = 1;
+  c.unit_names = names;
+  c.unit_ids = ids;
+  c.n_units = N;
+  gnmr_params_default(&c.params);
+  c.params.warmup_steps = 0;
+  c.params.max_active = 2;
+  c.params.lock_steps = 2;
+  c.barrier_ms = 10000;
+  gnmr_agent *a;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  static double s[N], norm[N];
+  policy_params p;
+  policy_params_default(&p);
+  p.warmup_steps = 0;
+  p.max_active = 2;
+  p.lock_steps = 2;
+  policy *e;
+  ck_assert_int_eq(policy_create(&p, N, &e), GNMR_OK);
+  size_t want_len = 0;
+  unsigned char *want = NULL;
+  for (uint64_t t = 1; t <= LAST; t++) {
+    for (uint32_t u = 0; u < N; u++) {
+      s[u] = big_sum(u, t);
+      norm[u] = sqrt(s[u]);
+    }
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
+    ck_assert_msg(gnmr_agent_wait(a, t, 20000) == GNMR_OK,
+                  "no decision for step %llu", (unsigned long long)t);
+    policy_result r;
+    ck_assert_int_eq(policy_step(e, t, norm, NULL, &r), GNMR_OK);
+    if (t == SNAP) {
+      size_t cap = policy_export_size(e);
+      want = malloc(cap);
+      ck_assert_int_eq(policy_export(e, want, cap, &want_len), GNMR_OK);
+    }
+  }
+  policy_destroy(&e);
+  ck_assert_uint_gt(want_len, (size_t)2 << 20);
+  tu_sleep_ms(500); /* the writer commits; SIGKILL takes no final one */
+  tu_daemon_stop(&d, SIGKILL);
+  snprintf(db_path, sizeof db_path, "%s/data/gnmr.db", d.dir);
+  sqlite3 *db;
+  ck_assert_int_eq(sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READONLY, NULL),
+                   SQLITE_OK);
+  sqlite3_stmt *st;
+  ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT step, state FROM snapshots"
+                                          " WHERE job='big-snap' ORDER BY"
+                                          " step DESC LIMIT 1",
+                                      -1, &st, NULL),
+                   SQLITE_OK);
+  ck_assert_int_eq(sqlite3_step(st), SQLITE_ROW);
+  ck_assert_int_eq(sqlite3_column_int64(st, 0), SNAP);
+  const unsigned char *got = sqlite3_column_blob(st, 1);
+  size_t got_len = (size_t)sqlite3_column_bytes(st, 1);
+  /* the export, then N ids (u32 LE), N, "GNMRSID1" */
+  ck_assert_uint_eq(got_len, want_len + (size_t)N * 4 + 4 + 8);
+  ck_assert_msg(memcmp(got, want, want_len) == 0,
+                "the stored snapshot differs from the engine's export");
+  const unsigned char *tr = got + want_len;
+  for (uint32_t u = 0; u <= N; u++) {
+    uint32_t v = (uint32_t)tr[4 * u] | (uint32_t)tr[4 * u + 1] << 8 |
+                 (uint32_t)tr[4 * u + 2] << 16 | (uint32_t)tr[4 * u + 3] << 24;
+    ck_assert_uint_eq(v, u < N ? ids[u] : (uint32_t)N);
+  }
+  ck_assert(memcmp(tr + 4 * ((size_t)N + 1), "GNMRSID1", 8) == 0);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  free(want);
+  /* gnmrd resumes from it */
+  tu_daemon_start_in(&d, ep, NULL, d.dir, every10);
+  for (uint64_t t = LAST + 1; t <= LAST + 2; t++) {
+    for (uint32_t u = 0; u < N; u++)
+      s[u] = big_sum(u, t);
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
+    ck_assert_msg(gnmr_agent_wait(a, t, 20000) == GNMR_OK,
+                  "no decision for step %llu", (unsigned long long)t);
+  }
+  char *hargs[] = {"history", "big-snap", "--kind", "job_resumed", "--csv",
+                   NULL};
+  run_result r = ctl(&d, hargs);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "snapshot at step 20") != NULL, "%s", r.out);
+  tu_run_free(&r);
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(sigkill_loses_no_committed_step_and_job_continues_from_snapshot) {
   tu_daemon d = {0};
   char ep[160];
@@ -577,6 +696,7 @@ static Suite *suite(void) {
   tcase_add_test(tc,
                  sigkill_loses_no_committed_step_and_job_continues_from_snapshot);
   tcase_add_test(tc, sparse_unit_ids_survive_a_sigkill_through_the_snapshot);
+  tcase_add_test(tc, large_snapshot_streams_into_sqlite_and_restores);
   tcase_add_test(tc, jobs_in_lockstep_snapshot_in_different_steps);
   tcase_add_test(tc, live_job_views_and_parameter_changes);
   tcase_add_test(tc, bad_queries_and_unreachable_daemon_fail_clearly);
