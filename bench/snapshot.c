@@ -12,8 +12,14 @@
  *    measured without noise by bench/policy: begin and hand-over).
  *  - back to back: the next big step is reported the moment its decision
  *    arrives, so a snapshot still being written meets the next step. The
- *    big job's round trip in steps that take a snapshot and the step right
- *    after, against the median of the others. Target: within 1.2x.
+ *    big job's round trip in steps where a snapshot is due and the step
+ *    right after, against the median of the others. Target: within 1.2x.
+ *    gnmrd defers a large job's due snapshot while the store still writes
+ *    its last one, so where the store is slower than 97 MB per 10 steps
+ *    some due steps take none and a later step does: the line also gives
+ *    the slowest of all steps, and gnmrd's counts of snapshots taken
+ *    (serialized early on a worker) and of deferring steps (gnmrctl
+ *    stats).
  * And gnmrd's memory: high-water RSS over RSS at the end (target 1.3x).
  * Point GNMR_BIN_DIR at another build to measure another gnmrd. */
 #include <pthread.h>
@@ -156,6 +162,20 @@ int main(void) {
   atomic_store(&pr.stop, 1);
   pthread_join(th, NULL);
   long hwm = vm_kb(d.pid, "VmHWM:"), rss = vm_kb(d.pid, "VmRSS:");
+  long early = -1, deferred = -1;
+  {
+    char cmd[512], line[256];
+    const char *bin = getenv("GNMR_BIN_DIR");
+    snprintf(cmd, sizeof cmd, "'%s/gnmrctl' --admin 'ipc://%s/admin.sock' "
+             "stats 2>/dev/null", bin ? bin : "build/bin", d.dir);
+    FILE *f = popen(cmd, "r");
+    while (f != NULL && fgets(line, sizeof line, f) != NULL) {
+      sscanf(line, "snapshots_early %ld", &early);
+      sscanf(line, "snapshots_deferred %ld", &deferred);
+    }
+    if (f != NULL)
+      pclose(f);
+  }
   gnmr_agent_close(&a);
   bu_daemon_stop(&d);
 
@@ -174,9 +194,10 @@ int main(void) {
   double snap_stall = median(ps, nps), other_stall = median(po, npo);
   /* back to back: snapshot steps and the steps after them, against the
    * others (the first 2 of the phase left out as warm-up) */
-  double snap[2 * STEPS], other[2 * STEPS], snap_max = 0;
+  double snap[2 * STEPS], other[2 * STEPS], snap_max = 0, all_max = 0;
   int ns = 0, no = 0;
   for (int s = STEPS + 3; s <= 2 * STEPS; s++) {
+    all_max = rtt[s] > all_max ? rtt[s] : all_max;
     if (s % EVERY == 0 || (s - 1) % EVERY == 0) {
       snap[ns++] = rtt[s];
       snap_max = rtt[s] > snap_max ? rtt[s] : snap_max;
@@ -193,10 +214,14 @@ int main(void) {
          PACE_MS, snap_stall * 1e3, other_stall * 1e3,
          other_stall > 0 ? snap_stall / other_stall : 0,
          snap_stall > other_stall ? (snap_stall - other_stall) * 1e3 : 0);
-  printf("snapshot back to back: round trip of snapshot steps and the next "
-         "median %.1f ms (max %.1f), other steps %.1f ms: %.2fx (target "
-         "<= 1.2x)\n",
-         ms * 1e3, snap_max * 1e3, mo * 1e3, mo > 0 ? ms / mo : 0);
+  printf("snapshot back to back: round trip of steps with a snapshot due "
+         "and the next median %.1f ms (max %.1f), other steps %.1f ms: %.2fx "
+         "(target <= 1.2x); slowest step %.1f ms\n",
+         ms * 1e3, snap_max * 1e3, mo * 1e3, mo > 0 ? ms / mo : 0,
+         all_max * 1e3);
+  printf("snapshot gnmrd: %ld snapshots serialized early, %ld steps "
+         "deferred one (the store still writing the last)\n",
+         early, deferred);
   printf("snapshot gnmrd memory: high-water %ld MB, at the end %ld MB: %.2fx "
          "(target <= 1.3x)\n",
          hwm / 1024, rss / 1024, rss > 0 ? (double)hwm / rss : 0);

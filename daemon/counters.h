@@ -44,7 +44,10 @@
                             or none accepted: no descriptor left */         \
   XX(jobs_retired)       /* no report for [limits] job_idle_s */            \
   XX(worker_steps)       /* steps decided on a worker thread ([gnmrd]       \
-                            workers) */
+                            workers) */                                     \
+  XX(snapshots_early)    /* large snapshots serialized on a worker at once */ \
+  XX(snapshots_deferred) /* steps whose due snapshot waited for the store  \
+                            to finish the job's last one */
 
 typedef struct gnmrd_counters {
 #define GNMRD__COUNTER_FIELD(name) uint64_t name;

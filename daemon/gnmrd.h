@@ -35,6 +35,7 @@ typedef struct gnmrd {
   uv_timer_t sweep;   /* retires idle jobs (jobs.c) */
   struct workers *workers; /* decide large steps; NULL: all on the loop */
   uint64_t worker_min;     /* steps of fewer unit-shards stay on the loop */
+  struct snap_fill *fills; /* snapshots being serialized on workers */
   int stopping;
 } gnmrd;
 
@@ -52,6 +53,9 @@ void jobs_restore(const store_job *sj, void *ctx);
 /* Waits for every job's step on a worker (jobs.c): the loop may then
  * read any job's engine and scratch (views, metrics, admin commands). */
 void jobs_quiesce_all(gnmrd *d);
+/* Waits for the snapshots being serialized on workers (before
+ * workers_close). */
+void jobs_fills_wait(gnmrd *d);
 /* Queues a snapshot of every live job (shutdown). */
 void jobs_snapshot_all(gnmrd *d);
 /* Ends a live job now, as if every rank had said Bye (gnmrctl finish: a

@@ -24,6 +24,10 @@ typedef struct job {
   core_decision dd;
   core_outcome out;
   int hold; /* quiescing: decide on the loop */
+  /* Its last large snapshot (a reference; jobs.c, snapshots): while the
+   * store still holds it, the next one is owed, not taken. */
+  policy_snap *snap_last;
+  int snap_owed;
 } job;
 
 /* A report held for an undecided step: the decoded envelope and the bytes

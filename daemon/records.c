@@ -141,21 +141,27 @@ void records_state(store *st, const core_job *j, const char *state) {
   put(st, r);
 }
 
-void records_step(store *st, const core_job *j, const core_outcome *o,
-                  uint64_t latency_us) {
-  const policy_result *res = &o->res;
+int records_snapshot_due(store *st, const core_job *j, uint64_t step) {
   if (st == NULL)
-    return;
+    return 0;
   /* every `every` steps, at a phase set by the run id: jobs in lockstep
    * (runs created one after another) snapshot in different steps, so the
    * writer gets them in turn, not all at once; a store's first job (run
    * 1) snapshots at multiples of every */
   uint64_t every = store_snapshot_every(st);
-  int snap = (o->step + (j->run > 0 ? (j->run - 1) % every : 0)) % every == 0;
+  return (step + (j->run > 0 ? (j->run - 1) % every : 0)) % every == 0;
+}
+
+policy_snap *records_step(store *st, const core_job *j,
+                          const core_outcome *o, uint64_t latency_us,
+                          int snap) {
+  const policy_result *res = &o->res;
+  if (st == NULL)
+    return NULL;
   store_rec *r = snap ? snapshot_rec(j, REC_STEP)
                       : rec(REC_STEP, j);
   if (r == NULL)
-    return;
+    return NULL;
   r->kind = REC_STEP;
   r->pass = j->pass;
   r->step = o->step;
@@ -193,5 +199,7 @@ void records_step(store *st, const core_job *j, const core_outcome *o,
       ev->s = has_unit ? res->s[e->unit] : NAN;
     }
   }
+  policy_snap *early = policy_snap_ref(r->snap); /* NULL when none */
   put(st, r);
+  return early;
 }

@@ -18,10 +18,15 @@ void records_job(store *st, const core_job *j);
 void records_params(store *st, const core_job *j);
 /* A rank's units: (id, name) pairs and its id list. */
 void records_rank(store *st, const core_job *j, uint32_t rank);
+/* Whether a job's snapshot is due after step: every snapshot_every
+ * steps, at a phase set by its run id (0 without a store). */
+int records_snapshot_due(store *st, const core_job *j, uint64_t step);
 /* A decided step: summary, decision, events with norms and scores and,
- * every snapshot_every steps, the policy state after it. */
-void records_step(store *st, const core_job *j, const core_outcome *o,
-                  uint64_t latency_us);
+ * when snap, the policy state after it. Returns another reference to the
+ * snapshot it began (NULL when none), for the caller to serialize early
+ * (policy_snap_fill) and release (policy_snap_free). */
+policy_snap *records_step(store *st, const core_job *j, const core_outcome *o,
+                          uint64_t latency_us, int snap);
 /* The policy state alone (shutdown, finish). */
 void records_snapshot(store *st, const core_job *j);
 /* The job's state ("finished"). */

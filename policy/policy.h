@@ -153,6 +153,17 @@ policy_snap *policy_snap_begin(policy *p);
 policy_snap *policy_snap_begin_room(policy *p, size_t room);
 int policy_snap_take(policy_snap *s, void **buf, size_t *len);
 void policy_snap_free(policy_snap **s);
+/* Another reference to s, released with policy_snap_free (NULL-safe);
+ * whether the caller's is the only one left (the engine changed since,
+ * the consumer and any other holder let go). */
+policy_snap *policy_snap_ref(policy_snap *s);
+int policy_snap_unshared(const policy_snap *s);
+/* Writes, on the calling thread, the pieces that nobody has started, and
+ * returns without waiting for pieces that others write: serializes early
+ * (gnmrd: on a worker as soon as the snapshot begins), so that neither
+ * the consumer nor the engine's next change has anything left to do. Any
+ * thread that holds a reference; NULL-safe. */
+void policy_snap_fill(policy_snap *s);
 /* The engine's last step at begin, and the room the bytes take until
  * taken (every window full: at least policy_export_size()). */
 uint64_t policy_snap_step(const policy_snap *s);

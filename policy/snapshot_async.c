@@ -167,9 +167,9 @@ static size_t piece_off(const policy_snap *s, uint32_t k) {
   return s->head + (size_t)k * SNAP_PIECE * s->unit_max;
 }
 
-/* Claims and writes pieces until none is left, then waits until every
- * piece is written. Returns how many this thread wrote. */
-static uint32_t work(policy_snap *s) {
+/* Claims and writes pieces until none is left. Returns how many this
+ * thread wrote. */
+static uint32_t claim(policy_snap *s) {
   uint32_t mine = 0;
   for (;;) {
     unsigned k = atomic_fetch_add(&s->next, 1);
@@ -185,6 +185,12 @@ static uint32_t work(policy_snap *s) {
       pthread_mutex_unlock(&s->mu);
     }
   }
+  return mine;
+}
+
+/* claim(), then waits until every piece is written. */
+static uint32_t work(policy_snap *s) {
+  uint32_t mine = claim(s);
   pthread_mutex_lock(&s->mu);
   while (atomic_load(&s->done) < s->n_pieces)
     pthread_cond_wait(&s->cv, &s->mu);
@@ -259,6 +265,21 @@ policy_snap *policy_snap_begin_room(policy *p, size_t room) {
   p->pending = s;
   atomic_fetch_add(&n_snaps, 1);
   return s;
+}
+
+policy_snap *policy_snap_ref(policy_snap *s) {
+  if (s != NULL)
+    atomic_fetch_add(&s->refs, 1);
+  return s;
+}
+
+int policy_snap_unshared(const policy_snap *s) {
+  return s != NULL && atomic_load(&((policy_snap *)s)->refs) == 1;
+}
+
+void policy_snap_fill(policy_snap *s) {
+  if (s != NULL)
+    claim(s);
 }
 
 uint64_t policy_snap_step(const policy_snap *s) { return s->step; }

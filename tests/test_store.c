@@ -212,6 +212,9 @@ START_TEST(large_snapshot_streams_into_sqlite_and_restores) {
                   "no decision for step %llu", (unsigned long long)t);
     policy_result r;
     ck_assert_int_eq(policy_step(e, t, norm, NULL, &r), GNMR_OK);
+    if (t == SNAP - 10) /* the store writes it before the next is due (a
+                           large job's next would wait for it) */
+      tu_sleep_ms(1000);
     if (t == SNAP) {
       size_t cap = policy_export_size(e);
       want = malloc(cap);
@@ -220,6 +223,9 @@ START_TEST(large_snapshot_streams_into_sqlite_and_restores) {
   }
   policy_destroy(&e);
   ck_assert_uint_gt(want_len, (size_t)2 << 20);
+  /* both large snapshots were serialized on a worker, neither waited */
+  ck_assert_int_eq(tu_counter(&d, "snapshots_early"), 2);
+  ck_assert_int_eq(tu_counter(&d, "snapshots_deferred"), 0);
   tu_sleep_ms(500); /* the writer commits; SIGKILL takes no final one */
   tu_daemon_stop(&d, SIGKILL);
   snprintf(db_path, sizeof db_path, "%s/data/gnmr.db", d.dir);
@@ -265,6 +271,73 @@ START_TEST(large_snapshot_streams_into_sqlite_and_restores) {
   ck_assert_int_eq(r.code, 0);
   ck_assert_msg(strstr(r.out, "snapshot at step 20") != NULL, "%s", r.out);
   tu_run_free(&r);
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+/* A large job (snapshots over 1 MiB) has one snapshot in the store's
+ * hands at a time: while the store cannot commit (a read-only database
+ * for a while), its due snapshots wait instead of queueing, its steps go
+ * on being decided and recorded, and once the store writes again the
+ * next due snapshot is taken. */
+START_TEST(large_snapshots_wait_for_the_store) {
+  enum { N = 30000 };
+  int slow = getenv("GNMR_VALGRIND") != NULL;
+  tu_daemon d = {0};
+  char ep[160];
+  char *every2[] = {"--snapshot-every", "2", NULL};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
+  setenv("GNMR_STORE_FAULT", slow ? "readonly:8000" : "readonly:2000", 1);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, every2);
+  unsetenv("GNMR_STORE_FAULT");
+  static char name_pool[N][8];
+  static const char *names[N];
+  for (uint32_t u = 0; u < N; u++) {
+    snprintf(name_pool[u], sizeof name_pool[u], "u%u", u);
+    names[u] = name_pool[u];
+  }
+  gnmr_agent_config c = {0};
+  c.endpoint = ep;
+  c.job = "wait-job";
+  c.reporters = 1;
+  c.unit_names = names;
+  c.n_units = N;
+  gnmr_params_default(&c.params);
+  c.barrier_ms = 10000;
+  gnmr_agent *a;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  static double s[N];
+  uint64_t t = 0;
+  for (; t < 12; ) { /* inside the fault: nothing commits */
+    t++;
+    for (uint32_t u = 0; u < N; u++)
+      s[u] = big_sum(u, t);
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a, t, 20000), GNMR_OK);
+  }
+  ck_assert_int_gt(tu_counter(&d, "store_errors"), 0);
+  long early = tu_counter(&d, "snapshots_early");
+  ck_assert_int_eq(early, 1); /* step 2's; 4, 6, ... waited for it */
+  ck_assert_int_ge(tu_counter(&d, "snapshots_deferred"), 5);
+  /* the store writes again: a later step takes the owed snapshot */
+  for (int i = 0; i < 400 && tu_counter(&d, "snapshots_early") == early;
+       i++) {
+    tu_sleep_ms(50);
+    t++;
+    for (uint32_t u = 0; u < N; u++)
+      s[u] = big_sum(u, t);
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a, t, 20000), GNMR_OK);
+  }
+  ck_assert_int_gt(tu_counter(&d, "snapshots_early"), early);
+  /* every step is in the history, none dropped */
+  char *csv = decisions_csv(&d, "wait-job", (int)t);
+  ck_assert_int_eq(count_lines(csv), (int)t + 1);
+  free(csv);
+  ck_assert_int_eq(tu_counter(&d, "store_dropped"), 0);
   gnmr_agent_close(&a);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
   tu_rmrf(d.dir);
@@ -697,6 +770,7 @@ static Suite *suite(void) {
                  sigkill_loses_no_committed_step_and_job_continues_from_snapshot);
   tcase_add_test(tc, sparse_unit_ids_survive_a_sigkill_through_the_snapshot);
   tcase_add_test(tc, large_snapshot_streams_into_sqlite_and_restores);
+  tcase_add_test(tc, large_snapshots_wait_for_the_store);
   tcase_add_test(tc, jobs_in_lockstep_snapshot_in_different_steps);
   tcase_add_test(tc, live_job_views_and_parameter_changes);
   tcase_add_test(tc, bad_queries_and_unreachable_daemon_fail_clearly);
