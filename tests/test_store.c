@@ -157,6 +157,34 @@ END_TEST
  * written in its room): the stored bytes are exactly the export of an
  * engine that saw the same steps, followed by the job's id table, and
  * gnmrd resumes from them after a SIGKILL. */
+/* Waits (up to 120 s: valgrind runs gnmrd too) until the store has
+ * committed job's snapshot of step. */
+static void wait_snapshot_row(const tu_daemon *d, const char *job,
+                              uint64_t step) {
+  char path[512], sql[256];
+  snprintf(path, sizeof path, "%s/data/gnmr.db", d->dir);
+  snprintf(sql, sizeof sql, "SELECT 1 FROM snapshots WHERE job='%s' AND "
+           "step=%llu", job, (unsigned long long)step);
+  for (int i = 0; i < 2400; i++) {
+    sqlite3 *db;
+    int found = 0;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+      sqlite3_stmt *st;
+      sqlite3_busy_timeout(db, 1000);
+      if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK) {
+        found = sqlite3_step(st) == SQLITE_ROW;
+        sqlite3_finalize(st);
+      }
+    }
+    sqlite3_close(db);
+    if (found)
+      return;
+    tu_sleep_ms(50);
+  }
+  ck_abort_msg("job %s: no snapshot of step %llu committed", job,
+               (unsigned long long)step);
+}
+
 static double big_sum(uint32_t u, uint64_t t) {
   double s = 1.0 + (double)((u * 7u + (uint32_t)t * 13u) % 17u);
   return (u + t) % 997 == 0 ? s * 400.0 : s;
@@ -214,7 +242,7 @@ START_TEST(large_snapshot_streams_into_sqlite_and_restores) {
     ck_assert_int_eq(policy_step(e, t, norm, NULL, &r), GNMR_OK);
     if (t == SNAP - 10) /* the store writes it before the next is due (a
                            large job's next would wait for it) */
-      tu_sleep_ms(1000);
+      wait_snapshot_row(&d, "big-snap", t);
     if (t == SNAP) {
       size_t cap = policy_export_size(e);
       want = malloc(cap);
@@ -224,8 +252,11 @@ START_TEST(large_snapshot_streams_into_sqlite_and_restores) {
   policy_destroy(&e);
   ck_assert_uint_gt(want_len, (size_t)2 << 20);
   /* both large snapshots were serialized on a worker, neither waited */
-  ck_assert_int_eq(tu_counter(&d, "snapshots_early"), 2);
-  ck_assert_int_eq(tu_counter(&d, "snapshots_deferred"), 0);
+  long long early = tu_counter(&d, "snapshots_early"),
+            deferred = tu_counter(&d, "snapshots_deferred");
+  ck_assert_msg(early == 2 && deferred == 0,
+                "snapshots_early %lld (want 2), snapshots_deferred %lld "
+                "(want 0)", early, deferred);
   tu_sleep_ms(500); /* the writer commits; SIGKILL takes no final one */
   tu_daemon_stop(&d, SIGKILL);
   snprintf(db_path, sizeof db_path, "%s/data/gnmr.db", d.dir);
@@ -290,7 +321,7 @@ START_TEST(large_snapshots_wait_for_the_store) {
   char *every2[] = {"--snapshot-every", "2", NULL};
   snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
   snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
-  setenv("GNMR_STORE_FAULT", slow ? "readonly:8000" : "readonly:2000", 1);
+  setenv("GNMR_STORE_FAULT", slow ? "readonly:30000" : "readonly:2000", 1);
   tu_daemon_start_in(&d, ep, NULL, d.dir, every2);
   unsetenv("GNMR_STORE_FAULT");
   static char name_pool[N][8];
@@ -323,7 +354,8 @@ START_TEST(large_snapshots_wait_for_the_store) {
   ck_assert_int_eq(early, 1); /* step 2's; 4, 6, ... waited for it */
   ck_assert_int_ge(tu_counter(&d, "snapshots_deferred"), 5);
   /* the store writes again: a later step takes the owed snapshot */
-  for (int i = 0; i < 400 && tu_counter(&d, "snapshots_early") == early;
+  for (int i = 0; i < (slow ? 2400 : 600) &&
+                  tu_counter(&d, "snapshots_early") == early;
        i++) {
     tu_sleep_ms(50);
     t++;
