@@ -599,11 +599,27 @@ def parse_args(argv):
 _TEXT = None
 
 
+def _one_blas_thread():
+    """OpenBLAS reads OPENBLAS_NUM_THREADS once, when it loads: in a process
+    that imported torch before this module (a test, a notebook) it runs on
+    every CPU, and its threaded products need not give the same bits twice
+    (on an AMD EPYC they did not). Set the loaded library to one thread;
+    nothing to do where torch uses another BLAS."""
+    import ctypes
+    for name in ("libblas.so.3", "libopenblas.so.0"):
+        try:
+            ctypes.CDLL(name).openblas_set_num_threads(1)
+            return
+        except (OSError, AttributeError):
+            continue
+
+
 def run_task(seed, variant, args, rec=None):
     """One variant of one seed, single-threaded; the GNMR variant with a
     gnmrd of its own. rec: GNMR's result for the seed (random, rawnorm)."""
     global _TEXT
     torch.set_num_threads(1)
+    _one_blas_thread()
     torch.use_deterministic_algorithms(True)
     if _TEXT is None:
         _TEXT = load_text()
