@@ -23,6 +23,8 @@ typedef struct gnmrd {
   core_registry jobs; /* the live jobs (core.h); each core_job's data is
                          its loop half (jobs.c) */
   hmap peers;         /* connection identity -> membership (jobs.c) */
+  hmap owners;        /* job name -> its owner's key (malloc'd): the key
+                         of its first run, kept after the job ends */
   store *st;          /* history; NULL when running without one */
   const gnmrd_config *cfg;
   const struct gnmr_allow *allow; /* the CURVE allow list, NULL without */
@@ -48,6 +50,15 @@ void jobs_on_bad_frames(server *s, void *ctx);
 void jobs_start(gnmrd *d);
 /* Frees every job (their timers close through the loop). */
 void jobs_shutdown(gnmrd *d);
+/* Names and their owners (tenancy). A job name belongs to the key whose
+ * Hello created its first run, for as long as the store keeps a run of it:
+ * ending the job, or restarting gnmrd, does not free the name for another
+ * tenant. jobs_name_owner: the owner, NULL when the name has none.
+ * jobs_name_claim: records owner as the name's unless it has one already;
+ * 0 or GNMR_E_NOMEM. jobs_owner_restore: store_owners()'s callback. */
+const char *jobs_name_owner(const gnmrd *d, const char *name);
+int jobs_name_claim(gnmrd *d, const char *name, const char *owner);
+void jobs_owner_restore(const char *name, const char *owner, void *ctx);
 /* Recreates an unfinished job from the store (start-up). */
 void jobs_restore(const store_job *sj, void *ctx);
 /* Waits for every job's step on a worker (jobs.c): the loop may then

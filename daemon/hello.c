@@ -72,6 +72,10 @@ static void job_accepted(job *j) {
   assert(j->core->run == d->last_run + 1);
   d->last_run = j->core->run;
   d->c.jobs_created++;
+  if (jobs_name_claim(d, j->core->name, j->core->owner) != GNMR_OK)
+    LOG(ERROR, "JOB-CREATE", "job %s: out of memory; its name is reserved "
+        "for its owner from gnmrd's next start (the store has it)",
+        j->core->name);
   LOG(INFO, "JOB-CREATE", "job %s run %llu: %u reporters, barrier %u ms",
       j->core->name, (unsigned long long)j->core->run, j->core->reporters,
       j->core->barrier_ms);
@@ -211,6 +215,7 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
              pr->rank);
   }
   j = job_of(core_find(&d->jobs, h->job));
+  const char *name_owner = j == NULL ? jobs_name_owner(d, h->job) : NULL;
   if (j != NULL)
     jobs__quiesce(j); /* registration changes the engine and the units */
   if (j != NULL && d->allow != NULL &&
@@ -231,6 +236,11 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
       REFUSE(GNMR_E_MISMATCH, "barrier_ms",
              "job %.64s has a %u ms barrier, this agent says %u", c->name,
              c->barrier_ms, barrier);
+  } else if (d->allow != NULL && name_owner != NULL &&
+             !gnmr__allow_may(d->allow, user, name_owner, h->job)) {
+    REFUSE(GNMR_E_DENIED, "job", "job %.64s belongs to another key (its "
+           "earlier runs), and the allow list grants this one no jobs= "
+           "pattern that matches", h->job);
   } else if (d->cfg != NULL && core_count(&d->jobs) >= d->cfg->max_jobs) {
     d->c.refused_max_jobs++;
     REFUSE(GNMR_E_BUSY, "job", "gnmrd serves %zu jobs already ([limits] "
@@ -241,7 +251,10 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
   } else {
     created = 1;
     j->core->run = d->last_run + 1; /* taken when the Hello is accepted */
-    if (user != NULL && (j->core->owner = strdup(user)) == NULL)
+    /* a new run of a name keeps the name's owner, whoever starts it (an
+     * operator, a key whose grant matches) */
+    const char *owner = name_owner != NULL ? name_owner : user;
+    if (owner != NULL && (j->core->owner = strdup(owner)) == NULL)
       REFUSE(GNMR_E_NOMEM, "job", "out of memory");
   }
   if (h->observer) {

@@ -87,6 +87,41 @@ void jobs_shutdown(gnmrd *d) {
   while (hmap_next(&d->peers, &pos, NULL, NULL, &v))
     free((peer *)(uintptr_t)v);
   hmap_free(&d->peers);
+  pos = 0;
+  while (hmap_next(&d->owners, &pos, NULL, NULL, &v))
+    free((char *)(uintptr_t)v);
+  hmap_free(&d->owners);
+}
+
+/* ---- names and owners ----------------------------------------------------- */
+
+const char *jobs_name_owner(const gnmrd *d, const char *name) {
+  uint64_t v;
+  return hmap_get(&d->owners, name, strlen(name), &v)
+             ? (const char *)(uintptr_t)v
+             : NULL;
+}
+
+int jobs_name_claim(gnmrd *d, const char *name, const char *owner) {
+  if (owner == NULL || jobs_name_owner(d, name) != NULL)
+    return GNMR_OK;
+  char *o = strdup(owner);
+  if (o == NULL ||
+      hmap_put(&d->owners, name, strlen(name), (uint64_t)(uintptr_t)o) !=
+          GNMR_OK) {
+    free(o);
+    return GNMR_E_NOMEM;
+  }
+  return GNMR_OK;
+}
+
+void jobs_owner_restore(const char *name, const char *owner, void *ctx) {
+  gnmrd *d = ctx;
+  char esc[600];
+  if (jobs_name_claim(d, name, owner) != GNMR_OK)
+    LOG(ERROR, "OWNER-RESTORE", "job %s: out of memory; its name is not "
+        "reserved for its owner until gnmrd restarts",
+        gnmr__escape(name, esc, sizeof esc));
 }
 
 /* ---- restore, snapshots, retuning -------------------------------------------- */

@@ -508,7 +508,9 @@ int main(int argc, char **argv) {
   }
   store_set_queue_cap(d.st, cfg.store_queue_mb << 20);
   d.last_run = store_last_run(d.st);
-  if (store_restore(where, jobs_restore, &d, err, sizeof err) != GNMR_OK) {
+  if (store_restore(where, jobs_restore, &d, err, sizeof err) != GNMR_OK ||
+      store_owners(where, jobs_owner_restore, &d, err, sizeof err) !=
+          GNMR_OK) {
     LOG(ERROR, "STORE-RESTORE", "%s", err);
     goto out;
   }

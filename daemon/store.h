@@ -144,6 +144,11 @@ typedef struct store_job {
 
 /* Reads every unfinished job. Calls fn for each (fn takes nothing; the
  * store_job is freed after fn returns). Returns 0 or GNMR_E_STORE. */
+/* Calls fn(name, owner, ctx) for every run with an owner, oldest run first
+ * (start-up: the first owner of a name stays its owner, hello.c). */
+int store_owners(const char *where,
+                 void (*fn)(const char *name, const char *owner, void *ctx),
+                 void *ctx, char *err, size_t errlen);
 int store_restore(const char *where, void (*fn)(const store_job *, void *),
                   void *ctx, char *err, size_t errlen);
 

@@ -148,3 +148,34 @@ int store_restore(const char *where, void (*fn)(const store_job *, void *),
   db_close(db);
   return rv;
 }
+
+int store_owners(const char *where,
+                 void (*fn)(const char *name, const char *owner, void *ctx),
+                 void *ctx, char *err, size_t errlen) {
+  char path[4200], shown[4200];
+  db_conn *db;
+  db_stmt *st;
+  int rc;
+  store_target(where, path, sizeof path);
+  db_target_display(path, shown, sizeof shown);
+  if (!db_target_is_pg(path) && access(path, F_OK) != 0)
+    return GNMR_OK; /* no history, no owners */
+  if (store_open_reader(path, &db, err, errlen) != GNMR_OK)
+    return GNMR_E_STORE;
+  if (db_prepare(db, "SELECT name, owner FROM jobs WHERE owner IS NOT NULL "
+                     "ORDER BY run", &st) != GNMR_OK) {
+    snprintf(err, errlen, "%s: %s", shown, db_errmsg(db));
+    db_close(db);
+    return GNMR_E_STORE;
+  }
+  while ((rc = db_step(st)) == DB_ROW) {
+    const char *name = db_column_text(st, 0), *owner = db_column_text(st, 1);
+    if (name != NULL && owner != NULL)
+      fn(name, owner, ctx);
+  }
+  if (rc != DB_DONE)
+    snprintf(err, errlen, "%s: %s", shown, db_errmsg(db));
+  db_finalize(st);
+  db_close(db);
+  return rc == DB_DONE ? GNMR_OK : GNMR_E_STORE;
+}

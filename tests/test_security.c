@@ -480,6 +480,107 @@ START_TEST(tenants_see_and_touch_only_their_own_jobs) {
 }
 END_TEST
 
+/* Whether `gnmrctl jobs` (as k) shows job in state within ms. */
+static int job_state_is(const tu_daemon *d, const char *server_pub,
+                        const keypair *k, const char *job, const char *state,
+                        int ms) {
+  if (getenv("GNMR_VALGRIND") != NULL)
+    ms *= 10;
+  for (int i = 0; i <= ms / 100; i++) {
+    run_result r = ctl_as(d, server_pub, k, "jobs", NULL, NULL);
+    int found = 0;
+    for (char *line = strtok(r.out, "\n"); line && !found;
+         line = strtok(NULL, "\n"))
+      found = strncmp(line, job, strlen(job)) == 0 &&
+              line[strlen(job)] == ' ' && strstr(line, state) != NULL;
+    tu_run_free(&r);
+    if (found)
+      return 1;
+    tu_sleep_ms(100);
+  }
+  return 0;
+}
+
+/* A job's name stays its owner's after the job ends and after gnmrd
+ * restarts: another tenant's agent (rank or observer) cannot start a new
+ * run of it, which would hide the owner's runs from `gnmrctl jobs` and lock
+ * the owner out of the name; a key whose grant matches the name can. */
+START_TEST(a_job_name_stays_its_owners_after_the_job_ends) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  keypair server = keygen(d.dir, "server"), op = keygen(d.dir, "op"),
+          alice = keygen(d.dir, "alice"), bob = keygen(d.dir, "bob"),
+          carol = keygen(d.dir, "carol");
+  char allow[600], allow_path[200];
+  snprintf(allow, sizeof allow,
+           "%s ops role=operator\n%s alice\n%s bob jobs=alice-shared*\n"
+           "%s carol role=agent\n",
+           op.pub, alice.pub, bob.pub, carol.pub);
+  snprintf(allow_path, sizeof allow_path, "%s/allowed", d.dir);
+  tu_write_file(allow_path, allow);
+  char *extra[] = {"--curve-key", server.path, "--curve-allow", allow_path,
+                   NULL};
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
+  double s[2] = {1, 4};
+  const char *mine[] = {"alice-solo", "alice-shared-2"};
+  for (int i = 0; i < 2; i++) {
+    gnmr_agent *a = curve_agent(d.agents, mine[i], server.pub, &alice);
+    ck_assert(joins(a, 3000));
+    for (uint64_t t = 1; t <= 2; t++) {
+      ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
+      ck_assert_int_eq(gnmr_agent_wait(a, t, 5000), GNMR_OK);
+    }
+    gnmr_agent_close(&a); /* its only rank says Bye: the job is finished */
+    ck_assert_msg(job_state_is(&d, server.pub, &op, mine[i], "finished",
+                               5000), "%s did not finish", mine[i]);
+  }
+  for (int pass = 0; pass < 2; pass++) {
+    /* carol may not start a new run of alice's name, as a rank or as an
+     * observer */
+    gnmr_agent *c1 = curve_agent(d.agents, "alice-solo", server.pub, &carol);
+    gnmr_agent *c2 = curve_observer(d.agents, "alice-solo", server.pub,
+                                    &carol);
+    ck_assert(refused(c1, 3000) && refused(c2, 3000));
+    char why[256];
+    ck_assert_int_eq(gnmr_agent_last_error(c1, why, sizeof why),
+                     GNMR_E_DENIED);
+    ck_assert_msg(strstr(why, "belongs to another key"), "%s", why);
+    gnmr_agent_close(&c1);
+    gnmr_agent_close(&c2);
+    run_result r = ctl_as(&d, server.pub, &carol, "jobs", NULL, NULL);
+    ck_assert_int_eq(r.code, 0);
+    ck_assert_msg(strstr(r.out, "alice") == NULL, "%s", r.out);
+    tu_run_free(&r);
+    r = ctl_as(&d, server.pub, &alice, "jobs", NULL, NULL);
+    ck_assert_msg(strstr(r.out, "alice-solo") && strstr(r.out, "finished"),
+                  "%s", r.out);
+    tu_run_free(&r);
+    /* and after a restart, which must read the owners back */
+    ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+    tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
+  }
+  /* bob's grant matches alice-shared-*: he may start its next run */
+  gnmr_agent *b = curve_agent(d.agents, "alice-shared-2", server.pub, &bob);
+  ck_assert(joins(b, 3000));
+  gnmr_agent_close(&b);
+  /* alice starts her name's next run; carol starts a job of her own */
+  gnmr_agent *a = curve_agent(d.agents, "alice-solo", server.pub, &alice);
+  gnmr_agent *c = curve_agent(d.agents, "carol-job", server.pub, &carol);
+  ck_assert(joins(a, 3000) && joins(c, 3000));
+  ck_assert_int_eq(gnmr_agent_report_sums(a, 1, s, NULL, NULL), GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_wait(a, 1, 5000), GNMR_OK);
+  run_result r = ctl_as(&d, server.pub, &alice, "runs", "alice-solo", NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "running") && strstr(r.out, "finished"), "%s",
+                r.out);
+  tu_run_free(&r);
+  gnmr_agent_close(&a);
+  gnmr_agent_close(&c);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("security");
   TCase *tc = tcase_create("curve");
@@ -487,6 +588,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, keygen_writes_a_private_pair_and_never_overwrites);
   tcase_add_test(tc, only_listed_keys_are_served_and_refusals_are_counted);
   tcase_add_test(tc, tenants_see_and_touch_only_their_own_jobs);
+  tcase_add_test(tc, a_job_name_stays_its_owners_after_the_job_ends);
   tcase_add_test(tc, curve_setup_errors_and_network_endpoints_without_curve);
   tcase_add_test(tc, agent_refuses_partial_or_malformed_curve_settings);
   suite_add_tcase(s, tc);
