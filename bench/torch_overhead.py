@@ -4,8 +4,11 @@ gnmrd, every Linear a unit, report + bounded wait + routes each step)
 against the same run without it, measured in the same process. Target:
 <= 2% overhead. Run by `make bench` with /usr/bin/python3.
 
-Two figures: the A/B difference of median step times (what a user sees,
-but on a shared VM its noise is several percent), and the median time
+Three figures: the A/B difference of median step times of separate runs
+(what a user sees, but on a shared VM its noise is tens of percent); the
+paired A/B (two models trained side by side, their steps alternated, one
+with GNMR: the median of the per-step differences, which drift over
+seconds does not move); and the median time
 spent inside the controller's step() per training step (report, wait for
 the decision, apply routes) as a share of the step without GNMR — the
 added work itself, which drift between runs does not touch. Target for it:
@@ -87,6 +90,39 @@ def run(ctl_factory, overlap=False):
             opt_times[len(opt_times) // 2] if opt_times else 0.0)
 
 
+def paired(ctl_factory, steps=STEPS):
+    """Two identical models trained side by side, one step of each in turn
+    (A B, then B A, so neither always goes first), only B with GNMR's
+    synchronous step(). Returns (median of A's steps, median of the
+    per-step differences B - A, their quartiles): a drift of the machine's
+    speed over seconds, which moves separate runs by tens of percent on a
+    shared VM, hits both steps of a pair alike and cancels."""
+    nets = [model(), model()]
+    opts = [torch.optim.SGD(n.parameters(), lr=1e-3) for n in nets]
+    ctl = ctl_factory(nets[1])
+    x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
+    base, diff = [], []
+    for step in range(1, steps + 1):
+        t = [0.0, 0.0]
+        for i in ((0, 1) if step % 2 else (1, 0)):
+            t0 = time.perf_counter()
+            loss = torch.nn.functional.cross_entropy(nets[i](x), y)
+            opts[i].zero_grad()
+            loss.backward()
+            if i == 1:
+                ctl.step(step, wait_ms=50)
+            opts[i].step()
+            t[i] = time.perf_counter() - t0
+        if step > WARM:
+            base.append(t[0])
+            diff.append(t[1] - t[0])
+    ctl.close()
+    base.sort()
+    diff.sort()
+    n = len(diff)
+    return base[n // 2], diff[n // 2], diff[n // 4], diff[3 * n // 4]
+
+
 def blas_threads():
     """OpenBLAS's thread count, or '?' when torch's BLAS is another."""
     import ctypes
@@ -129,6 +165,9 @@ def main():
         ov_t.append(t)
         ov_c.append(c)
         late += l
+    pb, pd, pq1, pq3 = paired(lambda net: Controller(
+        net, ep, "paired", params=gnmr.default_params(warmup_steps=5)),
+        2 * STEPS)
     d.send_signal(signal.SIGTERM)
     d.wait()
     d.stdout.close()
@@ -140,6 +179,11 @@ def main():
     print(f"torch_overhead 13 Linear units (512x512, batch 256, 1 thread): "
           f"step {b * 1e3:.2f} ms without, {g * 1e3:.2f} ms with GNMR: "
           f"{100 * (g - b) / b:+.2f}% (target <= 2%); late decisions {late}")
+    print(f"torch_overhead paired A/B (two identical models, their steps "
+          f"alternated, one with GNMR's step()): median difference "
+          f"{pd * 1e3:+.2f} ms = {100 * pd / pb:+.2f}% of the {pb * 1e3:.2f} "
+          f"ms step (quartiles {100 * pq1 / pb:+.2f}% .. {100 * pq3 / pb:+.2f}%)"
+          f" (target <= 2%)")
     c = sorted(in_ctl)[REPEATS // 2]
     print(f"torch_overhead time inside Controller.step per step: "
           f"{c * 1e3:.2f} ms = {100 * c / b:.2f}% of the step without GNMR "
