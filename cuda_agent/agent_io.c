@@ -480,8 +480,11 @@ int gnmr__agent_open_io_sockets(gnmr_agent *a) {
        zmq_setsockopt(a->dealer, ZMQ_CURVE_SECRETKEY, a->curve_secret, 41)))
     goto err;
   zmq_setsockopt(a->pull, ZMQ_LINGER, &zero, sizeof zero);
-  char mon[80];
-  snprintf(mon, sizeof mon, "inproc://gnmr-monitor-%p", (void *)a);
+  /* the pipe's name is unique in the process (address and a counter): an
+   * agent opened where a closed one was must not meet its monitor
+   * endpoint, which ZeroMQ unbinds later, on its own thread */
+  char mon[sizeof a->pipe_addr + 16];
+  snprintf(mon, sizeof mon, "%s-monitor", a->pipe_addr);
   if (zmq_socket_monitor(a->dealer, mon,
                          ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
                              ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0 ||

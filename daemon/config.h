@@ -32,6 +32,10 @@ typedef struct gnmrd_config {
   uint64_t max_jobs;     /* live jobs */
   uint64_t max_units;    /* units of one job, the largest unit id + 1 */
   uint64_t max_total_units; /* the same summed over every job */
+  uint64_t max_jobs_per_key;  /* with tenancy: live jobs one agent key owns
+                                 (0: no limit but max_jobs) */
+  uint64_t max_units_per_key; /* the units of those jobs, summed (0: no
+                                 limit but max_total_units) */
   uint64_t max_held_mb;  /* reports held for undecided steps, all jobs */
   uint64_t job_idle_s;   /* a job with no report for this long is retired
                             (0: never) */

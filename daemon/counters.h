@@ -39,6 +39,8 @@
   XX(refused_max_jobs)   /* a Hello for a new job beyond [limits] max_jobs */ \
   XX(refused_max_units)  /* units beyond [limits] max_units */               \
   XX(refused_max_total_units) /* units beyond [limits] max_total_units */   \
+  XX(refused_key_jobs)   /* a new job beyond [limits] max_jobs_per_key */    \
+  XX(refused_key_units)  /* units beyond [limits] max_units_per_key */       \
   XX(refused_max_held)   /* a report beyond [limits] max_held_mb */          \
   XX(refused_connections) /* a connection past [limits] max_connections,    \
                             or none accepted: no descriptor left */         \

@@ -19,6 +19,31 @@
  * max_units) and gnmrd's over all jobs (max_total_units: the memory that
  * Hellos can make gnmrd hold grows with the units that exist). A refusal
  * by the global cap says so. */
+/* Whether [limits] max_*_per_key apply to jobs of owner: with tenancy on,
+ * to agent keys (operators are trusted with gnmrd's whole capacity). */
+static int key_quota(const gnmrd *d, const char *owner) {
+  return d->cfg != NULL && d->allow != NULL && owner != NULL &&
+         !gnmr__allow_operator(d->allow, owner);
+}
+
+/* The live jobs that owner owns, and their units. */
+static void owner_usage(const gnmrd *d, const char *owner, uint64_t *jobs,
+                        uint64_t *units) {
+  size_t pos = 0;
+  *jobs = *units = 0;
+  for (const core_job *o; (o = core_next_job(&d->jobs, &pos)) != NULL;)
+    if (o->owner != NULL && strcmp(o->owner, owner) == 0) {
+      (*jobs)++;
+      *units += o->n_units;
+    }
+}
+
+/* An owner's name for messages: its allow list NAME, else its key. */
+static const char *owner_name(const gnmrd *d, const char *owner) {
+  const gnmr_grant *g = gnmr__allow_find(d->allow, owner);
+  return g != NULL && g->name != NULL ? g->name : owner;
+}
+
 static int register_capped(gnmrd *d, core_job *c, core_rank *rr,
                            const char *const *names, size_t n,
                            const uint32_t *ids, int shards, char *why,
@@ -29,12 +54,29 @@ static int register_capped(gnmrd *d, core_job *c, core_rank *rr,
     total += o->n_units;
   uint32_t job_cap = c->max_units;
   uint64_t room = total < cap ? cap - total : 0;
+  /* a tenant's share: the units of every live job its key owns */
+  uint64_t kcap = key_quota(d, c->owner) ? d->cfg->max_units_per_key : 0,
+           kjobs, kunits = 0, kroom = UINT64_MAX;
+  if (kcap != 0) {
+    owner_usage(d, c->owner, &kjobs, &kunits);
+    kroom = kunits < kcap ? kcap - kunits : 0;
+  }
+  int by_key = kroom < room && (uint64_t)c->n_units + kroom < job_cap;
+  if (by_key)
+    room = kroom;
   int global = (uint64_t)c->n_units + room < job_cap;
   if (global)
     c->max_units = (uint32_t)(c->n_units + room);
   int rv = core_register_units(c, rr, names, n, ids, shards, why, whylen);
   c->max_units = job_cap;
-  if (rv == GNMR_E_RANGE && global) {
+  if (rv == GNMR_E_RANGE && by_key) {
+    d->c.refused_key_units++;
+    snprintf(why, whylen,
+             "the jobs of %.40s hold at most %llu units ([limits] "
+             "max_units_per_key); %llu are free",
+             owner_name(d, c->owner), (unsigned long long)kcap,
+             (unsigned long long)room);
+  } else if (rv == GNMR_E_RANGE && global) {
     d->c.refused_max_total_units++;
     snprintf(why, whylen,
              "gnmrd holds at most %llu units over all its jobs ([limits] "
@@ -107,7 +149,7 @@ static int observer_join(gnmrd *d, const void *id, size_t id_len, job *j,
                          const Gnmr__Hello *h, const uint32_t *ids, peer *pr,
                          const char *user) {
   core_job *c = j->core;
-  char why[160];
+  char why[256];
   uint32_t slot;
   int full, rv;
   if (pr != NULL) { /* the same connection again: welcome it again */
@@ -203,6 +245,7 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
       REFUSE(vrv, ref, "%s", why);
   }
   const uint32_t *ids = narrow_ids(h);
+  uint64_t kjobs = 0, kunits = 0; /* a tenant's live jobs and units */
   uint64_t v;
   peer *pr = NULL;
   if (hmap_get(&d->peers, id, id_len, &v)) {
@@ -245,6 +288,15 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
     d->c.refused_max_jobs++;
     REFUSE(GNMR_E_BUSY, "job", "gnmrd serves %zu jobs already ([limits] "
            "max_jobs)", core_count(&d->jobs));
+  } else if (key_quota(d, name_owner ? name_owner : user) &&
+             d->cfg->max_jobs_per_key != 0 &&
+             (owner_usage(d, name_owner ? name_owner : user, &kjobs,
+                          &kunits),
+              kjobs >= d->cfg->max_jobs_per_key)) {
+    d->c.refused_key_jobs++;
+    REFUSE(GNMR_E_BUSY, "job", "%.64s owns %llu live jobs already ([limits] "
+           "max_jobs_per_key)", owner_name(d, name_owner ? name_owner : user),
+           (unsigned long long)kjobs);
   } else if ((j = jobs__create(d, h->job, &prm, h->reporters, barrier)) ==
              NULL) {
     REFUSE(GNMR_E_NOMEM, "job", "out of memory");
@@ -281,7 +333,7 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
            c->name);
   int registered = 0;
   if (!rr->ever) {
-    char why[160];
+    char why[256];
     int urv = register_capped(d, c, rr, names, h->n_units, ids, 1, why,
                               sizeof why);
     if (urv != GNMR_OK)

@@ -260,7 +260,12 @@ int server_open(uv_loop_t *loop, void *zctx, const server_opts *o,
        zmq_setsockopt(s->sock, GNMR_ZMQ_ZAP_ENFORCE_DOMAIN, &one,
                       sizeof one) != 0))
     goto err;
-  snprintf(mon, sizeof mon, "inproc://gnmrd-monitor-%p", (void *)s);
+  /* unique in the process: ZeroMQ unbinds a closed server's monitor
+   * endpoint later, on its own thread, and a new server may be allocated
+   * where it was (the loop thread alone opens servers) */
+  static unsigned opened;
+  snprintf(mon, sizeof mon, "inproc://gnmrd-monitor-%p-%u", (void *)s,
+           opened++);
   if (zmq_socket_monitor(s->sock, mon,
                          ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
                              ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |

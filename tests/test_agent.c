@@ -534,6 +534,37 @@ START_TEST(bad_configuration_is_refused) {
 }
 END_TEST
 
+/* Closing an agent and opening another at once, many times (a training
+ * script that makes a Controller per epoch or per elastic restart) while
+ * another agent keeps the process's ZeroMQ context alive: the new agent is
+ * often allocated where the old one was, and ZeroMQ unbinds an inproc
+ * endpoint of a closed socket only later, on its own thread, so no
+ * endpoint name of an agent may repeat. */
+START_TEST(agents_reopened_at_once_in_one_process_always_open) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  gnmr_agent_config c = config(d.agents);
+  c.job = "kept-open";
+  gnmr_agent *kept; /* the shared ZeroMQ context lives on meanwhile */
+  ck_assert_int_eq(gnmr_agent_open(&c, &kept), GNMR_OK);
+  for (int i = 0; i < 100; i++) {
+    char job[32];
+    snprintf(job, sizeof job, "reopened-%d", i);
+    c.job = job;
+    gnmr_agent *a;
+    int rv = gnmr_agent_open(&c, &a);
+    ck_assert_msg(rv == GNMR_OK, "open %d: %s", i, gnmr_strerror(rv));
+    for (int w = 0; w < 500 && !gnmr_agent_joined(a); w++)
+      tu_sleep_ms(2);
+    ck_assert_msg(gnmr_agent_joined(a), "agent %d did not join", i);
+    gnmr_agent_close(&a);
+    ck_assert_ptr_null(a);
+  }
+  gnmr_agent_close(&kept);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+}
+END_TEST
+
 START_TEST(agent_without_daemon_keeps_stepping_within_its_deadline) {
   const char *dir = tu_tmpdir();
   char ep[160];
@@ -1065,6 +1096,7 @@ static Suite *suite(void) {
   tcase_add_loop_test(tc, hand_packed_reports_equal_protobuf_c, 0, 3);
   tcase_add_test(tc, bad_configuration_is_refused);
   tcase_add_test(tc, agent_without_daemon_keeps_stepping_within_its_deadline);
+  tcase_add_test(tc, agents_reopened_at_once_in_one_process_always_open);
   tcase_add_test(tc, daemon_killed_mid_run_then_restarted_agent_rejoins);
   tcase_add_test(tc, mismatched_agent_is_refused_and_counts_the_error);
   tcase_add_test(tc, observers_receive_every_decision_without_reporting);

@@ -74,15 +74,17 @@ START_TEST(keygen_writes_a_private_pair_and_never_overwrites) {
 }
 END_TEST
 
-static gnmr_agent *curve_agent(const char *ep, const char *job,
-                               const char *server_pub, const keypair *k) {
-  static const char *names[] = {"a", "b"};
+static gnmr_agent *curve_agent_n(const char *ep, const char *job,
+                                 const char *server_pub, const keypair *k,
+                                 size_t n_units) {
+  static const char *names[] = {"a", "b", "c", "d", "e", "f", "g", "h"};
   gnmr_agent_config c = {0};
+  ck_assert_uint_le(n_units, 8);
   c.endpoint = ep;
   c.job = job;
   c.reporters = 1;
   c.unit_names = names;
-  c.n_units = 2;
+  c.n_units = n_units;
   gnmr_params_default(&c.params);
   c.params.warmup_steps = 0;
   if (k != NULL) {
@@ -91,8 +93,14 @@ static gnmr_agent *curve_agent(const char *ep, const char *job,
     c.curve_secret_key = k->sec;
   }
   gnmr_agent *a;
-  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  int orv = gnmr_agent_open(&c, &a);
+  ck_assert_msg(orv == GNMR_OK, "agent for %s: %s", job, gnmr_strerror(orv));
   return a;
+}
+
+static gnmr_agent *curve_agent(const char *ep, const char *job,
+                               const char *server_pub, const keypair *k) {
+  return curve_agent_n(ep, job, server_pub, k, 2);
 }
 
 /* Whether the agent joins within ms. */
@@ -102,21 +110,25 @@ static int joins(gnmr_agent *a, int ms) {
   return gnmr_agent_joined(a);
 }
 
-/* Whether a is refused (GNMR_E_DENIED) within ms, and has not joined:
- * waits for the refusal itself, not for a join that has not come yet (a
- * daemon under valgrind, beside other suites, answers in seconds). */
-static int refused(gnmr_agent *a, int ms) {
+/* Whether a is refused with code within ms, and has not joined: waits for
+ * the refusal itself, not for a join that has not come yet (a daemon under
+ * valgrind, beside other suites, answers in seconds). */
+static int refused_with(gnmr_agent *a, int code, int ms) {
   char why[256];
   if (getenv("GNMR_VALGRIND") != NULL)
     ms *= 10;
   for (int i = 0; i < ms / 20; i++) {
     if (gnmr_agent_joined(a))
       return 0;
-    if (gnmr_agent_last_error(a, why, sizeof why) == GNMR_E_DENIED)
+    if (gnmr_agent_last_error(a, why, sizeof why) == code)
       return !gnmr_agent_joined(a);
     tu_sleep_ms(20);
   }
   return 0;
+}
+
+static int refused(gnmr_agent *a, int ms) {
+  return refused_with(a, GNMR_E_DENIED, ms);
 }
 
 static run_result ctl_keys(const tu_daemon *d, const char *server_pub,
@@ -581,6 +593,74 @@ START_TEST(a_job_name_stays_its_owners_after_the_job_ends) {
 }
 END_TEST
 
+/* [limits] max_jobs_per_key and max_units_per_key: one tenant cannot take
+ * gnmrd's whole capacity from the others; operator keys are not bound. */
+START_TEST(one_tenant_cannot_take_every_job_or_unit) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  keypair server = keygen(d.dir, "server"), op = keygen(d.dir, "op"),
+          alice = keygen(d.dir, "alice"), carol = keygen(d.dir, "carol");
+  char allow[600], allow_path[200], conf_path[200];
+  snprintf(allow, sizeof allow, "%s ops role=operator\n%s alice\n%s carol\n",
+           op.pub, alice.pub, carol.pub);
+  snprintf(allow_path, sizeof allow_path, "%s/allowed", d.dir);
+  tu_write_file(allow_path, allow);
+  snprintf(conf_path, sizeof conf_path, "%s/gnmrd.conf", d.dir);
+  tu_write_file(conf_path, "[limits]\nmax_jobs_per_key = 2\n"
+                           "max_units_per_key = 5\n");
+  char *extra[] = {"--config", conf_path, "--curve-key", server.path,
+                   "--curve-allow", allow_path, NULL};
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
+  /* alice: two jobs, then BUSY naming the limit and her */
+  gnmr_agent *a1 = curve_agent(d.agents, "alice-1", server.pub, &alice);
+  ck_assert(joins(a1, 3000));
+  gnmr_agent *a2 = curve_agent(d.agents, "alice-2", server.pub, &alice);
+  ck_assert(joins(a2, 3000));
+  gnmr_agent *a3 = curve_agent(d.agents, "alice-3", server.pub, &alice);
+  ck_assert(refused_with(a3, GNMR_E_BUSY, 3000));
+  char why[256];
+  gnmr_agent_last_error(a3, why, sizeof why);
+  ck_assert_msg(strstr(why, "alice owns 2 live jobs already ([limits] "
+                            "max_jobs_per_key)"), "%s", why);
+  /* carol is not held back by alice's share */
+  gnmr_agent *c1 = curve_agent(d.agents, "carol-1", server.pub, &carol);
+  ck_assert(joins(c1, 3000));
+  /* 2 units held, 4 more asked, 5 allowed: RANGE naming the limit */
+  gnmr_agent *c2 = curve_agent_n(d.agents, "carol-2", server.pub, &carol, 4);
+  ck_assert(refused_with(c2, GNMR_E_RANGE, 3000));
+  gnmr_agent_last_error(c2, why, sizeof why);
+  ck_assert_msg(strstr(why, "the jobs of carol hold at most 5 units "
+                            "([limits] max_units_per_key); 3 are free"),
+                "%s", why);
+  /* 3 fit */
+  gnmr_agent *c3 = curve_agent_n(d.agents, "carol-3", server.pub, &carol, 3);
+  ck_assert(joins(c3, 3000));
+  /* a job that ends gives its share back */
+  gnmr_agent_close(&a1);
+  gnmr_agent *a4 = curve_agent(d.agents, "alice-4", server.pub, &alice);
+  ck_assert(joins(a4, 10000));
+  /* an operator key is bound by the global limits only */
+  gnmr_agent *o[3];
+  for (int i = 0; i < 3; i++) {
+    char job[32];
+    snprintf(job, sizeof job, "ops-%d", i);
+    o[i] = curve_agent_n(d.agents, job, server.pub, &op, 6);
+    ck_assert(joins(o[i], 3000));
+  }
+  run_result r = ctl_as(&d, server.pub, &op, "stats", NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(counter_of(r.out, "refused_key_jobs") >= 1 &&
+                    counter_of(r.out, "refused_key_units") >= 1,
+                "%s", r.out);
+  tu_run_free(&r);
+  gnmr_agent *all[] = {a2, a3, a4, c1, c2, c3, o[0], o[1], o[2]};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    gnmr_agent_close(&all[i]);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("security");
   TCase *tc = tcase_create("curve");
@@ -589,6 +669,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, only_listed_keys_are_served_and_refusals_are_counted);
   tcase_add_test(tc, tenants_see_and_touch_only_their_own_jobs);
   tcase_add_test(tc, a_job_name_stays_its_owners_after_the_job_ends);
+  tcase_add_test(tc, one_tenant_cannot_take_every_job_or_unit);
   tcase_add_test(tc, curve_setup_errors_and_network_endpoints_without_curve);
   tcase_add_test(tc, agent_refuses_partial_or_malformed_curve_settings);
   suite_add_tcase(s, tc);
