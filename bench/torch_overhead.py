@@ -8,7 +8,9 @@ Three figures: the A/B difference of median step times of separate runs
 (what a user sees, but on a shared VM its noise is tens of percent); the
 paired A/B (two models trained side by side, their steps alternated, one
 with GNMR: the median of the per-step differences, which drift over
-seconds does not move); and the median time
+seconds does not move), with the same pairing and no controller on either
+side as its control (an A/A figure near 0 says the pairing is fair); and
+the median time
 spent inside the controller's step() per training step (report, wait for
 the decision, apply routes) as a share of the step without GNMR — the
 added work itself, which drift between runs does not touch. Target for it:
@@ -90,13 +92,30 @@ def run(ctl_factory, overlap=False):
             opt_times[len(opt_times) // 2] if opt_times else 0.0)
 
 
-def paired(ctl_factory, steps=STEPS):
+class NoController:
+    """A controller that does nothing: the paired A/A control."""
+
+    def step(self, step, wait_ms=None):
+        pass
+
+    def report_async(self, step):
+        pass
+
+    def finish(self, step, wait_ms=None):
+        pass
+
+    def close(self):
+        pass
+
+
+def paired(ctl_factory, steps=STEPS, overlap=False):
     """Two identical models trained side by side, one step of each in turn
-    (A B, then B A, so neither always goes first), only B with GNMR's
-    synchronous step(). Returns (median of A's steps, median of the
-    per-step differences B - A, their quartiles): a drift of the machine's
-    speed over seconds, which moves separate runs by tens of percent on a
-    shared VM, hits both steps of a pair alike and cancels."""
+    (A B, then B A, so neither always goes first), only B with the
+    controller: step() after backward, or report_async() before the
+    optimizer step and finish() after it. Returns (median of A's steps,
+    median of the per-step differences B - A, their quartiles): a drift of
+    the machine's speed over seconds, which moves separate runs by tens of
+    percent on a shared VM, hits both steps of a pair alike and cancels."""
     nets = [model(), model()]
     opts = [torch.optim.SGD(n.parameters(), lr=1e-3) for n in nets]
     ctl = ctl_factory(nets[1])
@@ -109,9 +128,14 @@ def paired(ctl_factory, steps=STEPS):
             loss = torch.nn.functional.cross_entropy(nets[i](x), y)
             opts[i].zero_grad()
             loss.backward()
-            if i == 1:
-                ctl.step(step, wait_ms=50)
-            opts[i].step()
+            if i == 1 and overlap:
+                ctl.report_async(step)
+                opts[i].step()
+                ctl.finish(step, wait_ms=50)
+            else:
+                if i == 1:
+                    ctl.step(step, wait_ms=50)
+                opts[i].step()
             t[i] = time.perf_counter() - t0
         if step > WARM:
             base.append(t[0])
@@ -165,9 +189,14 @@ def main():
         ov_t.append(t)
         ov_c.append(c)
         late += l
-    pb, pd, pq1, pq3 = paired(lambda net: Controller(
-        net, ep, "paired", params=gnmr.default_params(warmup_steps=5)),
-        2 * STEPS)
+    pairs = [("A/A, no controller on either", paired(
+        lambda net: NoController(), 2 * STEPS))]
+    for name, overlap in (("step()", False),
+                          ("report_async() + finish()", True)):
+        pairs.append((name, paired(lambda net: Controller(
+            net, ep, f"paired-{overlap}",
+            params=gnmr.default_params(warmup_steps=5)), 2 * STEPS,
+            overlap)))
     d.send_signal(signal.SIGTERM)
     d.wait()
     d.stdout.close()
@@ -179,11 +208,12 @@ def main():
     print(f"torch_overhead 13 Linear units (512x512, batch 256, 1 thread): "
           f"step {b * 1e3:.2f} ms without, {g * 1e3:.2f} ms with GNMR: "
           f"{100 * (g - b) / b:+.2f}% (target <= 2%); late decisions {late}")
-    print(f"torch_overhead paired A/B (two identical models, their steps "
-          f"alternated, one with GNMR's step()): median difference "
-          f"{pd * 1e3:+.2f} ms = {100 * pd / pb:+.2f}% of the {pb * 1e3:.2f} "
-          f"ms step (quartiles {100 * pq1 / pb:+.2f}% .. {100 * pq3 / pb:+.2f}%)"
-          f" (target <= 2%)")
+    for name, (pb, pd, pq1, pq3) in pairs:
+        print(f"torch_overhead paired ({name}; two identical models, their "
+              f"steps alternated): median difference {pd * 1e3:+.2f} ms = "
+              f"{100 * pd / pb:+.2f}% of the {pb * 1e3:.2f} ms step (quartiles"
+              f" {100 * pq1 / pb:+.2f}% .. {100 * pq3 / pb:+.2f}%)" +
+              ("" if name.startswith("A/A") else " (target <= 2%)"))
     c = sorted(in_ctl)[REPEATS // 2]
     print(f"torch_overhead time inside Controller.step per step: "
           f"{c * 1e3:.2f} ms = {100 * c / b:.2f}% of the step without GNMR "
