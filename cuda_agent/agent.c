@@ -13,6 +13,76 @@
 
 #include "agent_priv.h"
 
+/* ---- fork ------------------------------------------------------------------
+ * A process that forks after opening agents (os.fork, a data loader's
+ * workers) gives the child copies of them without their I/O threads, whose
+ * sockets share the parent's descriptors. The child handler marks every
+ * open agent forked and makes its locks usable again (a parent thread may
+ * have held one); a forked agent refuses what would touch the parent's
+ * sockets, and closing it frees memory only. The child's next agent gets a
+ * context of its own. */
+
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static gnmr_agent *reg_head;
+static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
+static int reg_atfork = -1;
+
+static void reg_prepare(void) { pthread_mutex_lock(&reg_mu); }
+static void reg_parent(void) { pthread_mutex_unlock(&reg_mu); }
+
+static void reg_child(void) {
+  pthread_mutex_init(&reg_mu, NULL);
+  for (gnmr_agent *a = reg_head; a != NULL; a = a->reg_next) {
+    atomic_store(&a->forked, 1);
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_mutex_init(&a->risky_mu, NULL);
+    pthread_mutex_init(&a->push_mu, NULL);
+    pthread_mutex_init(&a->cpu_mu, NULL);
+    pthread_mutex_init(&a->err_mu, NULL);
+  }
+  gnmr__ctx_after_fork();
+}
+
+static void reg_init(void) {
+  reg_atfork = pthread_atfork(reg_prepare, reg_parent, reg_child);
+}
+
+static int reg_add(gnmr_agent *a) {
+  pthread_once(&reg_once, reg_init);
+  if (reg_atfork != 0)
+    return GNMR_E_INTERNAL;
+  pthread_mutex_lock(&reg_mu);
+  a->reg_prev = NULL;
+  a->reg_next = reg_head;
+  if (reg_head != NULL)
+    reg_head->reg_prev = a;
+  reg_head = a;
+  pthread_mutex_unlock(&reg_mu);
+  return GNMR_OK;
+}
+
+static void reg_remove(gnmr_agent *a) {
+  pthread_mutex_lock(&reg_mu);
+  if (a->reg_prev != NULL)
+    a->reg_prev->reg_next = a->reg_next;
+  else
+    reg_head = a->reg_next;
+  if (a->reg_next != NULL)
+    a->reg_next->reg_prev = a->reg_prev;
+  pthread_mutex_unlock(&reg_mu);
+}
+
+int gnmr__agent_refuse_forked(gnmr_agent *a) {
+  atomic_store(&a->last_error, GNMR_E_CLOSED);
+  pthread_mutex_lock(&a->err_mu);
+  snprintf(a->last_error_text, sizeof a->last_error_text,
+           "this agent belongs to the process that opened it (%.120s); a "
+           "forked child cannot use it: open another in the child",
+           a->instance);
+  pthread_mutex_unlock(&a->err_mu);
+  return GNMR_E_CLOSED;
+}
+
 int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
   static atomic_uint pipe_counter;
   int rv = GNMR_E_NOMEM, zero = 0;
@@ -94,8 +164,14 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
    * full barrier ZeroMQ asks for when a socket changes threads. */
   if (gnmr__agent_open_io_sockets(a) != GNMR_OK)
     goto err_push;
-  if (pthread_create(&a->io, NULL, gnmr__agent_io_main, a) != 0)
+  if (reg_add(a) != GNMR_OK) { /* before a fork can copy it */
+    rv = GNMR_E_INTERNAL;
     goto err_io;
+  }
+  if (pthread_create(&a->io, NULL, gnmr__agent_io_main, a) != 0) {
+    reg_remove(a);
+    goto err_io;
+  }
   *out = a;
   return GNMR_OK;
 err_io:
@@ -159,6 +235,18 @@ void gnmr_agent_close(gnmr_agent **pa) {
   if (pa == NULL || *pa == NULL)
     return;
   gnmr_agent *a = *pa;
+  reg_remove(a);
+  if (atomic_load(&a->forked)) {
+    /* the copy in a forked child: its thread, sockets and context are the
+     * parent's; the buffers ZeroMQ held are the parent's to free */
+    for (int i = 0; i < REPORT_POOL; i++)
+      atomic_store(&a->pool[i].busy, 1);
+    gnmr__agent_scratch_free(a);
+    gnmr__agent_free_config(a);
+    free(a);
+    *pa = NULL;
+    return;
+  }
   atomic_store(&a->stop, 1);
   pthread_join(a->io, NULL);
   zmq_close(a->push);
@@ -178,6 +266,8 @@ void gnmr_agent_close(gnmr_agent **pa) {
 int gnmr_agent_wait(gnmr_agent *a, uint64_t step, int timeout_ms) {
   if (a == NULL)
     return GNMR_E_INVAL;
+  if (atomic_load(&a->forked))
+    return gnmr__agent_refuse_forked(a);
   if (atomic_load(&a->decided_step) >= step)
     return GNMR_OK;
   struct timespec dl;

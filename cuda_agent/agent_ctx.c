@@ -27,6 +27,12 @@ void *gnmr__ctx_acquire(void) {
   return c;
 }
 
+void gnmr__ctx_after_fork(void) {
+  pthread_mutex_init(&ctx_mu, NULL);
+  shared_ctx = NULL; /* the parent's: left alone */
+  shared_refs = 0;
+}
+
 /* Terminates the context with its last agent (all sockets closed). */
 void gnmr__ctx_release(void) {
   pthread_mutex_lock(&ctx_mu);

@@ -98,6 +98,11 @@ struct gnmr_agent {
   atomic_int last_error;
   pthread_mutex_t err_mu;   /* last_error_text: I/O thread and callers */
   char last_error_text[256];
+
+  /* open agents, for the fork handler (agent.c): a forked child's copy of
+   * an agent has no threads and shares the parent's ZeroMQ descriptors */
+  struct gnmr_agent *reg_prev, *reg_next;
+  atomic_int forked; /* set in the child of a fork: refuse, free only */
 };
 
 
@@ -110,6 +115,14 @@ uint64_t gnmr__now_ms(void);
 /* agent_ctx.c: one ZeroMQ context per process, shared by its agents */
 void *gnmr__ctx_acquire(void);
 void gnmr__ctx_release(void);
+/* In the child of a fork: forgets the parent's context (never terminated
+ * there: its threads are the parent's), so that an agent opened in the
+ * child makes its own. */
+void gnmr__ctx_after_fork(void);
+
+/* agent.c: GNMR_E_CLOSED, with the reason as the last error, for a call
+ * that would use a's sockets or threads in the child of a fork */
+int gnmr__agent_refuse_forked(gnmr_agent *a);
 
 /* agent_io.c */
 int gnmr__agent_open_io_sockets(gnmr_agent *a);

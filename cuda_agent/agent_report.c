@@ -145,6 +145,8 @@ static int queue_values(gnmr_agent *a, uint64_t step, const double *sumsq,
                         const uint64_t *nonfinite,
                         const uint8_t *not_reported, const uint8_t *seen,
                         int check) {
+  if (atomic_load(&a->forked))
+    return gnmr__agent_refuse_forked(a);
   if (a->observer) { /* another replica reports this shard */
     gnmr__agent_mark_reported(a, step);
     return GNMR_OK;
@@ -265,6 +267,8 @@ int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step, const double *sumsq,
   if (a == NULL || sumsq == NULL || step == 0 ||
       step <= atomic_load(&a->last_reported))
     return GNMR_E_INVAL;
+  if (atomic_load(&a->forked))
+    return gnmr__agent_refuse_forked(a);
   /* negative or NaN: use nonfinite counts. Checked as the sums are
    * copied into the message (one pass); an observer sends nothing, so its
    * check is a pass of its own. */
@@ -277,6 +281,8 @@ int gnmr_agent_report(gnmr_agent *a, uint64_t step, const gnmr_tensor *t,
                       size_t n) {
   if (a == NULL || step == 0 || step <= atomic_load(&a->last_reported))
     return GNMR_E_INVAL;
+  if (atomic_load(&a->forked))
+    return gnmr__agent_refuse_forked(a);
   if (a->observer) { /* no reduction: another replica reports */
     gnmr__agent_mark_reported(a, step);
     return GNMR_OK;
@@ -300,6 +306,8 @@ uint32_t gnmr__agent_n_units(const gnmr_agent *a) { return a->n_units; }
 int gnmr__agent_begin_step(gnmr_agent *a, uint64_t step) {
   if (step == 0 || step <= atomic_load(&a->last_reported))
     return GNMR_E_INVAL;
+  if (atomic_load(&a->forked))
+    return gnmr__agent_refuse_forked(a);
   gnmr__agent_mark_reported(a, step);
   return a->observer ? 1 : GNMR_OK;
 }

@@ -566,6 +566,66 @@ START_TEST(agents_reopened_at_once_in_one_process_always_open) {
 }
 END_TEST
 
+/* A process that forks after opening an agent (os.fork, a data loader's
+ * workers): the child has none of the agent's threads and shares the
+ * parent's ZeroMQ descriptors. Every call there that would use them is
+ * refused at once (CLOSED, saying why), closing the child's copy frees it
+ * without touching them, an agent the child opens works, and the parent's
+ * agent goes on deciding. */
+START_TEST(a_forked_child_cannot_use_or_break_the_parents_agent) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  gnmr_agent_config c = config(d.agents);
+  c.job = "forked";
+  c.n_units = 1;
+  gnmr_agent *a;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  double s[1] = {1};
+  ck_assert_int_eq(gnmr_agent_report_sums(a, 1, s, NULL, NULL), GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_wait(a, 1, 5000), GNMR_OK);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    alarm(20); /* a hang is a failure, not a stuck test */
+    char why[256];
+    int bad = 0;
+    bad |= gnmr_agent_report_sums(a, 2, s, NULL, NULL) != GNMR_E_CLOSED;
+    bad |= gnmr_agent_last_error(a, why, sizeof why) != GNMR_E_CLOSED ||
+           strstr(why, "forked") == NULL;
+    float g[1] = {1};
+    gnmr_tensor t = {g, 1, GNMR_DTYPE_F32, 0, 0};
+    bad |= gnmr_agent_report(a, 2, &t, 1) != GNMR_E_CLOSED;
+    bad |= gnmr_agent_wait(a, 2, 10000) != GNMR_E_CLOSED; /* at once */
+    bad |= gnmr_agent_route(a, 0) < 0; /* the parent's last routes */
+    gnmr_agent_close(&a);
+    bad |= a != NULL;
+    /* an agent opened in the child gets a context of its own, and works */
+    gnmr_agent_config cc = c;
+    cc.job = "forked-child";
+    gnmr_agent *b;
+    bad |= gnmr_agent_open(&cc, &b) != GNMR_OK;
+    if (b != NULL) {
+      for (int w = 0; w < 2500 && !gnmr_agent_joined(b); w++)
+        usleep(2000);
+      bad |= gnmr_agent_report_sums(b, 1, s, NULL, NULL) != GNMR_OK;
+      bad |= gnmr_agent_wait(b, 1, 5000) != GNMR_OK;
+      gnmr_agent_close(&b);
+    }
+    _exit(bad ? 2 : 0);
+  }
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                "child: status %d (alarm: a hang)", st);
+  for (uint64_t t = 2; t <= 4; t++) {
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a, t, 5000), GNMR_OK);
+  }
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+}
+END_TEST
+
 START_TEST(agent_without_daemon_keeps_stepping_within_its_deadline) {
   const char *dir = tu_tmpdir();
   char ep[160];
@@ -1098,6 +1158,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, bad_configuration_is_refused);
   tcase_add_test(tc, agent_without_daemon_keeps_stepping_within_its_deadline);
   tcase_add_test(tc, agents_reopened_at_once_in_one_process_always_open);
+  tcase_add_test(tc, a_forked_child_cannot_use_or_break_the_parents_agent);
   tcase_add_test(tc, daemon_killed_mid_run_then_restarted_agent_rejoins);
   tcase_add_test(tc, mismatched_agent_is_refused_and_counts_the_error);
   tcase_add_test(tc, observers_receive_every_decision_without_reporting);

@@ -33,6 +33,9 @@ class GnmrError(Exception):
                          f"{msg} ({self.name})")
 
 
+_CLOSED = -13  # GNMR_E_CLOSED
+
+
 def _check(rv, what):
     if rv != 0:
         raise GnmrError(rv, what)
@@ -164,16 +167,22 @@ class Agent:
             else None
         nr = (ctypes.c_uint8 * n)(*[1 if x else 0 for x in not_reported]) \
             if not_reported is not None else None
-        _check(lib().gnmr_agent_report_sums(self._a, step, s, nf, nr),
-               f"report of step {step}")
+        self._check_report(lib().gnmr_agent_report_sums(self._a, step, s,
+                                                        nf, nr), step)
 
     def report_buffers(self, step, buffers):
         """Reports host buffers: (unit, data pointer, element count, dtype
         name) tuples; the library reduces them in fp64 on this thread.
         Units without a buffer are not reported."""
         arr, n = _tensor_array(buffers, self.n_units)
-        _check(lib().gnmr_agent_report(self._a, step, arr, n),
-               f"report of step {step}")
+        self._check_report(lib().gnmr_agent_report(self._a, step, arr, n),
+                           step)
+
+    def _check_report(self, rv, step):
+        if rv == _CLOSED:  # the library says why: a forked child, say
+            raise GnmrError(rv, f"report of step {step}: "
+                                f"{self.last_error()[1]}")
+        _check(rv, f"report of step {step}")
 
     def wait(self, step, timeout_ms):
         """True once the decision of step is in; False after timeout_ms
@@ -254,6 +263,7 @@ class CudaReducer:
 
     def __init__(self, agent, device=0, ring_slots=0, side_stream=False):
         self._c = ctypes.c_void_p()
+        self._pid = os.getpid()
         self.agent = agent  # closes after this reducer
         cfg = _lib.CudaConfig()
         cfg.device = device
@@ -288,6 +298,10 @@ class CudaReducer:
                    if detail else what)
 
     def close(self):
+        if self._c and os.getpid() != self._pid:
+            # a forked child's copy: the backend's thread and stream are
+            # the parent's; leave them be
+            self._c = ctypes.c_void_p()
         if self._c:
             lib().gnmr_cuda_close(ctypes.byref(self._c))
             self._c = ctypes.c_void_p()

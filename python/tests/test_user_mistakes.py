@@ -181,6 +181,39 @@ class WithDaemonTest(unittest.TestCase):
             backward(net, x)
             self.assertTrue(ctl.step(5, wait_ms=5000))  # and on it goes
 
+    def test_a_forked_child_gets_a_clear_error_and_the_parent_goes_on(self):
+        net, x = Net(), torch.randn(8, 8)
+        with Controller(net, self.d.agents, "fork-job", params=params()) \
+                as ctl:
+            backward(net, x)
+            self.assertTrue(ctl.step(1, wait_ms=5000))
+            r, w = os.pipe()
+            pid = os.fork()  # a data loader's worker, say
+            if pid == 0:
+                try:
+                    import signal
+                    signal.alarm(20)  # a hang shows as a killed child
+                    os.close(r)
+                    msg = "no error"
+                    try:
+                        ctl.step(2, wait_ms=5000)
+                    except gnmr.GnmrError as e:
+                        msg = str(e)
+                    ctl.close()  # frees the child's copy, nothing else
+                    os.write(w, msg.encode()[:1000])
+                finally:
+                    os._exit(0)
+            os.close(w)
+            with os.fdopen(r) as f:
+                msg = f.read()
+            _, status = os.waitpid(pid, 0)
+            self.assertEqual(status, 0, "the child hung or failed")
+            self.assertIn("report of step 2", msg)
+            self.assertIn("a forked child cannot use it", msg)
+            for step in (2, 3):  # the parent's agent is untouched
+                backward(net, x)
+                self.assertTrue(ctl.step(step, wait_ms=5000), step)
+
     def test_results_nan_units_callback_log_and_trace(self):
         net, x = Net(), torch.randn(8, 8)
         seen = []
