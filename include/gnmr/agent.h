@@ -128,7 +128,14 @@ GNMR_EXPORT int gnmr_agent_config_from_env(gnmr_agent_config *cfg,
                                            const char **bad_var);
 
 /* Sends Bye (best effort), stops the I/O thread, frees everything and sets
- * *a to NULL. NULL-safe. */
+ * *a to NULL. NULL-safe.
+ *
+ * Fork: an agent belongs to the process that opened it. In a child forked
+ * after the open, the agent has no I/O thread and its sockets are the
+ * parent's: reports and waits there return GNMR_E_CLOSED at once (the last
+ * error says why), routes read the last decision, and closing it frees
+ * memory only, touching nothing the parent uses. An agent the child opens
+ * gets a ZeroMQ context of its own. */
 GNMR_EXPORT void gnmr_agent_close(gnmr_agent **a);
 
 /* Reports step (>= 1) from host tensors: reduces them on the calling thread
