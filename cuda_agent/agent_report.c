@@ -303,6 +303,10 @@ int gnmr_agent_report(gnmr_agent *a, uint64_t step, const gnmr_tensor *t,
 
 uint32_t gnmr__agent_n_units(const gnmr_agent *a) { return a->n_units; }
 
+int gnmr__agent_forked(const gnmr_agent *a) {
+  return atomic_load(&a->forked);
+}
+
 int gnmr__agent_begin_step(gnmr_agent *a, uint64_t step) {
   if (step == 0 || step <= atomic_load(&a->last_reported))
     return GNMR_E_INVAL;

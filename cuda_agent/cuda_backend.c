@@ -282,6 +282,15 @@ void gnmr_cuda_close(gnmr_cuda **pc) {
   if (pc == NULL || *pc == NULL)
     return;
   gnmr_cuda *c = *pc;
+  if (c->agent != NULL && gnmr__agent_forked(c->agent)) {
+    /* the copy in a forked child: the completion thread, streams and
+     * device memory are the parent's (CUDA is not usable after fork) */
+    gnmr__plan_free(&c->plan);
+    free(c->reg);
+    free(c);
+    *pc = NULL;
+    return;
+  }
   pthread_mutex_lock(&c->mu);
   c->stop = 1;
   pthread_cond_broadcast(&c->cv_work);

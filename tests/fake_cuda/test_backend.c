@@ -12,6 +12,8 @@
  * The real GPU is tested by tests/gpu/test_gpu.c. */
 #include <math.h>
 #include <stdatomic.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
@@ -290,10 +292,26 @@ START_TEST(an_agent_reports_through_the_backend_to_gnmrd) {
       ck_assert_msg(gnmr_agent_route(a, 1) == want, "step %llu",
                     (unsigned long long)step);
   }
+  /* a forked child's copies: refused at once, closed without joining the
+   * parent's completion thread; the parent's go on */
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    alarm(20);
+    int bad = gnmr_cuda_report(c, 26, NULL) != GNMR_E_CLOSED;
+    gnmr_cuda_close(&c);
+    gnmr_agent_close(&a);
+    _exit(bad || c != NULL || a != NULL);
+  }
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: %d", st);
+  ck_assert_int_eq(gnmr_cuda_report(c, 26, NULL), GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_wait(a, 26, 5000), GNMR_OK);
   gnmr_cuda_close(&c); /* joins the completion thread: counts are final */
   gnmr_agent_stats as;
   gnmr_agent_stats_get(a, &as);
-  ck_assert_uint_eq(as.reports_sent, 25);
+  ck_assert_uint_eq(as.reports_sent, 26);
   gnmr_agent_close(&a);
   ck_assert_int_eq(tu_daemon_stop(&dm, SIGTERM), 0);
   tu_rmrf(dm.dir);
