@@ -294,18 +294,28 @@ START_TEST(an_agent_reports_through_the_backend_to_gnmrd) {
   }
   /* a forked child's copies: refused at once, closed without joining the
    * parent's completion thread; the parent's go on */
+  int fds[2];
+  ck_assert_int_eq(pipe(fds), 0);
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
   if (pid == 0) {
-    alarm(20);
+    alarm(20); /* a hang is a failure, not a stuck test */
+    close(fds[0]);
     int bad = gnmr_cuda_report(c, 26, NULL) != GNMR_E_CLOSED;
     gnmr_cuda_close(&c);
     gnmr_agent_close(&a);
-    _exit(bad || c != NULL || a != NULL);
+    char v = bad || c != NULL || a != NULL ? 'x' : 'y';
+    if (write(fds[1], &v, 1) != 1)
+      _exit(3);
+    raise(SIGKILL); /* no exit-time checks of what a child must leave */
   }
+  close(fds[1]);
+  char v = 0;
+  ck_assert_int_eq(read(fds[0], &v, 1), 1);
+  close(fds[0]);
   int st = 0;
   ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: %d", st);
+  ck_assert_msg(v == 'y', "child: verdict %c, status %d", v, st);
   ck_assert_int_eq(gnmr_cuda_report(c, 26, NULL), GNMR_OK);
   ck_assert_int_eq(gnmr_agent_wait(a, 26, 5000), GNMR_OK);
   gnmr_cuda_close(&c); /* joins the completion thread: counts are final */
