@@ -34,6 +34,11 @@ static void reg_child(void) {
   pthread_mutex_init(&reg_mu, NULL);
   for (gnmr_agent *a = reg_head; a != NULL; a = a->reg_next) {
     atomic_store(&a->forked, 1);
+    /* a decision the I/O thread was publishing stays half written, but
+     * its seqlock must not stay odd: readers would wait forever */
+    uint64_t seq = atomic_load(&a->seq);
+    if (seq & 1)
+      atomic_store(&a->seq, seq + 1);
     pthread_mutex_init(&a->mu, NULL);
     pthread_mutex_init(&a->risky_mu, NULL);
     pthread_mutex_init(&a->push_mu, NULL);
