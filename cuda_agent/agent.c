@@ -296,6 +296,33 @@ int gnmr_agent_wait(gnmr_agent *a, uint64_t step, int timeout_ms) {
   return rv;
 }
 
+uint32_t gnmr_agent_routes(gnmr_agent *a, uint8_t *out, uint32_t n) {
+  if (a == NULL || out == NULL)
+    return 0;
+  if (n > a->n_units)
+    n = a->n_units;
+  for (;;) {
+    uint64_t s0 = atomic_load_explicit(&a->seq, memory_order_acquire);
+    if (s0 & 1)
+      continue; /* a writer is publishing */
+    uint64_t d = atomic_load_explicit(&a->decided_step, memory_order_relaxed);
+    for (uint32_t w = 0; w < (n + 63) / 64; w++) {
+      uint64_t bits = atomic_load_explicit(&a->routes[w],
+                                           memory_order_relaxed);
+      for (uint32_t u = w * 64; u < n && u < w * 64 + 64; u++)
+        out[u] = (bits >> (u % 64)) & 1 ? GNMR_ROUTE_HIGH : GNMR_ROUTE_LOW;
+    }
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&a->seq, memory_order_relaxed) != s0)
+      continue;
+    if (d == 0 || atomic_load(&a->last_reported) > d + a->fallback_after) {
+      atomic_fetch_add(&a->fallback_routes, n);
+      memset(out, (int)a->fallback_route, n);
+    }
+    return n;
+  }
+}
+
 int gnmr_agent_route(gnmr_agent *a, uint32_t unit) {
   if (a == NULL)
     return GNMR_ROUTE_LOW;

@@ -639,6 +639,49 @@ START_TEST(a_forked_child_cannot_use_or_break_the_parents_agent) {
 }
 END_TEST
 
+/* gnmr_agent_routes() equals gnmr_agent_route() unit by unit across the
+ * 64-unit words of the route bitmap, and gives the fallback before any
+ * decision. */
+START_TEST(every_route_at_once_equals_each_route) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  enum { N = 130 };
+  static char names_buf[N][8];
+  static const char *nm[N];
+  for (int i = 0; i < N; i++) {
+    snprintf(names_buf[i], sizeof names_buf[i], "u%d", i);
+    nm[i] = names_buf[i];
+  }
+  gnmr_agent_config c = tu_agent_config(d.agents, "routes-at-once", nm, N);
+  c.params.warmup_steps = 0;
+  c.params.max_active = 3;
+  c.params.lock_steps = 100;
+  c.fallback_route = GNMR_ROUTE_HIGH;
+  gnmr_agent *a;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  uint8_t out[N];
+  ck_assert_uint_eq(gnmr_agent_routes(a, out, N), N);
+  for (int u = 0; u < N; u++) /* nothing decided yet: the fallback */
+    ck_assert_int_eq(out[u], GNMR_ROUTE_HIGH);
+  double s[N];
+  for (uint64_t t = 1; t <= 6; t++) {
+    for (int u = 0; u < N; u++)
+      s[u] = t == 6 && (u == 63 || u == 64 || u == 129) ? 900 : 1;
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a, t, 5000), GNMR_OK);
+  }
+  ck_assert_uint_eq(gnmr_agent_routes(a, out, N), N);
+  for (int u = 0; u < N; u++) {
+    ck_assert_int_eq(out[u], gnmr_agent_route(a, (uint32_t)u));
+    ck_assert_int_eq(out[u], u == 63 || u == 64 || u == 129
+                                 ? GNMR_ROUTE_HIGH
+                                 : GNMR_ROUTE_LOW);
+  }
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+}
+END_TEST
+
 START_TEST(agent_without_daemon_keeps_stepping_within_its_deadline) {
   const char *dir = tu_tmpdir();
   char ep[160];
@@ -711,6 +754,12 @@ START_TEST(daemon_killed_mid_run_then_restarted_agent_rejoins) {
   ck_assert_int_eq(gnmr_agent_wait(a, step, 5000), GNMR_OK);
   ck_assert_int_eq(gnmr_agent_route(a, 1), GNMR_ROUTE_HIGH);
   ck_assert_int_eq(gnmr_agent_route(a, 0), GNMR_ROUTE_LOW);
+  uint8_t all[8];
+  ck_assert_uint_eq(gnmr_agent_routes(a, all, 8), 3); /* clamped */
+  ck_assert(all[0] == GNMR_ROUTE_LOW && all[1] == GNMR_ROUTE_HIGH &&
+            all[2] == GNMR_ROUTE_LOW);
+  ck_assert_uint_eq(gnmr_agent_routes(a, NULL, 3), 0);
+  ck_assert_uint_eq(gnmr_agent_routes(NULL, all, 3), 0);
   ck_assert(gnmr_agent_joined(a));
 
   /* kill -9: the agent keeps stepping within its deadline */
@@ -720,8 +769,12 @@ START_TEST(daemon_killed_mid_run_then_restarted_agent_rejoins) {
   ck_assert_int_eq(gnmr_agent_route(a, 1), GNMR_ROUTE_HIGH);
   ck_assert_int_eq(step_once(a, ++step, 1, 50), GNMR_E_TIMEDOUT);
   ck_assert_int_eq(step_once(a, ++step, 1, 50), GNMR_E_TIMEDOUT);
-  /* ... then the fallback route */
+  /* ... then the fallback route, for every unit at once too */
   ck_assert_int_eq(gnmr_agent_route(a, 1), GNMR_ROUTE_LOW);
+  memset(all, 7, sizeof all);
+  ck_assert_uint_eq(gnmr_agent_routes(a, all, 3), 3);
+  ck_assert(all[0] == GNMR_ROUTE_LOW && all[1] == GNMR_ROUTE_LOW &&
+            all[2] == GNMR_ROUTE_LOW && all[3] == 7);
   gnmr_agent_stats st;
   gnmr_agent_stats_get(a, &st);
   ck_assert_uint_eq(st.late_decisions, 3);
@@ -1172,6 +1225,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, agent_without_daemon_keeps_stepping_within_its_deadline);
   tcase_add_test(tc, agents_reopened_at_once_in_one_process_always_open);
   tcase_add_test(tc, a_forked_child_cannot_use_or_break_the_parents_agent);
+  tcase_add_test(tc, every_route_at_once_equals_each_route);
   tcase_add_test(tc, daemon_killed_mid_run_then_restarted_agent_rejoins);
   tcase_add_test(tc, mismatched_agent_is_refused_and_counts_the_error);
   tcase_add_test(tc, observers_receive_every_decision_without_reporting);

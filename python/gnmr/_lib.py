@@ -176,6 +176,8 @@ def load():
         "gnmr_agent_wait": (ctypes.c_int, [agent_p, ctypes.c_uint64,
                                            ctypes.c_int]),
         "gnmr_agent_route": (ctypes.c_int, [agent_p, ctypes.c_uint32]),
+        "gnmr_agent_routes": (ctypes.c_uint32, [agent_p, P(ctypes.c_uint8),
+                                                ctypes.c_uint32]),
         "gnmr_agent_decided_step": (ctypes.c_uint64, [agent_p]),
         "gnmr_agent_risky": (ctypes.c_uint64,
                              [agent_p, P(ctypes.c_uint32),
