@@ -9,6 +9,7 @@ waits on the network beyond the timeout a call is given.
 """
 import ctypes
 import os
+import struct
 
 from . import _lib
 
@@ -64,18 +65,25 @@ def _dtype_code(dtype_name):
     return _DTYPE_CODES[dtype_name]
 
 
+# gnmr_tensor as packed bytes: setting a ctypes array's fields one by one
+# costs several microseconds a tensor, which a model of 10k units pays
+# every step
+_TENSOR = struct.Struct("=QQIId")
+assert _TENSOR.size == ctypes.sizeof(_lib.Tensor)
+
+
 def _tensor_array(buffers, n_units):
     """(unit, pointer, numel, dtype name[, scale]) tuples as gnmr_tensor."""
     n = len(buffers)
-    arr = (_lib.Tensor * max(n, 1))()
+    buf = bytearray(_TENSOR.size * max(n, 1))
+    pack, size, codes = _TENSOR.pack_into, _TENSOR.size, _DTYPE_CODES
     for i, b in enumerate(buffers):
         unit, ptr, numel, dtype = b[:4]
         if not 0 <= unit < n_units:
             raise ValueError(f"unit {unit} out of range")
-        arr[i].data, arr[i].numel = ptr, numel
-        arr[i].dtype, arr[i].unit = _dtype_code(dtype), unit
-        arr[i].scale = b[4] if len(b) > 4 else 0.0
-    return arr, n
+        pack(buf, i * size, ptr or 0, numel, codes[dtype], unit,
+             b[4] if len(b) > 4 else 0.0)
+    return (_lib.Tensor * max(n, 1)).from_buffer(buf), n
 
 
 class Agent:
@@ -91,6 +99,7 @@ class Agent:
                  fallback_after=0, observer=False, unit_ids=None,
                  curve_keys=None, from_env=False):
         self._a = ctypes.c_void_p()
+        self._routes_buf = None
         if endpoint is None:
             endpoint = _lib.default_endpoint()
         self.endpoint, self.job, self.rank = endpoint, job, rank
@@ -193,8 +202,17 @@ class Agent:
         """True when unit takes the recovery path at the next step."""
         return lib().gnmr_agent_route(self._a, unit) == _lib.ROUTE_HIGH
 
+    def routes_raw(self):
+        """Every unit's route from one decision, as bytes (1: recovery
+        path), in one call (gnmr_agent_routes)."""
+        if self._routes_buf is None:
+            self._routes_buf = (ctypes.c_uint8 * self.n_units)()
+        n = lib().gnmr_agent_routes(self._a, self._routes_buf, self.n_units)
+        return bytes(self._routes_buf)[:n]
+
     def routes(self):
-        return [self.route(u) for u in range(self.n_units)]
+        """Every unit's route (True: recovery path), from one decision."""
+        return [b == _lib.ROUTE_HIGH for b in self.routes_raw()]
 
     @property
     def decided_step(self):

@@ -279,6 +279,7 @@ class Controller:
         self.wait_ms, self.warn_after = wait_ms, warn_after
         self.high = [None] * len(self.units)
         self._forced = None     # route_all()'s route
+        self._applied = None    # the routes self.high holds, as bytes
         self._cuda = None       # CudaReducer, opened at the first CUDA step
         self._cuda_failed = None  # why the CUDA backend is not used
         self._keep = []         # copies the GPU may still read
@@ -356,17 +357,19 @@ class Controller:
         """(tensors to keep alive, (unit, pointer, numel, dtype) tuples):
         contiguous host gradients in a dtype the library reads."""
         keep, buffers = [], []
+        append = buffers.append
         for unit, gs in enumerate(grads):
             for g in gs:
-                if g.requires_grad:  # backward(create_graph=True)
-                    g = g.detach()
-                if g.dtype not in _DTYPES:
-                    g = g.float()
-                if not g.is_contiguous():
+                dt = _DTYPES.get(g.dtype)
+                if g.requires_grad or dt is None or not g.is_contiguous():
+                    if g.requires_grad:  # backward(create_graph=True)
+                        g = g.detach()
+                    if dt is None:
+                        g = g.float()
+                        dt = _DTYPES[g.dtype]
                     g = g.contiguous()
-                keep.append(g)
-                buffers.append((unit, g.data_ptr(), g.numel(),
-                                _DTYPES[g.dtype]))
+                    keep.append(g)  # a copy: alive until reduced
+                append((unit, g.data_ptr(), g.numel(), dt))
         return keep, buffers
 
     def _caller_stream(self):
@@ -401,7 +404,8 @@ class Controller:
             # every gradient on one device: the kernel reads them in
             # order on the current stream; copies made here stay valid
             # for it (stream-ordered allocator); keep them one step
-            self._keep, buffers = self._buffers(grads)
+            keep, buffers = self._buffers(grads)
+            self._keep = (grads, keep)
             if stream is None:
                 stream = torch.cuda.current_stream(cuda[0].device)
             self._cuda.report(t, buffers, stream.cuda_stream)
@@ -434,14 +438,18 @@ class Controller:
         """Calls on_route for every unit whose route changed; returns the
         routes (True: recovery path) for the next step."""
         self._changed = []
-        for unit, (name, module) in enumerate(self.units):
-            high = (self._forced if self._forced is not None
-                    else self.agent.route(unit))
-            if high != self.high[unit]:
-                self.high[unit] = high
-                self._changed.append(name)
-                if self.on_route is not None:
-                    self.on_route(name, module, high)
+        n = len(self.units)
+        cur = (bytes([self._forced]) * n if self._forced is not None
+               else self.agent.routes_raw())
+        if cur != self._applied:  # else nothing changed: no loop
+            for unit, (name, module) in enumerate(self.units):
+                high = cur[unit] == 1
+                if high != self.high[unit]:
+                    self.high[unit] = high
+                    self._changed.append(name)
+                    if self.on_route is not None:
+                        self.on_route(name, module, high)
+            self._applied = cur
         return list(self.high)
 
     def step(self, step, wait_ms=None):
