@@ -147,6 +147,34 @@ def paired(ctl_factory, steps=STEPS, overlap=False):
     return base[n // 2], diff[n // 2], diff[n // 4], diff[3 * n // 4]
 
 
+def many_units(ep, n=10000, steps=30):
+    """Controller.step on a model of n units (Linear(4, 4) each, gradients
+    set, no training), against the floor of any controller written in
+    Python: one pass reading every parameter's gradient pointer. Returns
+    (median step, median floor) in seconds."""
+    net = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(n)])
+    params = list(net.parameters())
+    for p in params:
+        p.grad = torch.ones_like(p)
+    ctl = Controller(net, ep, f"units-{n}",
+                     params=gnmr.default_params(warmup_steps=5))
+    ts, floor = [], []
+    for step in range(1, steps + 1):
+        t0 = time.perf_counter()
+        ctl.step(step, wait_ms=5000)
+        t1 = time.perf_counter()
+        ptrs = [p.grad.data_ptr() for p in params]
+        t2 = time.perf_counter()
+        if step > 5:
+            ts.append(t1 - t0)
+            floor.append(t2 - t1)
+    del ptrs
+    ctl.close()
+    ts.sort()
+    floor.sort()
+    return ts[len(ts) // 2], floor[len(floor) // 2]
+
+
 def blas_threads():
     """OpenBLAS's thread count, or '?' when torch's BLAS is another."""
     import ctypes
@@ -197,6 +225,7 @@ def main():
             net, ep, f"paired-{overlap}",
             params=gnmr.default_params(warmup_steps=5)), 2 * STEPS,
             overlap)))
+    units_t, units_floor = many_units(ep)
     d.send_signal(signal.SIGTERM)
     d.wait()
     d.stdout.close()
@@ -214,6 +243,11 @@ def main():
               f"{100 * pd / pb:+.2f}% of the {pb * 1e3:.2f} ms step (quartiles"
               f" {100 * pq1 / pb:+.2f}% .. {100 * pq3 / pb:+.2f}%)" +
               ("" if name.startswith("A/A") else " (target <= 2%)"))
+    print(f"torch_overhead 10000 units (Linear(4, 4) each): Controller.step "
+          f"{units_t * 1e3:.2f} ms = {units_t / 10000 * 1e6:.2f} us a unit; "
+          f"one Python pass over the gradients' pointers "
+          f"{units_floor * 1e3:.2f} ms: {units_t / units_floor:.2f}x that "
+          f"floor")
     c = sorted(in_ctl)[REPEATS // 2]
     print(f"torch_overhead time inside Controller.step per step: "
           f"{c * 1e3:.2f} ms = {100 * c / b:.2f}% of the step without GNMR "
