@@ -1,0 +1,59 @@
+# SPDX-License-Identifier: MIT
+"""bench/python_units.py [PYTHON_ROOT] — Controller.step on a model of
+10,000 units (bench/torch_overhead.py's many_units) with the gnmr package
+found under PYTHON_ROOT (default: this checkout's python/), so that two
+versions of the package can be compared on the same library and gnmrd:
+
+    git worktree add /tmp/gnmr-old OLD_COMMIT
+    python3 bench/python_units.py /tmp/gnmr-old/python
+    python3 bench/python_units.py
+
+GNMR_AGENT_LIB and GNMR_BIN_DIR as for bench/torch_overhead.py."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
+                       os.path.join(HERE, "..", "python"))
+sys.path.insert(0, ROOT)
+sys.path.insert(1, HERE)
+import torch  # noqa: E402
+
+import gnmr  # noqa: E402
+import gnmr.pytorch  # noqa: E402
+import torch_overhead  # noqa: E402
+
+# torch_overhead imported this package too (sys.path order): say which
+assert gnmr.__file__.startswith(ROOT), (gnmr.__file__, ROOT)
+
+
+def main():
+    bindir = os.environ.get("GNMR_BIN_DIR", "build/bin")
+    tmp = tempfile.mkdtemp(prefix="gnmr-bench-units-")
+    d = subprocess.Popen([os.path.join(bindir, "gnmrd"), "--data-dir",
+                          tmp + "/data", "--agents", "tcp://127.0.0.1:*",
+                          "--admin", f"ipc://{tmp}/admin.sock",
+                          "--log-level", "warn"],
+                         stdout=subprocess.PIPE, text=True)
+    ep = None
+    for line in d.stdout:
+        m = re.match(r"gnmrd: agents (\S+)", line)
+        if m:
+            ep = m.group(1)
+            break
+    torch.set_num_threads(1)
+    t, floor = torch_overhead.many_units(ep)
+    d.send_signal(signal.SIGTERM)
+    d.wait()
+    d.stdout.close()
+    print(f"python_units {os.path.relpath(gnmr.pytorch.__file__)}: 10000 "
+          f"units, Controller.step {t * 1e3:.2f} ms; one Python pass over "
+          f"the gradients' pointers {floor * 1e3:.2f} ms: {t / floor:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
