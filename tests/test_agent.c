@@ -646,7 +646,7 @@ START_TEST(every_route_at_once_equals_each_route) {
   tu_daemon d = {0};
   tu_daemon_start(&d);
   enum { N = 130 };
-  static char names_buf[N][8];
+  static char names_buf[N][16];
   static const char *nm[N];
   for (int i = 0; i < N; i++) {
     snprintf(names_buf[i], sizeof names_buf[i], "u%d", i);
