@@ -15,10 +15,6 @@
 #include "records.h"
 #include "validate.h"
 
-/* core_register_units() under both unit caps: the job's ([limits]
- * max_units) and gnmrd's over all jobs (max_total_units: the memory that
- * Hellos can make gnmrd hold grows with the units that exist). A refusal
- * by the global cap says so. */
 /* Whether [limits] max_*_per_key apply to jobs of owner: with tenancy on,
  * to agent keys (operators are trusted with gnmrd's whole capacity). */
 static int key_quota(const gnmrd *d, const char *owner) {
@@ -44,6 +40,11 @@ static const char *owner_name(const gnmrd *d, const char *owner) {
   return g != NULL && g->name != NULL ? g->name : owner;
 }
 
+/* core_register_units() under the unit caps: the job's ([limits]
+ * max_units), its owner's over the owner's live jobs (max_units_per_key,
+ * tenancy) and gnmrd's over all jobs (max_total_units: the memory that
+ * Hellos can make gnmrd hold grows with the units that exist). A refusal
+ * by the owner's or the global cap says so. */
 static int register_capped(gnmrd *d, core_job *c, core_rank *rr,
                            const char *const *names, size_t n,
                            const uint32_t *ids, int shards, char *why,
