@@ -60,8 +60,9 @@ typedef struct bu_daemon {
   char agents[256];
 } bu_daemon;
 
-/* Starts gnmrd; returns 0 with its agent endpoint, -1 on failure. */
-static inline int bu_daemon_start(bu_daemon *d) {
+/* Starts gnmrd with extra arguments (NULL-terminated, at most 8; NULL for
+ * none); returns 0 with its agent endpoint, -1 on failure. */
+static inline int bu_daemon_start_args(bu_daemon *d, char *const *extra) {
   char path[512], data[128], out[128], adm[128];
   const char *bin = getenv("GNMR_BIN_DIR");
   strcpy(d->dir, "/tmp/gnmr-bench-XXXXXX");
@@ -71,8 +72,10 @@ static inline int bu_daemon_start(bu_daemon *d) {
   snprintf(data, sizeof data, "%s/data", d->dir);
   snprintf(out, sizeof out, "%s/out", d->dir);
   snprintf(adm, sizeof adm, "ipc://%s/admin.sock", d->dir);
-  char *argv[] = {path, "--data-dir", data, "--agents", "tcp://127.0.0.1:*",
-                  "--admin", adm, "--log-level", "warn", NULL};
+  char *argv[20] = {path, "--data-dir", data, "--agents", "tcp://127.0.0.1:*",
+                    "--admin", adm, "--log-level", "warn", NULL};
+  for (int i = 0; extra != NULL && extra[i] != NULL && i < 8; i++)
+    argv[9 + i] = extra[i];
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC,
@@ -94,6 +97,11 @@ static inline int bu_daemon_start(bu_daemon *d) {
     nanosleep(&ts, NULL);
   }
   return -1;
+}
+
+/* Starts gnmrd with its defaults. */
+static inline int bu_daemon_start(bu_daemon *d) {
+  return bu_daemon_start_args(d, NULL);
 }
 
 static inline void bu_daemon_stop(bu_daemon *d) {

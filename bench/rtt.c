@@ -20,6 +20,8 @@
 #define UNITS 1024
 #define WARM 100
 #define STEPS 2000
+#define PACED_STEPS 1000
+#define PACE_US 5000 /* a 5 ms step: fast for a real job */
 
 /* The echo server process: returns every message to its sender. */
 static void echo_server(const char *ep_file) {
@@ -49,7 +51,17 @@ static void echo_server(const char *ep_file) {
   _exit(0);
 }
 
-static void raw_baseline(double *lat, size_t len_report) {
+/* Sleeps pace_us microseconds (0: none): the gap a real job leaves
+ * between steps, in which the CPUs go idle. */
+static void pace(long pace_us) {
+  if (pace_us > 0) {
+    struct timespec ts = {pace_us / 1000000, (pace_us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static void raw_baseline(double *lat, int steps, size_t len_report,
+                         long pace_us) {
   char ep_file[] = "/tmp/gnmr-rtt-ep-XXXXXX";
   int fd = mkstemp(ep_file);
   close(fd);
@@ -68,7 +80,7 @@ static void raw_baseline(double *lat, size_t len_report) {
     zmq_connect(socks[r], ep);
   }
   char *buf = malloc(len_report);
-  for (int step = 0; step < WARM + STEPS; step++) {
+  for (int step = 0; step < WARM + steps; step++) {
     double t0 = bu_now();
     for (int r = 0; r < RANKS; r++)
       zmq_send(socks[r], payload, len_report, 0);
@@ -76,6 +88,7 @@ static void raw_baseline(double *lat, size_t len_report) {
       zmq_recv(socks[r], buf, len_report, 0);
     if (step >= WARM)
       lat[step - WARM] = bu_now() - t0;
+    pace(pace_us);
   }
   zmq_send(socks[0], "", 0, 0);
   for (int r = 0; r < RANKS; r++)
@@ -86,8 +99,9 @@ static void raw_baseline(double *lat, size_t len_report) {
   free(payload);
 }
 
-/* 8 DEALER peers speaking the protocol from one thread. */
-static void protocol_peers(const char *ep, double *lat) {
+/* 8 DEALER peers speaking the protocol from one thread, as job `job`. */
+static void protocol_peers(const char *ep, const char *job, double *lat,
+                           int steps, long pace_us) {
   void *ctx = zmq_ctx_new(), *socks[RANKS];
   char *names[UNITS];
   double sumsq[UNITS];
@@ -102,17 +116,17 @@ static void protocol_peers(const char *ep, double *lat) {
     socks[r] = zmq_socket(ctx, ZMQ_DEALER);
     zmq_setsockopt(socks[r], ZMQ_LINGER, &zero, sizeof zero);
     zmq_connect(socks[r], ep);
-    if (bu_hello(socks[r], "rtt-peers", (uint32_t)r, RANKS, names, UNITS) != 0)
+    if (bu_hello(socks[r], job, (uint32_t)r, RANKS, names, UNITS) != 0)
       fprintf(stderr, "no Welcome for rank %d\n", r);
   }
   uint8_t *rank_rep[RANKS];
-  for (int s = 0; s < WARM + STEPS; s++) {
+  for (int s = 0; s < WARM + steps; s++) {
     /* each rank's report, encoded outside the timed region */
     size_t lens[RANKS];
     for (int r = 0; r < RANKS; r++) {
       Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
       Gnmr__Report rp = GNMR__REPORT__INIT;
-      rp.job = "rtt-peers";
+      rp.job = (char *)job;
       rp.rank = (uint32_t)r;
       rp.step = (uint64_t)s + 1;
       rp.n_sumsq = UNITS;
@@ -130,6 +144,7 @@ static void protocol_peers(const char *ep, double *lat) {
       lat[s - WARM] = bu_now() - t0;
     for (int r = 0; r < RANKS; r++)
       free(rank_rep[r]);
+    pace(pace_us);
   }
   for (int r = 0; r < RANKS; r++)
     zmq_close(socks[r]);
@@ -139,7 +154,8 @@ static void protocol_peers(const char *ep, double *lat) {
 }
 
 int main(void) {
-  static double lat[STEPS], raw[STEPS], peers[STEPS];
+  static double lat[STEPS], raw[STEPS], peers[STEPS], quiet[STEPS];
+  static double raw_paced[PACED_STEPS], peers_paced[PACED_STEPS];
   bu_daemon d = {0};
   if (bu_daemon_start(&d) != 0) {
     fprintf(stderr, "rtt: cannot start gnmrd (build it first)\n");
@@ -180,7 +196,17 @@ int main(void) {
   }
   for (int r = 0; r < RANKS; r++)
     gnmr_agent_close(&ag[r]);
-  protocol_peers(d.agents, peers);
+  protocol_peers(d.agents, "rtt-peers", peers, STEPS, 0);
+  protocol_peers(d.agents, "rtt-paced", peers_paced, PACED_STEPS, PACE_US);
+  bu_daemon_stop(&d);
+  /* the same peers against a gnmrd that takes no snapshot in the run: at
+   * 2000 steps a second, snapshot_every 10 writes 200 a second */
+  char *no_snap[] = {"--snapshot-every", "1000000", NULL};
+  if (bu_daemon_start_args(&d, no_snap) != 0) {
+    fprintf(stderr, "rtt: cannot start gnmrd\n");
+    return 1;
+  }
+  protocol_peers(d.agents, "rtt-quiet", quiet, STEPS, 0);
   bu_daemon_stop(&d);
   /* the size of one rank's encoded report */
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
@@ -193,7 +219,8 @@ int main(void) {
   env.report = &rep;
   env.version = 1;
   size_t len = gnmr__envelope__get_packed_size(&env);
-  raw_baseline(raw, len);
+  raw_baseline(raw, STEPS, len, 0);
+  raw_baseline(raw_paced, PACED_STEPS, len, PACE_US);
   double p50 = bu_quantile(lat, STEPS, 0.5), p99 = bu_quantile(lat, STEPS, 0.99);
   double r50 = bu_quantile(raw, STEPS, 0.5), r99 = bu_quantile(raw, STEPS, 0.99);
   double q50 = bu_quantile(peers, STEPS, 0.5),
@@ -204,6 +231,21 @@ int main(void) {
   printf("rtt protocol peers -> gnmrd: p50 %.0f us = %.2fx raw (target <= "
          "2x); p99 %.0f us = %.2f ms (target <= 1 ms)\n",
          q50 * 1e6, q50 / r50, q99 * 1e6, q99 * 1e3);
+  printf("rtt protocol peers -> gnmrd taking no snapshot (--snapshot-every "
+         "1000000): p50 %.0f us, p99 %.0f us: the default's snapshot every "
+         "10 steps (200 a second here) adds %.0f us to the p99\n",
+         bu_quantile(quiet, STEPS, 0.5) * 1e6,
+         bu_quantile(quiet, STEPS, 0.99) * 1e6,
+         (q99 - bu_quantile(quiet, STEPS, 0.99)) * 1e6);
+  double rp50 = bu_quantile(raw_paced, PACED_STEPS, 0.5),
+         rp99 = bu_quantile(raw_paced, PACED_STEPS, 0.99),
+         pp50 = bu_quantile(peers_paced, PACED_STEPS, 0.5),
+         pp99 = bu_quantile(peers_paced, PACED_STEPS, 0.99);
+  printf("rtt paced, %d ms between steps (%d steps): raw echo p50 %.0f us, "
+         "p99 %.0f us; protocol peers -> gnmrd p50 %.0f us = %.2fx raw, p99 "
+         "%.0f us = %.2fx raw\n",
+         PACE_US / 1000, PACED_STEPS, rp50 * 1e6, rp99 * 1e6, pp50 * 1e6,
+         pp50 / rp50, pp99 * 1e6, pp99 / rp99);
   printf("rtt real agents    -> gnmrd: p50 %.0f us = %.2fx raw; p99 %.0f us; "
          "late decisions %llu (8 agent I/O threads share the cores)\n",
          p50 * 1e6, p50 / r50, p99 * 1e6, (unsigned long long)late);
