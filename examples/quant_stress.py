@@ -59,7 +59,15 @@ Damage (measured, on either path): the low path's copy of a unit's input
 at step t had elements out of the FP8 range (fp8), or a relative error
 above --damage-error (int4). Precision: of a variant's recovery
 unit-steps, the share that were damage unit-steps; coverage: of the damage
-unit-steps, the share recovered.
+unit-steps, the share recovered. Misses: every damage unit-step (u, t) not
+recovered, by cause (misses_by_cause): `warmup` (A_t was decided in
+warm-up), `first` (u was not damaged in the --lock-steps + 1 steps before:
+an episode's first damage, which no chooser that learns from step t-1 can
+see), `gap` (u was damaged within those steps but not at t-1, and was not
+held), `hidden` (u was damaged at t-1 while on its recovery path, so the
+damage never reached its gradient, and was released at t), `not_chosen`
+(u's damage at t-1 was on the low path, a non-finite gradient in the fp8
+recipe, yet u was not recovered at t: the budget went to others).
 
 --json writes the results (command, commit, seeds, per-variant per-seed
 values, paired differences with standard errors), and a markdown table
@@ -329,6 +337,7 @@ def run(variant, seed, args, train, val, endpoint=None, gnmr_rec=None):
     curve, t_steps, skipped = [], 0.0, 0
     active_log = [set()]          # active_log[t]: recovery set at step t
     rec_steps = damage_steps = hits = 0
+    damage_log = [[False] * len(units)]  # damage_log[t][u]
     for step, (x, y) in enumerate(batches(train, args.steps, args.batch,
                                           args.ctx, gen), 1):
         t0 = time.perf_counter()
@@ -357,6 +366,7 @@ def run(variant, seed, args, train, val, endpoint=None, gnmr_rec=None):
             damage = [m.low_overflow > 0 for m in units]
         else:
             damage = [m.low_error > args.damage_error for m in units]
+        damage_log.append(damage)
         rec_steps += len(active)
         damage_steps += sum(damage)
         hits += sum(damage[u] for u in active)
@@ -385,7 +395,34 @@ def run(variant, seed, args, train, val, endpoint=None, gnmr_rec=None):
             "coverage": hits / damage_steps if damage_steps else 0.0,
             "damage": damage_steps / unit_steps,
             "skipped": skipped, "active": [sorted(a) for a in active_log],
+            "misses": misses_by_cause(damage_log, active_log, args),
+            "damage_steps": damage_steps,
             "step_ms": 1e3 * t_steps / args.steps}
+
+
+MISS_CAUSES = ("warmup", "first", "gap", "hidden", "not_chosen")
+
+
+def misses_by_cause(damage_log, active_log, args):
+    """{cause: count} of the damage unit-steps not recovered (the module
+    docstring defines the causes); damage_log[t][u], active_log[t] a set,
+    for t = 1..steps (index 0: nothing)."""
+    out = dict.fromkeys(MISS_CAUSES, 0)
+    for t in range(1, len(damage_log)):
+        for u, hit in enumerate(damage_log[t]):
+            if not hit or u in active_log[t]:
+                continue
+            if t - 1 <= args.warmup:
+                cause = "warmup"
+            elif damage_log[t - 1][u]:
+                cause = "hidden" if u in active_log[t - 1] else "not_chosen"
+            elif any(damage_log[k][u] for k in
+                     range(max(1, t - 1 - args.lock_steps), t - 1)):
+                cause = "gap"
+            else:
+                cause = "first"
+            out[cause] += 1
+    return out
 
 
 def evaluate(model, val, args):
@@ -431,7 +468,7 @@ def summarise(results, args, seeds, argv, commit):
     out = {"command": "python3 examples/quant_stress.py " +
            " ".join(argv if argv is not None else sys.argv[1:]),
            "commit": commit, "seeds": seeds,
-           "torch": torch.__version__,
+           "torch": torch.__version__, "machine": machine(),
            "settings": {k: v for k, v in sorted(vars(args).items())
                         if k not in ("json", "gnmrd_bin", "jobs")},
            "variants": {}, "paired": {}}
@@ -442,7 +479,10 @@ def summarise(results, args, seeds, argv, commit):
             "precision": [round(r["precision"], 6) for r in rs],
             "coverage": [round(r["coverage"], 6) for r in rs],
             "damage": [round(r["damage"], 6) for r in rs],
-            "skipped": [r["skipped"] for r in rs]}
+            "skipped": [r["skipped"] for r in rs],
+            "damage_unit_steps": [r["damage_steps"] for r in rs],
+            "misses_by_cause": {c: [r["misses"][c] for r in rs]
+                                for c in MISS_CAUSES}}
     for a, b in COMPARISONS:
         if a in results and b in results:
             p = paired(results, a, b)
@@ -455,6 +495,30 @@ def summarise(results, args, seeds, argv, commit):
         o = -statistics.mean(out["paired"]["oracle-random"]["per_seed"])
         out["gnmr_gain_over_oracle_gain"] = round(g / o, 4) if o else None
     return out
+
+
+def machine():
+    """What the numbers depend on beyond the command: the CPU, and the
+    kernels OpenBLAS chose for it (another CPU gives other bits)."""
+    cpu, core = "unknown", "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import ctypes
+    for name in ("libblas.so.3", "libopenblas.so.0"):
+        try:
+            fn = ctypes.CDLL(name).openblas_get_corename
+            fn.restype = ctypes.c_char_p
+            core = "OpenBLAS " + fn().decode()
+            break
+        except (OSError, AttributeError):
+            continue
+    return {"cpu": cpu, "cpus": os.cpu_count(), "blas": core}
 
 
 def git_commit():
@@ -481,6 +545,19 @@ def table(summary):
             f"{statistics.mean(r['precision']):.2f} | "
             f"{statistics.mean(r['coverage']):.2f} | "
             f"{statistics.mean(r['skipped']):.1f} |")
+    lines += ["", "Damage unit-steps not recovered, by cause, as a share of "
+              "all damage unit-steps (mean over seeds; the module docstring "
+              "defines the causes):", "",
+              "| variant | coverage | " + " | ".join(MISS_CAUSES) + " |",
+              "|---|---|" + "---|" * len(MISS_CAUSES)]
+    for v, r in var.items():
+        m, n = r.get("misses_by_cause"), r.get("damage_unit_steps")
+        if m is None or n is None or 0 in n:
+            continue
+        shares = [statistics.mean(k / d for k, d in zip(m[c], n))
+                  for c in MISS_CAUSES]
+        lines.append(f"| {v} | {statistics.mean(r['coverage']):.2f} | " +
+                     " | ".join(f"{x:.2f}" for x in shares) + " |")
     lines += ["", "Paired differences of final validation loss (negative: "
               "the first is better), mean ± standard error over seeds:", "",
               "| difference | mean ± se | mean/se | per seed |",
@@ -696,8 +773,11 @@ def main(argv=None):
             json.dump(summary, f, indent=1)
             f.write("\n")
         with open(base + ".md", "w") as f:
+            m = summary["machine"]
             f.write(f"Command: `{summary['command']}`\n\n"
-                    f"Commit: {summary['commit']}; seeds: {seeds}\n\n")
+                    f"Commit: {summary['commit']}; seeds: {seeds}; "
+                    f"machine: {m['cpu']} ({m['cpus']} CPUs, {m['blas']}), "
+                    f"torch {summary['torch']}\n\n")
             f.write(table(summary))
         plot(results, base + ".png")
         print(f"wrote {args.json}, {base}.md, {base}.png")

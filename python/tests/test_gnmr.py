@@ -430,6 +430,19 @@ class ExampleTest(unittest.TestCase):
                 for key in ("val", "share", "precision", "coverage"):
                     self.assertEqual(len(doc["variants"][v][key]), 2)
             self.assertIn("oracle-random", doc["paired"])
+            # every damage unit-step not recovered has one cause
+            for v in self.qs.ALL_VARIANTS:
+                d = doc["variants"][v]
+                for i in range(2):
+                    n = d["damage_unit_steps"][i]
+                    missed = sum(d["misses_by_cause"][c][i]
+                                 for c in self.qs.MISS_CAUSES)
+                    self.assertAlmostEqual(
+                        missed, n * (1 - d["coverage"][i]) if n else 0,
+                        delta=1e-3 * max(n, 1), msg=v)
+            self.assertEqual(doc["variants"]["high"]["misses_by_cause"]
+                             ["first"], [0, 0])
+            self.assertRegex(text, r"\| gnmr \| \d\.\d\d \| \d\.\d\d \|")
             self.assertTrue(os.path.getsize(os.path.join(tmp, "stress.md")))
             # one seed and two variants again, in one process: the same
             again, _ = self.main(["--seed-list", "2", "--variants",
@@ -439,6 +452,21 @@ class ExampleTest(unittest.TestCase):
                 self.assertEqual(again[v][0]["active"], res[v][1]["active"])
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_each_miss_has_its_cause(self):
+        import argparse
+        args = argparse.Namespace(warmup=1, lock_steps=1)
+        hit = {1, 2, 3, 4, 5, 7, 10}  # damage of unit 0 (unit 1: none)
+        damage = [[t in hit, False] for t in range(11)]
+        active = [set() for _ in range(11)]
+        active[4] = {0}               # recovered at 4: no miss there
+        got = self.qs.misses_by_cause(damage, active, args)
+        # 1, 2: decided in warm-up; 3: damaged at 2 on the low path;
+        # 5: damaged at 4 on the recovery path; 7: damaged at 5, not 6;
+        # 10: nothing in 8, 9
+        self.assertEqual(got, {"warmup": 2, "not_chosen": 1, "hidden": 1,
+                               "gap": 1, "first": 1})
+        self.assertEqual(sum(got.values()), len(hit) - 1)
 
     def test_bad_arguments_are_clear_errors(self):
         import io
