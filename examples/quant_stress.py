@@ -54,6 +54,12 @@ Variants, from the same seeds, data and episode schedule:
               (one scalar through the policy), --max-active units chosen
               at random, held for --lock-steps calm steps: a global
               signal's timing without its locality
+  gnmr_shadow gnmr, and a unit on its recovery path whose low path would
+              have been damaged at the step (its copy measured on either
+              path: gnmr.recovery.fp8_overflowed, or the int4 error above
+              --damage-error) is reported as non-finite (Controller's
+              shadow=), so GNMR holds it while the damage lasts. Not in
+              the default --variants (make experiment's nine).
 
 Damage (measured, on either path): the low path's copy of a unit's input
 at step t had elements out of the FP8 range (fp8), or a relative error
@@ -98,9 +104,12 @@ import torch.nn.functional as F  # noqa: E402
 import gnmr  # noqa: E402
 from gnmr.pytorch import Controller  # noqa: E402
 from gnmr.recovery import FP8Linear, KBitLinear, switch  # noqa: E402
+from gnmr.recovery import fp8_overflowed  # noqa: E402
 
-ALL_VARIANTS = ("fp", "high", "low", "gnmr", "random", "oracle",
-                "oracle_now", "rawnorm", "global")
+DEFAULT_VARIANTS = ("fp", "high", "low", "gnmr", "random", "oracle",
+                    "oracle_now", "rawnorm", "global")
+ALL_VARIANTS = DEFAULT_VARIANTS + ("gnmr_shadow",)
+CONTROLLED = {"gnmr", "gnmr_shadow"}  # a real gnmrd chooses
 NEEDS_GNMR = {"random", "rawnorm"}   # GNMR's share / per-step counts
 
 
@@ -321,9 +330,14 @@ def run(variant, seed, args, train, val, endpoint=None, gnmr_rec=None):
         m.register_forward_pre_hook(inject(u))
 
     ctl = None
-    if variant == "gnmr":
+    if variant in CONTROLLED:
+        shadow = None
+        if variant == "gnmr_shadow":
+            shadow = fp8_overflowed if args.recipe == "fp8" else (
+                lambda name, m: m.low_error > args.damage_error)
         ctl = Controller(model, endpoint, f"stress-{seed}-{os.getpid()}",
                          select=(type(units[0]),), on_route=switch,
+                         shadow=shadow,
                          params=gnmr.default_params(
                              alpha=args.alpha, beta=args.beta,
                              window=args.window,
@@ -461,7 +475,8 @@ COMPARISONS = [("low", "high"), ("oracle", "random"), ("gnmr", "random"),
                ("gnmr", "low"), ("oracle_now", "random"),
                ("rawnorm", "random"), ("global", "random"),
                ("gnmr", "rawnorm"), ("gnmr", "global"), ("gnmr", "oracle"),
-               ("high", "fp")]
+               ("high", "fp"), ("gnmr_shadow", "gnmr"),
+               ("gnmr_shadow", "random"), ("gnmr_shadow", "oracle")]
 
 
 def summarise(results, args, seeds, argv, commit):
@@ -601,7 +616,9 @@ def parse_args(argv):
     p.add_argument("--seed-list", default="",
                    help="comma-separated seeds, instead of --seeds")
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--variants", default=",".join(ALL_VARIANTS))
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                   help=f"of {','.join(ALL_VARIANTS)} (default: all but "
+                   "gnmr_shadow)")
     p.add_argument("--recipe", default="fp8", choices=("fp8", "int4"))
     p.add_argument("--d", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
@@ -700,7 +717,7 @@ def run_task(seed, variant, args, rec=None):
     torch.use_deterministic_algorithms(True)
     if _TEXT is None:
         _TEXT = load_text()
-    d = start_gnmrd(args.gnmrd_bin) if variant == "gnmr" else None
+    d = start_gnmrd(args.gnmrd_bin) if variant in CONTROLLED else None
     try:
         r = run(variant, seed, args, *_TEXT, d[2] if d else None, rec)
     finally:

@@ -50,6 +50,19 @@ replicas observe and receive the same routes. Gradients on CUDA go to the
 agent's CUDA backend when libgnmr-agent was built with nvcc and sees the
 device; otherwise torch reduces them (one synchronisation per step).
 
+Shadow damage: a unit on its recovery path has a clean gradient, so GNMR
+sees it calm and releases it when its lock runs out, though the low-cost
+path would still be damaged (a controller that learns from the gradients
+it protects is blind in this way; README, the stress experiment's
+`hidden` misses). `shadow=fn`, fn(name, module) -> bool, asked after
+backward for every unit on its recovery path, says whether the low-cost
+path would have been damaged at this step (gnmr.recovery.fp8_overflowed
+for FP8Linear: its input outgrew the stale FP8 scale). Such a unit is
+reported to gnmrd as non-finite, as its gradient would have been on the
+low-cost path, so GNMR keeps it while the damage lasts. StepResult's
+`nonfinite` still lists only real NaN/Inf gradients; `shadowed` lists
+these units.
+
 Nothing waits while the agent has not joined gnmrd; after `warn_after`
 such steps, and when most decisions come late, a warning (warnings and the
 "gnmr" logger) names the endpoint, job and rank.
@@ -189,19 +202,22 @@ class StepResult:
     (g, d, s)}, the units that exceeded a threshold at this step with their
     GNMR, Delta-GNMR and score, gnmrd's reason for the active set ({} when
     none did; None when the decision did not come in time); repeated: the
-    call repeated an earlier step and did nothing."""
+    call repeated an earlier step and did nothing; shadowed: the units on
+    their recovery path that `shadow` said the low-cost path would have
+    damaged, reported to gnmrd as non-finite ([] without `shadow`)."""
 
     __slots__ = ("step", "on_time", "joined", "active", "changed",
-                 "nonfinite", "norms", "risky", "repeated")
+                 "nonfinite", "norms", "risky", "repeated", "shadowed")
 
     def __init__(self, step, on_time=False, joined=False, active=(),
                  changed=(), nonfinite=None, norms=None, repeated=False,
-                 risky=None):
+                 risky=None, shadowed=()):
         self.step, self.on_time, self.joined = step, on_time, joined
         self.active, self.changed = list(active), list(changed)
         self.nonfinite, self.norms = nonfinite, norms
         self.risky = risky
         self.repeated = repeated
+        self.shadowed = list(shadowed)
 
     def __bool__(self):
         return bool(self.on_time)
@@ -251,7 +267,8 @@ class Controller:
                  select=(torch.nn.Linear,), pattern=None, on_route=None,
                  tp_size=None, tp_group=None, global_rank=None, wait_ms=50,
                  on_decision=None, trace=None, warn_after=3,
-                 join_wait_ms=1000, reduce_threads=0, **agent_kwargs):
+                 join_wait_ms=1000, reduce_threads=0, shadow=None,
+                 **agent_kwargs):
         job = job or os.environ.get("GNMR_JOB")
         if not job:
             raise ValueError("give job= (or set GNMR_JOB): the name that "
@@ -278,6 +295,10 @@ class Controller:
         while not self.agent.joined and time.monotonic() < deadline:
             time.sleep(0.005)
         self.on_route, self.on_decision = on_route, on_decision
+        if shadow is not None and not callable(shadow):
+            raise ValueError("shadow is a function (name, module) -> bool")
+        self.shadow = shadow
+        self._shadowed = []     # units the last report marked non-finite
         if not isinstance(reduce_threads, int) or reduce_threads < 0:
             raise ValueError("reduce_threads is 0 (automatic) or more")
         self.reduce_threads = reduce_threads
@@ -425,7 +446,15 @@ class Controller:
                 i += 1
         return buf, i, keep
 
-    def _report_host(self, t, threads, table):
+    def _shadow_units(self):
+        """The units on their recovery path whose low-cost path `shadow`
+        says would have been damaged at this step."""
+        if self.shadow is None:
+            return []
+        return [u for u, (name, m) in enumerate(self.units)
+                if self.high[u] and self.shadow(name, m)]
+
+    def _report_host(self, t, threads, table, shadowed=()):
         """Reduces and reports a _host_table(): sums straight into the
         arrays the report is sent from."""
         buf, count, keep = table
@@ -445,25 +474,31 @@ class Controller:
         del keep
         not_reported = bytes(seen).translate(_FLIP)
         nr = (ctypes.c_uint8 * n).from_buffer_copy(not_reported)
+        local = list(nonfinite)
+        self._shadowed = [u for u in shadowed if seen[u]]
+        for u in self._shadowed:  # as the low-cost path would have made it
+            nonfinite[u] = max(nonfinite[u], 1)
         self.agent._check_report(lib().gnmr_agent_report_sums(
             self.agent._a, t, sumsq, nonfinite, nr), t)
-        self._local = (list(sumsq), list(nonfinite), not_reported)
+        self._local = (list(sumsq), local, not_reported)
 
     def _report_on(self, t, stream, threads):
         self._local = None
+        self._shadowed = []
         if self.agent.observer:  # another replica reports this shard
             self.agent.report_sums(t, [0.0] * len(self._params))
             return
+        shadowed = self._shadow_units()
         table = self._host_table()
         if table is not None:
-            self._report_host(t, threads, table)
+            self._report_host(t, threads, table, shadowed)
             return
         grads = [[p.grad for p in ps if p.grad is not None]
                  for ps in self._params]
         cuda = [g for gs in grads for g in gs if g.is_cuda]
         host = [[g for g in gs if not g.is_cuda] for gs in grads]
         if cuda and len(cuda) == sum(len(gs) for gs in grads) and \
-                len({g.device for g in cuda}) == 1 and \
+                len({g.device for g in cuda}) == 1 and not shadowed and \
                 self._cuda_reducer(cuda[0].device) is not None:
             # every gradient on one device: the kernel reads them in
             # order on the current stream; copies made here stay valid
@@ -486,7 +521,11 @@ class Controller:
             nonfinite = [a + b for a, b in zip(nonfinite, hn)]
         del keep
         not_reported = [not gs for gs in grads]
-        self.agent.report_sums(t, sumsq, nonfinite, not_reported=not_reported)
+        sent = list(nonfinite)
+        self._shadowed = [u for u in shadowed if not not_reported[u]]
+        for u in self._shadowed:  # as the low-cost path would have made it
+            sent[u] = max(sent[u], 1)
+        self.agent.report_sums(t, sumsq, sent, not_reported=not_reported)
         self._local = (sumsq, nonfinite, not_reported)
 
     def report(self, step):
@@ -589,7 +628,8 @@ class Controller:
         self.apply_routes()
         res = StepResult(step, on_time, joined,
                          [n for (n, _), h in zip(self.units, self.high)
-                          if h], self._changed)
+                          if h], self._changed,
+                         shadowed=[self.units[u][0] for u in self._shadowed])
         if on_time:
             rstep, risky = self.agent.risky()
             if rstep == t:

@@ -28,10 +28,12 @@ either path, so a caller can measure damage that recovery hid.
     from gnmr.recovery import FP8Linear, convert, switch
     convert(model, FP8Linear, select=(torch.nn.Linear,), pattern=r"blocks")
     ctl = Controller(model, endpoint, job, select=(FP8Linear,),
-                     on_route=switch)
+                     on_route=switch, shadow=fp8_overflowed)
 
 `switch` sets `module.recovery`, so the route takes effect at the module's
-next forward. Only training forwards (grad enabled, module.training)
+next forward. `fp8_overflowed` tells the controller when a unit on its
+recovery path would have been damaged on the low-cost path, so that GNMR
+keeps it there (Controller's `shadow`). Only training forwards (grad enabled, module.training)
 record amax: evaluation and probes leave the scale alone.
 """
 import math
@@ -209,6 +211,14 @@ class KBitLinear(_TwoPathLinear):
         if not self.recovery:
             return low
         return x if self.high_bits is None else fake_int(x, self.high_bits)
+
+
+def fp8_overflowed(name, module):
+    """A `shadow` for Controller: True when the module's last training
+    forward had input elements that its low-cost path's stale FP8 scale
+    could not hold (FP8Linear.low_overflow, counted on either path), that
+    is, when the low-cost path would have been damaged at this step."""
+    return getattr(module, "low_overflow", 0) > 0
 
 
 def switch(name, module, high):

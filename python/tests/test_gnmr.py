@@ -334,6 +334,54 @@ class ControllerTest(unittest.TestCase):
         self.assertEqual(ctl.high, [False, False, True, False])
         ctl.close()
 
+    def test_shadow_keeps_a_recovered_unit_while_its_low_path_would_fail(
+            self):
+        with self.assertRaisesRegex(ValueError, "shadow"):
+            Controller(Net(), self.d.agents, "shadow-bad", shadow=3)
+        x = torch.randn(16, 8)
+        held = {}
+        for use_shadow in (False, True):
+            net, damaged = Net(), set()
+            ctl = Controller(
+                net, self.d.agents, f"shadow-{use_shadow}",
+                shadow=(lambda n, m: n in damaged) if use_shadow else None,
+                params=gnmr.default_params(warmup_steps=0, max_active=1,
+                                           lock_steps=1))
+            for step in range(1, 4):
+                self.assertEqual(self.train_step(net, x, step, ctl).shadowed,
+                                 [])
+            # b's low-cost path fails: a NaN in its gradient
+            net.zero_grad()
+            net(x).pow(2).mean().backward()
+            net.b.weight.grad[0, 0] = float("nan")
+            res = ctl.step(4, wait_ms=5000)
+            self.assertEqual((res.nonfinite, res.shadowed), (["b"], []))
+            self.assertEqual(ctl.high, [False, True, False, False])
+            # on its recovery path b's gradient is clean, but its low-cost
+            # path would still fail for three steps (a's would too, but a
+            # is on its low-cost path: its own gradient would say so)
+            damaged |= {"a", "b"}
+            held[use_shadow] = []
+            for step in range(5, 11):
+                if step == 8:
+                    damaged.clear()
+                res = self.train_step(net, x, step, ctl)
+                self.assertTrue(res)
+                self.assertEqual(res.nonfinite, [])  # no real NaN/Inf
+                self.assertEqual(res.shadowed,
+                                 ["b"] if use_shadow and step < 8 and
+                                 ctl.high[1] else [], msg=step)
+                if res.shadowed:  # gnmrd saw a non-finite norm
+                    self.assertEqual(list(res.risky), ["b"])
+                    self.assertTrue(math.isinf(res.risky["b"][2]))
+                held[use_shadow].append(ctl.high[1])
+            ctl.close()
+        # without shadow, b is released after its lock (one calm step);
+        # with it, b stays while the damage lasts, then for its lock
+        self.assertEqual(held[False], [True, False, False, False, False,
+                                       False])
+        self.assertEqual(held[True], [True, True, True, True, False, False])
+
     def test_observer_replicas_get_the_same_routes(self):
         net = Net()
         p = gnmr.default_params(warmup_steps=0, max_active=1, lock_steps=3)
@@ -399,7 +447,7 @@ class ExampleTest(unittest.TestCase):
             js = os.path.join(tmp, "stress.json")
             res, text = self.main(["--seed-list", "1,2", "--jobs", "2",
                                    "--json", js])
-            for v in self.qs.ALL_VARIANTS:
+            for v in self.qs.DEFAULT_VARIANTS:
                 self.assertEqual(len(res[v]), 2, v)
                 self.assertTrue(all(math.isfinite(r["val"]) for r in res[v]))
                 self.assertRegex(text, rf"\n\| {v} \| \d+\.\d+ ± ")
@@ -426,12 +474,12 @@ class ExampleTest(unittest.TestCase):
             self.assertEqual(doc["seeds"], [1, 2])
             self.assertRegex(doc["commit"], r"^([0-9a-f]{40}|unknown)$")
             self.assertIn("--seed-list 1,2", doc["command"])
-            for v in self.qs.ALL_VARIANTS:
+            for v in self.qs.DEFAULT_VARIANTS:
                 for key in ("val", "share", "precision", "coverage"):
                     self.assertEqual(len(doc["variants"][v][key]), 2)
             self.assertIn("oracle-random", doc["paired"])
             # every damage unit-step not recovered has one cause
-            for v in self.qs.ALL_VARIANTS:
+            for v in self.qs.DEFAULT_VARIANTS:
                 d = doc["variants"][v]
                 for i in range(2):
                     n = d["damage_unit_steps"][i]
@@ -450,6 +498,16 @@ class ExampleTest(unittest.TestCase):
             for v in ("oracle", "rawnorm"):
                 self.assertEqual(again[v][0]["val"], res[v][1]["val"], v)
                 self.assertEqual(again[v][0]["active"], res[v][1]["active"])
+            # gnmr_shadow (not a default variant) beside gnmr: gnmr's
+            # numbers again; GNMR now holds what its recovery hid
+            shadow, text = self.main(["--seed-list", "1", "--variants",
+                                      "gnmr,gnmr_shadow"])
+            g, sh = shadow["gnmr"][0], shadow["gnmr_shadow"][0]
+            self.assertEqual(g["val"], res["gnmr"][0]["val"])
+            self.assertIn("| gnmr_shadow-gnmr |", text)
+            self.assertGreater(g["misses"]["hidden"], 0)
+            self.assertLess(sh["misses"]["hidden"], g["misses"]["hidden"])
+            self.assertGreaterEqual(sh["share"], g["share"])
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
