@@ -18,7 +18,8 @@ import torch  # noqa: E402
 import gnmr  # noqa: E402
 from gnmr.pytorch import Controller  # noqa: E402
 from gnmr.recovery import (DelayedScaling, FP8Linear, KBitLinear,  # noqa
-                           convert, fake_fp8, fake_int, switch)
+                           convert, fake_fp8, fake_int, fp8_overflowed,
+                           switch)
 from test_gnmr import Daemon  # noqa: E402
 
 
@@ -268,6 +269,48 @@ class SwitchTest(unittest.TestCase):
             self.assertEqual(seen[5], [False, True])   # step 6, after 5
             self.assertEqual(seen[4], [False, False])
             self.assertTrue(all(not any(s) for s in seen[:5]))
+        finally:
+            self.assertEqual(d.stop(), 0)
+
+    def test_fp8_overflowed_holds_a_unit_while_its_low_path_would_fail(self):
+        """A real gnmrd, FP8Linear units, shadow=fp8_overflowed: a unit
+        selected for a NaN from its low path stays on its recovery path
+        while its input keeps outgrowing the stale FP8 scale, and leaves
+        when the growth ends."""
+        self.assertFalse(fp8_overflowed("u", torch.nn.Linear(2, 2)))
+        d = Daemon()
+        try:
+            torch.manual_seed(0)
+            net = torch.nn.Sequential(FP8Linear(8, 8, saturate=False),
+                                      FP8Linear(8, 8, saturate=False))
+            ctl = Controller(net, d.agents, "recovery-shadow",
+                             select=(FP8Linear,), on_route=switch,
+                             shadow=fp8_overflowed,
+                             params=gnmr.default_params(warmup_steps=2,
+                                                        max_active=1,
+                                                        lock_steps=0))
+            x = torch.randn(4, 8)
+            grow = {5: 16.0, 6: 64.0, 7: 256.0}  # the input of net[1]
+            path, shadowed, nonfinite = [], [], []
+            for step in range(1, 11):
+                net.zero_grad()
+                path.append(net[1].recovery)
+                h = net[0](x)
+                h = h * grow.get(step, 1.0)
+                net[1](h).pow(2).mean().backward()
+                res = ctl.step(step, wait_ms=5000)
+                self.assertTrue(res)
+                shadowed.append(res.shadowed)
+                nonfinite.append(res.nonfinite)
+            ctl.close()
+            # step 5 on the low path: a NaN, so recovery from step 6;
+            # steps 6 and 7 would overflow the low path: held; step 8 is
+            # calm: released (lock 0) from step 9
+            self.assertEqual(nonfinite[4], ["1"])
+            self.assertEqual(shadowed[5:7], [["1"], ["1"]])
+            self.assertEqual(nonfinite[5:7], [[], []])
+            self.assertEqual(path[5:9], [True, True, True, False])
+            self.assertEqual(shadowed[7:], [[]] * 3)
         finally:
             self.assertEqual(d.stop(), 0)
 
