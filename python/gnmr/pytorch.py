@@ -641,12 +641,14 @@ class Controller:
                          for (n, _), s, skip in zip(self.units, sumsq, nr)}
             res.nonfinite = [n for (n, _), c in zip(self.units, nonfinite)
                              if c]
-            if self._trace is not None:
+            if self._trace is not None:  # what gnmrd decided from:
+                shadowed = set(self._shadowed)  # shadowed units as NaN
                 for u, ((n, _), s, c, skip) in enumerate(
                         zip(self.units, sumsq, nonfinite, nr)):
                     if not skip:
+                        bad = c or u in shadowed
                         self._trace.write(f"{t},{self._ids[u]},"
-                                          f"{'nan' if c else repr(s ** .5)}"
+                                          f"{'nan' if bad else repr(s ** .5)}"
                                           "\n")
         if self.on_decision is not None:
             self.on_decision(res)

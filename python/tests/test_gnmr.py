@@ -339,12 +339,16 @@ class ControllerTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "shadow"):
             Controller(Net(), self.d.agents, "shadow-bad", shadow=3)
         x = torch.randn(16, 8)
-        held = {}
+        held, decided = {}, {}
+        trace = os.path.join(self.d.dir, "shadow.csv")
         for use_shadow in (False, True):
             net, damaged = Net(), set()
             ctl = Controller(
                 net, self.d.agents, f"shadow-{use_shadow}",
                 shadow=(lambda n, m: n in damaged) if use_shadow else None,
+                trace=trace if use_shadow else None,
+                on_decision=lambda r: decided.__setitem__(
+                    r.step, " ".join(str("abc".index(n)) for n in r.active)),
                 params=gnmr.default_params(warmup_steps=0, max_active=1,
                                            lock_steps=1))
             for step in range(1, 4):
@@ -381,6 +385,17 @@ class ControllerTest(unittest.TestCase):
         self.assertEqual(held[False], [True, False, False, False, False,
                                        False])
         self.assertEqual(held[True], [True, True, True, True, False, False])
+        # the trace holds what gnmrd decided from (shadowed units as NaN):
+        # replayed offline, it gives the same decisions
+        r = subprocess.run([os.path.join(BIN, "gnmrctl"), "replay",
+                            "--warmup-steps", "0", "--max-active", "1",
+                            "--lock-steps", "1", trace],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = r.stdout.splitlines()
+        self.assertEqual(rows[0], "step,active")
+        self.assertEqual(rows[1:], [f"{t},{decided[t]}"
+                                    for t in range(1, 11)])
 
     def test_observer_replicas_get_the_same_routes(self):
         net = Net()
