@@ -270,16 +270,23 @@ TEST_ENV = GNMR_BIN_DIR=$(abspath $(BUILD)/bin) GNMR_SHARED=$(SHARED) \
            GNMR_TRACES=$(abspath tests/traces) \
            $(if $(SAN),GNMR_SANITIZED=$(SAN))
 
+# Each suite's output is kept in $(BUILD)/test-logs/; when one fails, the
+# failed checks (Check's FILE:LINE:F|E: lines) are repeated at the end, so
+# the last lines of a long log say what failed.
+RECAP = scripts/test_recap.sh
 test: all $(TESTS) $(if $(filter 1,$(CUDA)),$(GPU_TEST))
-	@fail=0; for t in $(TESTS) $(if $(filter 1,$(CUDA)),$(if $(SAN),,$(GPU_TEST))); do \
-	  echo "== $$t"; $(TEST_ENV) $$t || fail=1; \
+	@rm -rf $(BUILD)/test-logs; mkdir -p $(BUILD)/test-logs; \
+	fail=0; for t in $(TESTS) $(if $(filter 1,$(CUDA)),$(if $(SAN),,$(GPU_TEST))); do \
+	  echo "== $$t"; log=$(BUILD)/test-logs/$$(basename $$t).log; \
+	  $(TEST_ENV) $$t > $$log 2>&1; rc=$$?; cat $$log; \
+	  [ $$rc = 0 ] || { fail=1; $(RECAP) add $(BUILD)/test-logs $$t $$log; }; \
 	done; \
 	if [ "$(CUDA)" = 1 ] && [ -z "$(SAN)" ]; then \
 	  echo "== tests/gpu/false_green.sh"; \
 	  $(TEST_ENV) tests/gpu/false_green.sh $(GPU_TEST) || fail=1; \
 	fi; \
 	if [ $$fail = 0 ]; then echo "tests ($(BUILD)): all passed"; \
-	else echo "tests ($(BUILD)): FAILED"; exit 1; fi
+	else $(RECAP) show $(BUILD)/test-logs; echo "tests ($(BUILD)): FAILED"; exit 1; fi
 
 # The CUDA backend on a GPU (skips, saying so, where there is none).
 $(BUILD)/obj/tests/gpu/%.o $(BUILD)/obj/tests/fake_cuda/%.o $(BUILD)/obj/bench/norm_cuda.o: CPPFLAGS += -isystem $(CUDA_HOME)/include -Itests/fake_cuda
@@ -320,13 +327,17 @@ VG_ORDER := $(filter $(addprefix $(BUILD)/tests/,$(VG_SLOW)),$(TESTS)) \
 VG_RUNS := $(addprefix valgrind-run/,$(VG_ORDER))
 .PHONY: $(VG_RUNS)
 test-valgrind: all $(TESTS)
+	@rm -rf $(BUILD)/valgrind-logs; mkdir -p $(BUILD)/valgrind-logs
 	@if $(MAKE) --no-print-directory -k -j$(CHECK_JOBS) -Otarget $(VG_RUNS); \
 	then echo "tests (valgrind): all passed"; \
-	else echo "tests (valgrind): FAILED"; exit 1; fi
+	else $(RECAP) show $(BUILD)/valgrind-logs; \
+	  echo "tests (valgrind): FAILED"; exit 1; fi
 $(VG_RUNS): valgrind-run/%:
-	@echo "== valgrind $*"; \
-	CK_FORK=no GNMR_VALGRIND=1 $(TEST_ENV) $(VALGRIND) $* || \
-	  { echo "valgrind $*: FAILED"; exit 1; }
+	@echo "== valgrind $*"; log=$(BUILD)/valgrind-logs/$$(basename $*).log; \
+	CK_FORK=no GNMR_VALGRIND=1 $(TEST_ENV) $(VALGRIND) $* > $$log 2>&1; \
+	rc=$$?; cat $$log; \
+	[ $$rc = 0 ] || { echo "valgrind $*: FAILED (exit $$rc)"; \
+	  $(RECAP) add $(BUILD)/valgrind-logs $* $$log; exit 1; }
 
 # A bounded soak of gnmrd: RSS, fds and database size must stay flat.
 SOAK_SECONDS ?= 60

@@ -243,6 +243,22 @@ static inline void tu_daemon_spawn_in(tu_daemon *d, const char *agents,
   tu_track_daemon(d->pid, 1);
 }
 
+/* The last 1500 bytes of gnmrd's stderr log, for a failure's message
+ * (a static buffer: the test ends right after). */
+static inline const char *tu_daemon_log_tail(const tu_daemon *d) {
+  static char tail[1501];
+  char p[300];
+  snprintf(p, sizeof p, "%s/err", d->dir);
+  size_t n = 0;
+  char *txt = tu_read_file(p, &n);
+  if (txt == NULL)
+    return "(no log)";
+  size_t from = n > 1500 ? n - 1500 : 0;
+  snprintf(tail, sizeof tail, "%s", txt + from);
+  free(txt);
+  return tail;
+}
+
 /* Waits until gnmrd printed its endpoints (into d->agents, d->admin). */
 static inline void tu_daemon_wait_ready(tu_daemon *d, int timeout_ms) {
   char out[128];
@@ -259,17 +275,21 @@ static inline void tu_daemon_wait_ready(tu_daemon *d, int timeout_ms) {
     }
     free(txt);
     int st;
-    ck_assert_msg(waitpid(d->pid, &st, WNOHANG) == 0, "gnmrd exited early");
+    if (waitpid(d->pid, &st, WNOHANG) != 0)
+      ck_abort_msg("gnmrd exited early (status %d); its log ends:\n%s", st,
+                   tu_daemon_log_tail(d));
     tu_sleep_ms(20);
   }
-  ck_abort_msg("gnmrd did not print its endpoints");
+  ck_abort_msg("gnmrd did not print its endpoints in %d ms; its log ends:\n%s",
+               timeout_ms, tu_daemon_log_tail(d));
 }
 
 static inline void tu_daemon_start_in(tu_daemon *d, const char *agents,
                                       const char *admin, const char *dir,
                                       char *const *extra) {
   tu_daemon_spawn_in(d, agents, admin, dir, extra);
-  tu_daemon_wait_ready(d, 20000); /* valgrind is slow */
+  /* valgrind is slow: gnmrd and the suite both run under it */
+  tu_daemon_wait_ready(d, getenv("GNMR_VALGRIND") != NULL ? 60000 : 20000);
 }
 
 static inline void tu_daemon_start(tu_daemon *d) {
