@@ -107,8 +107,20 @@ static inline void step_agent(gnmr_agent *a, uint64_t t) {
   sums(t, s);
   ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
   int ms = getenv("GNMR_VALGRIND") != NULL ? 60000 : 10000;
-  ck_assert_msg(gnmr_agent_wait(a, t, ms) == GNMR_OK,
-                "no decision for step %llu", (unsigned long long)t);
+  int rv = gnmr_agent_wait(a, t, ms);
+  if (rv != GNMR_OK) {
+    gnmr_agent_stats st = {0};
+    gnmr_agent_stats_get(a, &st);
+    ck_abort_msg("no decision for step %llu in %d ms (%s): reports sent %llu, "
+                 "dropped %llu, stale %llu, decisions %llu, hellos %llu, "
+                 "errors %llu (last %d)", (unsigned long long)t, ms,
+                 gnmr_strerror(rv), (unsigned long long)st.reports_sent,
+                 (unsigned long long)st.reports_dropped,
+                 (unsigned long long)st.reports_stale,
+                 (unsigned long long)st.decisions,
+                 (unsigned long long)st.hellos,
+                 (unsigned long long)st.errors, st.last_error);
+  }
 }
 
 /* The engine's decision rows for the given steps, as gnmrd computes them

@@ -430,15 +430,18 @@ START_TEST(sigkill_loses_no_committed_step_and_job_continues_from_snapshot) {
   char *hargs[] = {"history", "crash-job", "--kind", "job_resumed", "--csv",
                    NULL};
   run_result r = ctl(&d, hargs);
-  ck_assert_int_eq(r.code, 0);
-  ck_assert_ptr_nonnull(strstr(r.out, "2,30,job_resumed"));
-  ck_assert_ptr_nonnull(strstr(r.out, "snapshot at step 30"));
+  ck_assert_msg(r.code == 0, "history: exit %d: %s", r.code, r.err);
+  ck_assert_msg(strstr(r.out, "2,30,job_resumed") != NULL &&
+                    strstr(r.out, "snapshot at step 30") != NULL,
+                "no resume from the snapshot at step 30 in:\n%s\n"
+                "gnmrd's log ends:\n%s", r.out, tu_daemon_log_tail(&d));
   tu_run_free(&r);
   char *sargs[] = {"status", "crash-job", "--json", NULL};
   r = ctl(&d, sargs);
-  ck_assert_int_eq(r.code, 0);
-  ck_assert_ptr_nonnull(strstr(r.out, "\"pass\": 2"));
-  ck_assert_ptr_nonnull(strstr(r.out, "\"step\": 80"));
+  ck_assert_msg(r.code == 0, "status: exit %d: %s", r.code, r.err);
+  ck_assert_msg(strstr(r.out, "\"pass\": 2") != NULL &&
+                    strstr(r.out, "\"step\": 80") != NULL,
+                "status after the restart:\n%s", r.out);
   tu_run_free(&r);
   free(before);
   free(after);
