@@ -562,6 +562,12 @@ int main(int argc, char **argv) {
     uv_timer_start(&leader_timer, on_leader_check, 100, 100);
   }
 
+  /* START is logged before the endpoints are printed: whoever waits for
+   * them (a supervisor, the tests) finds it in the log already. */
+  LOG(INFO, "START", "serving agents on %s, admin on %s (policy SIMD: %s; "
+      "%u workers for steps of %llu unit-shards or more)", bound_agents,
+      bound_admin, policy_simd_name(policy_simd_get()),
+      workers_count(d.workers), (unsigned long long)d.worker_min);
   printf("gnmrd %s: data %s\ngnmrd: agents %s\ngnmrd: admin %s\n",
          GNMR_VERSION, data_dir, bound_agents, bound_admin);
   if (bound_metrics[0] != '\0')
@@ -569,10 +575,6 @@ int main(int argc, char **argv) {
   if (lead != NULL)
     printf("gnmrd: store %s\n", where_shown);
   fflush(stdout);
-  LOG(INFO, "START", "serving agents on %s, admin on %s (policy SIMD: %s; "
-      "%u workers for steps of %llu unit-shards or more)", bound_agents,
-      bound_admin, policy_simd_name(policy_simd_get()),
-      workers_count(d.workers), (unsigned long long)d.worker_min);
   notify_ready(&d, bound_agents);
   uv_run(&loop, UV_RUN_DEFAULT);
   notify_stopping(&d);
