@@ -66,7 +66,7 @@ static void step(gnmr_agent *a, uint64_t t, uint32_t n) {
   for (uint32_t u = 0; u < n; u++)
     s[u] = (1 + u % 7) * (1 + ((t * 31 + u) % 97 == 0 ? 50.0 : 0.0));
   ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
-  ck_assert_msg(gnmr_agent_wait(a, t, 10000) == GNMR_OK,
+  ck_assert_msg(gnmr_agent_wait(a, t, 10000 * tu_slow()) == GNMR_OK,
                 "no decision for step %llu", (unsigned long long)t);
 }
 

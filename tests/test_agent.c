@@ -582,7 +582,7 @@ START_TEST(a_forked_child_cannot_use_or_break_the_parents_agent) {
   ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
   double s[1] = {1};
   ck_assert_int_eq(gnmr_agent_report_sums(a, 1, s, NULL, NULL), GNMR_OK);
-  ck_assert_int_eq(gnmr_agent_wait(a, 1, 5000), GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_wait(a, 1, 5000 * tu_slow()), GNMR_OK);
   int fds[2];
   ck_assert_int_eq(pipe(fds), 0);
   pid_t pid = fork();
@@ -632,7 +632,7 @@ START_TEST(a_forked_child_cannot_use_or_break_the_parents_agent) {
   ck_assert_msg(v == 'y', "child: verdict %c, status %d", v, st);
   for (uint64_t t = 2; t <= 4; t++) {
     ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
-    ck_assert_int_eq(gnmr_agent_wait(a, t, 5000), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a, t, 5000 * tu_slow()), GNMR_OK);
   }
   gnmr_agent_close(&a);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
@@ -668,7 +668,7 @@ START_TEST(every_route_at_once_equals_each_route) {
     for (int u = 0; u < N; u++)
       s[u] = t == 6 && (u == 63 || u == 64 || u == 129) ? 900 : 1;
     ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
-    ck_assert_int_eq(gnmr_agent_wait(a, t, 5000), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a, t, 5000 * tu_slow()), GNMR_OK);
   }
   ck_assert_uint_eq(gnmr_agent_routes(a, out, N), N);
   for (int u = 0; u < N; u++) {
@@ -703,7 +703,7 @@ START_TEST(agent_without_daemon_keeps_stepping_within_its_deadline) {
   double secs = (double)(t1.tv_sec - t0.tv_sec) +
                 (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
   /* 20 deadlines of 10 ms: never blocked far beyond them */
-  ck_assert_msg(secs < 2.0, "20 steps took %.2f s", secs);
+  ck_assert_msg(secs < 2.0 * tu_slow(), "20 steps took %.2f s", secs);
   gnmr_agent_stats st;
   gnmr_agent_stats_get(a, &st);
   ck_assert_uint_eq(st.late_decisions, 20);
@@ -751,7 +751,7 @@ START_TEST(daemon_killed_mid_run_then_restarted_agent_rejoins) {
   double sp[3] = {1, 400, 9};
   ck_assert_int_eq(gnmr_agent_report_sums(a, ++step, sp, NULL, NULL),
                    GNMR_OK);
-  ck_assert_int_eq(gnmr_agent_wait(a, step, 5000), GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_wait(a, step, 5000 * tu_slow()), GNMR_OK);
   ck_assert_int_eq(gnmr_agent_route(a, 1), GNMR_ROUTE_HIGH);
   ck_assert_int_eq(gnmr_agent_route(a, 0), GNMR_ROUTE_LOW);
   uint8_t all[8];
@@ -855,7 +855,7 @@ START_TEST(observers_receive_every_decision_without_reporting) {
       ck_assert_int_eq(gnmr_agent_report_sums(ag[i], t, s, NULL, NULL),
                        GNMR_OK);
     for (int i = 0; i < 4; i++)
-      ck_assert_msg(gnmr_agent_wait(ag[i], t, 5000) == GNMR_OK,
+      ck_assert_msg(gnmr_agent_wait(ag[i], t, 5000 * tu_slow()) == GNMR_OK,
                     "agent %d: no decision for step %llu", i,
                     (unsigned long long)t);
     for (uint32_t u = 0; u < 3; u++) {
@@ -929,18 +929,18 @@ START_TEST(lagging_rank_is_decided_missing_at_the_barrier_deadline) {
       ck_assert_int_eq(gnmr_agent_report_sums(ag[r], t, s, NULL, NULL),
                        GNMR_OK);
     for (int r = 0; r < 2; r++)
-      ck_assert_int_eq(gnmr_agent_wait(ag[r], t, 5000), GNMR_OK);
+      ck_assert_int_eq(gnmr_agent_wait(ag[r], t, 5000 * tu_slow()), GNMR_OK);
   }
   ck_assert_int_eq(tu_counter(&d, "deadline_decisions"), 0);
   /* step 5: rank 1 lags; the step is decided when the deadline passes */
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   ck_assert_int_eq(gnmr_agent_report_sums(ag[0], 5, s, NULL, NULL), GNMR_OK);
-  ck_assert_int_eq(gnmr_agent_wait(ag[0], 5, 5000), GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_wait(ag[0], 5, 5000 * tu_slow()), GNMR_OK);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   double waited = (double)(t1.tv_sec - t0.tv_sec) +
                   (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-  ck_assert_msg(waited >= 0.25 && waited < 3.0, "decided after %.3f s",
+  ck_assert_msg(waited >= 0.25 && waited < 3.0 * tu_slow(), "decided after %.3f s",
                 waited);
   ck_assert_int_eq(tu_counter(&d, "deadline_decisions"), 1);
   /* rank 1's unit and the shared unit (one shard short) were missing */
@@ -955,7 +955,7 @@ START_TEST(lagging_rank_is_decided_missing_at_the_barrier_deadline) {
     ck_assert_int_eq(gnmr_agent_report_sums(ag[r], 6, s, NULL, NULL),
                      GNMR_OK);
   for (int r = 0; r < 2; r++)
-    ck_assert_int_eq(gnmr_agent_wait(ag[r], 6, 5000), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(ag[r], 6, 5000 * tu_slow()), GNMR_OK);
   ck_assert_int_eq(tu_counter(&d, "deadline_decisions"), 1);
   /* the history says which units were missing */
   char admin[300];
@@ -1110,7 +1110,7 @@ START_TEST(a_report_the_daemon_died_with_goes_to_the_next_one) {
     ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
     ck_assert_int_eq(fake_steps(&f, got, 16, 200), 1);
     fake_decide(&f, t);
-    ck_assert_int_eq(gnmr_agent_wait(a, t, 2000), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a, t, 2000 * tu_slow()), GNMR_OK);
   }
   ck_assert_int_eq(gnmr_agent_report_sums(a, 3, s, NULL, NULL), GNMR_OK);
   ck_assert_int_eq(fake_steps(&f, got, 16, 200), 1); /* received... */
@@ -1122,7 +1122,7 @@ START_TEST(a_report_the_daemon_died_with_goes_to_the_next_one) {
   ck_assert_int_eq(n, 1);
   ck_assert_uint_eq(got[0], 3);
   fake_decide(&f, 3);
-  ck_assert_int_eq(gnmr_agent_wait(a, 3, 2000), GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_wait(a, 3, 2000 * tu_slow()), GNMR_OK);
   gnmr_agent_stats st;
   ck_assert_int_eq(gnmr_agent_stats_get(a, &st), GNMR_OK);
   ck_assert_uint_eq(st.reports_stale, 0);

@@ -310,7 +310,7 @@ START_TEST(metrics_endpoint_serves_valid_prometheus_text) {
   for (uint64_t t = 1; t <= 10; t++) {
     double s[2] = {1, t == 8 ? 400.0 : 4.0};
     ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
-    ck_assert_int_eq(gnmr_agent_wait(a, t, 5000), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a, t, 5000 * tu_slow()), GNMR_OK);
   }
   int status;
   char *text = http_get(url, &status);

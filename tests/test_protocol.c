@@ -41,7 +41,7 @@ static void good_step(good_agent *g) {
   g->step++;
   ck_assert_int_eq(gnmr_agent_report_sums(g->a, g->step, s, NULL, NULL),
                    GNMR_OK);
-  ck_assert_msg(gnmr_agent_wait(g->a, g->step, 5000) == GNMR_OK,
+  ck_assert_msg(gnmr_agent_wait(g->a, g->step, 5000 * tu_slow()) == GNMR_OK,
                 "good agent got no decision for step %llu",
                 (unsigned long long)g->step);
 }

@@ -199,7 +199,7 @@ START_TEST(only_listed_keys_are_served_and_refusals_are_counted) {
   double s[2] = {1, 4};
   for (uint64_t t = 1; t <= 5; t++) {
     ck_assert_int_eq(gnmr_agent_report_sums(good, t, s, NULL, NULL), GNMR_OK);
-    ck_assert_int_eq(gnmr_agent_wait(good, t, 5000), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(good, t, 5000 * tu_slow()), GNMR_OK);
   }
   /* an unknown key, a plaintext peer, a wrong server key: never let in */
   gnmr_agent *unknown = curve_agent(d.agents, "intruder", server.pub,
@@ -419,7 +419,7 @@ START_TEST(tenants_see_and_touch_only_their_own_jobs) {
   double s[2] = {1, 4};
   for (uint64_t t = 1; t <= 3; t++) {
     ck_assert_int_eq(gnmr_agent_report_sums(a1, t, s, NULL, NULL), GNMR_OK);
-    ck_assert_int_eq(gnmr_agent_wait(a1, t, 5000), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a1, t, 5000 * tu_slow()), GNMR_OK);
   }
   /* joining another tenant's job: refused, unless the grant matches */
   gnmr_agent *b1 = curve_observer(d.agents, "alice-job", server.pub, &bob);
@@ -540,7 +540,7 @@ START_TEST(a_job_name_stays_its_owners_after_the_job_ends) {
     ck_assert(joins(a, 3000));
     for (uint64_t t = 1; t <= 2; t++) {
       ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
-      ck_assert_int_eq(gnmr_agent_wait(a, t, 5000), GNMR_OK);
+      ck_assert_int_eq(gnmr_agent_wait(a, t, 5000 * tu_slow()), GNMR_OK);
     }
     gnmr_agent_close(&a); /* its only rank says Bye: the job is finished */
     ck_assert_msg(job_state_is(&d, server.pub, &op, mine[i], "finished",
@@ -580,7 +580,7 @@ START_TEST(a_job_name_stays_its_owners_after_the_job_ends) {
   gnmr_agent *c = curve_agent(d.agents, "carol-job", server.pub, &carol);
   ck_assert(joins(a, 3000) && joins(c, 3000));
   ck_assert_int_eq(gnmr_agent_report_sums(a, 1, s, NULL, NULL), GNMR_OK);
-  ck_assert_int_eq(gnmr_agent_wait(a, 1, 5000), GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_wait(a, 1, 5000 * tu_slow()), GNMR_OK);
   run_result r = ctl_as(&d, server.pub, &alice, "runs", "alice-solo", NULL);
   ck_assert_int_eq(r.code, 0);
   ck_assert_msg(strstr(r.out, "running") && strstr(r.out, "finished"), "%s",

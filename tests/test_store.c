@@ -242,7 +242,7 @@ START_TEST(large_snapshot_streams_into_sqlite_and_restores) {
       norm[u] = sqrt(s[u]);
     }
     ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
-    ck_assert_msg(gnmr_agent_wait(a, t, 20000) == GNMR_OK,
+    ck_assert_msg(gnmr_agent_wait(a, t, 20000 * tu_slow()) == GNMR_OK,
                   "no decision for step %llu", (unsigned long long)t);
     policy_result r;
     ck_assert_int_eq(policy_step(e, t, norm, NULL, &r), GNMR_OK);
@@ -304,7 +304,7 @@ START_TEST(large_snapshot_streams_into_sqlite_and_restores) {
     for (uint32_t u = 0; u < N; u++)
       s[u] = big_sum(u, t);
     ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
-    ck_assert_msg(gnmr_agent_wait(a, t, 20000) == GNMR_OK,
+    ck_assert_msg(gnmr_agent_wait(a, t, 20000 * tu_slow()) == GNMR_OK,
                   "no decision for step %llu", (unsigned long long)t);
   }
   char *hargs[] = {"history", "big-snap", "--kind", "job_resumed", "--csv",
@@ -364,7 +364,7 @@ START_TEST(large_snapshots_wait_for_the_store) {
     for (uint32_t u = 0; u < N; u++)
       s[u] = big_sum(u, t);
     ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
-    ck_assert_int_eq(gnmr_agent_wait(a, t, 20000), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a, t, 20000 * tu_slow()), GNMR_OK);
   }
   ck_assert_int_gt(tu_counter(&d, "store_errors"), 0);
   long early = tu_counter(&d, "snapshots_early");
@@ -379,7 +379,7 @@ START_TEST(large_snapshots_wait_for_the_store) {
     for (uint32_t u = 0; u < N; u++)
       s[u] = big_sum(u, t);
     ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
-    ck_assert_int_eq(gnmr_agent_wait(a, t, 20000), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a, t, 20000 * tu_slow()), GNMR_OK);
   }
   ck_assert_int_gt(tu_counter(&d, "snapshots_early"), early);
   /* every step is in the history, none dropped */
@@ -724,7 +724,7 @@ START_TEST(repeated_sigkill_loses_no_committed_step_and_agents_never_stall) {
       clock_gettime(CLOCK_MONOTONIC, &t1);
       double w = (double)(t1.tv_sec - t0.tv_sec) +
                  (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-      ck_assert_msg(w < 1.0, "the agent stalled %.2f s at step %llu", w,
+      ck_assert_msg(w < 1.0 * tu_slow(), "the agent stalled %.2f s at step %llu", w,
                     (unsigned long long)t);
       decided += rv == GNMR_OK;
     }
