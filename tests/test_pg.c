@@ -274,11 +274,13 @@ START_TEST(server_killed_and_restarted_mid_job_loses_nothing) {
   free(csv);
   ck_assert_int_gt(tu_counter(&d, "store_errors"), 0);
   ck_assert_int_eq(tu_counter(&d, "store_dropped"), 0);
-  char *log = tu_daemon_log(&d);
+  /* the restart ended the leadership's session too: taken again (by the
+   * leadership's own thread, in its own time) */
+  char *log = tu_daemon_log_wait(&d, "LEADER-REGAINED", 10000);
+  ck_assert_msg(log != NULL, "no LEADER-REGAINED; gnmrd's log ends:\n%s",
+                tu_daemon_log_tail(&d));
   ck_assert_ptr_nonnull(strstr(log, "STORE-COMMIT"));
   ck_assert_ptr_nonnull(strstr(log, "connected again"));
-  /* the restart ended the leadership's session too: taken again */
-  ck_assert_ptr_nonnull(strstr(log, "LEADER-REGAINED"));
   free(log);
   gnmr_agent_close(&a);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
@@ -590,15 +592,7 @@ START_TEST(read_only_and_full_databases_are_retried_losing_nothing) {
   for (uint64_t t = 21; t <= 60; t++)
     step_agent(a, t); /* the daemon keeps deciding */
   /* the server's own refusal reaches the log (after the reconnection) */
-  char *log = NULL;
-  for (int i = 0; i < 500; i++) {
-    log = tu_daemon_log(&d);
-    if (strstr(log, msg[_i]) != NULL)
-      break;
-    free(log);
-    log = NULL;
-    tu_sleep_ms(20);
-  }
+  char *log = tu_daemon_log_wait(&d, msg[_i], 10000);
   ck_assert_msg(log != NULL, "the log never showed '%s'", msg[_i]);
   ck_assert_ptr_nonnull(strstr(log, "STORE-COMMIT"));
   free(log);

@@ -325,6 +325,23 @@ static inline char *tu_daemon_log(const tu_daemon *d) {
   return tu_read_file(p, NULL);
 }
 
+/* gnmrd's log once it contains `needle` (the caller frees it), or NULL
+ * after timeout_ms (times tu_slow()): for lines that another thread of
+ * gnmrd writes in its own time (the store's writer, the leadership's
+ * check). */
+static inline char *tu_daemon_log_wait(const tu_daemon *d, const char *needle,
+                                       int timeout_ms) {
+  for (int waited = 0;; waited += 20) {
+    char *log = tu_daemon_log(d);
+    if (log != NULL && strstr(log, needle) != NULL)
+      return log;
+    free(log);
+    if (waited >= timeout_ms * tu_slow())
+      return NULL;
+    tu_sleep_ms(20);
+  }
+}
+
 /* Removes the temporary directory (best effort). */
 static inline void tu_rmrf(const char *dir) {
   char cmd[256];
