@@ -350,12 +350,19 @@ static inline void tu_rmrf(const char *dir) {
     fprintf(stderr, "warning: could not remove %s\n", dir);
 }
 
-/* Returns the value of counter `name` from `gnmrctl stats`, or -1. */
+/* Returns the value of counter `name` from `gnmrctl stats`; the test
+ * fails, saying why, when gnmrctl gets no answer or the counter is not
+ * there (a -1 would pass for "changed" in a loop that waits for one).
+ * Under valgrind gnmrctl waits 60 s for gnmrd's answer, not 3 s: gnmrd's
+ * loop, busy with a large job under valgrind, may take seconds. */
 static inline long long tu_counter(const tu_daemon *d, const char *name) {
   char opt[300];
   snprintf(opt, sizeof opt, "--admin=%s", d->admin);
-  char *argv[] = {"gnmrctl", opt, "stats", NULL};
+  char *argv[] = {"gnmrctl", opt, "stats", "--timeout-ms",
+                  tu_slow() > 1 ? "60000" : "3000", NULL};
   run_result r = tu_run("gnmrctl", argv, NULL);
+  ck_assert_msg(r.code == 0, "gnmrctl stats (for %s): exit %d: %s", name,
+                r.code, r.err);
   long long v = -1;
   char key[64];
   snprintf(key, sizeof key, "\n%s ", name);
@@ -366,6 +373,7 @@ static inline long long tu_counter(const tu_daemon *d, const char *name) {
   if (p != NULL)
     sscanf(p + strlen(key), " %lld", &v);
   free(all);
+  ck_assert_msg(v >= 0, "no counter %s in gnmrctl stats:\n%s", name, r.out);
   tu_run_free(&r);
   return v;
 }
