@@ -23,6 +23,21 @@ static run_result ctl(const tu_daemon *d, const char *a1, const char *a2,
   return tu_run("gnmrctl", argv, NULL);
 }
 
+/* `runs JOB --csv` once it lists `want` (a run's finished state is
+ * committed after its last decision, in the store's own time). */
+static run_result runs_until(const tu_daemon *d, const char *job,
+                             const char *want) {
+  run_result r = ctl(d, "runs", job, "--csv", NULL, NULL);
+  for (int i = 0; i < 200 * tu_slow() &&
+                  (r.code != 0 || strstr(r.out, want) == NULL);
+       i++) {
+    tu_run_free(&r);
+    tu_sleep_ms(50);
+    r = ctl(d, "runs", job, "--csv", NULL, NULL);
+  }
+  return r;
+}
+
 static void sim(const tu_daemon *d, const char *job, const char *trace,
                 const char *k, const char *l) {
   char tp[512];
@@ -79,7 +94,7 @@ START_TEST(a_name_used_again_is_a_new_run_and_overwrites_nothing) {
   free(one);
   free(two);
   free(again);
-  run_result r = ctl(&d, "runs", "reused", "--csv", NULL, NULL);
+  run_result r = runs_until(&d, "reused", "\n2,finished,");
   ck_assert_int_eq(r.code, 0);
   ck_assert_msg(strstr(r.out, "run,state,pass,last_step,reporters,") ==
                     r.out, "%s", r.out);
@@ -116,7 +131,7 @@ START_TEST(a_name_used_again_is_a_new_run_and_overwrites_nothing) {
   tu_daemon_start_in(&d, NULL, NULL, d.dir, NULL);
   sim(&d, "other", "small.csv", "4", "4");
   free(decisions(&d, "other", NULL, 200));
-  r = ctl(&d, "runs", "other", "--csv", NULL, NULL);
+  r = runs_until(&d, "other", "\n3,finished,");
   ck_assert_msg(strstr(r.out, "\n3,finished,") != NULL, "%s", r.out);
   tu_run_free(&r);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);

@@ -378,4 +378,18 @@ static inline long long tu_counter(const tu_daemon *d, const char *name) {
   return v;
 }
 
+/* Waits (10 s, times tu_slow()) until counter `name` is at least `min`;
+ * the test fails with the last value otherwise. For what gnmrd does when
+ * a message comes, such as a job that finishes when its last rank's Bye
+ * arrives, after the agent's close has returned. */
+static inline void tu_wait_counter(const tu_daemon *d, const char *name,
+                                   long long min) {
+  long long v = tu_counter(d, name);
+  for (int waited = 0; v < min && waited < 10000 * tu_slow(); waited += 50) {
+    tu_sleep_ms(50);
+    v = tu_counter(d, name);
+  }
+  ck_assert_msg(v >= min, "%s is %lld, not %lld or more", name, v, min);
+}
+
 #endif /* GNMR_TESTUTIL_H */
