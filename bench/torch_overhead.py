@@ -9,7 +9,9 @@ Three figures: the A/B difference of median step times of separate runs
 paired A/B (two models trained side by side, their steps alternated, one
 with GNMR: the median of the per-step differences, which drift over
 seconds does not move), with the same pairing and no controller on either
-side as its control (an A/A figure near 0 says the pairing is fair); and
+side as its control (an A/A figure near 0 says the pairing is fair); the
+same pairing in a loop that clips its gradients (torch's clip_grad_norm_
+against the controller's, which reuses the report's sums); and
 the median time
 spent inside the controller's step() per training step (report, wait for
 the decision, apply routes) as a share of the step without GNMR — the
@@ -36,6 +38,7 @@ import gnmr  # noqa: E402
 from gnmr.pytorch import Controller  # noqa: E402
 
 STEPS, WARM, REPEATS = 150, 20, 3
+CLIP = 1.0  # the max_norm of the clipping pair (LLM recipes' usual)
 
 
 def model():
@@ -108,19 +111,23 @@ class NoController:
         pass
 
 
-def paired(ctl_factory, steps=STEPS, overlap=False):
+def paired(ctl_factory, steps=STEPS, overlap=False, clip=None):
     """Two identical models trained side by side, one step of each in turn
     (A B, then B A, so neither always goes first), only B with the
     controller: step() after backward, or report_async() before the
     optimizer step and finish() after it. Returns (median of A's steps,
     median of the per-step differences B - A, their quartiles): a drift of
     the machine's speed over seconds, which moves separate runs by tens of
-    percent on a shared VM, hits both steps of a pair alike and cancels."""
+    percent on a shared VM, hits both steps of a pair alike and cancels.
+    With clip (a max_norm), both clip their gradients before the
+    optimizer step: A with torch's clip_grad_norm_, B with the
+    controller's after step(); then it also returns the medians of A's
+    clip and of B's step() + clip, and how many of B's steps scaled."""
     nets = [model(), model()]
     opts = [torch.optim.SGD(n.parameters(), lr=1e-3) for n in nets]
     ctl = ctl_factory(nets[1])
     x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
-    base, diff = [], []
+    base, diff, sect, scaled = [], [], ([], []), 0
     for step in range(1, steps + 1):
         t = [0.0, 0.0]
         for i in ((0, 1) if step % 2 else (1, 0)):
@@ -128,7 +135,19 @@ def paired(ctl_factory, steps=STEPS, overlap=False):
             loss = torch.nn.functional.cross_entropy(nets[i](x), y)
             opts[i].zero_grad()
             loss.backward()
-            if i == 1 and overlap:
+            if clip is not None:
+                s0 = time.perf_counter()
+                if i == 1:
+                    ctl.step(step, wait_ms=50)
+                    total = ctl.clip_grad_norm_(nets[i].parameters(), clip)
+                    scaled += step > WARM and total.item() > clip
+                else:
+                    torch.nn.utils.clip_grad_norm_(nets[i].parameters(),
+                                                   clip)
+                if step > WARM:
+                    sect[i].append(time.perf_counter() - s0)
+                opts[i].step()
+            elif i == 1 and overlap:
                 ctl.report_async(step)
                 opts[i].step()
                 ctl.finish(step, wait_ms=50)
@@ -144,6 +163,9 @@ def paired(ctl_factory, steps=STEPS, overlap=False):
     base.sort()
     diff.sort()
     n = len(diff)
+    if clip is not None:
+        return (base[n // 2], diff[n // 2], diff[n // 4], diff[3 * n // 4],
+                sorted(sect[0])[n // 2], sorted(sect[1])[n // 2], scaled, n)
     return base[n // 2], diff[n // 2], diff[n // 4], diff[3 * n // 4]
 
 
@@ -225,6 +247,9 @@ def main():
             net, ep, f"paired-{overlap}",
             params=gnmr.default_params(warmup_steps=5)), 2 * STEPS,
             overlap)))
+    clipped = paired(lambda net: Controller(
+        net, ep, "paired-clip", params=gnmr.default_params(warmup_steps=5)),
+        2 * STEPS, clip=CLIP)
     units_t, units_floor = many_units(ep)
     d.send_signal(signal.SIGTERM)
     d.wait()
@@ -243,6 +268,16 @@ def main():
               f"{100 * pd / pb:+.2f}% of the {pb * 1e3:.2f} ms step (quartiles"
               f" {100 * pq1 / pb:+.2f}% .. {100 * pq3 / pb:+.2f}%)" +
               ("" if name.startswith("A/A") else " (target <= 2%)"))
+    pb, pd, pq1, pq3, tc, gc, scaled, n = clipped
+    print(f"torch_overhead paired, both clipping to max_norm {CLIP} (A: "
+          f"torch's clip_grad_norm_, B: step() + the controller's, which "
+          f"reuses the report's sums): median difference {pd * 1e3:+.2f} ms"
+          f" = {100 * pd / pb:+.2f}% of the {pb * 1e3:.2f} ms step "
+          f"(quartiles {100 * pq1 / pb:+.2f}% .. {100 * pq3 / pb:+.2f}%) "
+          f"(target <= 2%); torch's clip {tc * 1e3:.2f} ms, step() + clip "
+          f"{gc * 1e3:.2f} ms: GNMR adds {(gc - tc) * 1e3:+.2f} ms = "
+          f"{100 * (gc - tc) / pb:+.2f}% of the step (target <= 1%); "
+          f"{scaled} of {n} steps scaled")
     print(f"torch_overhead 10000 units (Linear(4, 4) each): Controller.step "
           f"{units_t * 1e3:.2f} ms = {units_t / 10000 * 1e6:.2f} us a unit; "
           f"one Python pass over the gradients' pointers "

@@ -19,6 +19,10 @@ or, to overlap the pass over host gradients with the optimizer step:
         ctl.finish(step)        # before zero_grad: wait, apply routes
         optimizer.zero_grad()
 
+A loop that clips calls ctl.clip_grad_norm_(model.parameters(), max_norm)
+after step(), in place of torch's: the report's sums stand in for the
+units' norms (clip_grad_norm_ says when they cannot).
+
 The endpoint defaults to gnmrd's own default (GNMR_ENDPOINT, else
 ipc://RUN/agents.sock as `gnmrd --help` says), the job to GNMR_JOB.
 
@@ -319,6 +323,8 @@ class Controller:
         self._not_joined = 0
         self._late = []         # the last on-time flags, for the warning
         self._local = None      # (norms, nonfinite) of the last report
+        self._clipping = False  # clip_grad_norm_() was called: keep
+        self._reduced = None    # what the last pass read, for it
         self._trace = None
         if trace is not None:
             if tp_size > 1:
@@ -484,6 +490,7 @@ class Controller:
 
     def _report_on(self, t, stream, threads):
         self._local = None
+        self._reduced = None
         self._shadowed = []
         if self.agent.observer:  # another replica reports this shard
             self.agent.report_sums(t, [0.0] * len(self._params))
@@ -492,6 +499,10 @@ class Controller:
         table = self._host_table()
         if table is not None:
             self._report_host(t, threads, table, shadowed)
+            if self._clipping:  # the gradients these sums are of
+                self._reduced = (t, [(u, p, p.grad, p.grad._version)
+                                     for u, ps in enumerate(self._params)
+                                     for p in ps if p.grad is not None])
             return
         grads = [[p.grad for p in ps if p.grad is not None]
                  for ps in self._params]
@@ -653,6 +664,98 @@ class Controller:
         if self.on_decision is not None:
             self.on_decision(res)
         return res
+
+    # ---- gradient clipping on the report's sums ----------------------------
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0,
+                        error_if_nonfinite=False, foreach=None):
+        """torch.nn.utils.clip_grad_norm_(parameters, max_norm, ...), called
+        after step() (or finish()) and before optimizer.step(): the sums of
+        squares this step's report computed stand in for torch's norms of
+        the units' gradients, so that the clip reads only the gradients of
+        parameters in no unit, and the gradients are scaled only when the
+        total norm is over max_norm (torch multiplies them by 1.0
+        otherwise, a pass that changes nothing).
+
+        GNMR sees the gradients before the clip, as it should: a clip
+        scales every gradient by the same factor when one unit spikes,
+        which hides the spike from the units' ratios.
+
+        The total is GNMR's fp64 sum (torch sums the norms in the
+        gradients' dtype), so it and the scaled gradients equal torch's to
+        about 1e-7 relative. It is torch's own clip_grad_norm_, unchanged,
+        where the sums cannot stand in: the first call (the sums are kept
+        from the next step on), norm_type other than 2, gradients that are
+        not fp32 on the host (CUDA, bf16), a unit whose gradients are not
+        all among `parameters`, a gradient changed since the report
+        (GradScaler.unscale_ after step(): unscale first), a non-finite
+        gradient in a unit, a step not reported (an observer replica,
+        report_async() of a later step), and error_if_nonfinite or foreach
+        given. Returns the total norm as a tensor, as torch does."""
+        if self._pending is not None:  # the pass must not race the clip
+            self._pending[1].exception()
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        parameters = list(parameters)
+        first = not self._clipping
+        self._clipping = True
+        total = None
+        if not first and norm_type == 2.0 and not error_if_nonfinite and \
+                foreach is None:
+            total = self._total_from_report(parameters)
+        if total is None:
+            kw = {} if foreach is None else {"foreach": foreach}
+            return torch.nn.utils.clip_grad_norm_(
+                parameters, max_norm, norm_type,
+                error_if_nonfinite=error_if_nonfinite, **kw)
+        total_t = torch.tensor(total, dtype=torch.float32)
+        coef = torch.clamp(max_norm / (total_t + 1e-6), max=1.0)
+        if not coef.item() >= 1.0:  # NaN too: torch makes them NaN
+            torch._foreach_mul_([p.grad for p in parameters
+                                 if p.grad is not None], coef)
+        return total_t
+
+    def _total_from_report(self, parameters):
+        """The total 2-norm of the gradients of `parameters` from the last
+        report's sums (units) and torch (the rest), or None where the
+        report's sums do not stand in (clip_grad_norm_ says when)."""
+        if self._reduced is None or self._local is None or \
+                self._reduced[0] != self._last:
+            return None
+        sumsq, nonfinite, _ = self._local
+        reduced = {id(p): (u, g, v) for u, p, g, v in self._reduced[1]}
+        per_unit = [0] * len(self._params)
+        for _, (u, _, _) in reduced.items():
+            per_unit[u] += 1
+        covered = [0] * len(self._params)
+        rest, ids = [], set()
+        for p in parameters:
+            g = p.grad
+            if g is None:
+                continue
+            if id(p) in ids:  # listed twice: torch counts it twice
+                return None
+            ids.add(id(p))
+            if g.is_cuda or g.dtype != torch.float32:
+                return None
+            r = reduced.get(id(p))
+            if r is None:
+                rest.append(g)
+            elif r[1] is not g or r[2] != g._version:
+                return None  # changed since the report read it
+            else:
+                covered[r[0]] += 1
+        total = 0.0
+        for u, n in enumerate(covered):
+            if n == 0:
+                continue
+            if n != per_unit[u] or nonfinite[u]:
+                return None  # part of a unit, or NaN/Inf: torch's clip
+            total += sumsq[u]
+        if rest:
+            norms = torch._foreach_norm(rest)
+            total += float(torch.stack(norms).double().square().sum())
+        return total ** 0.5
 
     # ---- routes for evaluation, lifecycle ---------------------------------
 

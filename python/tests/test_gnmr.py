@@ -427,6 +427,144 @@ class ControllerTest(unittest.TestCase):
         replica.close()
 
 
+class ClipNet(torch.nn.Module):
+    """Three units (a, b, c) and parameters in no unit (the norm, a bias
+    of the root)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.a = torch.nn.Linear(8, 16)
+        self.norm = torch.nn.LayerNorm(16)
+        self.b = torch.nn.Linear(16, 16)
+        self.c = torch.nn.Linear(16, 4)
+        self.shift = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        h = self.norm(torch.relu(self.a(x)))
+        return self.c(torch.relu(self.b(h))) + self.shift
+
+
+class ClipTest(unittest.TestCase):
+    """Controller.clip_grad_norm_ against torch's, on twin models."""
+
+    def setUp(self):
+        self.d = Daemon()
+        self.net, self.twin = ClipNet(), ClipNet()
+        self.ctl = Controller(self.net, self.d.agents, "clip-job",
+                              join_wait_ms=5000)
+        self.x = torch.randn(32, 8)
+        self.step = 0
+
+    def tearDown(self):
+        self.ctl.close()
+        self.assertEqual(self.d.stop(), 0)
+
+    def backward(self, scale=1.0):
+        for m in (self.net, self.twin):
+            m.zero_grad()
+            (m(self.x).pow(2).mean() * scale).backward()
+        self.step += 1
+        return self.ctl.step(self.step, wait_ms=5000)
+
+    def assert_like_torch(self, got, params=None, **kw):
+        want = torch.nn.utils.clip_grad_norm_(
+            self.twin.parameters() if params is None else params(self.twin),
+            **kw)
+        if math.isnan(want.item()):
+            self.assertTrue(math.isnan(got.item()))
+        else:
+            self.assertAlmostEqual(got.item(), want.item(),
+                                   delta=1e-6 * want.item())
+        for (n, p), q in zip(self.net.named_parameters(),
+                             self.twin.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=0,
+                                       equal_nan=True, msg=n)
+        return want
+
+    def test_the_report_sums_stand_in_for_torch_norms(self):
+        self.backward()
+        # the first call is torch's own; the sums are kept from then on
+        self.assert_like_torch(
+            self.ctl.clip_grad_norm_(self.net.parameters(), 0.1),
+            max_norm=0.1)
+        real = torch.nn.utils.clip_grad_norm_
+        for scale, max_norm in ((1.0, 0.05), (3.0, 0.05), (1.0, 1e6)):
+            res = self.backward(scale)
+            before = {n: p.grad.norm().item()
+                      for n, p in self.net.named_parameters()}
+            from unittest import mock
+            with mock.patch.object(torch.nn.utils, "clip_grad_norm_",
+                                   side_effect=AssertionError("torch's")):
+                got = self.ctl.clip_grad_norm_(self.net.parameters(),
+                                               max_norm)
+            want = self.assert_like_torch(got, max_norm=max_norm)
+            self.assertIs(torch.nn.utils.clip_grad_norm_, real)
+            if max_norm > want.item():  # untouched, as torch leaves them
+                for n, p in self.net.named_parameters():
+                    self.assertEqual(p.grad.norm().item(), before[n])
+            # GNMR saw the gradients before the clip
+            bw = math.sqrt(before["b.weight"] ** 2 + before["b.bias"] ** 2)
+            self.assertAlmostEqual(res.norms["b"], bw, delta=1e-5 * bw)
+        # NaN in a parameter of no unit: NaN total, every gradient NaN,
+        # as torch makes them (its factor is NaN)
+        self.backward()
+        for m in (self.net, self.twin):
+            m.norm.weight.grad[0] = math.nan
+        from unittest import mock
+        with mock.patch.object(torch.nn.utils, "clip_grad_norm_",
+                               side_effect=AssertionError("torch's")):
+            got = self.ctl.clip_grad_norm_(self.net.parameters(), 1.0)
+        self.assertTrue(math.isnan(got.item()))
+        self.assert_like_torch(got, max_norm=1.0)
+        self.assertTrue(self.net.a.weight.grad.isnan().all())
+
+    def test_torch_clips_where_the_sums_cannot_stand_in(self):
+        self.backward()
+        self.ctl.clip_grad_norm_(self.net.parameters(), 1e6)  # the first
+        def twin_only(m):
+            return m.parameters()
+        cases = [
+            # changed after the report (GradScaler.unscale_ after step())
+            ("changed", lambda: [p.grad.mul_(0.5) for p in (
+                self.net.b.weight, self.twin.b.weight)], twin_only, {}),
+            # part of unit b only
+            ("part", None, lambda m: [q for n, q in m.named_parameters()
+                                      if n != "b.bias"], {}),
+            ("norm_type", None, twin_only, {"norm_type": 1.0}),
+            ("listed twice", None,
+             lambda m: list(m.parameters()) + [m.a.weight], {}),
+            ("NaN", lambda: [p.grad.view(-1).__setitem__(0, math.nan)
+                             for p in (self.net.c.bias, self.twin.c.bias)],
+             twin_only, {}),
+        ]
+        for why, change, params, kw in cases:
+            with self.subTest(why):
+                if why == "NaN":  # non-finite when reduced: a fresh step
+                    self.backward()
+                    change()
+                    self.step += 1
+                    self.ctl.step(self.step, wait_ms=5000)
+                    self.assertEqual(self.ctl._local[1][2], 1)
+                else:
+                    self.backward()
+                    if change is not None:
+                        change()
+                calls = []
+                real = torch.nn.utils.clip_grad_norm_
+
+                def spy(*a, **k):
+                    calls.append(1)
+                    return real(*a, **k)
+                from unittest import mock
+                with mock.patch.object(torch.nn.utils, "clip_grad_norm_",
+                                       spy):
+                    got = self.ctl.clip_grad_norm_(
+                        params(self.net), 0.05, **kw)
+                self.assertEqual(calls, [1])
+                self.assert_like_torch(got, params, max_norm=0.05, **kw)
+
+
 class ExampleTest(unittest.TestCase):
     """examples/quant_stress.py on a tiny model: every variant, the JSON,
     and the same numbers from a subset of seeds and variants."""
