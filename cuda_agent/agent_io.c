@@ -5,6 +5,7 @@
  * inproc pipe, and publishes each Decision as a route bitmap under a
  * seqlock that readers never wait on. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -381,6 +382,8 @@ static void on_monitor(gnmr_agent *a, io_state *io) {
 void *gnmr__agent_io_main(void *arg) {
   gnmr_agent *a = arg;
   io_state io = {0};
+  /* named, so that top -H and /proc/PID/task show what it costs */
+  pthread_setname_np(pthread_self(), "gnmr-agent-io");
   io.dealer = a->dealer;
   io.pull = a->pull;
   io.monitor = a->monitor;
