@@ -95,6 +95,29 @@ def run(ctl_factory, overlap=False):
             opt_times[len(opt_times) // 2] if opt_times else 0.0)
 
 
+def _ticks(path):
+    """utime + stime of a /proc stat file, in clock ticks."""
+    with open(path) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def helper_cpu(gnmrd_pid):
+    """CPU seconds so far of gnmrd and of this process's GNMR threads (the
+    agent's I/O thread, gnmr-agent-io, and ZeroMQ's, ZMQbg/*)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    agent = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            if name == "gnmr-agent-io" or name.startswith("ZMQbg"):
+                agent += _ticks(f"/proc/self/task/{tid}/stat")
+        except OSError:  # the thread ended meanwhile
+            pass
+    return _ticks(f"/proc/{gnmrd_pid}/stat") / hz, agent / hz
+
+
 class NoController:
     """A controller that does nothing: the paired A/A control."""
 
@@ -111,7 +134,7 @@ class NoController:
         pass
 
 
-def paired(ctl_factory, steps=STEPS, overlap=False, clip=None):
+def paired(ctl_factory, steps=STEPS, overlap=False, clip=None, cpu=None):
     """Two identical models trained side by side, one step of each in turn
     (A B, then B A, so neither always goes first), only B with the
     controller: step() after backward, or report_async() before the
@@ -122,13 +145,17 @@ def paired(ctl_factory, steps=STEPS, overlap=False, clip=None):
     With clip (a max_norm), both clip their gradients before the
     optimizer step: A with torch's clip_grad_norm_, B with the
     controller's after step(); then it also returns the medians of A's
-    clip and of B's step() + clip, and how many of B's steps scaled."""
+    clip and of B's step() + clip, and how many of B's steps scaled.
+    With cpu (helper_cpu bound to gnmrd), self.cpu_per_step is set to the
+    CPU seconds per measured step of gnmrd and of the agent's threads."""
     nets = [model(), model()]
     opts = [torch.optim.SGD(n.parameters(), lr=1e-3) for n in nets]
     ctl = ctl_factory(nets[1])
     x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
     base, diff, sect, scaled = [], [], ([], []), 0
     for step in range(1, steps + 1):
+        if step == WARM + 1 and cpu is not None:
+            cpu0 = cpu()
         t = [0.0, 0.0]
         for i in ((0, 1) if step % 2 else (1, 0)):
             t0 = time.perf_counter()
@@ -159,6 +186,10 @@ def paired(ctl_factory, steps=STEPS, overlap=False, clip=None):
         if step > WARM:
             base.append(t[0])
             diff.append(t[1] - t[0])
+    if cpu is not None:
+        cpu1 = cpu()
+        paired.cpu_per_step = tuple((b - a) / (steps - WARM)
+                                    for a, b in zip(cpu0, cpu1))
     ctl.close()
     base.sort()
     diff.sort()
@@ -246,7 +277,9 @@ def main():
         pairs.append((name, paired(lambda net: Controller(
             net, ep, f"paired-{overlap}",
             params=gnmr.default_params(warmup_steps=5)), 2 * STEPS,
-            overlap)))
+            overlap, cpu=None if overlap else lambda: helper_cpu(d.pid))))
+        if not overlap:
+            cpu_gnmrd, cpu_agent = paired.cpu_per_step
     clipped = paired(lambda net: Controller(
         net, ep, "paired-clip", params=gnmr.default_params(warmup_steps=5)),
         2 * STEPS, clip=CLIP)
@@ -268,6 +301,12 @@ def main():
               f"{100 * pd / pb:+.2f}% of the {pb * 1e3:.2f} ms step (quartiles"
               f" {100 * pq1 / pb:+.2f}% .. {100 * pq3 / pb:+.2f}%)" +
               ("" if name.startswith("A/A") else " (target <= 2%)"))
+    pb = pairs[1][1][0]
+    print(f"torch_overhead CPU time per step of the step() pair beside the "
+          f"training thread: gnmrd {cpu_gnmrd * 1e3:.2f} ms, the agent's "
+          f"threads (its I/O thread, ZeroMQ's) {cpu_agent * 1e3:.2f} ms: "
+          f"{100 * (cpu_gnmrd + cpu_agent) / pb:.2f}% of the step, on the "
+          f"{len(os.sched_getaffinity(0))} CPUs the training uses too")
     pb, pd, pq1, pq3, tc, gc, scaled, n = clipped
     print(f"torch_overhead paired, both clipping to max_norm {CLIP} (A: "
           f"torch's clip_grad_norm_, B: step() + the controller's, which "
