@@ -95,27 +95,31 @@ def run(ctl_factory, overlap=False):
             opt_times[len(opt_times) // 2] if opt_times else 0.0)
 
 
-def _ticks(path):
-    """utime + stime of a /proc stat file, in clock ticks."""
-    with open(path) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+def _on_cpu(pid, tid):
+    """Seconds a thread has run (/proc schedstat: the scheduler's own
+    count, exact, where stat's utime/stime are sampled at ticks and miss
+    or overcount threads that run for microseconds at a time)."""
+    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
 
 
 def helper_cpu(gnmrd_pid):
-    """CPU seconds so far of gnmrd and of this process's GNMR threads (the
-    agent's I/O thread, gnmr-agent-io, and ZeroMQ's, ZMQbg/*)."""
-    hz = os.sysconf("SC_CLK_TCK")
-    agent = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-            if name == "gnmr-agent-io" or name.startswith("ZMQbg"):
-                agent += _ticks(f"/proc/self/task/{tid}/stat")
-        except OSError:  # the thread ended meanwhile
-            pass
-    return _ticks(f"/proc/{gnmrd_pid}/stat") / hz, agent / hz
+    """CPU seconds so far of gnmrd (all its threads) and of this process's
+    GNMR threads (the agent's I/O thread, gnmr-agent-io, and ZeroMQ's,
+    ZMQbg/*)."""
+    agent = gnmrd = 0.0
+    for pid, mine in ((os.getpid(), True), (gnmrd_pid, False)):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    name = f.read().strip()
+                if not mine:
+                    gnmrd += _on_cpu(pid, tid)
+                elif name == "gnmr-agent-io" or name.startswith("ZMQbg"):
+                    agent += _on_cpu(pid, tid)
+            except OSError:  # the thread ended meanwhile
+                pass
+    return gnmrd, agent
 
 
 class NoController:

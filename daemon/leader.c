@@ -79,6 +79,7 @@ static int regain(leader *l) {
 
 static void *check_main(void *arg) {
   leader *l = arg;
+  pthread_setname_np(pthread_self(), "gnmrd-leader");
   pthread_mutex_lock(&l->mu);
   while (!l->stop) {
     struct timespec until;

@@ -153,6 +153,7 @@ static void take_snapshots(store_rec *batch) {
  * transaction, retries a failed batch (see the top of the file). */
 static void *writer_main(void *arg) {
   store *s = arg;
+  pthread_setname_np(pthread_self(), "gnmrd-store");
   uint32_t backoff_ms = 0;
   uint64_t since_checkpoint = 0;
   for (;;) {
