@@ -3,7 +3,6 @@
  * reference for every dtype (ragged sizes, block boundaries, NaN/Inf at
  * chunk edges, empty tensors), configuration checks, and the failure
  * semantics: no daemon, daemon killed mid-run, daemon restarted. */
-#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -683,30 +682,6 @@ START_TEST(every_route_at_once_equals_each_route) {
 }
 END_TEST
 
-/* Threads of this process named `name` (/proc/self/task/TID/comm). */
-static int named_threads(const char *name) {
-  DIR *dir = opendir("/proc/self/task");
-  ck_assert_ptr_nonnull(dir);
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(dir)) != NULL) {
-    if (e->d_name[0] == '.')
-      continue;
-    char p[300], comm[64] = "";
-    snprintf(p, sizeof p, "/proc/self/task/%s/comm", e->d_name);
-    FILE *f = fopen(p, "r");
-    if (f == NULL)
-      continue; /* ended meanwhile */
-    if (fgets(comm, sizeof comm, f) != NULL) {
-      comm[strcspn(comm, "\n")] = '\0';
-      n += strcmp(comm, name) == 0;
-    }
-    fclose(f);
-  }
-  closedir(dir);
-  return n;
-}
-
 START_TEST(agent_without_daemon_keeps_stepping_within_its_deadline) {
   const char *dir = tu_tmpdir();
   char ep[160];
@@ -714,15 +689,15 @@ START_TEST(agent_without_daemon_keeps_stepping_within_its_deadline) {
   gnmr_agent_config c = config(ep);
   c.fallback_route = GNMR_ROUTE_HIGH;
   gnmr_agent *a;
-  int before = named_threads("gnmr-agent-io");
+  int before = tu_named_threads(0, "gnmr-agent-io");
   ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
   /* its I/O thread is named (top -H, /proc show what it costs); the
    * thread names itself once it runs */
   for (int i = 0; i < 1000 * tu_slow() &&
-                  named_threads("gnmr-agent-io") == before;
+                  tu_named_threads(0, "gnmr-agent-io") == before;
        i++)
     tu_sleep_ms(2);
-  ck_assert_int_eq(named_threads("gnmr-agent-io"), before + 1);
+  ck_assert_int_eq(tu_named_threads(0, "gnmr-agent-io"), before + 1);
   float g[4] = {1, 2, 3, 4};
   gnmr_tensor t = {g, 4, GNMR_DTYPE_F32, 0, 0};
   struct timespec t0, t1;
@@ -753,7 +728,7 @@ START_TEST(agent_without_daemon_keeps_stepping_within_its_deadline) {
   clock_gettime(CLOCK_MONOTONIC, &t1);
   ck_assert_ptr_null(a);
   ck_assert(t1.tv_sec - t0.tv_sec < 2 * tu_slow()); /* close does not hang */
-  ck_assert_int_eq(named_threads("gnmr-agent-io"), before); /* joined */
+  ck_assert_int_eq(tu_named_threads(0, "gnmr-agent-io"), before); /* joined */
   tu_rmrf(dir);
 }
 END_TEST

@@ -165,6 +165,8 @@ START_TEST(daemon_prints_endpoints_and_stops_cleanly_on_sigterm) {
   tu_daemon_start(&d);
   ck_assert_ptr_nonnull(strstr(d.admin, "ipc://"));
   ck_assert_int_eq(tu_counter(&d, "messages_in"), 0);
+  /* its threads say what they are (top -H, /proc): the store's writer */
+  ck_assert_int_eq(tu_named_threads(d.pid, "gnmrd-store"), 1);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
   char *log = tu_daemon_log(&d);
   ck_assert_ptr_nonnull(strstr(log, "STOP stopped cleanly"));

@@ -7,6 +7,7 @@
 #define GNMR_TESTUTIL_H
 
 #include <check.h>
+#include <dirent.h>
 
 #include "check_main.h"
 #include <fcntl.h>
@@ -376,6 +377,36 @@ static inline long long tu_counter(const tu_daemon *d, const char *name) {
   ck_assert_msg(v >= 0, "no counter %s in gnmrctl stats:\n%s", name, r.out);
   tu_run_free(&r);
   return v;
+}
+
+/* Threads of process pid (0: this one) named `name`
+ * (/proc/PID/task/TID/comm). */
+static inline int tu_named_threads(pid_t pid, const char *name) {
+  char path[64];
+  if (pid == 0)
+    snprintf(path, sizeof path, "/proc/self/task");
+  else
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *dir = opendir(path);
+  ck_assert_msg(dir != NULL, "opendir %s", path);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(dir)) != NULL) {
+    if (e->d_name[0] == '.')
+      continue;
+    char p[sizeof path + sizeof e->d_name + 8], comm[64] = "";
+    snprintf(p, sizeof p, "%s/%s/comm", path, e->d_name);
+    FILE *f = fopen(p, "r");
+    if (f == NULL)
+      continue; /* ended meanwhile */
+    if (fgets(comm, sizeof comm, f) != NULL) {
+      comm[strcspn(comm, "\n")] = '\0';
+      n += strcmp(comm, name) == 0;
+    }
+    fclose(f);
+  }
+  closedir(dir);
+  return n;
 }
 
 /* Waits (10 s, times tu_slow()) until counter `name` is at least `min`;
