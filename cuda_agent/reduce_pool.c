@@ -90,6 +90,8 @@ static void run_items(void) {
 
 static void *helper(void *arg) {
   (void)arg;
+  /* else it keeps the name of the thread that started it */
+  pthread_setname_np(pthread_self(), "gnmr-reduce");
   uint64_t seen = 0;
   pthread_mutex_lock(&pool.mu);
   for (;;) {

@@ -1194,6 +1194,7 @@ START_TEST(a_report_begun_on_the_agents_thread_sends_what_report_would) {
   ck_assert_int_eq(gnmr_agent_report_begin(a, 1, &bad, 1, 1, NULL), GNMR_E_INVAL);
   ck_assert_int_eq(gnmr_agent_report_begin(a, 1, NULL, 2, 1, NULL), GNMR_E_INVAL);
 
+  int rep_before = tu_named_threads(0, "gnmr-agent-rep");
   uint8_t mark[2] = {0, 1}; /* b as its low-cost path would have sent it */
   for (int threads = 1; threads <= 2; threads++) {
     uint64_t step = (uint64_t)threads;
@@ -1203,6 +1204,11 @@ START_TEST(a_report_begun_on_the_agents_thread_sends_what_report_would) {
                                              threads == 2 ? mark : NULL),
                      GNMR_OK);
     memset(copy, 0, sizeof copy); /* the table was the agent's to copy */
+    int named = 0; /* the thread names itself as it starts */
+    for (int i = 0; i < 200 && !named; i++)
+      if (!(named = tu_named_threads(0, "gnmr-agent-rep") == rep_before + 1))
+        tu_sleep_ms(10);
+    ck_assert_msg(named, "no thread named gnmr-agent-rep");
     /* one in flight: every other report call is refused meanwhile */
     ck_assert_int_eq(gnmr_agent_report_begin(a, step + 1, t, 2, 1, NULL),
                      GNMR_E_INVAL);
@@ -1247,6 +1253,9 @@ START_TEST(a_report_begun_on_the_agents_thread_sends_what_report_would) {
   /* and the agent goes on; close waits for a report still in flight */
   ck_assert_int_eq(gnmr_agent_report_begin(a, 4, t, 2, 1, NULL), GNMR_OK);
   gnmr_agent_close(&a);
+  /* joined; the pass's helpers (started from it) name themselves */
+  ck_assert_int_eq(tu_named_threads(0, "gnmr-agent-rep"), rep_before);
+  ck_assert_int_ge(tu_named_threads(0, "gnmr-reduce"), 1);
   ck_assert_int_eq(fake_steps(&f, got, 4, 500), 1);
   ck_assert_uint_eq(got[0], 4);
   free(x);
