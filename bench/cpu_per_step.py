@@ -10,15 +10,13 @@ thread's /proc/PID/task/TID/schedstat (the scheduler's exact count).
 No limit to hold it against: it says where the CPU that runs beside a
 training step goes (docs/benchmarks.md, "A loop that clips")."""
 import os
-import re
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from gnmr.agent import Agent  # noqa: E402
+from benchlib import start_gnmrd  # noqa: E402
 
 UNITS, STEPS, WARM = 13, 400, 20
 
@@ -41,19 +39,7 @@ def main():
     pace_ms = float(sys.argv[1]) if len(sys.argv) > 1 else 40.0
     if pace_ms < 0:
         sys.exit("usage: cpu_per_step.py [PACE_MS >= 0]")
-    bindir = os.environ.get("GNMR_BIN_DIR", "build/bin")
-    tmp = tempfile.mkdtemp(prefix="gnmr-bench-cpu-")
-    d = subprocess.Popen([os.path.join(bindir, "gnmrd"), "--data-dir",
-                          tmp + "/data", "--agents", "tcp://127.0.0.1:*",
-                          "--admin", f"ipc://{tmp}/admin.sock",
-                          "--log-level", "warn"],
-                         stdout=subprocess.PIPE, text=True)
-    ep = None
-    for line in d.stdout:
-        m = re.match(r"gnmrd: agents (\S+)", line)
-        if m:
-            ep = m.group(1)
-            break
+    d, ep, tmp = start_gnmrd("cpu")
     agent = Agent(ep, "cpu-per-step", [f"u{i}" for i in range(UNITS)])
     deadline = time.monotonic() + 10
     while not agent.joined and time.monotonic() < deadline:

@@ -10,11 +10,8 @@ versions of the package can be compared on the same library and gnmrd:
 
 GNMR_AGENT_LIB and GNMR_BIN_DIR as for bench/torch_overhead.py."""
 import os
-import re
 import signal
-import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
@@ -26,25 +23,14 @@ import torch  # noqa: E402
 import gnmr  # noqa: E402
 import gnmr.pytorch  # noqa: E402
 import torch_overhead  # noqa: E402
+from benchlib import start_gnmrd  # noqa: E402
 
 # torch_overhead imported this package too (sys.path order): say which
 assert gnmr.__file__.startswith(ROOT), (gnmr.__file__, ROOT)
 
 
 def main():
-    bindir = os.environ.get("GNMR_BIN_DIR", "build/bin")
-    tmp = tempfile.mkdtemp(prefix="gnmr-bench-units-")
-    d = subprocess.Popen([os.path.join(bindir, "gnmrd"), "--data-dir",
-                          tmp + "/data", "--agents", "tcp://127.0.0.1:*",
-                          "--admin", f"ipc://{tmp}/admin.sock",
-                          "--log-level", "warn"],
-                         stdout=subprocess.PIPE, text=True)
-    ep = None
-    for line in d.stdout:
-        m = re.match(r"gnmrd: agents (\S+)", line)
-        if m:
-            ep = m.group(1)
-            break
+    d, ep, tmp = start_gnmrd("units")
     torch.set_num_threads(1)
     t, floor = torch_overhead.many_units(ep)
     d.send_signal(signal.SIGTERM)

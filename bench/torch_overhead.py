@@ -24,11 +24,8 @@ and whose idle threads spin on the CPUs between products. The first line
 names both thread counts, and how many threads the controller's pass over
 the gradients may use (GNMR_REDUCE_THREADS, else one per CPU)."""
 import os
-import re
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
@@ -36,21 +33,14 @@ import torch  # noqa: E402
 
 import gnmr  # noqa: E402
 from gnmr.pytorch import Controller  # noqa: E402
+from benchlib import mlp, start_gnmrd  # noqa: E402
 
 STEPS, WARM, REPEATS = 150, 20, 3
 CLIP = 1.0  # the max_norm of the clipping pair (LLM recipes' usual)
 
 
-def model():
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(12):
-        layers += [torch.nn.Linear(512, 512), torch.nn.GELU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(512, 10))
-
-
 def run(ctl_factory, overlap=False):
-    net = model()
+    net = mlp()
     opt = torch.optim.SGD(net.parameters(), lr=1e-3)
     ctl = ctl_factory(net) if ctl_factory else None
     x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
@@ -152,7 +142,7 @@ def paired(ctl_factory, steps=STEPS, overlap=False, clip=None, cpu=None):
     clip and of B's step() + clip, and how many of B's steps scaled.
     With cpu (helper_cpu bound to gnmrd), self.cpu_per_step is set to the
     CPU seconds per measured step of gnmrd and of the agent's threads."""
-    nets = [model(), model()]
+    nets = [mlp(), mlp()]
     opts = [torch.optim.SGD(n.parameters(), lr=1e-3) for n in nets]
     ctl = ctl_factory(nets[1])
     x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
@@ -242,19 +232,7 @@ def blas_threads():
 
 
 def main():
-    bindir = os.environ.get("GNMR_BIN_DIR", "build/bin")
-    tmp = tempfile.mkdtemp(prefix="gnmr-bench-torch-")
-    d = subprocess.Popen([os.path.join(bindir, "gnmrd"), "--data-dir",
-                          tmp + "/data", "--agents", "tcp://127.0.0.1:*",
-                          "--admin", f"ipc://{tmp}/admin.sock",
-                          "--log-level", "warn"],
-                         stdout=subprocess.PIPE, text=True)
-    ep = None
-    for line in d.stdout:
-        m = re.match(r"gnmrd: agents (\S+)", line)
-        if m:
-            ep = m.group(1)
-            break
+    d, ep, tmp = start_gnmrd("torch")
     torch.set_num_threads(1)
     base, with_gnmr, in_ctl, late = [], [], [], 0
     ov_t, ov_c, opt_alone, opt_overlapped = [], [], [], []
