@@ -147,15 +147,34 @@ def load():
     for path in candidates():
         try:
             lib = ctypes.CDLL(path)
-            break
         except OSError as e:
             tried.append(f"{path} ({e})")
+            continue
+        # a library older than this package lacks its newer calls: say so
+        # here rather than as an AttributeError at the first step
+        missing = [n for n in _signatures() if not hasattr(lib, n)]
+        if not missing:
+            break
+        tried.append(f"{path} (lacks {', '.join(missing[:4])}"
+                     f"{' and more' if len(missing) > 4 else ''}: older "
+                     "than this gnmr package, or not libgnmr-agent)")
+        lib = None
     if lib is None:
         raise LibraryNotFound(
             "libgnmr-agent could not be loaded; tried: " + "; ".join(tried) +
             ". Build it (`make` in the GNMR checkout) and set "
             "GNMR_AGENT_LIB=/path/to/build/lib/libgnmr-agent.so, or "
             "`make install` and use the Python that install names")
+    for name, (res, args) in _signatures().items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    return lib
+
+
+def _signatures():
+    """{name: (result type, argument types)} of every call the package
+    makes."""
     P = ctypes.POINTER
     agent_p = ctypes.c_void_p
     sigs = {
@@ -220,8 +239,4 @@ def load():
                                                P(CudaStats)]),
         "gnmr_cuda_last_error": (ctypes.c_char_p, [ctypes.c_void_p]),
     }
-    for name, (res, args) in sigs.items():
-        fn = getattr(lib, name)
-        fn.restype = res
-        fn.argtypes = args
-    return lib
+    return sigs

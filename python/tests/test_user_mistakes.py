@@ -130,6 +130,25 @@ class WithoutDaemonTest(unittest.TestCase):
             os.environ.pop("GNMR_JOB", None)
             Controller(net, "tcp://127.0.0.1:9", join_wait_ms=0)
 
+    def test_a_library_without_the_packages_calls_is_named_at_import(self):
+        # an older libgnmr-agent (or another library altogether) loads but
+        # lacks calls: the import says which, where, and the fix, instead
+        # of an AttributeError from ctypes
+        import ctypes.util
+        other = ctypes.util.find_library("zmq")
+        self.assertIsNotNone(other, "libzmq is a dependency of the agent")
+        env = dict(os.environ, GNMR_AGENT_LIB=other)
+        r = subprocess.run(
+            [sys.executable, "-c", "import gnmr.pytorch"],
+            cwd=os.path.join(REPO, "python"), env=env, capture_output=True,
+            text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("LibraryNotFound", r.stderr)
+        self.assertIn(f"{other} (lacks gnmr_strerror, ", r.stderr)
+        self.assertIn("older than this gnmr package", r.stderr)
+        self.assertIn("set GNMR_AGENT_LIB=", r.stderr)
+        self.assertNotIn("AttributeError", r.stderr)
+
     def test_missing_library_fails_at_import_with_the_fix(self):
         env = dict(os.environ, GNMR_AGENT_LIB="/nonexistent/libgnmr-agent.so")
         r = subprocess.run(
