@@ -16,6 +16,7 @@
  * IDLE -(begin)-> QUEUED -(thread)-> RUNNING -> DONE -(end)-> IDLE. */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,6 +68,11 @@ static void *rep_main(void *arg) {
   gnmr_agent *a = arg;
   gnmr__report_job *j = a->rep;
   pthread_setname_np(pthread_self(), "gnmr-agent-rep");
+  /* experiment (bench/report_async.py): no wake-up preemption */
+  if (getenv("GNMR_REP_BATCH")) {
+    struct sched_param sp = {0};
+    pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
+  }
   pthread_mutex_lock(&j->mu);
   for (;;) {
     while (j->state != QUEUED && !j->stop)
@@ -167,6 +173,16 @@ int gnmr_agent_report_begin(gnmr_agent *a, uint64_t step,
   /* the step is this agent's from now on, as the CUDA backend's is */
   gnmr__agent_mark_reported(a, step);
   atomic_store(&a->rep_busy, 1);
+  /* experiment (bench/report_async.py): the pass off the caller's CPU */
+  if (getenv("GNMR_REP_AWAY")) {
+    cpu_set_t set;
+    int me = sched_getcpu();
+    if (me >= 0 && sched_getaffinity(0, sizeof set, &set) == 0 &&
+        CPU_COUNT(&set) > 1) {
+      CPU_CLR(me, &set);
+      pthread_setaffinity_np(j->th, sizeof set, &set);
+    }
+  }
   pthread_mutex_lock(&j->mu);
   j->step = step;
   j->rv = GNMR_OK;
