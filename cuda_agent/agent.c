@@ -246,14 +246,12 @@ void gnmr_agent_close(gnmr_agent **pa) {
      * parent's; the buffers ZeroMQ held are the parent's to free */
     for (int i = 0; i < REPORT_POOL; i++)
       atomic_store(&a->pool[i].busy, 1);
-    gnmr__agent_report_job_forget(a);
     gnmr__agent_scratch_free(a);
     gnmr__agent_free_config(a);
     free(a);
     *pa = NULL;
     return;
   }
-  gnmr__agent_report_thread_stop(a); /* it queues on push */
   atomic_store(&a->stop, 1);
   pthread_join(a->io, NULL);
   zmq_close(a->push);

@@ -103,11 +103,6 @@ struct gnmr_agent {
    * an agent has no threads and shares the parent's ZeroMQ descriptors */
   struct gnmr_agent *reg_prev, *reg_next;
   atomic_int forked; /* set in the child of a fork: refuse, free only */
-
-  /* gnmr_agent_report_begin's thread and its one report (agent_async.c),
-   * made at the first begin; rep_busy: begun and not yet ended */
-  struct gnmr__report_job *rep;
-  atomic_int rep_busy;
 };
 
 
@@ -132,12 +127,6 @@ int gnmr__agent_refuse_forked(gnmr_agent *a);
 /* agent_io.c */
 int gnmr__agent_open_io_sockets(gnmr_agent *a);
 void *gnmr__agent_io_main(void *arg);
-
-/* agent_async.c: for gnmr_agent_close (after any report in flight) and
- * for a forked child's copy (memory only) */
-typedef struct gnmr__report_job gnmr__report_job;
-void gnmr__agent_report_thread_stop(gnmr_agent *a);
-void gnmr__agent_report_job_forget(gnmr_agent *a);
 
 /* agent_report.c */
 int gnmr__agent_scratch_init(gnmr_agent *a);

@@ -265,7 +265,7 @@ int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step, const double *sumsq,
                            const uint64_t *nonfinite,
                            const uint8_t *not_reported) {
   if (a == NULL || sumsq == NULL || step == 0 ||
-      step <= atomic_load(&a->last_reported) || atomic_load(&a->rep_busy))
+      step <= atomic_load(&a->last_reported))
     return GNMR_E_INVAL;
   if (atomic_load(&a->forked))
     return gnmr__agent_refuse_forked(a);
@@ -279,8 +279,7 @@ int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step, const double *sumsq,
 
 int gnmr_agent_report(gnmr_agent *a, uint64_t step, const gnmr_tensor *t,
                       size_t n) {
-  if (a == NULL || step == 0 || step <= atomic_load(&a->last_reported) ||
-      atomic_load(&a->rep_busy))
+  if (a == NULL || step == 0 || step <= atomic_load(&a->last_reported))
     return GNMR_E_INVAL;
   if (atomic_load(&a->forked))
     return gnmr__agent_refuse_forked(a);
@@ -309,8 +308,7 @@ int gnmr__agent_forked(const gnmr_agent *a) {
 }
 
 int gnmr__agent_begin_step(gnmr_agent *a, uint64_t step) {
-  if (step == 0 || step <= atomic_load(&a->last_reported) ||
-      atomic_load(&a->rep_busy))
+  if (step == 0 || step <= atomic_load(&a->last_reported))
     return GNMR_E_INVAL;
   if (atomic_load(&a->forked))
     return gnmr__agent_refuse_forked(a);

@@ -156,31 +156,6 @@ GNMR_EXPORT int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step,
                                        const uint64_t *nonfinite,
                                        const uint8_t *not_reported);
 
-/* gnmr_agent_report on the agent's own thread (gnmr-agent-rep, started at
- * the first call), so that the pass overlaps what the caller does next
- * (the optimizer step): copies the tensor table, marks step reported and
- * returns at once. The tensors' memory must stay valid and unchanged until
- * gnmr_agent_report_end(a, step). threads: as gnmr_reduce_cpu_threads (1
- * where the pass overlaps other work). mark_nonfinite (may be NULL):
- * n_units flags; a flagged unit with a tensor is sent as non-finite (at
- * least one NaN/Inf element), say because its low-cost path would have
- * been damaged; _end still returns the pass's own counts. One report in
- * flight per agent: no other report call until its _end. Errors:
- * GNMR_E_INVAL (as gnmr_agent_report, checked now as far as the table
- * says; or a report already in flight), GNMR_E_NOMEM, GNMR_E_CLOSED. */
-GNMR_EXPORT int gnmr_agent_report_begin(gnmr_agent *a, uint64_t step,
-                                        const gnmr_tensor *tensors, size_t n,
-                                        unsigned threads,
-                                        const uint8_t *mark_nonfinite);
-
-/* Waits for the report begun for step, then copies the pass's per-unit
- * results into the arrays given (n_units entries; any may be NULL; an
- * observer's are zero). Returns what gnmr_agent_report would have (a bad
- * dtype, say). GNMR_E_INVAL when no report of step is in flight. */
-GNMR_EXPORT int gnmr_agent_report_end(gnmr_agent *a, uint64_t step,
-                                      double *sumsq, uint64_t *nonfinite,
-                                      uint8_t *seen);
-
 /* Waits up to timeout_ms for the decision of `step`. Returns 0 when it (or
  * a later one) is in, GNMR_E_TIMEDOUT otherwise (counted as late). */
 GNMR_EXPORT int gnmr_agent_wait(gnmr_agent *a, uint64_t step, int timeout_ms);

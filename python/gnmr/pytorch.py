@@ -266,18 +266,6 @@ class DecisionLog:
         self._f.close()
 
 
-class _HostReport:
-    """A report_async() on the library's thread: its step, the gradient
-    copies the pass reads (alive until it ends), the shadowed units sent
-    as non-finite and, for clip_grad_norm_, the gradients summed."""
-    __slots__ = ("t", "keep", "shadowed", "reduced", "ended", "error")
-
-    def __init__(self, t, keep, shadowed, reduced):
-        self.t, self.keep = t, keep
-        self.shadowed, self.reduced = shadowed, reduced
-        self.ended, self.error = False, None
-
-
 class Controller:
     def __init__(self, model, endpoint=None, job=None,
                  select=(torch.nn.Linear,), pattern=None, on_route=None,
@@ -587,23 +575,13 @@ class Controller:
         return self._finish(step, wait_ms)
 
     def report_async(self, step):
-        """report(step) beside what the caller does next (the optimizer
-        step): host gradients are reduced on the library's own thread
-        (gnmr-agent-rep), which needs no GIL, so the training thread only
-        hands over a table of pointers; anything else (device gradients,
-        an observer replica) on a Python worker thread. Call finish(step)
-        before anything overwrites the gradients (zero_grad, the next
-        backward)."""
+        """report(step) on a worker thread, so that the pass over host
+        gradients overlaps what the caller does next (the optimizer step;
+        the library releases the GIL). Call finish(step) before anything
+        overwrites the gradients (zero_grad, the next backward)."""
         t = self._internal(step)
         if t is None:
             return
-        if self._pending is not None:  # never finished: end it here
-            self._end_pending()
-        if not self.agent.observer:
-            host = self._begin_host(t)
-            if host is not None:
-                self._pending = (step, host)
-                return
         if self._worker is None:
             from concurrent.futures import ThreadPoolExecutor
             self._worker = ThreadPoolExecutor(1, "gnmr-report")
@@ -614,75 +592,14 @@ class Controller:
         self._pending = (step, self._worker.submit(self._report, t,
                                                    self._caller_stream(), 1))
 
-    def _begin_host(self, t):
-        """report_async's common case, every gradient on the host: the
-        table goes to gnmr_agent_report_begin. None when some gradient is
-        on a device."""
-        self._local = None
-        self._reduced = None
-        self._shadowed = []
-        shadowed = self._shadow_units()
-        table = self._host_table()
-        if table is None:
-            return None
-        buf, count, keep = table
-        n = len(self._params)
-        mark = None
-        if shadowed:  # sent as non-finite: what the low-cost path made
-            mark = (ctypes.c_uint8 * n)()
-            for u in shadowed:
-                mark[u] = 1
-        arr = (_Tensor * count).from_buffer(buf) if count else None
-        rv = lib().gnmr_agent_report_begin(self.agent._a, t, arr, count, 1,
-                                           mark)
-        del arr  # the library copied the table
-        self.agent._check_report(rv, t)
-        reduced = None
-        if self._clipping:  # the gradients these sums will be of
-            reduced = (t, [(u, p, p.grad, p.grad._version)
-                           for u, ps in enumerate(self._params)
-                           for p in ps if p.grad is not None])
-        return _HostReport(t, keep, shadowed, reduced)
-
-    def _end_host(self, h):
-        """Waits for a _begin_host report; the same results as report()'s.
-        Once: a second call raises what the first did."""
-        if h.ended:
-            if h.error is not None:
-                raise h.error
-            return
-        h.ended = True
-        n = len(self._params)
-        sumsq = (ctypes.c_double * n)()
-        nonfinite = (ctypes.c_uint64 * n)()
-        seen = (ctypes.c_uint8 * n)()
-        rv = lib().gnmr_agent_report_end(self.agent._a, h.t, sumsq,
-                                         nonfinite, seen)
-        h.keep = None  # copies the pass read: free now
-        try:
-            self.agent._check_report(rv, h.t)
-        except GnmrError as e:
-            h.error = e
-            raise
-        self._shadowed = [u for u in h.shadowed if seen[u]]
-        self._local = (list(sumsq), list(nonfinite),
-                       bytes(seen).translate(_FLIP))
-        self._reduced = h.reduced
-
-    def _end_pending(self):
-        pending, self._pending = self._pending[1], None
-        if isinstance(pending, _HostReport):
-            self._end_host(pending)
-        else:
-            pending.result()
-
     def finish(self, step, wait_ms=None):
         """Completes step: the report_async() in flight (its errors are
         raised here), the wait for the decision (at most wait_ms), then
         apply_routes(). Returns a StepResult."""
         if self._pending is None or self._pending[0] != step:
             return self._repeat(step)
-        self._end_pending()
+        pending, self._pending = self._pending[1], None
+        pending.result()
         return self._finish(step, wait_ms)
 
     def _repeat(self, step):
@@ -776,14 +693,7 @@ class Controller:
         report_async() of a later step), and error_if_nonfinite or foreach
         given. Returns the total norm as a tensor, as torch does."""
         if self._pending is not None:  # the pass must not race the clip
-            pending = self._pending[1]
-            if isinstance(pending, _HostReport):
-                try:  # finish() raises it
-                    self._end_host(pending)
-                except GnmrError:
-                    pass
-            else:
-                pending.exception()
+            self._pending[1].exception()
         if isinstance(parameters, torch.Tensor):
             parameters = [parameters]
         parameters = list(parameters)
@@ -870,11 +780,9 @@ class Controller:
         self.close()
 
     def close(self):
-        if self._pending is not None:  # wait; close is no place to raise
-            try:
-                self._end_pending()
-            except GnmrError:
-                pass
+        if self._pending is not None:
+            self._pending[1].exception()  # wait; close is no place to raise
+            self._pending = None
         if self._worker is not None:
             self._worker.shutdown()
             self._worker = None
