@@ -4,6 +4,8 @@
  * and its counters. The parts: agent_config.c, agent_ctx.c, agent_io.c,
  * agent_report.c (agent_priv.h). */
 #include <errno.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +111,8 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
   a->fallback_after = cfg->fallback_after ? cfg->fallback_after : 3;
   a->n_words = (cfg->n_units + 63) / 64;
   a->observer = cfg->observer != 0;
+  int64_t spin = gnmr__wait_spin_env(); /* bad: config_from_env said so */
+  a->wait_spin_us = (uint32_t)(spin >= 0 ? spin : WAIT_SPIN_US);
   if (cfg->curve_server_key != NULL) {
     memcpy(a->curve_server, cfg->curve_server_key, 41);
     memcpy(a->curve_public, cfg->curve_public_key, 41);
@@ -268,6 +272,46 @@ void gnmr_agent_close(gnmr_agent **pa) {
   *pa = NULL;
 }
 
+/* Before it sleeps, gnmr_agent_wait spins (yielding its CPU to any thread
+ * that wants it) for up to wait_spin_us of its timeout: a decision takes
+ * a few hundred microseconds, and a thread asleep on an idle CPU is woken
+ * by an interrupt to that CPU, which on a virtual machine costs tens of
+ * microseconds at every hop of the round trip. Measured in
+ * docs/benchmarks.md ("Spinning for the decision"). Spinners leave one
+ * CPU of the caller's free for the threads the round trip runs on: at
+ * most (CPUs the caller may use - 1) spin at once in the process, none
+ * on one CPU. */
+static atomic_int spinners;
+
+static int64_t ns_of(const struct timespec *t) {
+  return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
+}
+
+/* 1 when the decision of step came while spinning, else 0. */
+static int wait_spin(gnmr_agent *a, uint64_t step, const struct timespec *t0,
+                     int timeout_ms) {
+  cpu_set_t set;
+  int cap = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) - 1
+                                                        : 0;
+  if (atomic_fetch_add(&spinners, 1) >= cap) {
+    atomic_fetch_sub(&spinners, 1);
+    return 0;
+  }
+  int64_t spin = (int64_t)a->wait_spin_us * 1000,
+          limit = (int64_t)timeout_ms * 1000000;
+  int64_t end = ns_of(t0) + (spin < limit ? spin : limit);
+  int got = 0;
+  struct timespec now;
+  do {
+    if ((got = atomic_load(&a->decided_step) >= step))
+      break;
+    sched_yield();
+    clock_gettime(CLOCK_MONOTONIC, &now);
+  } while (ns_of(&now) < end);
+  atomic_fetch_sub(&spinners, 1);
+  return got || atomic_load(&a->decided_step) >= step;
+}
+
 int gnmr_agent_wait(gnmr_agent *a, uint64_t step, int timeout_ms) {
   if (a == NULL)
     return GNMR_E_INVAL;
@@ -277,6 +321,9 @@ int gnmr_agent_wait(gnmr_agent *a, uint64_t step, int timeout_ms) {
     return GNMR_OK;
   struct timespec dl;
   clock_gettime(CLOCK_MONOTONIC, &dl);
+  if (a->wait_spin_us > 0 && timeout_ms > 0 &&
+      wait_spin(a, step, &dl, timeout_ms))
+    return GNMR_OK;
   int64_t ns = dl.tv_nsec + (int64_t)(timeout_ms > 0 ? timeout_ms : 0) *
                                 1000000;
   dl.tv_sec += ns / 1000000000;

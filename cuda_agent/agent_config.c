@@ -134,9 +134,26 @@ int gnmr_agent_config_from_env(gnmr_agent_config *cfg, const char **bad_var) {
       return GNMR_E_INVAL;
     }
   }
+  /* not a field: how long gnmr_agent_wait spins; checked here so that a
+   * bad value is an error where the environment is read */
+  if (gnmr__wait_spin_env() < 0) {
+    if (bad_var != NULL)
+      *bad_var = "GNMR_WAIT_SPIN_US";
+    return GNMR_E_INVAL;
+  }
   *cfg = c;
   if (bad_var != NULL)
     *bad_var = NULL;
   return GNMR_OK;
+}
+
+int64_t gnmr__wait_spin_env(void) {
+  const char *v = getenv("GNMR_WAIT_SPIN_US");
+  uint64_t u;
+  if (v == NULL)
+    return WAIT_SPIN_US;
+  if (gnmr__parse_u64(v, WAIT_SPIN_MAX_US, &u) != 0)
+    return -1;
+  return (int64_t)u;
 }
 

@@ -42,6 +42,8 @@ typedef struct report_scratch {
 #define HELD_MAX 8           /* reports kept while not joined */
 #define HELLO_REFUSED_MS 5000 /* back-off after a refused Hello */
 #define IO_POLL_MS 50
+#define WAIT_SPIN_US 2000    /* gnmr_agent_wait spins this long at most... */
+#define WAIT_SPIN_MAX_US 1000000 /* ...or GNMR_WAIT_SPIN_US, up to this */
 #define MAX_MSG (256 << 20)
 
 struct gnmr_agent {
@@ -103,6 +105,7 @@ struct gnmr_agent {
    * an agent has no threads and shares the parent's ZeroMQ descriptors */
   struct gnmr_agent *reg_prev, *reg_next;
   atomic_int forked; /* set in the child of a fork: refuse, free only */
+  uint32_t wait_spin_us; /* GNMR_WAIT_SPIN_US at open, else WAIT_SPIN_US */
 };
 
 
@@ -111,6 +114,9 @@ int gnmr__agent_check_config(const gnmr_agent_config *c);
 /* Frees the copied configuration and the route bitmap. */
 void gnmr__agent_free_config(gnmr_agent *a);
 uint64_t gnmr__now_ms(void);
+/* GNMR_WAIT_SPIN_US: its value (0..WAIT_SPIN_MAX_US), WAIT_SPIN_US when
+ * unset, -1 when set to anything else. */
+int64_t gnmr__wait_spin_env(void);
 
 /* agent_ctx.c: one ZeroMQ context per process, shared by its agents */
 void *gnmr__ctx_acquire(void);

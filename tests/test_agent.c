@@ -686,6 +686,98 @@ START_TEST(every_route_at_once_equals_each_route) {
 }
 END_TEST
 
+static double thread_cpu_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static double mono_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* One wait for a decision that never comes: its result, the caller's CPU
+ * time and the time it took, in ms. */
+static int timed_wait(const char *spin, const char *ep, int timeout_ms,
+                      double *cpu, double *took) {
+  if (spin != NULL)
+    setenv("GNMR_WAIT_SPIN_US", spin, 1);
+  else
+    unsetenv("GNMR_WAIT_SPIN_US");
+  gnmr_agent_config c = config(ep);
+  gnmr_agent *a;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  double c0 = thread_cpu_ms(), t0 = mono_ms();
+  int rv = gnmr_agent_wait(a, 1, timeout_ms);
+  *cpu = thread_cpu_ms() - c0;
+  *took = mono_ms() - t0;
+  gnmr_agent_close(&a);
+  return rv;
+}
+
+START_TEST(waits_spin_before_sleeping_within_their_bounds) {
+  /* gnmr_agent_wait spins (yielding) for up to GNMR_WAIT_SPIN_US of its
+   * timeout before it sleeps, never past the timeout, and only where a CPU
+   * of the caller's stays free for the round trip's threads. A bad value
+   * is refused where the environment is read. */
+  const char *dir = tu_tmpdir();
+  char ep[160];
+  snprintf(ep, sizeof ep, "ipc://%s/nobody.sock", dir);
+  static const char *bad[] = {"abc", "-1", "1000001", "12x", "1e3", ""};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("GNMR_WAIT_SPIN_US", bad[i], 1);
+    gnmr_agent_config c = config(ep);
+    const char *var = NULL;
+    ck_assert_int_eq(gnmr_agent_config_from_env(&c, &var), GNMR_E_INVAL);
+    ck_assert_str_eq(var, "GNMR_WAIT_SPIN_US");
+  }
+  static const char *good[] = {"0", "2000", "1000000"};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    setenv("GNMR_WAIT_SPIN_US", good[i], 1);
+    gnmr_agent_config c = config(ep);
+    ck_assert_int_eq(gnmr_agent_config_from_env(&c, NULL), GNMR_OK);
+  }
+  cpu_set_t all;
+  ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
+  int cpus = CPU_COUNT(&all);
+  double cpu, took;
+  /* 20 ms of spinning, then asleep to the 80 ms deadline */
+  ck_assert_int_eq(timed_wait("20000", ep, 80, &cpu, &took), GNMR_E_TIMEDOUT);
+  ck_assert_msg(took >= 75, "a wait of 80 ms returned after %.1f ms", took);
+  if (cpus > 1)
+    ck_assert_msg(cpu >= 5, "spun %.1f ms of CPU, not about 20", cpu);
+  if (tu_slow() == 1)
+    ck_assert_msg(cpu < 50, "spun %.1f ms of CPU past its 20", cpu);
+  /* nothing spins by default beyond 2 ms; 0 turns it off */
+  ck_assert_int_eq(timed_wait(NULL, ep, 60, &cpu, &took), GNMR_E_TIMEDOUT);
+  if (tu_slow() == 1)
+    ck_assert_msg(cpu < 15, "the default spun %.1f ms of CPU", cpu);
+  ck_assert_int_eq(timed_wait("0", ep, 60, &cpu, &took), GNMR_E_TIMEDOUT);
+  ck_assert_msg(cpu < 5, "GNMR_WAIT_SPIN_US=0 spun %.1f ms of CPU", cpu);
+  /* a spin longer than the timeout ends at the timeout */
+  ck_assert_int_eq(timed_wait("1000000", ep, 30, &cpu, &took),
+                   GNMR_E_TIMEDOUT);
+  ck_assert_msg(took < 500, "a wait of 30 ms spun %.1f ms", took);
+  /* on one CPU nothing spins: the round trip needs that CPU */
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &all)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  ck_assert_int_eq(pthread_setaffinity_np(pthread_self(), sizeof one, &one), 0);
+  int rv = timed_wait("20000", ep, 60, &cpu, &took);
+  pthread_setaffinity_np(pthread_self(), sizeof all, &all);
+  unsetenv("GNMR_WAIT_SPIN_US");
+  ck_assert_int_eq(rv, GNMR_E_TIMEDOUT);
+  ck_assert_msg(cpu < 5, "spun %.1f ms of CPU on one CPU", cpu);
+  tu_rmrf(dir);
+}
+END_TEST
+
 START_TEST(agent_without_daemon_keeps_stepping_within_its_deadline) {
   const char *dir = tu_tmpdir();
   char ep[160];
@@ -1238,6 +1330,7 @@ static Suite *suite(void) {
   tcase_add_loop_test(tc, hand_packed_reports_equal_protobuf_c, 0, 3);
   tcase_add_test(tc, bad_configuration_is_refused);
   tcase_add_test(tc, agent_without_daemon_keeps_stepping_within_its_deadline);
+  tcase_add_test(tc, waits_spin_before_sleeping_within_their_bounds);
   tcase_add_test(tc, agents_reopened_at_once_in_one_process_always_open);
   tcase_add_test(tc, a_forked_child_cannot_use_or_break_the_parents_agent);
   tcase_add_test(tc, every_route_at_once_equals_each_route);

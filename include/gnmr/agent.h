@@ -120,6 +120,9 @@ GNMR_EXPORT int gnmr_agent_open(const gnmr_agent_config *cfg,
  *   GNMR_CURVE_PUBLIC_KEY curve_public_key GNMR_OBSERVER       observer (0/1)
  *   GNMR_CURVE_SECRET_KEY curve_secret_key
  *
+ * and checks GNMR_WAIT_SPIN_US (gnmr_agent_wait), which is not a field:
+ * gnmr_agent_open reads it, and takes the default for a bad value.
+ *
  * String fields point into the environment (keep it unchanged while cfg is
  * used). Returns 0, or GNMR_E_INVAL with the variable's name in bad_var
  * (may be NULL) for a value that is not a valid number; cfg is then left
@@ -157,7 +160,13 @@ GNMR_EXPORT int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step,
                                        const uint8_t *not_reported);
 
 /* Waits up to timeout_ms for the decision of `step`. Returns 0 when it (or
- * a later one) is in, GNMR_E_TIMEDOUT otherwise (counted as late). */
+ * a later one) is in, GNMR_E_TIMEDOUT otherwise (counted as late). It
+ * first spins, yielding its CPU to any thread that wants it, for up to
+ * GNMR_WAIT_SPIN_US microseconds (read at gnmr_agent_open; default 2000,
+ * 0 to 1000000, 0: off) of the timeout, then sleeps: a thread asleep on an
+ * idle CPU is woken by an interrupt, which on a virtual machine costs tens
+ * of microseconds at each hop of the round trip. At most (CPUs the caller
+ * may run on - 1) waits spin at once in a process, none on one CPU. */
 GNMR_EXPORT int gnmr_agent_wait(gnmr_agent *a, uint64_t step, int timeout_ms);
 
 /* The route of unit `unit` for the step after the last reported one:
