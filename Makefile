@@ -93,7 +93,7 @@ REPLAY_SRC := client/replay.c client/trace.c
 STORE_SRC := $(wildcard store/*.c)
 GNMRCTL_SRC := $(wildcard client/cli/*.c)
 AGENT_SRC := cuda_agent/agent.c cuda_agent/agent_config.c cuda_agent/agent_ctx.c \
-             cuda_agent/agent_io.c cuda_agent/agent_report.c \
+             cuda_agent/agent_io.c cuda_agent/agent_report.c cuda_agent/cpu_quota.c \
              cuda_agent/reduce_cpu.c cuda_agent/reduce_pool.c cuda_agent/cuda_plan.c
 ifeq ($(CUDA),1)
 AGENT_SRC += cuda_agent/cuda_backend.c

@@ -113,6 +113,7 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
   a->observer = cfg->observer != 0;
   int64_t spin = gnmr__wait_spin_env(); /* bad: config_from_env said so */
   a->wait_spin_us = (uint32_t)(spin >= 0 ? spin : WAIT_SPIN_US);
+  a->quota_cpus = a->wait_spin_us ? gnmr__process_cgroup_cpus() : 0;
   if (cfg->curve_server_key != NULL) {
     memcpy(a->curve_server, cfg->curve_server_key, 41);
     memcpy(a->curve_public, cfg->curve_public_key, 41);
@@ -280,7 +281,8 @@ void gnmr_agent_close(gnmr_agent **pa) {
  * docs/benchmarks.md ("Spinning for the decision"). Spinners leave one
  * CPU of the caller's free for the threads the round trip runs on: at
  * most (CPUs the caller may use - 1) spin at once in the process, none
- * on one CPU. */
+ * on one CPU; the CPUs it may use are its affinity mask's, or fewer where
+ * its cgroup's CPU quota says so (cpu_quota.c). */
 static atomic_int spinners;
 
 static int64_t ns_of(const struct timespec *t) {
@@ -291,8 +293,10 @@ static int64_t ns_of(const struct timespec *t) {
 static int wait_spin(gnmr_agent *a, uint64_t step, const struct timespec *t0,
                      int timeout_ms) {
   cpu_set_t set;
-  int cap = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) - 1
-                                                        : 0;
+  int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  if (a->quota_cpus != 0 && (int)a->quota_cpus < cpus)
+    cpus = (int)a->quota_cpus; /* a container's share of a larger host */
+  int cap = cpus - 1;
   if (atomic_fetch_add(&spinners, 1) >= cap) {
     atomic_fetch_sub(&spinners, 1);
     return 0;

@@ -106,6 +106,7 @@ struct gnmr_agent {
   struct gnmr_agent *reg_prev, *reg_next;
   atomic_int forked; /* set in the child of a fork: refuse, free only */
   uint32_t wait_spin_us; /* GNMR_WAIT_SPIN_US at open, else WAIT_SPIN_US */
+  unsigned quota_cpus;   /* the cgroup's CPU quota at open; 0: none */
 };
 
 
@@ -117,6 +118,13 @@ uint64_t gnmr__now_ms(void);
 /* GNMR_WAIT_SPIN_US: its value (0..WAIT_SPIN_MAX_US), WAIT_SPIN_US when
  * unset, -1 when set to anything else. */
 int64_t gnmr__wait_spin_env(void);
+
+/* cpu_quota.c: the CPUs the cgroup CPU quota (v2 cpu.max, v1
+ * cpu.cfs_quota_us) allows, the tightest from the process's cgroup up to
+ * the mount, rounded down, at least 1; 0 when none is set or readable.
+ * root: the cgroup mount; cgroup_text: /proc/self/cgroup's text. */
+unsigned gnmr__cgroup_cpus(const char *root, const char *cgroup_text);
+unsigned gnmr__process_cgroup_cpus(void); /* for this process */
 
 /* agent_ctx.c: one ZeroMQ context per process, shared by its agents */
 void *gnmr__ctx_acquire(void);

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <zmq.h>
 
@@ -368,6 +369,69 @@ START_TEST(threaded_reductions_from_several_threads_and_after_fork) {
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
                 "the fork's child reduced wrongly or hung (status %d)", st);
   mt_case_free(&c);
+}
+END_TEST
+
+/* Writes text to dir/rel, making the directories on the way. */
+static void put_file(const char *dir, const char *rel, const char *text) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, rel);
+  for (char *p = path + strlen(dir) + 1; *p; p++)
+    if (*p == '/') {
+      *p = '\0';
+      mkdir(path, 0700);
+      *p = '/';
+    }
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+START_TEST(cgroup_cpu_quota_is_the_tightest_on_the_way_up) {
+  /* How many CPUs a container may use, for the wait's spinning: cgroup v2
+   * cpu.max and v1 cfs_quota_us, the tightest from the process's cgroup
+   * up to the mount; "max" and -1 are no limit; anything unreadable or
+   * malformed is no limit, never a crash. */
+  const char *root = tu_tmpdir();
+  ck_assert_uint_eq(gnmr__cgroup_cpus(root, "0::/\n"), 0);
+  put_file(root, "a/b/cpu.max", "max 100000\n");
+  put_file(root, "a/cpu.max", "250000 100000\n");
+  ck_assert_uint_eq(gnmr__cgroup_cpus(root, "0::/a/b\n"), 2);
+  put_file(root, "a/b/cpu.max", "50000 100000\n"); /* half a CPU: 1 */
+  ck_assert_uint_eq(gnmr__cgroup_cpus(root, "0::/a/b\n"), 1);
+  /* a container: its mount is its cgroup, its path the host's name */
+  put_file(root, "cpu.max", "300000 100000");
+  ck_assert_uint_eq(gnmr__cgroup_cpus(root, "0::/host/name/of/it\n"), 3);
+  /* v1, under ROOT/cpu; only a list naming "cpu" itself counts */
+  put_file(root, "cpu/x/cpu.cfs_quota_us", "-1\n");
+  put_file(root, "cpu/x/cpu.cfs_period_us", "100000\n");
+  put_file(root, "cpu/cpu.cfs_quota_us", "400000\n");
+  put_file(root, "cpu/cpu.cfs_period_us", "100000\n");
+  ck_assert_uint_eq(gnmr__cgroup_cpus(root, "4:cpuset:/x\n1:cpu,cpuacct:/x\n"),
+                    4);
+  ck_assert_uint_eq(gnmr__cgroup_cpus(root, "4:cpuset:/x\n2:cpuacct:/x\n"), 0);
+  /* both: the tighter */
+  ck_assert_uint_eq(gnmr__cgroup_cpus(root, "1:cpu:/x\n0::/a/b\n"), 1);
+  /* malformed text and files: no limit */
+  static const char *texts[] = {"", "garbage", "1:cpu", "0::relative",
+                                "0:/a/b", "::::", "0::/a/b/../../..",
+                                "\n\n\n"};
+  put_file(root, "a/b/cpu.max", "abc def\n");
+  put_file(root, "a/cpu.max", "100000 0\n");
+  put_file(root, "cpu.max", "max\n");
+  for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+    ck_assert_uint_eq(gnmr__cgroup_cpus(root, texts[i]), 0);
+  ck_assert_uint_eq(gnmr__cgroup_cpus(root, "0::/a/b\n"), 0);
+  ck_assert_uint_eq(gnmr__cgroup_cpus(NULL, "0::/\n"), 0);
+  char longpath[5000];
+  memset(longpath, 'x', sizeof longpath);
+  memcpy(longpath, "0::/", 4);
+  longpath[sizeof longpath - 1] = '\0';
+  ck_assert_uint_eq(gnmr__cgroup_cpus(root, longpath), 0);
+  /* this process's own: whatever it is, it is read without trouble */
+  (void)gnmr__process_cgroup_cpus();
+  tu_rmrf(root);
 }
 END_TEST
 
@@ -1322,6 +1386,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, threaded_reduction_refuses_bad_input_and_leaves_sums);
   tcase_add_test(tc, threaded_reductions_from_several_threads_and_after_fork);
   tcase_add_test(tc, reduce_threads_come_from_the_environment_or_the_cpus);
+  tcase_add_test(tc, cgroup_cpu_quota_is_the_tightest_on_the_way_up);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
   tc = tcase_create("live");
