@@ -166,7 +166,9 @@ GNMR_EXPORT int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step,
  * 0 to 1000000, 0: off) of the timeout, then sleeps: a thread asleep on an
  * idle CPU is woken by an interrupt, which on a virtual machine costs tens
  * of microseconds at each hop of the round trip. At most (CPUs the caller
- * may run on - 1) waits spin at once in a process, none on one CPU. */
+ * may run on - 1) waits spin at once in a process, none on one CPU; the
+ * CPUs are its affinity mask's, or its cgroup's CPU quota (read at open)
+ * where that is fewer. */
 GNMR_EXPORT int gnmr_agent_wait(gnmr_agent *a, uint64_t step, int timeout_ms);
 
 /* The route of unit `unit` for the step after the last reported one:
