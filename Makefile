@@ -137,7 +137,7 @@ BENCH_SRC := $(filter-out $(if $(filter 1,$(CUDA)),,bench/norm_cuda.c),$(wildcar
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 .PHONY: all check test python-params test-gpu test-valgrind test-python test-multinode demo experiment bench install clean deps \
-        deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-seeds soak
+        deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-merge fuzz-seeds soak
 .DEFAULT_GOAL := all
 
 all: buildinfo $(PROGRAMS) $(SO_AGENT)
@@ -364,7 +364,10 @@ check: deps-check
 # ---- fuzzing (clang's libFuzzer) ----------------------------------------------
 # `make fuzz` runs each fuzzer for FUZZ_SECONDS (default 60) from its seed
 # corpus in fuzz/corpus/; `make check` runs a short pass (10 s each). New
-# inputs go to build/fuzz/work-NAME, crashes to build/fuzz/.
+# inputs go to build/fuzz/work-NAME, crashes to build/fuzz/. After a long
+# run, `make fuzz-merge` adds to fuzz/corpus/NAME the inputs found that
+# reach code its files do not (libFuzzer's -merge=1), so that the short
+# pass starts from there.
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FUZZERS := envelope trace snapshot settings config
@@ -392,6 +395,16 @@ fuzz: deps-fuzz $(FUZZ_BINS)
 	    || { tail -40 build/fuzz/$$f.log; exit 1; }; \
 	  grep -E "stat::number_of_executed_units|stat::new_units_added" \
 	    build/fuzz/$$f.log | sed 's/^/   /'; \
+	done
+
+fuzz-merge: $(FUZZ_BINS)
+	@for f in $(FUZZERS); do \
+	  mkdir -p build/fuzz/work-$$f; \
+	  build/fuzz/fuzz_$$f -merge=1 -max_len=65536 fuzz/corpus/$$f \
+	    build/fuzz/work-$$f 2>build/fuzz/$$f-merge.log \
+	    || { tail -20 build/fuzz/$$f-merge.log; exit 1; }; \
+	  echo "fuzz-merge $$f: $$(grep -o 'MERGE-OUTER: [0-9]* new files' \
+	    build/fuzz/$$f-merge.log), $$(ls fuzz/corpus/$$f | wc -l) in all"; \
 	done
 
 # Regenerates the binary seeds (encoded envelopes, snapshots).
