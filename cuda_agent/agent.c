@@ -24,6 +24,18 @@
  * sockets, and closing it frees memory only. The child's next agent gets a
  * context of its own. */
 
+/* Before it sleeps, gnmr_agent_wait spins (yielding its CPU to any thread
+ * that wants it) for up to wait_spin_us of its timeout: a decision takes
+ * a few hundred microseconds, and a thread asleep on an idle CPU is woken
+ * by an interrupt to that CPU, which on a virtual machine costs tens of
+ * microseconds at every hop of the round trip. Measured in
+ * docs/benchmarks.md ("Spinning for the decision"). Spinners leave one
+ * CPU of the caller's free for the threads the round trip runs on: at
+ * most (CPUs the caller may use - 1) spin at once in the process, none
+ * on one CPU; the CPUs it may use are its affinity mask's, or fewer where
+ * its cgroup's CPU quota says so (cpu_quota.c). */
+static atomic_int spinners;
+
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static gnmr_agent *reg_head;
 static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
@@ -48,6 +60,7 @@ static void reg_child(void) {
     pthread_mutex_init(&a->err_mu, NULL);
   }
   gnmr__ctx_after_fork();
+  atomic_store(&spinners, 0); /* the parent's spinning threads are not here */
 }
 
 static void reg_init(void) {
@@ -273,17 +286,6 @@ void gnmr_agent_close(gnmr_agent **pa) {
   *pa = NULL;
 }
 
-/* Before it sleeps, gnmr_agent_wait spins (yielding its CPU to any thread
- * that wants it) for up to wait_spin_us of its timeout: a decision takes
- * a few hundred microseconds, and a thread asleep on an idle CPU is woken
- * by an interrupt to that CPU, which on a virtual machine costs tens of
- * microseconds at every hop of the round trip. Measured in
- * docs/benchmarks.md ("Spinning for the decision"). Spinners leave one
- * CPU of the caller's free for the threads the round trip runs on: at
- * most (CPUs the caller may use - 1) spin at once in the process, none
- * on one CPU; the CPUs it may use are its affinity mask's, or fewer where
- * its cgroup's CPU quota says so (cpu_quota.c). */
-static atomic_int spinners;
 
 static int64_t ns_of(const struct timespec *t) {
   return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;

@@ -781,6 +781,11 @@ static int timed_wait(const char *spin, const char *ep, int timeout_ms,
   return rv;
 }
 
+static void *spin_in_wait(void *arg) {
+  (void)gnmr_agent_wait(arg, 1, 500 * (int)tu_slow());
+  return NULL;
+}
+
 START_TEST(waits_spin_before_sleeping_within_their_bounds) {
   /* gnmr_agent_wait spins (yielding) for up to GNMR_WAIT_SPIN_US of its
    * timeout before it sleeps, never past the timeout, and only where a CPU
@@ -824,6 +829,31 @@ START_TEST(waits_spin_before_sleeping_within_their_bounds) {
   ck_assert_int_eq(timed_wait("1000000", ep, 30, &cpu, &took),
                    GNMR_E_TIMEDOUT);
   ck_assert_msg(took < 500, "a wait of 30 ms spun %.1f ms", took);
+  /* a fork while another thread spins: the child's waits spin all the
+   * same (the parent's spinning thread is not in the child) */
+  if (cpus > 1) {
+    setenv("GNMR_WAIT_SPIN_US", "400000", 1);
+    gnmr_agent_config c = config(ep);
+    gnmr_agent *busy;
+    ck_assert_int_eq(gnmr_agent_open(&c, &busy), GNMR_OK);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, spin_in_wait, busy), 0);
+    tu_sleep_ms(100 * tu_slow()); /* it spins now, for 400 ms */
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+      double ccpu, ctook;
+      int crv = timed_wait("20000", ep, 80, &ccpu, &ctook);
+      _exit(crv == GNMR_E_TIMEDOUT && ccpu >= 5 ? 0 : 1);
+    }
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    pthread_join(th, NULL);
+    gnmr_agent_close(&busy);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "a forked child's wait did not spin (status %d)", st);
+  }
   /* on one CPU nothing spins: the round trip needs that CPU */
   cpu_set_t one;
   CPU_ZERO(&one);
