@@ -35,6 +35,9 @@
  * on one CPU; the CPUs it may use are its affinity mask's, or fewer where
  * its cgroup's CPU quota says so (cpu_quota.c). */
 static atomic_int spinners;
+static atomic_uint_fast64_t waits_spun; /* for the tests */
+
+uint64_t gnmr__agent_waits_spun(void) { return atomic_load(&waits_spun); }
 
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static gnmr_agent *reg_head;
@@ -303,6 +306,7 @@ static int wait_spin(gnmr_agent *a, uint64_t step, const struct timespec *t0,
     atomic_fetch_sub(&spinners, 1);
     return 0;
   }
+  atomic_fetch_add(&waits_spun, 1);
   int64_t spin = (int64_t)a->wait_spin_us * 1000,
           limit = (int64_t)timeout_ms * 1000000;
   int64_t end = ns_of(t0) + (spin < limit ? spin : limit);

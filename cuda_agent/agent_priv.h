@@ -137,6 +137,8 @@ void gnmr__ctx_after_fork(void);
 /* agent.c: GNMR_E_CLOSED, with the reason as the last error, for a call
  * that would use a's sockets or threads in the child of a fork */
 int gnmr__agent_refuse_forked(gnmr_agent *a);
+/* How many gnmr_agent_wait calls of this process have spun (tests). */
+uint64_t gnmr__agent_waits_spun(void);
 
 /* agent_io.c */
 int gnmr__agent_open_io_sockets(gnmr_agent *a);
