@@ -136,7 +136,7 @@ endif
 BENCH_SRC := $(filter-out $(if $(filter 1,$(CUDA)),,bench/norm_cuda.c),$(wildcard bench/*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check test python-params test-gpu test-valgrind test-python test-multinode demo experiment bench install clean deps \
+.PHONY: all check test python-params test-gpu test-valgrind test-python test-python-newest venv venv-newest test-multinode demo experiment bench install clean deps \
         deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-merge fuzz-seeds soak
 .DEFAULT_GOAL := all
 
@@ -305,14 +305,33 @@ test-gpu: all $(GPU_TEST)
 	@echo "== $(GPU_TEST)"
 	@$(TEST_ENV) $(GPU_TEST)
 
-# The Python package against a real gnmrd, with Debian's python3-torch.
-PYTHON ?= /usr/bin/python3
-test-python: all
-	@echo "== python tests ($(PYTHON))"
-	@cd python && GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BUILD=$(BUILD) \
-	  GNMR_BIN_DIR=$(abspath $(BUILD)/bin) PYTHONDONTWRITEBYTECODE=1 \
-	  $(PYTHON) -m unittest discover -s tests -v 2>&1 | tail -n 25; \
-	  exit $${PIPESTATUS[0]}
+# ---- the Python environment (PyPI; python/requirements.lock) -------------
+# `make venv` makes build/venv from the lock with pip (its cache is reused:
+# a warm install downloads nothing); every Python test, benchmark and the
+# experiment run there. `venv-newest` is the same lock with the newest
+# torch 2.x (its "# newest:" line) in place of the pinned one.
+LOCK = python/requirements.lock
+VENV ?= build/venv
+VENV_NEWEST ?= build/venv-newest
+TORCH_NEWEST := $(shell sed -n 's/^\# newest: *//p' $(LOCK))
+PYTHON ?= $(VENV)/bin/python
+venv: $(VENV)/.stamp
+$(VENV)/.stamp: $(LOCK) scripts/venv.sh
+	@scripts/venv.sh $(VENV) $(LOCK)
+venv-newest: $(VENV_NEWEST)/.stamp
+$(VENV_NEWEST)/.stamp: $(LOCK) scripts/venv.sh
+	@scripts/venv.sh $(VENV_NEWEST) $(LOCK) $(TORCH_NEWEST)
+
+# The Python package against a real gnmrd, in the venv (PYTHON= another).
+PY_TEST_ENV = GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BUILD=$(BUILD) \
+  GNMR_BIN_DIR=$(abspath $(BUILD)/bin) PYTHONDONTWRITEBYTECODE=1 \
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1
+test-python: all $(if $(filter $(VENV)/bin/python,$(PYTHON)),venv)
+	@echo "== python tests ($(PYTHON): $$($(PYTHON) -c 'import torch; print("torch", torch.__version__)'))"
+	@cd python && $(PY_TEST_ENV) $(abspath $(PYTHON)) -m unittest discover \
+	  -s tests -v 2>&1 | tail -n 40; exit $${PIPESTATUS[0]}
+test-python-newest: all venv-newest
+	@$(MAKE) --no-print-directory test-python PYTHON=$(VENV_NEWEST)/bin/python
 
 # Unit suites under valgrind, without Check's fork so every path is seen.
 # Valgrind runs a program's threads one at a time, so the suites run
@@ -355,11 +374,12 @@ check: deps-check
 	@$(MAKE) --no-print-directory test
 	@$(MAKE) --no-print-directory test-multinode
 	@$(MAKE) --no-print-directory test-python
+	@$(MAKE) --no-print-directory test-python-newest
 	@$(MAKE) --no-print-directory BUILD=build/asan SAN=asan test
 	@$(MAKE) --no-print-directory test-valgrind
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10
 	@$(MAKE) --no-print-directory soak SOAK_SECONDS=20
-	@echo "make check: plain, multi-node, Python, ASan/UBSan, valgrind, a short fuzz run and a short soak all passed"
+	@echo "make check: plain, multi-node, Python (torch $(shell sed -n "s/^torch==//p" $(LOCK)) and $(TORCH_NEWEST:torch==%=%)), ASan/UBSan, valgrind, a short fuzz run and a short soak all passed"
 
 # ---- fuzzing (clang's libFuzzer) ----------------------------------------------
 # `make fuzz` runs each fuzzer for FUZZ_SECONDS (default 60) from its seed
@@ -416,18 +436,18 @@ $(BUILD)/fuzz/make_seeds: $(BUILD)/obj/fuzz/make_seeds.o $(LIB_WIRE) $(LIB_POLIC
 $(BUILD)/obj/fuzz/make_seeds.o: $(GEN)/proto/gnmr.pb-c.h
 
 # ---- demo, bench ------------------------------------------------------------
-demo: deps-demo all
-	@scripts/demo.sh $(BUILD)
+demo: deps-demo all venv
+	@GNMR_PYTHON=$(PYTHON) scripts/demo.sh $(BUILD)
 
 # The stress experiment (examples/quant_stress.py): 5 seeds x 300 steps of
 # every variant on the CPU, two single-threaded processes at a time; writes
 # docs/results/stress.json, stress.md and stress.png (README quotes them).
 EXPERIMENT_ARGS ?= --seeds 5 --steps 300 --jobs 2 --json docs/results/stress.json
-experiment: deps-demo all
+experiment: deps-demo all venv
 	@GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BIN_DIR=$(abspath $(BUILD)/bin) \
 	  $(PYTHON) examples/quant_stress.py $(EXPERIMENT_ARGS)
 
-bench: deps $(BENCHES) all
+bench: deps $(BENCHES) all venv
 	@for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done
 	@echo "== bench/torch_overhead.py"
 	@if $(PYTHON) -c 'import torch' 2>/dev/null; then \

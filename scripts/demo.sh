@@ -80,7 +80,7 @@ if [ "${GNMR_DEMO_STRESS:-1}" = 1 ]; then
   echo "   static low vs GNMR vs random at GNMR's share vs the lagged oracle"
   echo "   (1 seed, 100 steps, about a minute)"
   GNMR_AGENT_LIB="$(cd "$B/lib" && pwd)/libgnmr-agent.so" \
-    /usr/bin/python3 "$(dirname "$0")/../examples/quant_stress.py" --seeds 1 \
+    "${GNMR_PYTHON:-build/venv/bin/python}" "$(dirname "$0")/../examples/quant_stress.py" --seeds 1 \
     --steps 100 --variants low,gnmr,random,oracle --jobs 2 \
     --gnmrd-bin "$B/bin" | sed 's/^/   /'
   echo "   (one short seed shows the mechanism, skipped steps; the loss"

@@ -10,7 +10,8 @@ pkgs_build="gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compile
 pkgs_check="check valgrind postgresql clang libclang-rt-14-dev systemd man-db prometheus curl iproute2 util-linux"
 pkgs_fuzz="clang libclang-rt-14-dev"
 pkgs_demo=""
-pkgs_python="python3 python3-torch libopenblas0-pthread python3-matplotlib"
+# the Python stack itself comes from PyPI into build/venv (scripts/venv.sh)
+pkgs_python="python3 python3-venv"
 
 want=""
 for g in "$@"; do

@@ -1,0 +1,41 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# venv.sh DIR LOCK [PIN] — the virtual environment the Python tests run in:
+# DIR is made with $VENV_PYTHON (default: python3 on PATH) and filled
+# with pip from LOCK (python/requirements.lock); PIN (say torch==2.15.0)
+# replaces the lock's line for the same package. pip's cache is reused,
+# so a second install downloads nothing. DIR/.stamp records what was
+# installed: the same LOCK and PIN again do nothing.
+set -eu
+dir=$1
+lock=$2
+pin=${3:-}
+py=${VENV_PYTHON:-python3}
+want="$(cat "$lock") pin=$pin py=$("$py" -c 'import sys; print(sys.version)' 2>/dev/null || echo none)"
+if [ -f "$dir/.stamp" ] && [ "$(cat "$dir/.stamp")" = "$want" ]; then
+  exit 0
+fi
+if ! command -v "$py" >/dev/null 2>&1; then
+  echo "venv: no $py on PATH (set VENV_PYTHON to a CPython 3.10 or newer)" >&2
+  exit 1
+fi
+start=$(date +%s)
+rm -rf "$dir"
+if ! "$py" -m venv "$dir"; then
+  echo "venv: '$py -m venv' failed (Debian: apt-get install python3-venv)" >&2
+  exit 1
+fi
+reqs=$dir/requirements.txt
+if [ -n "$pin" ]; then
+  name=${pin%%[=<>!~]*}
+  # the lock less PIN's package, then PIN
+  grep -v -i "^$name==" "$lock" >"$reqs"
+  echo "$pin" >>"$reqs"
+else
+  cp "$lock" "$reqs"
+fi
+echo "venv: installing $(grep -c '^[A-Za-z]' "$reqs") pinned packages into $dir${pin:+ ($pin)}"
+"$dir/bin/python" -m pip install -q --disable-pip-version-check \
+  --no-input -r "$reqs"
+printf '%s' "$want" >"$dir/.stamp"
+echo "venv: $dir ready in $(( $(date +%s) - start )) s ($("$dir/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
