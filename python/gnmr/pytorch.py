@@ -75,6 +75,7 @@ import csv
 import ctypes
 import json
 import logging
+import math
 import os
 import re
 import warnings
@@ -82,6 +83,8 @@ from contextlib import contextmanager
 
 import torch
 
+from . import _layout
+from ._layout import grad_of, local as _local, sums_on_device
 from ._lib import default_endpoint
 from .agent import Agent, CudaReducer, GnmrError, cuda_device_count
 from .agent import reduce_cpu
@@ -107,56 +110,19 @@ def _warn(msg):
         log.warning(msg)
 
 
-def _env_int(*names):
-    for var in names:
-        if os.environ.get(var, "") != "":
-            try:
-                return int(os.environ[var]), var
-            except ValueError:
-                raise ValueError(f"{var}={os.environ[var]!r} is not an "
-                                 "integer") from None
-    return None, None
-
-
 def identity(global_rank=None, tp_size=None, tp_group=None):
-    """(rank, world size, tp_rank, tp_size): torch.distributed first, then
-    the launcher's environment; an error when the world has several
-    processes but this one's rank cannot be found."""
-    dist = torch.distributed
-    live = dist.is_available() and dist.is_initialized()
-    world, world_var = _env_int("WORLD_SIZE", "SLURM_NTASKS",
-                                "OMPI_COMM_WORLD_SIZE")
-    if global_rank is not None:
-        rank = global_rank
-    elif live:
-        rank, world = dist.get_rank(), dist.get_world_size()
-    else:
-        rank, _ = _env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
-        if rank is None:
-            if world is not None and world > 1:
-                raise ValueError(
-                    f"{world_var}={world} but this process has no rank: "
-                    "initialise torch.distributed, set RANK (or "
-                    "SLURM_PROCID), or pass global_rank=; without one, "
-                    "every process would report as rank 0")
-            rank = 0
-    if tp_group is not None:
-        if not live:
-            raise ValueError("tp_group needs torch.distributed initialised")
-        size, tp_rank = dist.get_world_size(tp_group), dist.get_rank(tp_group)
-        if tp_size is not None and tp_size != size:
-            raise ValueError(f"tp_size={tp_size} but tp_group has {size} "
-                             "ranks")
-        return rank, world or 1, tp_rank, size
-    size = tp_size or 1
-    return rank, world or 1, rank % size, size
+    """(rank, world size, tp_rank, tp_size) without a model: torch.distributed
+    first, then the launcher's environment (Controller reads a model's
+    DeviceMesh too: gnmr._layout)."""
+    lay = _layout.layout([], global_rank, tp_size, tp_group)
+    return lay.rank, lay.world, lay.index, lay.reporters
 
 
 def _select_units(model, select, pattern):
     """[(name, module, params)]: outermost match first, each parameter in
     one unit; a clear error when nothing usable matches."""
     rx = re.compile(pattern) if pattern else None
-    matched = [(n, m) for n, m in model.named_modules()
+    matched = [(n, m) for n, m in _layout.plain_named_modules(model)
                if (not select or isinstance(m, tuple(select)))
                and (rx is None or rx.search(n))]
     owner, units, empty = {}, [], []
@@ -279,17 +245,36 @@ class Controller:
                              "ties this run's ranks together in gnmrd")
         self.units = []
         self._params = []
+        named = []
         for name, m, params in _select_units(model, select, pattern):
             self.units.append((name, m))
             self._params.append(params)
-        rank, _, self.tp_rank, tp_size = identity(global_rank, tp_size,
-                                                  tp_group)
-        self.replica = rank // tp_size
+            named.extend((name, p) for p in params)
+        self.layout = lay = _layout.layout(named, global_rank, tp_size,
+                                           tp_group)
+        self.tp_rank, tp_size = lay.index, lay.reporters
+        # parameters whose local gradient another reporter counts: read
+        # for "has a gradient", not summed
+        self._skip = {id(p) for ps in self._params for p in ps
+                      if not lay.counts(p)}
+        # every gradient a plain p.grad counted here: the fast pass
+        self._simple = not self._skip and lay.mesh is None and not any(
+            hasattr(p, "main_grad") for ps in self._params for p in ps)
+        frozen = [n for (n, _), ps in zip(self.units, self._params)
+                  if not any(p.requires_grad for p in ps)]
+        if frozen:
+            _warn(f"gnmr: {len(frozen)} unit(s) have no parameter that "
+                  f"requires a gradient and will never be reported: "
+                  f"{', '.join(frozen[:8])}{', ...' if len(frozen) > 8 else ''}"
+                  " (frozen layers: leave them out with select=/pattern=)")
+        self._never = set(range(len(self.units))) - {
+            u for u, (n, _) in enumerate(self.units) if n in frozen}
+        self._reports = 0
         self.endpoint = endpoint or default_endpoint()
         self.job = job
         self.agent = Agent(self.endpoint, job, [n for n, _ in self.units],
                            rank=self.tp_rank, reporters=tp_size,
-                           observer=self.replica != 0, **agent_kwargs)
+                           observer=lay.observer, **agent_kwargs)
         self._ids = list(agent_kwargs.get("unit_ids") or
                          range(len(self.units)))
         # once, bounded: the first steps find the agent joined when gnmrd
@@ -373,19 +358,6 @@ class Controller:
         return "gnmr" if self._cuda is not None else self._cuda_failed
 
     @staticmethod
-    def _sums_on_device(grads_by_unit):
-        """Per-unit (sum of squares, non-finite count) reduced by torch."""
-        sumsq, nonfinite = [], []
-        for grads in grads_by_unit:
-            flat = [g.detach().reshape(-1).double() for g in grads]
-            bad = sum(int((~torch.isfinite(f)).sum()) for f in flat)
-            s = sum(float(torch.where(torch.isfinite(f), f, 0).pow(2).sum())
-                    for f in flat)
-            sumsq.append(s)
-            nonfinite.append(bad)
-        return sumsq, nonfinite
-
-    @staticmethod
     def _buffers(grads):
         """(tensors to keep alive, (unit, pointer, numel, dtype) tuples):
         contiguous host gradients in a dtype the library reads."""
@@ -429,13 +401,21 @@ class Controller:
         units pays this pass every step, so it packs the table as it goes."""
         buf, size, pack = self._table, _TENSOR.size, _TENSOR.pack_into
         keep, i = [], 0
+        simple, skip, read = self._simple, self._skip, self._grad
         for unit, ps in enumerate(self._params):
             for p in ps:
-                g = p.grad
+                g = p.grad if simple else read(p)
                 if g is None:
                     continue
                 if g.is_cuda:
                     return None
+                if (i + 1) * size > len(buf):  # grown, never resized in place
+                    buf = self._table = bytearray(bytes(buf) +
+                                                  bytes(len(buf) + size))
+                if skip and id(p) in skip:  # seen, counted by another rank
+                    pack(buf, i * size, 0, 0, 0, unit, 0.0)
+                    i += 1
+                    continue
                 code = _DTYPE_CODES.get(g.dtype)
                 if g.requires_grad or code is None or not g.is_contiguous():
                     if g.requires_grad:  # backward(create_graph=True)
@@ -445,12 +425,22 @@ class Controller:
                         code = _DTYPE_CODES[g.dtype]
                     g = g.contiguous()
                     keep.append(g)  # a copy: alive until reduced
-                if (i + 1) * size > len(buf):  # grown, never resized in place
-                    buf = self._table = bytearray(bytes(buf) +
-                                                  bytes(len(buf) + size))
                 pack(buf, i * size, g.data_ptr(), g.numel(), code, unit, 0.0)
                 i += 1
         return buf, i, keep
+
+    def _grad(self, p):
+        """p's gradient as a plain tensor of this rank's elements."""
+        g = grad_of(p)
+        if g is not None and self.layout.mesh is None and \
+                _layout.DTensor is not None and \
+                isinstance(g, _layout.DTensor):
+            raise ValueError(
+                "gnmr: the gradients are DTensors but the parameters were "
+                "not when the Controller was made: make it after "
+                "fully_shard()/parallelize_module(), so that it reads the "
+                "DeviceMesh and the parameters the model trains")
+        return _local(g)
 
     def _shadow_units(self):
         """The units on their recovery path whose low-cost path `shadow`
@@ -460,9 +450,9 @@ class Controller:
         return [u for u, (name, m) in enumerate(self.units)
                 if self.high[u] and self.shadow(name, m)]
 
-    def _report_host(self, t, threads, table, shadowed=()):
-        """Reduces and reports a _host_table(): sums straight into the
-        arrays the report is sent from."""
+    def _reduce_host(self, threads, table):
+        """A _host_table() reduced: (sumsq, nonfinite, seen) as ctypes
+        arrays, the sums straight into the arrays a report is sent from."""
         buf, count, keep = table
         n = len(self._params)
         sumsq = (ctypes.c_double * n)()
@@ -478,6 +468,78 @@ class Controller:
             if rv != 0:
                 raise GnmrError(rv, "reduce")
         del keep
+        return sumsq, nonfinite, seen
+
+    def _unit_grads(self):
+        """Per unit, the local gradients counted here and whether the unit
+        has a gradient at all (counted here or by another reporter)."""
+        grads, has = [], []
+        skip = self._skip
+        for ps in self._params:
+            gs, any_g = [], False
+            for p in ps:
+                g = self._grad(p)
+                if g is None:
+                    continue
+                any_g = True
+                if id(p) not in skip:
+                    gs.append(g)
+            grads.append(gs)
+            has.append(any_g)
+        return grads, has
+
+    def _local_sums(self, threads):
+        """(sumsq, nonfinite, not_reported) of this rank's gradients, as
+        lists, without reporting them: for a repeated step."""
+        table = self._host_table()
+        if table is not None:
+            sumsq, nonfinite, seen = self._reduce_host(threads, table)
+            return list(sumsq), list(nonfinite), [not x for x in seen]
+        grads, has = self._unit_grads()
+        sumsq, nonfinite = self._mixed_sums(grads, threads)
+        return sumsq, nonfinite, [not h for h in has]
+
+    def _mixed_sums(self, grads, threads):
+        """Sums of gradients on devices (torch, one synchronisation) and on
+        the host (the library)."""
+        cuda = [[g for g in gs if g.is_cuda] for gs in grads]
+        if any(cuda):
+            sumsq, nonfinite = sums_on_device(cuda)
+        else:
+            sumsq, nonfinite = [0.0] * len(grads), [0] * len(grads)
+        keep, buffers = self._buffers([[g for g in gs if not g.is_cuda]
+                                       for gs in grads])
+        if buffers:
+            hs, hn = reduce_cpu(buffers, len(grads), threads)
+            sumsq = [a + b for a, b in zip(sumsq, hs)]
+            nonfinite = [a + b for a, b in zip(nonfinite, hn)]
+        del keep
+        return sumsq, nonfinite
+
+    def _note_gradients(self, not_reported):
+        """Once, after warn_after reports: the units that never had a
+        gradient on this rank, named (a unit outside the loss, parameters
+        replaced after the Controller was made)."""
+        if self._never is None:
+            return
+        self._never -= {u for u, nr in enumerate(not_reported) if not nr}
+        self._reports += 1
+        if self._reports >= max(self.warn_after, 1):
+            if self._never:
+                names = [self.units[u][0] for u in sorted(self._never)]
+                _warn(f"gnmr: {len(names)} unit(s) of job {self.job!r} had "
+                      f"no gradient in {self._reports} steps on rank "
+                      f"{self.layout.rank}: "
+                      f"{', '.join(names[:8])}{', ...' if len(names) > 8 else ''}"
+                      " (not in the loss, frozen, or their parameters were "
+                      "replaced after the Controller was made: make it after "
+                      "fully_shard()/compile()/wrapping)")
+            self._never = None
+
+    def _report_host(self, t, threads, table, shadowed=()):
+        """Reduces and reports a _host_table()."""
+        sumsq, nonfinite, seen = self._reduce_host(threads, table)
+        n = len(self._params)
         not_reported = bytes(seen).translate(_FLIP)
         nr = (ctypes.c_uint8 * n).from_buffer_copy(not_reported)
         local = list(nonfinite)
@@ -499,17 +561,21 @@ class Controller:
         table = self._host_table()
         if table is not None:
             self._report_host(t, threads, table, shadowed)
+            self._note_gradients(self._local[2])
             if self._clipping:  # the gradients these sums are of
-                self._reduced = (t, [(u, p, p.grad, p.grad._version)
+                self._reduced = (t, [(u, p, g, g._version)
                                      for u, ps in enumerate(self._params)
-                                     for p in ps if p.grad is not None])
+                                     for p in ps
+                                     for g in (self._grad(p),)
+                                     if g is not None])
             return
-        grads = [[p.grad for p in ps if p.grad is not None]
-                 for ps in self._params]
+        grads, has = self._unit_grads()
+        not_reported = [not h for h in has]
+        self._note_gradients(not_reported)
         cuda = [g for gs in grads for g in gs if g.is_cuda]
-        host = [[g for g in gs if not g.is_cuda] for gs in grads]
         if cuda and len(cuda) == sum(len(gs) for gs in grads) and \
                 len({g.device for g in cuda}) == 1 and not shadowed and \
+                not self._skip and \
                 self._cuda_reducer(cuda[0].device) is not None:
             # every gradient on one device: the kernel reads them in
             # order on the current stream; copies made here stay valid
@@ -520,18 +586,7 @@ class Controller:
                 stream = torch.cuda.current_stream(cuda[0].device)
             self._cuda.report(t, buffers, stream.cuda_stream)
             return
-        if cuda:  # torch reduces device tensors, the library host ones
-            sumsq, nonfinite = self._sums_on_device(
-                [[g for g in gs if g.is_cuda] for gs in grads])
-        else:
-            sumsq, nonfinite = [0.0] * len(grads), [0] * len(grads)
-        keep, buffers = self._buffers(host)
-        if buffers:
-            hs, hn = reduce_cpu(buffers, len(grads), threads)
-            sumsq = [a + b for a, b in zip(sumsq, hs)]
-            nonfinite = [a + b for a, b in zip(nonfinite, hn)]
-        del keep
-        not_reported = [not gs for gs in grads]
+        sumsq, nonfinite = self._mixed_sums(grads, threads)
         sent = list(nonfinite)
         self._shadowed = [u for u in shadowed if not not_reported[u]]
         for u in self._shadowed:  # as the low-cost path would have made it
@@ -603,9 +658,16 @@ class Controller:
         return self._finish(step, wait_ms)
 
     def _repeat(self, step):
+        """A step that does not advance (a call per micro-batch): nothing is
+        reported, but nonfinite and norms are this rank's gradients as
+        they are now, so a NaN skip written after step() still fires."""
         r = StepResult(step, repeated=True, joined=self.agent.joined,
                        active=[n for (n, _), h in zip(self.units, self.high)
                                if h])
+        sumsq, nonfinite, nr = self._local_sums(self.reduce_threads)
+        r.norms = {n: (s ** 0.5 if not skip else None)
+                   for (n, _), s, skip in zip(self.units, sumsq, nr)}
+        r.nonfinite = [n for (n, _), c in zip(self.units, nonfinite) if c]
         return r
 
     def _finish(self, step, wait_ms):
@@ -641,26 +703,39 @@ class Controller:
                          [n for (n, _), h in zip(self.units, self.high)
                           if h], self._changed,
                          shadowed=[self.units[u][0] for u in self._shadowed])
+        job_nonfinite = None
         if on_time:
             rstep, risky = self.agent.risky()
             if rstep == t:
                 res.risky = {self.units[u][0]: (g, d, s)
                              for u, g, d, s in risky}
+                # +inf scores are non-finite norms, job-wide (every shard
+                # and replica), so every rank skips the same steps
+                mine = set(self._shadowed)
+                job_nonfinite = [self.units[u][0] for u, _, _, s in risky
+                                 if s == math.inf and u not in mine]
+        reported = self._local  # the sums this rank sent, if it did
+        if reported is None and job_nonfinite is None:
+            # an observer, or the CUDA kernel's sums: this rank's own view
+            self._local = self._local_sums(self.reduce_threads)
         if self._local is not None:
             sumsq, nonfinite, nr = self._local
             res.norms = {n: (s ** 0.5 if not skip else None)
                          for (n, _), s, skip in zip(self.units, sumsq, nr)}
             res.nonfinite = [n for (n, _), c in zip(self.units, nonfinite)
                              if c]
-            if self._trace is not None:  # what gnmrd decided from:
-                shadowed = set(self._shadowed)  # shadowed units as NaN
-                for u, ((n, _), s, c, skip) in enumerate(
-                        zip(self.units, sumsq, nonfinite, nr)):
-                    if not skip:
-                        bad = c or u in shadowed
-                        self._trace.write(f"{t},{self._ids[u]},"
-                                          f"{'nan' if bad else repr(s ** .5)}"
-                                          "\n")
+        if job_nonfinite is not None:
+            res.nonfinite = job_nonfinite
+        if reported is not None and self._trace is not None:
+            sumsq, nonfinite, nr = reported  # what gnmrd decided from:
+            shadowed = set(self._shadowed)  # shadowed units as NaN
+            for u, ((n, _), s, c, skip) in enumerate(
+                    zip(self.units, sumsq, nonfinite, nr)):
+                if not skip:
+                    bad = c or u in shadowed
+                    self._trace.write(f"{t},{self._ids[u]},"
+                                      f"{'nan' if bad else repr(s ** .5)}"
+                                      "\n")
         if self.on_decision is not None:
             self.on_decision(res)
         return res
