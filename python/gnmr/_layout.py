@@ -166,6 +166,20 @@ def _mesh_of(params):
     return mesh, tuple(sorted(sharded))
 
 
+def _megatron_tp_group():
+    """Megatron-core's tensor-parallel group when it is initialised."""
+    try:
+        from megatron.core import parallel_state
+    except ImportError:
+        return None
+    try:
+        if parallel_state.model_parallel_is_initialized():
+            return parallel_state.get_tensor_model_parallel_group()
+    except Exception:  # an older or changed parallel_state
+        return None
+    return None
+
+
 def layout(named_params, global_rank=None, tp_size=None, tp_group=None):
     """The Layout of this rank for a model's (name, parameter) pairs: from
     its DeviceMesh when it has DTensor parameters, else from
@@ -211,6 +225,15 @@ def layout(named_params, global_rank=None, tp_size=None, tp_group=None):
         return Layout(rank, world, index, reporters, observer, mesh, dims)
     megatron = any(hasattr(p, "tensor_model_parallel")
                    for _, p in named_params)
+    if megatron and tp_group is None and tp_size is None and world > 1:
+        tp_group = _megatron_tp_group()
+        if tp_group is None:
+            raise ValueError(
+                "gnmr: the model has Megatron-style tensor_model_parallel "
+                "parameters in a world of several processes: pass "
+                "tp_group= (parallel_state.get_tensor_model_parallel_group()"
+                ") or tp_size= (1 without tensor parallelism), so that "
+                "each shard rank reports its part")
     if tp_group is not None:
         if not live:
             raise ValueError("tp_group needs torch.distributed initialised")
