@@ -136,7 +136,7 @@ endif
 BENCH_SRC := $(filter-out $(if $(filter 1,$(CUDA)),,bench/norm_cuda.c),$(wildcard bench/*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check test python-params test-gpu test-valgrind test-python test-python-newest venv venv-newest test-multinode demo experiment bench install clean deps \
+.PHONY: all check test python-params test-gpu test-valgrind test-python test-python-newest venv venv-newest wheel test-multinode demo experiment bench install clean deps \
         deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-merge fuzz-seeds soak
 .DEFAULT_GOAL := all
 
@@ -321,6 +321,11 @@ $(VENV)/.stamp: $(LOCK) scripts/venv.sh
 venv-newest: $(VENV_NEWEST)/.stamp
 $(VENV_NEWEST)/.stamp: $(LOCK) scripts/venv.sh
 	@scripts/venv.sh $(VENV_NEWEST) $(LOCK) $(TORCH_NEWEST)
+
+# The Python package as a wheel: dist/gnmr-VERSION-py3-none-manylinux_*.whl
+# with libgnmr-agent.so, gnmrd, gnmrctl and the C libraries they link.
+wheel: all venv
+	@scripts/wheel.sh $(BUILD) $(VENV)/bin/python dist
 
 # The Python package against a real gnmrd, in the venv (PYTHON= another).
 PY_TEST_ENV = GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BUILD=$(BUILD) \

@@ -1,0 +1,46 @@
+# SPDX-License-Identifier: MIT
+"""`python -m gnmr.daemon [gnmrd options]` (or the `gnmr-daemon` command):
+starts gnmrd for a one-machine run, in the foreground, with gnmrd's own
+defaults (its agent endpoint is the one Controller uses by default, so a
+training script on the same machine finds it with no endpoint given).
+
+gnmrd is, in order: $GNMR_GNMRD, the one bundled in the wheel
+(gnmr/bin/gnmrd), build/bin/gnmrd of a source checkout, gnmrd on PATH.
+`python -m gnmr.daemon --which` prints the one it would run.
+"""
+import os
+import shutil
+import sys
+
+
+def find_gnmrd():
+    """The gnmrd to run, or None."""
+    env = os.environ.get("GNMR_GNMRD")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cand in (os.path.join(here, "bin", "gnmrd"),
+                 os.path.join(here, "..", "..", "build", "bin", "gnmrd")):
+        if os.access(cand, os.X_OK):
+            return os.path.normpath(cand)
+    return shutil.which("gnmrd")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    exe = find_gnmrd()
+    if argv == ["--which"]:
+        print(exe or "no gnmrd found")
+        return 0 if exe else 1
+    if exe is None:
+        print("gnmr.daemon: no gnmrd found: install the gnmr wheel (it "
+              "bundles gnmrd), build it (make), or set GNMR_GNMRD",
+              file=sys.stderr)
+        return 1
+    # gnmrd becomes this process: signals and the exit status are its own
+    os.execv(exe, [exe] + list(argv))
+    return 1  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
