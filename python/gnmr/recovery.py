@@ -75,25 +75,56 @@ def fake_fp8(x, fmt="e4m3", saturate=True):
     return torch.copysign(q, xf).to(x.dtype)
 
 
+def _int_dtype(bits):
+    return torch.int8 if bits <= 8 else torch.int16
+
+
+def _int_scale(x, bits):
+    """The per-tensor scale of a `bits`-bit grid: amax / qmax, a 0-dim
+    fp64 tensor on x's device (no host read)."""
+    qmax = 2 ** (bits - 1) - 1
+    return x.detach().abs().amax().double() / qmax if x.numel() else \
+        torch.zeros((), dtype=torch.float64, device=x.device)
+
+
+def _int_codes(x, bits, scale):
+    """x's integer codes on the grid (int8 for bits <= 8, else int16)."""
+    qmax = 2 ** (bits - 1) - 1
+    safe = torch.where(scale > 0, scale, 1.0)
+    return (x / safe).round().clamp(-qmax, qmax).to(_int_dtype(bits))
+
+
+def _int_decode(codes, scale, like):
+    """The values of codes: like's dtype; x itself when scale is 0 (an
+    all-zero x), NaN where scale is not finite."""
+    q = codes.to(like.dtype) * scale
+    return torch.where(torch.isfinite(scale), torch.where(scale > 0, q, like),
+                       math.nan)
+
+
 def fake_int(x, bits, scale=None):
     """x rounded to a signed `bits`-bit grid with a per-tensor scale
     (the tensor's own amax / qmax unless scale is given)."""
     if not 2 <= bits <= 16:
         raise ValueError(f"bits must be 2..16, not {bits}")
-    qmax = 2 ** (bits - 1) - 1
     if scale is None:
-        scale = float(x.detach().abs().max()) / qmax
-    if scale <= 0 or not math.isfinite(scale):
-        return x.clone() if scale <= 0 else x * math.nan
-    return (x / scale).round().clamp(-qmax, qmax) * scale
+        scale = _int_scale(x, bits)
+    scale = torch.as_tensor(scale, dtype=torch.float64, device=x.device)
+    return _int_decode(_int_codes(x, bits, scale), scale, x)
+
+
+_FP8_DTYPES = {"e4m3": getattr(torch, "float8_e4m3fn", None),
+               "e5m2": getattr(torch, "float8_e5m2", None)}
 
 
 class DelayedScaling:
     """An amax history and the scale it gives (per tensor).
 
-    scale() = fp8_max / (max of the last `history` recorded amax) / 2**margin;
+    scale = fp8_max / (max of the last `history` recorded amax) / 2**margin;
     before anything is recorded, the current tensor's own amax is used
-    (the first step has no history to be stale)."""
+    (the first step has no history to be stale). The history is a tensor
+    on the activations' device: recording and scaling read nothing back to
+    the host (`amax` and `scale()` do, for inspection)."""
 
     def __init__(self, fmt="e4m3", history=16, margin=0, saturate=True):
         if fmt not in FP8_FORMATS:
@@ -103,75 +134,202 @@ class DelayedScaling:
         self.fmt, self.history, self.margin = fmt, int(history), margin
         self.saturate = saturate
         self.fmax = FP8_FORMATS[fmt][2]
-        self.amax = []          # the last `history` recorded amax values
+        self._hist = None       # (history,) fp32, oldest first, 0-padded
+        self._n = None          # how many of them were recorded (0-dim)
+
+    def _state(self, device):
+        if self._hist is None or self._hist.device != device:
+            self._hist = torch.zeros(self.history, device=device)
+            self._n = torch.zeros((), dtype=torch.int64, device=device)
+        return self._hist, self._n
+
+    @property
+    def amax(self):
+        """The recorded amax values, oldest first (a host read)."""
+        if self._hist is None:
+            return []
+        n = int(self._n)
+        return self._hist[self.history - n:].tolist() if n else []
+
+    def _scale_t(self, current_amax):
+        """The scale as a 0-dim fp64 tensor (current_amax: a tensor)."""
+        hist, n = self._state(current_amax.device)
+        ref = torch.where(n > 0, hist.max().double(),
+                          current_amax.double())
+        ok = (ref > 0) & torch.isfinite(ref)
+        return torch.where(ok, self.fmax / torch.where(ok, ref, 1.0) /
+                           2.0 ** self.margin, 1.0)
 
     def scale(self, current_amax=None):
-        ref = max(self.amax) if self.amax else current_amax
-        if ref is None or not ref > 0 or not math.isfinite(ref):
-            return 1.0
-        return self.fmax / ref / 2.0 ** self.margin
+        """The scale as a float (a host read)."""
+        dev = self._hist.device if self._hist is not None else "cpu"
+        cur = torch.tensor(math.nan if current_amax is None else
+                           current_amax, dtype=torch.float64, device=dev)
+        return float(self._scale_t(cur))
 
     def record(self, amax):
-        if math.isfinite(amax):
-            self.amax.append(amax)
-            del self.amax[:-self.history]
+        """Adds amax (a float or 0-dim tensor) to the history, unless it is
+        not finite."""
+        dev = amax.device if torch.is_tensor(amax) else (
+            self._hist.device if self._hist is not None else "cpu")
+        hist, n = self._state(dev)
+        a = torch.as_tensor(amax, dtype=torch.float32, device=dev).reshape(1)
+        ok = torch.isfinite(a)
+        self._hist = torch.where(ok, torch.cat([hist[1:], a]), hist)
+        self._n = torch.where(ok[0], torch.clamp(n + 1, max=self.history), n)
 
-    def quantize(self, x, record=True, cast=True):
-        """(x through the FP8 cast at the delayed scale, or None when not
-        `cast`; the number of elements out of range). Records x's amax
-        afterwards when `record`."""
+    def encode(self, x, record=True, cast=True):
+        """(x * scale in FP8 as torch's float8 dtype where torch has it,
+        else in x's dtype, rounded as FP8; the scale, a 0-dim tensor; the
+        number of elements out of range, a 0-dim tensor). Records x's amax
+        afterwards when `record`; payload None when not `cast`."""
         a = x.detach().abs()
-        amax = float(a.max()) if x.numel() else 0.0
-        s = self.scale(amax)
-        over = int((a > self.fmax / s).sum()) if amax * s > self.fmax else 0
-        q = fake_fp8(x * s, self.fmt, self.saturate) / s if cast else None
+        amax = a.amax() if x.numel() else torch.zeros((), device=x.device)
+        s = self._scale_t(amax)
+        over = (a > self.fmax / s).sum()
+        xs = x * s
+        native = _FP8_DTYPES[self.fmt]
+        if not cast:
+            payload = None
+        elif native is not None:  # the cast rounds as fake_fp8 (tested)
+            if self.saturate:
+                xs = xs.clamp(-self.fmax, self.fmax)
+            payload = xs.to(native)
+        else:
+            payload = fake_fp8(xs, self.fmt, self.saturate)
         if record:
             self.record(amax)
-        return q, over
+        return payload, s, over
+
+    def quantize(self, x, record=True, cast=True):
+        """(x through the FP8 cast at the delayed scale, in x's dtype, or
+        None when not `cast`; the number of elements out of range, a 0-dim
+        tensor). Records x's amax afterwards when `record`."""
+        payload, s, over = self.encode(x, record, cast)
+        return (payload.to(x.dtype) / s if cast else None), over
+
+
+def _autocast_dtype(device_type):
+    """The dtype autocast computes matmuls in on this device, or None."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
 
 
 class _SavedCopyLinear(torch.autograd.Function):
-    """y = x W^T + b exactly; the weight gradient reads `saved` instead of
-    x (the input gradient needs only W)."""
+    """y = x W^T + b exactly; the weight gradient reads a stored copy of x
+    (`payload` decoded by `decode`) instead of x itself: the low path's
+    copy is FP8 or integer codes, so it really takes less memory.
+
+    Under autocast the GEMMs run in autocast's dtype, as F.linear's would,
+    and each gradient comes back in its input's dtype (what
+    torch.amp.custom_fwd/custom_bwd do, for any device type: the device
+    is the input's)."""
 
     @staticmethod
-    def forward(ctx, x, saved, w, b):
-        ctx.save_for_backward(saved, w)
+    def forward(ctx, x, w, b, payload, scale, decode):
+        dt = _autocast_dtype(x.device.type)
+        ctx.dtypes = (x.dtype, w.dtype, None if b is None else b.dtype)
+        ctx.dt = dt if dt is not None else x.dtype
+        ctx.decode = decode
         ctx.has_bias = b is not None
-        return F.linear(x, w, b)
+        ctx.save_for_backward(payload, scale, w)
+        with torch.autocast(x.device.type, enabled=False):
+            if dt is None:
+                return F.linear(x, w, b)
+            return F.linear(x.to(dt), w.to(dt),
+                            None if b is None else b.to(dt))
 
     @staticmethod
     def backward(ctx, gy):
-        saved, w = ctx.saved_tensors
+        payload, scale, w = ctx.saved_tensors
+        dt = ctx.dt
+        saved = ctx.decode(payload, scale, dt)
+        gy = gy.to(dt)
         g2 = gy.reshape(-1, gy.shape[-1])
-        gw = g2.t() @ saved.reshape(-1, saved.shape[-1])
-        return (gy @ w, None, gw, g2.sum(0) if ctx.has_bias else None)
+        with torch.autocast(gy.device.type, enabled=False):
+            gx = (gy @ w.to(dt)).to(ctx.dtypes[0])
+            gw = (g2.t() @ saved.reshape(-1, saved.shape[-1])).to(
+                ctx.dtypes[1])
+            gb = g2.sum(0).to(ctx.dtypes[2]) if ctx.has_bias else None
+        return gx, gw, gb, None, None, None
+
+
+def _exact(payload, scale, dt):
+    return payload.to(dt)
+
+
+def _fp8_decode(payload, scale, dt):
+    return payload.to(dt) / scale
+
+
+def _int_decode_bw(payload, scale, dt):
+    return _int_decode(payload, scale, torch.empty((), dtype=dt,
+                                                   device=payload.device))
+
+
+_NO_SCALE = {}
+
+
+def _one(device):
+    t = _NO_SCALE.get(device)
+    if t is None:
+        t = _NO_SCALE[device] = torch.ones((), dtype=torch.float64,
+                                           device=device)
+    return t
 
 
 class _TwoPathLinear(torch.nn.Linear):
     def __init__(self, in_features, out_features, bias=True, **kw):
         super().__init__(in_features, out_features, bias, **kw)
         self.recovery = False
-        self.low_overflow = 0     # FP8: at the last forward, either path
-        self.low_error = 0.0      # k-bit: at the last forward, either path
+        self._overflow = 0      # FP8: at the last forward, either path
+        self._err = 0.0         # k-bit: at the last forward, either path
 
-    def _saved_copy(self, x, record, need):
-        """The copy to save (None when not `need`: no backward), setting
-        low_overflow / low_error for the low path either way."""
+    @property
+    def low_overflow(self):
+        """Input elements the low path's stale FP8 scale could not hold at
+        the last training forward, on either path (a host read)."""
+        return int(self._overflow)
+
+    @property
+    def low_error(self):
+        """Relative L2 error of the low path's copy of the last training
+        forward's input, on either path (a host read)."""
+        return float(self._err)
+
+    def _store(self, x, record, need=True):
+        """(payload, scale, decode): the copy of x that backward reads
+        (None when not `need`: no backward), setting the low path's
+        statistics (low_overflow, low_error) either way."""
         raise NotImplementedError
 
+    def _saved_copy(self, x, record, need=True):
+        """The copy of x the weight gradient would read, decoded in x's
+        dtype (for inspection; forward keeps the encoded one)."""
+        payload, scale, decode = self._store(x.detach(), record)
+        return decode(payload, scale, x.dtype)
+
+    # Route changes must not recompile a compiled model: dynamo would
+    # guard on `recovery` (a plain bool) and compile a graph for each
+    # combination of routes, up to its recompile limit. The two-path
+    # linear runs outside the graph instead (a graph break per unit);
+    # the rest of the model compiles once.
+    @torch.compiler.disable
     def forward(self, x):
         grad = torch.is_grad_enabled()
-        saved = self._saved_copy(x.detach(), self.training and grad, grad)
-        if not grad:
+        stored = self._store(x.detach(), self.training and grad, grad)
+        if not grad:  # the statistics only: an evaluation, a probe
             return F.linear(x, self.weight, self.bias)
-        return _SavedCopyLinear.apply(x, saved, self.weight, self.bias)
+        payload, scale, decode = stored
+        return _SavedCopyLinear.apply(x, self.weight, self.bias, payload,
+                                      scale, decode)
 
     def _note(self, x, low):
-        n = float(x.float().norm())
-        err = float((low.float() - x.float()).norm())
-        self.low_error = (err / n if n > 0 else 0.0) if math.isfinite(err) \
-            else math.inf
+        n = x.float().norm()
+        err = (low.float() - x.float()).norm()
+        rel = torch.where(n > 0, err / torch.where(n > 0, n, 1.0), 0.0)
+        self._err = torch.where(torch.isfinite(err), rel, math.inf)
 
     def extra_repr(self):
         return super().extra_repr() + f", recovery={self.recovery}"
@@ -179,23 +337,28 @@ class _TwoPathLinear(torch.nn.Linear):
 
 class FP8Linear(_TwoPathLinear):
     """Linear whose saved input activation is FP8 with delayed scaling on
-    the low path and exact on the recovery path (see the module doc)."""
+    the low path (torch's float8 dtype: one byte an element) and exact on
+    the recovery path (see the module doc)."""
 
     def __init__(self, in_features, out_features, bias=True, fmt="e4m3",
                  history=16, margin=0, saturate=True, **kw):
         super().__init__(in_features, out_features, bias, **kw)
         self.scaling = DelayedScaling(fmt, history, margin, saturate)
 
-    def _saved_copy(self, x, record, need):
-        low, self.low_overflow = self.scaling.quantize(
+    def _store(self, x, record, need=True):
+        payload, s, self._overflow = self.scaling.encode(
             x, record, cast=need and not self.recovery)
-        return x if self.recovery else low
+        if not need:
+            return None
+        if self.recovery:
+            return x, _one(x.device), _exact
+        return payload, s, _fp8_decode
 
 
 class KBitLinear(_TwoPathLinear):
-    """Linear whose saved input activation is `low_bits` integers (per-
-    tensor scale) on the low path and `high_bits` (or exact, when None) on
-    the recovery path."""
+    """Linear whose saved input activation is `low_bits` integer codes
+    (per-tensor scale; int8 storage) on the low path and `high_bits` codes
+    (or exact, when None) on the recovery path."""
 
     def __init__(self, in_features, out_features, bias=True, low_bits=4,
                  high_bits=8, **kw):
@@ -205,12 +368,18 @@ class KBitLinear(_TwoPathLinear):
             fake_int(torch.zeros(1), high_bits)
         self.low_bits, self.high_bits = low_bits, high_bits
 
-    def _saved_copy(self, x, record, need):
-        low = fake_int(x, self.low_bits)
-        self._note(x, low)
+    def _store(self, x, record, need=True):
+        s = _int_scale(x, self.low_bits)
+        codes = _int_codes(x, self.low_bits, s)
+        self._note(x, _int_decode(codes, s, x))
+        if not need:
+            return None
         if not self.recovery:
-            return low
-        return x if self.high_bits is None else fake_int(x, self.high_bits)
+            return codes, s, _int_decode_bw
+        if self.high_bits is None:
+            return x, _one(x.device), _exact
+        s = _int_scale(x, self.high_bits)
+        return _int_codes(x, self.high_bits, s), s, _int_decode_bw
 
 
 def fp8_overflowed(name, module):
