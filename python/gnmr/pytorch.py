@@ -42,15 +42,29 @@ meaning the recovery path.
 
 Steps: one call per optimizer step, with increasing numbers. The first
 may be 0 (then gnmrd's steps are yours + 1). A repeated or lower step (a
-call per micro-batch, a second call) does nothing and warns once: call
-step() after the last micro-batch. Nothing here raises for a step number.
+call per micro-batch, a second call) reports nothing and warns once; its
+result still carries this rank's nonfinite units and norms of the
+gradients as they are then, so a NaN skip written after step() fires.
+With gradient accumulation, call step() after the last micro-batch, or
+give accumulate=N and call it after every one (the N-th reports).
+Nothing here raises for a step number.
 
-Identity: the global rank comes from torch.distributed when it is
-initialised, else RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK (or
-`global_rank`); a world size above 1 without a rank is an error. Model
-parallelism: `tp_group` (a process group of one replica's shards) or
-`tp_size` shards per replica; replica 0 of each shard reports, the other
-replicas observe and receive the same routes. Gradients on CUDA go to the
+Identity and layout (gnmr._layout): the job's reporters come from the
+model's DeviceMesh when its parameters are DTensors (FSDP2, tensor
+parallelism: shard dimensions report, replicate dimensions observe,
+gradients read on their local shard), else as follows. The global rank
+comes from torch.distributed when it is initialised, else RANK,
+SLURM_PROCID or OMPI_COMM_WORLD_RANK (or `global_rank`); a world size
+above 1 without a rank is an error. Model parallelism: `tp_group` (a
+process group of one replica's shards) or `tp_size` shards per replica;
+replica 0 of each shard reports, the other replicas observe and receive
+the same routes (Megatron's tensor_model_parallel attributes: the
+parameters without it count on shard rank 0 only). A parameter's gradient
+is its `main_grad` when set (Megatron-style fp32 buffers), else `grad`.
+`nonfinite` is job-wide when the decision came in time (every shard and
+replica; all ranks skip the same steps), else this rank's own view.
+Units are named as in the plain model (no `_orig_mod.` from
+torch.compile, no `module.` from DDP). Gradients on CUDA go to the
 agent's CUDA backend when libgnmr-agent was built with nvcc and sees the
 device; otherwise torch reduces them (one synchronisation per step).
 
@@ -238,11 +252,15 @@ class Controller:
                  tp_size=None, tp_group=None, global_rank=None, wait_ms=50,
                  on_decision=None, trace=None, warn_after=3,
                  join_wait_ms=1000, reduce_threads=0, shadow=None,
-                 **agent_kwargs):
+                 accumulate=1, **agent_kwargs):
         job = job or os.environ.get("GNMR_JOB")
         if not job:
             raise ValueError("give job= (or set GNMR_JOB): the name that "
                              "ties this run's ranks together in gnmrd")
+        if not isinstance(accumulate, int) or accumulate < 1:
+            raise ValueError(f"accumulate={accumulate!r}: the micro-batches "
+                             "per optimizer step, 1 or more")
+        self.accumulate, self._micro = accumulate, 0
         self.units = []
         self._params = []
         named = []
@@ -623,7 +641,16 @@ class Controller:
 
     def step(self, step, wait_ms=None):
         """report(step), wait for its decision (at most wait_ms), then
-        apply_routes(). Returns a StepResult (truthy when on time)."""
+        apply_routes(). Returns a StepResult (truthy when on time).
+
+        With accumulate=N, call it after every micro-batch: the N-th call
+        of each optimizer step reports (the gradients then hold all N
+        micro-batches); the others report nothing and return a `repeated`
+        result with this rank's nonfinite units so far."""
+        if self.accumulate > 1:
+            self._micro += 1
+            if self._micro % self.accumulate:
+                return self._repeat(step)
         if self._internal(step) is None:
             return self._repeat(step)
         self._report(self._last)
@@ -784,10 +811,11 @@ class Controller:
                 parameters, max_norm, norm_type,
                 error_if_nonfinite=error_if_nonfinite, **kw)
         total_t = torch.tensor(total, dtype=torch.float32)
-        coef = torch.clamp(max_norm / (total_t + 1e-6), max=1.0)
-        if not coef.item() >= 1.0:  # NaN too: torch makes them NaN
-            torch._foreach_mul_([p.grad for p in parameters
-                                 if p.grad is not None], coef)
+        # torch's own scaling (clip_grads_with_norm_), skipped when it
+        # would multiply by 1.0; a NaN total scales (to NaN) as torch does
+        if not max_norm / (total + 1e-6) >= 1.0:
+            torch.nn.utils.clip_grads_with_norm_(parameters, max_norm,
+                                                 total_t)
         return total_t
 
     def _total_from_report(self, parameters):
@@ -828,8 +856,8 @@ class Controller:
                 return None  # part of a unit, or NaN/Inf: torch's clip
             total += sumsq[u]
         if rest:
-            norms = torch._foreach_norm(rest)
-            total += float(torch.stack(norms).double().square().sum())
+            rest_norm = torch.nn.utils.get_total_norm(rest, 2.0)
+            total += float(rest_norm.double()) ** 2
         return total ** 0.5
 
     # ---- routes for evaluation, lifecycle ---------------------------------

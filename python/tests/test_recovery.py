@@ -315,5 +315,153 @@ class SwitchTest(unittest.TestCase):
             self.assertEqual(d.stop(), 0)
 
 
+class NoHostRead:
+    """Fails any read of a tensor's value to the host (a synchronisation
+    on a GPU, a graph break under compile) while it is active."""
+    NAMES = ("item", "tolist", "__float__", "__int__", "__bool__")
+
+    def __enter__(self):
+        self.saved = {n: getattr(torch.Tensor, n) for n in self.NAMES}
+
+        def refuse(name):
+            def f(*a, **k):
+                raise AssertionError(f"host read: Tensor.{name}")
+            return f
+        for n in self.NAMES:
+            setattr(torch.Tensor, n, refuse(n))
+        return self
+
+    def __exit__(self, *exc):
+        for n, f in self.saved.items():
+            setattr(torch.Tensor, n, f)
+
+
+class TorchStackTest(unittest.TestCase):
+    """The recovery paths on torch 2.x: native FP8 storage, no host reads,
+    autocast, torch.compile."""
+
+    def test_torch_float8_casts_round_as_fake_fp8(self):
+        torch.manual_seed(0)
+        x = torch.cat([torch.randn(20000) * 10, torch.randn(20000) * 1e-3,
+                       torch.linspace(-600, 600, 20001),
+                       torch.tensor([math.inf, -math.inf, math.nan, 0.0,
+                                     2 ** -9, 2 ** -10, 3 * 2 ** -11])])
+        for fmt, dt, fmax in (("e4m3", torch.float8_e4m3fn, 448.0),
+                              ("e5m2", torch.float8_e5m2, 57344.0)):
+            xs = x * (1 if fmt == "e4m3" else 100)
+            for sat in (True, False):
+                want = fake_fp8(xs, fmt, sat)
+                got = (xs.clamp(-fmax, fmax) if sat else xs).to(dt).float()
+                same = (want == got) | (want.isnan() & got.isnan())
+                self.assertTrue(bool(same.all()), (fmt, sat))
+
+    def saved_dtypes(self, lin, x):
+        seen = []
+        with torch.autograd.graph.saved_tensors_hooks(
+                lambda t: (seen.append((t.dtype, tuple(t.shape))), t)[1],
+                lambda t: t):
+            y = lin(x)
+        y.sum().backward()
+        return seen
+
+    def test_the_low_path_stores_one_byte_an_element(self):
+        x = torch.randn(4, 16)
+        lin = FP8Linear(16, 8)
+        self.assertIn((torch.float8_e4m3fn, (4, 16)),
+                      self.saved_dtypes(lin, x))
+        lin.recovery = True
+        seen = self.saved_dtypes(lin, x)
+        self.assertIn((torch.float32, (4, 16)), seen)
+        self.assertNotIn(torch.float8_e4m3fn, [d for d, _ in seen])
+        k = KBitLinear(16, 8, low_bits=4, high_bits=8)
+        self.assertIn((torch.int8, (4, 16)), self.saved_dtypes(k, x))
+        k.recovery = True
+        self.assertIn((torch.int8, (4, 16)), self.saved_dtypes(k, x))
+        k16 = KBitLinear(16, 8, low_bits=4, high_bits=12)
+        k16.recovery = True
+        self.assertIn((torch.int16, (4, 16)), self.saved_dtypes(k16, x))
+
+    def test_forward_and_backward_read_nothing_to_the_host(self):
+        torch.manual_seed(1)
+        x = torch.randn(4, 16)
+        for lin in (FP8Linear(16, 8), FP8Linear(16, 8, saturate=False),
+                    KBitLinear(16, 8), KBitLinear(16, 8, high_bits=None)):
+            for recovery in (False, True):
+                lin.recovery = recovery
+                with NoHostRead():
+                    for _ in range(3):  # the history fills
+                        lin(x * 3).sum().backward()
+                    with torch.no_grad():
+                        lin(x)
+                self.assertTrue(torch.isfinite(lin.weight.grad).all())
+        self.assertGreaterEqual(lin.low_error, 0.0)  # read when asked
+
+    def test_bf16_autocast_matches_torch_linear(self):
+        torch.manual_seed(2)
+        x = torch.randn(6, 16)
+        ref = torch.nn.Linear(16, 8)
+        for cls in (FP8Linear, KBitLinear):
+            lin = cls(16, 8)
+            lin.load_state_dict(ref.state_dict())
+            lin.recovery = True
+            if cls is KBitLinear:
+                lin.high_bits = None
+            outs = []
+            for m in (ref, lin):
+                m.zero_grad()
+                xx = x.clone().requires_grad_(True)
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    y = m(xx)
+                    loss = y.float().pow(2).sum()
+                loss.backward()
+                outs.append((y, m.weight.grad, m.bias.grad, xx.grad))
+            (y0, w0, b0, x0), (y1, w1, b1, x1) = outs
+            self.assertEqual(y1.dtype, torch.bfloat16)
+            self.assertTrue(torch.equal(y0, y1), cls.__name__)
+            self.assertEqual((w1.dtype, b1.dtype, x1.dtype),
+                             (torch.float32,) * 3)
+            for a, b in ((w0, w1), (b0, b1), (x0, x1)):
+                self.assertLess(float((a - b).norm() / a.norm()), 2e-2)
+            # the low path under autocast: FP8 storage, fp32 gradients
+            lin.recovery = False
+            lin.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                lin(x).float().sum().backward()
+            self.assertEqual(lin.weight.grad.dtype, torch.float32)
+
+    def test_route_changes_do_not_recompile_a_compiled_model(self):
+        import random
+        from torch._dynamo.utils import counters
+        torch._dynamo.reset()
+        torch.manual_seed(3)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(),
+                                  torch.nn.Linear(16, 16),
+                                  torch.nn.LayerNorm(16),
+                                  torch.nn.Linear(16, 4))
+        convert(net, FP8Linear)
+        twin = torch.nn.Sequential(*[type(m)(m.in_features, m.out_features)
+                                     if isinstance(m, FP8Linear) else m
+                                     for m in net])
+        twin.load_state_dict(net.state_dict())
+        compiled = torch.compile(net)
+        units = [m for m in net if isinstance(m, FP8Linear)]
+        eager = [m for m in twin if isinstance(m, FP8Linear)]
+        rng = random.Random(0)
+        frames = []
+        for step in range(12):
+            routes = [rng.random() < 0.5 for _ in units]
+            for m, e, r in zip(units, eager, routes):
+                m.recovery = e.recovery = r
+            x = torch.randn(4, 8)
+            y = compiled(x)
+            y.sum().backward()
+            frames.append(counters["frames"]["ok"])
+            self.assertTrue(torch.allclose(y, twin(x), atol=1e-6))
+        # compiled at the first step, never again: 0 recompiles in 11
+        # steps of changing routes
+        self.assertGreater(frames[0], 0)
+        self.assertEqual(frames[-1], frames[0], frames)
+
+
 if __name__ == "__main__":
     unittest.main()

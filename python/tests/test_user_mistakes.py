@@ -200,6 +200,85 @@ class WithDaemonTest(unittest.TestCase):
             backward(net, x)
             self.assertTrue(ctl.step(5, wait_ms=5000))  # and on it goes
 
+    def test_a_call_per_micro_batch_still_says_nonfinite(self):
+        # the loop a new user writes: step() after every micro-batch, the
+        # NaN skip after it; the NaN comes in the second micro-batch
+        net, x = Net(), torch.randn(8, 8)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            ctl = Controller(net, self.d.agents, "micro-job",
+                             params=params())
+        with ctl:
+            skipped = []
+            for step in range(1, 4):
+                net.zero_grad()
+                for micro in range(3):
+                    net(x).pow(2).mean().backward()
+                    if step == 2 and micro == 1:
+                        net.b.weight.grad[0, 0] = float("nan")
+                    with warnings.catch_warnings(record=True):
+                        warnings.simplefilter("always")
+                        res = ctl.step(step, wait_ms=5000)
+                self.assertIsNotNone(res.nonfinite)
+                if res.nonfinite:
+                    skipped.append((step, res.nonfinite, res.repeated))
+            self.assertEqual(skipped, [(2, ["b"], True)])
+
+    def test_accumulate_reports_the_last_micro_batch_of_each_step(self):
+        net, x = Net(), torch.randn(8, 8)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ctl = Controller(net, self.d.agents, "accum-job",
+                             params=params(), accumulate=3, trace=None)
+            results, full = [], []
+            for step in range(1, 4):
+                net.zero_grad()
+                for micro in range(3):
+                    net(x * (micro + 1)).pow(2).mean().backward()
+                    if step == 3 and micro == 0:
+                        net.a.weight.grad[0, 0] = float("inf")
+                    results.append(ctl.step(step, wait_ms=5000))
+                full.append(float(torch.cat([net.c.weight.grad.flatten(),
+                                             net.c.bias.grad]).double()
+                                  .norm()))
+            ctl.close()
+        self.assertFalse([m for m in w if "again" in str(m.message)])
+        self.assertEqual([r.repeated for r in results],
+                         [True, True, False] * 3)
+        self.assertTrue(all(r.on_time for r in results[2::3]))
+        # each report saw the gradient of all three micro-batches
+        for i in range(2):
+            self.assertAlmostEqual(results[3 * i + 2].norms["c"] / full[i],
+                                   1.0, delta=1e-12)
+            self.assertLess(results[3 * i].norms["c"], full[i] * 0.5)
+        self.assertEqual([r.nonfinite for r in results[6:]],
+                         [["a"], ["a"], ["a"]])
+        with self.assertRaisesRegex(ValueError, "accumulate"):
+            Controller(net, self.d.agents, "bad", accumulate=0)
+
+    def test_frozen_units_are_named_once(self):
+        net = Net()  # net.frozen has requires_grad False
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ctl = Controller(net, self.d.agents, "frozen-job",
+                             params=params(), warn_after=2)
+        with ctl:
+            self.assertIn("frozen", " ".join(str(m.message) for m in w))
+            self.assertIn("never be reported", str(w[0].message))
+            # a unit outside the loss: never a gradient, named once
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                for step in range(1, 5):
+                    net.zero_grad()
+                    net.b(torch.relu(net.a(torch.randn(2, 8)))).sum() \
+                        .backward()
+                    ctl.step(step, wait_ms=5000)
+            text = [str(m.message) for m in w if "no gradient" in
+                    str(m.message)]
+            self.assertEqual(len(text), 1, text)
+            self.assertTrue(text[0].split(": ")[2].startswith("c ("), text)
+            self.assertIn("in 2 steps", text[0])
+
     def test_a_forked_child_gets_a_clear_error_and_the_parent_goes_on(self):
         net, x = Net(), torch.randn(8, 8)
         with Controller(net, self.d.agents, "fork-job", params=params()) \
