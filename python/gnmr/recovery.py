@@ -113,6 +113,19 @@ def fake_int(x, bits, scale=None):
     return _int_decode(_int_codes(x, bits, scale), scale, x)
 
 
+# the smallest magnitude that rounds past the largest finite value (round
+# half to even: 464 rounds down to 448 in E4M3, 61440 up to 65536 in E5M2),
+# and what it becomes without saturation
+_PAST_MAX = {"e4m3": (464.0, False), "e5m2": (61440.0, True)}
+_OUT_OF_RANGE = {"e4m3": math.nan, "e5m2": math.inf}
+
+
+def _rounds_past_max(x, fmt):
+    at, inclusive = _PAST_MAX[fmt]
+    a = x.abs()
+    return (a >= at) if inclusive else (a > at)
+
+
 _FP8_DTYPES = {"e4m3": getattr(torch, "float8_e4m3fn", None),
                "e5m2": getattr(torch, "float8_e5m2", None)}
 
@@ -194,6 +207,10 @@ class DelayedScaling:
         elif native is not None:  # the cast rounds as fake_fp8 (tested)
             if self.saturate:
                 xs = xs.clamp(-self.fmax, self.fmax)
+            else:  # torch's own out-of-range cast changed (2.15
+                # saturates E4M3): what does not fit is set first
+                xs = torch.where(_rounds_past_max(xs, self.fmt),
+                                 _OUT_OF_RANGE[self.fmt] * xs.sign(), xs)
             payload = xs.to(native)
         else:
             payload = fake_fp8(xs, self.fmt, self.saturate)

@@ -340,20 +340,29 @@ class TorchStackTest(unittest.TestCase):
     """The recovery paths on torch 2.x: native FP8 storage, no host reads,
     autocast, torch.compile."""
 
-    def test_torch_float8_casts_round_as_fake_fp8(self):
+    def test_the_float8_payload_equals_fake_fp8(self):
         torch.manual_seed(0)
         x = torch.cat([torch.randn(20000) * 10, torch.randn(20000) * 1e-3,
                        torch.linspace(-600, 600, 20001),
                        torch.tensor([math.inf, -math.inf, math.nan, 0.0,
-                                     2 ** -9, 2 ** -10, 3 * 2 ** -11])])
-        for fmt, dt, fmax in (("e4m3", torch.float8_e4m3fn, 448.0),
-                              ("e5m2", torch.float8_e5m2, 57344.0)):
+                                     2 ** -9, 2 ** -10, 3 * 2 ** -11,
+                                     448.0, 463.9, 464.0, 464.1, -464.1,
+                                     57344.0, 61439.0, 61440.0, -61440.0])])
+        for fmt in ("e4m3", "e5m2"):
             xs = x * (1 if fmt == "e4m3" else 100)
+            xs = torch.cat([xs, x[-8:]])  # the boundaries, unscaled
             for sat in (True, False):
                 want = fake_fp8(xs, fmt, sat)
-                got = (xs.clamp(-fmax, fmax) if sat else xs).to(dt).float()
+                s = DelayedScaling(fmt, saturate=sat)
+                s.record(1.0)
+                s._scale_t = lambda amax: torch.ones((), dtype=torch.float64)
+                payload, _, _ = s.encode(xs, record=False)
+                self.assertEqual(payload.dtype, {"e4m3": torch.float8_e4m3fn,
+                                                 "e5m2": torch.float8_e5m2}[fmt])
+                got = payload.float()
                 same = (want == got) | (want.isnan() & got.isnan())
-                self.assertTrue(bool(same.all()), (fmt, sat))
+                self.assertTrue(bool(same.all()),
+                                (fmt, sat, xs[~same][:4], got[~same][:4]))
 
     def saved_dtypes(self, lin, x):
         seen = []
