@@ -5,7 +5,7 @@ training (one step every PACE ms, default 40) and back to back, from each
 thread's /proc/PID/task/TID/schedstat (the scheduler's exact count).
 
     GNMR_AGENT_LIB=build/lib/libgnmr-agent.so GNMR_BIN_DIR=build/bin \\
-        /usr/bin/python3 bench/cpu_per_step.py [PACE_MS]
+        build/venv/bin/python bench/cpu_per_step.py [PACE_MS]
 
 No limit to hold it against: it says where the CPU that runs beside a
 training step goes (docs/benchmarks.md, "A loop that clips")."""

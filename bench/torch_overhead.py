@@ -2,7 +2,7 @@
 """bench/torch_overhead.py — training step time with GNMR attached (a real
 gnmrd, every Linear a unit, report + bounded wait + routes each step)
 against the same run without it, measured in the same process. Target:
-<= 2% overhead. Run by `make bench` with /usr/bin/python3.
+<= 2% overhead. Run by `make bench` with build/venv/bin/python (make venv).
 
 Three figures: the A/B difference of median step times of separate runs
 (what a user sees, but on a shared VM its noise is tens of percent); the

@@ -3,7 +3,7 @@
 saves inside Controller.step.
 
     GNMR_AGENT_LIB=build/lib/libgnmr-agent.so GNMR_BIN_DIR=build/bin \\
-        /usr/bin/python3 bench/wait_spin.py [STEPS] [SPIN_US]
+        build/venv/bin/python bench/wait_spin.py [STEPS] [SPIN_US]
 
 Two copies of bench/torch_overhead.py's model (13 Linear units of
 512x512, batch 256, torch on one thread, SGD), each with a controller on

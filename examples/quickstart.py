@@ -4,7 +4,7 @@
 with GNMR attached. Start gnmrd first (`build/bin/gnmrd`, in another
 terminal: it listens where this looks by default), then:
 
-    GNMR_AGENT_LIB=build/lib/libgnmr-agent.so /usr/bin/python3 examples/quickstart.py
+    GNMR_AGENT_LIB=build/lib/libgnmr-agent.so build/venv/bin/python examples/quickstart.py
 
 It prints each step's routes and the units gnmrd put on the recovery path.
 """

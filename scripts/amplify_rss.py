@@ -7,7 +7,7 @@ with 2 units each that ask for unit ids far apart, and prints gnmrd's RSS
 after each: units are kept in id order, sparsely, so each costs what 2
 units cost whatever their ids. Usage:
   GNMR_AGENT_LIB=build/lib/libgnmr-agent.so GNMR_BIN_DIR=build/bin \\
-    /usr/bin/python3 scripts/amplify_rss.py
+    build/venv/bin/python scripts/amplify_rss.py
 """
 import os
 import subprocess

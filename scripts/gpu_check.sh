@@ -49,9 +49,9 @@ else
   echo "== compute-sanitizer: not found; not run"
 fi
 step norm_cuda build/bench/norm_cuda
-if /usr/bin/python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+if "${GNMR_PYTHON:-python3}" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   step python-cuda env GNMR_AGENT_LIB="$PWD/build/lib/libgnmr-agent.so" \
-    GNMR_BIN_DIR="$PWD/build/bin" /usr/bin/python3 -m unittest \
+    GNMR_BIN_DIR="$PWD/build/bin" "${GNMR_PYTHON:-python3}" -m unittest \
     discover -s python/tests -k Cuda -v
 fi
 exit $rc

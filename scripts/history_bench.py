@@ -4,7 +4,7 @@
 take on a large history: one run of 100k units x 1000 steps with 2M
 policy events (2% of unit-steps), written straight into gnmrd's database,
 then queried through a running gnmrd. Usage:
-  GNMR_BIN_DIR=build/bin /usr/bin/python3 scripts/history_bench.py
+  GNMR_BIN_DIR=build/bin build/venv/bin/python scripts/history_bench.py
 """
 import os
 import random

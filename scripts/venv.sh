@@ -35,7 +35,10 @@ else
   cp "$lock" "$reqs"
 fi
 echo "venv: installing $(grep -c '^[A-Za-z]' "$reqs") pinned packages into $dir${pin:+ ($pin)}"
+# no byte-compiling of every module at install (a third of its time):
+# the modules the tests import are compiled once, below
 "$dir/bin/python" -m pip install -q --disable-pip-version-check \
-  --no-input -r "$reqs"
+  --no-input --no-compile -r "$reqs"
+"$dir/bin/python" -c 'import torch, torch.distributed.run, torch._dynamo, torch._inductor.compile_fx, torch.distributed.fsdp, torch.distributed.tensor.parallel'
 printf '%s' "$want" >"$dir/.stamp"
 echo "venv: $dir ready in $(( $(date +%s) - start )) s ($("$dir/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

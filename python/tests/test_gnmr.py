@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Tests of the gnmr Python package against a real gnmrd.
 
-Run by `make check` as `/usr/bin/python3 -m unittest discover -s
+Run by `make check` as `build/venv/bin/python -m unittest discover -s
 python/tests` with GNMR_AGENT_LIB and GNMR_BIN_DIR set by the Makefile.
 """
 import json
