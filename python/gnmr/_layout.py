@@ -257,6 +257,9 @@ def local(g):
     return g
 
 
+_OWNERS = {}  # (device, unit of each gradient) -> its index tensor
+
+
 def sums_on_device(grads_by_unit):
     """Per-unit (sum of squares, non-finite count) of device gradients,
     reduced by torch in fp64 with no copy of a gradient and one host
@@ -274,8 +277,14 @@ def sums_on_device(grads_by_unit):
     dev = flat[0].device
     norms = torch._foreach_norm(flat, 2, dtype=torch.float64)
     per = torch.zeros(n, dtype=torch.float64, device=dev)
-    per.index_add_(0, torch.tensor(owner, device=dev),
-                   torch.stack([t.to(dev) for t in norms]).square())
+    key = (dev, tuple(owner))
+    index = _OWNERS.get(key)
+    if index is None:  # once per layout: no host-to-device copy a step
+        if len(_OWNERS) > 64:
+            _OWNERS.clear()
+        index = _OWNERS[key] = torch.tensor(owner, device=dev)
+    per.index_add_(0, index, torch.stack([t.to(dev) for t in norms])
+                   .square())
     sumsq = per.tolist()  # the one synchronisation
     nonfinite = [0] * n
     bad = [u for u, s in enumerate(sumsq) if not math.isfinite(s)]

@@ -86,6 +86,26 @@ class NormsTest(unittest.TestCase):
                                        delta=tol * 10, msg=str(dtype))
                 self.assertEqual(nonfinite[unit], 0)
 
+    def test_torch_sums_for_device_gradients(self):
+        # the path CUDA gradients take when the agent's kernel does not
+        # (device-agnostic: run here on host tensors)
+        from gnmr._layout import sums_on_device
+        torch.manual_seed(4)
+        grads = [[torch.randn(300), torch.randn(7, 5).bfloat16()],
+                 [torch.randn(1000) * 1e3, torch.empty(0)], [],
+                 [torch.randn(50)]]
+        grads[3][0][[3, 9]] = torch.tensor([float("nan"), float("inf")])
+        sumsq, nonfinite = sums_on_device(grads)
+        for u, gs in enumerate(grads):
+            flat = torch.cat([g.double().flatten() for g in gs]) if gs \
+                else torch.zeros(0, dtype=torch.float64)
+            fin = torch.isfinite(flat)
+            want = float(flat[fin].square().sum())
+            self.assertAlmostEqual(sumsq[u], want, delta=want * 1e-12)
+            self.assertEqual(nonfinite[u], int((~fin).sum()))
+        self.assertEqual(nonfinite, [0, 0, 0, 2])
+        self.assertEqual(sums_on_device([[], []]), ([0.0, 0.0], [0, 0]))
+
     def test_nonfinite_elements_are_counted(self):
         t = torch.ones(5000)
         t[0], t[4096], t[4999] = float("nan"), float("inf"), float("-inf")
