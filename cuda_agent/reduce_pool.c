@@ -155,6 +155,9 @@ static unsigned pool_grow(unsigned want) {
     pthread_attr_destroy(&at);
     if (rv != 0)
       break;
+    /* named here as well as by itself: counted as started, it is named
+     * even before it first runs (top -H, tests that count names) */
+    pthread_setname_np(pool.th[pool.started], "gnmr-reduce");
     pool.started++;
   }
   return pool.started;
