@@ -384,7 +384,7 @@ check: deps-check
 	@$(MAKE) --no-print-directory test-valgrind
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10
 	@$(MAKE) --no-print-directory soak SOAK_SECONDS=20
-	@echo "make check: plain, multi-node, Python (torch $(shell sed -n "s/^torch==//p" $(LOCK)) and $(TORCH_NEWEST:torch==%=%)), ASan/UBSan, valgrind, a short fuzz run and a short soak all passed"
+	@echo "make check: plain, multi-node, Python (torch $(shell sed -n "s/^torch==//p" $(LOCK)) and $(subst torch==,,$(TORCH_NEWEST))), ASan/UBSan, valgrind, a short fuzz run and a short soak all passed"
 
 # ---- fuzzing (clang's libFuzzer) ----------------------------------------------
 # `make fuzz` runs each fuzzer for FUZZ_SECONDS (default 60) from its seed
@@ -448,9 +448,11 @@ demo: deps-demo all venv
 # every variant on the CPU, two single-threaded processes at a time; writes
 # docs/results/stress.json, stress.md and stress.png (README quotes them).
 EXPERIMENT_ARGS ?= --seeds 5 --steps 300 --jobs 2 --json docs/results/stress.json
+# torch's CPU kernels are pinned (ATEN_CPU_CAPABILITY) so that a rerun on
+# another x86-64 gives the same figures.
 experiment: deps-demo all venv
 	@GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BIN_DIR=$(abspath $(BUILD)/bin) \
-	  $(PYTHON) examples/quant_stress.py $(EXPERIMENT_ARGS)
+	  ATEN_CPU_CAPABILITY=avx2 $(PYTHON) examples/quant_stress.py $(EXPERIMENT_ARGS)
 
 bench: deps $(BENCHES) all venv
 	@for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done

@@ -480,7 +480,9 @@ COMPARISONS = [("low", "high"), ("oracle", "random"), ("gnmr", "random"),
 
 
 def summarise(results, args, seeds, argv, commit):
-    out = {"command": "python3 examples/quant_stress.py " +
+    cap = os.environ.get("ATEN_CPU_CAPABILITY")
+    out = {"command": (f"ATEN_CPU_CAPABILITY={cap} " if cap else "") +
+           "build/venv/bin/python examples/quant_stress.py " +
            " ".join(argv if argv is not None else sys.argv[1:]),
            "commit": commit, "seeds": seeds,
            "torch": torch.__version__, "machine": machine(),
