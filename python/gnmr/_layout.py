@@ -243,8 +243,8 @@ def layout(named_params, global_rank=None, tp_size=None, tp_group=None):
                              "ranks")
         return Layout(rank, world, tp_rank, size, rank // size != 0,
                       megatron=megatron)
-    size = tp_size or 1
-    if size < 1 or not isinstance(size, int):
+    size = 1 if tp_size is None else tp_size
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise ValueError(f"tp_size={tp_size!r}: a positive integer")
     return Layout(rank, world, rank % size, size, rank // size != 0,
                   megatron=megatron)

@@ -113,6 +113,34 @@ class WithoutDaemonTest(unittest.TestCase):
                 if v is not None:
                     os.environ[k] = v
 
+    def test_layout_mistakes_are_named(self):
+        from gnmr._layout import layout
+        keep = {k: os.environ.pop(k, None) for k in ("RANK", "WORLD_SIZE")}
+        try:
+            os.environ.update(RANK="1", WORLD_SIZE="2")
+            net = Net()
+            net.a.weight.tensor_model_parallel = True
+            named = list(net.named_parameters())
+            # Megatron-style parameters, several processes, no TP group
+            with self.assertRaisesRegex(ValueError, "tp_group=.*tp_size="):
+                layout(named)
+            with self.assertRaisesRegex(ValueError, "tp_group=.*tp_size="):
+                Controller(net, "tcp://127.0.0.1:1", "megatron-job")
+            lay = layout(named, tp_size=2)
+            self.assertEqual((lay.index, lay.reporters, lay.observer),
+                             (1, 2, False))
+            # shard rank 1: only tensor_model_parallel parameters count
+            self.assertTrue(lay.counts(net.a.weight))
+            self.assertFalse(lay.counts(net.a.bias))
+            self.assertTrue(layout(named, tp_size=1).counts(net.a.bias))
+            with self.assertRaisesRegex(ValueError, "tp_size=0"):
+                layout([], tp_size=0)
+        finally:
+            for k, v in keep.items():
+                os.environ.pop(k, None)
+                if v is not None:
+                    os.environ[k] = v
+
     def test_select_errors_say_what_matched(self):
         net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(),
                                   torch.nn.Linear(4, 4), torch.nn.GELU())
