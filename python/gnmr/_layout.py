@@ -79,6 +79,56 @@ def plain_named_modules(model):
     return out
 
 
+class ExpertSlice:
+    """Expert `index` of a fused MoE parameter (shape [experts, ...], as
+    transformers' `*Experts` modules hold them): what a per-expert unit
+    counts in place of a whole parameter. Its gradient is that of the
+    parameter at `index` (a contiguous view: no copy)."""
+
+    __slots__ = ("param", "index")
+
+    def __init__(self, param, index):
+        self.param, self.index = param, index
+
+    @property
+    def grad(self):
+        g = self.param.grad
+        return None if g is None else g[self.index]
+
+    @property
+    def main_grad(self):
+        g = getattr(self.param, "main_grad", None)
+        return None if g is None else g[self.index]
+
+    @property
+    def requires_grad(self):
+        return self.param.requires_grad
+
+    @property
+    def is_cuda(self):
+        return self.param.is_cuda
+
+
+def fused_experts(module):
+    """The number of experts when `module` holds fused expert weights (an
+    int `num_experts` and direct parameters of 3 or more dimensions, each
+    with num_experts rows: Mixtral's, Qwen-MoE's, OLMoE's `*Experts`),
+    else 0. A router (2-dimensional weight) is not one."""
+    n = getattr(module, "num_experts", None)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return 0
+    ps = list(module.parameters(recurse=False))
+    if ps and all(p.dim() >= 3 and p.shape[0] == n for p in ps):
+        if DTensor is not None and any(isinstance(p, DTensor) for p in ps):
+            raise ValueError(
+                f"gnmr: the fused expert weights of {type(module).__name__} "
+                "are DTensors (expert parallelism): per-expert units read "
+                "whole local experts, which this version does not split; "
+                "pass experts=False to count the experts as one unit")
+        return n
+    return 0
+
+
 def grad_of(p):
     """The gradient GNMR reads for parameter p: main_grad when set, else
     grad; None when it has neither."""

@@ -31,7 +31,11 @@ expression on their names (`pattern`). A unit's gradient is that of all
 its parameters, its children's included, so a container (a block, an
 expert) is a unit too; each parameter counts in one unit only: the
 outermost match takes it, and a parameter shared by two units (tied
-weights) counts in the first, with a warning. After backward,
+weights) counts in the first, with a warning. `experts=True` makes a
+module of fused MoE expert weights (transformers' Mixtral/Qwen-MoE
+`*Experts`: parameters [experts, ...]) one unit per expert, NAME.E, each
+counting its rows of those parameters; on_route gets the experts module
+and the unit's name. After backward,
 `report(step)` sends every unit's sum of squares (host tensors are reduced
 by libgnmr-agent in fp64, in step() on up to `reduce_threads` threads: 0,
 the default, is one per CPU, at most 8, or GNMR_REDUCE_THREADS; the sums
@@ -132,15 +136,29 @@ def identity(global_rank=None, tp_size=None, tp_group=None):
     return lay.rank, lay.world, lay.index, lay.reporters
 
 
-def _select_units(model, select, pattern):
+def _select_units(model, select, pattern, experts=False):
     """[(name, module, params)]: outermost match first, each parameter in
-    one unit; a clear error when nothing usable matches."""
+    one unit; a clear error when nothing usable matches. With experts,
+    a module holding fused expert weights (_layout.fused_experts) is
+    matched too, as one unit per expert named NAME.E."""
     rx = re.compile(pattern) if pattern else None
     matched = [(n, m) for n, m in _layout.plain_named_modules(model)
-               if (not select or isinstance(m, tuple(select)))
-               and (rx is None or rx.search(n))]
+               if ((not select or isinstance(m, tuple(select)))
+                   and (rx is None or rx.search(n)))
+               or (experts and _layout.fused_experts(m))]
     owner, units, empty = {}, [], []
     for name, m in matched:
+        n = experts and _layout.fused_experts(m)
+        if n:
+            ps = [p for p in m.parameters(recurse=False)
+                  if id(p) not in owner]
+            for p in ps:
+                owner[id(p)] = (name, lambda _: True)
+            if ps:
+                units.extend((f"{name}.{e}", m,
+                              [_layout.ExpertSlice(p, e) for p in ps])
+                             for e in range(n))
+            continue
         params = []
         for pname, p in m.named_parameters():
             full = f"{name}.{pname}" if name else pname
@@ -252,7 +270,7 @@ class Controller:
                  tp_size=None, tp_group=None, global_rank=None, wait_ms=50,
                  on_decision=None, trace=None, warn_after=3,
                  join_wait_ms=1000, reduce_threads=0, shadow=None,
-                 accumulate=1, **agent_kwargs):
+                 accumulate=1, experts=False, **agent_kwargs):
         job = job or os.environ.get("GNMR_JOB")
         if not job:
             raise ValueError("give job= (or set GNMR_JOB): the name that "
@@ -264,7 +282,8 @@ class Controller:
         self.units = []
         self._params = []
         named = []
-        for name, m, params in _select_units(model, select, pattern):
+        for name, m, params in _select_units(model, select, pattern,
+                                             experts):
             self.units.append((name, m))
             self._params.append(params)
             named.extend((name, p) for p in params)
@@ -751,8 +770,10 @@ class Controller:
                          for (n, _), s, skip in zip(self.units, sumsq, nr)}
             res.nonfinite = [n for (n, _), c in zip(self.units, nonfinite)
                              if c]
-        if job_nonfinite is not None:
-            res.nonfinite = job_nonfinite
+        if job_nonfinite is not None:  # and this rank's own (a unit both
+            # shadowed here and really non-finite is non-finite)
+            bad = set(job_nonfinite) | set(res.nonfinite or ())
+            res.nonfinite = [n for n, _ in self.units if n in bad]
         if reported is not None and self._trace is not None:
             sumsq, nonfinite, nr = reported  # what gnmrd decided from:
             shadowed = set(self._shadowed)  # shadowed units as NaN
@@ -766,6 +787,19 @@ class Controller:
         if self.on_decision is not None:
             self.on_decision(res)
         return res
+
+    @property
+    def local_nonfinite(self):
+        """The units with NaN/Inf in the gradients this rank counted in
+        its last report ([] for an observer; None when not known here:
+        the CUDA kernel's sums). Every element of a unit's gradient is
+        counted by one reporter, so the union over the ranks is the job's
+        real non-finite units, `shadow`'s excluded."""
+        if self.agent.observer:
+            return []
+        if self._local is None:
+            return None
+        return [n for (n, _), c in zip(self.units, self._local[1]) if c]
 
     # ---- gradient clipping on the report's sums ----------------------------
 

@@ -1,0 +1,269 @@
+# SPDX-License-Identifier: MIT
+"""What the trainer callbacks share: the unit selection, the recipe
+(the low-cost/recovery switch), the Controller, the skip of a step with
+non-finite gradients, and the figures handed to the trainer's loggers."""
+import math
+import os
+import re
+
+import torch
+
+from .. import recovery
+from ..pytorch import Controller, _warn
+
+# recipe name -> (how to convert the selected linears, shadow)
+RECIPES = ("fp8", "int4", "torchao-float8", "torchao-float8-rowwise",
+           "torchao-float8-rowwise_with_gw_hp", "te")
+
+
+def _head_ids(model):
+    """The output heads of the transformers models in `model` (tied to
+    the embedding, a vocabulary-wide GEMM usually kept in high
+    precision): not units of units="auto"."""
+    heads = set()
+    for m in model.modules():
+        get = getattr(m, "get_output_embeddings", None)
+        if callable(get):
+            try:
+                head = get()
+            except (AttributeError, NotImplementedError):
+                head = None
+            if isinstance(head, torch.nn.Module):
+                heads.add(id(head))
+    return heads
+
+
+class Session:
+    """One training run's GNMR: made by a callback with the user's words,
+    prepared on the model (conversion), started when the trainer has
+    wrapped it (Controller), stepped once per optimizer step."""
+
+    def __init__(self, job=None, units="auto", recipe=None, endpoint=None,
+                 clip=True, skip_nonfinite=True, max_logged_units=16,
+                 **controller_kw):
+        if not (units == "auto" or isinstance(units, str)):
+            raise ValueError(f"units={units!r}: 'auto' (every nn.Linear but "
+                             "the output head, and MoE experts one by one) "
+                             "or a regular expression on module names")
+        if units != "auto":
+            try:
+                re.compile(units)
+            except re.error as e:
+                raise ValueError(f"units={units!r} is not a regular "
+                                 f"expression: {e}") from None
+        if recipe is not None and not callable(recipe) and \
+                recipe not in RECIPES:
+            raise ValueError(f"recipe={recipe!r}: one of {', '.join(RECIPES)}"
+                             ", None (observe, no switch), or a function "
+                             "on_route(name, module, high)")
+        if recipe is not None and str(recipe).startswith("torchao"):
+            have = recovery.torchao_recipes()  # a clear error without it
+            want = recipe.split("-", 2)[2] if recipe.count("-") > 1 else \
+                "tensorwise"
+            if want not in have:
+                raise ValueError(f"recipe={recipe!r}: the installed torchao "
+                                 f"has the float8 recipes {', '.join(have)}")
+        self.job, self.units, self.recipe = job, units, recipe
+        self.endpoint, self.clip = endpoint, clip
+        self.skip_nonfinite = skip_nonfinite
+        self.max_logged_units = max_logged_units
+        self.kw = controller_kw
+        self.ctl = None
+        self.converted = set()
+        self.skipped = 0            # steps skipped for non-finite gradients
+        self.steps = 0
+        self._reset_interval()
+        self.last = None            # the last StepResult
+
+    # ---- before the trainer wraps the model --------------------------------
+
+    def _pattern(self, model):
+        """The Controller's (select, pattern) for the unit selection."""
+        if self.units != "auto":
+            return None, self.units
+        heads = _head_ids(model)
+        names = [n for n, m in model.named_modules()
+                 if isinstance(m, torch.nn.Linear) and id(m) not in heads]
+        if not names:
+            return (torch.nn.Linear,), None
+        return (torch.nn.Linear,), \
+            "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
+
+    def prepare(self, model):
+        """Converts the selected linears to the recipe's two-path modules
+        (their parameters kept: the optimizer's stay valid)."""
+        if model is None or self.converted or self.recipe in (None, "te") \
+                or callable(self.recipe):
+            return
+        select, pattern = self._pattern(model)
+        if self.units != "auto":  # the linears inside the matched units
+            rx = re.compile(self.units)
+            pattern = None
+            inside = [n for n, m in model.named_modules()
+                      if isinstance(m, torch.nn.Linear) and any(
+                          rx.search(p) for p in _prefixes(n))]
+            if not inside:
+                raise ValueError(f"units={self.units!r}: no nn.Linear is in "
+                                 f"a module that matches, for recipe "
+                                 f"{self.recipe!r} to convert")
+            pattern = "^(?:" + "|".join(map(re.escape, inside)) + ")$"
+        if self.recipe == "fp8":
+            done = recovery.convert(model, recovery.FP8Linear,
+                                    pattern=pattern)
+        elif self.recipe == "int4":
+            done = recovery.convert(model, recovery.KBitLinear,
+                                    pattern=pattern, low_bits=4)
+        else:
+            want = self.recipe.split("-", 2)[2] if \
+                self.recipe.count("-") > 1 else "tensorwise"
+            done = recovery.torchao_float8(model, recipe=want,
+                                           pattern=pattern)
+        self.converted = set(done)
+
+    # ---- once the trainer has wrapped the model ----------------------------
+
+    def start(self, model, default_job=None):
+        job = self.job or os.environ.get("GNMR_JOB") or default_job
+        select, pattern = self._pattern(model)
+        kw = dict(self.kw)
+        kw.setdefault("experts", self.units == "auto")
+        if self.recipe == "fp8":
+            kw.setdefault("shadow", recovery.fp8_overflowed)
+        self._switches = {}
+        self.ctl = Controller(model, self.endpoint, job, select=select,
+                              pattern=pattern, on_route=self._route, **kw)
+        _same_units_everywhere([n for n, _ in self.ctl.units])
+        # a unit switches the converted linears in it (itself, or those of
+        # a block); an expert of fused weights has none
+        self._switches = {}
+        for name, m in self.ctl.units:
+            if _is_expert(name, m):
+                continue
+            self._switches[name] = [x for x in m.modules()
+                                    if hasattr(x, "recovery")]
+        if self.recipe == "te":
+            from . import te
+            te.bind(self.ctl)
+        return self.ctl
+
+    def _route(self, name, module, high):
+        if callable(self.recipe):
+            self.recipe(name, module, high)
+            return
+        for m in self._switches.get(name, ()):  # a unit's converted linears
+            recovery.switch(name, m, high)
+
+    def step(self, step, model):
+        """The optimizer step `step` (the trainer's number, from 1): report,
+        decide, route; a step with non-finite gradients anywhere in the
+        job drops every gradient, so the optimizer changes nothing.
+        Returns (StepResult, skipped)."""
+        res = self.ctl.step(step)
+        self.last = res
+        self.steps += 1
+        skipped = _job_nonfinite(res, self.ctl) and self.skip_nonfinite
+        if skipped:
+            for p in model.parameters():
+                p.grad = None
+            self.skipped += 1
+        self._note(res)
+        return res, skipped
+
+    # ---- what the loggers get ----------------------------------------------
+
+    def _reset_interval(self):
+        self._i_steps = self._i_late = self._i_active = 0
+        self._i_scores = {}
+
+    def _note(self, res):
+        self._i_steps += 1
+        self._i_late += not res.on_time
+        self._i_active += len(res.active)
+        for name, (_, _, s) in (res.risky or {}).items():
+            if s > self._i_scores.get(name, -math.inf):
+                self._i_scores[name] = s
+
+    def metrics(self):
+        """The figures since the last call, as a flat dict of floats:
+        gnmr/active_units (at the last step), gnmr/active_unit_steps,
+        gnmr/late_decisions, gnmr/skipped_steps (since the start),
+        gnmr/max_score and gnmr/score/UNIT for the units that exceeded a
+        threshold (the highest `max_logged_units`)."""
+        if self.ctl is None or self._i_steps == 0:
+            return {}
+        out = {"gnmr/active_units": float(len(self.last.active)),
+               "gnmr/active_unit_steps": float(self._i_active),
+               "gnmr/late_decisions": float(self._i_late),
+               "gnmr/skipped_steps": float(self.skipped)}
+        if self._i_scores:
+            top = sorted(self._i_scores.items(), key=lambda kv: -kv[1])
+            out["gnmr/max_score"] = float(top[0][1])
+            for name, s in top[:self.max_logged_units]:
+                out[f"gnmr/score/{name}"] = float(s)
+        self._reset_interval()
+        return out
+
+    def close(self):
+        if self.ctl is not None:
+            if self.recipe == "te":
+                from . import te
+                te.unbind(self.ctl)
+            self.ctl.close()
+            self.ctl = None
+
+
+def _job_nonfinite(res, ctl):
+    """Whether any rank's gradients had NaN/Inf at this step, the same
+    answer on every rank: one rank's shadowed unit (reported to gnmrd as
+    non-finite, Controller's shadow) must not skip the step on the
+    others, nor a late decision on one rank leave it out. One all-reduce
+    of a flag per step when the job has several processes."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or \
+            dist.get_world_size() == 1:
+        return bool(res.nonfinite)
+    local = ctl.local_nonfinite
+    flag = bool(local) if local is not None else bool(res.nonfinite)
+    dev = "cpu"
+    if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
+        dev = torch.device("cuda", torch.cuda.current_device())
+    t = torch.tensor([int(flag)], dtype=torch.int32, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def _is_expert(name, module):
+    from .._layout import fused_experts
+    n = fused_experts(module)
+    tail = name.rpartition(".")[2]
+    return bool(n) and tail.isdigit() and int(tail) < n
+
+
+def _prefixes(name):
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def _same_units_everywhere(names):
+    """An error on every rank when the ranks chose different units (a
+    pattern that depends on the rank, a model built differently): gnmrd
+    would mix their norms."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or \
+            dist.get_world_size() == 1:
+        return
+    import hashlib
+    mine = (len(names), hashlib.sha256("\n".join(names).encode()).hexdigest())
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    odd = [r for r, x in enumerate(every) if x != every[0]]
+    if odd:
+        raise ValueError(
+            f"gnmr: the ranks chose different units (rank 0: {every[0][0]} "
+            f"units; rank(s) {odd[:8]}: "
+            f"{sorted({every[r][0] for r in odd})}): give every rank the "
+            "same model and the same units=")
+
+
+def warn(msg):
+    _warn(msg)

@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: MIT
+"""GNMR for Lightning, in three lines:
+
+    from gnmr.integrations.lightning import GnmrCallback
+    trainer = lightning.Trainer(..., callbacks=[GnmrCallback(job="my-run",
+                                                             recipe="fp8")])
+
+Units, recipes, the job and the skip of non-finite steps are those of
+gnmr.integrations.hf (see there); from Lightning:
+
+- the linears are converted in the callback's setup() (before
+  configure_optimizers; their parameters are kept), the Controller is made
+  at on_train_start, once the strategy has wrapped and sharded the model;
+- the gradients are read in on_before_optimizer_step, which Lightning
+  calls after backward (and after unscaling under 16-mixed) and before it
+  clips (gradient_clip_val): GNMR sees them unclipped, and Lightning's
+  own clip stays as configured;
+- steps are trainer.global_step + 1 (optimizer steps; with
+  accumulate_grad_batches, one report per optimizer step);
+- a non-finite step drops every gradient before the optimizer step
+  (counted in gnmr/skipped_steps);
+- gnmr/* figures are logged with LightningModule.log at every step, so
+  they reach the trainer's loggers (TensorBoardLogger and the others)
+  at log_every_n_steps.
+
+Manual optimization (automatic_optimization=False) has no
+on_before_optimizer_step from Lightning's loop before your own
+optimizer.step(): call the callback's controller yourself there.
+"""
+from ._common import Session
+
+try:
+    import lightning
+    from lightning.pytorch import Callback
+except ImportError as e:  # pragma: no cover - the extra is not installed
+    raise ImportError(f"gnmr.integrations.lightning needs lightning "
+                      f"(pip install 'gnmr[lightning]'): {e}") from None
+
+if not hasattr(Callback, "on_before_optimizer_step"):  # pragma: no cover
+    raise ImportError(
+        f"lightning {lightning.__version__} has no "
+        "Callback.on_before_optimizer_step: use lightning 2.0 or newer")
+
+
+class GnmrCallback(Callback):
+    def __init__(self, job=None, units="auto", recipe=None, **kw):
+        kw.setdefault("clip", False)  # Lightning clips after the hook
+        self.session = Session(job=job, units=units, recipe=recipe, **kw)
+
+    @property
+    def controller(self):
+        return self.session.ctl
+
+    def setup(self, trainer, pl_module, stage):
+        if stage == "fit":
+            self.session.prepare(pl_module)
+
+    def on_train_start(self, trainer, pl_module):
+        logger = trainer.logger
+        name = getattr(logger, "name", None) if logger is not None else None
+        self.session.start(pl_module, default_job=name or "lightning")
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.session.step(trainer.global_step + 1, pl_module)
+        m = self.session.metrics()
+        if m:
+            pl_module.log_dict(m, on_step=True, on_epoch=False,
+                               logger=True, prog_bar=False)
+
+    def on_train_end(self, trainer, pl_module):
+        self.session.close()
+
+    def on_exception(self, trainer, pl_module, exception):
+        self.session.close()
