@@ -63,6 +63,8 @@ PARAMS = dict(warmup_steps=2, max_active=1, lock_steps=1, alpha=1.3,
 
 def main():
     kind, endpoint, job, out, steps = sys.argv[1:6]
+    if kind == "mismatch":
+        return mismatch(endpoint, job)
     family = sys.argv[6] if len(sys.argv) > 6 else "llama"
     steps = int(steps)
     rank = int(os.environ.get("RANK", "0"))
@@ -101,6 +103,20 @@ def main():
         cb = GnmrCallback(**kw)
         run_lightning(model, cb, out, steps, world, state, grad_hook, record)
     log.close()
+
+
+def mismatch(endpoint, job):
+    """Each rank a different unit pattern: an error on every rank."""
+    torch.distributed.init_process_group("gloo")
+    from gnmr.integrations._common import Session
+    rank = torch.distributed.get_rank()
+    s = Session(job=job, endpoint=endpoint, join_wait_ms=0,
+                units=r"q_proj$" if rank == 0 else r"(q|k)_proj$")
+    try:
+        s.start(small_model("llama"))
+    finally:
+        s.close()
+        torch.distributed.destroy_process_group()
 
 
 def watch(model, state):

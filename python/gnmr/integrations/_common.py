@@ -52,7 +52,8 @@ class Session:
                 raise ValueError(f"units={units!r} is not a regular "
                                  f"expression: {e}") from None
         if recipe is not None and not callable(recipe) and \
-                recipe not in RECIPES:
+                recipe not in RECIPES and \
+                not str(recipe).startswith("torchao-float8-"):
             raise ValueError(f"recipe={recipe!r}: one of {', '.join(RECIPES)}"
                              ", None (observe, no switch), or a function "
                              "on_route(name, module, high)")

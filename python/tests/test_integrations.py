@@ -1,0 +1,393 @@
+# SPDX-License-Identifier: MIT
+"""Where training loops live: GNMR's callbacks for the Hugging Face Trainer
+and Lightning (a small Llama and a small Mixtral from a config, real
+gnmrd, one process and DDP on gloo under torchrun), torchao float8 as a
+switchable low-cost path, and Transformer Engine's debug API through
+nvdlfw-inspect's own registry and YAML parsing.
+
+For each trainer run: every rank got the same decisions, on time; the
+step with a NaN (in one rank's gradient) was skipped on every rank and
+left the weights as they were; the routes decided at step t were those
+of the switchable linears at step t+1's forwards; gnmrd's decisions
+equal `gnmrctl replay` of the trace the run recorded; the gnmr/* figures
+reached the trainer's TensorBoard logs.
+"""
+import csv
+import glob
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch  # noqa: E402
+
+from test_gnmr import BIN, Daemon  # noqa: E402
+import trainer_worker as W  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = 16
+PARAMS = ["--warmup-steps", "2", "--max-active", "1", "--lock-steps", "1",
+          "--alpha", "1.3", "--beta", "1.3"]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+           HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+
+
+def gnmrctl(d, *args):
+    return subprocess.run([os.path.join(BIN, "gnmrctl"), "--admin",
+                           f"ipc://{d.dir}/admin.sock", *args],
+                          capture_output=True, text=True, timeout=60,
+                          check=True).stdout
+
+
+def tb_scalars(root):
+    """{tag: [(step, value)]} of every TensorBoard event file under root."""
+    from tensorboard.backend.event_processing.event_accumulator import \
+        EventAccumulator
+    out = {}
+    for f in glob.glob(os.path.join(root, "**", "events.out.tfevents.*"),
+                       recursive=True):
+        acc = EventAccumulator(f)
+        acc.Reload()
+        for tag in acc.Tags().get("scalars", []):
+            out.setdefault(tag, []).extend((e.step, e.value)
+                                           for e in acc.Scalars(tag))
+    return out
+
+
+def te_namespace():
+    """TE's namespace API when TE is installed, else the stand-in; made
+    before gnmr.integrations.te registers its feature (nvdlfw-inspect
+    logs, through a logger that initialize() makes, when a namespace
+    API comes after its features)."""
+    from nvdlfw_inspect.base import BaseNamespaceAPI
+    from nvdlfw_inspect.registry import Registry
+    try:
+        import transformer_engine.debug  # noqa: F401
+    except ImportError:
+        class Defaults:
+            def fp8_gemm_enabled(self, config, layer_name, gemm,
+                                 iteration):
+                return True, None
+
+        @Registry.register_namespace_api(namespace="transformer_engine")
+        class StandIn(BaseNamespaceAPI):
+            def __init__(self):
+                super().__init__()
+                self._default_api_impl = Defaults()
+                self._cacheable_api_kwargs_map = {
+                    "fp8_gemm_enabled": ["gemm"]}
+
+            def input_assertions_hook(self, api_name, **kw):
+                assert "gemm" in kw
+
+            def routing_condition(self, api_name, config, _, feat, **kw):
+                return feat.parse_config_and_api(
+                    config, gemm_parsing=True, tensor_parsing=False, **kw)
+
+            def output_assertions_hook(self, api_name, ret, **kw):
+                assert isinstance(ret, tuple)
+
+            def is_multiple_feature_invocation_allowed(self, api_name):
+                return True
+
+
+te_namespace()
+
+
+class TrainerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.d = Daemon()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.stop()
+
+    def run_worker(self, kind, nproc, family="llama", job=None):
+        out = tempfile.mkdtemp(prefix=f"gnmr-{kind}-")
+        job = job or f"{kind}-{family}-{nproc}"
+        args = [os.path.join(HERE, "trainer_worker.py"), kind, self.d.agents,
+                job, out, str(STEPS), family]
+        cmd = [sys.executable, *args] if nproc == 1 else [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", "--monitor-interval=0.2", *args]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                           env=ENV)
+        self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-6000:])
+        ranks = []
+        for r in range(nproc):
+            with open(os.path.join(out, f"rank{r}.jsonl")) as f:
+                ranks.append([json.loads(line) for line in f])
+        return job, out, ranks
+
+    def check(self, kind, nproc, family="llama"):
+        job, out, ranks = self.run_worker(kind, nproc, family)
+        prefix = "net." if kind == "lightning" else ""
+        nan_unit = prefix + W.NAN_UNIT
+        for r, res in enumerate(ranks):
+            self.assertEqual([x["step"] for x in res],
+                             list(range(1, STEPS + 1)))
+            self.assertTrue(all(x["on_time"] for x in res), (r, res))
+            self.assertEqual(
+                [(x["active"], x["nonfinite"], x["skipped"]) for x in res],
+                [(x["active"], x["nonfinite"], x["skipped"])
+                 for x in ranks[0]], f"rank {r} differs")
+        res = ranks[0]
+        self.assertEqual([x["step"] for x in res if x["skipped"]],
+                         [W.NAN_STEP])
+        self.assertEqual(res[W.NAN_STEP - 1]["nonfinite"], [nan_unit])
+        w = torch.load(os.path.join(out, "weights.pt"))
+        self.assertTrue(all(torch.equal(w["before"][k], w["after"][k])
+                            for k in w["before"]), "the skipped step moved")
+        # the routes decided at step t are the linears' at t+1's forwards
+        for prev, cur in zip(res, res[1:]):
+            want = sorted(n[len(prefix):] for n in prev["active"]
+                          if ".experts." not in n)  # no switch: fused
+            self.assertEqual(len(cur["forwards"]), W.ACCUM)
+            for f in cur["forwards"]:
+                self.assertEqual(f, want, cur["step"])
+        # gnmrd's decisions are those of the recorded trace, replayed
+        replay = subprocess.run(
+            [os.path.join(BIN, "gnmrctl"), "replay", *PARAMS,
+             os.path.join(out, "trace.csv")], capture_output=True,
+            text=True, timeout=60, check=True).stdout
+        live = gnmrctl(self.d, "decisions", job, "--csv")
+        want = [(int(r["step"]), sorted(int(x) for x in r["active"].split()))
+                for r in csv.DictReader(io.StringIO(replay))]
+        got = [(int(r["step"]), sorted(int(x) for x in
+                                       (r.get("active") or "").split()))
+               for r in csv.DictReader(io.StringIO(live))]
+        self.assertEqual(got, want)
+        units = json.loads(gnmrctl(self.d, "units", job, "--json"))
+        units = units["units"] if isinstance(units, dict) else units
+        names = {u["id"]: u["name"] for u in units}
+        self.assertEqual([sorted(x["active"]) for x in res],
+                         [sorted(names[i] for i in a) for _, a in want])
+        # the figures reached the trainer's TensorBoard logs
+        tb = tb_scalars(out)
+        skipped = [k for k in tb if k.endswith("gnmr/skipped_steps")]
+        self.assertTrue(skipped, sorted(tb))
+        self.assertEqual(max(v for _, v in tb[skipped[0]]), 1.0)
+        return names
+
+    def test_hf_trainer_one_process(self):
+        names = self.check("hf", 1)
+        self.assertIn("model.layers.0.mlp.gate_proj", names.values())
+        self.assertNotIn("lm_head", names.values())  # the head: not auto
+
+    def test_hf_trainer_ddp(self):
+        self.check("hf", 2)
+
+    def test_lightning_one_process(self):
+        self.check("lightning", 1)
+
+    def test_lightning_ddp(self):
+        self.check("lightning", 2)
+
+    def test_mixtral_experts_are_units(self):
+        names = set(self.check("hf", 1, family="mixtral").values())
+        self.assertTrue({f"model.layers.{i}.mlp.experts.{e}" for i in (0, 1)
+                         for e in range(4)} <= names)
+        self.assertNotIn("model.layers.0.mlp.gate", names)  # the router
+
+    def test_unit_selection_differing_between_ranks_is_an_error(self):
+        out = tempfile.mkdtemp(prefix="gnmr-mismatch-")
+        p = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone",
+             "--nproc-per-node=2", "--monitor-interval=0.2",
+             os.path.join(HERE, "trainer_worker.py"), "mismatch",
+             self.d.agents, "mismatch", out, "1"],
+            capture_output=True, text=True, timeout=300, env=ENV)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("the ranks chose different units", p.stderr)
+
+
+class MistakesTest(unittest.TestCase):
+    def test_bad_selections_and_recipes_are_clear_errors(self):
+        from gnmr.integrations._common import Session
+        model = W.small_model("llama")
+        with self.assertRaisesRegex(ValueError, "no nn.Linear is in"):
+            Session(units=r"nothing\.here$", recipe="fp8").prepare(model)
+        with self.assertRaisesRegex(ValueError, "not a regular expression"):
+            Session(units="[")
+        with self.assertRaisesRegex(ValueError, "'auto'"):
+            Session(units=3)
+        with self.assertRaisesRegex(ValueError, "recipe='fp4'"):
+            Session(recipe="fp4")
+        with self.assertRaisesRegex(ValueError, "tensorwise, rowwise"):
+            Session(recipe="torchao-float8-blockwise9")
+        s = Session(units=r"nothing\.here$", job="j",
+                    endpoint="tcp://127.0.0.1:1", join_wait_ms=0)
+        with self.assertRaisesRegex(ValueError, "matched no module"):
+            s.start(model)
+
+    def test_a_trainer_without_the_hook_is_named(self):
+        code = ("import transformers.trainer_callback as t\n"
+                "del t.TrainerCallback.on_pre_optimizer_step\n"
+                "import gnmr.integrations.hf\n")
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                           text=True, timeout=120, env=dict(
+                               ENV, PYTHONPATH=os.path.join(HERE, "..")))
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("has no TrainerCallback.on_pre_optimizer_step",
+                      p.stderr)
+
+
+class TorchaoTest(unittest.TestCase):
+    def setUp(self):
+        import torchao.float8  # noqa: F401 - the test needs it
+        from gnmr import recovery
+        self.r = recovery
+        torch.manual_seed(0)
+
+    def pair(self, recipe):
+        import copy
+        import torchao.float8 as f8
+        m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 32))
+        ref = copy.deepcopy(m)
+        cfg = f8.Float8LinearConfig.from_recipe_name(recipe)
+        import dataclasses
+        f8.convert_to_float8_training(
+            ref, config=dataclasses.replace(cfg, emulate=True))
+        self.assertEqual(self.r.torchao_float8(m, recipe=recipe), ["0", "2"])
+        return m, ref
+
+    def test_low_path_is_torchaos_float8_and_recovery_is_exact(self):
+        x = torch.randn(8, 32)
+        for recipe in ("tensorwise", "rowwise"):
+            m, ref = self.pair(recipe)
+            y, yr = m(x), ref(x)
+            self.assertTrue(torch.equal(y, yr), recipe)
+            y.square().sum().backward()
+            yr.square().sum().backward()
+            for a, b in zip(m.parameters(), ref.parameters()):
+                self.assertTrue(torch.equal(a.grad, b.grad), recipe)
+            exact = torch.nn.functional.linear(torch.relu(
+                torch.nn.functional.linear(x, m[0].weight, m[0].bias)),
+                m[2].weight, m[2].bias)
+            self.assertGreater((y - exact).abs().max().item(), 1e-4)
+            for mod in (m[0], m[2]):  # the switch, at the next forward
+                self.r.switch("u", mod, True)
+            self.assertTrue(torch.equal(m(x), exact), recipe)
+            for p in m.parameters():
+                p.grad = None
+            m(x).square().sum().backward()
+            w = m[2].weight.detach().requires_grad_()
+            h = torch.relu(torch.nn.functional.linear(x, m[0].weight,
+                                                      m[0].bias)).detach()
+            torch.nn.functional.linear(h, w, m[2].bias.detach()) \
+                .square().sum().backward()
+            self.assertTrue(torch.equal(m[2].weight.grad, w.grad))
+
+    def test_route_changes_under_compile_do_not_recompile(self):
+        from torch._dynamo.utils import counters
+        m, _ = self.pair("tensorwise")
+        torch._dynamo.reset()
+        counters.clear()
+        f = torch.compile(m, backend="eager")
+        x = torch.randn(8, 32)
+        routes = [(0, 0), (1, 0), (0, 1), (1, 1), (0, 0), (1, 0)]
+        graphs = []
+        for a, b in routes:
+            self.r.switch("0", m[0], a)
+            self.r.switch("2", m[2], b)
+            y = f(x)
+            want = m(x)  # eager, the same route
+            self.assertTrue(torch.equal(y, want))
+            graphs.append(counters["stats"]["unique_graphs"])
+        # the graphs made at the first call (around the two graph breaks)
+        # are all there is: 0 recompiles over 6 route changes
+        self.assertEqual(len(set(graphs)), 1, graphs)
+        self.assertEqual(sum(counters["recompiles"].values()), 0)
+
+    def test_refusals(self):
+        import torchao.float8 as f8
+        m = torch.nn.Sequential(torch.nn.Linear(32, 32))
+        with self.assertRaisesRegex(ValueError, "has no float8 recipe"):
+            self.r.torchao_float8(m, recipe="nope")
+        with self.assertRaisesRegex(ValueError, "high-precision weight"):
+            self.r.torchao_float8(m, config=f8.Float8LinearConfig(
+                enable_fsdp_float8_all_gather=True))
+        with self.assertRaisesRegex(ValueError, "no nn.Linear matches"):
+            self.r.torchao_float8(m, pattern="x")
+        with self.assertRaisesRegex(ValueError, "no nn.Linear matches"):
+            self.r.torchao_float8(m, module_filter_fn=lambda mod, n: False)
+
+
+class TransformerEngineFeatureTest(unittest.TestCase):
+    """nvdlfw-inspect's real registry, YAML parsing and API routing; TE's
+    namespace API itself needs CUDA, so without TE a stand-in with TE's
+    calling convention (fp8_gemm_enabled(layer_name=, gemm=, iteration=),
+    default (True, None)) is registered under its namespace."""
+
+    def test_layers_on_their_recovery_path_leave_fp8(self):
+        import nvdlfw_inspect.api as debug_api
+        from gnmr.integrations import te
+        from gnmr.pytorch import Controller
+        d = Daemon()
+        logs = tempfile.mkdtemp(prefix="gnmr-te-")
+        yaml = os.path.join(logs, "gnmr.yaml")
+        with open(te.CONFIG) as f:  # the shipped YAML, fprop/wgrad only
+            text = f.read().replace("[fprop, dgrad, wgrad]",
+                                    "[fprop, wgrad]")
+        with open(yaml, "w") as f:
+            f.write(text)
+        debug_api.initialize(config_file=yaml, feature_dirs=[te.FEATURES],
+                             log_dir=logs)
+        try:
+            import gnmr
+            net = torch.nn.Sequential(torch.nn.Linear(8, 8),
+                                      torch.nn.Linear(8, 8))
+            ctl = Controller(net, d.agents, "te", params=gnmr.default_params(
+                warmup_steps=0, max_active=1, lock_steps=2))
+            te.bind(ctl)
+            ask = debug_api.transformer_engine.fp8_gemm_enabled
+            x = torch.randn(4, 8)
+            for step in (1, 2):
+                net(x).sum().backward()
+                if step == 2:
+                    net[1].weight.grad[0, 0] = math.nan
+                ctl.step(step, wait_ms=5000)
+                net.zero_grad()
+            self.assertEqual(ctl.high, [False, True])
+            for it in (5, 6):
+                self.assertEqual(ask(layer_name="model.1", gemm="fprop",
+                                     iteration=it), (False, it + 1))
+                self.assertEqual(ask(layer_name="model.1", gemm="wgrad",
+                                     iteration=it), (False, it + 1))
+                self.assertEqual(ask(layer_name="model.0", gemm="fprop",
+                                     iteration=it), (True, it + 1))
+            # dgrad is not in the YAML's gemms: TE's default, FP8
+            self.assertEqual(ask(layer_name="model.1", gemm="dgrad",
+                                 iteration=7)[0], True)
+            with self.assertRaisesRegex(ValueError, "another Controller"):
+                te.bind(object())
+            te.unbind(ctl)
+            ctl.close()
+        finally:
+            debug_api.end_debug()
+            d.stop()
+
+    def test_bad_feature_config_is_named(self):
+        from gnmr.integrations.te import GnmrRoutes
+        f = GnmrRoutes()
+        with self.assertRaisesRegex(ValueError, "unexpected key"):
+            f.parse_config_and_api({"enabled": True, "gemmz": ["fprop"]},
+                                   gemm_parsing=True, gemm="fprop")
+        with self.assertRaisesRegex(ValueError, "gemms="):
+            f.parse_config_and_api({"gemms": ["fwd"]}, gemm_parsing=True,
+                                   gemm="fprop")
+        self.assertEqual(f.parse_config_and_api(
+            {"gemms": ["wgrad"]}, gemm_parsing=True, gemm="fprop"),
+            (False, None))
+
+
+if __name__ == "__main__":
+    unittest.main()
