@@ -7,35 +7,36 @@ training script on the same machine finds it with no endpoint given).
 gnmrd is, in order: $GNMR_GNMRD, the one bundled in the wheel
 (gnmr/bin/gnmrd), build/bin/gnmrd of a source checkout, gnmrd on PATH.
 `python -m gnmr.daemon --which` prints the one it would run.
+`python -m gnmr.ctl` (the `gnmr-ctl` command) runs gnmrctl the same way.
 """
 import os
 import shutil
 import sys
 
 
-def find_gnmrd():
-    """The gnmrd to run, or None."""
-    env = os.environ.get("GNMR_GNMRD")
+def find_gnmrd(name="gnmrd"):
+    """The gnmrd (or gnmrctl) to run, or None."""
+    env = os.environ.get("GNMR_" + name.upper())
     if env:
         return env
     here = os.path.dirname(os.path.abspath(__file__))
-    for cand in (os.path.join(here, "bin", "gnmrd"),
-                 os.path.join(here, "..", "..", "build", "bin", "gnmrd")):
+    for cand in (os.path.join(here, "bin", name),
+                 os.path.join(here, "..", "..", "build", "bin", name)):
         if os.access(cand, os.X_OK):
             return os.path.normpath(cand)
-    return shutil.which("gnmrd")
+    return shutil.which(name)
 
 
-def main(argv=None):
+def main(argv=None, name="gnmrd"):
     argv = sys.argv[1:] if argv is None else argv
-    exe = find_gnmrd()
+    exe = find_gnmrd(name)
     if argv == ["--which"]:
-        print(exe or "no gnmrd found")
+        print(exe or f"no {name} found")
         return 0 if exe else 1
     if exe is None:
-        print("gnmr.daemon: no gnmrd found: install the gnmr wheel (it "
-              "bundles gnmrd), build it (make), or set GNMR_GNMRD",
-              file=sys.stderr)
+        print(f"gnmr: no {name} found: install the gnmr wheel (it "
+              f"bundles {name}), build it (make), or set "
+              f"GNMR_{name.upper()}", file=sys.stderr)
         return 1
     # gnmrd becomes this process: signals and the exit status are its own
     os.execv(exe, [exe] + list(argv))
