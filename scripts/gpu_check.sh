@@ -54,4 +54,16 @@ if "${GNMR_PYTHON:-python3}" -c 'import torch; assert torch.cuda.is_available()'
     GNMR_BIN_DIR="$PWD/build/bin" "${GNMR_PYTHON:-python3}" -m unittest \
     discover -s python/tests -k Cuda -v
 fi
+# GNMR's Transformer Engine debug feature end to end, where TE is installed
+if "${GNMR_PYTHON:-python3}" -c 'import torch, transformer_engine.pytorch, nvdlfw_inspect; assert torch.cuda.is_available()' 2>/dev/null; then
+  build/bin/gnmrd --data-dir "$out/te-data" --agents tcp://127.0.0.1:47311 \
+    --admin "ipc://$out/te-admin.sock" >"$out/te-gnmrd.log" 2>&1 &
+  tepid=$!
+  sleep 1
+  step te-feature env GNMR_AGENT_LIB="$PWD/build/lib/libgnmr-agent.so" \
+    "${GNMR_PYTHON:-python3}" python/tests/gpu_te_check.py tcp://127.0.0.1:47311
+  kill $tepid 2>/dev/null; wait $tepid 2>/dev/null
+else
+  echo "== te-feature: Transformer Engine (or a GPU) not found; not run"
+fi
 exit $rc

@@ -16,7 +16,9 @@ again at every step (a route can change at any step).
     te.bind(ctl)                  # the feature reads this controller
     ... loss.backward(); ctl.step(step); debug_api.step(); optimizer.step()
 
-or the callbacks' recipe="te". Layer names: nvdlfw-inspect names a layer
+or the callbacks' recipe="te". The feature is registered when
+nvdlfw-inspect loads te.FEATURES (initialize(feature_dirs=...)), after
+TE's namespace; importing this module registers nothing. Layer names: nvdlfw-inspect names a layer
 "model." + its path in the model (infer_and_assign_layer_names); GNMR's
 unit is that path, so the map is "model." stripped (te.bind's
 `layer_to_unit` replaces it). A layer that is not a unit is left to TE's
