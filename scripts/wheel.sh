@@ -15,6 +15,11 @@ rm -rf "$B/wheel"
 mkdir -p "$stage/gnmr/bin" "$B/wheel/raw" "$OUT"
 cp python/pyproject.toml python/setup.py "$stage/"
 cp python/gnmr/*.py "$stage/gnmr/"
+mkdir -p "$stage/gnmr/integrations/te_features"
+cp python/gnmr/integrations/*.py python/gnmr/integrations/*.yaml \
+  "$stage/gnmr/integrations/"
+cp python/gnmr/integrations/te_features/*.py \
+  "$stage/gnmr/integrations/te_features/"
 cp "$B/lib/libgnmr-agent.so" "$stage/gnmr/"
 cp "$B/bin/gnmrd" "$B/bin/gnmrctl" "$stage/gnmr/bin/"
 strip --strip-debug "$stage/gnmr/libgnmr-agent.so" "$stage/gnmr/bin/"*

@@ -413,6 +413,13 @@ def switch(name, module, high):
     module.recovery = bool(high)
 
 
+def _replace(model, name, old, new):
+    """model's submodule `name` (old) becomes new, in old's mode."""
+    new.train(old.training)
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, attr, new)
+
+
 def convert(model, cls, select=(torch.nn.Linear,), pattern=None, **kw):
     """Replaces, in place, every module of type `select` whose qualified
     name matches `pattern` (all when None) by cls(..., **kw) with the same
@@ -425,9 +432,7 @@ def convert(model, cls, select=(torch.nn.Linear,), pattern=None, **kw):
         new = cls(mod.in_features, mod.out_features, mod.bias is not None,
                   **kw)
         new.weight, new.bias = mod.weight, mod.bias
-        new.train(mod.training)
-        parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, attr, new)
+        _replace(model, name, mod, new)
         done.append(name)
     if not done:
         raise ValueError(f"convert: no module of type "
@@ -530,10 +535,7 @@ def torchao_float8(model, recipe="tensorwise", config=None,
         if type(mod) is not torch.nn.Linear or (rx and not rx.search(name)) \
                 or (module_filter_fn and not module_filter_fn(mod, name)):
             continue
-        new = cls.from_float(mod, config=config)
-        new.train(mod.training)
-        parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, attr, new)
+        _replace(model, name, mod, cls.from_float(mod, config=config))
         done.append(name)
     if not done:
         raise ValueError(f"torchao_float8: no nn.Linear matches pattern "

@@ -38,6 +38,21 @@ def gnmrctl(d, *args):
                           check=True).stdout
 
 
+def live_and_replayed(d, job, trace, params=PARAMS):
+    """([(step, sorted active unit ids)] that gnmrd decided for job, the
+    same of `gnmrctl replay` of trace)."""
+    replay = subprocess.run(
+        [os.path.join(BIN, "gnmrctl"), "replay", *params, trace],
+        capture_output=True, text=True, timeout=60, check=True).stdout
+    live = gnmrctl(d, "decisions", job, "--csv")
+    want = [(int(r["step"]), sorted(int(x) for x in r["active"].split()))
+            for r in csv.DictReader(io.StringIO(replay))]
+    got = [(int(r["step"]), sorted(int(x) for x in
+                                   (r.get("active") or "").split()))
+           for r in csv.DictReader(io.StringIO(live))]
+    return got, want
+
+
 class DistributedTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -100,16 +115,8 @@ class DistributedTest(unittest.TestCase):
             self.assertAlmostEqual(u["mean"] / want, 1.0, delta=1e-12,
                                    msg=f"{kind} unit {u['name']}")
         # the decisions are those of the reference trace, replayed
-        replay = subprocess.run(
-            [os.path.join(BIN, "gnmrctl"), "replay", *PARAMS,
-             os.path.join(out, "reference.csv")], capture_output=True,
-            text=True, timeout=60, check=True).stdout
-        live = gnmrctl(self.d, "decisions", job, "--csv")
-        want = [(int(r["step"]), sorted(int(x) for x in r["active"].split()))
-                for r in csv.DictReader(io.StringIO(replay))]
-        got = [(int(r["step"]), sorted(int(x) for x in
-                                       (r.get("active") or "").split()))
-               for r in csv.DictReader(io.StringIO(live))]
+        got, want = live_and_replayed(self.d, job,
+                                      os.path.join(out, "reference.csv"))
         self.assertEqual(got, want)
         self.assertTrue(any(a for _, a in want), "no unit was ever active")
         # and the ranks applied them: unit ids -> names

@@ -12,9 +12,7 @@ of the switchable linears at step t+1's forwards; gnmrd's decisions
 equal `gnmrctl replay` of the trace the run recorded; the gnmr/* figures
 reached the trainer's TensorBoard logs.
 """
-import csv
 import glob
-import io
 import json
 import math
 import os
@@ -27,22 +25,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import torch  # noqa: E402
 
-from test_gnmr import BIN, Daemon  # noqa: E402
+from test_gnmr import Daemon  # noqa: E402
+from test_distributed import gnmrctl, live_and_replayed  # noqa: E402
 import trainer_worker as W  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 16
-PARAMS = ["--warmup-steps", "2", "--max-active", "1", "--lock-steps", "1",
-          "--alpha", "1.3", "--beta", "1.3"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
            HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-
-
-def gnmrctl(d, *args):
-    return subprocess.run([os.path.join(BIN, "gnmrctl"), "--admin",
-                           f"ipc://{d.dir}/admin.sock", *args],
-                          capture_output=True, text=True, timeout=60,
-                          check=True).stdout
 
 
 def tb_scalars(root):
@@ -95,6 +85,7 @@ def te_namespace():
 
             def is_multiple_feature_invocation_allowed(self, api_name):
                 return True
+    import gnmr.integrations.te  # noqa: F401 - its nvdlfw-inspect fix
 
 
 te_namespace()
@@ -153,16 +144,8 @@ class TrainerTest(unittest.TestCase):
             for f in cur["forwards"]:
                 self.assertEqual(f, want, cur["step"])
         # gnmrd's decisions are those of the recorded trace, replayed
-        replay = subprocess.run(
-            [os.path.join(BIN, "gnmrctl"), "replay", *PARAMS,
-             os.path.join(out, "trace.csv")], capture_output=True,
-            text=True, timeout=60, check=True).stdout
-        live = gnmrctl(self.d, "decisions", job, "--csv")
-        want = [(int(r["step"]), sorted(int(x) for x in r["active"].split()))
-                for r in csv.DictReader(io.StringIO(replay))]
-        got = [(int(r["step"]), sorted(int(x) for x in
-                                       (r.get("active") or "").split()))
-               for r in csv.DictReader(io.StringIO(live))]
+        got, want = live_and_replayed(self.d, job,
+                                      os.path.join(out, "trace.csv"))
         self.assertEqual(got, want)
         units = json.loads(gnmrctl(self.d, "units", job, "--json"))
         units = units["units"] if isinstance(units, dict) else units
