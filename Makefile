@@ -208,6 +208,11 @@ $(BUILD)/tests/test_core: $(BUILD)/obj/tests/test_core.o $(BUILD)/obj/daemon/cor
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(CHECK_LIBS) $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 
+# gnmrd's accept4 (daemon/accept_guard.c), out of descriptors.
+$(BUILD)/tests/test_accept_guard: $(BUILD)/obj/tests/test_accept_guard.o $(BUILD)/obj/daemon/accept_guard.o $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(CHECK_LIBS) $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
+
 # The agent's allocations on the reporting thread, counted through the
 # linker's --wrap (tests/test_agent_alloc.c).
 $(BUILD)/tests/test_agent_alloc: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc

@@ -16,6 +16,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "accept_guard.h"
 #include "db.h"
 #include "gnmr/error.h"
 #include "gnmrd.h"
@@ -409,6 +410,10 @@ int main(int argc, char **argv) {
     }
   }
   signal(SIGPIPE, SIG_IGN);
+  if (accept_guard_init() != 0)
+    LOG(WARN, "NOFILE", "no descriptor kept in reserve (%s): out of "
+        "descriptors, a waiting connection is left waiting, not shed",
+        strerror(errno));
   uint32_t max_conns = 0; /* the agents endpoint's connection cap */
   { /* each peer is a descriptor: take what the hard limit allows, and keep
      * connections below it (libzmq aborts on an ipc accept without one) */
