@@ -81,7 +81,7 @@ static void send_json(gnmrd *d, const void *id, size_t id_len, json_t *v) {
 static void send_stats(gnmrd *d, const void *id, size_t id_len,
                        const char *user) {
   static const char *const names[] = {
-#define GNMRD__COUNTER_NAME(name) #name,
+#define GNMRD__COUNTER_NAME(name, metric, labels, help) #name,
       GNMRD_COUNTERS(GNMRD__COUNTER_NAME)
 #undef GNMRD__COUNTER_NAME
       "store_records", "store_batches", "store_errors", "store_dropped",
@@ -91,7 +91,7 @@ static void send_stats(gnmrd *d, const void *id, size_t id_len,
   if (d->st)
     store_get_stats(d->st, &ss);
   const uint64_t values[] = {
-#define GNMRD__COUNTER_VALUE(name) d->c.name,
+#define GNMRD__COUNTER_VALUE(name, metric, labels, help) d->c.name,
       GNMRD_COUNTERS(GNMRD__COUNTER_VALUE)
 #undef GNMRD__COUNTER_VALUE
       ss.records, ss.batches, ss.errors, ss.dropped, ss.queued,

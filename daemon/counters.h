@@ -1,58 +1,97 @@
 /* SPDX-License-Identifier: MIT */
-/* counters.h — gnmrd's counters, one table for the struct and the names
- * that the admin service reports (gnmrctl stats). Loop thread only. */
+/* counters.h — gnmrd's counters: one table for the struct, the names that
+ * the admin service reports (gnmrctl stats) and the /metrics families,
+ * with their help. Loop thread only. */
 #ifndef GNMRD_COUNTERS_H
 #define GNMRD_COUNTERS_H
 
 #include <stdint.h>
 
-#define GNMRD_COUNTERS(XX)                                                   \
-  XX(messages_in)        /* frames sets received on the agent socket */      \
-  XX(bad_frames)         /* not [identity][payload] */                        \
-  XX(decode_errors)      /* payload is not an envelope */                     \
-  XX(version_errors)     /* wrong protocol version */                         \
-  XX(unsupported)        /* empty body, or a body we do not handle */        \
-  XX(hellos)                                                                  \
-  XX(hellos_refused)                                                          \
-  XX(jobs_created)                                                            \
-  XX(jobs_finished)                                                           \
-  XX(reports)            /* accepted reports */                               \
-  XX(reports_refused)    /* answered with an Error */                         \
-  XX(unknown_agent)      /* report from a connection that sent no Hello */    \
-  XX(duplicate_reports)                                                       \
-  XX(late_reports)       /* for a decided step: dropped */                    \
-  XX(future_reports)     /* too far ahead of the last decided step */         \
-  XX(steps_decided)                                                           \
-  XX(republish_refused)  /* a second decision for a step of the same pass */  \
-  XX(deadline_decisions) /* decided by the barrier deadline */                \
-  XX(missing_units)      /* unit-steps decided with a missing shard */        \
-  XX(decisions_sent)                                                          \
-  XX(send_failures)      /* peer gone or its queue full */                    \
-  XX(byes)                                                                    \
-  XX(admin_requests)                                                          \
-  XX(auth_denied)        /* CURVE keys the ZAP handler refused */             \
-  XX(handshake_failures) /* every refusal below, added up */                \
-  XX(refused_plaintext)  /* a peer without CURVE on a CURVE socket */        \
-  XX(refused_server_key) /* a CURVE peer expecting another server key */     \
-  XX(refused_client_key) /* a CURVE key the allow list does not hold */      \
-  XX(refused_junk)       /* other failed handshakes: not ZMTP, cut short */ \
-  XX(refused_max_jobs)   /* a Hello for a new job beyond [limits] max_jobs */ \
-  XX(refused_max_units)  /* units beyond [limits] max_units */               \
-  XX(refused_max_total_units) /* units beyond [limits] max_total_units */   \
-  XX(refused_key_jobs)   /* a new job beyond [limits] max_jobs_per_key */    \
-  XX(refused_key_units)  /* units beyond [limits] max_units_per_key */       \
-  XX(refused_max_held)   /* a report beyond [limits] max_held_mb */          \
-  XX(refused_connections) /* a connection past [limits] max_connections,    \
-                            or none accepted: no descriptor left */         \
-  XX(jobs_retired)       /* no report for [limits] job_idle_s */            \
-  XX(worker_steps)       /* steps decided on a worker thread ([gnmrd]       \
-                            workers) */                                     \
-  XX(snapshots_early)    /* large snapshots serialized on a worker at once */ \
-  XX(snapshots_deferred) /* steps whose due snapshot waited for the store  \
-                            to finish the job's last one */
+/* XX(field, metric, labels, help): the struct's field (and the name
+ * `gnmrctl stats` shows), its Prometheus family on /metrics
+ * (gnmr_METRIC_total, a counter), the labels that tell it apart in that
+ * family ("" for a family of its own) and its help. A family's first row
+ * gives the family's HELP line: see metrics.c's FAMILY_HELP for those of
+ * more than one row. */
+#define GNMRD_COUNTERS(XX)                                                     \
+  XX(messages_in, "messages_in", "",                                           \
+     "Frame sets received on the agents socket.")                              \
+  XX(bad_frames, "rejected", "reason=\"bad_frames\"",                          \
+     "Frame sets that are not [identity][payload].")                           \
+  XX(decode_errors, "rejected", "reason=\"decode\"",                           \
+     "Payloads that are not an envelope.")                                     \
+  XX(version_errors, "rejected", "reason=\"version\"",                         \
+     "Envelopes of another protocol version.")                                 \
+  XX(unsupported, "rejected", "reason=\"unsupported\"",                        \
+     "Envelopes with an empty body or one gnmrd does not handle.")             \
+  XX(hellos, "hellos", "", "Hellos received.")                                 \
+  XX(hellos_refused, "rejected", "reason=\"hello\"",                           \
+     "Hellos answered with an Error.")                                         \
+  XX(jobs_created, "jobs_created", "", "Jobs created by a first Hello.")       \
+  XX(jobs_finished, "jobs_finished", "", "Jobs whose every rank said Bye.")    \
+  XX(reports, "reports", "", "Reports accepted.")                              \
+  XX(reports_refused, "rejected", "reason=\"report\"",                         \
+     "Reports answered with an Error.")                                        \
+  XX(unknown_agent, "rejected", "reason=\"unknown_agent\"",                    \
+     "Reports from a connection that sent no Hello.")                          \
+  XX(duplicate_reports, "rejected", "reason=\"duplicate\"",                    \
+     "Second reports of a rank for one step.")                                 \
+  XX(late_reports, "late_reports", "",                                         \
+     "Reports for steps already decided (dropped).")                           \
+  XX(future_reports, "rejected", "reason=\"future\"",                          \
+     "Reports too far ahead of the last decided step.")                        \
+  XX(steps_decided, "steps_decided", "", "Steps decided.")                     \
+  XX(republish_refused, "republish_refused", "",                               \
+     "Second decisions refused for a step of the same pass.")                  \
+  XX(deadline_decisions, "deadline_decisions", "",                             \
+     "Steps decided by the barrier deadline.")                                 \
+  XX(missing_units, "missing_unit_steps", "",                                  \
+     "Unit-steps decided with a shard missing.")                               \
+  XX(decisions_sent, "decisions_sent", "", "Decisions sent to ranks.")         \
+  XX(send_failures, "send_failures", "",                                       \
+     "Messages not sent (peer gone or its queue full).")                       \
+  XX(byes, "byes", "", "Byes received.")                                       \
+  XX(admin_requests, "admin_requests", "", "Requests on the admin socket.")    \
+  XX(auth_denied, "auth_failures", "kind=\"denied\"",                          \
+     "CURVE keys the ZAP handler refused.")                                    \
+  XX(handshake_failures, "auth_failures", "kind=\"handshake\"",                \
+     "Failed handshakes: the refused_* kinds plaintext, server_key, "          \
+     "client_key and junk added up.")                                          \
+  XX(refused_plaintext, "refused", "reason=\"plaintext\"",                     \
+     "Peers without CURVE on a CURVE socket.")                                 \
+  XX(refused_server_key, "refused", "reason=\"server_key\"",                   \
+     "CURVE peers expecting another server key.")                              \
+  XX(refused_client_key, "refused", "reason=\"client_key\"",                   \
+     "CURVE keys the allow list does not hold.")                               \
+  XX(refused_junk, "refused", "reason=\"junk\"",                               \
+     "Other failed handshakes: not ZMTP, or cut short.")                       \
+  XX(refused_max_jobs, "refused", "reason=\"max_jobs\"",                       \
+     "Hellos for a new job beyond [limits] max_jobs.")                         \
+  XX(refused_max_units, "refused", "reason=\"max_units\"",                     \
+     "Hellos with units beyond [limits] max_units.")                           \
+  XX(refused_max_total_units, "refused", "reason=\"max_total_units\"",         \
+     "Hellos with units beyond [limits] max_total_units.")                     \
+  XX(refused_key_jobs, "refused", "reason=\"key_jobs\"",                       \
+     "New jobs beyond [limits] max_jobs_per_key.")                             \
+  XX(refused_key_units, "refused", "reason=\"key_units\"",                     \
+     "Units beyond [limits] max_units_per_key.")                               \
+  XX(refused_max_held, "refused", "reason=\"max_held\"",                       \
+     "Reports beyond [limits] max_held_mb.")                                   \
+  XX(refused_connections, "connections_refused", "",                           \
+     "Connections past [limits] max_connections, or shed with no descriptor "  \
+     "left.")                                                                  \
+  XX(jobs_retired, "jobs_retired", "",                                         \
+     "Jobs retired after [limits] job_idle_s without a report.")               \
+  XX(worker_steps, "worker_steps", "",                                         \
+     "Steps decided on a worker thread ([gnmrd] workers).")                    \
+  XX(snapshots_early, "snapshots_early", "",                                   \
+     "Large snapshots serialized on a worker at once.")                        \
+  XX(snapshots_deferred, "snapshots_deferred", "",                             \
+     "Steps whose due snapshot waited for the store to finish the job's last " \
+     "one.")
 
 typedef struct gnmrd_counters {
-#define GNMRD__COUNTER_FIELD(name) uint64_t name;
+#define GNMRD__COUNTER_FIELD(name, metric, labels, help) uint64_t name;
   GNMRD_COUNTERS(GNMRD__COUNTER_FIELD)
 #undef GNMRD__COUNTER_FIELD
 } gnmrd_counters;

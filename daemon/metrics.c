@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,55 @@ static void counter(text *t, const char *name, const char *help,
       (unsigned long long)v);
 }
 
+/* The help of each counter family of more than one row (counters.h). */
+static const struct {
+  const char *metric, *help;
+} family_help[] = {
+    {"rejected", "Messages refused or dropped, by reason."},
+    {"auth_failures", "Peers refused by CURVE, by kind."},
+    {"refused", "Handshakes, Hellos and reports refused, by reason."},
+};
+
+static const struct {
+  const char *metric, *labels, *help;
+  size_t off;
+} counter_rows[] = {
+#define GNMRD__COUNTER_ROW(field, metric, labels, help)                       \
+  {metric, labels, help, offsetof(gnmrd_counters, field)},
+    GNMRD_COUNTERS(GNMRD__COUNTER_ROW)
+#undef GNMRD__COUNTER_ROW
+};
+
+/* Every counter of the table, each family once (its rows need not be
+ * next to each other). */
+static void counters(text *t, const gnmrd_counters *c) {
+  enum { N = sizeof counter_rows / sizeof counter_rows[0] };
+  for (size_t i = 0; i < N; i++) {
+    const char *m = counter_rows[i].metric, *help = counter_rows[i].help;
+    size_t k = 0;
+    while (k < i && strcmp(counter_rows[k].metric, m) != 0)
+      k++;
+    if (k < i)
+      continue; /* its family is out already */
+    for (size_t f = 0; f < sizeof family_help / sizeof family_help[0]; f++)
+      if (strcmp(family_help[f].metric, m) == 0)
+        help = family_help[f].help;
+    put(t, "# HELP gnmr_%s_total %s\n# TYPE gnmr_%s_total counter\n", m, help,
+        m);
+    for (size_t j = i; j < N; j++) {
+      if (strcmp(counter_rows[j].metric, m) != 0)
+        continue;
+      uint64_t v;
+      memcpy(&v, (const char *)c + counter_rows[j].off, sizeof v);
+      if (counter_rows[j].labels[0] != '\0')
+        put(t, "gnmr_%s_total{%s} %llu\n", m, counter_rows[j].labels,
+            (unsigned long long)v);
+      else
+        put(t, "gnmr_%s_total %llu\n", m, (unsigned long long)v);
+    }
+  }
+}
+
 static void histogram(text *t, const char *name, const char *help,
                       const uint64_t *buckets, uint64_t count, double sum) {
   uint64_t cum = 0;
@@ -113,51 +163,12 @@ static void render(gnmrd *d, text *t) {
     store_get_stats(d->st, &ss);
   put(t, "# HELP gnmr_jobs Jobs being served.\n# TYPE gnmr_jobs gauge\n"
          "gnmr_jobs %zu\n", n_jobs);
-  counter(t, "gnmr_jobs_created_total", "Jobs created by a first Hello.",
-          c->jobs_created);
-  counter(t, "gnmr_steps_decided_total", "Steps decided.", c->steps_decided);
-  counter(t, "gnmr_deadline_decisions_total",
-          "Steps decided by the barrier deadline.", c->deadline_decisions);
-  counter(t, "gnmr_reports_total", "Reports accepted.", c->reports);
-  counter(t, "gnmr_late_reports_total",
-          "Reports for steps already decided (dropped).", c->late_reports);
-  counter(t, "gnmr_missing_unit_steps_total",
-          "Unit-steps decided with a shard missing.", c->missing_units);
-  counter(t, "gnmr_decisions_sent_total", "Decisions sent to ranks.",
-          c->decisions_sent);
-  counter(t, "gnmr_send_failures_total",
-          "Messages not sent (peer gone or queue full).", c->send_failures);
-  put(t, "# HELP gnmr_rejected_total Messages refused or dropped, by "
-         "reason.\n# TYPE gnmr_rejected_total counter\n");
-  const struct {
-    const char *reason;
-    uint64_t v;
-  } rej[] = {{"bad_frames", c->bad_frames},
-             {"decode", c->decode_errors},
-             {"version", c->version_errors},
-             {"unsupported", c->unsupported},
-             {"hello", c->hellos_refused},
-             {"report", c->reports_refused},
-             {"unknown_agent", c->unknown_agent},
-             {"duplicate", c->duplicate_reports},
-             {"future", c->future_reports}};
-  for (size_t i = 0; i < sizeof rej / sizeof rej[0]; i++)
-    put(t, "gnmr_rejected_total{reason=\"%s\"} %llu\n", rej[i].reason,
-        (unsigned long long)rej[i].v);
+  counters(t, c);
   put(t, "# HELP gnmr_connections Connections open, by endpoint.\n"
          "# TYPE gnmr_connections gauge\n"
          "gnmr_connections{endpoint=\"agents\"} %u\n"
          "gnmr_connections{endpoint=\"admin\"} %u\n",
       server_connections(d->agents), server_connections(d->admin));
-  counter(t, "gnmr_connections_refused_total",
-          "Connections past [limits] max_connections (or the descriptor "
-          "limit), closed.", c->refused_connections);
-  put(t, "# HELP gnmr_auth_failures_total Peers refused by CURVE, by kind.\n"
-         "# TYPE gnmr_auth_failures_total counter\n"
-         "gnmr_auth_failures_total{kind=\"denied\"} %llu\n"
-         "gnmr_auth_failures_total{kind=\"handshake\"} %llu\n",
-      (unsigned long long)c->auth_denied,
-      (unsigned long long)c->handshake_failures);
   histogram(t, "gnmr_decision_latency_seconds",
             "From a step's first report to its decision.", d->decision_latency.buckets,
             d->decision_latency.count, d->decision_latency.sum);

@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <zmq.h>
 
+#include "counters.h"
 #include "gnmr/agent.h"
 #include "testutil.h"
 #include "wire.h"
@@ -324,6 +325,27 @@ START_TEST(metrics_endpoint_serves_valid_prometheus_text) {
   ck_assert_ptr_nonnull(strstr(text, "gnmr_job_active_units{job="));
   ck_assert_ptr_nonnull(strstr(text, "gnmr_rejected_total{reason=\"decode\"}"));
   ck_assert_ptr_nonnull(strstr(text, "gnmr_store_commit_seconds_bucket"));
+  /* every counter of gnmrd's one table, under its family and labels */
+  static const struct {
+    const char *field, *metric, *labels;
+  } rows[] = {
+#define ROW(field, metric, labels, help) {#field, metric, labels},
+      GNMRD_COUNTERS(ROW)
+#undef ROW
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    char want[200], help[120];
+    if (rows[i].labels[0] != '\0')
+      snprintf(want, sizeof want, "\ngnmr_%s_total{%s} ", rows[i].metric,
+               rows[i].labels);
+    else
+      snprintf(want, sizeof want, "\ngnmr_%s_total ", rows[i].metric);
+    snprintf(help, sizeof help, "# HELP gnmr_%s_total ", rows[i].metric);
+    ck_assert_msg(strstr(text, want) != NULL && strstr(text, help) != NULL,
+                  "counter %s is not on /metrics as %s", rows[i].field,
+                  want + 1);
+  }
+  ck_assert_ptr_nonnull(strstr(text, "\ngnmr_hellos_total 1\n"));
   /* every sample line is NAME[{labels}] VALUE */
   for (char *line = text; *line != '\0';) {
     char *nl = strchr(line, '\n');
