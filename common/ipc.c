@@ -89,3 +89,86 @@ int gnmr__ipc_free(const char *ep, char *err, size_t errlen) {
   }
   return GNMR_OK;
 }
+
+/* One endpoint of a list (len bytes at ep), for connecting or binding. */
+static int endpoint_one(const char *ep, size_t len, int bind, char *err,
+                        size_t errlen) {
+  static const char forms[] =
+      "ipc:///path/to/socket (a path of at most 107 bytes, or ipc://@name) "
+      "or tcp://HOST:PORT (PORT 1-65535)";
+  char shown[96];
+  if (len == 0) {
+    snprintf(err, errlen, "an empty endpoint in the list (a comma at an end, "
+             "or two together): the list is ENDPOINT[,ENDPOINT...]");
+    return GNMR_E_INVAL;
+  }
+  snprintf(shown, sizeof shown, "%.*s%s", len > 80 ? 80 : (int)len, ep,
+           len > 80 ? "..." : "");
+  for (size_t i = 0; shown[i] != '\0'; i++)
+    if ((unsigned char)shown[i] < 0x20 || shown[i] == 0x7f)
+      shown[i] = '?';
+  if (len > 6 && strncmp(ep, "ipc://", 6) == 0) {
+    struct sockaddr_un sa;
+    if (len - 6 >= sizeof sa.sun_path) {
+      snprintf(err, errlen, "'%s': an ipc:// path is at most %zu bytes, this "
+               "one is %zu: use a shorter one", shown, sizeof sa.sun_path - 1,
+               len - 6);
+      return GNMR_E_INVAL;
+    }
+    return GNMR_OK;
+  }
+  if (len > 6 && strncmp(ep, "tcp://", 6) == 0) {
+    const char *host = ep + 6, *end = ep + len, *colon = NULL;
+    for (const char *p = end; p > host; p--)
+      if (p[-1] == ':') {
+        colon = p - 1;
+        break;
+      }
+    if (colon == NULL || colon == host || colon + 1 == end) {
+      snprintf(err, errlen, "'%s' has no HOST:PORT: use tcp://HOST:PORT "
+               "(for example tcp://127.0.0.1:5555)", shown);
+      return GNMR_E_INVAL;
+    }
+    const char *port = colon + 1;
+    if (bind && end - port == 1 && port[0] == '*')
+      return GNMR_OK; /* a port the system picks */
+    unsigned long v = 0;
+    for (const char *p = port; p < end; p++) {
+      if (*p < '0' || *p > '9' || v > 65535) {
+        v = 65536;
+        break;
+      }
+      v = v * 10 + (unsigned long)(*p - '0');
+    }
+    if (v > 65535 || (v == 0 && !bind)) {
+      snprintf(err, errlen, "'%s': the port must be a number from %d to "
+               "65535", shown, bind ? 0 : 1);
+      return GNMR_E_INVAL;
+    }
+    return GNMR_OK;
+  }
+  if ((len > 9 && strncmp(ep, "inproc://", 9) == 0) ||
+      (bind == 0 && len > 6 && strncmp(ep, "pgm://", 6) == 0))
+    return GNMR_OK;
+  snprintf(err, errlen, "'%s' is not an endpoint: use %s", shown, forms);
+  return GNMR_E_INVAL;
+}
+
+int gnmr__endpoint_check(const char *eps, int bind, char *err,
+                         size_t errlen) {
+  if (eps == NULL || eps[0] == '\0') {
+    snprintf(err, errlen, "no endpoint given: use ipc:///path/to/socket or "
+             "tcp://HOST:PORT");
+    return GNMR_E_INVAL;
+  }
+  for (const char *p = eps;;) {
+    const char *comma = bind ? NULL : strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    int rv = endpoint_one(p, len, bind, err, errlen);
+    if (rv != GNMR_OK)
+      return rv;
+    if (comma == NULL)
+      return GNMR_OK;
+    p = comma + 1;
+  }
+}

@@ -24,4 +24,12 @@ int gnmr__ipc_abstract(const char *endpoint);
  * socket (which ZeroMQ replaces). */
 int gnmr__ipc_free(const char *endpoint, char *err, size_t errlen);
 
+/* A ZeroMQ endpoint as a user wrote it: ipc://PATH (at most 107 bytes,
+ * or ipc://@name), tcp://HOST:PORT with PORT 1-65535 (0 or * to bind),
+ * inproc://NAME; to connect (bind 0), a comma-separated list (an active
+ * gnmrd and its standbys). 0, or GNMR_E_INVAL with a message in err that
+ * names the accepted forms. */
+int gnmr__endpoint_check(const char *endpoints, int bind, char *err,
+                         size_t errlen);
+
 #endif /* GNMR_IPC_H */

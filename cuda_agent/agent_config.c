@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /* agent_config.c — the agent's configuration: defaults, checks, and the
  * GNMR_* environment variables (the policy's from the parameter table). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "agent_priv.h"
+#include "ipc.h"
 #include "keys.h"
 #include "num.h"
 #include "text.h"
@@ -23,9 +25,17 @@ uint64_t gnmr__now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+int gnmr_endpoint_check(const char *endpoints, char *why, size_t cap) {
+  char buf[512];
+  int rv = gnmr__endpoint_check(endpoints, 0, buf, sizeof buf);
+  if (why != NULL && cap > 0)
+    snprintf(why, cap, "%s", rv == GNMR_OK ? "" : buf);
+  return rv;
+}
+
 int gnmr__agent_check_config(const gnmr_agent_config *c) {
   policy_params p;
-  if (c == NULL || c->endpoint == NULL || c->endpoint[0] == '\0' ||
+  if (c == NULL || gnmr_endpoint_check(c->endpoint, NULL, 0) != GNMR_OK ||
       !gnmr__printable(c->job, GNMR_MAX_JOB_NAME) || c->reporters == 0 ||
       c->rank >= c->reporters || c->n_units == 0 || c->unit_names == NULL ||
       c->fallback_route > GNMR_ROUTE_HIGH || c->barrier_ms > 600000 ||

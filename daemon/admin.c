@@ -449,7 +449,7 @@ void admin_on_message(server *s, const void *id, size_t id_len,
                       void *ctx) {
   gnmrd *d = ctx;
   Gnmr__Envelope *env;
-  char err[128];
+  char err[160];
   (void)s;
   d->c.admin_requests++;
   int rv = gnmr__wire_decode(data, len, &env, err, sizeof err);
@@ -460,7 +460,15 @@ void admin_on_message(server *s, const void *id, size_t id_len,
     jobs_quiesce_all(d); /* commands and views read engines */
     on_admin_request(d, id, id_len, env->admin_request, user);
   } else {
-    if (rv == GNMR_OK) {
+    if (rv == GNMR_OK &&
+        (env->body_case == GNMR__ENVELOPE__BODY_HELLO ||
+         env->body_case == GNMR__ENVELOPE__BODY_REPORT ||
+         env->body_case == GNMR__ENVELOPE__BODY_BYE)) {
+      rv = GNMR_E_UNSUPPORTED;
+      snprintf(err, sizeof err,
+               "not an admin request: this is gnmrd's admin endpoint; "
+               "agents connect to its agents endpoint (gnmrd --agents)");
+    } else if (rv == GNMR_OK) {
       rv = GNMR_E_UNSUPPORTED;
       strcpy(err, "not an admin request");
     }

@@ -13,6 +13,7 @@
 #include "keys.h"
 #include "log.h"
 #include "records.h"
+#include "text.h"
 #include "validate.h"
 
 /* Whether [limits] max_*_per_key apply to jobs of owner: with tenancy on,
@@ -220,6 +221,31 @@ static int probe_live(gnmrd *d, job *j, core_rank *rr, uint32_t rank) {
 
 /* Refuses a Hello: counted, answered; a job this Hello created goes (a
  * job exists only once a Hello was accepted). */
+/* A second live agent for a joined rank: logged (the refused agent is
+ * told too), at most once per SECOND_AGENT_LOG_MS, since a refused
+ * agent asks again. */
+#define SECOND_AGENT_LOG_MS 10000
+static void log_second_agent(gnmrd *d, const char *job_name, uint32_t rank,
+                             const char *holder, const char *refused) {
+  static uint64_t last_ms, quiet;
+  uint64_t now = uv_now(d->loop);
+  if (last_ms != 0 && now - last_ms < SECOND_AGENT_LOG_MS) {
+    quiet++;
+    return;
+  }
+  char jb[300], hb[800], rb[800], more[64] = "";
+  if (quiet > 0)
+    snprintf(more, sizeof more, " (and %llu more not logged since)",
+             (unsigned long long)quiet);
+  LOG(WARN, "SECOND-AGENT", "rank %u of job %s is held by a live agent "
+      "(%s); another (%s) asked for it and was refused: the same job name "
+      "run twice, or two processes with one rank (RANK unset?)%s", rank,
+      gnmr__escape(job_name, jb, sizeof jb), gnmr__escape(holder, hb, sizeof hb),
+      gnmr__escape(refused, rb, sizeof rb), more);
+  last_ms = now;
+  quiet = 0;
+}
+
 #define REFUSE(code, ref, ...)                                   \
   do {                                                           \
     d->c.hellos_refused++;                                       \
@@ -348,12 +374,15 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
    * repeat. The same agent reconnecting replaces its connection. */
   if (pr == NULL && rr->joined && rr->conn != NULL &&
       rr->instance != NULL && h->instance[0] != '\0' &&
-      strcmp(rr->instance, h->instance) != 0 && probe_live(d, j, rr, h->rank))
+      strcmp(rr->instance, h->instance) != 0 &&
+      probe_live(d, j, rr, h->rank)) {
+    log_second_agent(d, c->name, h->rank, rr->instance, h->instance);
     REFUSE(GNMR_E_MISMATCH, "rank",
            "rank %u of job %.64s is held by a live agent (%.80s); this "
            "agent (%.80s) is refused: the same job name run twice, or two "
            "processes with one rank (RANK unset?)", h->rank, c->name,
            rr->instance, h->instance);
+  }
   /* Bind this connection to (job, rank), replacing an older connection. */
   if (pr == NULL) {
     if (rr->conn != NULL && hmap_get(&d->peers, rr->conn, rr->conn_len, &v)) {

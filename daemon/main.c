@@ -394,6 +394,14 @@ int main(int argc, char **argv) {
     gnmr__allow_free(&allowed);
     return 1;
   }
+  for (int i = 0; i < 2; i++) { /* the forms, before anything is made */
+    if (gnmr__endpoint_check(i ? cfg.admin : cfg.agents, 1, err,
+                             sizeof err) != GNMR_OK) {
+      LOG(ERROR, "ENDPOINT", "%s: %s", i ? "--admin" : "--agents", err);
+      gnmr__allow_free(&allowed);
+      return 1;
+    }
+  }
   if (prepare_endpoint(cfg.agents) != 0 || prepare_endpoint(cfg.admin) != 0) {
     LOG(ERROR, "ENDPOINT-DIR", "cannot create the socket directory: %s",
         strerror(errno));

@@ -33,6 +33,12 @@ int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
   if (!gnmr__name_check(h->job, GNMR_MAX_JOB_NAME, why, sizeof why))
     FAIL(GNMR_E_INVAL, "job", "job name: %s (1..%u bytes of UTF-8 without "
          "control or format characters)", why, GNMR_MAX_JOB_NAME);
+  /* who the agent is (host, pid): shown in logs and in the refusal of a
+   * second agent for a rank, so a name like any other */
+  if (h->instance != NULL && h->instance[0] != '\0' &&
+      !gnmr__name_check(h->instance, 256, why, sizeof why))
+    FAIL(GNMR_E_INVAL, "instance", "instance: %s (1..256 bytes of UTF-8 "
+         "without control or format characters)", why);
   if (h->reporters == 0 || h->reporters > GNMR_MAX_REPORTERS)
     FAIL(GNMR_E_INVAL, "reporters", "reporters must be 1..%u",
          GNMR_MAX_REPORTERS);

@@ -572,6 +572,68 @@ START_TEST(hand_packed_reports_equal_protobuf_c) {
 }
 END_TEST
 
+/* Endpoints as users mistype them: each refused with the forms named,
+ * before anything is opened; good ones (lists too) pass. */
+START_TEST(endpoints_are_checked_with_the_accepted_forms_named) {
+  static const struct {
+    const char *ep, *part; /* part: NULL = accepted */
+  } cases[] = {
+      {"ipc:///run/gnmr/agents.sock", NULL},
+      {"ipc://@gnmr-agents", NULL},
+      {"tcp://127.0.0.1:5555", NULL},
+      {"tcp://[::1]:1", NULL},
+      {"tcp://head-node:65535", NULL},
+      {"ipc:///a.sock,tcp://b:2,tcp://c:3", NULL},
+      {"localhost:5555", "is not an endpoint: use ipc:///path/to/socket"},
+      {"", "no endpoint given"},
+      {"ipc://", "is not an endpoint"},
+      {"udp://h:1", "is not an endpoint"},
+      {"tcp://h", "has no HOST:PORT"},
+      {"tcp://:5555", "has no HOST:PORT"},
+      {"tcp://h:", "has no HOST:PORT"},
+      {"tcp://h:99999", "from 1 to 65535"},
+      {"tcp://h:0", "from 1 to 65535"},
+      {"tcp://h:18446744073709551617", "from 1 to 65535"},
+      {"tcp://h:55x", "from 1 to 65535"},
+      {"tcp://h:*", "from 1 to 65535"}, /* binding only */
+      {"ipc:///a.sock,", "an empty endpoint in the list"},
+      {",ipc:///a.sock", "an empty endpoint in the list"},
+      {"ipc:///a.sock,,tcp://b:2", "an empty endpoint in the list"},
+      {"ipc:///a.sock,localhost:1", "'localhost:1' is not an endpoint"},
+      {"\x1b[31mred\x7f", "'?[31mred?' is not"},
+  };
+  char why[512];
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int rv = gnmr_endpoint_check(cases[i].ep, why, sizeof why);
+    if (cases[i].part == NULL) {
+      ck_assert_msg(rv == GNMR_OK && why[0] == '\0', "%s refused: %s",
+                    cases[i].ep, why);
+      continue;
+    }
+    ck_assert_msg(rv == GNMR_E_INVAL, "%s accepted", cases[i].ep);
+    ck_assert_msg(strstr(why, cases[i].part) != NULL, "%s: '%s' lacks '%s'",
+                  cases[i].ep, why, cases[i].part);
+  }
+  char longp[300];
+  snprintf(longp, sizeof longp, "ipc:///%0200d", 0);
+  ck_assert_int_eq(gnmr_endpoint_check(longp, why, sizeof why), GNMR_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(why, "at most 107 bytes, this one is 201"));
+  ck_assert_int_eq(gnmr_endpoint_check(NULL, NULL, 0), GNMR_E_INVAL);
+  /* and gnmr_agent_open refuses what the check refuses */
+  static const char *names[] = {"u"};
+  gnmr_agent_config c = {0};
+  c.endpoint = "localhost:5555";
+  c.job = "j";
+  c.reporters = 1;
+  c.unit_names = names;
+  c.n_units = 1;
+  gnmr_params_default(&c.params);
+  gnmr_agent *a = NULL;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_INVAL);
+  ck_assert_ptr_null(a);
+}
+END_TEST
+
 START_TEST(bad_configuration_is_refused) {
   gnmr_agent *a = (gnmr_agent *)1;
   gnmr_agent_config c = config("tcp://127.0.0.1:1");
@@ -594,8 +656,8 @@ START_TEST(bad_configuration_is_refused) {
   c = config("tcp://127.0.0.1:1");
   c.fallback_route = 5;
   ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_INVAL);
-  c = config("not-an-endpoint");
-  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_IO);
+  c = config("not-an-endpoint"); /* refused before anything is opened */
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_INVAL);
   ck_assert_int_eq(gnmr_agent_open(NULL, &a), GNMR_E_INVAL);
   ck_assert_int_eq(gnmr_agent_open(&c, NULL), GNMR_E_INVAL);
   gnmr_agent_close(NULL);
@@ -1446,6 +1508,7 @@ static Suite *suite(void) {
   tcase_add_loop_test(tc, reported_sums_are_checked_at_every_position, 0, 3);
   tcase_add_loop_test(tc, hand_packed_reports_equal_protobuf_c, 0, 3);
   tcase_add_test(tc, bad_configuration_is_refused);
+  tcase_add_test(tc, endpoints_are_checked_with_the_accepted_forms_named);
   tcase_add_test(tc, agent_without_daemon_keeps_stepping_within_its_deadline);
   tcase_add_test(tc, waits_spin_before_sleeping_within_their_bounds);
   tcase_add_test(tc, agents_reopened_at_once_in_one_process_always_open);

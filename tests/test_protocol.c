@@ -532,7 +532,9 @@ START_TEST(admin_endpoint_refuses_non_admin_messages) {
   expect_error(&p, GNMR_E_PARSE, "not a GNMR envelope");
   double s[1] = {1};
   report(&p, "j", 0, 1, s, 1, NULL, 0);
-  expect_error(&p, GNMR_E_UNSUPPORTED, "not an admin request");
+  expect_error(&p, GNMR_E_UNSUPPORTED,
+               "not an admin request: this is gnmrd's admin endpoint; agents "
+               "connect to its agents endpoint (gnmrd --agents)");
   raw_close(&p);
   /* gnmrctl stats against no daemon fails clearly */
   char *argv[] = {"gnmrctl", "--admin", "ipc:///nonexistent/gnmr.sock",

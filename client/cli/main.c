@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "gnmr/error.h"
+#include "ipc.h"
 
 #ifndef GNMR_VERSION
 #define GNMR_VERSION "0.0.0"
@@ -104,6 +106,12 @@ int main(int argc, char **argv) {
       usage(stderr);
       return CLI_USAGE;
     }
+  }
+  char why[512];
+  if (g.admin != NULL && gnmr__endpoint_check(g.admin, 0, why, sizeof why) !=
+                             GNMR_OK) {
+    fprintf(stderr, "gnmrctl: --admin: %s\n", why);
+    return CLI_USAGE;
   }
   if (optind >= argc) {
     fputs("gnmrctl: missing COMMAND\n", stderr);

@@ -205,6 +205,13 @@ GNMR_EXPORT int gnmr_agent_joined(const gnmr_agent *a);
  * ("rank 0 of job j is held by a live agent (...)"). Any thread. */
 GNMR_EXPORT int gnmr_agent_last_error(gnmr_agent *a, char *buf, size_t cap);
 
+/* Whether endpoints (what gnmr_agent_config.endpoint takes: ipc://PATH,
+ * tcp://HOST:PORT, or a comma-separated list of them) is well formed:
+ * GNMR_OK, or GNMR_E_INVAL with, in why (cap bytes, may be NULL), what is
+ * wrong and the forms accepted. gnmr_agent_open checks the same. */
+GNMR_EXPORT int gnmr_endpoint_check(const char *endpoints, char *why,
+                                    size_t cap);
+
 GNMR_EXPORT int gnmr_agent_stats_get(const gnmr_agent *a,
                                      gnmr_agent_stats *out);
 

@@ -142,6 +142,9 @@ class Agent:
             if rv != 0:
                 raise GnmrError(rv, f"environment variable "
                                     f"{bad.value.decode()}")
+        why = ctypes.create_string_buffer(512)
+        if lib().gnmr_endpoint_check(cfg.endpoint, why, len(why)) != 0:
+            raise ValueError(f"endpoint: {why.value.decode()}")
         _check(lib().gnmr_agent_open(ctypes.byref(cfg), ctypes.byref(self._a)),
                f"gnmr_agent_open (endpoint {cfg.endpoint.decode()}, job "
                f"{cfg.job.decode()!r}, rank {cfg.rank}/{cfg.reporters})")

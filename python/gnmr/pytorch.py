@@ -42,7 +42,9 @@ the default, is one per CPU, at most 8, or GNMR_REDUCE_THREADS; the sums
 do not depend on it; report_async() reduces on its one worker thread.
 Parameters without a gradient make their unit "not reported"). Before the next forward, `apply_routes()` calls
 `on_route(name, module, high)` for every unit whose route changed, `high`
-meaning the recovery path.
+meaning the recovery path. Without on_route nothing is switched, and the
+first promotion says so once (a warning); on_route=False reads the
+decisions (result.active) without that warning.
 
 Steps: one call per optimizer step, with increasing numbers. The first
 may be 0 (then gnmrd's steps are yours + 1). A repeated or lower step (a
@@ -118,6 +120,13 @@ for _name in ("float8_e4m3fn", "float8_e5m2"):
         _DTYPES[getattr(torch, _name)] = _name
 _DTYPE_CODES = {dt: _CODES_BY_NAME[name] for dt, name in _DTYPES.items()}
 _FLIP = bytes([1, 0]) + bytes(254)  # seen -> not reported
+
+
+def _recovery_switch():
+    """gnmr.recovery.switch, when gnmr.recovery is imported (else None)."""
+    import sys
+    mod = sys.modules.get("gnmr.recovery")
+    return getattr(mod, "switch", None)
 
 
 def _warn(msg):
@@ -320,7 +329,18 @@ class Controller:
         deadline = time.monotonic() + join_wait_ms / 1000
         while not self.agent.joined and time.monotonic() < deadline:
             time.sleep(0.005)
+        if on_route is not None and on_route is not False and \
+                not callable(on_route):
+            raise ValueError("on_route is a function (name, module, high), "
+                             "or False to switch nothing")
         self.on_route, self.on_decision = on_route, on_decision
+        if on_route is not None and on_route is _recovery_switch() and not any(
+                hasattr(m, "recovery") for _, m in self.units):
+            _warn("gnmr: on_route=gnmr.recovery.switch, but no unit is a "
+                  "recovery module (none has .recovery): nothing will "
+                  "switch; convert them first (gnmr.recovery.convert) or "
+                  "select= the converted type")
+        self._said_no_route = on_route is not None
         if shadow is not None and not callable(shadow):
             raise ValueError("shadow is a function (name, module) -> bool")
         self.shadow = shadow
@@ -653,9 +673,18 @@ class Controller:
                 if high != self.high[unit]:
                     self.high[unit] = high
                     self._changed.append(name)
-                    if self.on_route is not None:
+                    if self.on_route:
                         self.on_route(name, module, high)
             self._applied = cur
+            if not self._said_no_route and self._forced is None and \
+                    any(self.high):
+                self._said_no_route = True
+                _warn(f"gnmr: gnmrd put {self._changed[:3]} on the recovery "
+                      f"path, but no on_route was given, so nothing "
+                      f"switched: pass on_route=gnmr.recovery.switch (for "
+                      f"modules from gnmr.recovery.convert) or a function "
+                      f"(name, module, high); on_route=False only reads "
+                      f"the decisions")
         return list(self.high)
 
     def step(self, step, wait_ms=None):

@@ -32,11 +32,12 @@ class Daemon:
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="gnmr-py-")
-        self.proc = subprocess.Popen(
-            [os.path.join(BIN, "gnmrd"), "--data-dir", self.dir + "/data",
-             "--agents", "tcp://127.0.0.1:*", "--admin",
-             f"ipc://{self.dir}/admin.sock"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        with open(self.dir + "/err", "wb") as err:
+            self.proc = subprocess.Popen(
+                [os.path.join(BIN, "gnmrd"), "--data-dir",
+                 self.dir + "/data", "--agents", "tcp://127.0.0.1:*",
+                 "--admin", f"ipc://{self.dir}/admin.sock"],
+                stdout=subprocess.PIPE, stderr=err, text=True)
         self.agents = None
         for line in self.proc.stdout:
             m = re.match(r"gnmrd: agents (\S+)", line)
@@ -45,6 +46,11 @@ class Daemon:
             if line.startswith("gnmrd: admin"):
                 break
         assert self.agents, "gnmrd did not start"
+
+    def log(self):
+        """What gnmrd has logged so far (its standard error)."""
+        with open(self.dir + "/err", errors="replace") as f:
+            return f.read()
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)

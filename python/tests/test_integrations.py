@@ -16,6 +16,7 @@ import glob
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -209,6 +210,32 @@ class MistakesTest(unittest.TestCase):
                     endpoint="tcp://127.0.0.1:1", join_wait_ms=0)
         with self.assertRaisesRegex(ValueError, "matched no module"):
             s.start(model)
+
+    def test_auto_units_of_a_peft_model_are_its_trainable_linears(self):
+        # LoRA on the small Llama: the frozen base linears never have a
+        # gradient, so units="auto" leaves them out (and says so once);
+        # the adapters' linears are the units
+        import peft
+        from gnmr.integrations._common import Session
+        model = peft.get_peft_model(W.small_model("llama"), peft.LoraConfig(
+            r=4, target_modules=["q_proj", "v_proj"]))
+        s = Session(job="j", endpoint="tcp://127.0.0.1:1", join_wait_ms=0)
+        with self.assertLogs("gnmr", "INFO") as logs:
+            select, pattern = s._pattern(model)
+            s._pattern(model)
+        self.assertEqual(len(logs.output), 1)
+        self.assertIn("leaves out", logs.output[0])
+        rx = re.compile(pattern)
+        picked = [n for n, m in model.named_modules()
+                  if isinstance(m, torch.nn.Linear) and rx.search(n)]
+        self.assertTrue(picked)
+        self.assertTrue(all(".lora_A." in n or ".lora_B." in n
+                            for n in picked), picked)
+        trainable = [n for n, m in model.named_modules()
+                     if isinstance(m, torch.nn.Linear) and any(
+                         p.requires_grad for p in m.parameters(
+                             recurse=False))]
+        self.assertEqual(sorted(picked), sorted(trainable))
 
     def test_a_trainer_without_the_hook_is_named(self):
         code = ("import transformers.trainer_callback as t\n"

@@ -191,9 +191,22 @@ class WithoutDaemonTest(unittest.TestCase):
 
     def test_open_errors_name_endpoint_job_and_rank(self):
         with self.assertRaises(gnmr.GnmrError) as e:
-            gnmr.Agent("nope://x", "job-x", ["u"], rank=0)
-        self.assertIn("endpoint nope://x, job 'job-x', rank 0/1",
+            gnmr.Agent("tcp://127.0.0.1:1", "job\x01x", ["u"], rank=0)
+        self.assertIn("endpoint tcp://127.0.0.1:1, job 'job\\x01x', rank 0/1",
                       str(e.exception))
+
+    def test_a_mistyped_endpoint_names_the_forms_accepted(self):
+        for ep, part in [("localhost:5555", "'localhost:5555' is not an "
+                          "endpoint: use ipc:///path/to/socket"),
+                         ("nope://x", "is not an endpoint"),
+                         ("tcp://127.0.0.1:99999", "from 1 to 65535"),
+                         ("tcp://host", "has no HOST:PORT"),
+                         ("ipc:///" + "d/" * 60 + "s", "at most 107 bytes")]:
+            with self.assertRaises(ValueError) as e:
+                gnmr.Agent(ep, "job-x", ["u"], rank=0)
+            self.assertIn(part, str(e.exception))
+            with self.assertRaises(ValueError):
+                Controller(Net(), ep, "job-x")
 
 
 class WithDaemonTest(unittest.TestCase):
@@ -420,6 +433,11 @@ class WithDaemonTest(unittest.TestCase):
         self.assertIn("gnmrd refused it: rank 0 of job twice is held by a "
                       "live agent", text)
         self.assertIn("pid", text)
+        # and gnmrd says so in its log, once, naming both
+        log = [ln for ln in self.d.log().splitlines() if "SECOND-AGENT" in ln]
+        self.assertEqual(len(log), 1, self.d.log())
+        self.assertIn("rank 0 of job twice is held by a live agent (", log[0])
+        self.assertEqual(log[0].count(" pid "), 2, log[0])
         # the first run is not disturbed
         for step in range(2, 5):
             backward(net, x)
@@ -506,6 +524,46 @@ class WithDaemonTest(unittest.TestCase):
                         [str(m.message) for m in w])
         self.assertEqual([n for n, _ in ctl.units], ["emb", "mid"])
         ctl.close()
+
+    def run_spike(self, job, **kw):
+        """Steps 1..8 with unit b's gradient spiked at 6: b promoted.
+        Returns the warnings' texts and whether b went high."""
+        net, x = Net(), torch.randn(8, 8)
+        went_high = False
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ctl = Controller(net, self.d.agents, job, params=params(), **kw)
+            for step in range(1, 9):
+                backward(net, x)
+                if step == 6:
+                    net.b.weight.grad *= 1e3
+                self.assertTrue(ctl.step(step, wait_ms=5000))
+                went_high |= ctl.high[1]  # units a, b, c, frozen
+            ctl.close()
+        return [str(m.message) for m in w
+                if "frozen" not in str(m.message)], went_high
+
+    def test_a_promotion_without_on_route_says_nothing_switched(self):
+        texts, high = self.run_spike("no-route")
+        self.assertTrue(high)
+        said = [t for t in texts if "no on_route was given" in t]
+        self.assertEqual(len(said), 1, texts)  # once
+        self.assertIn("['b']", said[0])
+        self.assertIn("on_route=gnmr.recovery.switch", said[0])
+        # False: decisions only, on purpose, no word
+        texts, high = self.run_spike("route-false", on_route=False)
+        self.assertTrue(high)
+        self.assertEqual([t for t in texts if "on_route" in t], [], texts)
+        with self.assertRaisesRegex(ValueError, "on_route is a function"):
+            Controller(Net(), self.d.agents, "bad-route", on_route="switch")
+        # switch() on modules it cannot switch: said at once
+        from gnmr.recovery import switch
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            Controller(Net(), self.d.agents, "plain-switch",
+                       on_route=switch, join_wait_ms=0).close()
+        self.assertTrue(any("no unit is a recovery module" in str(m.message)
+                            for m in w), [str(m.message) for m in w])
 
     def test_route_all_for_evaluation_and_back(self):
         net, x = Net(), torch.randn(8, 8)

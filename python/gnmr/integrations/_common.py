@@ -2,6 +2,7 @@
 """What the trainer callbacks share: the unit selection, the recipe
 (the low-cost/recovery switch), the Controller, the skip of a step with
 non-finite gradients, and the figures handed to the trainer's loggers."""
+import logging
 import math
 import os
 import re
@@ -10,6 +11,8 @@ import torch
 
 from .. import recovery
 from ..pytorch import Controller, _warn
+
+log = logging.getLogger("gnmr")
 
 # recipe name -> (how to convert the selected linears, shadow)
 RECIPES = ("fp8", "int4", "torchao-float8", "torchao-float8-rowwise",
@@ -71,6 +74,7 @@ class Session:
         self.kw = controller_kw
         self.ctl = None
         self.converted = set()
+        self._said_frozen = False
         self.skipped = 0            # steps skipped for non-finite gradients
         self.steps = 0
         self._reset_interval()
@@ -83,8 +87,17 @@ class Session:
         if self.units != "auto":
             return None, self.units
         heads = _head_ids(model)
-        names = [n for n, m in model.named_modules()
-                 if isinstance(m, torch.nn.Linear) and id(m) not in heads]
+        linears = [(n, m) for n, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear) and id(m) not in heads]
+        # frozen linears (a PEFT base model's) never have a gradient
+        names = [n for n, m in linears
+                 if any(p.requires_grad for p in m.parameters())]
+        if len(names) < len(linears) and not self._said_frozen:
+            self._said_frozen = True
+            log.info("gnmr: units='auto' leaves out %d frozen nn.Linear "
+                     "(no parameter requires a gradient), e.g. %s",
+                     len(linears) - len(names),
+                     next(n for n, m in linears if n not in set(names)))
         if not names:
             return (torch.nn.Linear,), None
         return (torch.nn.Linear,), \
