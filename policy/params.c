@@ -186,20 +186,26 @@ void gnmr__policy_opts_longopts(struct option *rows, int base) {
   }
 }
 
-int gnmr__policy_opts_apply(policy_params *p, int i, const char *arg,
-                            char *err, size_t errlen) {
+/* Sets parameter i from arg; a refusal names it as the user wrote it:
+ * "--alpha 'abc'" for an option, "alpha=abc" for a setting (key given). */
+static int apply_as(policy_params *p, int i, const char *arg, const char *key,
+                    char *err, size_t errlen) {
   int rv;
   if (i < 0 || i >= GNMR_POLICY_NOPTS)
     return GNMR_E_INVAL;
   const policy_param *d = &policy_param_table[i];
+  char said[200];
+  if (key != NULL)
+    snprintf(said, sizeof said, "%s=%.64s", key, arg);
+  else
+    snprintf(said, sizeof said, "--%s '%.64s'", d->option, arg);
   if (d->kind == POLICY_PK_THRESHOLD) {
     double v;
     rv = gnmr__parse_double(arg, 0, &v);
     if (rv == 0 && !(v > 0))
       rv = GNMR_E_RANGE;
     if (rv != 0) {
-      snprintf(err, errlen, "--%s '%s': expected a finite number > 0",
-               d->option, arg);
+      snprintf(err, errlen, "%s: expected a finite number > 0", said);
       return rv;
     }
     policy_param_set_f64(p, i, v);
@@ -208,29 +214,45 @@ int gnmr__policy_opts_apply(policy_params *p, int i, const char *arg,
   uint64_t v, max = d->kind == POLICY_PK_U64 ? UINT64_MAX : UINT32_MAX;
   rv = gnmr__parse_u64(arg, max, &v);
   if (rv != 0) {
-    snprintf(err, errlen, "--%s '%s': expected an integer from 0 to %llu",
-             d->option, arg, (unsigned long long)max);
+    snprintf(err, errlen, "%s: expected an integer from 0 to %llu", said,
+             (unsigned long long)max);
     return rv;
   }
   policy_param_set_u64(p, i, v);
   return 0;
 }
 
-int gnmr__policy_opts_check(const policy_params *p, char *err, size_t errlen) {
+int gnmr__policy_opts_apply(policy_params *p, int i, const char *arg,
+                            char *err, size_t errlen) {
+  return apply_as(p, i, arg, NULL, err, errlen);
+}
+
+/* The parameters as a whole; a refusal names the parameter as an option
+ * (--window) or, settings 1, as a setting's key (window). */
+static int check_as(const policy_params *p, int settings, char *err,
+                    size_t errlen) {
   const char *what = NULL;
   int rv = policy_params_validate(p, &what);
   if (rv == 0)
     return 0;
   int i = what != NULL ? index_of(what) : -1;
+  const char *dash = settings ? "" : "--",
+             *nm = i >= 0 ? (settings ? policy_param_table[i].name
+                                      : policy_param_table[i].option)
+                          : "";
   if (i >= 0 && policy_param_table[i].kind == POLICY_PK_WINDOW)
-    snprintf(err, errlen, "--%s must be from 1 to %u",
-             policy_param_table[i].option, POLICY_MAX_WINDOW);
+    snprintf(err, errlen, "%s%s must be from 1 to %u", dash, nm,
+             POLICY_MAX_WINDOW);
   else if (i >= 0)
-    snprintf(err, errlen, "--%s: invalid value (%s)",
-             policy_param_table[i].option, gnmr_strerror(rv));
+    snprintf(err, errlen, "%s%s: invalid value (%s)", dash, nm,
+             gnmr_strerror(rv));
   else
     snprintf(err, errlen, "invalid policy parameters (%s)", gnmr_strerror(rv));
   return rv;
+}
+
+int gnmr__policy_opts_check(const policy_params *p, char *err, size_t errlen) {
+  return check_as(p, 0, err, errlen);
 }
 
 int gnmr__policy_opts_find(const char *name) {
@@ -263,10 +285,10 @@ int gnmr__policy_settings_apply(policy_params *p, char *const *settings,
                policy_param_names());
       return GNMR_E_INVAL;
     }
-    if (gnmr__policy_opts_apply(&q, k, eq + 1, err, errlen) != 0)
+    if (apply_as(&q, k, eq + 1, key, err, errlen) != 0)
       return GNMR_E_INVAL;
   }
-  if (gnmr__policy_opts_check(&q, err, errlen) != 0)
+  if (check_as(&q, 1, err, errlen) != 0)
     return GNMR_E_INVAL;
   *p = q;
   return 0;

@@ -218,7 +218,7 @@ START_TEST(a_schedule_changes_parameters_from_its_step) {
       {"0 alpha=2\n", "s.txt:1: '0' is not a step"},
       {"x alpha=2\n", "s.txt:1: 'x' is not a step"},
       {"3\n", "s.txt:1: give key=value after the step"},
-      {"3 window=0\n", "s.txt:1: --window must be from 1"},
+      {"3 window=0\n", "s.txt:1: window must be from 1"},
       {"{\"params\": []}", "no \"params\" rows"},
       {"{\"params\": [{\"from_step\": 1}]}", "bad or missing alpha"},
       {"{not json", "s.txt:1: not JSON"},

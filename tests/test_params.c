@@ -156,13 +156,25 @@ START_TEST(options_settings_and_messages) {
   char *w0[] = {s4}, *neg[] = {s5}, *big[] = {s6};
   ck_assert_int_ne(gnmr__policy_settings_apply(&p, w0, 1, err, sizeof err),
                    0);
-  ck_assert_str_eq(err, "--window must be from 1 to 65536");
+  /* settings are named as the user wrote them: key=value, not --flag */
+  ck_assert_str_eq(err, "window must be from 1 to 65536");
   ck_assert_int_ne(gnmr__policy_settings_apply(&p, neg, 1, err, sizeof err),
                    0);
-  ck_assert_str_eq(err, "--alpha '-1': expected a finite number > 0");
+  ck_assert_str_eq(err, "alpha=-1: expected a finite number > 0");
   ck_assert_int_ne(gnmr__policy_settings_apply(&p, big, 1, err, sizeof err),
                    0);
-  ck_assert(strstr(err, "from 0 to 4294967295") != NULL);
+  ck_assert_str_eq(err, "lock_steps=4294967296: expected an integer from 0 "
+                        "to 4294967295");
+  char s7[] = "max-active=abc", *dash[] = {s7};
+  ck_assert_int_ne(gnmr__policy_settings_apply(&p, dash, 1, err, sizeof err),
+                   0);
+  ck_assert_str_eq(err, "max-active=abc: expected an integer from 0 to "
+                        "4294967295");
+  /* options keep the option form */
+  policy_params o = p;
+  ck_assert_int_ne(gnmr__policy_opts_apply(&o, gnmr__policy_opts_find("alpha"),
+                                           "abc", err, sizeof err), 0);
+  ck_assert_str_eq(err, "--alpha 'abc': expected a finite number > 0");
   ck_assert_uint_eq(p.max_active, 7); /* nothing changed */
   ck_assert(strstr(GNMR_POLICY_OPTS_USAGE, "[--max-active N]") != NULL);
   ck_assert(strstr(GNMR_POLICY_OPTS_USAGE, "[--early-alpha X]") != NULL);
