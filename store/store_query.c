@@ -4,10 +4,12 @@
  * opens its own short-lived read connection; any thread (gnmrd runs them
  * on libuv's worker pool). Rows come back as JSON arrays of objects whose
  * keys are the column names listed here, never SELECT *. */
+#include <errno.h>
 #include <fnmatch.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "commands.h"
@@ -137,11 +139,16 @@ static const char decisions_sql[] =
     " AND ?3 AND pass=(SELECT MAX(pass) FROM steps WHERE run=?1 AND "
     "step=s.step) ORDER BY step";
 
+/* An agent's events (agent_joined, agent_left) keep its rank in the
+ * unit column: shown as rank, with no unit. */
+#define AGENT_EVENT "e.kind IN ('agent_joined', 'agent_left')"
 static const char events_sql_head[] =
-    "SELECT e.pass, e.step, e.kind, e.unit, u.name AS unit_name, e.outcome,"
-    " e.norm, e.g, e.d, e.s, e.count, e.detail, e.at FROM events e LEFT JOIN"
-    " units u ON u.run=e.run AND u.id=e.unit WHERE e.run=?1 AND e.step "
-    "BETWEEN ?2 AND ?3";
+    "SELECT e.pass, e.step, e.kind, CASE WHEN " AGENT_EVENT " THEN NULL ELSE"
+    " e.unit END AS unit, CASE WHEN " AGENT_EVENT " THEN NULL ELSE u.name END"
+    " AS unit_name, CASE WHEN " AGENT_EVENT " THEN e.unit END AS rank, "
+    "e.outcome, e.norm, e.g, e.d, e.s, e.count, e.detail, e.at FROM events e"
+    " LEFT JOIN units u ON u.run=e.run AND u.id=e.unit WHERE e.run=?1 AND "
+    "e.step BETWEEN ?2 AND ?3";
 
 /* status, units and top of a job that is not running (finished, retired,
  * or gnmrd restarted without it): its row, units and ranks, and its
@@ -150,12 +157,68 @@ static const char events_sql_head[] =
 const char *store_query_history_sql(int by_unit, int by_kind, char *buf,
                                     size_t cap) {
   snprintf(buf, cap, "%s%s%s ORDER BY e.step, e.rowid LIMIT ?6",
-           events_sql_head, by_unit ? " AND e.unit = ?4" : "",
+           events_sql_head,
+           by_unit ? " AND e.unit = ?4 AND NOT " AGENT_EVENT : "",
            by_kind ? " AND e.kind = ?5" : "");
   return buf;
 }
 
 static void export_next(const char *path, store_query *q);
+
+/* Each decision's "active" (ids, ascending, space-separated: the policy's
+ * decisions CSV) becomes an array of {id, name}, its ids kept as
+ * "active_ids"; a unit's name is read once per query. */
+static int name_active(store_query *q, db_conn *db, json_t *decisions) {
+  db_stmt *st;
+  if (db_prepare(db, "SELECT name FROM units WHERE run=?1 AND id=?2", &st) !=
+      GNMR_OK) {
+    qfail(q, GNMR_E_STORE, "%s", db_errmsg(db));
+    return GNMR_E_STORE;
+  }
+  json_t *names = json_object(); /* "id" -> name */
+  size_t i;
+  json_t *row;
+  int rv = GNMR_OK;
+  json_array_foreach(decisions, i, row) {
+    const char *ids = json_string_value(json_object_get(row, "active"));
+    json_t *arr = json_array();
+    for (const char *p = ids ? ids : ""; *p != '\0' && rv == GNMR_OK;) {
+      char *end;
+      errno = 0;
+      unsigned long long id = strtoull(p, &end, 10);
+      if (end == p || errno != 0 || id >= UINT32_MAX) {
+        qfail(q, GNMR_E_STORE, "step %lld: active '%.64s' is not unit ids",
+              (long long)json_integer_value(json_object_get(row, "step")),
+              ids);
+        rv = GNMR_E_STORE;
+        break;
+      }
+      char key[24];
+      snprintf(key, sizeof key, "%llu", id);
+      json_t *nm = json_object_get(names, key);
+      if (nm == NULL) {
+        db_reset(st);
+        db_bind_int64(st, 1, (int64_t)q->resolved);
+        db_bind_int64(st, 2, (int64_t)id);
+        const char *t = db_step(st) == DB_ROW ? db_column_text(st, 0) : NULL;
+        nm = t != NULL ? json_string(t) : json_null();
+        if (nm == NULL) /* not UTF-8: an old database's bytes */
+          nm = json_string("?");
+        json_object_set_new(names, key, nm);
+      }
+      json_array_append_new(arr, json_pack("{s:I,s:O}", "id", (json_int_t)id,
+                                           "name", nm));
+      p = end;
+      while (*p == ' ')
+        p++;
+    }
+    json_object_set_new(row, "active_ids", json_string(ids ? ids : ""));
+    json_object_set_new(row, "active", arr);
+  }
+  json_decref(names);
+  db_finalize(st);
+  return rv;
+}
 
 void store_query_run(const char *path, store_query *q) {
   db_conn *db = NULL;
@@ -214,6 +277,10 @@ void store_query_run(const char *path, store_query *q) {
   } else if (q->command == GNMR_CMD_DECISIONS) {
     json_t *r = rows(q, db, decisions_sql, "iii", (int64_t)q->resolved,
                      from, to);
+    if (r && name_active(q, db, r) != GNMR_OK) {
+      json_decref(r);
+      r = NULL;
+    }
     if (r)
       q->result = json_pack("{s:s,s:I,s:o}", "job", q->job, "run",
                             (json_int_t)q->resolved, "decisions", r);

@@ -314,6 +314,21 @@ START_TEST(rank_back_from_a_partition_starts_no_new_pass) {
   ck_assert_int_eq(r.code, 0);
   ck_assert_msg(strstr(r.out, "job_resumed") == NULL, "%s", r.out);
   tu_run_free(&r);
+  /* an agent's events name its rank in their own column, not as a unit */
+  r = ctl_run(&d, "history", "part-job", "--kind", "agent_joined", "--csv");
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strncmp(r.out, "pass,step,kind,unit,unit_name,rank,", 35) == 0,
+                "%s", r.out);
+  ck_assert_msg(strstr(r.out, ",agent_joined,,,0,") != NULL &&
+                    strstr(r.out, ",agent_joined,,,1,") != NULL,
+                "%s", r.out);
+  tu_run_free(&r);
+  /* and a unit's history holds none of them (unit ids 0 and 1 are ranks
+   * there too) */
+  r = ctl_run(&d, "history", "part-job", "--unit", unit_names2[1], "--csv");
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "agent_") == NULL, "%s", r.out);
+  tu_run_free(&r);
   r = ctl_run(&d, "stats", NULL, NULL, NULL, NULL);
   ck_assert_int_eq(r.code, 0);
   ck_assert_int_eq(stat_value(r.out, "late_reports"), 1);

@@ -201,9 +201,36 @@ START_TEST(a_version_2_database_migrates_to_runs) {
   ck_assert_int_eq(r.code, 0);
   ck_assert_str_eq(r.out, "step,active\n1,\n2,1\n3,1\n");
   tu_run_free(&r);
+  /* the table and JSON name the units next to their ids */
+  r = ctl(&d, "decisions", "old", NULL, NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "ACTIVE (ID NAME)") != NULL &&
+                    strstr(r.out, "\n2        1    1 mlp\n") != NULL &&
+                    strstr(r.out, "\n1        1    -\n") != NULL,
+                "%s", r.out);
+  tu_run_free(&r);
+  r = ctl(&d, "decisions", "old", "--json", NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  json_error_t je;
+  json_t *o = json_loads(r.out, 0, &je);
+  ck_assert_msg(o != NULL, "%s", r.out);
+  json_t *dec = json_object_get(o, "decisions");
+  ck_assert_int_eq(json_array_size(dec), 3);
+  json_t *act = json_object_get(json_array_get(dec, 1), "active");
+  ck_assert(json_is_array(act) && json_array_size(act) == 1);
+  ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(act, 0),
+                                                      "id")), 1);
+  ck_assert_str_eq(json_string_value(json_object_get(json_array_get(act, 0),
+                                                     "name")), "mlp");
+  ck_assert_str_eq(json_string_value(json_object_get(json_array_get(dec, 1),
+                                                     "active_ids")), "1");
+  ck_assert_int_eq(json_array_size(json_object_get(json_array_get(dec, 0),
+                                                   "active")), 0);
+  json_decref(o);
+  tu_run_free(&r);
   r = ctl(&d, "history", "old", "--unit", "mlp", "--csv");
   ck_assert_int_eq(r.code, 0);
-  ck_assert_msg(strstr(r.out, ",exceed,1,mlp,selected,") != NULL, "%s",
+  ck_assert_msg(strstr(r.out, ",exceed,1,mlp,,selected,") != NULL, "%s",
                 r.out);
   tu_run_free(&r);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);

@@ -45,7 +45,7 @@ static const column unit_cols[] = {
     {NULL, NULL, 0}};
 static const column event_cols[] = {
     {"pass", "PASS", 4},      {"step", "STEP", 7},    {"kind", "KIND", 16},
-    {"unit", "UNIT", 6},      {"unit_name", "NAME", 20},
+    {"unit", "UNIT", 6},      {"unit_name", "NAME", 20}, {"rank", "RANK", 4},
     {"outcome", "OUTCOME", 8}, {"norm", "NORM", 11},  {"g", "G", 9},
     {"d", "D", 9},            {"s", "S", 9},          {"count", "COUNT", 5},
     {"detail", "DETAIL", 0},  {NULL, NULL, 0}};
@@ -142,21 +142,35 @@ static void render_status(const json_t *o) {
                    sizeof nb));
 }
 
+/* --csv: the policy's decisions CSV (docs/policy.md: step,active with
+ * ids), which replay prints too, so that the two compare as text; the
+ * table names each unit next to its id; --json has both. */
 static void render_decisions(const json_t *o, enum fmt f) {
   const json_t *arr = json_object_get(o, "decisions");
-  size_t i;
-  const json_t *row;
+  size_t i, k;
+  const json_t *row, *u;
+  char nb[1100];
   printf(f == FMT_CSV ? "step,active\n" : "%-8s %-4s %s\n", "STEP", "PASS",
-         "ACTIVE");
+         "ACTIVE (ID NAME)");
   json_array_foreach(arr, i, row) {
     long long step = (long long)json_integer_value(json_object_get(row, "step"));
-    const char *act = json_string_value(json_object_get(row, "active"));
-    if (f == FMT_CSV)
-      printf("%lld,%s\n", step, act ? act : "");
-    else
-      printf("%-8lld %-4lld %s\n", step,
-             (long long)json_integer_value(json_object_get(row, "pass")),
-             act && *act ? act : "-");
+    if (f == FMT_CSV) {
+      const char *ids = json_string_value(json_object_get(row, "active_ids"));
+      printf("%lld,%s\n", step, ids ? ids : "");
+      continue;
+    }
+    printf("%-8lld %-4lld", step,
+           (long long)json_integer_value(json_object_get(row, "pass")));
+    const json_t *act = json_object_get(row, "active");
+    if (json_array_size(act) == 0)
+      printf(" -");
+    json_array_foreach(act, k, u) {
+      const char *nm = json_string_value(json_object_get(u, "name"));
+      printf("%s %lld %s", k ? "," : "",
+             (long long)json_integer_value(json_object_get(u, "id")),
+             nm ? gnmr__escape(nm, nb, sizeof nb) : "-");
+    }
+    putchar('\n');
   }
 }
 
