@@ -5,6 +5,7 @@
  * history per name) migrates to runs with nothing lost. */
 #include <jansson.h>
 #include <pthread.h>
+#include <regex.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
 
@@ -196,6 +197,18 @@ START_TEST(a_version_2_database_migrates_to_runs) {
   ck_assert_int_eq(r.code, 0);
   /* runs numbered in the order the jobs were created: older, then old */
   ck_assert_msg(strstr(r.out, "\n2,finished,1,3,1,") != NULL, "%s", r.out);
+  tu_run_free(&r);
+  /* a table shows times as ISO 8601 UTC; CSV keeps epoch ms (above) */
+  r = ctl(&d, "runs", "old", NULL, NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  regex_t iso;
+  ck_assert_int_eq(regcomp(&iso, " [0-9]{4}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:"
+                                 "[0-5][0-9]:[0-6][0-9]\\.[0-9]{3}Z\n",
+                           REG_EXTENDED), 0);
+  ck_assert_msg(strstr(r.out, "CREATED (UTC)") != NULL &&
+                    regexec(&iso, r.out, 0, NULL, 0) == 0,
+                "%s", r.out);
+  regfree(&iso);
   tu_run_free(&r);
   r = ctl(&d, "decisions", "old", "--csv", NULL, NULL);
   ck_assert_int_eq(r.code, 0);

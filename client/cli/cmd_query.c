@@ -11,12 +11,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 #include "gnmr/error.h"
 #include "commands.h"
 #include "db.h"
 #include "num.h"
+#include "params.h"
 #include "store_query.h"
 #include "store_schema.h"
 #include "text.h"
@@ -36,7 +38,7 @@ static const column job_cols[] = {
 static const column run_cols[] = {
     {"run", "RUN", 6},        {"state", "STATE", 9}, {"pass", "PASS", 5},
     {"last_step", "STEP", 8}, {"reporters", "REPORTERS", 9},
-    {"created_at", "CREATED_MS", 14}, {NULL, NULL, 0}};
+    {"created_at", "CREATED (UTC)", 24}, {NULL, NULL, 0}};
 static const column unit_cols[] = {
     {"id", "ID", 6},        {"name", "NAME", 24},     {"shards", "SHARDS", 6},
     {"reports", "REPORTS", 8}, {"mean", "MEAN", 11},  {"g", "G", 9},
@@ -68,6 +70,20 @@ static void cell(const json_t *v, enum fmt f, char *buf, size_t cap) {
     snprintf(buf, cap, "?");
 }
 
+/* Epoch milliseconds as ISO 8601 UTC, 2026-12-02T18:40:05.123Z (JSON and
+ * CSV keep the milliseconds: scripts compute with them). */
+static void iso_ms(long long ms, char *buf, size_t cap) {
+  time_t t = (time_t)(ms / 1000);
+  struct tm tm;
+  if (ms < 0 || gmtime_r(&t, &tm) == NULL ||
+      strftime(buf, cap, "%Y-%m-%dT%H:%M:%S", &tm) == 0) {
+    snprintf(buf, cap, "%lld", ms);
+    return;
+  }
+  size_t n = strlen(buf);
+  snprintf(buf + n, cap - n, ".%03lldZ", ms % 1000);
+}
+
 /* CSV field: quoted when it holds a comma, quote or newline. */
 static void csv_field(const char *s) {
   if (strpbrk(s, ",\"\n") == NULL) {
@@ -96,7 +112,13 @@ static void render_rows(const json_t *arr, const column *cols, enum fmt f) {
   putchar('\n');
   json_array_foreach(arr, i, row) {
     for (int c = 0; cols[c].key; c++) {
-      cell(json_object_get(row, cols[c].key), f, buf, sizeof buf);
+      const json_t *v = json_object_get(row, cols[c].key);
+      size_t kl = strlen(cols[c].key);
+      if (f == FMT_TABLE && kl > 3 && strcmp(cols[c].key + kl - 3, "_at") == 0
+          && json_is_integer(v)) /* epoch ms: ISO 8601 UTC in a table */
+        iso_ms(json_integer_value(v), buf, sizeof buf);
+      else
+        cell(v, f, buf, sizeof buf);
       if (f == FMT_CSV) {
         if (c)
           putchar(',');
@@ -224,6 +246,93 @@ static int export_stream(const cli_globals *g, Gnmr__Envelope *req,
   return code;
 }
 
+/* Each command's own help: its synopsis, what it answers, and the
+ * options it takes (one letter each, as in longopts: j json, c csv,
+ * f from, t to, u unit, k kind, l limit, r run, T timeout-ms). */
+static const struct {
+  int cmd;
+  const char *opts, *synopsis, *text;
+} helps[] = {
+    {GNMR_CMD_JOBS, "jcT", "jobs [--json|--csv]",
+     "Every job name gnmrd knows, its latest run: live, finished or\n"
+     "retired, its pass, last decided step and reporters."},
+    {GNMR_CMD_STATUS, "jrT", "status JOB [--run ID] [--json]",
+     "A job's state, step, ranks joined, parameters and active units\n"
+     "(a finished job's from its last snapshot)."},
+    {GNMR_CMD_UNITS, "jcrT", "units JOB [--run ID] [--json|--csv]",
+     "A job's units: reports, historical mean, GNMR (G), delta-GNMR (D),\n"
+     "score (S), lock, whether active, promotions."},
+    {GNMR_CMD_TOP, "jclrT", "top JOB [--limit N] [--run ID] [--json|--csv]",
+     "A job's units with the highest scores (--limit, default 10)."},
+    {GNMR_CMD_HISTORY, "jcftuklrT",
+     "history JOB [--from S] [--to S] [--unit NAME] [--kind K]\n"
+     "                       [--limit N] [--run ID] [--json|--csv]",
+     "A job's events in step order: the policy's (promotions, locks,\n"
+     "nonfinite, missing...) and the operational ones (agents joining and\n"
+     "leaving, with their RANK; restarts; parameter changes)."},
+    {GNMR_CMD_DECISIONS, "jcftrT",
+     "decisions JOB [--from S] [--to S] [--run ID] [--json|--csv]",
+     "The active set of every step. The table names each unit next to its\n"
+     "id; --csv is the policy's decisions CSV (step,active with ids), as\n"
+     "'gnmrctl replay' prints it; --json has both."},
+    {GNMR_CMD_SET, "jT", "set JOB key=value... [--json]",
+     "Changes a running job's policy parameters from its next step (an\n"
+     "operator key under tenancy)."},
+    {GNMR_CMD_EXPORT, "rT", "export JOB [--run ID]",
+     "A run's whole history as one JSON document, streamed."},
+    {GNMR_CMD_FINISH, "jT", "finish JOB [--json]",
+     "Ends a running job whose processes are gone (an operator key under\n"
+     "tenancy)."},
+    {GNMR_CMD_RUNS, "jcT", "runs JOB [--json|--csv]",
+     "The runs of a job name, oldest first (tables show times in UTC,\n"
+     "ISO 8601; CSV and JSON in epoch milliseconds)."},
+};
+
+static const struct {
+  char letter;
+  const char *name, *text;
+} option_help[] = {
+    {'j', "--json", "the answer as JSON"},
+    {'c', "--csv", "the answer as CSV"},
+    {'f', "--from S", "from step S (default: the first)"},
+    {'t', "--to S", "to step S (default: the last)"},
+    {'u', "--unit NAME", "one unit's events only"},
+    {'k', "--kind K", "one kind of event only: K is one of"},
+    {'l', "--limit N", "at most N rows (1..1000000)"},
+    {'r', "--run ID", "that run of the job name (gnmrctl runs JOB); default "
+                      "the latest"},
+    {'T', "--timeout-ms MS", "how long to wait for gnmrd (default 3000)"},
+};
+
+static int help_of(int k) {
+  for (size_t i = 0; i < sizeof helps / sizeof helps[0]; i++)
+    if (helps[i].cmd == k)
+      return (int)i;
+  return -1;
+}
+
+static void command_help(int k, FILE *out) {
+  int h = help_of(k);
+  if (h < 0) {
+    fputs(usage, out);
+    return;
+  }
+  fprintf(out, "usage: gnmrctl %s\n\n%s\n\noptions:\n", helps[h].synopsis,
+          helps[h].text);
+  for (const char *o = helps[h].opts; *o; o++)
+    for (size_t i = 0; i < sizeof option_help / sizeof option_help[0]; i++)
+      if (option_help[i].letter == *o) {
+        fprintf(out, "  %-16s %s\n", option_help[i].name, option_help[i].text);
+        if (*o == 'k')
+          fprintf(out, "  %-16s   %s\n", "", store_event_kinds());
+      }
+  if (k == GNMR_CMD_SET)
+    fprintf(out, "keys:\n  %s\n", policy_param_names());
+  fputs("global options, before the command: --admin ENDPOINT, "
+        "--curve-server-key,\n--key-file, --store URL|FILE (gnmrctl --help)\n",
+        out);
+}
+
 static int render(int k, const json_t *v, enum fmt f);
 static int from_store(const char *where, const char *cmd, store_query *q,
                       enum fmt f);
@@ -259,8 +368,26 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
     case 'l': num = &limit; max = 1000000; break;
     case 'r': num = &run; max = INT64_MAX; break;
     case 'T': num = &timeout; max = 600000; break;
-    case 'h': fputs(usage, stdout); return CLI_OK;
-    default: fputs(usage, stderr); return CLI_USAGE;
+    case 'h': {
+      int hk = gnmr__admin_command_find(cmd);
+      command_help(hk, stdout);
+      return CLI_OK;
+    }
+    default:
+      fprintf(stderr, "(gnmrctl %s --help: its options)\n", cmd);
+      return CLI_USAGE;
+    }
+    { /* an option this command does not take is a mistake, said */
+      int hk = help_of(gnmr__admin_command_find(cmd));
+      if (hk >= 0 && c != 'c' && strchr(helps[hk].opts, c) == NULL) {
+        const char *nm = "?";
+        for (size_t i = 0; i < sizeof option_help / sizeof option_help[0]; i++)
+          if (option_help[i].letter == c)
+            nm = option_help[i].name;
+        fprintf(stderr, "gnmrctl %s: %.*s is not an option of %s (gnmrctl "
+                "%s --help)\n", cmd, (int)strcspn(nm, " "), nm, cmd, cmd);
+        return CLI_USAGE;
+      }
     }
     if (num != NULL && (gnmr__parse_u64(optarg, max, num) != 0 ||
                         ((c == 'T' || c == 'r') && *num == 0))) {
@@ -277,7 +404,8 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
   int needs_job = gnmr_admin_commands[k].needs_job;
   int rest = argc - optind;
   if (needs_job && rest < 1) {
-    fprintf(stderr, "gnmrctl %s: missing JOB\n%s", cmd, usage);
+    fprintf(stderr, "gnmrctl %s: missing JOB\n", cmd);
+    command_help(gnmr__admin_command_find(cmd), stderr);
     return CLI_USAGE;
   }
   if ((!needs_job && rest > 0) ||
@@ -287,7 +415,8 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
     return CLI_USAGE;
   }
   if (k == GNMR_CMD_SET && rest < 2) {
-    fprintf(stderr, "gnmrctl set: give at least one key=value\n%s", usage);
+    fputs("gnmrctl set: give at least one key=value\n", stderr);
+    command_help(GNMR_CMD_SET, stderr);
     return CLI_USAGE;
   }
   if (to != 0 && to < from) {
