@@ -5,7 +5,11 @@ gnmrctl(1) / gnmrd(8). Only the standard library: it runs wherever the
 binaries are built."""
 import os
 import re
+import shlex
+import shutil
+import signal
 import subprocess
+import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -65,6 +69,50 @@ class ManPagesTest(unittest.TestCase):
                             "promote"], capture_output=True, text=True)
         self.assertEqual(r.returncode, 2)
         self.assertIn("--kind is not an option of jobs", r.stderr)
+
+
+class SystemdUnitTest(unittest.TestCase):
+    def test_the_unit_runs_gnmrd_on_the_configs_endpoints_and_data_dir(self):
+        # gnmrd started as systemd/gnmrd.service starts it, with the
+        # shipped deploy/gnmrd.conf where the paths are moved to a
+        # temporary directory: what the config says is what it uses
+        with open(os.path.join(REPO, "systemd", "gnmrd.service")) as f:
+            unit = f.read()
+        line = re.search(r"^ExecStart=(.*)$", unit, re.M).group(1)
+        argv = shlex.split(line)
+        self.assertEqual(argv[0], "/usr/local/bin/gnmrd")
+        for flag in ("--data-dir", "--agents", "--admin", "--store"):
+            self.assertNotIn(flag, argv, "a flag in ExecStart overrides "
+                             "what gnmrd.conf says")
+        tmp = tempfile.mkdtemp(prefix="gnmr-unit-")
+        try:
+            with open(os.path.join(REPO, "deploy", "gnmrd.conf")) as f:
+                conf = f.read()
+            for key in ("data_dir", "agents", "admin"):
+                self.assertRegex(conf, rf"(?m)^{key} = ")
+            conf = conf.replace("/var/lib/gnmr", tmp + "/state") \
+                       .replace("ipc:///run/gnmr/", f"ipc://{tmp}/run/")
+            os.makedirs(tmp + "/run", mode=0o700)
+            cfg = os.path.join(tmp, "gnmrd.conf")
+            with open(cfg, "w") as f:
+                f.write(conf)
+            argv = [os.path.join(BIN, "gnmrd")] + [
+                cfg if a == "/etc/gnmr/gnmrd.conf" else a for a in argv[1:]]
+            p = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            try:
+                said = [p.stdout.readline() for _ in range(3)]
+            finally:
+                p.send_signal(signal.SIGTERM)
+                out, err = p.communicate(timeout=20)
+            self.assertEqual(p.returncode, 0, err)
+            self.assertIn(f"gnmrd: agents ipc://{tmp}/run/agents.sock\n",
+                          said, err)
+            self.assertIn(f"gnmrd: admin ipc://{tmp}/run/admin.sock\n",
+                          said, err)
+            self.assertTrue(os.path.exists(tmp + "/state/gnmr.db"), err)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
