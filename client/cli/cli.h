@@ -39,5 +39,6 @@ int cmd_stats(const cli_globals *g, int argc, char **argv);
 int cmd_query(const cli_globals *g, int argc, char **argv);
 int cmd_watch(const cli_globals *g, int argc, char **argv);
 int cmd_keygen(const cli_globals *g, int argc, char **argv);
+int cmd_plot(const cli_globals *g, int argc, char **argv);
 
 #endif /* GNMR_CLI_H */

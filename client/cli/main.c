@@ -33,6 +33,7 @@ static const struct {
     {"runs", cmd_query, "the runs of a job name, oldest first"},
     {"watch", cmd_watch, "a live view of a running job"},
     {"stats", cmd_stats, "show gnmrd's counters and live jobs"},
+    {"plot", cmd_plot, "draw a job's GNMR, active set and budget (PNG/SVG)"},
     {"keygen", cmd_keygen, "write a CURVE key pair (PREFIX.key, PREFIX.pub)"},
 };
 

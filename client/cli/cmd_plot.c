@@ -1,0 +1,100 @@
+/* SPDX-License-Identifier: MIT */
+/* cmd_plot.c — gnmrctl plot: a picture of what the controller did, drawn
+ * by the gnmr Python package (python -m gnmr.plot) with matplotlib, which
+ * reads the history back through this gnmrctl (export). gnmrctl finds the
+ * Python: $GNMR_PYTHON, else the build's venv beside this binary
+ * (BUILD/bin/gnmrctl -> BUILD/venv/bin/python), else python3; and, in a
+ * checkout, the package beside the build (python/). */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+/* Imports gnmr.plot and runs it, or says what to install (exit 2). */
+static const char bootstrap[] =
+    "import sys\n"
+    "try:\n"
+    "    import gnmr.plot\n"
+    "except ImportError as e:\n"
+    "    sys.exit('gnmrctl plot: it draws with matplotlib through the gnmr '\n"
+    "             'Python package, which this Python (' + sys.executable +\n"
+    "             ') cannot import (' + str(e) + '): pip install gnmr '\n"
+    "             'matplotlib, or set GNMR_PYTHON to a Python that has '\n"
+    "             'them')\n"
+    "sys.exit(gnmr.plot.main(sys.argv[1:]))\n";
+
+static int exists(const char *p) { return access(p, F_OK) == 0; }
+
+int cmd_plot(const cli_globals *g, int argc, char **argv) {
+  char self[PATH_MAX], dir[PATH_MAX], py[PATH_MAX + 32], pkg[PATH_MAX + 32];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) {
+    fprintf(stderr, "gnmrctl plot: cannot find this program: %s\n",
+            strerror(errno));
+    return CLI_FAIL;
+  }
+  self[n] = '\0';
+  snprintf(dir, sizeof dir, "%s", self);
+  char *slash = strrchr(dir, '/');
+  if (slash != NULL)
+    *slash = '\0'; /* BUILD/bin */
+  const char *python = getenv("GNMR_PYTHON");
+  if (python == NULL || python[0] == '\0') {
+    snprintf(py, sizeof py, "%s/../venv/bin/python", dir);
+    python = exists(py) ? py : "python3";
+  }
+  snprintf(pkg, sizeof pkg, "%s/../../python/gnmr/plot.py", dir);
+  if (exists(pkg)) { /* a checkout: its package first */
+    snprintf(pkg, sizeof pkg, "%s/../../python", dir);
+    const char *old = getenv("PYTHONPATH");
+    char *both = malloc(strlen(pkg) + (old ? strlen(old) : 0) + 2);
+    if (both == NULL)
+      return CLI_FAIL;
+    sprintf(both, "%s%s%s", pkg, old && *old ? ":" : "", old ? old : "");
+    setenv("PYTHONPATH", both, 1);
+    free(both);
+  }
+  setenv("GNMR_PLOT_PROG", "gnmrctl plot", 1);
+  enum { FIXED = 16 };
+  char **args = calloc((size_t)argc + FIXED, sizeof *args);
+  char a_admin[1100], a_store[1100], a_key[1100], a_file[1100],
+      a_ctl[PATH_MAX + 16];
+  if (args == NULL)
+    return CLI_FAIL;
+  int k = 0;
+  args[k++] = (char *)python;
+  args[k++] = "-c";
+  args[k++] = (char *)bootstrap;
+  snprintf(a_ctl, sizeof a_ctl, "--gnmrctl=%s", self);
+  args[k++] = a_ctl;
+  if (g->admin) {
+    snprintf(a_admin, sizeof a_admin, "--admin=%s", g->admin);
+    args[k++] = a_admin;
+  }
+  if (g->store) {
+    snprintf(a_store, sizeof a_store, "--store=%s", g->store);
+    args[k++] = a_store;
+  }
+  if (g->server_key) {
+    snprintf(a_key, sizeof a_key, "--curve-server-key=%s", g->server_key);
+    args[k++] = a_key;
+  }
+  if (g->key_file) {
+    snprintf(a_file, sizeof a_file, "--key-file=%s", g->key_file);
+    args[k++] = a_file;
+  }
+  for (int i = 1; i < argc; i++)
+    args[k++] = argv[i];
+  args[k] = NULL;
+  fflush(stdout);
+  execvp(python, args);
+  fprintf(stderr, "gnmrctl plot: cannot run %s: %s (set GNMR_PYTHON to a "
+          "Python with the gnmr package and matplotlib)\n", python,
+          strerror(errno));
+  free(args);
+  return CLI_FAIL;
+}
