@@ -67,6 +67,9 @@ awk -F, 'NR > 1 { c[$7]++ } END { printf "   risky unit-steps: %d selected, %d d
 echo "== gnmrd counters"
 "$B/bin/gnmrctl" --admin "ipc://$tmp/admin.sock" stats |
   grep -E '^(reports|steps_decided|decisions_sent|deadline_decisions|missing_units|late_reports) ' | sed 's/^/   /'
+PLOT=${GNMR_DEMO_PLOT:-docs/results/demo.png}
+echo "== the picture: gnmrctl plot demo -o $PLOT"
+"$B/bin/gnmrctl" --admin "ipc://$tmp/admin.sock" plot demo -o "$PLOT" | sed 's/^/   /'
 kill "$pid"
 wait "$pid" && echo "== gnmrd stopped cleanly" || { echo "gnmrd exit status $?"; exit 1; }
 pid=
