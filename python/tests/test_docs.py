@@ -1,14 +1,18 @@
 # SPDX-License-Identifier: MIT
-"""The manual pages against the programs: every gnmrctl command and each
+"""The documentation against the programs: every gnmrctl command and each
 command's every option, and every gnmrd flag, that --help lists is in
-gnmrctl(1) / gnmrd(8). Only the standard library: it runs wherever the
-binaries are built."""
+gnmrctl(1) / gnmrd(8); the systemd unit uses the shipped config; every
+relative link in README.md and docs/ leads somewhere; and every code block
+there fenced as sh, python or c (meant to run) is run: the README's
+quickstart by test_readme_quickstart, the others here, against a real
+gnmrd."""
 import os
 import re
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -112,6 +116,91 @@ class SystemdUnitTest(unittest.TestCase):
                           said, err)
             self.assertTrue(os.path.exists(tmp + "/state/gnmr.db"), err)
         finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+DOCS = ["README.md"] + sorted(
+    os.path.join("docs", f) for f in os.listdir(os.path.join(REPO, "docs"))
+    if f.endswith(".md"))
+
+
+def fenced(path):
+    """[(language, code)] of a page's fenced blocks meant to run."""
+    with open(os.path.join(REPO, path)) as f:
+        text = f.read()
+    if path == "README.md":  # its quickstart is test_readme_quickstart's
+        text = re.sub(r"(?ms)^## PyTorch in 5 minutes\n.*?(?=^## )", "",
+                      text)
+    return re.findall(r"(?ms)^```(sh|python|c)\n(.*?)^```", text)
+
+
+class DocsTest(unittest.TestCase):
+    def test_relative_links_lead_somewhere(self):
+        for page in DOCS:
+            with open(os.path.join(REPO, page)) as f:
+                text = f.read()
+            for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", text):
+                if re.match(r"[a-z]+:", target):
+                    continue
+                where = os.path.normpath(os.path.join(
+                    REPO, os.path.dirname(page), target))
+                self.assertTrue(os.path.exists(where),
+                                f"{page}: link to {target}: no such file")
+
+    def test_every_runnable_block_runs(self):
+        blocks = [(page, lang, code) for page in DOCS
+                  for lang, code in fenced(page)]
+        langs = sorted(lang for _, lang, _ in blocks)
+        self.assertEqual(langs, ["c", "c", "python", "python"],
+                         "a new runnable block: run it here")
+        sys.path.insert(0, HERE)
+        from test_gnmr import Daemon
+        d = Daemon()
+        tmp = tempfile.mkdtemp(prefix="gnmr-docs-")
+        lib = os.path.join(os.path.dirname(BIN), "lib")
+        # the library by its soname, as `make install` links it
+        os.symlink(os.path.join(lib, "libgnmr-agent.so"),
+                   os.path.join(tmp, "libgnmr-agent.so.0"))
+        env = dict(os.environ, GNMR_ENDPOINT=d.agents,
+                   PYTHONPATH=os.path.join(REPO, "python"),
+                   LD_LIBRARY_PATH=tmp, OMP_NUM_THREADS="1")
+        try:
+            for i, (page, lang, code) in enumerate(blocks):
+                src = os.path.join(tmp, f"b{i}." + ("py" if lang == "python"
+                                                    else "c"))
+                with open(src, "w") as f:
+                    f.write(code)
+                if lang == "python":
+                    r = subprocess.run([sys.executable, src], env=env,
+                                       capture_output=True, text=True,
+                                       timeout=300)
+                    self.assertEqual(r.returncode, 0, f"{page}: {r.stderr}")
+                    continue
+                exe = src[:-2]
+                cc = ["cc", "-std=c11", "-Wall", "-Wextra", "-Werror",
+                      "-I", os.path.join(REPO, "include"), src]
+                if "int main(" in code:
+                    r = subprocess.run(cc + ["-o", exe, "-L", lib,
+                                             "-lgnmr-agent"],
+                                       capture_output=True, text=True)
+                    self.assertEqual(r.returncode, 0, f"{page}: {r.stderr}")
+                    r = subprocess.run([exe], env=env, capture_output=True,
+                                       text=True, timeout=120)
+                    self.assertEqual(r.returncode, 0, f"{page}: {r.stderr}")
+                    self.assertIn("step 30: layer0.mlp.up on its recovery "
+                                  "path", r.stdout, page)
+                else:  # a function of a loop (the GPU's): it compiles
+                    r = subprocess.run(cc + ["-c", "-o", exe + ".o"],
+                                       capture_output=True, text=True)
+                    self.assertEqual(r.returncode, 0, f"{page}: {r.stderr}")
+            jobs = subprocess.run([os.path.join(BIN, "gnmrctl"),
+                                   f"--admin=ipc://{d.dir}/admin.sock",
+                                   "jobs", "--csv"], capture_output=True,
+                                  text=True).stdout
+            for job in ("my-job", "my-fp8-job", "c-example"):
+                self.assertIn(f"\n{job},", jobs)
+        finally:
+            d.stop()
             shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -705,19 +705,19 @@ class ExampleTest(unittest.TestCase):
                                "gap": 1, "first": 1})
         self.assertEqual(sum(got.values()), len(hit) - 1)
 
-    def test_the_readme_quotes_the_committed_results(self):
+    def test_the_docs_quote_the_committed_results(self):
         """Every table row of docs/results/stress.md (what `make
-        experiment` wrote) is in the README, in the same order."""
+        experiment` wrote) is in docs/experiments.md, in the same order."""
         root = os.path.join(os.path.dirname(__file__), "..", "..")
         with open(os.path.join(root, "docs", "results", "stress.md")) as f:
             rows = [ln for ln in f.read().splitlines() if ln.startswith("|")]
-        with open(os.path.join(root, "README.md")) as f:
+        with open(os.path.join(root, "docs", "experiments.md")) as f:
             readme = f.read().splitlines()
         self.assertGreater(len(rows), 10)
         at = 0
         for row in rows:
-            self.assertIn(row, readme[at:], "README does not quote "
-                          "docs/results/stress.md's row, in order")
+            self.assertIn(row, readme[at:], "docs/experiments.md does not "
+                          "quote docs/results/stress.md's row, in order")
             at = readme.index(row, at) + 1
 
     def test_bad_arguments_are_clear_errors(self):
