@@ -136,7 +136,7 @@ endif
 BENCH_SRC := $(filter-out $(if $(filter 1,$(CUDA)),,bench/norm_cuda.c),$(wildcard bench/*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check test python-params test-gpu test-valgrind test-python test-python-newest venv venv-newest wheel test-multinode demo experiment bench install clean deps \
+.PHONY: all check test python-params test-gpu test-valgrind test-python test-python-newest venv venv-newest wheel test-multinode demo experiment bench bench-charts install clean deps \
         deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-merge fuzz-seeds soak
 .DEFAULT_GOAL := all
 
@@ -487,6 +487,12 @@ PYTHONDIR ?= $(shell $(PYTHON) -c 'import sys, sysconfig; p = "$(PREFIX)"; \
         sysconfig.get_path("purelib", "posix_prefix", \
                            vars={"base": p, "platbase": p}))' 2>/dev/null || \
   echo $(PREFIX)/lib/python3/dist-packages)
+# The charts of docs/benchmarks.md, redrawn from the committed outputs.
+BENCH_CHARTS := $(patsubst %.txt,%.png,$(wildcard docs/results/bench_2026-*.txt))
+bench-charts: venv
+	@for f in $(BENCH_CHARTS); do \
+	  $(PYTHON) scripts/bench_chart.py $${f%.png}.txt -o $$f || exit 1; done
+
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/gnmr \
 	  $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/share/man/man1 \

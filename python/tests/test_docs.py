@@ -204,5 +204,39 @@ class DocsTest(unittest.TestCase):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+class BenchChartTest(unittest.TestCase):
+    def test_the_charts_are_the_committed_outputs_redrawn(self):
+        sys.path.insert(0, os.path.join(REPO, "scripts"))
+        import bench_chart
+        with open(os.path.join(REPO, "docs", "results",
+                               "bench_2026-12-01.txt")) as f:
+            rows = bench_chart.figures(f.read())
+        got = {r[0]: r[1:4] for r in rows}
+        # figures read from their lines as docs/benchmarks.md quotes them
+        self.assertEqual(got["jobs p99"], (0.85, "<=", 1.5))
+        self.assertEqual(got["norm_cpu fp32 100000000 elements"],
+                         (98.0, ">=", 80.0))
+        self.assertEqual(got["rtt protocol peers -> gnmrd (p99)"],
+                         (1.22, "<=", 1.0))
+        self.assertEqual(got["store 5000 step records x 100 events"],
+                         (513579.0, ">=", 200000.0))
+        self.assertEqual(got["torch_overhead time inside Controller.step "
+                             "per step"], (3.72, "<=", 1.0))
+        self.assertEqual(len(rows), 17)
+        tmp = tempfile.mkdtemp(prefix="gnmr-chart-")
+        try:
+            for day in ("2026-11-30", "2026-12-01"):
+                base = os.path.join(REPO, "docs", "results", f"bench_{day}")
+                out = os.path.join(tmp, f"{day}.png")
+                self.assertEqual(bench_chart.main([base + ".txt", "-o", out]),
+                                 0)
+                with open(out, "rb") as a, open(base + ".png", "rb") as b:
+                    self.assertEqual(a.read(), b.read(),
+                                     f"docs/results/bench_{day}.png is not "
+                                     f"what make bench-charts draws")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 if __name__ == "__main__":
     unittest.main()
