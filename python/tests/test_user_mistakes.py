@@ -416,6 +416,21 @@ class WithDaemonTest(unittest.TestCase):
         self.assertTrue(all("on time True" in ln for ln in lines), r.stdout)
         self.assertIn("recovery path: ['2']", lines[20])  # the spiked unit
 
+    def test_the_admin_endpoint_given_for_the_agents_says_so(self):
+        net, x = Net(), torch.randn(8, 8)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ctl = Controller(net, f"ipc://{self.d.dir}/admin.sock",
+                             "wrong-door", params=params(), join_wait_ms=300,
+                             warn_after=2)
+            for step in range(1, 3):
+                backward(net, x)
+                self.assertFalse(ctl.step(step, wait_ms=50).joined)
+            ctl.close()
+        text = " ".join(str(m.message) for m in w)
+        self.assertIn("this is gnmrd's admin endpoint; agents connect to "
+                      "its agents endpoint (gnmrd --agents)", text)
+
     def test_the_same_job_and_rank_twice_is_refused_naming_both(self):
         net, x = Net(), torch.randn(8, 8)
         first = Controller(net, self.d.agents, "twice", params=params())
