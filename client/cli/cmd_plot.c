@@ -61,8 +61,14 @@ int cmd_plot(const cli_globals *g, int argc, char **argv) {
   setenv("GNMR_PLOT_PROG", "gnmrctl plot", 1);
   enum { FIXED = 16 };
   char **args = calloc((size_t)argc + FIXED, sizeof *args);
-  char a_admin[1100], a_store[1100], a_key[1100], a_file[1100],
-      a_ctl[PATH_MAX + 16];
+  const struct {
+    const char *flag, *value;
+  } globals[] = {{"--admin", g->admin},
+                 {"--store", g->store},
+                 {"--curve-server-key", g->server_key},
+                 {"--key-file", g->key_file}};
+  enum { NG = sizeof globals / sizeof globals[0] };
+  char given[NG][1100], a_ctl[PATH_MAX + 16];
   if (args == NULL)
     return CLI_FAIL;
   int k = 0;
@@ -71,22 +77,12 @@ int cmd_plot(const cli_globals *g, int argc, char **argv) {
   args[k++] = (char *)bootstrap;
   snprintf(a_ctl, sizeof a_ctl, "--gnmrctl=%s", self);
   args[k++] = a_ctl;
-  if (g->admin) {
-    snprintf(a_admin, sizeof a_admin, "--admin=%s", g->admin);
-    args[k++] = a_admin;
-  }
-  if (g->store) {
-    snprintf(a_store, sizeof a_store, "--store=%s", g->store);
-    args[k++] = a_store;
-  }
-  if (g->server_key) {
-    snprintf(a_key, sizeof a_key, "--curve-server-key=%s", g->server_key);
-    args[k++] = a_key;
-  }
-  if (g->key_file) {
-    snprintf(a_file, sizeof a_file, "--key-file=%s", g->key_file);
-    args[k++] = a_file;
-  }
+  for (int i = 0; i < NG; i++) /* gnmrctl's own options, passed on */
+    if (globals[i].value != NULL) {
+      snprintf(given[i], sizeof given[i], "%s=%s", globals[i].flag,
+               globals[i].value);
+      args[k++] = given[i];
+    }
   for (int i = 1; i < argc; i++)
     args[k++] = argv[i];
   args[k] = NULL;
