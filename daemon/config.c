@@ -104,13 +104,17 @@ int config_set(gnmrd_config *c, const char *section, const char *key,
       snprintf(setting, sizeof setting, "%s=%s", key, value);
       if (gnmr__policy_settings_apply(&c->policy, one, 1, err, errlen) == 0)
         return GNMR_OK;
-      /* "--alpha '0': expected ..." or "--window must be ..." ->
-       * "key 'alpha': '0': expected ..." / "key 'window': '0': must be" */
+      /* "alpha=0: expected ..." or "window must be ..." (a setting's
+       * refusals) -> "key 'alpha': '0': expected ..." /
+       * "key 'window': '0': must be ..." */
       const char *why = strstr(err, ": ");
-      if (why == NULL && strncmp(err, "--", 2) == 0)
-        why = strchr(err, ' ') ? strchr(err, ' ') - 1 : NULL;
+      size_t kl = strlen(key);
+      if (why != NULL)
+        why += 2;
+      else if (strncmp(err, key, kl) == 0 && err[kl] == ' ')
+        why = err + kl + 1;
       char tmp[256];
-      snprintf(tmp, sizeof tmp, "%s", why ? why + 2 : err);
+      snprintf(tmp, sizeof tmp, "%s", why ? why : err);
       snprintf(err, errlen, "key '%s': '%s': %s", key, value, tmp);
       return GNMR_E_PARSE;
     }

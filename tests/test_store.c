@@ -614,7 +614,8 @@ START_TEST(bad_queries_and_unreachable_daemon_fail_clearly) {
       {{"jobs", "extra", NULL}, 2, "unexpected argument"},
       {{"set", "q-job", NULL}, 2, "at least one key=value"},
       {{"status", "q-job", "--csv", NULL}, 2, "--csv is not available"},
-      {{"decisions", "q-job", "--bogus", NULL}, 2, "usage"},
+      {{"decisions", "q-job", "--bogus", NULL}, 2,
+       "unrecognized option '--bogus'\n(gnmrctl decisions --help"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     run_result r = ctl(&d, (char **)cases[i].args);
