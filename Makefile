@@ -239,6 +239,8 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TEST_LIBS)
 $(BUILD)/obj/bench/%.o: $(GEN)/proto/gnmr.pb-c.h
 STORE_OBJ = $(call obj,daemon/store.c daemon/store_apply.c daemon/store_restore.c daemon/core.c \
               daemon/store_view.c daemon/views.c) $(LIB_STORE)
+# test_security writes a large history straight into SQLite.
+$(BUILD)/tests/test_security: LDLIBS += $(DB_LIBS)
 # test_runs checks the history queries' plans (EXPLAIN QUERY PLAN).
 $(BUILD)/tests/test_runs: $(BUILD)/obj/tests/test_runs.o $(STORE_OBJ) $(TEST_LIBS)
 	@mkdir -p $(dir $@)

@@ -61,6 +61,24 @@ static int file_private(FILE *f, const char *path, int secret, char *err,
   return GNMR_OK;
 }
 
+/* Reads one line of at most cap-1 bytes into line. Returns 1 for a line,
+ * 0 at the end, -1 for a longer line or one with a NUL byte (fgets would
+ * split the first and cut the second, and the rest would be read as
+ * something else). */
+static int read_line(FILE *f, char *line, size_t cap) {
+  size_t n = 0;
+  int ch;
+  while ((ch = getc(f)) != EOF) {
+    if (ch == '\0' || n + 1 >= cap)
+      return -1;
+    line[n++] = (char)ch;
+    if (ch == '\n')
+      break;
+  }
+  line[n] = '\0';
+  return n > 0 ? 1 : 0;
+}
+
 int gnmr__key_file_read(const char *path, char *pub, char *sec, char *err,
                         size_t errlen) {
   FILE *f = fopen(path, "r");
@@ -74,9 +92,15 @@ int gnmr__key_file_read(const char *path, char *pub, char *sec, char *err,
     fclose(f);
     return rv;
   }
-  while (fgets(line, sizeof line, f) != NULL) {
-    char *s = trim(line), *eq;
+  while ((rv = read_line(f, line, sizeof line)) != 0) {
     n++;
+    if (rv < 0) {
+      snprintf(err, errlen, "%s:%d: a NUL byte or a line longer than %zu "
+                            "bytes", path, n, sizeof line - 1);
+      fclose(f);
+      return GNMR_E_PARSE;
+    }
+    char *s = trim(line), *eq;
     if (*s == '\0' || *s == '#')
       continue;
     if ((eq = strchr(s, '=')) == NULL) {
@@ -127,14 +151,21 @@ void gnmr__allow_free(gnmr_allow *a) {
   memset(a, 0, sizeof *a);
 }
 
-/* Parses the words after a key: role=, jobs= and the name's words. */
+/* Parses the words after a key: role=, jobs= and the name's words. A
+ * second role= or jobs= is an error, never a widening (the last one winning
+ * would let an appended word raise a key's rights). */
 static int parse_grant(char *rest, gnmr_grant *g, int *has_role,
                        const char **bad) {
   char name[256] = "";
   size_t nl = 0;
+  int roles = 0;
   for (char *w = strtok(rest, " \t"); w != NULL; w = strtok(NULL, " \t")) {
     if (strncmp(w, "role=", 5) == 0) {
       *has_role = 1;
+      if (roles++ > 0) {
+        *bad = "two role= words: a key has one role";
+        return -1;
+      }
       if (strcmp(w + 5, "operator") == 0)
         g->operator = 1;
       else if (strcmp(w + 5, "agent") != 0) {
@@ -148,6 +179,9 @@ static int parse_grant(char *rest, gnmr_grant *g, int *has_role,
       }
       if ((g->jobs = strdup(w + 5)) == NULL)
         return -2;
+    } else if (strchr(w, '=') != NULL) {
+      *bad = "unknown word with '=' (role=operator|agent, jobs=GLOB)";
+      return -1;
     } else {
       nl += (size_t)snprintf(name + nl, nl < sizeof name ? sizeof name - nl
                                                          : 0,
@@ -173,9 +207,15 @@ int gnmr__allow_load(const char *path, gnmr_allow *a, char *err,
     fclose(f);
     return rv;
   }
-  while (fgets(line, sizeof line, f) != NULL) {
-    char *s = trim(line);
+  while ((rv = read_line(f, line, sizeof line)) != 0) {
     n++;
+    if (rv < 0) {
+      snprintf(err, errlen, "%s:%d: a NUL byte or a line longer than %zu "
+                            "bytes", path, n, sizeof line - 1);
+      rv = GNMR_E_PARSE;
+      goto fail;
+    }
+    char *s = trim(line);
     if (*s == '\0' || *s == '#')
       continue;
     char key[GNMR_Z85_KEY_LEN + 1];
@@ -193,12 +233,21 @@ int gnmr__allow_load(const char *path, gnmr_allow *a, char *err,
       rv = GNMR_E_PARSE;
       goto fail;
     }
+    uint64_t first;
+    if (hmap_get(&a->keys, key, GNMR_Z85_KEY_LEN, &first)) {
+      snprintf(err, errlen, "%s:%d: this key is listed already (line %d): "
+                            "one line per key", path, n,
+               a->grants[first].line);
+      rv = GNMR_E_PARSE;
+      goto fail;
+    }
     gnmr_grant *g = realloc(a->grants, (a->n + 1) * sizeof *g);
     if (g == NULL)
       goto nomem;
     a->grants = g;
     g = &a->grants[a->n];
     memset(g, 0, sizeof *g);
+    g->line = n;
     a->n++;
     const char *bad = NULL;
     int pr = parse_grant(s + k, g, &a->tenancy, &bad);

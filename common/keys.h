@@ -33,6 +33,7 @@ typedef struct gnmr_grant {
   int operator;
   char *jobs; /* GLOB, or NULL */
   char *name; /* NAME, or NULL */
+  int line;   /* its line in the file */
 } gnmr_grant;
 
 typedef struct gnmr_allow {

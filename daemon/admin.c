@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "gnmr/error.h"
 #include "commands.h"
@@ -50,12 +51,14 @@ static void send_error(gnmrd *d, const void *id, size_t id_len, int code,
 
 /* Sends a chunk of an answer's text (export streams). */
 static void send_chunk(gnmrd *d, const void *id, size_t id_len,
-                       const char *text, int more, uint64_t stream) {
+                       const char *text, int more, uint64_t stream,
+                       uint64_t chunk) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   Gnmr__AdminReply rep = GNMR__ADMIN_REPLY__INIT;
   rep.json = (char *)text;
   rep.more = more;
   rep.stream = stream;
+  rep.chunk = chunk;
   env.body_case = GNMR__ENVELOPE__BODY_ADMIN_REPLY;
   env.admin_reply = &rep;
   send_env(d, id, id_len, &env);
@@ -135,15 +138,27 @@ typedef struct query {
   char who[64], *who_jobs;  /* the requester's key and grant (tenancy) */
   store_query sq;
   uint64_t stream;          /* an export stream's id, 0 otherwise */
+  uint64_t chunk;           /* the number of the chunk it sends next */
+  char opener[64];          /* the key that opened it ("" without CURVE) */
   uint64_t idle_since;      /* loop time its last chunk went out */
 } query;
 
 /* Export streams between chunks: id -> query. A stream idle longer than
- * STREAM_IDLE_MS is closed; at most MAX_STREAMS are open. */
+ * STREAM_IDLE_MS is closed; at most MAX_STREAMS are open. A stream's id is
+ * 64 random bits and only the key that opened it may go on with it: a
+ * counter would let anyone who can send a request read the next chunk of
+ * another key's export (and leave a hole in it). */
 #define STREAM_IDLE_MS 60000
 #define MAX_STREAMS 16
 static hmap streams;
-static uint64_t next_stream = 1;
+
+static uint64_t new_stream_id(void) {
+  uint64_t v = 0;
+  while (v == 0 || hmap_get(&streams, &v, sizeof v, NULL))
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+      v = 0;
+  return v;
+}
 
 static void query_work(uv_work_t *req) {
   query *q = req->data;
@@ -200,7 +215,8 @@ static void query_done(uv_work_t *req, int status) {
     return;
   }
   if (q->sq.chunk != NULL) { /* a chunk of an export */
-    send_chunk(d, q->id, q->id_len, q->sq.chunk, q->sq.more, q->stream);
+    send_chunk(d, q->id, q->id_len, q->sq.chunk, q->sq.more, q->stream,
+               q->chunk++);
     free(q->sq.chunk);
     q->sq.chunk = NULL;
     if (q->sq.more &&
@@ -263,11 +279,13 @@ static void start_query(gnmrd *d, const void *id, size_t id_len, int command,
   q->sq.kind = q->kind;
   q->sq.from = r->from_step;
   q->sq.to = r->to_step;
-  q->sq.limit = r->limit ? (r->limit > MAX_LIMIT ? MAX_LIMIT : r->limit)
+  q->sq.limit = r->limit ? r->limit
                          : command == GNMR_CMD_TOP ? 10 : DEFAULT_LIMIT;
   q->sq.run = r->run;
-  if (command == GNMR_CMD_EXPORT)
-    q->stream = next_stream++;
+  if (command == GNMR_CMD_EXPORT) {
+    q->stream = new_stream_id();
+    snprintf(q->opener, sizeof q->opener, "%s", user ? user : "");
+  }
   if (d->allow != NULL && !gnmr__allow_operator(d->allow, user)) {
     /* tenancy: the store shows this key its own jobs and its grant's */
     const gnmr_grant *g = gnmr__allow_find(d->allow, user);
@@ -305,8 +323,9 @@ static void sweep_streams(gnmrd *d) {
   }
 }
 
-/* The next chunk of an export stream, for whoever holds its id (and, with
- * tenancy, the same key). */
+/* The next chunk of an export stream, for the key that opened it (and
+ * knows its id), when it asks for the chunk that comes next: a stream is
+ * never read past a chunk its reader did not get. */
 static void go_on(gnmrd *d, const void *id, size_t id_len,
                   const Gnmr__AdminRequest *r, const char *user) {
   uint64_t v;
@@ -318,9 +337,17 @@ static void go_on(gnmrd *d, const void *id, size_t id_len,
   }
   query *q = (query *)(uintptr_t)v;
   if (strcmp(q->job, r->job) != 0 ||
-      (q->who[0] != '\0' && (user == NULL || strcmp(q->who, user) != 0))) {
+      strcmp(q->opener, user ? user : "") != 0) {
     send_error(d, id, id_len, GNMR_E_DENIED, "this export stream is "
                "another request's");
+    return;
+  }
+  if (r->chunk != q->chunk) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "this export stream sends chunk %llu next, "
+             "not %llu", (unsigned long long)q->chunk,
+             (unsigned long long)r->chunk);
+    send_error(d, id, id_len, GNMR_E_MISMATCH, msg);
     return;
   }
   hmap_del(&streams, &r->stream, sizeof r->stream);
@@ -352,6 +379,17 @@ void admin_shutdown(gnmrd *d) {
 static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
                              const Gnmr__AdminRequest *r, const char *user) {
   int k = gnmr__admin_command_find(r->command);
+  if (r->from_step > GNMR_MAX_STEP || r->to_step > GNMR_MAX_STEP ||
+      r->limit > MAX_LIMIT || r->run > INT64_MAX) {
+    char m[160];
+    snprintf(m, sizeof m, "%s",
+             r->limit > MAX_LIMIT ? "limit is above 1000000"
+             : r->run > INT64_MAX ? "run is above 2^63 - 1"
+                                  : "a step filter is above the largest "
+                                    "step (2^63 - 1025)");
+    send_error(d, id, id_len, GNMR_E_RANGE, m);
+    return;
+  }
   if (r->to_step != 0 && r->to_step < r->from_step) {
     send_error(d, id, id_len, GNMR_E_INVAL, "--to is below --from");
     return;
@@ -376,15 +414,15 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
     send_error(d, id, id_len, GNMR_E_INVAL, msg);
     return;
   }
-  if (k == GNMR_CMD_EXPORT && r->stream != 0) {
-    go_on(d, id, id_len, r, user);
-    return;
-  }
   if (gnmr_admin_commands[k].operator && d->allow != NULL &&
       !gnmr__allow_operator(d->allow, user)) {
     snprintf(msg, sizeof msg, "'%s' is for operator keys (role=operator in "
              "the allow list)", gnmr_admin_commands[k].name);
     send_error(d, id, id_len, GNMR_E_DENIED, msg);
+    return;
+  }
+  if (k == GNMR_CMD_EXPORT && r->stream != 0) {
+    go_on(d, id, id_len, r, user);
     return;
   }
   if (gnmr_admin_commands[k].needs_job && r->job[0] == '\0' &&

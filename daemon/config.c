@@ -225,15 +225,31 @@ static int on_key(void *user, const char *section, const char *key,
 
 /* inih reads lines of at most CONFIG_MAX_LINE bytes and silently splits
  * longer ones, so that the tail of a long comment could be read as a
- * setting: such a line, or a NUL byte, is an error before inih runs. */
+ * setting: such a line, or a NUL byte, is an error before inih runs. So is
+ * an indented line with something on it: inih reads it as the previous
+ * key's value continued, a second value that silently replaces the first
+ * (or, after a section line, a setting nobody sees as one). */
 #define CONFIG_MAX_LINE 198
 static int check_lines(const char *text, size_t len, const char *name,
                        char *err, size_t errlen) {
   size_t line = 1, col = 0;
+  int indented = 0;
   for (size_t i = 0; i < len; i++) {
     if (text[i] == '\0') {
       snprintf(err, errlen, "%s:%zu: a NUL byte", name, line);
       return GNMR_E_PARSE;
+    }
+    if (col == 0)
+      indented = text[i] == ' ' || text[i] == '\t';
+    if (indented && text[i] != ' ' && text[i] != '\t' && text[i] != '\n' &&
+        text[i] != '\r') {
+      if (text[i] != '#' && text[i] != ';') {
+        snprintf(err, errlen, "%s:%zu: an indented line (continuation lines "
+                 "are not read: write the key = value on one line, starting"
+                 " at its first column)", name, line);
+        return GNMR_E_PARSE;
+      }
+      indented = 0;
     }
     if (text[i] == '\n') {
       line++;

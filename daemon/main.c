@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -208,6 +209,10 @@ static int check_settings(const gnmrd_config *cfg, char *pub, char *sec,
              endpoint_is_network(cfg->agents) ? cfg->agents : cfg->admin);
     return -1;
   }
+  struct sockaddr_in msa;
+  if (cfg->metrics[0] != '\0' &&
+      metrics_addr_parse(cfg->metrics, &msa, err, errlen) != GNMR_OK)
+    return -1;
   if (cfg->metrics[0] != '\0' && !metrics_addr_is_loopback(cfg->metrics) &&
       !cfg->insecure) {
     snprintf(err, errlen, "refusing to serve metrics on %s: they are "

@@ -5,6 +5,8 @@
  * its own: the loop polls its epoll fd and calls MHD_run(), plus a timer
  * for connection timeouts. */
 #include "metrics.h"
+
+#include "num.h"
 #include "views.h"
 
 #include <arpa/inet.h>
@@ -263,28 +265,40 @@ static void poll_cb(uv_poll_t *h, int status, int events) {
 }
 static void timer_cb(uv_timer_t *h) { run_mhd(h->data); }
 
-int metrics_open(gnmrd *d, const char *addr, char *bound, size_t cap,
-                 char *err, size_t errlen) {
-  struct sockaddr_in sa = {.sin_family = AF_INET};
+int metrics_addr_parse(const char *addr, struct sockaddr_in *sa,
+                       char *err, size_t errlen) {
   char host[64];
-  unsigned port;
+  uint64_t port;
   const char *colon = strrchr(addr, ':');
+  memset(sa, 0, sizeof *sa);
+  sa->sin_family = AF_INET;
   if (colon == NULL || (size_t)(colon - addr) >= sizeof host ||
-      sscanf(colon + 1, "%u", &port) != 1 || port > 65535) {
-    snprintf(err, errlen, "metrics address '%s': expected HOST:PORT", addr);
+      gnmr__parse_u64(colon + 1, 65535, &port) != 0) {
+    snprintf(err, errlen, "metrics address '%s': expected HOST:PORT (port "
+             "0 to 65535)", addr);
     return GNMR_E_INVAL;
   }
   snprintf(host, sizeof host, "%.*s", (int)(colon - addr), addr);
-  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+  if (inet_pton(AF_INET, host, &sa->sin_addr) != 1) {
     snprintf(err, errlen, "metrics address '%s': HOST must be an IPv4 "
-                          "address", addr);
+                          "address (127.0.0.1, not a name)", addr);
     return GNMR_E_INVAL;
   }
-  sa.sin_port = htons((uint16_t)port);
+  sa->sin_port = htons((uint16_t)port);
+  return GNMR_OK;
+}
+
+int metrics_open(gnmrd *d, const char *addr, char *bound, size_t cap,
+                 char *err, size_t errlen) {
+  struct sockaddr_in sa;
+  int rv = metrics_addr_parse(addr, &sa, err, errlen);
+  if (rv != GNMR_OK)
+    return rv;
+  uint16_t port = ntohs(sa.sin_port);
   struct metrics *m = calloc(1, sizeof *m);
   if (m == NULL)
     return GNMR_E_NOMEM;
-  m->mhd = MHD_start_daemon(MHD_USE_EPOLL, (uint16_t)port, NULL, NULL,
+  m->mhd = MHD_start_daemon(MHD_USE_EPOLL, port, NULL, NULL,
                             on_request, d, MHD_OPTION_SOCK_ADDR, &sa,
                             MHD_OPTION_CONNECTION_TIMEOUT, 10u,
                             MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_END);
@@ -303,8 +317,10 @@ int metrics_open(gnmrd *d, const char *addr, char *bound, size_t cap,
   m->poll.data = m->timer.data = d;
   uv_poll_start(&m->poll, UV_READABLE, poll_cb);
   uv_timer_start(&m->timer, timer_cb, 1000, 1000);
+  char host[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &sa.sin_addr, host, sizeof host);
   snprintf(bound, cap, "http://%s:%u/metrics", host,
-           bp ? (unsigned)bp->port : port);
+           bp ? (unsigned)bp->port : (unsigned)port);
   return GNMR_OK;
 }
 

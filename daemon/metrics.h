@@ -10,6 +10,11 @@
 
 #include "gnmrd.h"
 
+struct sockaddr_in;
+/* Parses "HOST:PORT" (HOST an IPv4 address, PORT 0..65535) as
+ * metrics_open() will: --check-config says valid only for what starts. */
+int metrics_addr_parse(const char *addr, struct sockaddr_in *sa,
+                       char *err, size_t errlen);
 /* Starts serving on addr ("HOST:PORT", port 0 = any); the bound address
  * goes to bound ("http://HOST:PORT/metrics"). 0 or GNMR_E_IO/INVAL. */
 int metrics_open(gnmrd *d, const char *addr, char *bound, size_t cap,

@@ -110,5 +110,9 @@ int gnmr__validate_report(const Gnmr__Report *r, uint32_t n_units,
            "nonfinite counts)", i);
   if (r->step == 0)
     FAIL(GNMR_E_INVAL, "step", "steps start at 1");
+  if (r->step > GNMR_MAX_STEP)
+    FAIL(GNMR_E_RANGE, "step",
+         "step %llu is above the largest step, 2^63 - 1025",
+         (unsigned long long)r->step);
   return GNMR_OK;
 }

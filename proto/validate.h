@@ -16,6 +16,10 @@
 #define GNMR_DEFAULT_BARRIER_MS 1000u
 #define GNMR_MAX_JOB_NAME 128u  /* bytes; see text.h for the characters */
 #define GNMR_MAX_UNIT_NAME 256u
+/* The largest step a report, a filter or a Decision may carry: the store
+ * keeps steps as SQL integers (signed 64-bit), and a job's last step
+ * leaves room for CORE_MAX_AHEAD (1024) more. */
+#define GNMR_MAX_STEP ((uint64_t)INT64_MAX - 1024u)
 
 /* Checks a Hello on its own: protocol, job name, rank/reporters, unit
  * names (printable, unique), unit_ids, parameters, barrier. A Hello

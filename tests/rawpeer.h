@@ -26,6 +26,23 @@ static inline raw_peer raw_open(const char *endpoint) {
   return p;
 }
 
+/* The same over CURVE, as the holder of the pair pub/sec. */
+static inline raw_peer raw_open_curve(const char *endpoint,
+                                      const char *server_pub,
+                                      const char *pub, const char *sec) {
+  raw_peer p;
+  int zero = 0, tmo = 5000;
+  p.ctx = zmq_ctx_new();
+  p.sock = zmq_socket(p.ctx, ZMQ_DEALER);
+  zmq_setsockopt(p.sock, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(p.sock, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+  zmq_setsockopt(p.sock, ZMQ_CURVE_SERVERKEY, server_pub, 41);
+  zmq_setsockopt(p.sock, ZMQ_CURVE_PUBLICKEY, pub, 41);
+  zmq_setsockopt(p.sock, ZMQ_CURVE_SECRETKEY, sec, 41);
+  ck_assert_int_eq(zmq_connect(p.sock, endpoint), 0);
+  return p;
+}
+
 static inline void raw_close(raw_peer *p) {
   zmq_close(p->sock);
   zmq_ctx_term(p->ctx);
@@ -150,6 +167,22 @@ static inline Gnmr__Envelope *expect_body(raw_peer *p, int body) {
                     ? env->error->message
                     : "");
   return env;
+}
+
+/* Sends an AdminRequest for command on job; an export's next chunk when
+ * stream is not 0. */
+static inline void raw_admin(raw_peer *p, const char *command,
+                             const char *job, uint64_t stream,
+                             uint64_t chunk) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__AdminRequest r = GNMR__ADMIN_REQUEST__INIT;
+  r.command = (char *)command;
+  r.job = (char *)job;
+  r.stream = stream;
+  r.chunk = chunk;
+  env.body_case = GNMR__ENVELOPE__BODY_ADMIN_REQUEST;
+  env.admin_request = &r;
+  raw_send_env(p, &env);
 }
 
 #endif /* GNMR_RAWPEER_H */

@@ -47,6 +47,14 @@ START_TEST(check_config_accepts_the_example_and_names_bad_keys_and_lines) {
                                   "[policy]"},
       {"[nosuch]\nx = 1\n", ":2: unknown key 'x' in section [nosuch]"},
       {"not ini\n", ":1: not valid INI syntax"},
+      /* what --check-config passed and a start then refused */
+      {"[gnmrd]\nmetrics = localhost:9464\n", "HOST must be an IPv4 "
+                                              "address"},
+      {"[gnmrd]\nmetrics = 127.0.0.1:9464x\n", "expected HOST:PORT"},
+      {"[gnmrd]\nmetrics = 127.0.0.1:65536\n", "is not HOST:PORT"},
+      /* a continuation line replaced the key's value silently */
+      {"[gnmrd]\nlog_level = error\n  debug\n", ":3: an indented line"},
+      {"[policy]\n\talpha = 3\n", ":2: an indented line"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     const char *p = write_tmp(dir, "bad.conf", bad[i].text);
@@ -55,6 +63,14 @@ START_TEST(check_config_accepts_the_example_and_names_bad_keys_and_lines) {
     ck_assert_msg(r.code == 1, "case %zu: exit %d", i, r.code);
     ck_assert_msg(strstr(r.err, bad[i].err) != NULL,
                   "case %zu: '%s' lacks '%s'", i, r.err, bad[i].err);
+    tu_run_free(&r);
+  }
+  { /* an indented comment is still a comment */
+    const char *p = write_tmp(dir, "ok.conf", "[gnmrd]\n  # a note\n"
+                              "\t; another\nlog_level = info\n   \n");
+    char *argv[] = {"gnmrd", "--check-config", (char *)p, NULL};
+    r = tu_run("gnmrd", argv, NULL);
+    ck_assert_msg(r.code == 0, "%s", r.err);
     tu_run_free(&r);
   }
   char *missing[] = {"gnmrd", "--check-config", "/nonexistent.conf", NULL};
@@ -345,7 +361,16 @@ START_TEST(metrics_endpoint_serves_valid_prometheus_text) {
                   "counter %s is not on /metrics as %s", rows[i].field,
                   want + 1);
   }
-  ck_assert_ptr_nonnull(strstr(text, "\ngnmr_hellos_total 1\n"));
+  { /* as many Hellos as the agent sent (one, or more when a loaded
+     * machine made it ask again before the Welcome came) */
+    gnmr_agent_stats as;
+    char want[64];
+    ck_assert_int_eq(gnmr_agent_stats_get(a, &as), GNMR_OK);
+    ck_assert_uint_ge(as.hellos, 1);
+    snprintf(want, sizeof want, "\ngnmr_hellos_total %llu\n",
+             (unsigned long long)as.hellos);
+    ck_assert_msg(strstr(text, want) != NULL, "no '%s' on /metrics", want + 1);
+  }
   /* every sample line is NAME[{labels}] VALUE */
   for (char *line = text; *line != '\0';) {
     char *nl = strchr(line, '\n');

@@ -153,6 +153,12 @@ START_TEST(hostile_input_gets_errors_or_counted_drops_and_good_agent_is_served) 
   expect_error(&p, GNMR_E_MISMATCH, "on the connection of job raw-job rank 0");
   report(&p, "raw-job", 0, 0, s2, 2, NULL, 0);
   expect_error(&p, GNMR_E_INVAL, "steps start at 1");
+  /* a step with no room for the next 1024 (the store keeps signed 64-bit
+   * steps): refused, never a job that decides nothing more */
+  report(&p, "raw-job", 0, UINT64_MAX, s2, 2, NULL, 0);
+  expect_error(&p, GNMR_E_RANGE, "above the largest step");
+  report(&p, "raw-job", 0, (uint64_t)INT64_MAX - 1023, s2, 2, NULL, 0);
+  expect_error(&p, GNMR_E_RANGE, "above the largest step");
 
   /* duplicate step: the first is held (rank 1 missing), the second refused */
   report(&p, "raw-job", 0, 5, s2, 2, NULL, 0);
@@ -550,6 +556,36 @@ START_TEST(admin_endpoint_refuses_non_admin_messages) {
   expect_error(&p, GNMR_E_UNSUPPORTED,
                "not an admin request: this is gnmrd's admin endpoint; agents "
                "connect to its agents endpoint (gnmrd --agents)");
+  /* integer filters at their extremes: RANGE, never a silent empty or
+   * full answer; --to below --from: INVAL */
+  static const struct {
+    uint64_t from, to, run;
+    uint32_t limit;
+    int code;
+    const char *part;
+  } ext[] = {
+      {UINT64_MAX, 0, 0, 0, GNMR_E_RANGE, "above the largest step"},
+      {0, (uint64_t)1 << 63, 0, 0, GNMR_E_RANGE, "above the largest step"},
+      {0, 0, 0, UINT32_MAX, GNMR_E_RANGE, "limit is above 1000000"},
+      {0, 0, (uint64_t)1 << 63, 0, GNMR_E_RANGE, "run is above"},
+      {9, 3, 0, 0, GNMR_E_INVAL, "--to is below --from"},
+  };
+  static const char *cmds[] = {"history", "decisions", "export", "top"};
+  for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++)
+    for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++) {
+      Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+      Gnmr__AdminRequest ar = GNMR__ADMIN_REQUEST__INIT;
+      ar.command = (char *)cmds[c];
+      ar.job = "j";
+      ar.from_step = ext[i].from;
+      ar.to_step = ext[i].to;
+      ar.run = ext[i].run;
+      ar.limit = ext[i].limit;
+      env.body_case = GNMR__ENVELOPE__BODY_ADMIN_REQUEST;
+      env.admin_request = &ar;
+      raw_send_env(&p, &env);
+      expect_error(&p, ext[i].code, ext[i].part);
+    }
   raw_close(&p);
   /* gnmrctl stats against no daemon fails clearly */
   char *argv[] = {"gnmrctl", "--admin", "ipc:///nonexistent/gnmr.sock",

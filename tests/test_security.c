@@ -11,8 +11,12 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <jansson.h>
+
 #include "gnmr/agent.h"
+#include "historyutil.h"
 #include "keys.h"
+#include "rawpeer.h"
 #include "testutil.h"
 
 typedef struct keypair {
@@ -492,6 +496,184 @@ START_TEST(tenants_see_and_touch_only_their_own_jobs) {
 }
 END_TEST
 
+/* An export stream is its opener's: its id is not guessable (64 random
+ * bits, not a counter), another key holding it (an agent key, or another
+ * operator) is refused, and it only gives the chunk that comes next, so the
+ * opener's export is never one with a hole that still parses. */
+START_TEST(an_export_stream_is_its_openers_and_has_no_holes) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  const int EVENTS = 30000; /* about 3 MiB: three chunks or more */
+  big_history(&d, EVENTS);
+  keypair server = keygen(d.dir, "server"), op = keygen(d.dir, "op"),
+          op2 = keygen(d.dir, "op2"), alice = keygen(d.dir, "alice");
+  char allow[600], allow_path[200];
+  snprintf(allow, sizeof allow,
+           "%s ops role=operator\n%s ops2 role=operator\n%s alice "
+           "role=agent jobs=*\n", op.pub, op2.pub, alice.pub);
+  snprintf(allow_path, sizeof allow_path, "%s/allowed", d.dir);
+  tu_write_file(allow_path, allow);
+  char *extra[] = {"--curve-key", server.path, "--curve-allow", allow_path,
+                   NULL};
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
+  raw_peer po = raw_open_curve(d.admin, server.pub, op.pub, op.sec),
+           p2 = raw_open_curve(d.admin, server.pub, op2.pub, op2.sec),
+           pa = raw_open_curve(d.admin, server.pub, alice.pub, alice.sec);
+  int ms = raw_reply_ms() * 4;
+  /* two exports: ids that are not 1, 2 or each other's neighbours */
+  raw_admin(&po, "export", "big", 0, 0);
+  Gnmr__Envelope *e1 = raw_recv(&po, ms);
+  raw_admin(&po, "export", "big", 0, 0);
+  Gnmr__Envelope *e2 = raw_recv(&po, ms);
+  ck_assert(e1 && e2 && e1->body_case == GNMR__ENVELOPE__BODY_ADMIN_REPLY &&
+            e2->body_case == GNMR__ENVELOPE__BODY_ADMIN_REPLY);
+  uint64_t s1 = e1->admin_reply->stream, s2 = e2->admin_reply->stream;
+  ck_assert(e1->admin_reply->more && e1->admin_reply->chunk == 0);
+  ck_assert_msg(s1 > 2 && s2 > 2 && s1 != s2 && s1 + 1 != s2 &&
+                    s2 + 1 != s1,
+                "stream ids %llu and %llu look like a counter's",
+                (unsigned long long)s1, (unsigned long long)s2);
+  size_t cap = (size_t)64 << 20, len = 0;
+  char *text = malloc(cap);
+  ck_assert_ptr_nonnull(text);
+  size_t n = strlen(e1->admin_reply->json);
+  memcpy(text, e1->admin_reply->json, n);
+  len += n;
+  gnmr__wire_free(&e1);
+  gnmr__wire_free(&e2);
+  /* an agent key, even one whose grant matches every job: DENIED */
+  raw_admin(&pa, "export", "big", s1, 1);
+  expect_error(&pa, GNMR_E_DENIED, "for operator keys");
+  /* another operator holding the id: DENIED, the stream untouched */
+  raw_admin(&p2, "export", "big", s1, 1);
+  expect_error(&p2, GNMR_E_DENIED, "another request's");
+  /* the opener asking for a chunk that is not the next: MISMATCH */
+  raw_admin(&po, "export", "big", s1, 2);
+  expect_error(&po, GNMR_E_MISMATCH, "sends chunk 1 next");
+  /* the opener reads on: every chunk in order, one whole document */
+  uint64_t chunk = 1;
+  for (int more = 1; more;) {
+    raw_admin(&po, "export", "big", s1, chunk);
+    Gnmr__Envelope *e = raw_recv(&po, ms);
+    ck_assert_msg(e && e->body_case == GNMR__ENVELOPE__BODY_ADMIN_REPLY,
+                  "chunk %llu: %s", (unsigned long long)chunk,
+                  e && e->body_case == GNMR__ENVELOPE__BODY_ERROR
+                      ? e->error->message
+                      : "no reply");
+    ck_assert_uint_eq(e->admin_reply->chunk, chunk);
+    n = strlen(e->admin_reply->json);
+    ck_assert(len + n < cap);
+    memcpy(text + len, e->admin_reply->json, n);
+    len += n;
+    more = e->admin_reply->more;
+    gnmr__wire_free(&e);
+    chunk++;
+  }
+  ck_assert_uint_ge(chunk, 3);
+  json_error_t jerr;
+  json_t *doc = json_loadb(text, len, 0, &jerr);
+  ck_assert_msg(doc != NULL, "export is not JSON: %s", jerr.text);
+  ck_assert_uint_eq(json_array_size(json_object_get(doc, "events")),
+                    (size_t)EVENTS);
+  json_decref(doc);
+  free(text);
+  /* finished: the id is gone for everyone */
+  raw_admin(&po, "export", "big", s1, chunk);
+  expect_error(&po, GNMR_E_NOJOB, "no such export stream");
+  raw_close(&po);
+  raw_close(&p2);
+  raw_close(&pa);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+/* Every allow-list mistake is refused at start with file:line, and none
+ * widens a key's rights: a line longer than the reader's buffer (whose
+ * tail fgets would have read as a grant of its own), a NUL byte, a key
+ * listed twice, two roles or two patterns on one line, an empty pattern,
+ * an unknown word=value. */
+START_TEST(allow_list_mistakes_are_refused_with_their_line) {
+  char dir[200], path[260], err[400];
+  snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+  keypair a = keygen(dir, "a"), b = keygen(dir, "b");
+  snprintf(path, sizeof path, "%s/allowed", dir);
+  char pad[700];
+  memset(pad, 'x', sizeof pad - 1);
+  pad[sizeof pad - 1] = '\0';
+  struct {
+    char text[2000];
+    const char *part;
+  } cases[8];
+  int n = 0;
+  /* a comment of 600 bytes whose tail is "KEY role=operator" */
+  snprintf(cases[n].text, sizeof cases[n].text,
+           "%s role=agent\n# %.*s%s role=operator\n", a.pub, 470, pad,
+           b.pub);
+  cases[n++].part = ":2: a NUL byte or a line longer than 511 bytes";
+  snprintf(cases[n].text, sizeof cases[n].text, "%s agent %s\n", a.pub, pad);
+  cases[n++].part = ":1: a NUL byte or a line longer than 511 bytes";
+  snprintf(cases[n].text, sizeof cases[n].text,
+           "%s role=agent\n%s role=operator\n", a.pub, a.pub);
+  cases[n++].part = ":2: this key is listed already (line 1)";
+  snprintf(cases[n].text, sizeof cases[n].text,
+           "%s role=agent role=operator\n", a.pub);
+  cases[n++].part = ":1: two role= words";
+  snprintf(cases[n].text, sizeof cases[n].text,
+           "%s role=agent jobs=a* jobs=*\n", a.pub);
+  cases[n++].part = ":1: jobs= takes one non-empty pattern";
+  snprintf(cases[n].text, sizeof cases[n].text, "%s role=agent jobs=\n",
+           a.pub);
+  cases[n++].part = ":1: jobs= takes one non-empty pattern";
+  snprintf(cases[n].text, sizeof cases[n].text, "%s role=agent Role=boss\n",
+           a.pub);
+  cases[n++].part = ":1: unknown word with '='";
+  for (int i = 0; i < n; i++) {
+    tu_write_file(path, cases[i].text);
+    gnmr_allow al;
+    ck_assert_msg(gnmr__allow_load(path, &al, err, sizeof err) ==
+                      GNMR_E_PARSE,
+                  "case %d was accepted", i);
+    ck_assert_msg(strstr(err, cases[i].part) != NULL, "case %d: '%s' lacks "
+                  "'%s'", i, err, cases[i].part);
+  }
+  /* a NUL byte inside a line */
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "%s role=agent", a.pub);
+  fputc('\0', f);
+  fprintf(f, "\n%s role=operator\n", b.pub);
+  fclose(f);
+  gnmr_allow al;
+  ck_assert_int_eq(gnmr__allow_load(path, &al, err, sizeof err),
+                   GNMR_E_PARSE);
+  ck_assert_msg(strstr(err, ":1: a NUL byte"), "%s", err);
+  /* gnmrd refuses to start on such a file, naming the line */
+  tu_write_file(path, cases[0].text);
+  keypair server = keygen(dir, "server");
+  char *argv[] = {"gnmrd", "--curve-key", server.path, "--curve-allow", path,
+                  "--check-config", "/dev/null", NULL};
+  run_result r = tu_run("gnmrd", argv, NULL);
+  ck_assert_int_ne(r.code, 0);
+  ck_assert_msg(strstr(r.err, ":2: a NUL byte or a line longer"), "%s",
+                r.err);
+  tu_run_free(&r);
+  /* and a correct list still loads, its rights as written */
+  snprintf(cases[0].text, sizeof cases[0].text,
+           "%s a team role=agent jobs=a-*\n%s role=operator\n", a.pub,
+           b.pub);
+  tu_write_file(path, cases[0].text);
+  ck_assert_int_eq(gnmr__allow_load(path, &al, err, sizeof err), GNMR_OK);
+  ck_assert(!gnmr__allow_operator(&al, a.pub) &&
+            gnmr__allow_operator(&al, b.pub));
+  ck_assert(gnmr__allow_may(&al, a.pub, b.pub, "a-1") &&
+            !gnmr__allow_may(&al, a.pub, b.pub, "b-1"));
+  ck_assert_str_eq(gnmr__allow_find(&al, a.pub)->name, "a team");
+  gnmr__allow_free(&al);
+  tu_rmrf(dir);
+}
+END_TEST
+
 /* Whether `gnmrctl jobs` (as k) shows job in state within ms. */
 static int job_state_is(const tu_daemon *d, const char *server_pub,
                         const keypair *k, const char *job, const char *state,
@@ -668,6 +850,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, keygen_writes_a_private_pair_and_never_overwrites);
   tcase_add_test(tc, only_listed_keys_are_served_and_refusals_are_counted);
   tcase_add_test(tc, tenants_see_and_touch_only_their_own_jobs);
+  tcase_add_test(tc, an_export_stream_is_its_openers_and_has_no_holes);
+  tcase_add_test(tc, allow_list_mistakes_are_refused_with_their_line);
   tcase_add_test(tc, a_job_name_stays_its_owners_after_the_job_ends);
   tcase_add_test(tc, one_tenant_cannot_take_every_job_or_unit);
   tcase_add_test(tc, curve_setup_errors_and_network_endpoints_without_curve);

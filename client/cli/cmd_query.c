@@ -220,23 +220,33 @@ static const char usage[] =
 static int export_stream(const cli_globals *g, Gnmr__Envelope *req,
                          Gnmr__Envelope *env, int timeout) {
   int code = CLI_OK;
-  for (;;) {
+  for (uint64_t want = 0;; want++) {
     const Gnmr__AdminReply *rep = env->admin_reply;
+    if (rep->chunk != want) { /* a chunk went elsewhere: never a hole */
+      fprintf(stderr, "gnmrctl export: chunk %llu came where %llu was "
+              "expected: the export is incomplete\n",
+              (unsigned long long)rep->chunk, (unsigned long long)want);
+      gnmr__wire_free(&env);
+      return CLI_FAIL;
+    }
     size_t n = strlen(rep->json);
     if (fwrite(rep->json, 1, n, stdout) != n)
       code = CLI_FAIL;
     int more = rep->more;
     req->admin_request->stream = rep->stream;
+    req->admin_request->chunk = want + 1;
     gnmr__wire_free(&env);
     if (!more || code != CLI_OK)
       break;
     if ((env = cli_admin_call(g, req, timeout)) == NULL)
       return CLI_FAIL;
     if (env->body_case != GNMR__ENVELOPE__BODY_ADMIN_REPLY) {
-      fprintf(stderr, "gnmrctl export: %s\n",
+      fprintf(stderr, "gnmrctl export: %s (after %llu chunks: the export "
+              "is incomplete)\n",
               env->body_case == GNMR__ENVELOPE__BODY_ERROR
                   ? env->error->message
-                  : "unexpected reply from gnmrd");
+                  : "unexpected reply from gnmrd",
+              (unsigned long long)want + 1);
       gnmr__wire_free(&env);
       return CLI_FAIL;
     }
