@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -21,7 +22,37 @@ int gnmr__ipc_abstract(const char *ep) {
   return p != NULL && p[0] == '@';
 }
 
+/* Below this uid an account is a system one (Debian's FIRST_SYSTEM_UID
+ * .. LAST_SYSTEM_UID, login.defs' UID_MIN): what a service such as
+ * systemd's User=gnmr runs as, and what no ordinary local user is. */
+#define GNMR_FIRST_USER_UID 1000u
+
+static int dir_check(const char *ep, int peer, char *err, size_t errlen);
+
 int gnmr__ipc_dir_check(const char *ep, char *err, size_t errlen) {
+  return dir_check(ep, 0, err, errlen);
+}
+
+int gnmr__ipc_dir_check_peer(const char *ep, char *err, size_t errlen) {
+  int rv = GNMR_OK;
+  char *list = strdup(ep ? ep : ""), *save = NULL;
+  if (list == NULL)
+    return GNMR_E_NOMEM;
+  for (char *one = strtok_r(list, ",", &save); one != NULL && rv != GNMR_E_INVAL;
+       one = strtok_r(NULL, ",", &save)) {
+    int r = dir_check(one, 1, err, errlen);
+    if (r == GNMR_E_INVAL) {
+      char why[600];
+      snprintf(why, sizeof why, "%s", err);
+      snprintf(err, errlen, "refusing %s: %s", one, why);
+      rv = r;
+    }
+  }
+  free(list);
+  return rv;
+}
+
+static int dir_check(const char *ep, int peer, char *err, size_t errlen) {
   const char *p = ipc_path(ep);
   if (p == NULL || p[0] == '@')
     return GNMR_OK;
@@ -48,10 +79,13 @@ int gnmr__ipc_dir_check(const char *ep, char *err, size_t errlen) {
     snprintf(err, errlen, "%s is not a directory", dir);
     return GNMR_E_INVAL;
   }
-  if (st.st_uid != geteuid() && st.st_uid != 0) {
-    snprintf(err, errlen, "%s belongs to uid %u, not to this user (uid %u) "
-             "or root: its owner could sit between gnmrd and its peers",
-             dir, (unsigned)st.st_uid, (unsigned)geteuid());
+  if (st.st_uid != geteuid() && st.st_uid != 0 &&
+      (!peer || st.st_uid >= GNMR_FIRST_USER_UID)) {
+    snprintf(err, errlen, "%s belongs to uid %u, not to this user (uid %u)"
+             "%s: its owner could sit between gnmrd and its peers", dir,
+             (unsigned)st.st_uid, (unsigned)geteuid(),
+             peer ? ", root or a system account (a service's user)"
+                  : " or root");
     return GNMR_E_INVAL;
   }
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX)) {

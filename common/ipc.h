@@ -14,6 +14,15 @@
  * when it is not safe; the reason in err. */
 int gnmr__ipc_dir_check(const char *endpoint, char *err, size_t errlen);
 
+/* The same for a peer that connects (an agent, gnmrctl), over a list of
+ * endpoints: the directory may also belong to a system account (below
+ * uid 1000: the user a packaged gnmrd runs as, /run/gnmr), never to
+ * another ordinary user, who could serve there as gnmrd. GNMR_E_INVAL
+ * with "refusing ENDPOINT: why" for the first unsafe one; a missing
+ * directory is not an error here (gnmrd may not have started yet). */
+int gnmr__ipc_dir_check_peer(const char *endpoints, char *err,
+                             size_t errlen);
+
 /* 1 for an abstract ipc://@name endpoint (no file, no permissions: any
  * local user can connect). */
 int gnmr__ipc_abstract(const char *endpoint);

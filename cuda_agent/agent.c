@@ -114,7 +114,7 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
     return GNMR_E_INVAL;
   *out = NULL;
   if ((rv = gnmr__agent_check_config(cfg)) != GNMR_OK)
-    return GNMR_E_INVAL;
+    return rv == GNMR_E_DENIED ? rv : GNMR_E_INVAL;
   if ((a = calloc(1, sizeof *a)) == NULL)
     return GNMR_E_NOMEM;
   rv = GNMR_E_NOMEM;

@@ -26,8 +26,11 @@ uint64_t gnmr__now_ms(void) {
 }
 
 int gnmr_endpoint_check(const char *endpoints, char *why, size_t cap) {
-  char buf[512];
+  char buf[700];
   int rv = gnmr__endpoint_check(endpoints, 0, buf, sizeof buf);
+  if (rv == GNMR_OK &&
+      gnmr__ipc_dir_check_peer(endpoints, buf, sizeof buf) == GNMR_E_INVAL)
+    rv = GNMR_E_DENIED; /* another user's socket directory, say */
   if (why != NULL && cap > 0)
     snprintf(why, cap, "%s", rv == GNMR_OK ? "" : buf);
   return rv;
@@ -35,7 +38,10 @@ int gnmr_endpoint_check(const char *endpoints, char *why, size_t cap) {
 
 int gnmr__agent_check_config(const gnmr_agent_config *c) {
   policy_params p;
-  if (c == NULL || gnmr_endpoint_check(c->endpoint, NULL, 0) != GNMR_OK ||
+  int erv = c != NULL ? gnmr_endpoint_check(c->endpoint, NULL, 0) : GNMR_OK;
+  if (erv == GNMR_E_DENIED)
+    return erv; /* a socket directory another user could serve from */
+  if (c == NULL || erv != GNMR_OK ||
       !gnmr__printable(c->job, GNMR_MAX_JOB_NAME) || c->reporters == 0 ||
       c->rank >= c->reporters || c->n_units == 0 || c->unit_names == NULL ||
       c->fallback_route > GNMR_ROUTE_HIGH || c->barrier_ms > 600000 ||

@@ -12,6 +12,8 @@
 #include <zmq.h>
 
 #include "agent_priv.h"
+#include "gnmr/error.h"
+#include "ipc.h"
 
 /* A report waiting for the daemon's Welcome. */
 typedef struct held_msg {
@@ -37,9 +39,39 @@ typedef struct io_state {
   zmq_msg_t inflight;
   int have_inflight;
   uint64_t inflight_step;
+  /* the socket directory failed the peer check (another user's, say):
+   * no Hello goes and nothing that comes is read, until it passes */
+  int untrusted;
 } io_state;
 
+/* Whether the endpoints' socket directories are still safe to talk
+ * through: another local user who made a directory where gnmrd's would be
+ * could serve there as gnmrd, get this rank's Hello and send it decisions.
+ * Checked before every Hello, so that a directory made after the agent
+ * opened is refused too; the reason is the agent's last error (DENIED). */
+static int endpoints_trusted(gnmr_agent *a, io_state *io) {
+  char why[700];
+  if (gnmr__ipc_dir_check_peer(a->endpoint, why, sizeof why) !=
+      GNMR_E_INVAL) {
+    io->untrusted = 0;
+    return 1;
+  }
+  if (!io->untrusted) {
+    atomic_fetch_add(&a->errors, 1);
+    atomic_store(&a->last_error, GNMR_E_DENIED);
+    pthread_mutex_lock(&a->err_mu);
+    snprintf(a->last_error_text, sizeof a->last_error_text, "%.*s",
+             (int)sizeof a->last_error_text - 1, why);
+    pthread_mutex_unlock(&a->err_mu);
+  }
+  io->untrusted = 1;
+  io->next_hello = gnmr__now_ms() + HELLO_REFUSED_MS;
+  return 0;
+}
+
 static void send_hello(gnmr_agent *a, io_state *io) {
+  if (!endpoints_trusted(a, io))
+    return;
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   Gnmr__Hello h = GNMR__HELLO__INIT;
   Gnmr__Params wp;
@@ -294,7 +326,8 @@ static void on_decision(gnmr_agent *a, io_state *io, const Gnmr__Decision *d) {
 static void on_message(gnmr_agent *a, io_state *io, const void *buf,
                        size_t len) {
   Gnmr__Envelope *env;
-  if (gnmr__wire_decode(buf, len, &env, NULL, 0) != GNMR_OK)
+  if (io->untrusted ||
+      gnmr__wire_decode(buf, len, &env, NULL, 0) != GNMR_OK)
     return;
   switch (env->body_case) {
   case GNMR__ENVELOPE__BODY_WELCOME:

@@ -695,6 +695,72 @@ START_TEST(socket_directories_like_ssh_agent) {
 }
 END_TEST
 
+/* Another local user who makes the directory where gnmrd's socket would be
+ * (a private /tmp's /tmp/gnmr-UID, say) and serves there gets no Hello and
+ * can send no decision: the agent checks the socket directory as gnmrd
+ * does, at open and again before every Hello. Root stands in for both
+ * users: a real gnmrd serves in a directory then given to uid 12345. */
+START_TEST(an_agent_will_not_join_through_another_users_directory) {
+  if (geteuid() != 0) {
+    fprintf(stderr, "an_agent_will_not_join_through_another_users_directory"
+                    ": SKIPPED: not root (it makes a directory another "
+                    "user owns)\n");
+    return;
+  }
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  char theirs[300], later[300], ep[400], ep_later[400];
+  snprintf(theirs, sizeof theirs, "%s/theirs", d.dir);
+  snprintf(later, sizeof later, "%s/later", d.dir);
+  ck_assert_int_eq(mkdir(theirs, 0755), 0);
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", theirs);
+  snprintf(ep_later, sizeof ep_later, "ipc://%s/agents.sock", later);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, NULL);
+  ck_assert_int_eq(chown(theirs, 12345, 12345), 0);
+  static const char *names[] = {"u"};
+  gnmr_agent_config c = {0};
+  c.endpoint = ep;
+  c.job = "victim";
+  c.reporters = 1;
+  c.unit_names = names;
+  c.n_units = 1;
+  gnmr_params_default(&c.params);
+  char why[800];
+  /* at open: refused, saying whose directory it is */
+  ck_assert_int_eq(gnmr_endpoint_check(ep, why, sizeof why), GNMR_E_DENIED);
+  ck_assert_msg(strstr(why, "belongs to uid 12345") &&
+                    strstr(why, "refusing ipc://"),
+                "%s", why);
+  gnmr_agent *a = NULL;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_DENIED);
+  ck_assert_ptr_null(a);
+  /* a directory that appears after the agent opened: no Hello goes */
+  c.endpoint = ep_later;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  ck_assert_int_eq(rename(theirs, later), 0); /* gnmrd's socket with it */
+  tu_sleep_ms(1500 * tu_slow());
+  ck_assert(!gnmr_agent_joined(a));
+  ck_assert_int_eq(gnmr_agent_last_error(a, why, sizeof why), GNMR_E_DENIED);
+  ck_assert_msg(strstr(why, "belongs to uid 12345"), "%s", why);
+  char adm[300];
+  snprintf(adm, sizeof adm, "--admin=%s", d.admin);
+  char *st[] = {"gnmrctl", adm, "stats", "--json", NULL};
+  run_result r = tu_run("gnmrctl", st, NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  ck_assert_msg(strstr(r.out, "\"hellos\":0,") != NULL,
+                "gnmrd got a Hello: %s", r.out);
+  tu_run_free(&r);
+  /* the directory given back to this user: the same agent joins */
+  ck_assert_int_eq(chown(later, 0, 0), 0);
+  for (int i = 0; i < 250 * tu_slow() && !gnmr_agent_joined(a); i++)
+    tu_sleep_ms(40);
+  ck_assert(gnmr_agent_joined(a));
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(a_second_gnmrd_does_not_take_over_a_live_socket) {
   tu_daemon a = {0};
   tu_daemon_start(&a);
@@ -819,6 +885,7 @@ static Suite *suite(void) {
   tcase_add_test(live, held_bytes_are_capped_and_freed_by_decisions);
   tcase_add_test(live, idle_jobs_are_retired_and_their_slot_freed);
   tcase_add_test(live, socket_directories_like_ssh_agent);
+  tcase_add_test(live, an_agent_will_not_join_through_another_users_directory);
   tcase_add_test(live, a_second_gnmrd_does_not_take_over_a_live_socket);
   tcase_add_test(live, key_files_others_can_read_or_change_are_refused);
   tcase_add_test(live, a_damaged_database_is_refused_at_start);

@@ -52,8 +52,8 @@ Gnmr__Envelope *cli_admin_call(const cli_globals *g, Gnmr__Envelope *req,
     zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec, 41);
   }
   char why[600];
-  if (gnmr__ipc_dir_check(endpoint, why, sizeof why) == GNMR_E_INVAL) {
-    fprintf(stderr, "gnmrctl: refusing %s: %s\n", endpoint, why);
+  if (gnmr__ipc_dir_check_peer(endpoint, why, sizeof why) == GNMR_E_INVAL) {
+    fprintf(stderr, "gnmrctl: %s\n", why);
     goto out;
   }
   if (zmq_connect(s, endpoint) != 0) {

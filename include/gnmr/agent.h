@@ -101,7 +101,8 @@ GNMR_EXPORT void gnmr_params_default(gnmr_params *p);
  * I/O thread, which connects and joins the job in the background (no daemon
  * is not an error). On success *out owns the agent (gnmr_agent_close); on
  * failure *out is NULL. Errors: GNMR_E_INVAL (bad config, names the field
- * nowhere: see the header), GNMR_E_NOMEM, GNMR_E_IO (socket setup). */
+ * nowhere: see the header), GNMR_E_DENIED (an unsafe socket directory:
+ * gnmr_endpoint_check says why), GNMR_E_NOMEM, GNMR_E_IO (socket setup). */
 GNMR_EXPORT int gnmr_agent_open(const gnmr_agent_config *cfg,
                                 gnmr_agent **out);
 
@@ -208,7 +209,12 @@ GNMR_EXPORT int gnmr_agent_last_error(gnmr_agent *a, char *buf, size_t cap);
 /* Whether endpoints (what gnmr_agent_config.endpoint takes: ipc://PATH,
  * tcp://HOST:PORT, or a comma-separated list of them) is well formed:
  * GNMR_OK, or GNMR_E_INVAL with, in why (cap bytes, may be NULL), what is
- * wrong and the forms accepted. gnmr_agent_open checks the same. */
+ * wrong and the forms accepted; GNMR_E_DENIED when an ipc:// socket
+ * directory is one another user could serve from as gnmrd (a symlink,
+ * writable by others, or owned by another ordinary user: only this user,
+ * root and system accounts below uid 1000 may own it). gnmr_agent_open
+ * checks the same, and the agent checks the directories again before
+ * every Hello (refused: gnmr_agent_last_error says why, code DENIED). */
 GNMR_EXPORT int gnmr_endpoint_check(const char *endpoints, char *why,
                                     size_t cap);
 

@@ -35,6 +35,7 @@ class GnmrError(Exception):
 
 
 _CLOSED = -13  # GNMR_E_CLOSED
+_DENIED = -21  # GNMR_E_DENIED
 
 
 def _check(rv, what):
@@ -142,9 +143,13 @@ class Agent:
             if rv != 0:
                 raise GnmrError(rv, f"environment variable "
                                     f"{bad.value.decode()}")
-        why = ctypes.create_string_buffer(512)
-        if lib().gnmr_endpoint_check(cfg.endpoint, why, len(why)) != 0:
-            raise ValueError(f"endpoint: {why.value.decode()}")
+        why = ctypes.create_string_buffer(1024)
+        erv = lib().gnmr_endpoint_check(cfg.endpoint, why, len(why))
+        if erv != 0:
+            text = why.value.decode(errors="replace")
+            if erv == _DENIED:
+                raise PermissionError(f"endpoint: {text}")
+            raise ValueError(f"endpoint: {text}")
         _check(lib().gnmr_agent_open(ctypes.byref(cfg), ctypes.byref(self._a)),
                f"gnmr_agent_open (endpoint {cfg.endpoint.decode()}, job "
                f"{cfg.job.decode()!r}, rank {cfg.rank}/{cfg.reporters})")
