@@ -372,16 +372,20 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
    * without RANK). The old connection is probed with its own Welcome: a
    * gone peer fails at once (ROUTER_MANDATORY), a live one gets a harmless
    * repeat. The same agent reconnecting replaces its connection. */
+  /* A Hello that says no instance is never the same agent as one that
+   * did: leaving it out must not take over a joined rank. */
   if (pr == NULL && rr->joined && rr->conn != NULL &&
-      rr->instance != NULL && h->instance[0] != '\0' &&
-      strcmp(rr->instance, h->instance) != 0 &&
+      rr->instance != NULL &&
+      (h->instance[0] == '\0' || strcmp(rr->instance, h->instance) != 0) &&
       probe_live(d, j, rr, h->rank)) {
-    log_second_agent(d, c->name, h->rank, rr->instance, h->instance);
+    const char *other = h->instance[0] != '\0' ? h->instance
+                                                : "no instance given";
+    log_second_agent(d, c->name, h->rank, rr->instance, other);
     REFUSE(GNMR_E_MISMATCH, "rank",
            "rank %u of job %.64s is held by a live agent (%.80s); this "
            "agent (%.80s) is refused: the same job name run twice, or two "
            "processes with one rank (RANK unset?)", h->rank, c->name,
-           rr->instance, h->instance);
+           rr->instance, other);
   }
   /* Bind this connection to (job, rank), replacing an older connection. */
   if (pr == NULL) {

@@ -103,9 +103,11 @@ static inline void expect_silence(raw_peer *p) {
                 env ? (int)env->body_case : 0);
 }
 
-static inline void hello_x(raw_peer *p, const char *job, uint32_t rank,
-                    uint32_t reporters, char **units, size_t n, double alpha,
-                    uint32_t barrier_ms, int observer) {
+/* A Hello as an agent that names itself `instance` ("" : none). */
+static inline void hello_xi(raw_peer *p, const char *job, uint32_t rank,
+                            uint32_t reporters, char **units, size_t n,
+                            double alpha, uint32_t barrier_ms, int observer,
+                            const char *instance) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   Gnmr__Hello h = GNMR__HELLO__INIT;
   Gnmr__Params wp;
@@ -123,9 +125,17 @@ static inline void hello_x(raw_peer *p, const char *job, uint32_t rank,
   h.params = &wp;
   h.barrier_ms = barrier_ms;
   h.observer = observer;
+  h.instance = (char *)instance;
   env.body_case = GNMR__ENVELOPE__BODY_HELLO;
   env.hello = &h;
   raw_send_env(p, &env);
+}
+
+static inline void hello_x(raw_peer *p, const char *job, uint32_t rank,
+                    uint32_t reporters, char **units, size_t n, double alpha,
+                    uint32_t barrier_ms, int observer) {
+  hello_xi(p, job, rank, reporters, units, n, alpha, barrier_ms, observer,
+           "");
 }
 
 static inline void hello_b(raw_peer *p, const char *job, uint32_t rank,

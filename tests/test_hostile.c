@@ -761,6 +761,49 @@ START_TEST(an_agent_will_not_join_through_another_users_directory) {
 }
 END_TEST
 
+/* A joined rank is its agent's: a second live peer asking for it is
+ * refused whether it names another instance or none (leaving `instance`
+ * out used to take the rank over without CURVE); the same agent on a new
+ * connection gets it back. */
+START_TEST(a_hello_without_instance_does_not_take_over_a_rank) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  char *units[] = {"u"};
+  raw_peer p1 = raw_open(d.agents), p2 = raw_open(d.agents);
+  hello_xi(&p1, "held", 0, 1, units, 1, 2.0, 60000, 0, "host-a pid 1");
+  Gnmr__Envelope *w = expect_body(&p1, GNMR__ENVELOPE__BODY_WELCOME);
+  gnmr__wire_free(&w);
+  hello_xi(&p2, "held", 0, 1, units, 1, 2.0, 60000, 0, "");
+  expect_error(&p2, GNMR_E_MISMATCH, "is held by a live agent (host-a pid 1)"
+               "; this agent (no instance given)");
+  hello_xi(&p2, "held", 0, 1, units, 1, 2.0, 60000, 0, "host-b pid 2");
+  expect_error(&p2, GNMR_E_MISMATCH, "this agent (host-b pid 2)");
+  /* the rank's reports still come from p1 and are decided for it */
+  double s1[1] = {4};
+  report(&p1, "held", 0, 1, s1, 1, NULL, 0);
+  Gnmr__Envelope *e;
+  while ((e = raw_recv(&p1, raw_reply_ms())) != NULL &&
+         e->body_case == GNMR__ENVELOPE__BODY_WELCOME)
+    gnmr__wire_free(&e); /* the liveness probes' repeats */
+  ck_assert_msg(e != NULL && e->body_case == GNMR__ENVELOPE__BODY_DECISION,
+                "no decision for the rank's own agent");
+  gnmr__wire_free(&e);
+  /* p2 sends nothing as rank 0: its report is from no joined agent */
+  report(&p2, "held", 0, 2, s1, 1, NULL, 0);
+  expect_error(&p2, GNMR_E_NOJOB, "send Hello first");
+  /* the same instance on a new connection replaces the old one */
+  raw_peer p3 = raw_open(d.agents);
+  hello_xi(&p3, "held", 0, 1, units, 1, 2.0, 60000, 0, "host-a pid 1");
+  w = expect_body(&p3, GNMR__ENVELOPE__BODY_WELCOME);
+  gnmr__wire_free(&w);
+  raw_close(&p1);
+  raw_close(&p2);
+  raw_close(&p3);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(a_second_gnmrd_does_not_take_over_a_live_socket) {
   tu_daemon a = {0};
   tu_daemon_start(&a);
@@ -886,6 +929,7 @@ static Suite *suite(void) {
   tcase_add_test(live, idle_jobs_are_retired_and_their_slot_freed);
   tcase_add_test(live, socket_directories_like_ssh_agent);
   tcase_add_test(live, an_agent_will_not_join_through_another_users_directory);
+  tcase_add_test(live, a_hello_without_instance_does_not_take_over_a_rank);
   tcase_add_test(live, a_second_gnmrd_does_not_take_over_a_live_socket);
   tcase_add_test(live, key_files_others_can_read_or_change_are_refused);
   tcase_add_test(live, a_damaged_database_is_refused_at_start);
