@@ -52,6 +52,43 @@ int gnmr__ipc_dir_check_peer(const char *ep, char *err, size_t errlen) {
   return rv;
 }
 
+/* Whoever may rename or replace a directory on the way to the socket's
+ * (its owner, or anyone where it is writable and not sticky) may put
+ * another directory, and another gnmrd, in its place: every directory above
+ * it, symbolic links resolved (/var/run -> /run), must pass the owner and
+ * mode rules too, as sshd's StrictModes asks of a home directory. */
+static int ancestors_check(const char *dir, int peer, char *err,
+                           size_t errlen) {
+  char up[4200], *real;
+  snprintf(up, sizeof up, "%s/..", dir);
+  if ((real = realpath(up, NULL)) == NULL)
+    return GNMR_OK; /* the directory itself was checked; nothing above */
+  for (;;) {
+    struct stat st;
+    if (stat(real, &st) == 0) {
+      int owner_ok = st.st_uid == geteuid() || st.st_uid == 0 ||
+                     (peer && st.st_uid < GNMR_FIRST_USER_UID);
+      int mode_ok = !(st.st_mode & (S_IWGRP | S_IWOTH)) ||
+                    (st.st_mode & S_ISVTX);
+      if (!owner_ok || !mode_ok) {
+        snprintf(err, errlen, "%s, above the socket directory %s, %s: they "
+                 "could move the socket directory away and put their own "
+                 "in its place", real, dir,
+                 !owner_ok ? "belongs to another user" : "is writable by "
+                                                         "others");
+        free(real);
+        return GNMR_E_INVAL;
+      }
+    }
+    char *slash = strrchr(real, '/');
+    if (slash == NULL || slash == real)
+      break;
+    *slash = '\0';
+  }
+  free(real);
+  return GNMR_OK;
+}
+
 static int dir_check(const char *ep, int peer, char *err, size_t errlen) {
   const char *p = ipc_path(ep);
   if (p == NULL || p[0] == '@')
@@ -94,7 +131,7 @@ static int dir_check(const char *ep, int peer, char *err, size_t errlen) {
              (unsigned)(st.st_mode & 07777));
     return GNMR_E_INVAL;
   }
-  return GNMR_OK;
+  return ancestors_check(dir, peer, err, errlen);
 }
 
 int gnmr__ipc_free(const char *ep, char *err, size_t errlen) {

@@ -105,9 +105,10 @@ static void default_dirs(char *run, size_t rcap, char *data, size_t dcap) {
     snprintf(data, dcap, "/var/lib/gnmr");
   else if ((e = getenv("XDG_STATE_HOME")) != NULL)
     snprintf(data, dcap, "%s/gnmr", e);
+  else if ((e = getenv("HOME")) != NULL && e[0] == '/')
+    snprintf(data, dcap, "%s/.local/state/gnmr", e);
   else
-    snprintf(data, dcap, "%s/.local/state/gnmr",
-             getenv("HOME") ? getenv("HOME") : "/tmp");
+    data[0] = '\0'; /* not /tmp/.local/state: a place others can make */
 }
 
 /* For ipc:// endpoints, creates the socket's directory. */
@@ -355,6 +356,12 @@ int main(int argc, char **argv) {
       snprintf(cfg.admin, sizeof cfg.admin, "ipc://%.1000s/admin.sock", run);
   }
   const char *data_dir = cfg.data_dir;
+  if (data_dir[0] == '\0') {
+    fprintf(stderr, "gnmrd: no data directory: give --data-dir (or "
+            "data_dir in the configuration); HOME, XDG_STATE_HOME and "
+            "STATE_DIRECTORY are all unset\n");
+    return check_path != NULL ? 1 : 2;
+  }
 
   /* every check of the settings, for --check-config as for a start */
   char curve_pub[41], curve_sec[41];

@@ -665,6 +665,32 @@ START_TEST(socket_directories_like_ssh_agent) {
     ck_assert_int_ne(r.code, 0);
     ck_assert_msg(strstr(r.err, "refusing"), "%s", r.err);
     tu_run_free(&r);
+    /* our own directory inside theirs: they could move ours away */
+    char inner[300];
+    snprintf(inner, sizeof inner, "%s/ours", theirs);
+    ck_assert_int_eq(mkdir(inner, 0700), 0);
+    snprintf(sock, sizeof sock, "ipc://%.200s/agents.sock", inner);
+    char *a5[] = {"--data-dir", data, "--agents", sock, "--admin", adm, NULL};
+    r = gnmrd_refuses(a5);
+    ck_assert_int_eq(r.code, 2);
+    ck_assert_msg(strstr(r.err, "above the socket directory") &&
+                      strstr(r.err, "belongs to another user"),
+                  "%s", r.err);
+    tu_run_free(&r);
+    /* and one under a directory others may write (not sticky) */
+    char wide[300], deep[340];
+    snprintf(wide, sizeof wide, "%s/wide", dir);
+    snprintf(deep, sizeof deep, "%s/ours", wide);
+    ck_assert_int_eq(mkdir(wide, 0700), 0);
+    ck_assert_int_eq(chmod(wide, 0777), 0);
+    ck_assert_int_eq(mkdir(deep, 0700), 0);
+    snprintf(sock, sizeof sock, "ipc://%.200s/agents.sock", deep);
+    char *a6[] = {"--data-dir", data, "--agents", sock, "--admin", adm, NULL};
+    r = gnmrd_refuses(a6);
+    ck_assert_int_eq(r.code, 2);
+    ck_assert_msg(strstr(r.err, "is writable by others: they could move"),
+                  "%s", r.err);
+    tu_run_free(&r);
   } else {
     fprintf(stderr, "socket_directories_like_ssh_agent: not root, the "
                     "another-owner case is skipped\n");

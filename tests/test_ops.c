@@ -5,6 +5,8 @@
  * through systemd-analyze verify, and the agent's environment variables. */
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <zmq.h>
 
 #include "counters.h"
@@ -305,6 +307,57 @@ static char *http_get(const char *url, int *status) {
   return buf;
 }
 
+/* With no environment at all (a cron job, env -i) and no --data-dir, an
+ * unprivileged gnmrd used to keep its history in /tmp/.local/state, where
+ * any local user could have made the directories first: it refuses to
+ * start and says what to give. Root stands in for such a user with uid
+ * 65534. */
+START_TEST(no_environment_means_no_guessed_data_directory) {
+  char errp[] = "/tmp/gnmr-noenv-XXXXXX", path[512], src[512];
+  int efd = mkstemp(errp);
+  ck_assert_int_ge(efd, 0);
+  /* a copy where uid 65534 can run it (the build may be in a 0700 home) */
+  char *dir = strdup(tu_tmpdir());
+  ck_assert_int_eq(chmod(dir, 0755), 0);
+  snprintf(src, sizeof src, "%s/gnmrd", tu_bin_dir());
+  snprintf(path, sizeof path, "%s/gnmrd", dir);
+  {
+    char *cp[] = {"cp", src, path, NULL};
+    pid_t c = fork();
+    if (c == 0) {
+      execvp("cp", cp);
+      _exit(127);
+    }
+    int cst;
+    ck_assert(waitpid(c, &cst, 0) == c && WIFEXITED(cst) &&
+              WEXITSTATUS(cst) == 0);
+  }
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    dup2(efd, 2);
+    clearenv();
+    if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0))
+      _exit(98);
+    char *argv[] = {path, NULL};
+    execv(path, argv);
+    _exit(97);
+  }
+  int st;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d", st);
+  char buf[600] = "";
+  ssize_t n = pread(efd, buf, sizeof buf - 1, 0);
+  buf[n > 0 ? n : 0] = '\0';
+  close(efd);
+  unlink(errp);
+  ck_assert_msg(strstr(buf, "no data directory: give --data-dir"), "%s", buf);
+  ck_assert_int_ne(access("/tmp/.local/state/gnmr", F_OK), 0);
+  tu_rmrf(dir);
+  free(dir);
+}
+END_TEST
+
 START_TEST(metrics_endpoint_serves_valid_prometheus_text) {
   tu_daemon d = {0};
   char *extra[] = {"--metrics", "127.0.0.1:0", NULL};
@@ -422,6 +475,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, unit_file_passes_systemd_analyze_verify);
   tcase_add_test(tc, agent_settings_come_from_the_environment);
   tcase_add_test(tc, metrics_endpoint_serves_valid_prometheus_text);
+  tcase_add_test(tc, no_environment_means_no_guessed_data_directory);
   suite_add_tcase(s, tc);
   return s;
 }
