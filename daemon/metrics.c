@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "gnmr/error.h"
+#include "keys.h"
 #include "log.h"
 #include "text.h"
 
@@ -84,6 +85,17 @@ static const char *label(const char *raw, char *buf, size_t cap) {
     }
   }
   buf[k] = '\0';
+  return buf;
+}
+
+/* A job's labels: job="NAME", or run="ID" (tenancy: names stay private). */
+static const char *job_label(const core_job *j, int by_run, char *buf,
+                             size_t cap) {
+  char lb[300];
+  if (by_run)
+    snprintf(buf, cap, "run=\"%llu\"", (unsigned long long)j->run);
+  else
+    snprintf(buf, cap, "job=\"%s\"", label(j->name, lb, sizeof lb));
   return buf;
 }
 
@@ -200,12 +212,17 @@ static void render(gnmrd *d, text *t) {
     histogram(t, "gnmr_store_commit_seconds", "Time of one batch commit.", b,
               count, sum);
   }
+  /* Any local user can read /metrics (plain HTTP on the loopback): with
+   * tenancy on, a job is labelled by its run id, never by its name, so that
+   * one tenant does not learn the others' job names; an operator maps run
+   * ids to names with gnmrctl jobs --json. */
+  int by_run = d->allow != NULL && d->allow->tenancy;
   put(t, "# HELP gnmr_job_step Last decided step of a job.\n"
          "# TYPE gnmr_job_step gauge\n");
-  char lb[300];
+  char lb[320];
   pos = 0;
   while ((j = core_next_job(&d->jobs, &pos)) != NULL)
-    put(t, "gnmr_job_step{job=\"%s\"} %llu\n", label(j->name, lb, sizeof lb),
+    put(t, "gnmr_job_step{%s} %llu\n", job_label(j, by_run, lb, sizeof lb),
         (unsigned long long)j->last_decided);
   put(t, "# HELP gnmr_job_active_units Units on the recovery path.\n"
          "# TYPE gnmr_job_active_units gauge\n");
@@ -213,14 +230,14 @@ static void render(gnmrd *d, text *t) {
   while ((j = core_next_job(&d->jobs, &pos)) != NULL) {
     view_gauges g;
     views_gauges(j, &g);
-    put(t, "gnmr_job_active_units{job=\"%s\"} %u\n",
-        label(j->name, lb, sizeof lb), g.active);
+    put(t, "gnmr_job_active_units{%s} %u\n",
+        job_label(j, by_run, lb, sizeof lb), g.active);
   }
   put(t, "# HELP gnmr_job_units Units of a job.\n"
          "# TYPE gnmr_job_units gauge\n");
   pos = 0;
   while ((j = core_next_job(&d->jobs, &pos)) != NULL)
-    put(t, "gnmr_job_units{job=\"%s\"} %u\n", label(j->name, lb, sizeof lb),
+    put(t, "gnmr_job_units{%s} %u\n", job_label(j, by_run, lb, sizeof lb),
         j->n_units);
 }
 

@@ -277,36 +277,6 @@ START_TEST(agent_settings_come_from_the_environment) {
 }
 END_TEST
 
-/* The metrics URL gnmrd printed. */
-static void metrics_url(const tu_daemon *d, char *url, size_t cap) {
-  char p[128];
-  snprintf(p, sizeof p, "%s/out", d->dir);
-  char *out = tu_read_file(p, NULL);
-  char *m = out ? strstr(out, "gnmrd: metrics ") : NULL;
-  ck_assert_msg(m != NULL, "gnmrd printed no metrics endpoint");
-  ck_assert_int_eq(sscanf(m, "gnmrd: metrics %255s", url), 1);
-  (void)cap;
-  free(out);
-}
-
-static char *http_get(const char *url, int *status) {
-  char cmd[512];
-  snprintf(cmd, sizeof cmd, "curl -s -w '\\n%%{http_code}' '%s'", url);
-  FILE *p = popen(cmd, "r");
-  ck_assert_ptr_nonnull(p);
-  size_t cap = 1 << 16, n = 0, r;
-  char *buf = malloc(cap);
-  while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0)
-    n += r;
-  buf[n] = '\0';
-  pclose(p);
-  char *last = strrchr(buf, '\n');
-  ck_assert_ptr_nonnull(last);
-  *status = atoi(last + 1);
-  *last = '\0';
-  return buf;
-}
-
 /* With no environment at all (a cron job, env -i) and no --data-dir, an
  * unprivileged gnmrd used to keep its history in /tmp/.local/state, where
  * any local user could have made the directories first: it refuses to
@@ -364,7 +334,7 @@ START_TEST(metrics_endpoint_serves_valid_prometheus_text) {
   snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
   tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
   char url[256];
-  metrics_url(&d, url, sizeof url);
+  tu_metrics_url(&d, url, sizeof url);
   /* a live job whose name needs escaping in a label */
   static const char *names[] = {"a", "b"};
   gnmr_agent_config c = {0};
@@ -383,7 +353,7 @@ START_TEST(metrics_endpoint_serves_valid_prometheus_text) {
     ck_assert_int_eq(gnmr_agent_wait(a, t, 5000 * tu_slow()), GNMR_OK);
   }
   int status;
-  char *text = http_get(url, &status);
+  char *text = tu_http_get(url, &status);
   ck_assert_int_eq(status, 200);
   ck_assert_ptr_nonnull(strstr(text, "gnmr_steps_decided_total 10\n"));
   ck_assert_ptr_nonnull(strstr(text, "gnmr_reports_total 10\n"));
@@ -454,7 +424,7 @@ START_TEST(metrics_endpoint_serves_valid_prometheus_text) {
   free(text);
   char other[300];
   snprintf(other, sizeof other, "%.*s/other", (int)(strlen(url) - 8), url);
-  text = http_get(other, &status);
+  text = tu_http_get(other, &status);
   ck_assert_int_eq(status, 404);
   free(text);
   gnmr_agent_close(&a);

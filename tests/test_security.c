@@ -414,7 +414,7 @@ START_TEST(tenants_see_and_touch_only_their_own_jobs) {
   snprintf(allow_path, sizeof allow_path, "%s/allowed", d.dir);
   tu_write_file(allow_path, allow);
   char *extra[] = {"--curve-key", server.path, "--curve-allow", allow_path,
-                   NULL};
+                   "--metrics", "127.0.0.1:0", NULL};
   tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
   gnmr_agent *a1 = curve_agent(d.agents, "alice-job", server.pub, &alice);
   gnmr_agent *a2 = curve_agent(d.agents, "alice-shared-1", server.pub,
@@ -424,6 +424,16 @@ START_TEST(tenants_see_and_touch_only_their_own_jobs) {
   for (uint64_t t = 1; t <= 3; t++) {
     ck_assert_int_eq(gnmr_agent_report_sums(a1, t, s, NULL, NULL), GNMR_OK);
     ck_assert_int_eq(gnmr_agent_wait(a1, t, 5000 * tu_slow()), GNMR_OK);
+  }
+  { /* /metrics, open to every local user, names no tenant's job */
+    char url[256];
+    int status;
+    tu_metrics_url(&d, url, sizeof url);
+    char *text = tu_http_get(url, &status);
+    ck_assert_int_eq(status, 200);
+    ck_assert_msg(strstr(text, "alice") == NULL, "%s", text);
+    ck_assert_msg(strstr(text, "gnmr_job_step{run=\"") != NULL, "%s", text);
+    free(text);
   }
   /* joining another tenant's job: refused, unless the grant matches */
   gnmr_agent *b1 = curve_observer(d.agents, "alice-job", server.pub, &bob);
@@ -450,6 +460,19 @@ START_TEST(tenants_see_and_touch_only_their_own_jobs) {
   r = ctl_as(&d, server.pub, &carol, "history", "alice-job", NULL);
   ck_assert_int_ne(r.code, 0);
   tu_run_free(&r);
+  /* every other query of the job: "unknown" to her, nothing of it shown */
+  static const char *reads[] = {"runs", "decisions", "units", "top",
+                                "status"};
+  for (size_t i = 0; i < sizeof reads / sizeof reads[0]; i++) {
+    r = ctl_as(&d, server.pub, &carol, (char *)reads[i], "alice-job", NULL);
+    ck_assert_msg(r.code != 0, "carol's %s of alice-job: %s", reads[i],
+                  r.out);
+    ck_assert_msg(strstr(r.err, "unknown job") || strstr(r.err, "no running"),
+                  "%s: %s", reads[i], r.err);
+    ck_assert_msg(strstr(r.out, "alice") == NULL && r.out[0] == '\0',
+                  "%s: %s", reads[i], r.out);
+    tu_run_free(&r);
+  }
   r = ctl_as(&d, server.pub, &alice, "status", "alice-job", NULL);
   ck_assert_msg(r.code == 0, "%s", r.err);
   tu_run_free(&r);

@@ -423,4 +423,36 @@ static inline void tu_wait_counter(const tu_daemon *d, const char *name,
   ck_assert_msg(v >= min, "%s is %lld, not %lld or more", name, v, min);
 }
 
+/* The metrics URL gnmrd printed (gnmrd --metrics HOST:PORT). */
+static inline void tu_metrics_url(const tu_daemon *d, char *url,
+                                  size_t cap) {
+  char p[128];
+  snprintf(p, sizeof p, "%s/out", d->dir);
+  char *out = tu_read_file(p, NULL);
+  char *m = out ? strstr(out, "gnmrd: metrics ") : NULL;
+  ck_assert_msg(m != NULL, "gnmrd printed no metrics endpoint");
+  ck_assert_int_eq(sscanf(m, "gnmrd: metrics %255s", url), 1);
+  (void)cap;
+  free(out);
+}
+
+/* GET url with curl: the body, and the HTTP status in *status. */
+static inline char *tu_http_get(const char *url, int *status) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "curl -s -w '\\n%%{http_code}' '%s'", url);
+  FILE *p = popen(cmd, "r");
+  ck_assert_ptr_nonnull(p);
+  size_t cap = 1 << 16, n = 0, r;
+  char *buf = malloc(cap);
+  while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0)
+    n += r;
+  buf[n] = '\0';
+  pclose(p);
+  char *last = strrchr(buf, '\n');
+  ck_assert_ptr_nonnull(last);
+  *status = atoi(last + 1);
+  *last = '\0';
+  return buf;
+}
+
 #endif /* GNMR_TESTUTIL_H */
