@@ -107,6 +107,12 @@ static const char *const schema_v4 =
     "CREATE INDEX IF NOT EXISTS events_by_unit ON events(run, unit, step);"
     "DROP INDEX IF EXISTS events_by_step;";
 
+/* Schema version 5: a run's decisions by step (gnmrctl decisions, plot,
+ * export), each step's latest pass found by (run, step) instead of by
+ * scanning the run's rows once per step: 20000 steps took 17 s. */
+static const char *const schema_v5 =
+    "CREATE INDEX IF NOT EXISTS steps_by_step ON steps(run, step, pass);";
+
 int64_t store__now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -239,7 +245,7 @@ int store__migrate(db_conn *db, char *err, size_t errlen) {
     static const struct {
       int version;
       const char *const *sql;
-    } pg_steps[] = {{4, &pg_schema_v4}};
+    } pg_steps[] = {{4, &pg_schema_v4}, {5, &schema_v5}};
     for (size_t i = 0; i < sizeof pg_steps / sizeof pg_steps[0]; i++)
       if (version < pg_steps[i].version &&
           migrate_to(db, pg_steps[i].version, *pg_steps[i].sql, err, errlen))
@@ -249,7 +255,7 @@ int store__migrate(db_conn *db, char *err, size_t errlen) {
       int version;
       const char *const *sql;
     } steps[] = {{1, &schema_v1}, {2, &schema_v2}, {3, &schema_v3},
-                 {4, &schema_v4}};
+                 {4, &schema_v4}, {5, &schema_v5}};
     for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
       if (version < steps[i].version &&
           migrate_to(db, steps[i].version, *steps[i].sql, err, errlen))

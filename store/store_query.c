@@ -139,6 +139,8 @@ static const char decisions_sql[] =
     " AND ?3 AND pass=(SELECT MAX(pass) FROM steps WHERE run=?1 AND "
     "step=s.step) ORDER BY step";
 
+const char *store_query_decisions_sql(void) { return decisions_sql; }
+
 /* An agent's events (agent_joined, agent_left) keep its rank in the
  * unit column: shown as rank, with no unit. */
 #define AGENT_EVENT "e.kind IN ('agent_joined', 'agent_left')"

@@ -49,6 +49,8 @@ void store_query_fail(store_query *q, int code, const char *fmt, ...)
  * EXPLAIN QUERY PLAN in the tests. Returns buf. */
 const char *store_query_history_sql(int by_unit, int by_kind, char *buf,
                                     size_t cap);
+/* The SQL of a decisions query (?1 run, ?2..?3 steps), for the same. */
+const char *store_query_decisions_sql(void);
 
 #define STORE_EXPORT_CHUNK (1u << 20)
 
