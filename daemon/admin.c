@@ -544,13 +544,17 @@ void gnmrd_on_handshake_failed(server *s, server_refusal why, void *ctx) {
                                       "descriptor limit",
                                       offsetof(gnmrd_counters,
                                                refused_connections)},
+      [SERVER_REFUSED_IDLE] = {"a connection that sent nothing within "
+                               "[limits] first_message_ms",
+                               offsetof(gnmrd_counters, refused_idle)},
   };
   enum { N_KINDS = sizeof kinds / sizeof kinds[0] };
   static uint64_t last_ms[N_KINDS], quiet[N_KINDS];
   gnmrd *d = ctx;
   (void)s;
   assert((unsigned)why < N_KINDS);
-  if (why != SERVER_REFUSED_CONNECTIONS) /* not a handshake: counted apart */
+  if (why != SERVER_REFUSED_CONNECTIONS && why != SERVER_REFUSED_IDLE)
+    /* not a handshake: counted apart */
     d->c.handshake_failures++;
   (*(uint64_t *)((char *)&d->c + kinds[why].counter))++;
   uint64_t now = uv_now(d->loop);

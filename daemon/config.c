@@ -69,6 +69,8 @@ static const struct {
      UINT32_MAX},
     {"limits", "store_queue_mb", K_U64, offsetof(gnmrd_config, store_queue_mb),
      1, 1u << 20},
+    {"limits", "first_message_ms", K_U64,
+     offsetof(gnmrd_config, first_message_ms), 0, 600000},
     {"limits", "max_connections", K_U64,
      offsetof(gnmrd_config, max_connections), 0, 1u << 24},
     /* every policy parameter, by the names of policy_opts */
@@ -88,6 +90,7 @@ void config_defaults(gnmrd_config *c) {
   c->max_held_mb = 1024;
   c->job_idle_s = 86400;
   c->store_queue_mb = 1024;
+  c->first_message_ms = 10000;
   policy_params_default(&c->policy);
 }
 

@@ -41,6 +41,8 @@ typedef struct gnmrd_config {
                             (0: never) */
   uint64_t store_queue_mb; /* records waiting for the store (a database
                               away), beyond which new ones are dropped */
+  uint64_t first_message_ms; /* a connection's first message within this
+                                (0: no deadline; default 10000) */
   uint64_t max_connections; /* agent connections at once (0: derived from
                                the descriptor limit, main.c) */
 } gnmrd_config;

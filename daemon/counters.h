@@ -80,6 +80,9 @@
   XX(refused_connections, "connections_refused", "",                           \
      "Connections past [limits] max_connections, or shed with no descriptor "  \
      "left.")                                                                  \
+  XX(refused_idle, "connections_refused", "reason=\"idle\"",                  \
+     "Connections closed for sending no message within [limits] "             \
+     "first_message_ms.")                                                      \
   XX(jobs_retired, "jobs_retired", "",                                         \
      "Jobs retired after [limits] job_idle_s without a report.")               \
   XX(worker_steps, "worker_steps", "",                                         \

@@ -549,7 +549,8 @@ int main(int argc, char **argv) {
   server_opts ao = {cfg.agents,        (int64_t)cfg.max_msg,
                     curve ? curve_sec : NULL, jobs_on_message,
                     jobs_on_bad_frames, gnmrd_on_handshake_failed, &d,
-                    max_conns, gnmrd_on_over_cap};
+                    max_conns, gnmrd_on_over_cap,
+                    (uint32_t)cfg.first_message_ms};
   if (server_open(&loop, d.zctx, &ao, bound_agents, sizeof bound_agents, err,
                   sizeof err, &d.agents) != GNMR_OK) {
     LOG(ERROR, "BIND-AGENTS", "%s", err);
@@ -558,7 +559,8 @@ int main(int argc, char **argv) {
   server_opts mo = {cfg.admin,          1 << 20,
                     curve ? curve_sec : NULL, admin_on_message,
                     admin_on_bad_frames, gnmrd_on_handshake_failed, &d,
-                    ADMIN_MAX_CONNS, gnmrd_on_over_cap};
+                    ADMIN_MAX_CONNS, gnmrd_on_over_cap,
+                    (uint32_t)cfg.first_message_ms};
   if (server_open(&loop, d.zctx, &mo, bound_admin, sizeof bound_admin, err,
                   sizeof err, &d.admin) != GNMR_OK) {
     LOG(ERROR, "BIND-ADMIN", "%s", err);

@@ -33,9 +33,14 @@ struct server {
   over_conn *over;    /* connections past the cap, until closed */
   size_t n_over, cap_over;
   uv_timer_t *timer;  /* closes them; its own allocation (see close) */
+  /* accepted connections that have not yet sent a whole message: the
+   * deadline (loop ms) by descriptor, 0 for none */
+  uint64_t *first_by_fd;
+  size_t cap_first, n_first;
 };
 
 static void on_monitor(void *sock, void *ctx);
+static void refused(server *s, server_refusal why);
 
 static over_conn *over_find(server *s, int fd) {
   for (size_t i = 0; i < s->n_over; i++)
@@ -65,8 +70,45 @@ static void on_over_timer(uv_timer_t *t) {
       i++;
     }
   }
-  if (s->n_over == 0)
+  for (size_t fd = 0; s->n_first > 0 && fd < s->cap_first; fd++)
+    if (s->first_by_fd[fd] != 0 && s->first_by_fd[fd] <= now) {
+      s->first_by_fd[fd] = 0;
+      s->n_first--;
+      shutdown((int)fd, SHUT_RDWR);
+      refused(s, SERVER_REFUSED_IDLE);
+    }
+  if (s->n_over == 0 && s->n_first == 0)
     uv_timer_stop(t);
+}
+
+/* A connection accepted within the cap: it has first_msg_ms to speak. */
+static void first_add(server *s, int fd) {
+  if (s->o.first_msg_ms == 0 || fd < 0)
+    return;
+  if ((size_t)fd >= s->cap_first) {
+    size_t cap = s->cap_first ? s->cap_first : 64;
+    while (cap <= (size_t)fd)
+      cap *= 2;
+    uint64_t *f = realloc(s->first_by_fd, cap * sizeof *f);
+    if (f == NULL)
+      return; /* not watched: the cap still bounds it */
+    memset(f + s->cap_first, 0, (cap - s->cap_first) * sizeof *f);
+    s->first_by_fd = f;
+    s->cap_first = cap;
+  }
+  if (s->first_by_fd[fd] == 0)
+    s->n_first++;
+  s->first_by_fd[fd] = uv_now(s->loop) + s->o.first_msg_ms;
+  if (s->timer != NULL && !uv_is_active((uv_handle_t *)s->timer))
+    uv_timer_start(s->timer, on_over_timer, 50, 50);
+}
+
+/* The connection spoke (or went): no deadline any more. */
+static void first_del(server *s, int fd) {
+  if (fd >= 0 && (size_t)fd < s->cap_first && s->first_by_fd[fd] != 0) {
+    s->first_by_fd[fd] = 0;
+    s->n_first--;
+  }
 }
 
 /* A connection past the cap: counted, then closed after the grace; with
@@ -125,6 +167,13 @@ static void on_readable(void *sock, void *ctx) {
     on_monitor(s->monitor, s); /* its ACCEPTED may still be queued */
     oc = over_find(s, zmq_msg_get(&body, ZMQ_SRCFD));
   }
+  if (s->o.first_msg_ms != 0) {
+    /* ZeroMQ queues a connection's ACCEPTED before its first message can
+     * be read: drained here, the deadline is never set after it spoke */
+    on_monitor(s->monitor, s);
+    if (s->n_first > 0)
+      first_del(s, zmq_msg_get(frames == 2 ? &body : &id, ZMQ_SRCFD));
+  }
   if (oc != NULL) { /* past the cap: answered, then closed */
     if (s->o.on_over_cap)
       s->o.on_over_cap(s, zmq_msg_data(&id), zmq_msg_size(&id),
@@ -180,6 +229,8 @@ static int monitor_event(server *s, void *sock) {
     if (s->o.max_conns != 0 && s->live > s->o.max_conns) {
       over_add(s, (int)value);
       refused(s, SERVER_REFUSED_CONNECTIONS);
+    } else {
+      first_add(s, (int)value);
     }
     break;
   case ZMQ_EVENT_ACCEPT_FAILED: /* no descriptor left (EMFILE) */
@@ -189,6 +240,7 @@ static int monitor_event(server *s, void *sock) {
     over_conn *oc = over_find(s, (int)value);
     if (oc != NULL)
       over_del(s, oc);
+    first_del(s, (int)value);
     if (s->live > 0)
       s->live--;
     break;
@@ -326,5 +378,6 @@ void server_close(server *s) {
   s->timer->data = NULL;
   uv_close((uv_handle_t *)s->timer, free_timer);
   free(s->over);
+  free(s->first_by_fd);
   free(s);
 }

@@ -31,6 +31,8 @@ typedef enum server_refusal {
                                 gone before its handshake ended */
   SERVER_REFUSED_CONNECTIONS,/* past the connection cap (or no descriptor
                                 left to accept it) */
+  SERVER_REFUSED_IDLE,       /* no whole message within first_msg_ms of
+                                being accepted: closed, its place freed */
 } server_refusal;
 
 /* Called for each refused connection (may be NULL). */
@@ -58,6 +60,11 @@ typedef struct server_opts {
    * connections waiting at once (a flood), more are closed at once. */
   uint32_t max_conns;
   server_cap_cb on_over_cap;
+  /* A connection that has sent no whole message first_msg_ms after it was
+   * accepted (a peer that holds a place and says nothing, or trickles one
+   * huge message) is closed and counted (SERVER_REFUSED_IDLE); 0: never.
+   * Agents send Hello and gnmrctl its request as soon as they connect. */
+  uint32_t first_msg_ms;
 } server_opts;
 
 #define SERVER_GRACE_MS 1000

@@ -422,6 +422,64 @@ START_TEST(connections_past_the_cap_are_refused_politely_and_counted) {
 }
 END_TEST
 
+/* Idle peers cannot hold the places: 70 connections to the admin endpoint
+ * (whose places are 64) and 20 to the agents endpoint that complete their
+ * handshake and then say nothing used to keep the operator at BUSY and
+ * another tenant's Hello waiting for as long as they stayed. Each has
+ * [limits] first_message_ms to send a message; then it is closed and
+ * counted, and the operator and the agent are served. */
+START_TEST(idle_connections_do_not_hold_the_places) {
+  tu_daemon d = {0};
+  start_with(&d, "[limits]\nfirst_message_ms = 1000\n");
+  enum { N_ADMIN = 70, N_AGENTS = 20 };
+  void *ctx = zmq_ctx_new();
+  void *idle[N_ADMIN + N_AGENTS];
+  int zero = 0, never = -1;
+  for (int i = 0; i < N_ADMIN + N_AGENTS; i++) {
+    idle[i] = zmq_socket(ctx, ZMQ_DEALER);
+    zmq_setsockopt(idle[i], ZMQ_LINGER, &zero, sizeof zero);
+    /* a holder that does not come back (one that does is closed again) */
+    zmq_setsockopt(idle[i], ZMQ_RECONNECT_IVL, &never, sizeof never);
+    ck_assert_int_eq(zmq_connect(idle[i], i < N_ADMIN ? d.admin : d.agents),
+                     0);
+  }
+  /* past the deadline (and valgrind's pace) the operator is answered:
+   * until then the idle ones hold every place and gnmrctl gets BUSY */
+  char adm[300];
+  snprintf(adm, sizeof adm, "--admin=%s", d.admin);
+  char *st[] = {"gnmrctl", adm, "jobs", NULL};
+  int served = 0;
+  tu_sleep_ms(300); /* every idle one connected */
+  for (int i = 0; i < 100 * tu_slow() && !served; i++) {
+    run_result r = tu_run("gnmrctl", st, NULL);
+    served = r.code == 0;
+    tu_run_free(&r);
+    if (!served)
+      tu_sleep_ms(100);
+  }
+  ck_assert_msg(served, "the operator got no answer while idle peers stayed");
+  long long closed = tu_counter(&d, "refused_idle");
+  ck_assert_msg(closed >= N_ADMIN + N_AGENTS - 6,
+                "%lld idle connections closed", closed);
+  /* a Hello is welcomed */
+  raw_peer p = raw_open(d.agents);
+  hello_ids(&p, "after-idle", 0, 1, two_units, 2, NULL);
+  expect_welcome(&p);
+  /* a connection that speaks at once is never closed for idling */
+  tu_sleep_ms(1500);
+  double sumsq[2] = {1, 1};
+  send_report(&p, "after-idle", 0, 1, sumsq, 2);
+  Gnmr__Envelope *dec = expect_body(&p, GNMR__ENVELOPE__BODY_DECISION);
+  gnmr__wire_free(&dec);
+  raw_close(&p);
+  for (int i = 0; i < N_ADMIN + N_AGENTS; i++)
+    zmq_close(idle[i]);
+  zmq_ctx_term(ctx);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 /* gnmrd under a descriptor limit of 1024 (soft and hard), serving agents
  * on an ipc socket: before the connection cap, about 1000 connections
  * made libzmq abort it ("Too many open files", ipc_listener.cpp); with
@@ -954,6 +1012,7 @@ static Suite *suite(void) {
   tcase_add_test(live, held_bytes_are_capped_and_freed_by_decisions);
   tcase_add_test(live, idle_jobs_are_retired_and_their_slot_freed);
   tcase_add_test(live, socket_directories_like_ssh_agent);
+  tcase_add_test(live, idle_connections_do_not_hold_the_places);
   tcase_add_test(live, an_agent_will_not_join_through_another_users_directory);
   tcase_add_test(live, a_hello_without_instance_does_not_take_over_a_rank);
   tcase_add_test(live, a_second_gnmrd_does_not_take_over_a_live_socket);
