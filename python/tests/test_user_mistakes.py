@@ -208,6 +208,20 @@ class WithoutDaemonTest(unittest.TestCase):
             with self.assertRaises(ValueError):
                 Controller(Net(), ep, "job-x")
 
+    def test_another_users_socket_directory_is_refused(self):
+        if os.geteuid() != 0:
+            self.skipTest("not root: it makes a directory another user owns")
+        with tempfile.TemporaryDirectory() as d:
+            theirs = os.path.join(d, "theirs")
+            os.mkdir(theirs, 0o755)
+            os.chown(theirs, 12345, 12345)
+            ep = f"ipc://{theirs}/agents.sock"
+            with self.assertRaises(PermissionError) as e:
+                gnmr.Agent(ep, "job-x", ["u"], rank=0)
+            self.assertIn("belongs to uid 12345", str(e.exception))
+            with self.assertRaises(PermissionError):
+                Controller(Net(), ep, "job-x")
+
 
 class WithDaemonTest(unittest.TestCase):
     def setUp(self):
