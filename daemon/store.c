@@ -149,6 +149,8 @@ static void take_snapshots(store_rec *batch) {
   }
 }
 
+static void gap_flush(store *s);
+
 /* The writer thread: takes the whole queue, commits it in one
  * transaction, retries a failed batch (see the top of the file). */
 static void *writer_main(void *arg) {
@@ -158,8 +160,17 @@ static void *writer_main(void *arg) {
   uint64_t since_checkpoint = 0;
   for (;;) {
     pthread_mutex_lock(&s->mu);
-    while (s->head == NULL && !s->stop)
+    for (;;) {
+      /* the queue is down to half its cap (or gnmrd stops): what was shed
+       * becomes the runs' history_gap events */
+      if (s->n_gaps > 0 &&
+          (s->queue_cap_bytes == 0 || s->stop ||
+           s->queued_bytes <= s->queue_cap_bytes / 2))
+        gap_flush(s);
+      if (s->head != NULL || s->stop)
+        break;
       pthread_cond_wait(&s->cv, &s->mu);
+    }
     store_rec *batch = s->head;
     s->head = s->tail = NULL;
     uint64_t n = s->queued, nbytes = s->queued_bytes;
@@ -383,6 +394,8 @@ void store_close(store **ps) {
     sqlite3_wal_checkpoint_v2(db_sqlite_handle(s->db), NULL,
                               SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
   db_close(s->db);
+  for (size_t i = 0; i < s->n_gaps; i++)
+    free(s->gaps[i].job);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
   free(s);
@@ -411,18 +424,86 @@ void store_set_queue_cap(store *s, uint64_t bytes) {
   pthread_mutex_unlock(&s->mu);
 }
 
+/* A dropped record's run and steps join its run's gap (under mu). Past
+ * STORE_MAX_GAPS runs at once, the last slot takes every other run's too
+ * (its event then says so). */
+static void gap_note(store *s, const store_rec *r) {
+  struct store_gap *g = NULL;
+  for (size_t i = 0; i < s->n_gaps && g == NULL; i++)
+    if (s->gaps[i].run == r->run && strcmp(s->gaps[i].job, r->job) == 0)
+      g = &s->gaps[i];
+  if (g == NULL && s->n_gaps < STORE_MAX_GAPS) {
+    char *job = strdup(r->job);
+    if (job != NULL) {
+      g = &s->gaps[s->n_gaps++];
+      *g = (struct store_gap){job, r->run, r->pass, r->step, r->step, 0};
+    }
+  }
+  if (g == NULL)
+    g = &s->gaps[STORE_MAX_GAPS - 1];
+  if (g->run == r->run) {
+    g->first = r->step < g->first ? r->step : g->first;
+    g->last = r->step > g->last ? r->step : g->last;
+  }
+  g->records++;
+}
+
+/* The queue takes records again: each gap becomes an event of its run
+ * (queued past the cap: a few small records), so that the history says
+ * which steps it lacks (under mu). */
+static void gap_flush(store *s) {
+  for (size_t i = 0; i < s->n_gaps; i++) {
+    struct store_gap *g = &s->gaps[i];
+    store_rec *e = store_rec_new(REC_EVENT, g->job);
+    char detail[200];
+    snprintf(detail, sizeof detail, "steps %llu-%llu: %llu records not "
+             "stored: the store queue was full ([limits] store_queue_mb)%s",
+             (unsigned long long)g->first, (unsigned long long)g->last,
+             (unsigned long long)g->records,
+             i == STORE_MAX_GAPS - 1 ? " (with other runs' records)" : "");
+    if (e != NULL) {
+      e->run = g->run;
+      e->pass = g->pass;
+      e->step = g->first;
+      e->rank = UINT32_MAX;
+      e->text = strdup(store_op_event_name(STORE_EV_HISTORY_GAP));
+      e->detail = strdup(detail);
+      if (s->tail)
+        s->tail->next = e;
+      else
+        s->head = e;
+      s->tail = e;
+      s->queued++;
+      s->queued_bytes += rec_bytes(e);
+    }
+    free(g->job);
+  }
+  s->n_gaps = 0;
+}
+
 void store_put(store *s, store_rec *r) {
   if (r == NULL)
     return;
   r->next = NULL;
   uint64_t bytes = rec_bytes(r);
+  /* what a run's history means (its job, units, ranks, parameters, state)
+   * is never dropped: small, and without it the steps kept would belong
+   * to an unknown job; steps, snapshots and events are what the cap sheds */
+  int sheddable = r->kind == REC_STEP || r->kind == REC_SNAPSHOT ||
+                  r->kind == REC_EVENT;
   pthread_mutex_lock(&s->mu);
-  if (s->queued >= QUEUE_CAP ||
-      (s->queue_cap_bytes != 0 &&
-       s->queued_bytes + s->batch_bytes + bytes > s->queue_cap_bytes)) {
+  /* once shedding, it goes on until the queue is down to half the cap, so
+   * that a gap is every step of its range, not one large record in three */
+  uint64_t held = s->queued_bytes + s->batch_bytes + bytes;
+  if (sheddable &&
+      (s->queued >= QUEUE_CAP ||
+       (s->queue_cap_bytes != 0 &&
+        (held > s->queue_cap_bytes ||
+         (s->n_gaps > 0 && held > s->queue_cap_bytes / 2))))) {
     uint64_t qb = s->queued_bytes, q = s->queued;
     int first = !s->dropping;
     s->dropping = 1;
+    gap_note(s, r);
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_add(&s->dropped, 1);
     if (first) /* once per episode: a database away drops many */
@@ -434,6 +515,8 @@ void store_put(store *s, store_rec *r) {
     store_rec_free(r);
     return;
   }
+  if (s->n_gaps > 0 && sheddable) /* room again, not only for structure */
+    gap_flush(s);
   if (s->tail)
     s->tail->next = r;
   else

@@ -18,6 +18,7 @@
 #include "store.h"
 
 #define STORE_EVENT_ROWS 64 /* events per INSERT */
+#define STORE_MAX_GAPS 64   /* runs whose dropped steps are told apart */
 
 /* The store (store.c's writer, store_apply.c's statements). */
 struct store {
@@ -38,6 +39,13 @@ struct store {
   uint64_t batch_bytes;     /* the writer's batch, until committed */
   uint64_t queue_cap_bytes; /* 0: none */
   int dropping;             /* in a drop episode (logged once) */
+  /* what was dropped, per run, until the queue takes records again: then
+   * each becomes a history_gap event naming the steps (under mu) */
+  struct store_gap {
+    char *job;
+    uint64_t run, pass, first, last, records;
+  } gaps[STORE_MAX_GAPS];
+  size_t n_gaps;
   int stop;
   atomic_uint_fast64_t records, batches, errors, dropped;
   atomic_uint_fast64_t commit_buckets[LATENCY_N_BUCKETS], commit_ns; /* commit times */

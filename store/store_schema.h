@@ -23,7 +23,8 @@
   XX(JOB_RETIRED, "job_retired")                                             \
   XX(AGENT_JOINED, "agent_joined")                                           \
   XX(AGENT_LEFT, "agent_left")                                               \
-  XX(PARAMS_CHANGED, "params_changed")
+  XX(PARAMS_CHANGED, "params_changed")                                       \
+  XX(HISTORY_GAP, "history_gap")
 
 enum store_op_event {
 #define STORE__EV_ENUM(id, name) STORE_EV_##id,

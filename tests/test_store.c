@@ -714,6 +714,78 @@ START_TEST(store_errors_are_logged_counted_and_retried_losing_nothing) {
 }
 END_TEST
 
+/* With the store full and a small queue cap, records are dropped (the
+ * decisions go on), counted, and the history then says which steps it
+ * lacks: a history_gap event of the run naming the first and last step
+ * dropped. The job's own row is never dropped: the run is known. */
+START_TEST(a_full_queue_says_which_steps_the_history_lacks) {
+  int slow = getenv("GNMR_VALGRIND") != NULL;
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  char conf[300];
+  snprintf(conf, sizeof conf, "%s/gnmrd.conf", d.dir);
+  tu_write_file(conf, "[limits]\nstore_queue_mb = 1\n");
+  char *extra[] = {"--config", conf, NULL};
+  setenv("GNMR_STORE_FAULT", slow ? "full:20000" : "full:4000", 1);
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
+  unsetenv("GNMR_STORE_FAULT");
+  /* 2048 units: each snapshot (every 10 steps) is about 200 KB */
+  char *argv[] = {"gnmr-sim", "--agents", d.agents, "--job", "gap",
+                  "--ranks", "1", "--units", "2048", "--steps", "200",
+                  "--timeout-ms", "60000", NULL};
+  run_result r = tu_run("gnmr-sim", argv, NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  ck_assert_int_eq(count_lines(r.out), 201); /* every step decided */
+  tu_run_free(&r);
+  ck_assert_int_gt(tu_counter(&d, "store_dropped"), 0);
+  /* once the store takes writes again, the queue drains */
+  for (int i = 0; i < 600 && tu_counter(&d, "store_queued") != 0; i++)
+    tu_sleep_ms(100);
+  ck_assert_int_eq(tu_counter(&d, "store_queued"), 0);
+  char *hist[] = {"history", "gap", "--kind", "history_gap", "--csv", NULL};
+  r = ctl(&d, hist);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  /* the gaps' ranges: every step inside one was dropped */
+  char in_gap[201] = {0};
+  int gaps = 0;
+  for (const char *g = strstr(r.out, "steps "); g != NULL;
+       g = strstr(g + 1, "steps ")) {
+    unsigned long long first = 0, last = 0, recs = 0;
+    ck_assert_msg(sscanf(g, "steps %llu-%llu: %llu records", &first, &last,
+                         &recs) == 3, "%s", g);
+    ck_assert(first >= 1 && first <= last && last <= 200 && recs > 0);
+    for (unsigned long long st = first; st <= last; st++)
+      in_gap[st] = 1;
+    gaps++;
+  }
+  ck_assert_msg(gaps > 0, "no history_gap event: %s", r.out);
+  ck_assert_msg(strstr(r.out, "store queue was full"), "%s", r.out);
+  tu_run_free(&r);
+  /* every step missing from the decisions lies inside the gap */
+  char *args[] = {"decisions", "gap", "--csv", NULL};
+  r = ctl(&d, args);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  char seen[201] = {0};
+  int stored = 0;
+  for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
+    unsigned long long st;
+    if (sscanf(line, "%llu,", &st) == 1 && st >= 1 && st <= 200) {
+      seen[st] = 1;
+      stored++;
+    }
+  }
+  tu_run_free(&r);
+  ck_assert_msg(stored < 200, "nothing was dropped (%d steps stored)",
+                stored);
+  for (unsigned long long st = 1; st <= 200; st++)
+    ck_assert_msg(seen[st] != in_gap[st], "step %llu is %s", st,
+                  seen[st] ? "stored inside a gap"
+                           : "missing outside every gap");
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(repeated_sigkill_loses_no_committed_step_and_agents_never_stall) {
   tu_daemon d = {0};
   char ep[160];
@@ -845,6 +917,7 @@ static Suite *suite(void) {
       tc, repeated_sigkill_loses_no_committed_step_and_agents_never_stall);
   tcase_add_loop_test(
       tc, store_errors_are_logged_counted_and_retried_losing_nothing, 0, 2);
+  tcase_add_test(tc, a_full_queue_says_which_steps_the_history_lacks);
   suite_add_tcase(s, tc);
   return s;
 }
