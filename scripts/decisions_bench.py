@@ -3,8 +3,8 @@
 """How `gnmrctl decisions JOB` grows with the length of a run: runs of
 5000, 10000 and 20000 steps (a second pass from the middle, as a rewind
 makes), written straight into gnmrd's database, then queried through a
-running gnmrd, as a table and as JSON. Before schema version 5 each step's
-latest pass was found by scanning the run's rows: 17 s for 20000 steps.
+running gnmrd, as CSV and as JSON. Before schema version 5 each step's
+latest pass was found by scanning the run's rows (quadratic).
 Usage:
   GNMR_BIN_DIR=build/bin build/venv/bin/python scripts/decisions_bench.py
 """
