@@ -517,6 +517,18 @@ void jobs_on_message(server *s, const void *id, size_t id_len,
   char err[128];
   (void)s;
   d->c.messages_in++;
+  /* A Report from a connection that has not joined is refused before it
+   * is decoded: a peer that never said Hello cannot make the loop decode
+   * megabytes of sums for every other job to wait on. */
+  uint64_t known;
+  if (gnmr__wire_peek_body(data, len) == GNMR__ENVELOPE__BODY_REPORT &&
+      !hmap_get(&d->peers, id, id_len, &known)) {
+    d->c.unknown_agent++;
+    d->c.reports_refused++;
+    jobs__reply_error(d, id, id_len, GNMR_E_NOJOB, "hello", 0,
+                      "unknown agent: send Hello first");
+    return;
+  }
   int rv = gnmr__wire_decode(data, len, &env, err, sizeof err);
   if (rv != GNMR_OK) {
     if (rv == GNMR_E_VERSION)

@@ -108,6 +108,39 @@ static int string_has_nul(const uint8_t *p, size_t n,
   return 0;
 }
 
+int gnmr__wire_peek_body(const void *buf, size_t len) {
+  const uint8_t *p = buf, *end = p + len;
+  uint64_t key, v;
+  int body = 0;
+  while (p < end) { /* the last body field wins, as in protobuf */
+    if (!wire_varint(&p, end, &key))
+      return -1;
+    switch (key & 7) {
+    case 0:
+      if (!wire_varint(&p, end, &v))
+        return -1;
+      break;
+    case 1:
+    case 5:
+      v = (key & 7) == 1 ? 8 : 4;
+      if (v > (uint64_t)(end - p))
+        return -1;
+      p += v;
+      break;
+    case 2:
+      if (!wire_varint(&p, end, &v) || v > (uint64_t)(end - p))
+        return -1;
+      p += v;
+      if (key >> 3 >= 10 && key >> 3 <= 64)
+        body = (int)(key >> 3);
+      break;
+    default:
+      return -1;
+    }
+  }
+  return body;
+}
+
 int gnmr__wire_decode(const void *buf, size_t len, Gnmr__Envelope **out,
                       char *err, size_t errlen) {
   Gnmr__Envelope *env;

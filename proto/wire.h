@@ -22,6 +22,12 @@ int gnmr__wire_decode(const void *buf, size_t len, Gnmr__Envelope **out,
                       char *err, size_t errlen);
 void gnmr__wire_free(Gnmr__Envelope **env);
 
+/* The field number of an envelope's body (GNMR__ENVELOPE__BODY_REPORT,
+ * ...) read from the wire without decoding it, 0 for none, -1 for bytes
+ * that do not parse as protobuf: so that a large message can be refused
+ * for what it is before it costs a decode. */
+int gnmr__wire_peek_body(const void *buf, size_t len);
+
 /* Packs env (its version is set here) into a new malloc'd buffer.
  * Returns 0 or GNMR_E_NOMEM. */
 /* Encoding into the caller's buffer: the exact size, then the bytes

@@ -604,6 +604,56 @@ START_TEST(admin_endpoint_refuses_non_admin_messages) {
 }
 END_TEST
 
+/* The body of an envelope read from the wire without decoding it: what
+ * gnmrd uses to refuse a Report from a connection that never joined before
+ * decoding it. Every body kind, none, a repeated body (the last wins, as
+ * protobuf decodes it) and bytes that do not parse. */
+START_TEST(an_envelopes_body_is_peeked_without_decoding) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Report r = GNMR__REPORT__INIT;
+  double sums[3] = {1, 2, 3};
+  r.job = "j";
+  r.step = 7;
+  r.n_sumsq = 3;
+  r.sumsq = sums;
+  env.body_case = GNMR__ENVELOPE__BODY_REPORT;
+  env.report = &r;
+  uint8_t *buf;
+  size_t len;
+  ck_assert_int_eq(gnmr__wire_encode(&env, &buf, &len), GNMR_OK);
+  ck_assert_int_eq(gnmr__wire_peek_body(buf, len),
+                   GNMR__ENVELOPE__BODY_REPORT);
+  /* cut anywhere inside: never read past the end, never a Report body
+   * that is not all there */
+  for (size_t n = 0; n < len; n++) {
+    int b = gnmr__wire_peek_body(buf, n);
+    ck_assert_msg(b != GNMR__ENVELOPE__BODY_REPORT, "cut at %zu: %d", n, b);
+  }
+  free(buf);
+  Gnmr__Bye bye = GNMR__BYE__INIT;
+  bye.job = "j";
+  env.body_case = GNMR__ENVELOPE__BODY_BYE;
+  env.bye = &bye;
+  ck_assert_int_eq(gnmr__wire_encode(&env, &buf, &len), GNMR_OK);
+  ck_assert_int_eq(gnmr__wire_peek_body(buf, len), GNMR__ENVELOPE__BODY_BYE);
+  free(buf);
+  env.body_case = GNMR__ENVELOPE__BODY__NOT_SET;
+  ck_assert_int_eq(gnmr__wire_encode(&env, &buf, &len), GNMR_OK);
+  ck_assert_int_eq(gnmr__wire_peek_body(buf, len), 0);
+  free(buf);
+  /* a Hello field then a Report field: a Report */
+  static const uint8_t twice[] = {0x08, 0x01, 0x52, 0x00, 0x62, 0x00};
+  ck_assert_int_eq(gnmr__wire_peek_body(twice, sizeof twice),
+                   GNMR__ENVELOPE__BODY_REPORT);
+  static const uint8_t junk[] = {0xff, 0xff, 0xff};
+  ck_assert_int_eq(gnmr__wire_peek_body(junk, sizeof junk), -1);
+  static const uint8_t group[] = {0x0b}; /* wire type 3: not ours */
+  ck_assert_int_eq(gnmr__wire_peek_body(group, sizeof group), -1);
+  static const uint8_t longer[] = {0x62, 0x05, 0x00}; /* length past end */
+  ck_assert_int_eq(gnmr__wire_peek_body(longer, sizeof longer), -1);
+}
+END_TEST
+
 START_TEST(error_codes_in_the_proto_match_the_error_table) {
   const ProtobufCEnumDescriptor *e = &gnmr__error_code__descriptor;
   unsigned n = 0;
@@ -636,6 +686,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, many_connections_opening_and_closing_are_harmless);
   tcase_add_test(tc, admin_endpoint_refuses_non_admin_messages);
   tcase_add_test(tc, error_codes_in_the_proto_match_the_error_table);
+  tcase_add_test(tc, an_envelopes_body_is_peeked_without_decoding);
   tcase_add_test(tc, enormous_unit_list_in_hello_is_refused);
   suite_add_tcase(s, tc);
   return s;
