@@ -144,6 +144,7 @@ int gnmr__key_file_read(const char *path, char *pub, char *sec, char *err,
 void gnmr__allow_free(gnmr_allow *a) {
   for (size_t i = 0; i < a->n; i++) {
     free(a->grants[i].jobs);
+    free(a->grants[i].owns);
     free(a->grants[i].name);
   }
   free(a->grants);
@@ -179,8 +180,16 @@ static int parse_grant(char *rest, gnmr_grant *g, int *has_role,
       }
       if ((g->jobs = strdup(w + 5)) == NULL)
         return -2;
+    } else if (strncmp(w, "owns=", 5) == 0) {
+      if (w[5] == '\0' || g->owns != NULL) {
+        *bad = "owns= takes one non-empty pattern";
+        return -1;
+      }
+      if ((g->owns = strdup(w + 5)) == NULL)
+        return -2;
     } else if (strchr(w, '=') != NULL) {
-      *bad = "unknown word with '=' (role=operator|agent, jobs=GLOB)";
+      *bad = "unknown word with '=' (role=operator|agent, jobs=GLOB, "
+             "owns=GLOB)";
       return -1;
     } else {
       nl += (size_t)snprintf(name + nl, nl < sizeof name ? sizeof name - nl
@@ -300,6 +309,20 @@ int gnmr__allow_may(const gnmr_allow *a, const char *key, const char *owner,
     return 1;
   return (g = gnmr__allow_find(a, key)) != NULL && g->jobs != NULL &&
          fnmatch(g->jobs, job, 0) == 0;
+}
+
+const gnmr_grant *gnmr__allow_reserved(const gnmr_allow *a, const char *key,
+                                       const char *job) {
+  uint64_t own = UINT64_MAX;
+  if (a == NULL || job == NULL || gnmr__allow_operator(a, key))
+    return NULL;
+  if (key != NULL)
+    hmap_get(&a->keys, key, strlen(key), &own);
+  for (size_t i = 0; i < a->n; i++)
+    if (i != own && a->grants[i].owns != NULL &&
+        fnmatch(a->grants[i].owns, job, 0) == 0)
+      return &a->grants[i];
+  return NULL;
 }
 
 /* Creates path exclusively with mode and writes text. */

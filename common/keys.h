@@ -32,6 +32,7 @@ int gnmr__key_file_read(const char *path, char *pub, char *sec, char *err,
 typedef struct gnmr_grant {
   int operator;
   char *jobs; /* GLOB, or NULL */
+  char *owns; /* GLOB of the names only this key may start, or NULL */
   char *name; /* NAME, or NULL */
   int line;   /* its line in the file */
 } gnmr_grant;
@@ -55,6 +56,12 @@ const gnmr_grant *gnmr__allow_find(const gnmr_allow *a, const char *key);
  * GLOB that matches the job's name. */
 int gnmr__allow_may(const gnmr_allow *a, const char *key, const char *owner,
                     const char *job);
+/* The grant of another key whose owns= pattern matches job, when key is
+ * no operator: a name in another tenant's reserved namespace, which only
+ * that tenant may start (a squatter that started it first would own its
+ * later runs). NULL otherwise. */
+const gnmr_grant *gnmr__allow_reserved(const gnmr_allow *a, const char *key,
+                                       const char *job);
 /* Whether key is an operator (or tenancy is off). */
 int gnmr__allow_operator(const gnmr_allow *a, const char *key);
 

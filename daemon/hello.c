@@ -311,6 +311,12 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
     REFUSE(GNMR_E_DENIED, "job", "job %.64s belongs to another key (its "
            "earlier runs), and the allow list grants this one no jobs= "
            "pattern that matches", h->job);
+  } else if (d->allow != NULL && name_owner == NULL &&
+             gnmr__allow_reserved(d->allow, user, h->job) != NULL) {
+    const gnmr_grant *g = gnmr__allow_reserved(d->allow, user, h->job);
+    REFUSE(GNMR_E_DENIED, "job", "job name %.64s is reserved for another "
+           "key (%.40s, owns=%.64s in the allow list)", h->job,
+           g->name ? g->name : "no name", g->owns);
   } else if (d->cfg != NULL && core_count(&d->jobs) >= d->cfg->max_jobs) {
     d->c.refused_max_jobs++;
     REFUSE(GNMR_E_BUSY, "job", "gnmrd serves %zu jobs already ([limits] "

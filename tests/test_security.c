@@ -697,6 +697,55 @@ START_TEST(allow_list_mistakes_are_refused_with_their_line) {
 }
 END_TEST
 
+/* owns=GLOB reserves a namespace: a name inside another key's owns=
+ * pattern cannot be started by a squatter (who would then own, read and
+ * observe its owner's later runs); its owner and operators start it. */
+START_TEST(a_reserved_name_is_its_owners_to_start) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  keypair server = keygen(d.dir, "server"), op = keygen(d.dir, "op"),
+          a = keygen(d.dir, "a"), b = keygen(d.dir, "b");
+  char allow[600], allow_path[200];
+  snprintf(allow, sizeof allow,
+           "%s ops role=operator\n%s team-a owns=team-a-*\n%s team-b\n",
+           op.pub, a.pub, b.pub);
+  snprintf(allow_path, sizeof allow_path, "%s/allowed", d.dir);
+  tu_write_file(allow_path, allow);
+  char *extra[] = {"--curve-key", server.path, "--curve-allow", allow_path,
+                   NULL};
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
+  gnmr_agent *sq = curve_agent(d.agents, "team-a-train", server.pub, &b);
+  ck_assert(refused_with(sq, GNMR_E_DENIED, 3000));
+  char why[256];
+  gnmr_agent_last_error(sq, why, sizeof why);
+  ck_assert_msg(strstr(why, "reserved for another key (team-a, "
+                            "owns=team-a-*"), "%s", why);
+  gnmr_agent *own = curve_agent(d.agents, "team-a-train", server.pub, &a);
+  gnmr_agent *ops = curve_agent(d.agents, "team-a-ops", server.pub, &op);
+  gnmr_agent *elsewhere = curve_agent(d.agents, "team-b-x", server.pub, &b);
+  ck_assert(joins(own, 3000) && joins(ops, 3000) && joins(elsewhere, 3000));
+  run_result r = ctl_as(&d, server.pub, &b, "jobs", NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "team-a") == NULL, "%s", r.out);
+  tu_run_free(&r);
+  gnmr_agent *all[] = {sq, own, ops, elsewhere};
+  for (int i = 0; i < 4; i++)
+    gnmr_agent_close(&all[i]);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  /* one owns= a line; an empty one is refused with its line */
+  snprintf(allow, sizeof allow, "%s x owns=a* owns=b*\n%s y owns=\n",
+           a.pub, b.pub);
+  tu_write_file(allow_path, allow);
+  gnmr_allow al;
+  char err[300];
+  ck_assert_int_eq(gnmr__allow_load(allow_path, &al, err, sizeof err),
+                   GNMR_E_PARSE);
+  ck_assert_msg(strstr(err, ":1: owns= takes one non-empty pattern"), "%s",
+                err);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 /* Whether `gnmrctl jobs` (as k) shows job in state within ms. */
 static int job_state_is(const tu_daemon *d, const char *server_pub,
                         const keypair *k, const char *job, const char *state,
@@ -876,6 +925,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, an_export_stream_is_its_openers_and_has_no_holes);
   tcase_add_test(tc, allow_list_mistakes_are_refused_with_their_line);
   tcase_add_test(tc, a_job_name_stays_its_owners_after_the_job_ends);
+  tcase_add_test(tc, a_reserved_name_is_its_owners_to_start);
   tcase_add_test(tc, one_tenant_cannot_take_every_job_or_unit);
   tcase_add_test(tc, curve_setup_errors_and_network_endpoints_without_curve);
   tcase_add_test(tc, agent_refuses_partial_or_malformed_curve_settings);
