@@ -495,15 +495,34 @@ START_TEST(the_store_queue_is_capped_in_bytes_while_the_database_is_away) {
   ck_assert_uint_le(st.queued_bytes, 1 << 20);
   ck_assert_uint_gt(st.dropped, 30); /* about ten fit in 1 MB */
   ck_assert_uint_lt(st.dropped, N);
-  uint64_t kept = N - st.dropped;
-  for (int i = 0; i < 500 && st.records < kept; i++) {
+  uint64_t kept = N - st.dropped, dropped = st.dropped;
+  /* and the run's history_gap event, once the queue is down to half */
+  for (int i = 0; i < 500 && st.records < kept + 1; i++) {
     tu_sleep_ms(20);
     store_get_stats(s, &st);
   }
-  ck_assert_uint_eq(st.records, kept);
+  ck_assert_uint_eq(st.records, kept + 1);
   ck_assert_uint_gt(st.errors, 0);
   ck_assert_uint_eq(st.queued_bytes, 0);
   store_close(&s);
+  char path[300], want[160];
+  snprintf(path, sizeof path, "%s/gnmr.db", dir);
+  sqlite3 *db;
+  sqlite3_stmt *q;
+  ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
+  ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT step, detail FROM events "
+                                          "WHERE kind='history_gap'", -1, &q,
+                                      NULL),
+                   SQLITE_OK);
+  ck_assert_int_eq(sqlite3_step(q), SQLITE_ROW);
+  snprintf(want, sizeof want, "steps %llu-%d: %llu records not stored",
+           (unsigned long long)(kept + 1), N, (unsigned long long)dropped);
+  ck_assert_int_eq(sqlite3_column_int64(q, 0), (long long)kept + 1);
+  ck_assert_msg(strstr((const char *)sqlite3_column_text(q, 1), want),
+                "'%s' lacks '%s'", sqlite3_column_text(q, 1), want);
+  ck_assert_int_eq(sqlite3_step(q), SQLITE_DONE);
+  sqlite3_finalize(q);
+  sqlite3_close(db);
   tu_rmrf(dir);
 }
 END_TEST
