@@ -458,7 +458,15 @@ START_TEST(idle_connections_do_not_hold_the_places) {
       tu_sleep_ms(100);
   }
   ck_assert_msg(served, "the operator got no answer while idle peers stayed");
-  long long closed = tu_counter(&d, "refused_idle");
+  /* the rest are closed as their own deadlines pass: a socket whose
+   * connect zmq finished late (ASan, a loaded machine) is late to idle */
+  long long closed = 0;
+  for (int i = 0; i < 100 * tu_slow(); i++) {
+    closed = tu_counter(&d, "refused_idle");
+    if (closed >= N_ADMIN + N_AGENTS - 6)
+      break;
+    tu_sleep_ms(100);
+  }
   ck_assert_msg(closed >= N_ADMIN + N_AGENTS - 6,
                 "%lld idle connections closed", closed);
   /* a Hello is welcomed */
