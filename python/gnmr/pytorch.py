@@ -73,6 +73,9 @@ Units are named as in the plain model (no `_orig_mod.` from
 torch.compile, no `module.` from DDP). Gradients on CUDA go to the
 agent's CUDA backend when libgnmr-agent was built with nvcc and sees the
 device; otherwise torch reduces them (one synchronisation per step).
+`trace=FILE` writes, per step, the norms gnmrd decided from (step,unit,
+norm CSV, for `gnmrctl replay`); with the CUDA backend it reads the
+kernel's sums back, one synchronisation per step.
 
 Shadow damage: a unit on its recovery path has a clean gradient, so GNMR
 sees it calm and releases it when its lock runs out, though the low-cost
@@ -355,6 +358,7 @@ class Controller:
         self._applied = None    # the routes self.high holds, as bytes
         self._cuda = None       # CudaReducer, opened at the first CUDA step
         self._cuda_failed = None  # why the CUDA backend is not used
+        self._cuda_step = None  # (step, stream) of the last kernel report
         self._keep = []         # copies the GPU may still read
         self._worker = None     # report_async's thread
         self._pending = None
@@ -642,6 +646,7 @@ class Controller:
             if stream is None:
                 stream = torch.cuda.current_stream(cuda[0].device)
             self._cuda.report(t, buffers, stream.cuda_stream)
+            self._cuda_step = (t, stream)
             return
         sumsq, nonfinite = self._mixed_sums(grads, threads)
         sent = list(nonfinite)
@@ -790,6 +795,14 @@ class Controller:
                 job_nonfinite = [self.units[u][0] for u, _, _, s in risky
                                  if s == math.inf and u not in mine]
         reported = self._local  # the sums this rank sent, if it did
+        if reported is None and self._trace is not None and \
+                self._cuda_step is not None and self._cuda_step[0] == t:
+            # the kernel's own sums, read back for the trace (one
+            # synchronisation a step, only with trace=)
+            sumsq, nonfinite, seen = self._cuda.read(
+                self._cuda_step[1].cuda_stream)
+            reported = self._local = (sumsq, nonfinite,
+                                      [not x for x in seen])
         if reported is None and job_nonfinite is None:
             # an observer, or the CUDA kernel's sums: this rank's own view
             self._local = self._local_sums(self.reduce_threads)
