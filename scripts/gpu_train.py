@@ -295,7 +295,7 @@ def main(argv=None):
         opt.zero_grad(set_to_none=True)
         sync(device)
         t3 = time.perf_counter()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if step > a.warm_steps:
             inside.append(t2 - t1)
             steps.append(t3 - t0)
