@@ -96,7 +96,7 @@ if [ $rebuild = 1 ]; then
   mkdir -p build/gen && cp -r "$pack/rebuild/gen/proto" build/gen/ &&
     touch build/gen/proto/*
   step rebuild env.txt 240 env CPATH="$pack/rebuild/include" \
-    LIBRARY_PATH="$pack/rebuild/lib" PKG_CONFIG=false make -j"$(nproc)" CUDA=1 \
+    LIBRARY_PATH="$pack/rebuild/lib" LD_LIBRARY_PATH="$pack/lib" make -j"$(nproc)" CUDA=1 \
     build/lib/libgnmr-agent.so build/tests/gpu/test_gpu build/bench/norm_cuda
   export LD_LIBRARY_PATH=$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   gpu=$PWD/build/rebuilt-gpu agentlib=$PWD/build/lib/libgnmr-agent.so

@@ -2,8 +2,8 @@
 """A real training run under GNMR, for the GPU machine (and, small, on the
 CPU in `make check`):
 
-    python scripts/gpu_train.py --agents tcp://127.0.0.1:PORT \\
-        --admin ipc://DIR/admin.sock --out DIR [--device cuda|cpu]
+    python scripts/gpu_train.py --out DIR [--agents tcp://127.0.0.1:PORT
+        --admin ipc://DIR/admin.sock] [--device cuda|cpu]
         [--steps 200] [--base-steps 50] [--size gpu|tiny]
 
 A small Llama (transformers' LlamaForCausalLM built from a config; no hub)
@@ -13,7 +13,8 @@ runs its forward GEMM in FP8 (E4M3, per-tensor scales from the tensors
 themselves, saturating, through torch._scaled_mm: Hopper's FP8 tensor
 cores on CUDA; torch's reference on the CPU), the recovery path in bf16.
 The backward pass is bf16 on both paths. gnmrd (given by --agents) decides
-every step; on CUDA, libgnmr-agent's CUDA backend reduces the gradients
+every step (a gnmrd started from GNMR_BIN_DIR for the run when
+--agents is not given); on CUDA, libgnmr-agent's CUDA backend reduces the gradients
 (no host copy: `cuda_backend` in the result says which backend ran).
 
 Measured in one run, written to DIR/train.json and printed:
@@ -79,7 +80,7 @@ class _FP8Gemm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w):
         ctx.save_for_backward(x, w)
-        x2 = x.reshape(-1, x.shape[-1])
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
         qx, sx = to_e4m3(x2)
         qw, sw = to_e4m3(w)
         # _scaled_mm wants its second operand column-major: w^T of a
@@ -224,8 +225,9 @@ def replay_flags():
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--agents", required=True)
-    ap.add_argument("--admin", required=True)
+    ap.add_argument("--agents", help="gnmrd's agents endpoint (default: "
+                    "a gnmrd started here from GNMR_BIN_DIR, stopped after)")
+    ap.add_argument("--admin", help="its admin endpoint (with --agents)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available()
                     else "cpu")
@@ -241,6 +243,50 @@ def main(argv=None):
     if a.steps < 1 or a.base_steps < 1 or a.warm_steps < 0:
         ap.error("--steps and --base-steps are 1 or more, --warm-steps 0 "
                  "or more")
+    if bool(a.agents) != bool(a.admin):
+        ap.error("--agents and --admin go together (or neither: a gnmrd "
+                 "is started here)")
+    if not a.agents:
+        with own_gnmrd(os.path.dirname(a.gnmrctl)) as (a.agents, a.admin):
+            return run(a, ap)
+    return run(a, ap)
+
+
+class own_gnmrd:
+    """A gnmrd in a temporary directory, on a loopback port, for the run."""
+
+    def __init__(self, bin_dir):
+        import tempfile
+        self.dir = tempfile.mkdtemp(prefix="gnmr-train-")
+        self.err = open(os.path.join(self.dir, "gnmrd.log"), "wb")
+        self.proc = subprocess.Popen(
+            [os.path.join(bin_dir, "gnmrd"), "--data-dir",
+             os.path.join(self.dir, "data"), "--agents", "tcp://127.0.0.1:*",
+             "--admin", f"ipc://{self.dir}/admin.sock"],
+            stdout=subprocess.PIPE, stderr=self.err, text=True)
+
+    def __enter__(self):
+        agents = None
+        for line in self.proc.stdout:
+            if line.startswith("gnmrd: agents "):
+                agents = line.split()[2]
+            if line.startswith("gnmrd: admin"):
+                break
+        if agents is None:
+            self.__exit__()
+            raise SystemExit("gpu_train: gnmrd did not start")
+        return agents, f"ipc://{self.dir}/admin.sock"
+
+    def __exit__(self, *exc):
+        import shutil
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+        self.proc.stdout.close()
+        self.err.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run(a, ap):
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda, but torch sees no CUDA device")
