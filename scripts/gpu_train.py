@@ -140,15 +140,16 @@ def corpus(device):
         for f in sorted(glob.glob(os.path.join(ROOT, pat))):
             with open(f, "rb") as fh:
                 data += fh.read()
-    return torch.tensor(list(data), dtype=torch.long, device=device)
+    return torch.frombuffer(bytes(data), dtype=torch.uint8).to(
+        device=device, dtype=torch.long)
 
 
 def batches(tokens, batch, seq, seed):
     g = torch.Generator().manual_seed(seed)
-    n = tokens.numel() - seq - 1
+    n = tokens.numel() - seq
     while True:
         idx = torch.randint(0, n, (batch,), generator=g).to(tokens.device)
-        rows = idx[:, None] + torch.arange(seq + 1, device=tokens.device)
+        rows = idx[:, None] + torch.arange(seq, device=tokens.device)
         yield tokens[rows]
 
 
@@ -301,7 +302,8 @@ def run(a, ap):
 
     def train_step():
         x = next(data)
-        loss = model(input_ids=x[:, :-1], labels=x[:, 1:]).loss
+        # labels = inputs: the model shifts them (token t+1 from 0..t)
+        loss = model(input_ids=x, labels=x).loss
         loss.backward()
         return loss
 

@@ -4,6 +4,7 @@
 Run by `make check` as `build/venv/bin/python -m unittest discover -s
 python/tests` with GNMR_AGENT_LIB and GNMR_BIN_DIR set by the Makefile.
 """
+import csv
 import json
 import math
 import os
@@ -193,6 +194,52 @@ class CudaTest(unittest.TestCase):
             self.assertEqual(st["launches"], 5)
             self.assertEqual(st["delivered"], 5)
             ctl.close()
+        finally:
+            self.assertEqual(d.stop(), 0)
+
+    @unittest.skipUnless(torch.cuda.is_available() and
+                         gnmr.cuda_device_count() > 0,
+                         "no CUDA device for torch and libgnmr-agent")
+    def test_a_trace_of_cuda_gradients_holds_the_kernels_sums(self):
+        d = Daemon()
+        try:
+            net = Net().cuda()
+            trace = os.path.join(d.dir, "trace.csv")
+            ctl = Controller(net, d.agents, "cuda-trace",
+                             select=(torch.nn.Linear,), trace=trace)
+            want = []
+            units = [m for _, m in ctl.units]
+            for step in range(1, 7):
+                net.zero_grad()
+                net(torch.randn(4, 8, device="cuda")).pow(2).mean() \
+                    .backward()
+                want.append([math.sqrt(sum(
+                    p.grad.double().pow(2).sum().item()
+                    for p in m.parameters() if p.grad is not None))
+                    for m in units])
+                res = ctl.step(step, wait_ms=5000)
+                self.assertTrue(res)
+                self.assertEqual(ctl.cuda_backend, "gnmr")
+                # the kernel's sums, read back, are the result's norms too
+                self.assertEqual(sorted(res.norms), sorted(
+                    n for n, _ in ctl.units))
+            ctl.close()
+            rows = list(csv.DictReader(open(trace)))
+            got = {}
+            for r in rows:
+                got.setdefault(int(r["step"]), {})[int(r["unit"])] = \
+                    float(r["norm"])
+            # the Controller's unit ids are 0..n-1; units with no
+            # gradient (the frozen one) are not in the trace
+            self.assertEqual(sorted(got), list(range(1, 7)))
+            for step, norms in got.items():
+                for u, norm in norms.items():
+                    self.assertAlmostEqual(norm, want[step - 1][u],
+                                           delta=1e-5 * want[step - 1][u])
+            r = subprocess.run([os.path.join(BIN, "gnmrctl"), "replay",
+                                trace], capture_output=True, text=True,
+                               timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
         finally:
             self.assertEqual(d.stop(), 0)
 
