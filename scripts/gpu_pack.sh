@@ -7,7 +7,8 @@
 #
 #   bin/      gnmrd, gnmrctl, gnmr-sim, built here (x86-64)
 #   lib/      libgnmr-agent.so and every shared library these need except
-#             glibc's own, taken from the Debian packages this machine has
+#             the machine's own (glibc's, libstdc++, libgcc_s), taken from
+#             the Debian packages this machine has
 #             installed: fetched with `apt-get download PKG=VERSION` and
 #             unpacked with `dpkg -x` into the pack's staging folder (never
 #             into /); where the download fails (no mirror) the installed
@@ -27,7 +28,9 @@
 # Every binary and library in the pack finds its libraries through its
 # RUNPATH ($ORIGIN/../lib, $ORIGIN in lib/), so nothing needs
 # LD_LIBRARY_PATH. Checked before the last line: every library each binary
-# needs resolves into the pack except glibc's (ldd), and the pack with the
+# needs resolves into the pack except the machine's own (ldd), MANIFEST's
+# `needs:` line names the glibc and libstdc++ versions required, and the
+# pack with the
 # working tree stays under the 64 MiB that travels. Last line:
 # `packed in DIR`. Needs `make all` (and `make wheel`) done, which the make
 # target does.
@@ -52,11 +55,14 @@ fi
 whl=$(ls dist/gnmr-*.whl 2>/dev/null | head -n 1 || true)
 [ -n "$whl" ] && cp "$whl" "$P/wheel/"
 
-# glibc's own libraries stay the GPU machine's (libc6's files, by path)
+# glibc's libraries stay the GPU machine's, and so do the compiler's
+# runtime (libstdc++, libgcc_s: wherever gcc, nvcc and torch are, they are;
+# Debian 12's libstdc++ would raise the glibc the pack needs from 2.34 to
+# 2.36). By path, from the packages' file lists.
 declare -A glibc_file
 while read -r f; do
   [ -e "$f" ] && glibc_file[$(readlink -f "$f")]=1
-done < <(dpkg -L libc6 2>/dev/null | grep '\.so')
+done < <(dpkg -L libc6 libstdc++6 libgcc-s1 2>/dev/null | grep '\.so')
 is_glibc_path() { [ -n "${glibc_file[$(readlink -f "$1")]:-}" ]; }
 
 # the libraries every binary needs (ldd: the whole closure)
@@ -137,7 +143,7 @@ for l in "$P"/lib/libzmq.so.* "$P"/lib/libprotobuf-c.so.*; do
   ln -sf "../../lib/$b" "$P/rebuild/lib/${b%%.so.*}.so"
 done
 
-# checks: every library resolves into the pack (glibc's excepted) ...
+# checks: every library resolves into the pack (the machine's own excepted) ...
 bad=0
 packdir=$(cd "$P" && pwd -P)
 for f in "$P"/bin/* "$P"/lib/*.so* "$P"/gpu/*; do
@@ -154,6 +160,14 @@ for f in "$P"/bin/* "$P"/lib/*.so* "$P"/gpu/*; do
   done < <(env -u LD_LIBRARY_PATH ldd "$f")
 done
 [ $bad = 0 ] || exit 1
+# what the machine must have: the newest glibc and libstdc++ symbol
+# versions the pack's files require
+need() { for f in "$P"/bin/* "$P"/lib/*.so* "$P"/gpu/*; do
+  [ -f "$f" ] && objdump -T "$f" 2>/dev/null | awk '/\*UND\*/' | grep -o "$1_[0-9.]*"
+done | sort -uV | tail -n 1; }
+if command -v objdump >/dev/null; then
+  echo "needs: $(need GLIBC) $(need GLIBCXX) (the machine's own libc, libstdc++, libgcc_s)" >>"$P/MANIFEST"
+fi
 # ... and the pack with the working tree fits what travels
 pack_kb=$(du -sk "$P" | cut -f1)
 tree_kb=$(git ls-files -z --cached --others --exclude-standard 2>/dev/null |

@@ -3,8 +3,10 @@
 # tests/gpu_pack_test.sh PACK — the GPU machine's pack, checked here on the
 # CPU (`make test-gpu-pack`, part of `make check`):
 #  1. every shared library each binary of the pack needs resolves into the
-#     pack except glibc's (ldd, with no LD_LIBRARY_PATH), and a running
-#     gnmrd maps only the pack's libraries and glibc's (/proc/PID/maps);
+#     pack except the machine's own (glibc's, libstdc++, libgcc_s: ldd,
+#     with no LD_LIBRARY_PATH), and a running gnmrd maps only the pack's
+#     libraries and those (/proc/PID/maps); the pack needs glibc 2.34 at
+#     most (Ubuntu 22.04 has 2.35);
 #  2. the pack and the working tree fit the 64 MiB that travel;
 #  3. gnmrd and gnmr-sim from the pack: gnmr-sim's live decisions equal
 #     the pack's `gnmrctl replay` of the trace it reported;
@@ -32,7 +34,7 @@ trap cleanup EXIT
 declare -A glibc
 while read -r f; do
   [ -e "$f" ] && glibc[$(readlink -f "$f")]=1
-done < <(dpkg -L libc6 | grep '\.so')
+done < <(dpkg -L libc6 libstdc++6 libgcc-s1 | grep '\.so')
 in_pack_or_glibc() {
   local r; r=$(readlink -f "$1")
   case "$r" in "$P"/*) return 0 ;; esac
@@ -50,10 +52,16 @@ for f in "$P"/bin/* "$P"/lib/*.so* "$P"/gpu/*; do
     elif ! in_pack_or_glibc "$path"; then outside+=" $(basename "$f"):$path"; fi
   done < <(env -u LD_LIBRARY_PATH ldd "$f")
 done
-[ -z "$outside" ] && [ $n -ge 4 ] && ok "$n binaries and libraries resolve into the pack or glibc" ||
+[ -z "$outside" ] && [ $n -ge 4 ] && ok "$n binaries and libraries resolve into the pack or the machine's own libraries" ||
   bad "libraries outside the pack:$outside (of $n files)"
 grep -q '^packages:' "$P/MANIFEST" && [ "$(grep -c '^  lib.* \(deb\|installed\)$' "$P/MANIFEST")" -ge 10 ] &&
   ok "MANIFEST lists $(grep -c '^  lib.* \(deb\|installed\)$' "$P/MANIFEST") packages" || bad "MANIFEST lists no packages"
+
+glibc_need=$(sed -n 's/^needs: GLIBC_\([0-9.]*\) .*/\1/p' "$P/MANIFEST")
+if [ -z "$glibc_need" ]; then bad "MANIFEST has no needs: line"
+elif [ "$(printf '%s\n' "$glibc_need" 2.34 | sort -V | tail -n 1)" = 2.34 ]; then
+  ok "the pack needs glibc $glibc_need ($(grep '^needs:' "$P/MANIFEST"))"
+else bad "the pack needs glibc $glibc_need, above 2.34"; fi
 
 # 2. size
 pack_kb=$(du -sk "$P" | cut -f1)
@@ -80,7 +88,7 @@ else
   foreign=$(awk '$6 ~ /\.so/ {print $6}' "/proc/$gpid/maps" | sort -u |
     while read -r m; do in_pack_or_glibc "$m" || echo "$m"; done)
   mapped=$(awk '$6 ~ /\.so/ {print $6}' "/proc/$gpid/maps" | sort -u | grep -c "^$P/lib/")
-  [ -z "$foreign" ] && [ "$mapped" -ge 5 ] && ok "running gnmrd maps $mapped of the pack's libraries and glibc's, nothing else" ||
+  [ -z "$foreign" ] && [ "$mapped" -ge 5 ] && ok "running gnmrd maps $mapped of the pack's libraries and the machine's own, nothing else" ||
     bad "running gnmrd maps libraries from outside the pack: $foreign (pack's: $mapped)"
   if env -i PATH=/usr/bin:/bin "$P/bin/gnmr-sim" --agents "$agents" --job pack-sim \
       --ranks 2 --units 16 --steps 60 --seed 7 --write-trace "$work/sim.csv" \
