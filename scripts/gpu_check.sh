@@ -193,7 +193,7 @@ if [ -n "$whl" ]; then
 fi
 step python-cuda python.log 120 env GNMR_AGENT_LIB="$agentlib" GNMR_BIN_DIR="$bin" \
   PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-  "$PY" -m unittest discover -s python/tests -k Cuda -v
+  "$PY" -m unittest discover -s python/tests -p test_gnmr.py -k Cuda -v
 if "$PY" -c 'import transformer_engine.pytorch, nvdlfw_inspect' 2>/dev/null; then
   step te-feature python.log 120 env GNMR_AGENT_LIB="$agentlib" \
     PYTHONPATH="$PWD/python" "$PY" python/tests/gpu_te_check.py "$agents"
