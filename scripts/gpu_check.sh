@@ -39,7 +39,7 @@
 # from it and answers gnmrctl, the Python there imports the package. It
 # runs in `make check` (tests/gpu_pack_test.sh).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 dry=0 rebuild=0
 while [ $# -gt 0 ]; do
   case "$1" in
