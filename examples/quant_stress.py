@@ -54,12 +54,29 @@ Variants, from the same seeds, data and episode schedule:
               (one scalar through the policy), --max-active units chosen
               at random, held for --lock-steps calm steps: a global
               signal's timing without its locality
+  nanonly     the rule GNMR must beat: a unit whose gradient norm was
+              non-finite at step t-1 is recovered, and held for
+              --lock-steps steps after, at most --max-active (most recent
+              first), nothing else; no recovery in GNMR's warm-up either.
+              GNMR with thresholds that no finite ratio crosses decides
+              this way.
+  nanonly_random  nanonly, and other units at random on top, as many as
+              keep its recovery share at GNMR's (a running target): what
+              GNMR's budget buys without its signal
   gnmr_shadow gnmr, and a unit on its recovery path whose low path would
               have been damaged at the step (its copy measured on either
               path: gnmr.recovery.fp8_overflowed, or the int4 error above
               --damage-error) is reported as non-finite (Controller's
               shadow=), so GNMR holds it while the damage lasts. Not in
               the default --variants (make experiment's nine).
+
+Validation loss is measured clean: the episode scaling is off while
+evaluate() runs (the model as training left it). Exceedances: for every
+variant, each unit's gradient norms go through GNMR's per-unit rule
+(docs/policy.md, ScalarPolicy) and a unit-step after warm-up counts when
+its finite GNMR or delta-GNMR crosses a threshold (`exceed`, the paper's
+threshold-exceedance rate, as a share of the unit-steps after warm-up)
+or its norm is non-finite (`nonfinite`, same denominator).
 
 Damage (measured, on either path): the low path's copy of a unit's input
 at step t had elements out of the FP8 range (fp8), or a relative error
@@ -107,10 +124,12 @@ from gnmr.recovery import FP8Linear, KBitLinear, switch  # noqa: E402
 from gnmr.recovery import fp8_overflowed  # noqa: E402
 
 DEFAULT_VARIANTS = ("fp", "high", "low", "gnmr", "random", "oracle",
-                    "oracle_now", "rawnorm", "global")
+                    "oracle_now", "rawnorm", "global", "nanonly",
+                    "nanonly_random")
 ALL_VARIANTS = DEFAULT_VARIANTS + ("gnmr_shadow",)
 CONTROLLED = {"gnmr", "gnmr_shadow"}  # a real gnmrd chooses
-NEEDS_GNMR = {"random", "rawnorm"}   # GNMR's share / per-step counts
+# GNMR's share / per-step counts
+NEEDS_GNMR = {"random", "rawnorm", "nanonly_random"}
 
 
 class Block(torch.nn.Module):
@@ -238,6 +257,8 @@ class Chooser:
         self.held, self.hold_left = [], 0
         self.glob = ScalarPolicy(args)
         self.prev_norms = None
+        self.last_nan = [-10 ** 9] * n_units
+        self.rec_total = 0        # nanonly_random: recovery unit-steps
 
     def before(self, step, probe_damage=None):
         a, n = self.args, self.n
@@ -267,6 +288,21 @@ class Chooser:
             return set(order[:k])
         if self.v == "global":
             return set(self.held)
+        if self.v in ("nanonly", "nanonly_random"):
+            if step <= a.warmup + 1:   # GNMR decides nothing in warm-up
+                return set()
+            recent = [u for u in range(n)
+                      if step - 1 - self.last_nan[u] <= a.lock_steps]
+            recent.sort(key=lambda u: (-self.last_nan[u], u))
+            picked = set(recent[:a.max_active])
+            if self.v == "nanonly_random":
+                want = round(self.gnmr["share"] * n * step) - \
+                    self.rec_total - len(picked)
+                others = [u for u in range(n) if u not in picked]
+                picked |= set(self.rng.sample(others,
+                                              max(0, min(want, len(others)))))
+            self.rec_total += len(picked)
+            return picked
         raise ValueError(self.v)
 
     def after(self, step, damage, norms):
@@ -275,6 +311,8 @@ class Chooser:
         for u in range(self.n):
             if damage[u]:
                 self.last_damage[u] = step
+            if not math.isfinite(norms[u]):
+                self.last_nan[u] = step
         self.prev_norms = norms
         if self.v == "global":
             total = math.sqrt(sum(x * x for x in norms))
@@ -352,6 +390,8 @@ def run(variant, seed, args, train, val, endpoint=None, gnmr_rec=None):
     active_log = [set()]          # active_log[t]: recovery set at step t
     rec_steps = damage_steps = hits = 0
     damage_log = [[False] * len(units)]  # damage_log[t][u]
+    rules = [ScalarPolicy(args) for _ in units]  # GNMR's rule, per unit
+    exceed = nonfinite = 0
     for step, (x, y) in enumerate(batches(train, args.steps, args.batch,
                                           args.ctx, gen), 1):
         t0 = time.perf_counter()
@@ -389,6 +429,13 @@ def run(variant, seed, args, train, val, endpoint=None, gnmr_rec=None):
                 raise RuntimeError(f"gnmrd's decision for step {step} was "
                                    f"late: the run would not reproduce")
         norms = [unit_norm(m) for m in units]
+        for u, n in enumerate(norms):
+            risky = rules[u].risky(n)
+            if step > args.warmup and risky:
+                if math.isfinite(n):
+                    exceed += 1
+                else:
+                    nonfinite += 1
         chooser.after(step, damage, norms)
         finite = all(bool(torch.isfinite(p.grad).all())
                      for p in model.parameters() if p.grad is not None)
@@ -399,11 +446,14 @@ def run(variant, seed, args, train, val, endpoint=None, gnmr_rec=None):
         sched_lr.step()
         t_steps += time.perf_counter() - t0
         if step % args.eval_every == 0 or step == args.steps:
+            current.clear()   # measured clean: no episode while evaluating
             curve.append((step, evaluate(model, val, args)))
     if ctl is not None:
         ctl.close()
     unit_steps = len(units) * args.steps
+    eligible = len(units) * max(1, args.steps - args.warmup)
     return {"val": curve[-1][1], "curve": curve,
+            "exceed": exceed / eligible, "nonfinite": nonfinite / eligible,
             "share": rec_steps / unit_steps,
             "precision": hits / rec_steps if rec_steps else 0.0,
             "coverage": hits / damage_steps if damage_steps else 0.0,
@@ -475,7 +525,9 @@ COMPARISONS = [("low", "high"), ("oracle", "random"), ("gnmr", "random"),
                ("gnmr", "low"), ("oracle_now", "random"),
                ("rawnorm", "random"), ("global", "random"),
                ("gnmr", "rawnorm"), ("gnmr", "global"), ("gnmr", "oracle"),
-               ("high", "fp"), ("gnmr_shadow", "gnmr"),
+               ("high", "fp"), ("nanonly", "low"),
+               ("gnmr", "nanonly"), ("gnmr", "nanonly_random"),
+               ("nanonly_random", "random"), ("gnmr_shadow", "gnmr"),
                ("gnmr_shadow", "random"), ("gnmr_shadow", "oracle")]
 
 
@@ -497,6 +549,8 @@ def summarise(results, args, seeds, argv, commit):
             "coverage": [round(r["coverage"], 6) for r in rs],
             "damage": [round(r["damage"], 6) for r in rs],
             "skipped": [r["skipped"] for r in rs],
+            "exceed": [round(r["exceed"], 6) for r in rs],
+            "nonfinite": [round(r["nonfinite"], 6) for r in rs],
             "damage_unit_steps": [r["damage_steps"] for r in rs],
             "misses_by_cause": {c: [r["misses"][c] for r in rs]
                                 for c in MISS_CAUSES}}
@@ -511,6 +565,14 @@ def summarise(results, args, seeds, argv, commit):
         g = -statistics.mean(out["paired"]["gnmr-random"]["per_seed"])
         o = -statistics.mean(out["paired"]["oracle-random"]["per_seed"])
         out["gnmr_gain_over_oracle_gain"] = round(g / o, 4) if o else None
+    # the share of the low-high gap (of mean final losses) each closes
+    if "low" in results and "high" in results:
+        lo = statistics.mean(r["val"] for r in results["low"])
+        gap = lo - statistics.mean(r["val"] for r in results["high"])
+        out["gap_closed"] = {
+            v: round((lo - statistics.mean(r["val"] for r in rs)) / gap, 4)
+            for v, rs in results.items()
+            if v not in ("low", "high", "fp")} if gap else {}
     return out
 
 
@@ -551,17 +613,22 @@ def git_commit():
 def table(summary):
     """The results as markdown."""
     var = summary["variants"]
+    gap = summary.get("gap_closed", {})
     lines = ["| variant | final val loss (mean ± sd) | recovery share | "
-             "precision | coverage | skipped steps |",
-             "|---|---|---|---|---|---|"]
+             "exceed | nonfinite | precision | coverage | skipped steps | "
+             "gap closed |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for v, r in var.items():
         sd = statistics.stdev(r["val"]) if len(r["val"]) > 1 else 0.0
+        g = f"{gap[v]:+.2f}" if v in gap else "-"
         lines.append(
             f"| {v} | {statistics.mean(r['val']):.4f} ± {sd:.4f} | "
             f"{statistics.mean(r['share']):.3f} | "
+            f"{statistics.mean(r['exceed']):.4f} | "
+            f"{statistics.mean(r['nonfinite']):.4f} | "
             f"{statistics.mean(r['precision']):.2f} | "
             f"{statistics.mean(r['coverage']):.2f} | "
-            f"{statistics.mean(r['skipped']):.1f} |")
+            f"{statistics.mean(r['skipped']):.1f} | {g} |")
     lines += ["", "Damage unit-steps not recovered, by cause, as a share of "
               "all damage unit-steps (mean over seeds; the module docstring "
               "defines the causes):", "",
@@ -583,6 +650,11 @@ def table(summary):
         t = "-" if p["t"] is None else f"{p['t']:+.1f}"
         lines.append(f"| {k} | {p['mean']:+.4f} ± {p['se']:.4f} | {t} | " +
                      " ".join(f"{x:+.4f}" for x in p["per_seed"]) + " |")
+    lines += ["", "exceed: unit-steps after warm-up whose finite GNMR or "
+              "Δ-GNMR crossed a threshold; nonfinite: those with a NaN/Inf "
+              "norm (both as a share of the unit-steps after warm-up); gap "
+              "closed: (low − variant) / (low − high) of the mean final "
+              "losses. Validation loss is measured with no episode active."]
     if summary.get("gnmr_gain_over_oracle_gain") is not None:
         lines += ["", "GNMR's gain over random as a fraction of the lagged "
                   f"oracle's: {summary['gnmr_gain_over_oracle_gain']:.2f}"]
