@@ -80,12 +80,14 @@ if [ "${GNMR_DEMO_STRESS:-1}" = 1 ]; then
   echo
   echo "== a real training run: FP8 activation storage with delayed scaling, growth"
   echo "   episodes that overflow it, steps with non-finite gradients skipped;"
-  echo "   static low vs GNMR vs random at GNMR's share vs the lagged oracle"
+  echo "   static low vs GNMR vs random at GNMR's share vs the NaN-only rule"
+  echo "   vs the lagged oracle"
   echo "   (1 seed, 100 steps, about a minute)"
   GNMR_AGENT_LIB="$(cd "$B/lib" && pwd)/libgnmr-agent.so" \
     "${GNMR_PYTHON:-build/venv/bin/python}" "$(dirname "$0")/../examples/quant_stress.py" --seeds 1 \
-    --steps 100 --variants low,gnmr,random,oracle --jobs 2 \
+    --steps 100 --variants low,gnmr,random,nanonly,oracle --jobs 2 \
     --gnmrd-bin "$B/bin" | sed 's/^/   /'
   echo "   (one short seed shows the mechanism, skipped steps; the loss"
-  echo "    differences need the full run: README.md quotes docs/results/)"
+  echo "    differences need the full run: docs/experiments.md quotes"
+  echo "    docs/results/)"
 fi

@@ -661,7 +661,7 @@ class ExampleTest(unittest.TestCase):
                         torch.get_num_threads())
         try:
             with contextlib.redirect_stdout(out):
-                res = self.qs.main(args + self.SMALL)
+                res = self.qs.main(self.SMALL + args)  # args win
         finally:  # the example sets both for the process it runs in
             torch.use_deterministic_algorithms(det)
             torch.set_num_threads(threads)
@@ -717,6 +717,23 @@ class ExampleTest(unittest.TestCase):
             self.assertEqual(doc["variants"]["high"]["misses_by_cause"]
                              ["first"], [0, 0])
             self.assertRegex(text, r"\| gnmr \| \d\.\d\d \| \d\.\d\d \|")
+            for i in range(2):
+                nan = res["nanonly"][i]
+                # nanonly recovers a unit only in the lock's steps after a
+                # non-finite norm of it, within the budget, never in
+                # warm-up (5 steps here; the first decision acts at 7)
+                self.assertTrue(all(len(a) <= 2 for a in nan["active"]))
+                self.assertEqual(nan["active"][1:7], [[]] * 6)
+                self.assertGreater(nan["share"], 0)
+                # its random fill brings it to GNMR's share
+                self.assertAlmostEqual(res["nanonly_random"][i]["share"],
+                                       res["gnmr"][i]["share"], delta=0.01)
+                # every variant sees the non-finite norms its low path gave
+                self.assertEqual(res["high"][i]["nonfinite"], 0.0)
+                self.assertGreater(res["low"][i]["nonfinite"], 0.0)
+            for v in ("nanonly", "nanonly_random"):
+                self.assertIn(v, doc["gap_closed"])
+            self.assertIn("gnmr-nanonly", doc["paired"])
             self.assertTrue(os.path.getsize(os.path.join(tmp, "stress.md")))
             # one seed and two variants again, in one process: the same
             again, _ = self.main(["--seed-list", "2", "--variants",
@@ -736,6 +753,44 @@ class ExampleTest(unittest.TestCase):
             self.assertGreaterEqual(sh["share"], g["share"])
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_validation_is_measured_with_no_episode_active(self):
+        """Episodes scale 2 token positions of every unit's input by 1e4
+        (every other step, the last one included); what the projections
+        see while evaluate() runs is the model's own activations."""
+        from unittest import mock
+        seen = []
+        real = self.qs.evaluate
+
+        def evaluate(model, val, args):
+            big = [0.0]
+
+            def hook(module, inputs):
+                big[0] = max(big[0], float(inputs[0].abs().max()))
+            hs = [m.register_forward_pre_hook(hook) for m in model.modules()
+                  if isinstance(m, torch.nn.Linear)]
+            try:
+                return real(model, val, args)
+            finally:
+                for h in hs:
+                    h.remove()
+                seen.append(big[0])
+        with mock.patch.object(self.qs, "evaluate", evaluate):
+            res, _ = self.main(["--seed-list", "1", "--variants", "fp",
+                                "--episode-rate", "1", "--episode-scales",
+                                "10000", "--steps", "41"])
+        self.assertEqual(len(seen), 3)         # steps 20, 40 and 41
+        self.assertLess(max(seen), 1000.0, seen)
+        self.assertTrue(math.isfinite(res["fp"][0]["val"]))
+
+    def test_a_saturating_cast_gives_no_nan_for_nanonly_to_see(self):
+        res, _ = self.main(["--seed-list", "1", "--variants",
+                            "low,nanonly", "--saturate"])
+        self.assertEqual(res["low"][0]["skipped"], 0)
+        self.assertEqual(res["low"][0]["nonfinite"], 0.0)
+        self.assertGreater(res["low"][0]["damage"], 0.0)  # clipped, silently
+        self.assertEqual(res["nanonly"][0]["share"], 0.0)
+        self.assertEqual(res["nanonly"][0]["val"], res["low"][0]["val"])
 
     def test_each_miss_has_its_cause(self):
         import argparse
