@@ -479,6 +479,9 @@ demo: deps-demo all venv
 #                    is NaN, the step is skipped): docs/results/stress.*
 #   stress_saturate  the same with a saturating cast, as Transformer Engine
 #                    and torchao cast: docs/results/stress_saturate.*
+#                    (without fp and oracle_now: fp is high bit for bit,
+#                    shown in stress; the same-step ceiling costs a probe
+#                    forward a step)
 # `make experiment` runs every setting, `make experiment SETTING=stress`
 # one. torch's CPU kernels are pinned (ATEN_CPU_CAPABILITY) so that a rerun
 # on another x86-64 gives the same figures.
@@ -486,7 +489,8 @@ SETTINGS := stress stress_saturate
 SETTING ?= $(SETTINGS)
 EXPERIMENT_SEEDS ?= --seed-list 21,22,23,24,25 --steps 300 --jobs 2
 EXPERIMENT_stress := 
-EXPERIMENT_stress_saturate := --saturate
+EXPERIMENT_stress_saturate := --saturate --variants \
+  high,low,gnmr,random,oracle,rawnorm,global,nanonly,nanonly_random
 experiment: deps-demo all venv
 	@for s in $(SETTING); do \
 	  case " $(SETTINGS) " in *" $$s "*) ;; *) \

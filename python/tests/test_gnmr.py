@@ -808,19 +808,31 @@ class ExampleTest(unittest.TestCase):
         self.assertEqual(sum(got.values()), len(hit) - 1)
 
     def test_the_docs_quote_the_committed_results(self):
-        """Every table row of docs/results/stress.md (what `make
-        experiment` wrote) is in docs/experiments.md, in the same order."""
+        """Every table row of each setting's docs/results/<setting>.md
+        (what `make experiment` wrote) is in docs/experiments.md, in the
+        same order, and each json holds the variants the table shows."""
         root = os.path.join(os.path.dirname(__file__), "..", "..")
-        with open(os.path.join(root, "docs", "results", "stress.md")) as f:
-            rows = [ln for ln in f.read().splitlines() if ln.startswith("|")]
         with open(os.path.join(root, "docs", "experiments.md")) as f:
             readme = f.read().splitlines()
-        self.assertGreater(len(rows), 10)
-        at = 0
-        for row in rows:
-            self.assertIn(row, readme[at:], "docs/experiments.md does not "
-                          "quote docs/results/stress.md's row, in order")
-            at = readme.index(row, at) + 1
+        for setting in ("stress", "stress_saturate"):
+            base = os.path.join(root, "docs", "results", setting)
+            with open(base + ".md") as f:
+                rows = [ln for ln in f.read().splitlines()
+                        if ln.startswith("|")]
+            with open(base + ".json") as f:
+                doc = json.load(f)
+            self.assertLessEqual({"low", "high", "gnmr", "random", "oracle",
+                                  "rawnorm", "global", "nanonly",
+                                  "nanonly_random"}, set(doc["variants"]),
+                                 setting)
+            self.assertEqual(doc["seeds"], [21, 22, 23, 24, 25], setting)
+            self.assertGreater(len(rows), 10)
+            at = 0
+            for row in rows:
+                self.assertIn(row, readme[at:], "docs/experiments.md does "
+                              f"not quote docs/results/{setting}.md's row, "
+                              "in order")
+                at = readme.index(row, at) + 1
 
     def test_bad_arguments_are_clear_errors(self):
         import io
