@@ -428,8 +428,9 @@ static uint32_t grid_of(const gnmr_cuda *c) {
  * slots, the counters and the result, whatever their stream: each waits
  * for the previous one (ev_last) and for the last copy of the result
  * (ev_done). Under capture those waits belong to the caller's stream
- * order; the launch records ev_last in the graph, so that every replay
- * records it and a later registration waits for the replays too. */
+ * order; the launch records ev_last in the graph (an external record
+ * node), so that every replay records it and a later registration, read
+ * or submit waits for the replays too. */
 static int launch(gnmr_cuda *c, cudaStream_t stream, cudaStream_t *used) {
   int rv = GNMR_OK;
   enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
@@ -454,9 +455,20 @@ static int launch(gnmr_cuda *c, cudaStream_t stream, cudaStream_t *used) {
       .result = c->d_result,
       .grid = grid_of(c),
   };
+  /* the launch's own error is read with cudaGetLastError, which also
+   * returns one an earlier call left behind (each was reported where it
+   * happened): clear it first, so that it is not blamed on this launch */
+  (void)cudaGetLastError();
   CK(c, (cudaError_t)gnmr__cuda_launch(&l, s));
   atomic_fetch_add(&c->launches, 1);
-  CK(c, cudaEventRecord(c->ev_last, s));
+  /* Under capture a plain record is internal to the capture: waiting on
+   * it after the capture ends is cudaErrorInvalidValue (seen on an H200,
+   * CUDA 13). An external record is a node of the graph: every replay
+   * records ev_last, as a launch outside a graph does. */
+  if (cap == cudaStreamCaptureStatusNone)
+    CK(c, cudaEventRecord(c->ev_last, s));
+  else
+    CK(c, cudaEventRecordWithFlags(c->ev_last, s, cudaEventRecordExternal));
   c->launched = 1;
   *used = s;
 out:

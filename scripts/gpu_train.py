@@ -4,7 +4,8 @@ CPU in `make check`):
 
     python scripts/gpu_train.py --out DIR [--agents tcp://127.0.0.1:PORT
         --admin ipc://DIR/admin.sock] [--device cuda|cpu]
-        [--steps 200] [--base-steps 50] [--size gpu|tiny]
+        [--steps 200] [--overlap-steps 100] [--base-steps 50]
+        [--profile-steps 20] [--size gpu|tiny]
 
 A small Llama (transformers' LlamaForCausalLM built from a config; no hub)
 trains in bf16 on byte tokens of the repository's own text. Every linear
@@ -21,7 +22,14 @@ Measured in one run, written to DIR/train.json and printed:
 - the step without GNMR (`--base-steps` steps of the same model, routes
   all on the low path) and with it, and the time inside Controller.step()
   after the backward has finished (a synchronisation first, so the call's
-  own cost is timed, not the GPU's backlog);
+  own cost is timed, not the GPU's backlog); step() waits for gnmrd's
+  decision, so this holds the round trip to gnmrd;
+- then `--overlap-steps` more steps as a training loop that does not wait
+  for the decision: report_async() after the backward, the optimizer
+  step, then finish(); the time inside those two calls (finish after a
+  synchronisation, for the same reason);
+- where the time inside step() goes: cProfile over `--profile-steps`
+  steps, printed;
 - on CUDA, the backend's pass alone (CUDA events around 50 reports of the
   last gradients, through a second agent and job) against the gradients'
   bytes at this device's copy bandwidth measured in the same run;
@@ -233,6 +241,8 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available()
                     else "cpu")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--overlap-steps", type=int, default=100)
+    ap.add_argument("--profile-steps", type=int, default=20)
     ap.add_argument("--base-steps", type=int, default=50)
     ap.add_argument("--warm-steps", type=int, default=5)
     ap.add_argument("--size", choices=sorted(SIZES), default=None)
@@ -241,9 +251,10 @@ def main(argv=None):
         os.environ.get("GNMR_BIN_DIR", os.path.join(ROOT, "build", "bin")),
         "gnmrctl"))
     a = ap.parse_args(argv)
-    if a.steps < 1 or a.base_steps < 1 or a.warm_steps < 0:
-        ap.error("--steps and --base-steps are 1 or more, --warm-steps 0 "
-                 "or more")
+    if a.steps < 1 or a.base_steps < 1 or min(
+            a.warm_steps, a.overlap_steps, a.profile_steps) < 0:
+        ap.error("--steps and --base-steps are 1 or more, --warm-steps, "
+                 "--overlap-steps and --profile-steps 0 or more")
     if bool(a.agents) != bool(a.admin):
         ap.error("--agents and --admin go together (or neither: a gnmrd "
                  "is started here)")
@@ -347,6 +358,54 @@ def run(a, ap):
         if step > a.warm_steps:
             inside.append(t2 - t1)
             steps.append(t3 - t0)
+    # a loop that does not wait for the decision: it arrives while the
+    # optimizer steps
+    o_inside, o_steps = [], []
+    for step in range(a.steps + 1, a.steps + a.overlap_steps + 1):
+        sync(device)
+        t0 = time.perf_counter()
+        loss = train_step()
+        sync(device)
+        t1 = time.perf_counter()
+        ctl.report_async(step)
+        t2 = time.perf_counter()
+        opt.step()
+        sync(device)  # the optimizer done: what follows is GNMR's
+        t3 = time.perf_counter()
+        res = ctl.finish(step)
+        t4 = time.perf_counter()
+        late += not res.on_time
+        active += len(res.active)
+        opt.zero_grad(set_to_none=True)
+        sync(device)
+        losses.append(loss.item())
+        if step > a.steps + a.warm_steps:
+            o_inside.append((t2 - t1) + (t4 - t3))
+            o_steps.append(time.perf_counter() - t0)
+    # where the time inside step() goes (after the timed loops)
+    profile = None
+    if a.profile_steps:
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        first = a.steps + a.overlap_steps + 1
+        for step in range(first, first + a.profile_steps):
+            loss = train_step()
+            sync(device)
+            prof.enable()
+            res = ctl.step(step)
+            prof.disable()
+            late += not res.on_time
+            active += len(res.active)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
+        profile = buf.getvalue()
+        print(f"== cProfile of Controller.step() over {a.profile_steps} "
+              f"steps (cumulative)\n{profile}")
+    total = a.steps + a.overlap_steps + a.profile_steps
     backend = ctl.cuda_backend if device.type == "cuda" else \
         "host (CPU tensors: libgnmr-agent's CPU reduction)"
     units = ctl.units
@@ -364,19 +423,28 @@ def run(a, ap):
         "low_path": "FP8 E4M3 GEMM (torch._scaled_mm), per-tensor scales, "
                     "saturating; recovery: bf16",
         "cuda_backend": backend,
-        "steps": a.steps, "timed_steps": len(steps),
+        "steps": total, "timed_steps": len(steps),
         "base_step_ms": round(statistics.median(base) * 1e3, 3),
         "gnmr_step_ms": round(statistics.median(steps) * 1e3, 3)
         if steps else None,
         "inside_step_ms": round(statistics.median(inside) * 1e3, 4)
         if inside else None,
+        "overlap_steps": a.overlap_steps,
+        "overlap_step_ms": round(statistics.median(o_steps) * 1e3, 3)
+        if o_steps else None,
+        "overlap_inside_ms": round(statistics.median(o_inside) * 1e3, 4)
+        if o_inside else None,
+        "profile_steps": a.profile_steps,
         "late_decisions": late,
-        "active_share": round(active / (a.steps * len(units)), 4),
+        "active_share": round(active / (total * len(units)), 4),
         "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
     }
     if inside:
         result["inside_pct_of_base_step"] = round(
             100 * result["inside_step_ms"] / result["base_step_ms"], 3)
+    if o_inside:
+        result["overlap_inside_pct_of_base_step"] = round(
+            100 * result["overlap_inside_ms"] / result["base_step_ms"], 3)
     # the CUDA backend's pass against the gradients' bytes at copy speed
     if device.type == "cuda" and cuda_device_count() > 0:
         train_step()  # gradients to reduce
@@ -408,7 +476,7 @@ def run(a, ap):
     with open(os.path.join(a.out, "train.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps(result, indent=1))
-    ok = (result["decisions_equal_replay"] and len(got) == a.steps and
+    ok = (result["decisions_equal_replay"] and len(got) == total and
           all(math.isfinite(x) for x in losses) and
           result["loss_last"] < result["loss_first"] and
           (device.type != "cuda" or backend == "gnmr"))

@@ -22,6 +22,13 @@
  *   - a wait on, or synchronization of, an event never recorded;
  *   - a free of memory a captured graph uses (a graph captured through
  *     cudaStreamBeginCapture keeps its kernels' buffers).
+ * As the runtime does (seen on an H200, CUDA 13): a plain cudaEventRecord
+ * on a capturing stream is internal to the capture (no node of the
+ * graph), and a wait on, or synchronization of, such an event once
+ * outside the capture is cudaErrorInvalidValue; only
+ * cudaEventRecordWithFlags(cudaEventRecordExternal) puts a record in the
+ * graph. A failed call leaves its error for this thread's next
+ * cudaGetLastError, which a kernel launch's check reads.
  * The kernel launch runs the kernel's host model (gnmr__cuda_model) over
  * the uploaded table image. A failure can be injected into the Nth call
  * of a named function. Only what the backend calls is here. */
@@ -52,13 +59,22 @@ int fake_cuda_launches(void) { return atomic_load(&launches); }
 int fake_cuda_live_allocs(void) { return atomic_load(&live_allocs); }
 int fake_cuda_device_syncs(void) { return atomic_load(&device_syncs); }
 
+/* The runtime's per-thread last error: every failed call sets it, and
+ * cudaGetLastError (which the kernel launch's check calls) returns and
+ * clears it. */
+static _Thread_local cudaError_t last_error;
+static cudaError_t failed(cudaError_t e) {
+  last_error = e;
+  return e;
+}
+
 /* cudaErrorMemoryAllocation when the injected failure is due here. */
 static cudaError_t maybe_fail(const char *name) {
   cudaError_t e = cudaSuccess;
   pthread_mutex_lock(&mu);
   if (fail_after >= 0 && strcmp(name, fail_name) == 0) {
     if (fail_after == 0) {
-      e = cudaErrorMemoryAllocation;
+      e = failed(cudaErrorMemoryAllocation);
       fail_after = -1;
     } else {
       fail_after--;
@@ -106,6 +122,7 @@ struct fstream {
 struct fevent {
   op *latest; /* the last record issued (kept until the event dies) */
   int recorded;
+  int internal; /* last recorded inside a capture, not as a graph node */
 };
 
 /* A captured graph: its kernels and event records, replayed in order by
@@ -326,14 +343,22 @@ static void *device_base(const void *p) {
 }
 
 const char *cudaGetErrorString(cudaError_t e) {
-  return e == cudaSuccess ? "no error" : "injected failure (fake CUDA)";
+  return e == cudaSuccess            ? "no error"
+         : e == cudaErrorInvalidValue ? "invalid argument (fake CUDA)"
+                                      : "injected failure (fake CUDA)";
 }
 
 const char *cudaGetErrorName(cudaError_t e) {
-  return e == cudaSuccess ? "cudaSuccess" : "cudaErrorMemoryAllocation";
+  return e == cudaSuccess              ? "cudaSuccess"
+         : e == cudaErrorInvalidValue ? "cudaErrorInvalidValue"
+                                      : "cudaErrorMemoryAllocation";
 }
 
-cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+cudaError_t cudaGetLastError(void) {
+  cudaError_t e = last_error;
+  last_error = cudaSuccess;
+  return e;
+}
 
 cudaError_t cudaGetDeviceCount(int *n) {
   *n = devices;
@@ -543,6 +568,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e,
   if (!ev->recorded)
     violate("%s: a stream waits on an event never recorded",
             "cudaStreamWaitEvent");
+  if (!stream_of(s)->capturing && ev->internal) {
+    pthread_mutex_unlock(&mu);
+    return failed(cudaErrorInvalidValue);
+  }
   if (!stream_of(s)->capturing) {
     op *o = enqueue(s, OP_WAIT);
     o->rec = ev->latest;
@@ -615,6 +644,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
         records[n_records++] = o;
       nd->ev->latest = o;
       nd->ev->recorded = 1;
+      nd->ev->internal = 0;
       continue;
     }
     o->l = nd->l;
@@ -669,16 +699,21 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   return cudaSuccess;
 }
 
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s,
+                                     unsigned int flags) {
   cudaError_t err = maybe_fail("cudaEventRecord");
   if (err != cudaSuccess)
     return err;
   fevent *ev = (fevent *)e;
   pthread_mutex_lock(&mu);
   fstream *st = stream_of(s);
-  if (st->capturing) { /* a record node: every replay records it */
+  if (st->capturing && (flags & cudaEventRecordExternal)) {
+    /* a record node: every replay records it */
     if (st->graph->n < 32)
       st->graph->node[st->graph->n++] = (fnode){OP_RECORD, {0}, ev};
+  } else if (st->capturing) { /* internal to the capture */
+    ev->recorded = 1;
+    ev->internal = 1;
   } else {
     op *o = enqueue(s, OP_RECORD);
     o->ev = ev;
@@ -686,10 +721,15 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
       records[n_records++] = o;
     ev->latest = o;
     ev->recorded = 1;
+    ev->internal = 0;
   }
   progress();
   pthread_mutex_unlock(&mu);
   return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  return cudaEventRecordWithFlags(e, s, cudaEventRecordDefault);
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
@@ -699,6 +739,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   fevent *ev = (fevent *)e;
   pthread_mutex_lock(&mu);
   check_sync_allowed("cudaEventSynchronize");
+  if (ev->internal) {
+    pthread_mutex_unlock(&mu);
+    return failed(cudaErrorInvalidValue);
+  }
   if (!ev->recorded)
     violate("%s: an event never recorded is waited on",
             "cudaEventSynchronize");
@@ -768,5 +812,5 @@ int gnmr__cuda_launch(const gnmr__launch *l, void *stream) {
   progress();
   pthread_mutex_unlock(&mu);
   atomic_fetch_add(&launches, 1);
-  return cudaSuccess;
+  return (int)cudaGetLastError(); /* as norm_kernel.cu's check does */
 }
