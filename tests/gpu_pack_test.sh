@@ -124,9 +124,10 @@ if [ -n "$agents" ]; then
   if GNMR_AGENT_LIB="$P/lib/libgnmr-agent.so" GNMR_BIN_DIR="$P/bin" \
      OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
      "$PY" scripts/gpu_train.py --agents "$agents" --admin "ipc://$work/admin.sock" \
-       --out "$work/train" --device cpu --steps 30 --base-steps 5 --warm-steps 2 \
+       --out "$work/train" --device cpu --steps 30 --overlap-steps 10 --profile-steps 3 \
+       --base-steps 5 --warm-steps 2 \
        >"$work/train.log" 2>&1 &&
-     "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); assert r["decisions_equal_replay"] and r["decisions"] == 30 and r["loss_last"] < r["loss_first"] and r["model"]["units"] == 14, r' "$work/train/train.json"; then
+     "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); assert r["decisions_equal_replay"] and r["decisions"] == 43 and r["overlap_inside_ms"] > 0 and r["loss_last"] < r["loss_first"] and r["model"]["units"] == 14, r' "$work/train/train.json"; then
     ok "gpu_train.py on the CPU: $(grep -o '"steps_with_recovery": [0-9]*' "$work/train/train.json"), decisions equal the replay of its trace"
   else
     bad "gpu_train.py on the CPU: $(tail -n 15 "$work/train.log")"

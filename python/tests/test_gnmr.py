@@ -200,6 +200,37 @@ class CudaTest(unittest.TestCase):
     @unittest.skipUnless(torch.cuda.is_available() and
                          gnmr.cuda_device_count() > 0,
                          "no CUDA device for torch and libgnmr-agent")
+    def test_cuda_tables_are_uploaded_only_when_a_gradient_moves(self):
+        d = Daemon()
+        try:
+            net = Net().cuda()
+            ctl = Controller(net, d.agents, "cuda-moves",
+                             select=(torch.nn.Linear,))
+            for step in range(1, 5):  # gradients kept in place
+                net.zero_grad(set_to_none=False)
+                net(torch.randn(4, 8, device="cuda")).pow(2).mean() \
+                    .backward()
+                self.assertTrue(ctl.step(step, wait_ms=5000))
+            self.assertEqual(ctl._cuda.stats()["uploads"], 1)
+            # one gradient moves to new memory: uploaded again, and the
+            # kernel reads the new memory
+            name, m = ctl.units[0]
+            p = next(p for p in m.parameters() if p.grad is not None)
+            p.grad = torch.full_like(p.grad, 3.0)
+            self.assertTrue(ctl.step(5, wait_ms=5000))
+            self.assertEqual(ctl._cuda.stats()["uploads"], 2)
+            want = sum(q.grad.double().pow(2).sum().item()
+                       for q in m.parameters() if q.grad is not None)
+            sumsq, _, _ = ctl._cuda.read(
+                torch.cuda.current_stream().cuda_stream)
+            self.assertAlmostEqual(sumsq[0], want, delta=1e-5 * want)
+            ctl.close()
+        finally:
+            self.assertEqual(d.stop(), 0)
+
+    @unittest.skipUnless(torch.cuda.is_available() and
+                         gnmr.cuda_device_count() > 0,
+                         "no CUDA device for torch and libgnmr-agent")
     def test_a_trace_of_cuda_gradients_holds_the_kernels_sums(self):
         d = Daemon()
         try:
