@@ -20,7 +20,8 @@ every step (a gnmrd started from GNMR_BIN_DIR for the run when
 
 Measured in one run, written to DIR/train.json and printed:
 - the step without GNMR (`--base-steps` steps of the same model, routes
-  all on the low path) and with it, and the time inside Controller.step()
+  all on the low path, in blocks of 5 between GNMR's steps; also before
+  and after them) and with it, and the time inside Controller.step()
   after the backward has finished (a synchronisation first, so the call's
   own cost is timed, not the GPU's backlog); step() waits for gnmrd's
   decision, so this holds the round trip to gnmrd;
@@ -318,28 +319,37 @@ def run(a, ap):
         loss.backward()
         return loss
 
-    def base_steps():
-        """The step without GNMR, every unit on its low path: the median
-        of --base-steps after --warm-steps."""
+    def base_steps(n, warm, into=None):
+        """n steps without GNMR, every unit on its low path, after warm
+        untimed ones: their median (their times appended to into)."""
+        saved = [m.recovery for m in model.modules()
+                 if isinstance(m, FP8GemmLinear)]
         for m in model.modules():
             if isinstance(m, FP8GemmLinear):
                 m.recovery = False
-        times = []
-        for i in range(a.warm_steps + a.base_steps):
+        times = [] if into is None else into
+        for i in range(warm + n):
             sync(device)
             t0 = time.perf_counter()
             train_step()
             opt.step()
             opt.zero_grad(set_to_none=True)
             sync(device)
-            if i >= a.warm_steps:
+            if i >= warm:
                 times.append(time.perf_counter() - t0)
+        for m, r in zip((m for m in model.modules()
+                         if isinstance(m, FP8GemmLinear)), saved):
+            m.recovery = r  # the routes gnmrd decided, back
         return statistics.median(times)
 
-    # measured before and after GNMR's steps: the first steps of a fresh
-    # process ran slower on the GPU (39 ms and 56 ms medians on two runs),
-    # so the base the costs are set against is the one measured after
-    base_before = base_steps()
+    # The step time drifts within a run (on an H200 the median of 50 steps
+    # fell from 55 ms at the start to 40 ms after 400 steps), so the base
+    # that GNMR's steps are set against is measured between them: blocks
+    # of 5 steps without GNMR, every 20 steps of the synchronous loop
+    # (--base-steps in all); before and after, for the record.
+    base_before = base_steps(a.base_steps, a.warm_steps)
+    base = []
+    every = max(1, a.steps // max(1, a.base_steps // 5))
 
     ctl = Controller(model, a.agents, a.job, select=(FP8GemmLinear,),
                      on_route=switch,
@@ -351,6 +361,8 @@ def run(a, ap):
         return 1
     inside, steps, losses, active, late = [], [], [], 0, 0
     for step in range(1, a.steps + 1):
+        if step % every == 0 and len(base) < a.base_steps:
+            base_steps(min(5, a.base_steps - len(base)), 0, base)
         sync(device)
         t0 = time.perf_counter()
         loss = train_step()
@@ -417,7 +429,7 @@ def run(a, ap):
         print(f"== cProfile of Controller.step() over {a.profile_steps} "
               f"steps (cumulative)\n{profile}")
     total = a.steps + a.overlap_steps + a.profile_steps
-    base_after = base_steps()
+    base_after = base_steps(a.base_steps, 0)
     backend = ctl.cuda_backend if device.type == "cuda" else \
         "host (CPU tensors: libgnmr-agent's CPU reduction)"
     units = ctl.units
@@ -436,8 +448,10 @@ def run(a, ap):
                     "saturating; recovery: bf16",
         "cuda_backend": backend,
         "steps": total, "timed_steps": len(steps),
-        "base_step_ms": round(base_after * 1e3, 3),
+        "base_step_ms": round(statistics.median(base) * 1e3, 3),
+        "base_steps_between": len(base),
         "base_step_ms_first": round(base_before * 1e3, 3),
+        "base_step_ms_last": round(base_after * 1e3, 3),
         "gnmr_step_ms": round(statistics.median(steps) * 1e3, 3)
         if steps else None,
         "inside_step_ms": round(statistics.median(inside) * 1e3, 4)
