@@ -9,8 +9,9 @@
  *     per byte copied); target >= 85% (fp32 and bf16);
  *   - launches per report (the backend's counter; target 1);
  *   - host enqueue time per gnmr_cuda_report (target: microseconds);
- *   - torch._foreach_norm over the same tensors, when python3 has torch
- *     with CUDA. */
+ *   - torch._foreach_norm over the same tensors, when $GNMR_PYTHON (default:
+ *     python3 on PATH; the GPU machine's torch is not /usr/bin/python3's)
+ *     has torch with CUDA. */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -96,16 +97,20 @@ static void torch_compare(const set *s, size_t n, const uint64_t *sizes,
            s->name);
     return;
   }
-  if (system("/usr/bin/python3 -c 'import torch; assert "
-             "torch.cuda.is_available()' >/dev/null 2>&1") != 0) {
+  const char *py = getenv("GNMR_PYTHON");
+  if (py == NULL || *py == '\0' || strpbrk(py, "'\"$`\\;&|<> \t\n") != NULL)
+    py = "python3"; /* a plain path only: it goes into a shell command */
+  char probe[512];
+  snprintf(probe, sizeof probe, "%s -c 'import torch; assert "
+           "torch.cuda.is_available()' >/dev/null 2>&1", py);
+  if (strlen(py) > 400 || system(probe) != 0) {
     printf("norm_cuda %-10s torch._foreach_norm: skipped (no torch with "
-           "CUDA for /usr/bin/python3)\n", s->name);
+           "CUDA for %s)\n", s->name, py);
     return;
   }
-  size_t cap = 64 + n * 24;
+  size_t cap = 64 + n * 24 + strlen(py);
   char *cmd = malloc(cap + 1024);
-  int k = snprintf(cmd, cap + 1024,
-                   "/usr/bin/python3 -c 'import torch\nsizes=[");
+  int k = snprintf(cmd, cap + 1024, "%s -c 'import torch\nsizes=[", py);
   for (size_t i = 0; i < n; i++)
     k += snprintf(cmd + k, cap + 1024 - (size_t)k, "%llu,",
                   (unsigned long long)sizes[i]);

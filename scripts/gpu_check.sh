@@ -171,7 +171,7 @@ if grep -q "SKIPPED" "$out/test_gpu.log" && nvidia-smi -L 2>/dev/null | grep -q 
 fi
 head -n 12 "$out/test_gpu.log" >>"$out/env.txt"
 
-step norm_cuda norm_cuda.log 60 "$gpu/norm_cuda"
+step norm_cuda norm_cuda.log 60 env GNMR_PYTHON="$PY" "$gpu/norm_cuda"
 
 # ---- a real training run on CUDA -------------------------------------------
 if [ -n "$agents" ]; then
