@@ -383,7 +383,8 @@ def run(a, ap):
             inside.append(t2 - t1)
             steps.append(t3 - t0)
     # a loop that does not wait for the decision: it arrives while the
-    # optimizer steps
+    # optimizer steps (so a non-finite step could not be skipped here as
+    # the loop above skips it: a recipe that skips them waits, as above)
     o_inside, o_steps = [], []
     for step in range(a.steps + 1, a.steps + a.overlap_steps + 1):
         sync(device)
