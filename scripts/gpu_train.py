@@ -344,7 +344,7 @@ def run(a, ap):
 
     # The step time drifts within a run (on an H200 the median of 50 steps
     # without GNMR was 49 ms at the start and 53 ms at the end, 46 ms in
-    # between: docs/results/gpu-2026-12-04/final/train.json), so the base
+    # between: docs/results/gpu-2026-12-04/run4/train.json), so the base
     # that GNMR's steps are set against is measured between them: blocks
     # of 5 steps without GNMR, every 20 steps of the synchronous loop
     # (--base-steps in all); before and after, for the record.
