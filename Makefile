@@ -218,8 +218,8 @@ $(BUILD)/tests/test_accept_guard: $(BUILD)/obj/tests/test_accept_guard.o $(BUILD
 $(BUILD)/tests/test_agent_alloc: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
 # test_hostile edits an old database by hand.
 $(BUILD)/tests/test_hostile: LDLIBS += $(DB_LIBS)
-# test_store reads the snapshots table.
-$(BUILD)/tests/test_store: LDLIBS += $(DB_LIBS)
+# test_store reads the snapshots table, test_durability the steps table.
+$(BUILD)/tests/test_store $(BUILD)/tests/test_durability: LDLIBS += $(DB_LIBS)
 # test_pg also drives the store's database interface (libgnmr-store) itself
 $(BUILD)/tests/test_pg: $(LIB_STORE)
 $(BUILD)/tests/test_pg: LDLIBS += $(LIB_STORE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON) $(DB_LIBS)
@@ -370,7 +370,7 @@ test-python-newest: all venv-newest
 VALGRIND = valgrind -q --error-exitcode=99 --leak-check=full \
            --errors-for-leak-kinds=definite,indirect --track-fds=no
 CHECK_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
-VG_SLOW := test_store test_e2e test_pg test_hostile test_agent
+VG_SLOW := test_store test_e2e test_pg test_hostile test_agent test_durability
 VG_ORDER := $(filter $(addprefix $(BUILD)/tests/,$(VG_SLOW)),$(TESTS)) \
             $(filter-out $(addprefix $(BUILD)/tests/,$(VG_SLOW)),$(TESTS))
 VG_RUNS := $(addprefix valgrind-run/,$(VG_ORDER))

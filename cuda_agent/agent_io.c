@@ -14,6 +14,7 @@
 #include "agent_priv.h"
 #include "gnmr/error.h"
 #include "ipc.h"
+#include "validate.h"
 
 /* A report waiting for the daemon's Welcome. */
 typedef struct held_msg {
@@ -42,7 +43,50 @@ typedef struct io_state {
   /* the socket directory failed the peer check (another user's, say):
    * no Hello goes and nothing that comes is read, until it passes */
   int untrusted;
+  /* The decisions received past gnmrd's durable mark, oldest first (their
+   * envelopes, as decoded): sent back in every Hello, so that a gnmrd
+   * killed before committing them stores them after its restart. */
+  Gnmr__Envelope *hdec[GNMR_MAX_HELD];
+  int n_hdec;
 } io_state;
+
+static int before(uint32_t pa, uint64_t sa, uint32_t pb, uint64_t sb) {
+  return pa < pb || (pa == pb && sa < sb);
+}
+
+/* Forgets the held decisions that gnmrd committed (at or before d's
+ * durable mark) or that are of another run, then holds d's envelope when
+ * it comes after the newest held. Returns whether env was kept. */
+static int hold_decision(io_state *io, Gnmr__Envelope *env) {
+  const Gnmr__Decision *d = env->decision;
+  if (d->run == 0 || d->pass == 0)
+    return 0; /* a gnmrd that predates held decisions */
+  int n = 0;
+  for (int i = 0; i < io->n_hdec; i++) {
+    const Gnmr__Decision *h = io->hdec[i]->decision;
+    if (h->run != d->run ||
+        !before(d->durable_pass, d->durable_step, h->pass, h->step)) {
+      gnmr__wire_free(&io->hdec[i]);
+      continue;
+    }
+    io->hdec[n++] = io->hdec[i];
+  }
+  io->n_hdec = n;
+  if (n > 0 && !before(io->hdec[n - 1]->decision->pass,
+                       io->hdec[n - 1]->decision->step, d->pass, d->step))
+    return 0;
+  if (io->n_hdec == (int)GNMR_MAX_HELD) { /* the oldest goes */
+    gnmr__wire_free(&io->hdec[0]);
+    memmove(&io->hdec[0], &io->hdec[1], (GNMR_MAX_HELD - 1) *
+                                            sizeof io->hdec[0]);
+    io->n_hdec--;
+  }
+  /* gnmrd needs the step's active set, not why: the scores stay here */
+  env->decision->n_risky = env->decision->n_g = env->decision->n_d =
+      env->decision->n_s = 0;
+  io->hdec[io->n_hdec++] = env;
+  return 1;
+}
 
 /* Whether the endpoints' socket directories are still safe to talk
  * through: another local user who made a directory where gnmrd's would be
@@ -94,6 +138,11 @@ static void send_hello(gnmr_agent *a, io_state *io) {
   h.barrier_ms = a->barrier_ms;
   h.observer = a->observer;
   h.instance = a->instance;
+  Gnmr__Decision *held[GNMR_MAX_HELD];
+  for (int i = 0; i < io->n_hdec; i++)
+    held[i] = io->hdec[i]->decision;
+  h.n_held = (size_t)io->n_hdec;
+  h.held = held;
   env.body_case = GNMR__ENVELOPE__BODY_HELLO;
   env.hello = &h;
   io->next_hello = gnmr__now_ms() + HELLO_CONNECT_MS;
@@ -255,13 +304,14 @@ static void on_welcome(gnmr_agent *a, io_state *io, const Gnmr__Welcome *w) {
 }
 
 /* Marks local units whose job-wide id is active; publishes under seqlock. */
-static void on_decision(gnmr_agent *a, io_state *io, const Gnmr__Decision *d) {
+/* Returns whether the decision was applied (a new step). */
+static int on_decision(gnmr_agent *a, io_state *io, const Gnmr__Decision *d) {
   if (io->have_inflight && d->step >= io->inflight_step) {
     zmq_msg_close(&io->inflight); /* decided: the buffer goes back */
     io->have_inflight = 0;
   }
   if (!io->have_ids || d->step <= atomic_load(&a->decided_step))
-    return;
+    return 0;
   uint64_t words[a->n_words];
   memset(words, 0, sizeof words);
   for (size_t k = 0; k < d->n_active; k++) {
@@ -321,6 +371,7 @@ static void on_decision(gnmr_agent *a, io_state *io, const Gnmr__Decision *d) {
   pthread_mutex_lock(&a->mu);
   pthread_cond_broadcast(&a->cv);
   pthread_mutex_unlock(&a->mu);
+  return 1;
 }
 
 static void on_message(gnmr_agent *a, io_state *io, const void *buf,
@@ -334,7 +385,8 @@ static void on_message(gnmr_agent *a, io_state *io, const void *buf,
     on_welcome(a, io, env->welcome);
     break;
   case GNMR__ENVELOPE__BODY_DECISION:
-    on_decision(a, io, env->decision);
+    if (on_decision(a, io, env->decision) && hold_decision(io, env))
+      return; /* held: freed once gnmrd says it is committed */
     break;
   case GNMR__ENVELOPE__BODY_ERROR:
     atomic_fetch_add(&a->errors, 1);
@@ -488,6 +540,8 @@ out:
     zmq_msg_close(&io.inflight);
   for (int i = 0; i < io.n_held; i++)
     free(io.held[i].buf);
+  for (int i = 0; i < io.n_hdec; i++)
+    gnmr__wire_free(&io.hdec[i]);
   zmq_close(io.monitor);
   zmq_close(io.dealer);
   zmq_close(io.pull);

@@ -488,6 +488,19 @@ int core_report_step(core_job *j, uint32_t rank, uint64_t step,
   return CORE_ACCEPTED;
 }
 
+int core_adopt_decided(core_job *j, uint64_t step) {
+  if (step <= j->last_decided)
+    return 0;
+  uint32_t k = 0;
+  while (k < j->n_pend && j->pend[k].step <= step)
+    pending_clear(j, &j->pend[k++]); /* their reports are late now */
+  memmove(&j->pend[0], &j->pend[k], (j->n_pend - k) * sizeof j->pend[0]);
+  memset(&j->pend[j->n_pend - k], 0, k * sizeof j->pend[0]);
+  j->n_pend -= k;
+  j->last_decided = step;
+  return 1;
+}
+
 /* ---- deciding ------------------------------------------------------------------ */
 
 static uint32_t expected(const core_job *j) {

@@ -181,6 +181,13 @@ typedef struct core_outcome {
   const uint32_t *active_ids; /* res.active as ids (ascending) */
 } core_outcome;
 
+/* A step decided before gnmrd restarted (its history, or an agent that
+ * held the decision): it stays decided. Moves the last decided step up to
+ * step (never down), dropping the reports of pending steps at or below it
+ * (late now). Returns whether it moved. Not while a step is being decided
+ * on another thread. */
+int core_adopt_decided(core_job *j, uint64_t step);
+
 /* Decides the oldest pending step when it, or any later one, is complete
  * or past its deadline. Returns 1 with *out filled (the step is gone from
  * the pending list), 0 when nothing is ready. Call until 0. The same as

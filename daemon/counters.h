@@ -43,6 +43,10 @@
   XX(steps_decided, "steps_decided", "", "Steps decided.")                     \
   XX(republish_refused, "republish_refused", "",                               \
      "Second decisions refused for a step of the same pass.")                  \
+  XX(decisions_restored, "decisions_restored", "",                             \
+     "Decisions agents held across a restart, stored after it.")               \
+  XX(held_conflicts, "held_conflicts", "",                                     \
+     "Held decisions for steps decided again before their agent came back.")   \
   XX(deadline_decisions, "deadline_decisions", "",                             \
      "Steps decided by the barrier deadline.")                                 \
   XX(missing_units, "missing_unit_steps", "",                                  \

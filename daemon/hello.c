@@ -113,7 +113,7 @@ static void welcome(gnmrd *d, const void *id, size_t id_len, core_job *c,
 /* A job's first Hello was accepted: the job exists from now on. */
 static void job_accepted(job *j) {
   gnmrd *d = j->d;
-  assert(j->core->run == d->last_run + 1);
+  assert(j->core->run > d->last_run);
   d->last_run = j->core->run;
   d->c.jobs_created++;
   if (jobs_name_claim(d, j->core->name, j->core->owner) != GNMR_OK)
@@ -186,6 +186,7 @@ static int observer_join(gnmrd *d, const void *id, size_t id_len, job *j,
   rr->user = user ? strdup(user) : NULL;
   LOG(INFO, "OBSERVER-JOIN", "job %s: an observer joined with %zu units",
       c->name, h->n_units);
+  jobs__adopt_held(j, h->held, h->n_held, "an observer");
   welcome(d, id, id_len, c, rr, 0);
   return 1;
 }
@@ -336,6 +337,16 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
   } else {
     created = 1;
     j->core->run = d->last_run + 1; /* taken when the Hello is accepted */
+    /* decisions of a run the history never recorded (gnmrd killed before
+     * its first commit, or with its disk full): the run goes on under its
+     * id, and those decisions are adopted as a restored job's */
+    for (size_t i = 0; i < h->n_held; i++)
+      if (h->held[i]->run > j->core->run) {
+        j->core->run = h->held[i]->run;
+        j->first_pass = 1;
+      } else if (h->held[i]->run == j->core->run) {
+        j->first_pass = 1;
+      }
     /* a new run of a name keeps the name's owner, whoever starts it (an
      * operator, a key whose grant matches) */
     const char *owner = name_owner != NULL ? name_owner : user;
@@ -416,6 +427,11 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
     char detail[32];
     snprintf(detail, sizeof detail, "rank %u", h->rank);
     records_event(d->st, c, STORE_EV_AGENT_JOINED, h->rank, detail);
+  }
+  {
+    char from[32];
+    snprintf(from, sizeof from, "rank %u", h->rank);
+    jobs__adopt_held(j, h->held, h->n_held, from);
   }
   core_join(c, h->rank, returning);
   LOG(INFO, "AGENT-JOIN", "job %s rank %u/%u joined with %zu units", c->name,

@@ -116,6 +116,7 @@ void jobs__free(job *j) {
     }
   }
   policy_snap_free(&j->snap_last);
+  store_mark_free(&j->mark);
   core_job_free(&d->jobs, c);
   j->core = NULL;
   uv_timer_stop(&j->timer);
@@ -134,6 +135,11 @@ job *jobs__create(gnmrd *d, const char *name, const policy_params *prm,
     return NULL;
   }
   j->core->data = j;
+  if ((j->mark = store_mark_new(0, 0)) == NULL) {
+    core_job_free(&d->jobs, j->core);
+    free(j);
+    return NULL;
+  }
   if (d->cfg != NULL)
     j->core->max_units = (uint32_t)d->cfg->max_units;
   j->d = d;
@@ -217,6 +223,109 @@ void jobs_fills_wait(gnmrd *d) {
     workers_wait(d->workers, &d->fills->task); /* its done unlinks it */
 }
 
+/* Sends an encoded Decision to every joined rank and observer. */
+static void send_all(job *j, const uint8_t *buf, size_t len) {
+  gnmrd *d = j->d;
+  core_job *c = j->core;
+  for (uint32_t r = 0; r < c->reporters + c->n_observers; r++) {
+    int obs = r >= c->reporters;
+    core_rank *rr = obs ? &c->observers[r - c->reporters] : &c->ranks[r];
+    if (!rr->joined || rr->conn == NULL)
+      continue;
+    int srv = server_send(d->agents, rr->conn, rr->conn_len, buf, len);
+    if (srv == GNMR_OK) {
+      d->c.decisions_sent++;
+    } else {
+      d->c.send_failures++;
+      if (srv == GNMR_E_CLOSED)
+        jobs__connection_gone(j, rr, obs);
+    }
+  }
+}
+
+/* ---- decisions held by agents across a restart ----------------------------
+ * A decision goes to the agents before the store commits it (decisions
+ * never wait on the store), so a gnmrd killed in between took decisions
+ * that agents acted on. Each agent keeps what it received past the
+ * Decision's durable mark and sends it in its next Hello; the restarted
+ * gnmrd stores each one not yet known (under its own pass, without the
+ * norms and events that died with the old gnmrd), never decides those
+ * steps again, and sends the newest to every rank: a rank that missed it
+ * gets the one the others acted on. */
+void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
+                      const char *from) {
+  gnmrd *d = j->d;
+  core_job *c = j->core;
+  const Gnmr__Decision *newest = NULL;
+  uint64_t first = 0, last = 0;
+  uint32_t pass = 0;
+  size_t adopted = 0, refused = 0;
+  if (j->first_pass == 0 || n == 0)
+    return; /* a job of this gnmrd: it made (and stores) every decision */
+  jobs__quiesce(j);
+  for (size_t i = 0; i < n; i++) {
+    const Gnmr__Decision *h = hd[i];
+    if (h->run != c->run)
+      continue; /* another run's: never this job's */
+    if (h->pass >= j->first_pass) {
+      /* a pass the history never saw begin (its job row was not
+       * committed): this job moves past it, unless it decided already */
+      if (c->pub_pass == c->pass) {
+        refused++;
+        continue;
+      }
+      c->pass = h->pass + 1;
+      j->first_pass = c->pass;
+      records_job(d->st, c);
+    }
+    if (h->pass < j->known_pass ||
+        (h->pass == j->known_pass && h->step <= j->known_step))
+      continue; /* in the history, or adopted from another agent */
+    records_restored_step(d->st, c, h->pass, h->step, h->active,
+                          h->n_active, j->mark);
+    j->known_pass = h->pass;
+    j->known_step = h->step;
+    if (adopted++ == 0 || h->pass != pass)
+      first = h->step;
+    pass = h->pass;
+    last = h->step;
+    if (core_adopt_decided(c, h->step))
+      newest = h;
+    else if (c->pub_pass == c->pass && h->step <= c->pub_step)
+      refused++; /* decided again here before this agent came back */
+  }
+  if (refused > 0) {
+    d->c.held_conflicts += refused;
+    LOG(WARN, "HELD-CONFLICT", "job %s: %zu decisions held by %s were for "
+        "steps this gnmrd had decided again (a rank came back after the "
+        "barrier deadline); the history keeps both", c->name, refused, from);
+  }
+  if (adopted == 0)
+    return;
+  d->c.decisions_restored += adopted;
+  char detail[160];
+  snprintf(detail, sizeof detail, "pass %u steps %llu-%llu: %zu decisions "
+           "restored from %s (acted on, not committed before gnmrd "
+           "stopped)", pass, (unsigned long long)first,
+           (unsigned long long)last, adopted, from);
+  records_event(d->st, c, STORE_EV_DECISIONS_RESTORED, UINT32_MAX, detail);
+  LOG(INFO, "HELD-RESTORE", "job %s: %s", c->name, detail);
+  if (newest == NULL)
+    return;
+  /* the ranks still waiting for that step get what the others acted on */
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Decision dec = *newest;
+  uint8_t *buf;
+  size_t len;
+  store_mark_get(j->mark, &dec.durable_pass, &dec.durable_step);
+  env.body_case = GNMR__ENVELOPE__BODY_DECISION;
+  env.decision = &dec;
+  if (gnmr__wire_encode(&env, &buf, &len) == GNMR_OK) {
+    send_all(j, buf, len);
+    free(buf);
+  }
+}
+
 /* Sends, stores and counts one decided step. */
 static void publish(job *j, const core_outcome *o) {
   gnmrd *d = j->d;
@@ -249,7 +358,7 @@ static void publish(job *j, const core_outcome *o) {
     }
   }
   policy_snap *s = records_step(
-      d->st, c, o, (uv_now(d->loop) - o->first_ms) * 1000, snap);
+      d->st, c, o, (uv_now(d->loop) - o->first_ms) * 1000, snap, j->mark);
   if (snap)
     j->snap_owed = 0; /* taken, or failed (the next due one will try) */
   if (s != NULL && policy_snap_size(s) >= SNAP_EARLY_MIN) {
@@ -264,6 +373,9 @@ static void publish(job *j, const core_outcome *o) {
   size_t len;
   dec.job = c->name;
   dec.step = o->step;
+  dec.run = c->run;
+  dec.pass = c->pass;
+  store_mark_get(j->mark, &dec.durable_pass, &dec.durable_step);
   dec.n_active = o->res.n_active;
   dec.active = (uint32_t *)o->active_ids;
   /* the risky units (their exceed events) with their g, d, s */
@@ -297,20 +409,7 @@ static void publish(job *j, const core_outcome *o) {
   free(risky);
   free(gds);
   if (enc == GNMR_OK) {
-    for (uint32_t r = 0; r < c->reporters + c->n_observers; r++) {
-      int obs = r >= c->reporters;
-      core_rank *rr = obs ? &c->observers[r - c->reporters] : &c->ranks[r];
-      if (!rr->joined || rr->conn == NULL)
-        continue;
-      int srv = server_send(d->agents, rr->conn, rr->conn_len, buf, len);
-      if (srv == GNMR_OK) {
-        d->c.decisions_sent++;
-      } else {
-        d->c.send_failures++;
-        if (srv == GNMR_E_CLOSED)
-          jobs__connection_gone(j, rr, obs);
-      }
-    }
+    send_all(j, buf, len);
     free(buf);
   }
   d->c.steps_decided++;

@@ -28,6 +28,15 @@ typedef struct job {
    * store still holds it, the next one is owed, not taken. */
   policy_snap *snap_last;
   int snap_owed;
+  /* How far its history is committed (store.h), sent in every Decision. */
+  store_mark *mark;
+  /* A restored job (lifecycle.c): the pass it resumed in, and the newest
+   * (pass, step) of its earlier passes known decided, from the history or
+   * adopted from an agent's held decisions; 0 for a job this gnmrd
+   * started, which made every decision of its run itself. */
+  uint32_t first_pass;
+  uint32_t known_pass;
+  uint64_t known_step;
 } job;
 
 /* A report held for an undecided step: the decoded envelope and the bytes
@@ -71,6 +80,13 @@ void jobs__decide_ready(job *j);
 /* Waits for j's step on a worker, if any, and publishes it: afterwards
  * the loop may touch j freely until it next calls jobs__decide_ready. */
 void jobs__quiesce(job *j);
+
+/* Takes the decisions an agent held for gnmrd (Hello.held) that a
+ * restarted gnmrd never committed: stored, their steps decided for good,
+ * and the newest sent to every rank (docs/reliability.md). from: the rank
+ * or observer they came from, for the history. */
+void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
+                      const char *from);
 
 /* hello.c */
 void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,

@@ -174,11 +174,25 @@ void jobs_restore(const store_job *sj, void *ctx) {
     jobs__free(j);
     return;
   }
+  /* steps the history holds past the snapshot stay decided: the job goes
+   * on after the last of them, never deciding one again */
+  uint64_t snap_step = c->last_decided;
+  core_adopt_decided(c, sj->last_step);
+  j->first_pass = c->pass;
+  j->known_pass = sj->pass;
+  j->known_step = sj->last_step;
+  store_mark_advance(j->mark, sj->pass, sj->last_step);
   records_job(d->st, c);
-  char detail[96];
-  snprintf(detail, sizeof detail, "pass %u: gnmrd restarted; state from the "
-           "snapshot at step %llu", c->pass,
-           (unsigned long long)c->last_decided);
+  char detail[160];
+  if (c->last_decided > snap_step)
+    snprintf(detail, sizeof detail, "pass %u: gnmrd restarted; state from "
+             "the snapshot at step %llu, steps decided to %llu", c->pass,
+             (unsigned long long)snap_step,
+             (unsigned long long)c->last_decided);
+  else
+    snprintf(detail, sizeof detail, "pass %u: gnmrd restarted; state from "
+             "the snapshot at step %llu", c->pass,
+             (unsigned long long)snap_step);
   records_event(d->st, c, STORE_EV_JOB_RESUMED, UINT32_MAX, detail);
   LOG(INFO, "JOB-RESTORE", "job %s: %s", c->name, detail);
 }

@@ -152,9 +152,37 @@ int records_snapshot_due(store *st, const core_job *j, uint64_t step) {
   return (step + (j->run > 0 ? (j->run - 1) % every : 0)) % every == 0;
 }
 
+/* "1 5 7": the decisions CSV's field (NULL on no memory). */
+static char *active_text(const uint32_t *ids, size_t n) {
+  char *t = malloc(n * 11 + 1);
+  if (t == NULL)
+    return NULL;
+  size_t off = 0;
+  t[0] = '\0';
+  for (size_t i = 0; i < n; i++)
+    off += (size_t)sprintf(t + off, i ? " %u" : "%u", ids[i]);
+  return t;
+}
+
+void records_restored_step(store *st, const core_job *j, uint32_t pass,
+                           uint64_t step, const uint32_t *active,
+                           size_t n_active, store_mark *mark) {
+  if (st == NULL)
+    return;
+  store_rec *r = rec(REC_STEP, j);
+  if (r == NULL)
+    return;
+  r->pass = pass;
+  r->step = step;
+  r->n = (uint32_t)n_active;
+  r->active = active_text(active, n_active);
+  r->mark = store_mark_ref(mark);
+  put(st, r);
+}
+
 policy_snap *records_step(store *st, const core_job *j,
                           const core_outcome *o, uint64_t latency_us,
-                          int snap) {
+                          int snap, store_mark *mark) {
   const policy_result *res = &o->res;
   if (st == NULL)
     return NULL;
@@ -172,14 +200,8 @@ policy_snap *records_step(store *st, const core_job *j,
   r->missing = o->missing;
   r->by_deadline = (uint32_t)o->by_deadline;
   r->latency_us = latency_us;
-  r->active = malloc((size_t)res->n_active * 11 + 1);
-  if (r->active) {
-    size_t off = 0;
-    r->active[0] = '\0';
-    for (uint32_t i = 0; i < res->n_active; i++)
-      off += (size_t)sprintf(r->active + off, i ? " %u" : "%u",
-                             o->active_ids[i]);
-  }
+  r->mark = store_mark_ref(mark);
+  r->active = active_text(o->active_ids, res->n_active);
   if (res->n_events > 0 &&
       (r->events = malloc(res->n_events * sizeof *r->events)) != NULL) {
     r->n_events = res->n_events;

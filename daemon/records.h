@@ -26,7 +26,13 @@ int records_snapshot_due(store *st, const core_job *j, uint64_t step);
  * snapshot it began (NULL when none), for the caller to serialize early
  * (policy_snap_fill) and release (policy_snap_free). */
 policy_snap *records_step(store *st, const core_job *j, const core_outcome *o,
-                          uint64_t latency_us, int snap);
+                          uint64_t latency_us, int snap, store_mark *mark);
+/* A step of an earlier pass decided before gnmrd restarted, as an agent
+ * held its decision (pass, step, active ids ascending): the step's row
+ * without norms, counts or events, which went with that gnmrd. */
+void records_restored_step(store *st, const core_job *j, uint32_t pass,
+                           uint64_t step, const uint32_t *active,
+                           size_t n_active, store_mark *mark);
 /* The policy state alone (shutdown, finish). */
 void records_snapshot(store *st, const core_job *j);
 /* The job's state ("finished"). */

@@ -29,6 +29,63 @@
 #define QUEUE_CAP 1000000 /* records; beyond it new records are dropped */
 #define RETRY_MAX_MS 5000
 
+/* ---- marks -------------------------------------------------------------- */
+
+struct store_mark {
+  pthread_mutex_t mu;
+  atomic_uint refs;
+  uint32_t pass;
+  uint64_t step;
+};
+
+store_mark *store_mark_new(uint32_t pass, uint64_t step) {
+  store_mark *m = calloc(1, sizeof *m);
+  if (m == NULL)
+    return NULL;
+  pthread_mutex_init(&m->mu, NULL);
+  atomic_init(&m->refs, 1);
+  m->pass = pass;
+  m->step = step;
+  return m;
+}
+
+store_mark *store_mark_ref(store_mark *m) {
+  if (m != NULL)
+    atomic_fetch_add(&m->refs, 1);
+  return m;
+}
+
+void store_mark_free(store_mark **mp) {
+  store_mark *m = *mp;
+  *mp = NULL;
+  if (m == NULL || atomic_fetch_sub(&m->refs, 1) != 1)
+    return;
+  pthread_mutex_destroy(&m->mu);
+  free(m);
+}
+
+void store_mark_get(store_mark *m, uint32_t *pass, uint64_t *step) {
+  *pass = 0;
+  *step = 0;
+  if (m == NULL)
+    return;
+  pthread_mutex_lock(&m->mu);
+  *pass = m->pass;
+  *step = m->step;
+  pthread_mutex_unlock(&m->mu);
+}
+
+void store_mark_advance(store_mark *m, uint32_t pass, uint64_t step) {
+  if (m == NULL)
+    return;
+  pthread_mutex_lock(&m->mu);
+  if (pass > m->pass || (pass == m->pass && step > m->step)) {
+    m->pass = pass;
+    m->step = step;
+  }
+  pthread_mutex_unlock(&m->mu);
+}
+
 /* ---- records ------------------------------------------------------------ */
 
 store_rec *store_rec_new(int kind, const char *job) {
@@ -57,6 +114,7 @@ void store_rec_free(store_rec *r) {
   if (r->snap == NULL) /* else the bytes are the snapshot handle's */
     free(r->snapshot);
   policy_snap_free(&r->snap);
+  store_mark_free(&r->mark);
   free(r->snap_ids);
   free(r->text);
   free(r->detail);
@@ -299,6 +357,8 @@ static void *writer_main(void *arg) {
     atomic_fetch_add(&s->records, n);
     while (batch) {
       store_rec *next = batch->next;
+      if (batch->kind == REC_STEP) /* committed: agents may forget it */
+        store_mark_advance(batch->mark, batch->pass, batch->step);
       store_rec_free(batch);
       batch = next;
     }

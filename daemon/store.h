@@ -37,6 +37,21 @@ typedef struct store_event {
   double norm, g, d, s;
 } store_event;
 
+/* How far a run's history is committed: the newest (pass, step) whose
+ * step record the writer has committed. Every decision of the run before
+ * it (in the order decided) is committed too, since the writer commits in
+ * queue order. The loop reads it into each Decision (durable_*), so that
+ * agents forget the decisions they hold for gnmrd up to there; the writer
+ * advances it after each commit. Shared by reference: a record may outlive
+ * its job. Any thread. */
+typedef struct store_mark store_mark;
+store_mark *store_mark_new(uint32_t pass, uint64_t step);
+store_mark *store_mark_ref(store_mark *m);
+void store_mark_free(store_mark **m);
+void store_mark_get(store_mark *m, uint32_t *pass, uint64_t *step);
+/* Moves the mark to (pass, step) when that is after it. */
+void store_mark_advance(store_mark *m, uint32_t pass, uint64_t step);
+
 /* A record: built on the loop thread, owned by the store once put. Fields
  * not used by a kind stay zero. */
 typedef struct store_rec {
@@ -67,6 +82,8 @@ typedef struct store_rec {
                             0..n-1: stored after the bytes (see
                             store_snapshot_split) */
   uint32_t n_snap_ids;
+  store_mark *mark;      /* REC_STEP: the run's mark, advanced once the
+                            record is committed (a reference, or NULL) */
   /* REC_EVENT / REC_STATE */
   char *text;            /* event kind, state, or (REC_JOB) the owner */
   char *detail;
@@ -140,6 +157,8 @@ typedef struct store_job {
   void *snapshot;             /* NULL when none was taken */
   size_t snapshot_len;
   char *owner;                /* the CURVE key that created it, or NULL */
+  uint64_t last_step;         /* the newest committed step of its pass
+                                 (0: none), at or after the snapshot's */
 } store_job;
 
 /* Reads every unfinished job. Calls fn for each (fn takes nothing; the

@@ -88,6 +88,18 @@ int store__load_job(db_conn *db, store_job *j) {
   if (db_step(st) == DB_ROW)
     store__read_params(st, 1, &j->params);
   db_finalize(st);
+  /* the newest committed step of the job's pass: decided, so never
+   * decided again after the restart (the snapshot may be behind it) */
+  if (db_prepare(db, "SELECT MAX(step) FROM steps WHERE run=? AND pass=?",
+                 &st) != GNMR_OK)
+    return GNMR_E_STORE;
+  db_bind_int64(st, 1, (int64_t)j->run);
+  db_bind_int64(st, 2, (int64_t)j->pass);
+  if (db_step(st) == DB_ROW && db_column_type(st, 0) != DB_NULL) {
+    int64_t last = db_column_int64(st, 0);
+    j->last_step = last > 0 ? (uint64_t)last : 0;
+  }
+  db_finalize(st);
   /* newest snapshot */
   if (db_prepare(db, "SELECT state FROM snapshots WHERE run=? ORDER BY "
                          "pass DESC, step DESC LIMIT 1", &st) != GNMR_OK)

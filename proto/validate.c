@@ -39,6 +39,34 @@ int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
       !gnmr__name_check(h->instance, 256, why, sizeof why))
     FAIL(GNMR_E_INVAL, "instance", "instance: %s (1..256 bytes of UTF-8 "
          "without control or format characters)", why);
+  if (h->n_held > GNMR_MAX_HELD)
+    FAIL(GNMR_E_RANGE, "held", "%zu held decisions: an agent holds at most "
+         "%u", h->n_held, GNMR_MAX_HELD);
+  for (size_t i = 0; i < h->n_held; i++) {
+    const Gnmr__Decision *d = h->held[i], *prev = i ? h->held[i - 1] : NULL;
+    if (d == NULL || d->job == NULL || strcmp(d->job, h->job) != 0)
+      FAIL(GNMR_E_MISMATCH, "held", "held decision %zu is not of job %.64s",
+           i, h->job);
+    if (d->run == 0 || d->pass == 0 || d->step == 0 ||
+        d->step > GNMR_MAX_STEP || d->run > GNMR_MAX_STEP ||
+        d->pass == UINT32_MAX)
+      FAIL(GNMR_E_RANGE, "held", "held decision %zu: run, pass and step must "
+           "be 1 or more (run and step at most 2^63 - 1025)", i);
+    if (prev != NULL && d->run != prev->run)
+      FAIL(GNMR_E_INVAL, "held", "held decisions %zu and %zu are of "
+           "different runs", i - 1, i);
+    if (prev != NULL && (d->pass < prev->pass ||
+                         (d->pass == prev->pass && d->step <= prev->step)))
+      FAIL(GNMR_E_INVAL, "held", "held decision %zu is not after the one "
+           "before it (oldest first)", i);
+    if (d->n_active > GNMR_MAX_AGENT_UNITS)
+      FAIL(GNMR_E_RANGE, "held", "held decision %zu has %zu active units",
+           i, d->n_active);
+    for (size_t k = 1; k < d->n_active; k++)
+      if (d->active[k] <= d->active[k - 1])
+        FAIL(GNMR_E_INVAL, "held", "held decision %zu: active ids are not "
+             "ascending", i);
+  }
   if (h->reporters == 0 || h->reporters > GNMR_MAX_REPORTERS)
     FAIL(GNMR_E_INVAL, "reporters", "reporters must be 1..%u",
          GNMR_MAX_REPORTERS);

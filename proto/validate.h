@@ -20,9 +20,15 @@
  * keeps steps as SQL integers (signed 64-bit), and a job's last step
  * leaves room for CORE_MAX_AHEAD (1024) more. */
 #define GNMR_MAX_STEP ((uint64_t)INT64_MAX - 1024u)
+/* The most decisions an agent holds for gnmrd (Hello.held): those it
+ * received that gnmrd had not yet said were committed. */
+#define GNMR_MAX_HELD 1024u
 
 /* Checks a Hello on its own: protocol, job name, rank/reporters, unit
- * names (printable, unique), unit_ids, parameters, barrier. A Hello
+ * names (printable, unique), unit_ids, parameters, barrier, the held
+ * decisions (at most GNMR_MAX_HELD, of the Hello's job, each with a run,
+ * a pass and a step in range, in ascending (pass, step) order, active ids
+ * ascending). A Hello
  * without parameters takes *defaults (NULL: refused); barrier_ms 0 takes
  * default_barrier. On success fills *prm and *barrier_ms. On error returns
  * a GNMR_E_* code, points *ref at the field and writes msg. */

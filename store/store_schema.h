@@ -24,7 +24,8 @@
   XX(AGENT_JOINED, "agent_joined")                                           \
   XX(AGENT_LEFT, "agent_left")                                               \
   XX(PARAMS_CHANGED, "params_changed")                                       \
-  XX(HISTORY_GAP, "history_gap")
+  XX(HISTORY_GAP, "history_gap")                                             \
+  XX(DECISIONS_RESTORED, "decisions_restored")
 
 enum store_op_event {
 #define STORE__EV_ENUM(id, name) STORE_EV_##id,

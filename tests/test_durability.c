@@ -1,0 +1,318 @@
+/* SPDX-License-Identifier: MIT */
+/* test_durability.c — what a SIGKILL of gnmrd can cost the history
+ * (docs/reliability.md, "What a SIGKILL can cost"): every decision an agent
+ * acted on is in the history after the restart, whether the store had
+ * committed it or not (agents hold what gnmrd has not said is committed and
+ * send it in their next Hello), and no step is decided a second time. Each
+ * test reads the history's rows straight from the SQLite file. */
+#include <sqlite3.h>
+
+#include "storeutil.h"
+
+/* The steps table of a store: "pass step active" per row, in step order. */
+typedef struct rows {
+  uint64_t n;
+  uint64_t *step;
+  uint32_t *pass;
+  char **active;
+} rows;
+
+static void rows_read(const char *dir, uint64_t run, rows *out) {
+  char path[400];
+  sqlite3 *db;
+  sqlite3_stmt *st;
+  snprintf(path, sizeof path, "%s/data/gnmr.db", dir);
+  memset(out, 0, sizeof *out);
+  ck_assert_int_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL),
+                   SQLITE_OK);
+  ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT pass, step, active FROM "
+                                          "steps WHERE run=? ORDER BY step, "
+                                          "pass", -1, &st, NULL),
+                   SQLITE_OK);
+  sqlite3_bind_int64(st, 1, (sqlite3_int64)run);
+  uint64_t cap = 0;
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    if (out->n == cap) {
+      cap = cap ? cap * 2 : 256;
+      out->step = realloc(out->step, cap * sizeof *out->step);
+      out->pass = realloc(out->pass, cap * sizeof *out->pass);
+      out->active = realloc(out->active, cap * sizeof *out->active);
+      ck_assert(out->step && out->pass && out->active);
+    }
+    out->pass[out->n] = (uint32_t)sqlite3_column_int64(st, 0);
+    out->step[out->n] = (uint64_t)sqlite3_column_int64(st, 1);
+    const char *a = (const char *)sqlite3_column_text(st, 2);
+    out->active[out->n] = strdup(a ? a : "");
+    out->n++;
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+}
+
+static void rows_free(rows *r) {
+  for (uint64_t i = 0; i < r->n; i++)
+    free(r->active[i]);
+  free(r->step);
+  free(r->pass);
+  free(r->active);
+  memset(r, 0, sizeof *r);
+}
+
+/* The active set an agent acts on after a decision, as the history writes
+ * it ("3 17 2051"): its units' routes, offset by base (its first id). */
+static char *acted(gnmr_agent *a, uint32_t n, uint32_t base) {
+  uint8_t *r = malloc(n);
+  char *out = malloc((size_t)n * 11 + 1);
+  ck_assert(r && out);
+  ck_assert_uint_eq(gnmr_agent_routes(a, r, n), n);
+  size_t off = 0;
+  out[0] = '\0';
+  for (uint32_t u = 0; u < n; u++)
+    if (r[u] == GNMR_ROUTE_HIGH)
+      off += (size_t)sprintf(out + off, off ? " %u" : "%u", base + u);
+  free(r);
+  return out;
+}
+
+/* The rows of step: how many, and whether one has active set want. */
+static int rows_have(const rows *h, uint64_t step, const char *want,
+                     int *count) {
+  int found = 0;
+  *count = 0;
+  for (uint64_t i = 0; i < h->n; i++)
+    if (h->step[i] == step) {
+      (*count)++;
+      found |= strcmp(h->active[i], want) == 0;
+    }
+  return found;
+}
+
+/* With the store failing every commit, nothing of the job is in the
+ * database when gnmrd is killed: not its run, not one of its 20 decided
+ * steps. Before agents held their decisions, the restarted gnmrd knew no
+ * such job; now the agent's next Hello brings the 20 decisions back, the
+ * run goes on under its id, and the new pass starts after step 20. */
+START_TEST(decisions_survive_a_kill_before_any_commit) {
+  tu_daemon d = {0};
+  char ep[160];
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
+  setenv("GNMR_STORE_FAULT", "readonly:600000", 1);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, NULL);
+  unsetenv("GNMR_STORE_FAULT");
+  gnmr_agent *a = open_agent(ep, "uncommitted");
+  char *seen[31] = {0};
+  for (uint64_t t = 1; t <= 20; t++) {
+    step_agent(a, t);
+    seen[t] = acted(a, 4, 0);
+  }
+  tu_daemon_stop(&d, SIGKILL);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, NULL);
+  for (uint64_t t = 21; t <= 30; t++) {
+    step_agent(a, t);
+    seen[t] = acted(a, 4, 0);
+  }
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0); /* commits the rest */
+  rows h;
+  rows_read(d.dir, 1, &h);
+  ck_assert_msg(h.n == 30, "the history has %llu steps of run 1, not 30; "
+                "gnmrd's log ends:\n%s", (unsigned long long)h.n,
+                tu_daemon_log_tail(&d));
+  for (uint64_t t = 1; t <= 30; t++) {
+    int count;
+    ck_assert_msg(rows_have(&h, t, seen[t], &count) && count == 1,
+                  "step %llu: the agent acted on {%s}; the history has %d "
+                  "rows of it, none or others", (unsigned long long)t,
+                  seen[t], count);
+    ck_assert_uint_eq(h.pass[t - 1], t <= 20 ? 1 : 2);
+    free(seen[t]);
+  }
+  rows_free(&h);
+  /* and the history says where those steps came from */
+  char data[400];
+  snprintf(data, sizeof data, "%s/data", d.dir);
+  run_result r = tu_run("gnmrctl", (char *[]){"gnmrctl", "--store", data,
+                                              "history", "uncommitted",
+                                              "--kind", "decisions_restored",
+                                              "--csv", NULL}, NULL);
+  ck_assert_msg(r.code == 0 && strstr(r.out, "pass 1 steps 1-20: 20 "
+                                             "decisions restored from rank 0"),
+                "history: exit %d\n%s%s", r.code, r.out, r.err);
+  tu_run_free(&r);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+/* 4096 units on two ranks (2048 each, ids 0..2047 and 2048..4095), gnmrd
+ * SIGKILLed 20 times at random points of the run and restarted on the
+ * same data: every decision either rank acted on is in the history with
+ * the active set it acted on, and no step has two rows. Prints what was
+ * measured (docs/reliability.md quotes it). */
+#define BIG_UNITS 2048u
+
+static gnmr_agent *open_big(const char *ep, uint32_t rank, char **names,
+                            uint32_t *ids) {
+  gnmr_agent_config c = {0};
+  c.endpoint = ep;
+  c.job = "kill-4k";
+  c.rank = rank;
+  c.reporters = 2;
+  c.unit_names = (const char *const *)names;
+  c.unit_ids = ids;
+  c.n_units = BIG_UNITS;
+  gnmr_params_default(&c.params);
+  c.params.warmup_steps = 5;
+  c.params.max_active = 64;
+  c.barrier_ms = 1000;
+  gnmr_agent *a;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  return a;
+}
+
+/* Step t's sums of squares for one rank: steady, with a spike on a few
+ * units each step, so that the active set changes. */
+static void big_sums(uint64_t t, uint32_t rank, double *s) {
+  for (uint32_t u = 0; u < BIG_UNITS; u++) {
+    uint32_t id = rank * BIG_UNITS + u;
+    double n = 1.0 + 0.01 * (double)((t * 31 + id * 7) % 17);
+    if ((t * 131 + id * 17) % 997 == 0)
+      n *= 8;
+    s[u] = n * n;
+  }
+}
+
+START_TEST(twenty_sigkills_at_4k_units_lose_no_acted_on_decision) {
+  tu_daemon d = {0};
+  char ep[160];
+  char *every[] = {"--snapshot-every", "25", NULL};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
+  /* 20 kills; under valgrind, where each start of gnmrd takes seconds, 4 */
+  int kills = tu_slow() > 1 ? 4 : 20, wait_ms = 2000 * tu_slow();
+  char **names[2];
+  uint32_t *ids[2];
+  for (uint32_t r = 0; r < 2; r++) {
+    names[r] = malloc(BIG_UNITS * sizeof *names[r]);
+    ids[r] = malloc(BIG_UNITS * sizeof *ids[r]);
+    for (uint32_t u = 0; u < BIG_UNITS; u++) {
+      char n[32];
+      snprintf(n, sizeof n, "layers.%u.mlp", r * BIG_UNITS + u);
+      names[r][u] = strdup(n);
+      ids[r][u] = r * BIG_UNITS + u;
+    }
+  }
+  tu_daemon_start_in(&d, ep, NULL, d.dir, every);
+  gnmr_agent *a[2] = {open_big(ep, 0, names[0], ids[0]),
+                      open_big(ep, 1, names[1], ids[1])};
+  /* what each rank acted on, by step */
+  enum { MAX_STEPS = 4000 };
+  char **seen[2];
+  for (int r = 0; r < 2; r++)
+    seen[r] = calloc(MAX_STEPS + 1, sizeof *seen[r]);
+  double *s = malloc(BIG_UNITS * sizeof *s);
+  unsigned seed = 20261204u;
+  uint64_t t = 0, acted_on = 0;
+  for (int k = 0; k <= kills; k++) {
+    /* steps until the next kill: a few to a few dozen */
+    int steps = 5 + (int)(rand_r(&seed) % 40);
+    for (int i = 0; i < steps && t < MAX_STEPS; i++) {
+      t++;
+      for (uint32_t r = 0; r < 2; r++) {
+        big_sums(t, r, s);
+        ck_assert_int_eq(gnmr_agent_report_sums(a[r], t, s, NULL, NULL),
+                         GNMR_OK);
+      }
+      for (uint32_t r = 0; r < 2; r++)
+        if (gnmr_agent_wait(a[r], t, wait_ms) == GNMR_OK &&
+            gnmr_agent_decided_step(a[r]) == t) {
+          seen[r][t] = acted(a[r], BIG_UNITS, r * BIG_UNITS);
+          acted_on++;
+        }
+    }
+    if (k == kills)
+      break;
+    /* killed at once after a decision, or a little later: the writer's
+     * batch may be in flight, queued, or committed */
+    tu_sleep_ms((int)(rand_r(&seed) % 3));
+    tu_daemon_stop(&d, SIGKILL);
+    tu_daemon_start_in(&d, ep, NULL, d.dir, every);
+  }
+  for (int r = 0; r < 2; r++)
+    gnmr_agent_close(&a[r]);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  rows h;
+  rows_read(d.dir, 1, &h);
+  uint64_t lost = 0, twice = 0, differ = 0;
+  for (uint64_t st = 1; st <= t; st++) {
+    int count = 0, any = 0;
+    for (int r = 0; r < 2; r++) {
+      if (seen[r][st] == NULL)
+        continue;
+      any = 1;
+      /* a rank's units are its share of the row's active set */
+      int found = 0, c = 0;
+      for (uint64_t i = 0; i < h.n; i++) {
+        if (h.step[i] != st)
+          continue;
+        c++;
+        char mine[BIG_UNITS * 11 + 1];
+        size_t off = 0;
+        mine[0] = '\0';
+        char *copy = strdup(h.active[i]), *save = NULL;
+        for (char *tok = strtok_r(copy, " ", &save); tok;
+             tok = strtok_r(NULL, " ", &save)) {
+          unsigned long id = strtoul(tok, NULL, 10);
+          if (id / BIG_UNITS == (unsigned long)r)
+            off += (size_t)sprintf(mine + off, off ? " %lu" : "%lu", id);
+        }
+        free(copy);
+        found |= strcmp(mine, seen[r][st]) == 0;
+      }
+      count = c;
+      if (c > 0 && !found)
+        differ++;
+    }
+    if (any && count == 0)
+      lost++;
+    if (count > 1)
+      twice++;
+  }
+  printf("durability: %d SIGKILLs at %u units: %llu steps, %llu decisions "
+         "acted on (per rank), %llu history rows; lost %llu, differing "
+         "%llu, decided twice %llu\n", kills, 2 * BIG_UNITS,
+         (unsigned long long)t, (unsigned long long)acted_on,
+         (unsigned long long)h.n, (unsigned long long)lost,
+         (unsigned long long)differ, (unsigned long long)twice);
+  ck_assert_msg(lost == 0 && differ == 0 && twice == 0,
+                "%llu acted-on steps missing from the history, %llu with "
+                "another active set, %llu decided twice",
+                (unsigned long long)lost, (unsigned long long)differ,
+                (unsigned long long)twice);
+  ck_assert_uint_gt(acted_on, (uint64_t)t); /* most steps were decided */
+  rows_free(&h);
+  for (int r = 0; r < 2; r++) {
+    for (uint64_t st = 0; st <= MAX_STEPS; st++)
+      free(seen[r][st]);
+    free(seen[r]);
+    for (uint32_t u = 0; u < BIG_UNITS; u++)
+      free(names[r][u]);
+    free(names[r]);
+    free(ids[r]);
+  }
+  free(s);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("durability");
+  TCase *tc = tcase_create("sigkill");
+  tcase_set_timeout(tc, 900);
+  tcase_add_test(tc, decisions_survive_a_kill_before_any_commit);
+  tcase_add_test(tc, twenty_sigkills_at_4k_units_lose_no_acted_on_decision);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return tu_check_main(suite()); }
