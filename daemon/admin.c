@@ -113,7 +113,11 @@ static void send_stats(gnmrd *d, const void *id, size_t id_len,
     cs[i].value = values[i];
     cp[i] = &cs[i];
   }
-  st.n_counters = N;
+  /* the counters are the whole daemon's (every tenant's reports, Hellos,
+   * refusals): with an allow list only operator keys see them; an agent
+   * key's stats list its own jobs */
+  int all = d->allow == NULL || gnmr__allow_operator(d->allow, user);
+  st.n_counters = all ? N : 0;
   st.counters = cp;
   while (st.n_jobs < MAX_LISTED_JOBS &&
          (c = core_next_job(&d->jobs, &pos)) != NULL)

@@ -11,7 +11,7 @@
 
 /* The steps table of a store: "pass step active" per row, in step order. */
 typedef struct rows {
-  uint64_t n;
+  uint64_t n, restored; /* restored: rows without reports (from agents) */
   uint64_t *step;
   uint32_t *pass;
   char **active;
@@ -25,9 +25,10 @@ static void rows_read(const char *dir, uint64_t run, rows *out) {
   memset(out, 0, sizeof *out);
   ck_assert_int_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL),
                    SQLITE_OK);
-  ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT pass, step, active FROM "
-                                          "steps WHERE run=? ORDER BY step, "
-                                          "pass", -1, &st, NULL),
+  ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT pass, step, active, "
+                                          "reports FROM steps WHERE run=? "
+                                          "ORDER BY step, pass", -1, &st,
+                                          NULL),
                    SQLITE_OK);
   sqlite3_bind_int64(st, 1, (sqlite3_int64)run);
   uint64_t cap = 0;
@@ -43,6 +44,7 @@ static void rows_read(const char *dir, uint64_t run, rows *out) {
     out->step[out->n] = (uint64_t)sqlite3_column_int64(st, 1);
     const char *a = (const char *)sqlite3_column_text(st, 2);
     out->active[out->n] = strdup(a ? a : "");
+    out->restored += sqlite3_column_int64(st, 3) == 0;
     out->n++;
   }
   sqlite3_finalize(st);
@@ -116,6 +118,7 @@ START_TEST(decisions_survive_a_kill_before_any_commit) {
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0); /* commits the rest */
   rows h;
   rows_read(d.dir, 1, &h);
+  ck_assert_uint_eq(h.restored, 20); /* steps 1-20 came from the agent */
   ck_assert_msg(h.n == 30, "the history has %llu steps of run 1, not 30; "
                 "gnmrd's log ends:\n%s", (unsigned long long)h.n,
                 tu_daemon_log_tail(&d));
@@ -279,10 +282,11 @@ START_TEST(twenty_sigkills_at_4k_units_lose_no_acted_on_decision) {
       twice++;
   }
   printf("durability: %d SIGKILLs at %u units: %llu steps, %llu decisions "
-         "acted on (per rank), %llu history rows; lost %llu, differing "
-         "%llu, decided twice %llu\n", kills, 2 * BIG_UNITS,
-         (unsigned long long)t, (unsigned long long)acted_on,
-         (unsigned long long)h.n, (unsigned long long)lost,
+         "acted on (per rank), %llu history rows (%llu restored from "
+         "agents); lost %llu, differing %llu, decided twice %llu\n", kills,
+         2 * BIG_UNITS, (unsigned long long)t, (unsigned long long)acted_on,
+         (unsigned long long)h.n, (unsigned long long)h.restored,
+         (unsigned long long)lost,
          (unsigned long long)differ, (unsigned long long)twice);
   ck_assert_msg(lost == 0 && differ == 0 && twice == 0,
                 "%llu acted-on steps missing from the history, %llu with "

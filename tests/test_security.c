@@ -460,6 +460,25 @@ START_TEST(tenants_see_and_touch_only_their_own_jobs) {
   r = ctl_as(&d, server.pub, &carol, "history", "alice-job", NULL);
   ck_assert_int_ne(r.code, 0);
   tu_run_free(&r);
+  /* stats: the daemon's counters (every tenant's traffic) are for
+   * operators; an agent key gets its own jobs only */
+  r = ctl_as(&d, server.pub, &carol, "stats", NULL, NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  ck_assert_msg(strstr(r.out, "alice") == NULL &&
+                    strstr(r.out, "reports ") == NULL &&
+                    strstr(r.out, "hellos ") == NULL,
+                "carol's stats: %s", r.out);
+  tu_run_free(&r);
+  r = ctl_as(&d, server.pub, &alice, "stats", NULL, NULL);
+  ck_assert_msg(r.code == 0 && strstr(r.out, "job alice-job") &&
+                    strstr(r.out, "hellos ") == NULL,
+                "alice's stats: %s", r.out);
+  tu_run_free(&r);
+  r = ctl_as(&d, server.pub, &op, "stats", NULL, NULL);
+  ck_assert_msg(r.code == 0 && strstr(r.out, "hellos ") &&
+                    strstr(r.out, "job alice-job"),
+                "the operator's stats: %s", r.out);
+  tu_run_free(&r);
   /* every other query of the job: "unknown" to her, nothing of it shown */
   static const char *reads[] = {"runs", "decisions", "units", "top",
                                 "status"};
