@@ -29,12 +29,20 @@
 #define DEFAULT_LIMIT 1000
 #define MAX_LIMIT 1000000
 
+/* A reply; one for a client that leaves ADMIN_QUEUED_REPLIES unread is
+ * dropped and counted: gnmrd holds no more for it. */
+static void reply(gnmrd *d, const void *id, size_t id_len, const void *buf,
+                  size_t len) {
+  if (server_send(d->admin, id, id_len, buf, len) == GNMR_E_BUSY)
+    d->c.admin_replies_dropped++;
+}
+
 static void send_env(gnmrd *d, const void *id, size_t id_len,
                      Gnmr__Envelope *env) {
   uint8_t *buf;
   size_t len;
   if (gnmr__wire_encode(env, &buf, &len) == GNMR_OK) {
-    server_send(d->admin, id, id_len, buf, len);
+    reply(d, id, id_len, buf, len);
     free(buf);
   }
 }
@@ -44,7 +52,7 @@ static void send_error(gnmrd *d, const void *id, size_t id_len, int code,
   uint8_t *buf;
   size_t len;
   if (gnmr__wire_error(code, msg, "admin", 0, &buf, &len) == GNMR_OK) {
-    server_send(d->admin, id, id_len, buf, len);
+    reply(d, id, id_len, buf, len);
     free(buf);
   }
 }

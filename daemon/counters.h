@@ -56,6 +56,8 @@
      "Messages not sent (peer gone or its queue full).")                       \
   XX(byes, "byes", "", "Byes received.")                                       \
   XX(admin_requests, "admin_requests", "", "Requests on the admin socket.")    \
+  XX(admin_replies_dropped, "admin_replies_dropped", "",                       \
+     "Admin replies dropped: their client left 8 unread.")                     \
   XX(auth_denied, "auth_failures", "kind=\"denied\"",                          \
      "CURVE keys the ZAP handler refused.")                                    \
   XX(handshake_failures, "auth_failures", "kind=\"handshake\"",                \

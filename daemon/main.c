@@ -35,6 +35,8 @@
 #define NOFILE_RESERVE 256
 /* Admin connections at once (gnmrctl calls, watches, dashboards). */
 #define ADMIN_MAX_CONNS 64
+/* replies queued for an admin client that reads none (docs/reliability.md) */
+#define ADMIN_QUEUED_REPLIES 8
 
 #ifndef GNMR_VERSION
 #define GNMR_VERSION "0.0.0"
@@ -550,7 +552,7 @@ int main(int argc, char **argv) {
                     curve ? curve_sec : NULL, jobs_on_message,
                     jobs_on_bad_frames, gnmrd_on_handshake_failed, &d,
                     max_conns, gnmrd_on_over_cap,
-                    (uint32_t)cfg.first_message_ms};
+                    (uint32_t)cfg.first_message_ms, 0};
   if (server_open(&loop, d.zctx, &ao, bound_agents, sizeof bound_agents, err,
                   sizeof err, &d.agents) != GNMR_OK) {
     LOG(ERROR, "BIND-AGENTS", "%s", err);
@@ -560,7 +562,7 @@ int main(int argc, char **argv) {
                     curve ? curve_sec : NULL, admin_on_message,
                     admin_on_bad_frames, gnmrd_on_handshake_failed, &d,
                     ADMIN_MAX_CONNS, gnmrd_on_over_cap,
-                    (uint32_t)cfg.first_message_ms};
+                    (uint32_t)cfg.first_message_ms, ADMIN_QUEUED_REPLIES};
   if (server_open(&loop, d.zctx, &mo, bound_admin, sizeof bound_admin, err,
                   sizeof err, &d.admin) != GNMR_OK) {
     LOG(ERROR, "BIND-ADMIN", "%s", err);

@@ -302,6 +302,8 @@ int server_open(uv_loop_t *loop, void *zctx, const server_opts *o,
   zmq_setsockopt(s->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
   zmq_setsockopt(s->sock, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
   zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg);
+  if (o->sndhwm > 0)
+    zmq_setsockopt(s->sock, ZMQ_SNDHWM, &o->sndhwm, sizeof o->sndhwm);
   zmq_setsockopt(s->sock, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl);
   zmq_setsockopt(s->sock, ZMQ_HEARTBEAT_TIMEOUT, &hb_tmo, sizeof hb_tmo);
   if (o->curve_secret != NULL &&

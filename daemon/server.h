@@ -65,6 +65,10 @@ typedef struct server_opts {
    * huge message) is closed and counted (SERVER_REFUSED_IDLE); 0: never.
    * Agents send Hello and gnmrctl its request as soon as they connect. */
   uint32_t first_msg_ms;
+  /* Messages queued for one connection that is not reading them (ZeroMQ's
+   * SNDHWM); past it server_send says GNMR_E_BUSY and the message is not
+   * sent. 0: ZeroMQ's default (1000). */
+  int sndhwm;
 } server_opts;
 
 #define SERVER_GRACE_MS 1000

@@ -1003,6 +1003,123 @@ START_TEST(a_damaged_database_is_refused_at_start) {
 }
 END_TEST
 
+static long daemon_rss_kb(pid_t pid) {
+  char path[64], line[256];
+  long kb = -1;
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  while (f != NULL && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+      break;
+  if (f != NULL)
+    fclose(f);
+  return kb;
+}
+
+/* A client that sends 3000 admin requests and reads no reply, each
+ * answered with the unit list of a 500-unit job (about 110 KB): the
+ * hostile round saw gnmrd grow by 310 MB and the operator wait 5 s. gnmrd
+ * keeps few replies queued for a connection (the rest are dropped and
+ * counted), so it grows by a bounded amount, and an operator asking
+ * meanwhile is answered within a second. */
+START_TEST(an_admin_flood_that_reads_nothing_is_bounded) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  enum { N_UNITS = 500, N_REQ = 3000 };
+  char **units = malloc(N_UNITS * sizeof *units);
+  for (int i = 0; i < N_UNITS; i++) {
+    char n[48];
+    snprintf(n, sizeof n, "model.layers.%d.self_attn.q_proj", i);
+    units[i] = strdup(n);
+  }
+  raw_peer ag = raw_open(d.agents);
+  hello(&ag, "flooded", 0, 1, units, N_UNITS, 2.0);
+  Gnmr__Envelope *w = expect_body(&ag, GNMR__ENVELOPE__BODY_WELCOME);
+  gnmr__wire_free(&w);
+  long rss0 = daemon_rss_kb(d.pid);
+  void *ctx = zmq_ctx_new();
+  void *fl = zmq_socket(ctx, ZMQ_DEALER);
+  int zero = 0;
+  zmq_setsockopt(fl, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(fl, ZMQ_SNDHWM, &zero, sizeof zero); /* no limit here */
+  int one = 1; /* it reads nothing: its ZeroMQ stops reading the kernel's */
+  zmq_setsockopt(fl, ZMQ_RCVHWM, &one, sizeof one);
+  int rcvbuf = 4096; /* small kernel buffers */
+  zmq_setsockopt(fl, ZMQ_RCVBUF, &rcvbuf, sizeof rcvbuf);
+  ck_assert_int_eq(zmq_connect(fl, d.admin), 0);
+  {
+    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+    Gnmr__AdminRequest r = GNMR__ADMIN_REQUEST__INIT;
+    uint8_t *buf;
+    size_t len;
+    r.command = "units";
+    r.job = "flooded";
+    env.body_case = GNMR__ENVELOPE__BODY_ADMIN_REQUEST;
+    env.admin_request = &r;
+    ck_assert_int_eq(gnmr__wire_encode(&env, &buf, &len), GNMR_OK);
+    for (int i = 0; i < N_REQ; i++)
+      ck_assert_int_ge(zmq_send(fl, buf, len, 0), 0);
+    free(buf);
+  }
+  /* while gnmrd works through them, the operator asks */
+  tu_sleep_ms(500);
+  char adm[300];
+  snprintf(adm, sizeof adm, "--admin=%s", d.admin);
+  char *st[] = {"gnmrctl", adm, "jobs", NULL};
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  run_result r = tu_run("gnmrctl", st, NULL);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double waited = (double)(t1.tv_sec - t0.tv_sec) +
+                  (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  ck_assert_msg(r.code == 0 && strstr(r.out, "flooded"), "jobs: %s", r.err);
+  tu_run_free(&r);
+  /* every request read (the stats answer comes after them) */
+  char *sargs[] = {"gnmrctl", adm, "stats", NULL};
+  long peak = daemon_rss_kb(d.pid);
+  uint64_t dropped = 0;
+  unsigned long long seen = 0;
+  for (int i = 0; i < 600 * tu_slow(); i++) {
+    long now = daemon_rss_kb(d.pid);
+    peak = now > peak ? now : peak;
+    r = tu_run("gnmrctl", sargs, NULL);
+    const char *p = strstr(r.out, "admin_requests ");
+    unsigned long long dr = 0;
+    const char *q = strstr(r.out, "admin_replies_dropped ");
+    if (p != NULL)
+      sscanf(p + strlen("admin_requests "), "%llu", &seen);
+    if (q != NULL)
+      sscanf(q + strlen("admin_replies_dropped "), "%llu", &dr);
+    tu_run_free(&r);
+    dropped = dr;
+    if (seen >= N_REQ)
+      break;
+    tu_sleep_ms(100);
+  }
+  char *uargs[] = {"gnmrctl", adm, "units", "flooded", "--json", NULL};
+  r = tu_run("gnmrctl", uargs, NULL);
+  size_t reply = strlen(r.out);
+  tu_run_free(&r);
+  printf("admin flood: %d requests (%llu read) for a %zu-byte unit list, "
+         "unread: gnmrd RSS %ld -> peak %ld kB, %llu replies dropped; the "
+         "operator's jobs answered in %.0f ms\n", N_REQ, seen, reply, rss0,
+         peak,
+         (unsigned long long)dropped, waited * 1e3);
+  fflush(stdout);
+  ck_assert_msg(peak - rss0 < 16 * 1024, "gnmrd grew %ld kB", peak - rss0);
+  ck_assert_msg(waited < 1.0 * tu_slow(), "the operator waited %.1f s",
+                waited);
+  ck_assert_uint_gt(dropped, 0);
+  zmq_close(fl);
+  zmq_ctx_term(ctx);
+  raw_close(&ag);
+  for (int i = 0; i < N_UNITS; i++)
+    free(units[i]);
+  free(units);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("hostile");
   TCase *names = tcase_create("names");
@@ -1026,6 +1143,7 @@ static Suite *suite(void) {
   tcase_add_test(live, a_second_gnmrd_does_not_take_over_a_live_socket);
   tcase_add_test(live, key_files_others_can_read_or_change_are_refused);
   tcase_add_test(live, a_damaged_database_is_refused_at_start);
+  tcase_add_test(live, an_admin_flood_that_reads_nothing_is_bounded);
   suite_add_tcase(s, live);
   return s;
 }
