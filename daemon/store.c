@@ -208,6 +208,15 @@ static void take_snapshots(store_rec *batch) {
 }
 
 static void gap_flush(store *s);
+static uint64_t rec_bytes(const store_rec *r);
+
+/* After a failed commit the writer retries with at most half as many
+ * records per transaction, down to one, and doubles again after each
+ * success until it takes the whole queue again (past RETRY_WHOLE): a
+ * backlog too large for the space freed (a full disk, a WAL that cannot
+ * grow) is then written as far as it fits, instead of failing whole for
+ * ever. */
+#define RETRY_WHOLE 65536
 
 /* The writer thread: takes the whole queue, commits it in one
  * transaction, retries a failed batch (see the top of the file). */
@@ -215,7 +224,7 @@ static void *writer_main(void *arg) {
   store *s = arg;
   pthread_setname_np(pthread_self(), "gnmrd-store");
   uint32_t backoff_ms = 0;
-  uint64_t since_checkpoint = 0;
+  uint64_t since_checkpoint = 0, limit = 0; /* 0: the whole queue */
   for (;;) {
     pthread_mutex_lock(&s->mu);
     for (;;) {
@@ -230,10 +239,24 @@ static void *writer_main(void *arg) {
       pthread_cond_wait(&s->cv, &s->mu);
     }
     store_rec *batch = s->head;
-    s->head = s->tail = NULL;
     uint64_t n = s->queued, nbytes = s->queued_bytes;
-    s->queued = 0;
-    s->queued_bytes = 0;
+    if (limit == 0 || n <= limit) {
+      s->head = s->tail = NULL;
+      s->queued = 0;
+      s->queued_bytes = 0;
+    } else { /* the first `limit` records; the rest stay queued */
+      store_rec *last = batch;
+      uint64_t b = rec_bytes(batch);
+      for (n = 1; n < limit; n++) {
+        last = last->next;
+        b += rec_bytes(last);
+      }
+      s->head = last->next;
+      last->next = NULL;
+      nbytes = b < s->queued_bytes ? b : s->queued_bytes;
+      s->queued -= n;
+      s->queued_bytes -= nbytes;
+    }
     s->batch_bytes = nbytes; /* still held, while the writer has them */
     int stop = s->stop;
     pthread_mutex_unlock(&s->mu);
@@ -320,6 +343,7 @@ static void *writer_main(void *arg) {
         s->batch_bytes = 0;
       }
       pthread_mutex_unlock(&s->mu);
+      limit = n > 1 ? n / 2 : 1;
       backoff_ms = backoff_ms ? backoff_ms * 2 : 100;
       if (backoff_ms > RETRY_MAX_MS)
         backoff_ms = RETRY_MAX_MS;
@@ -340,6 +364,8 @@ static void *writer_main(void *arg) {
       continue;
     }
     backoff_ms = 0;
+    if (limit != 0 && (limit *= 2) > RETRY_WHOLE)
+      limit = 0;
     pthread_mutex_lock(&s->mu);
     s->dropping = 0;
     s->batch_bytes = 0;
