@@ -8,6 +8,7 @@
 #include <assert.h>
 #include <jansson.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,7 +154,25 @@ typedef struct query {
   uint64_t chunk;           /* the number of the chunk it sends next */
   char opener[64];          /* the key that opened it ("" without CURVE) */
   uint64_t idle_since;      /* loop time its last chunk went out */
+  /* while queued or running: the requester's connection, and the flag
+   * that stops the query when that connection goes (admin_on_gone) */
+  int fd;
+  atomic_int cancel;
+  struct query *prev, *next;
 } query;
+
+/* The queries queued or running on the pool (loop thread). */
+static query *running;
+
+static void run_unlink(query *q) {
+  if (q->prev)
+    q->prev->next = q->next;
+  else if (running == q)
+    running = q->next;
+  if (q->next)
+    q->next->prev = q->prev;
+  q->prev = q->next = NULL;
+}
 
 /* Export streams between chunks: id -> query. A stream idle longer than
  * STREAM_IDLE_MS is closed; at most MAX_STREAMS are open. A stream's id is
@@ -222,6 +241,12 @@ static void mark_live(gnmrd *d, json_t *jobs, const query *q) {
 static void query_done(uv_work_t *req, int status) {
   query *q = req->data;
   gnmrd *d = q->d;
+  run_unlink(q);
+  if (atomic_load(&q->cancel)) {
+    d->c.queries_abandoned++;
+    query_free(q);
+    return;
+  }
   if (status != 0 || d->stopping) {
     query_free(q);
     return;
@@ -253,6 +278,35 @@ static void query_done(uv_work_t *req, int status) {
 }
 
 static void sweep_streams(gnmrd *d);
+
+/* Queues q on the pool for the request just read; 0 on success. */
+static int queue_query(gnmrd *d, query *q) {
+  q->fd = server_msg_fd(d->admin);
+  /* a client gone before its request was read: nobody waits for it */
+  atomic_store(&q->cancel, !server_fd_live(d->admin, q->fd));
+  q->sq.cancel = &q->cancel;
+  q->req.data = q;
+  q->next = running;
+  q->prev = NULL;
+  if (running)
+    running->prev = q;
+  running = q;
+  if (uv_queue_work(d->loop, &q->req, query_work, query_done) != 0) {
+    run_unlink(q);
+    return -1;
+  }
+  return 0;
+}
+
+void admin_on_gone(server *s, int fd, void *ctx) {
+  (void)s;
+  (void)ctx;
+  for (query *q = running; q != NULL && fd >= 0; q = q->next)
+    if (q->fd == fd) { /* nobody waits for it: stopped, or never run */
+      atomic_store(&q->cancel, 1);
+      uv_cancel((uv_req_t *)&q->req);
+    }
+}
 
 static void start_query(gnmrd *d, const void *id, size_t id_len, int command,
                         const Gnmr__AdminRequest *r, const char *user) {
@@ -311,8 +365,7 @@ static void start_query(gnmrd *d, const void *id, size_t id_len, int command,
     }
     q->sq.who_jobs = q->who_jobs;
   }
-  q->req.data = q;
-  if (uv_queue_work(d->loop, &q->req, query_work, query_done) != 0) {
+  if (queue_query(d, q) != 0) {
     send_error(d, id, id_len, GNMR_E_INTERNAL, "cannot queue the query");
     query_free(q);
   }
@@ -373,7 +426,7 @@ static void go_on(gnmrd *d, const void *id, size_t id_len,
   free(q->id);
   q->id = nid;
   q->id_len = id_len;
-  if (uv_queue_work(d->loop, &q->req, query_work, query_done) != 0) {
+  if (queue_query(d, q) != 0) {
     send_error(d, id, id_len, GNMR_E_INTERNAL, "cannot queue the query");
     query_free(q);
   }

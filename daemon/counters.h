@@ -58,6 +58,8 @@
   XX(admin_requests, "admin_requests", "", "Requests on the admin socket.")    \
   XX(admin_replies_dropped, "admin_replies_dropped", "",                       \
      "Admin replies dropped: their client left 8 unread.")                     \
+  XX(queries_abandoned, "queries_abandoned", "",                               \
+     "History queries stopped because their client had gone.")                \
   XX(auth_denied, "auth_failures", "kind=\"denied\"",                          \
      "CURVE keys the ZAP handler refused.")                                    \
   XX(handshake_failures, "auth_failures", "kind=\"handshake\"",                \

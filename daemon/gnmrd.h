@@ -88,6 +88,8 @@ void gnmrd_on_handshake_failed(server *s, server_refusal why, void *ctx);
 void gnmrd_on_over_cap(server *s, const void *id, size_t id_len,
                        uint32_t max_conns, void *ctx);
 void admin_on_bad_frames(server *s, void *ctx);
+/* A connection to the admin endpoint went: its queries stop. */
+void admin_on_gone(server *s, int fd, void *ctx);
 /* Closes the export streams in progress (shutdown). */
 void admin_shutdown(gnmrd *d);
 

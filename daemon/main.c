@@ -552,7 +552,7 @@ int main(int argc, char **argv) {
                     curve ? curve_sec : NULL, jobs_on_message,
                     jobs_on_bad_frames, gnmrd_on_handshake_failed, &d,
                     max_conns, gnmrd_on_over_cap,
-                    (uint32_t)cfg.first_message_ms, 0};
+                    (uint32_t)cfg.first_message_ms, 0, NULL};
   if (server_open(&loop, d.zctx, &ao, bound_agents, sizeof bound_agents, err,
                   sizeof err, &d.agents) != GNMR_OK) {
     LOG(ERROR, "BIND-AGENTS", "%s", err);
@@ -562,7 +562,8 @@ int main(int argc, char **argv) {
                     curve ? curve_sec : NULL, admin_on_message,
                     admin_on_bad_frames, gnmrd_on_handshake_failed, &d,
                     ADMIN_MAX_CONNS, gnmrd_on_over_cap,
-                    (uint32_t)cfg.first_message_ms, ADMIN_QUEUED_REPLIES};
+                    (uint32_t)cfg.first_message_ms, ADMIN_QUEUED_REPLIES,
+                    admin_on_gone};
   if (server_open(&loop, d.zctx, &mo, bound_admin, sizeof bound_admin, err,
                   sizeof err, &d.admin) != GNMR_OK) {
     LOG(ERROR, "BIND-ADMIN", "%s", err);

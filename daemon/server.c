@@ -37,9 +37,38 @@ struct server {
    * deadline (loop ms) by descriptor, 0 for none */
   uint64_t *first_by_fd;
   size_t cap_first, n_first;
+  int msg_fd; /* the connection of the message on_msg has */
+  /* descriptors of connections accepted and not yet gone */
+  uint8_t *live_by_fd;
+  size_t cap_live;
 };
 
 static void on_monitor(void *sock, void *ctx);
+
+static void live_set(server *s, int fd, uint8_t on) {
+  if (fd < 0)
+    return;
+  if ((size_t)fd >= s->cap_live) {
+    if (!on)
+      return;
+    size_t cap = s->cap_live ? s->cap_live : 64;
+    while (cap <= (size_t)fd)
+      cap *= 2;
+    uint8_t *l = realloc(s->live_by_fd, cap);
+    if (l == NULL)
+      return;
+    memset(l + s->cap_live, 0, cap - s->cap_live);
+    s->live_by_fd = l;
+    s->cap_live = cap;
+  }
+  s->live_by_fd[fd] = on;
+}
+
+int server_fd_live(server *s, int fd) {
+  on_monitor(s->monitor, s); /* current: a DISCONNECTED may be waiting */
+  return fd >= 0 && (size_t)fd < s->cap_live && s->live_by_fd[fd];
+}
+
 static void refused(server *s, server_refusal why);
 
 static over_conn *over_find(server *s, int fd) {
@@ -184,6 +213,7 @@ static void on_readable(void *sock, void *ctx) {
   } else if (frames == 2) {
     const char *user = s->o.curve_secret ? zmq_msg_gets(&body, "User-Id")
                                          : NULL;
+    s->msg_fd = zmq_msg_get(&body, ZMQ_SRCFD);
     s->o.on_msg(s, zmq_msg_data(&id), zmq_msg_size(&id), zmq_msg_data(&body),
                 zmq_msg_size(&body), user, s->o.ctx);
   } else if (s->o.on_bad) {
@@ -226,6 +256,7 @@ static int monitor_event(server *s, void *sock) {
   switch (ev) {
   case ZMQ_EVENT_ACCEPTED:
     s->live++;
+    live_set(s, (int)value, 1);
     if (s->o.max_conns != 0 && s->live > s->o.max_conns) {
       over_add(s, (int)value);
       refused(s, SERVER_REFUSED_CONNECTIONS);
@@ -241,8 +272,11 @@ static int monitor_event(server *s, void *sock) {
     if (oc != NULL)
       over_del(s, oc);
     first_del(s, (int)value);
+    live_set(s, (int)value, 0);
     if (s->live > 0)
       s->live--;
+    if (s->o.on_gone)
+      s->o.on_gone(s, (int)value, s->o.ctx);
     break;
   }
   case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
@@ -274,6 +308,8 @@ static void on_monitor(void *sock, void *ctx) {
 }
 
 uint32_t server_connections(const server *s) { return s ? s->live : 0; }
+
+int server_msg_fd(const server *s) { return s ? s->msg_fd : -1; }
 
 static void free_timer(uv_handle_t *h) { free(h); }
 
@@ -381,5 +417,6 @@ void server_close(server *s) {
   uv_close((uv_handle_t *)s->timer, free_timer);
   free(s->over);
   free(s->first_by_fd);
+  free(s->live_by_fd);
   free(s);
 }

@@ -69,6 +69,9 @@ typedef struct server_opts {
    * SNDHWM); past it server_send says GNMR_E_BUSY and the message is not
    * sent. 0: ZeroMQ's default (1000). */
   int sndhwm;
+  /* Called when a connection goes (its descriptor, as server_msg_fd gave
+   * for its messages). May be NULL. */
+  void (*on_gone)(server *s, int fd, void *ctx);
 } server_opts;
 
 #define SERVER_GRACE_MS 1000
@@ -89,6 +92,13 @@ int server_send(server *s, const void *id, size_t id_len, const void *data,
                 size_t len);
 
 /* Connections open now (accepted and not yet gone). */
+/* The descriptor of the connection whose message on_msg is given (valid
+ * in on_msg; -1 when ZeroMQ does not say). */
+int server_msg_fd(const server *s);
+/* Whether the connection on descriptor fd is still there (the monitor's
+ * events read first). */
+int server_fd_live(server *s, int fd);
+
 uint32_t server_connections(const server *s);
 
 /* Schedules a drain pass (call after sends from outside a drain). */

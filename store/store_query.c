@@ -76,7 +76,14 @@ static json_t *rows(store_query *q, db_conn *db, const char *sql, const char *fm
   va_end(ap);
   json_t *arr = json_array();
   int rc;
+  uint64_t n = 0;
   while ((rc = db_step(st)) == DB_ROW) {
+    if ((++n & 1023) == 0 && q->cancel != NULL && atomic_load(q->cancel)) {
+      db_finalize(st);
+      qfail(q, GNMR_E_CLOSED, "stopped: nobody waits for the answer");
+      json_decref(arr);
+      return NULL;
+    }
     json_t *o = json_object();
     for (int c = 0; c < db_column_count(st); c++)
       json_object_set_new(o, db_column_name(st, c), col_json(st, c));

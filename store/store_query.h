@@ -4,6 +4,7 @@
 #define GNMRD_STORE_QUERY_H
 
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 struct db;
@@ -18,6 +19,10 @@ struct store_query {
   const char *who;        /* tenancy: only jobs this key owns (or that
                              who_jobs matches, or nobody owns); NULL: all */
   const char *who_jobs;   /* fnmatch pattern, or NULL */
+  /* set by another thread when nobody waits for the answer any more (its
+   * client is gone): the query stops at its next rows, GNMR_E_CLOSED;
+   * NULL: never */
+  const atomic_int *cancel;
   /* export streams: the answer comes as JSON text in chunks of about
    * STORE_EXPORT_CHUNK bytes; the query keeps its connection and cursor
    * between them (any thread, one at a time) */
