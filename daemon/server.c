@@ -132,6 +132,25 @@ static void first_add(server *s, int fd) {
     uv_timer_start(s->timer, on_over_timer, 50, 50);
 }
 
+/* At the cap, a new connection takes the place of the oldest one that has
+ * not yet said anything (closed, counted as idle): connections that never
+ * speak cannot keep one that does (an operator's gnmrctl) out, however
+ * fast they come back. Returns whether one was closed. */
+static int evict_idle(server *s) {
+  size_t oldest = SIZE_MAX;
+  for (size_t fd = 0; s->n_first > 0 && fd < s->cap_first; fd++)
+    if (s->first_by_fd[fd] != 0 &&
+        (oldest == SIZE_MAX || s->first_by_fd[fd] < s->first_by_fd[oldest]))
+      oldest = fd;
+  if (oldest == SIZE_MAX)
+    return 0;
+  s->first_by_fd[oldest] = 0;
+  s->n_first--;
+  shutdown((int)oldest, SHUT_RDWR);
+  refused(s, SERVER_REFUSED_IDLE);
+  return 1;
+}
+
 /* The connection spoke (or went): no deadline any more. */
 static void first_del(server *s, int fd) {
   if (fd >= 0 && (size_t)fd < s->cap_first && s->first_by_fd[fd] != 0) {
@@ -257,7 +276,8 @@ static int monitor_event(server *s, void *sock) {
   case ZMQ_EVENT_ACCEPTED:
     s->live++;
     live_set(s, (int)value, 1);
-    if (s->o.max_conns != 0 && s->live > s->o.max_conns) {
+    if (s->o.max_conns != 0 && s->live > s->o.max_conns &&
+        !evict_idle(s)) {
       over_add(s, (int)value);
       refused(s, SERVER_REFUSED_CONNECTIONS);
     } else {
