@@ -612,13 +612,18 @@ void gnmrd_on_handshake_failed(server *s, server_refusal why, void *ctx) {
       [SERVER_REFUSED_IDLE] = {"a connection that sent nothing within "
                                "[limits] first_message_ms",
                                offsetof(gnmrd_counters, refused_idle)},
+      [SERVER_REFUSED_KEY_PLACES] = {"an agent key's admin connection past "
+                                     "its places",
+                                     offsetof(gnmrd_counters,
+                                              refused_key_places)},
   };
   enum { N_KINDS = sizeof kinds / sizeof kinds[0] };
   static uint64_t last_ms[N_KINDS], quiet[N_KINDS];
   gnmrd *d = ctx;
   (void)s;
   assert((unsigned)why < N_KINDS);
-  if (why != SERVER_REFUSED_CONNECTIONS && why != SERVER_REFUSED_IDLE)
+  if (why != SERVER_REFUSED_CONNECTIONS && why != SERVER_REFUSED_IDLE &&
+      why != SERVER_REFUSED_KEY_PLACES)
     /* not a handshake: counted apart */
     d->c.handshake_failures++;
   (*(uint64_t *)((char *)&d->c + kinds[why].counter))++;
@@ -641,6 +646,28 @@ void gnmrd_on_handshake_failed(server *s, server_refusal why, void *ctx) {
 
 /* A message from a connection past the cap: the reason, as an Error the
  * agent library and gnmrctl show (GNMR_E_BUSY: try again later). */
+int gnmrd_is_operator(const char *user, void *ctx) {
+  gnmrd *d = ctx;
+  return gnmr__allow_operator(d->allow, user);
+}
+
+void gnmrd_on_key_cap(server *s, const void *id, size_t id_len,
+                      uint32_t key_max, void *ctx) {
+  uint8_t *buf;
+  size_t len;
+  char msg[240];
+  (void)ctx;
+  snprintf(msg, sizeof msg,
+           "this key holds %u admin connections already, or the places left"
+           " are kept for operator keys; this one is closed: try again "
+           "later", key_max);
+  if (gnmr__wire_error(GNMR_E_BUSY, msg, "connection", 0, &buf, &len) ==
+      GNMR_OK) {
+    server_send(s, id, id_len, buf, len);
+    free(buf);
+  }
+}
+
 void gnmrd_on_over_cap(server *s, const void *id, size_t id_len,
                        uint32_t max_conns, void *ctx) {
   uint8_t *buf;

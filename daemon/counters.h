@@ -91,6 +91,9 @@
   XX(refused_idle, "connections_refused", "reason=\"idle\"",                  \
      "Connections closed for sending no message within [limits] "             \
      "first_message_ms.")                                                      \
+  XX(refused_key_places, "connections_refused", "reason=\"key_places\"",      \
+     "Admin connections of an agent key past its places, or into those "      \
+     "kept for operators.")                                                    \
   XX(jobs_retired, "jobs_retired", "",                                         \
      "Jobs retired after [limits] job_idle_s without a report.")               \
   XX(worker_steps, "worker_steps", "",                                         \

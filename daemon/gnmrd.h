@@ -87,6 +87,11 @@ void gnmrd_on_handshake_failed(server *s, server_refusal why, void *ctx);
 /* Answers a message from a connection past the cap (server_cap_cb). */
 void gnmrd_on_over_cap(server *s, const void *id, size_t id_len,
                        uint32_t max_conns, void *ctx);
+/* Whether a key has every right (an operator, or tenancy off). */
+int gnmrd_is_operator(const char *user, void *ctx);
+/* Answers a connection refused for its key's places. */
+void gnmrd_on_key_cap(server *s, const void *id, size_t id_len,
+                      uint32_t key_max, void *ctx);
 void admin_on_bad_frames(server *s, void *ctx);
 /* A connection to the admin endpoint went: its queries stop. */
 void admin_on_gone(server *s, int fd, void *ctx);

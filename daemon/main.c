@@ -37,6 +37,10 @@
 #define ADMIN_MAX_CONNS 64
 /* replies queued for an admin client that reads none (docs/reliability.md) */
 #define ADMIN_QUEUED_REPLIES 8
+/* with tenancy on, the admin places one agent key may hold, and those
+ * kept for operator keys (docs/operations.md) */
+#define ADMIN_KEY_PLACES 16
+#define ADMIN_OPERATOR_RESERVE 8
 
 #ifndef GNMR_VERSION
 #define GNMR_VERSION "0.0.0"
@@ -548,22 +552,37 @@ int main(int argc, char **argv) {
     LOG(ERROR, "ZAP", "%s", err);
     goto out;
   }
-  server_opts ao = {cfg.agents,        (int64_t)cfg.max_msg,
-                    curve ? curve_sec : NULL, jobs_on_message,
-                    jobs_on_bad_frames, gnmrd_on_handshake_failed, &d,
-                    max_conns, gnmrd_on_over_cap,
-                    (uint32_t)cfg.first_message_ms, 0, NULL};
+  server_opts ao = {.endpoint = cfg.agents,
+                    .max_msg = (int64_t)cfg.max_msg,
+                    .curve_secret = curve ? curve_sec : NULL,
+                    .on_msg = jobs_on_message,
+                    .on_bad = jobs_on_bad_frames,
+                    .on_handshake_failed = gnmrd_on_handshake_failed,
+                    .ctx = &d,
+                    .max_conns = max_conns,
+                    .on_over_cap = gnmrd_on_over_cap,
+                    .first_msg_ms = (uint32_t)cfg.first_message_ms};
   if (server_open(&loop, d.zctx, &ao, bound_agents, sizeof bound_agents, err,
                   sizeof err, &d.agents) != GNMR_OK) {
     LOG(ERROR, "BIND-AGENTS", "%s", err);
     goto out;
   }
-  server_opts mo = {cfg.admin,          1 << 20,
-                    curve ? curve_sec : NULL, admin_on_message,
-                    admin_on_bad_frames, gnmrd_on_handshake_failed, &d,
-                    ADMIN_MAX_CONNS, gnmrd_on_over_cap,
-                    (uint32_t)cfg.first_message_ms, ADMIN_QUEUED_REPLIES,
-                    admin_on_gone};
+  server_opts mo = {.endpoint = cfg.admin,
+                    .max_msg = 1 << 20,
+                    .curve_secret = curve ? curve_sec : NULL,
+                    .on_msg = admin_on_message,
+                    .on_bad = admin_on_bad_frames,
+                    .on_handshake_failed = gnmrd_on_handshake_failed,
+                    .ctx = &d,
+                    .max_conns = ADMIN_MAX_CONNS,
+                    .on_over_cap = gnmrd_on_over_cap,
+                    .first_msg_ms = (uint32_t)cfg.first_message_ms,
+                    .sndhwm = ADMIN_QUEUED_REPLIES,
+                    .on_gone = admin_on_gone,
+                    .key_max = ADMIN_KEY_PLACES,
+                    .reserve = ADMIN_OPERATOR_RESERVE,
+                    .privileged = gnmrd_is_operator,
+                    .on_key_cap = gnmrd_on_key_cap};
   if (server_open(&loop, d.zctx, &mo, bound_admin, sizeof bound_admin, err,
                   sizeof err, &d.admin) != GNMR_OK) {
     LOG(ERROR, "BIND-ADMIN", "%s", err);

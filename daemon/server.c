@@ -12,6 +12,7 @@
 #include <zmq.h>
 
 #include "gnmr/error.h"
+#include "hmap.h"
 #include "zwatch.h"
 
 /* ZMQ_ZAP_ENFORCE_DOMAIN is declared only under DRAFT in Debian's header,
@@ -41,7 +42,19 @@ struct server {
   /* descriptors of connections accepted and not yet gone */
   uint8_t *live_by_fd;
   size_t cap_live;
+  /* places per key: the key of each connection that has spoken (by
+   * descriptor), how many each key holds, and how many are held by keys
+   * that are not privileged */
+  struct key_place *key_by_fd;
+  size_t cap_key;
+  hmap key_count;
+  uint32_t n_plain;
 };
+
+typedef struct key_place {
+  char *key; /* NULL: none registered */
+  int privileged;
+} key_place;
 
 static void on_monitor(void *sock, void *ctx);
 
@@ -62,6 +75,63 @@ static void live_set(server *s, int fd, uint8_t on) {
     s->cap_live = cap;
   }
   s->live_by_fd[fd] = on;
+}
+
+/* A connection that is gone gives back its key's place. */
+static void key_forget(server *s, int fd) {
+  if (fd < 0 || (size_t)fd >= s->cap_key || s->key_by_fd[fd].key == NULL)
+    return;
+  key_place *p = &s->key_by_fd[fd];
+  uint64_t n = 0;
+  size_t len = strlen(p->key);
+  if (hmap_get(&s->key_count, p->key, len, &n) && n > 1)
+    hmap_put(&s->key_count, p->key, len, n - 1);
+  else
+    hmap_del(&s->key_count, p->key, len);
+  if (!p->privileged && s->n_plain > 0)
+    s->n_plain--;
+  free(p->key);
+  p->key = NULL;
+}
+
+/* Whether the connection on fd, speaking as key, may have a place: once
+ * admitted it keeps it until it goes. */
+static int key_admit(server *s, int fd, const char *key) {
+  if (fd < 0)
+    return 1;
+  if ((size_t)fd >= s->cap_key) {
+    size_t cap = s->cap_key ? s->cap_key : 64;
+    while (cap <= (size_t)fd)
+      cap *= 2;
+    key_place *k = realloc(s->key_by_fd, cap * sizeof *k);
+    if (k == NULL)
+      return 1; /* not counted: the cap still bounds it */
+    memset(k + s->cap_key, 0, (cap - s->cap_key) * sizeof *k);
+    s->key_by_fd = k;
+    s->cap_key = cap;
+  }
+  key_place *p = &s->key_by_fd[fd];
+  if (p->key != NULL)
+    return 1;
+  size_t len = strlen(key);
+  uint64_t n = 0;
+  hmap_get(&s->key_count, key, len, &n);
+  int priv = s->o.privileged != NULL && s->o.privileged(key, s->o.ctx);
+  uint32_t plain_max = s->o.max_conns > s->o.reserve
+                           ? s->o.max_conns - s->o.reserve
+                           : 0;
+  if (!priv && (n >= s->o.key_max || s->n_plain >= plain_max))
+    return 0;
+  if ((p->key = strdup(key)) == NULL ||
+      hmap_put(&s->key_count, key, len, n + 1) != GNMR_OK) {
+    free(p->key);
+    p->key = NULL;
+    return 1;
+  }
+  p->privileged = priv;
+  if (!priv)
+    s->n_plain++;
+  return 1;
 }
 
 int server_fd_live(server *s, int fd) {
@@ -233,6 +303,22 @@ static void on_readable(void *sock, void *ctx) {
     const char *user = s->o.curve_secret ? zmq_msg_gets(&body, "User-Id")
                                          : NULL;
     s->msg_fd = zmq_msg_get(&body, ZMQ_SRCFD);
+    if (s->o.key_max != 0 && user != NULL &&
+        !key_admit(s, s->msg_fd, user)) {
+      /* its key holds its places already: answered, then closed */
+      if (s->o.on_key_cap)
+        s->o.on_key_cap(s, zmq_msg_data(&id), zmq_msg_size(&id),
+                        s->o.key_max, s->o.ctx);
+      refused(s, SERVER_REFUSED_KEY_PLACES);
+      if (over_find(s, s->msg_fd) == NULL)
+        over_add(s, s->msg_fd);
+      over_conn *c = over_find(s, s->msg_fd);
+      if (c != NULL)
+        c->deadline = uv_now(s->loop) + SERVER_FLUSH_MS;
+      zmq_msg_close(&id);
+      zmq_msg_close(&body);
+      return;
+    }
     s->o.on_msg(s, zmq_msg_data(&id), zmq_msg_size(&id), zmq_msg_data(&body),
                 zmq_msg_size(&body), user, s->o.ctx);
   } else if (s->o.on_bad) {
@@ -293,6 +379,7 @@ static int monitor_event(server *s, void *sock) {
       over_del(s, oc);
     first_del(s, (int)value);
     live_set(s, (int)value, 0);
+    key_forget(s, (int)value);
     if (s->live > 0)
       s->live--;
     if (s->o.on_gone)
@@ -438,5 +525,9 @@ void server_close(server *s) {
   free(s->over);
   free(s->first_by_fd);
   free(s->live_by_fd);
+  for (size_t fd = 0; fd < s->cap_key; fd++)
+    free(s->key_by_fd[fd].key);
+  free(s->key_by_fd);
+  hmap_free(&s->key_count);
   free(s);
 }

@@ -33,6 +33,8 @@ typedef enum server_refusal {
                                 left to accept it) */
   SERVER_REFUSED_IDLE,       /* no whole message within first_msg_ms of
                                 being accepted: closed, its place freed */
+  SERVER_REFUSED_KEY_PLACES, /* its key holds key_max places already, or
+                                the places left are reserved */
 } server_refusal;
 
 /* Called for each refused connection (may be NULL). */
@@ -72,6 +74,17 @@ typedef struct server_opts {
   /* Called when a connection goes (its descriptor, as server_msg_fd gave
    * for its messages). May be NULL. */
   void (*on_gone)(server *s, int fd, void *ctx);
+  /* Places per key (CURVE): a key that privileged() does not name may
+   * hold at most key_max connections that have spoken, and such keys
+   * together at most max_conns - reserve; the other places are kept for
+   * privileged keys (operators). A connection whose first message is past
+   * that is answered through on_key_cap, counted
+   * (SERVER_REFUSED_KEY_PLACES) and closed SERVER_FLUSH_MS later. key_max
+   * 0: no places per key. */
+  uint32_t key_max, reserve;
+  int (*privileged)(const char *user, void *ctx);
+  void (*on_key_cap)(server *s, const void *id, size_t id_len,
+                     uint32_t key_max, void *ctx);
 } server_opts;
 
 #define SERVER_GRACE_MS 1000

@@ -934,6 +934,90 @@ START_TEST(one_tenant_cannot_take_every_job_or_unit) {
 }
 END_TEST
 
+/* Admin places with tenancy on: an agent key holds at most 16 of the 64
+ * admin connections, and agent keys together at most 56: the last 8 are
+ * kept for operator keys. Four agent keys open 17, 16, 16 and 16
+ * connections, each sending a request and reading its answer: before,
+ * they took all 64 places and the operator's gnmrctl got BUSY. */
+START_TEST(admin_places_per_key_and_a_reserve_for_operators) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  keypair server = keygen(d.dir, "server"), op = keygen(d.dir, "op");
+  keypair k[4];
+  char allow[1200], allow_path[200];
+  size_t off = (size_t)snprintf(allow, sizeof allow, "%s ops role=operator\n",
+                                op.pub);
+  for (int i = 0; i < 4; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "t%d", i);
+    k[i] = keygen(d.dir, name);
+    off += (size_t)snprintf(allow + off, sizeof allow - off,
+                            "%s %s role=agent\n", k[i].pub, name);
+  }
+  snprintf(allow_path, sizeof allow_path, "%s/allowed", d.dir);
+  tu_write_file(allow_path, allow);
+  char *extra[] = {"--curve-key", server.path, "--curve-allow", allow_path,
+                   NULL};
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
+  enum { PER = 16 };
+  raw_peer conns[4][PER + 1];
+  int open[4][PER + 1] = {{0}};
+  int answered[4] = {0}, refused_key = 0, refused_reserve = 0;
+  for (int i = 0; i < 4; i++) {
+    int n = i == 0 ? PER + 1 : PER;
+    for (int c = 0; c < n; c++) {
+      conns[i][c] = raw_open_curve(d.admin, server.pub, k[i].pub, k[i].sec);
+      raw_admin(&conns[i][c], "jobs", "", 0, 0);
+      Gnmr__Envelope *env = raw_recv(&conns[i][c], 10000 * tu_slow());
+      ck_assert_msg(env != NULL, "key %d connection %d: no answer", i, c);
+      if (env->body_case == GNMR__ENVELOPE__BODY_ADMIN_REPLY) {
+        answered[i]++;
+        open[i][c] = 1; /* it stays, holding its place */
+      } else { /* refused: it goes, as gnmrctl would */
+        ck_assert_int_eq(env->body_case, GNMR__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(env->error->code, GNMR_E_BUSY);
+        ck_assert_msg(strstr(env->error->message, "holds 16 admin "
+                                                  "connections"),
+                      "%s", env->error->message);
+        if (answered[i] == PER)
+          refused_key++;
+        else
+          refused_reserve++;
+      }
+      gnmr__wire_free(&env);
+      if (!open[i][c])
+        raw_close(&conns[i][c]);
+    }
+  }
+  /* 16 each for the first three keys (the first's 17th refused), 8 for
+   * the fourth: 56 agent-key places, the other 8 kept */
+  ck_assert_int_eq(answered[0], PER);
+  ck_assert_int_eq(answered[1], PER);
+  ck_assert_int_eq(answered[2], PER);
+  ck_assert_int_eq(answered[3], 64 - 8 - 3 * PER);
+  ck_assert_int_eq(refused_key, 1);
+  ck_assert_int_eq(refused_reserve, PER - (64 - 8 - 3 * PER));
+  /* the operator is answered while they all stay */
+  run_result r = ctl_as(&d, server.pub, &op, "jobs", NULL, NULL);
+  ck_assert_msg(r.code == 0, "the operator: %s", r.err);
+  tu_run_free(&r);
+  r = ctl_as(&d, server.pub, &op, "stats", NULL, NULL);
+  ck_assert_msg(r.code == 0, "the operator's stats: %s", r.err);
+  const char *kp = strstr(r.out, "refused_key_places ");
+  unsigned long long places = 0;
+  ck_assert_msg(kp != NULL && sscanf(kp + 19, "%llu", &places) == 1 &&
+                    places >= 1 + 8,
+                "stats: %s", r.out);
+  tu_run_free(&r);
+  for (int i = 0; i < 4; i++)
+    for (int c = 0; c < (i == 0 ? PER + 1 : PER); c++)
+      if (open[i][c])
+        raw_close(&conns[i][c]);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("security");
   TCase *tc = tcase_create("curve");
@@ -948,6 +1032,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, one_tenant_cannot_take_every_job_or_unit);
   tcase_add_test(tc, curve_setup_errors_and_network_endpoints_without_curve);
   tcase_add_test(tc, agent_refuses_partial_or_malformed_curve_settings);
+  tcase_add_test(tc, admin_places_per_key_and_a_reserve_for_operators);
   suite_add_tcase(s, tc);
   return s;
 }
