@@ -15,6 +15,10 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "gnmr/agent.h"
 #include "keys.h"
 #include "rawpeer.h"
 #include "testutil.h"
@@ -1020,6 +1024,165 @@ static long daemon_rss_kb(pid_t pid) {
   return kb;
 }
 
+/* Sixteen Hellos whose `instance` is 20 MB (the round sent 100 MB: gnmrd
+ * kept 800 MB for the job's life and echoed the text, terminal escapes
+ * and all, into another agent's error): each is refused with INVAL naming
+ * the field and nothing of it, and gnmrd keeps none of it (its memory
+ * does not grow with the number of such Hellos). An instance
+ * with an escape sequence is refused the same way. */
+START_TEST(a_huge_or_escaped_instance_is_refused_and_not_kept) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  size_t big = (tu_slow() > 1 ? 2u : 20u) << 20;
+  char *inst = malloc(big + 1);
+  memset(inst, 'x', big);
+  inst[big] = '\0';
+  long rss4 = 0;
+  for (int i = 0; i < 16; i++) {
+    if (i == 4) /* what the allocator keeps for reuse, after four */
+      rss4 = daemon_rss_kb(d.pid);
+    raw_peer p = raw_open(d.agents);
+    char job[32];
+    snprintf(job, sizeof job, "inst-%d", i);
+    hello_xi(&p, job, 0, 1, two_units, 2, 2.0, 1000, 0, inst);
+    Gnmr__Envelope *env = expect_body(&p, GNMR__ENVELOPE__BODY_ERROR);
+    ck_assert_int_eq(env->error->code, GNMR_E_INVAL);
+    ck_assert_str_eq(env->error->ref, "instance");
+    ck_assert_msg(strlen(env->error->message) < 300 &&
+                      strstr(env->error->message, "xxxx") == NULL,
+                  "%.300s", env->error->message);
+    gnmr__wire_free(&env);
+    raw_close(&p);
+  }
+  tu_sleep_ms(200);
+  long rss16 = daemon_rss_kb(d.pid);
+  /* twelve more kept would be 240 MB */
+  ck_assert_msg(rss16 - rss4 < 2 * (long)(big >> 10), "gnmrd kept %ld kB "
+                "more for 12 more Hellos", rss16 - rss4);
+  /* no job was made */
+  char adm[300];
+  snprintf(adm, sizeof adm, "--admin=%s", d.admin);
+  char *jobs[] = {"gnmrctl", adm, "jobs", NULL};
+  run_result r = tu_run("gnmrctl", jobs, NULL);
+  ck_assert_msg(r.code == 0 && strstr(r.out, "inst-") == NULL, "%s", r.out);
+  tu_run_free(&r);
+  raw_peer p = raw_open(d.agents);
+  hello_xi(&p, "escaped", 0, 1, two_units, 2, 2.0, 1000, 0,
+           "host\x1b[31m pid 1");
+  Gnmr__Envelope *env = expect_body(&p, GNMR__ENVELOPE__BODY_ERROR);
+  ck_assert_int_eq(env->error->code, GNMR_E_INVAL);
+  ck_assert_str_eq(env->error->ref, "instance");
+  ck_assert_ptr_null(strchr(env->error->message, '\x1b'));
+  gnmr__wire_free(&env);
+  raw_close(&p);
+  free(inst);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+}
+END_TEST
+
+/* A peer that never said Hello sends Reports of a million units (8 MB
+ * each) as fast as gnmrd takes them, beside a working job: the round
+ * measured another job's step stalled up to 1.5 s, gnmrd decoding each
+ * one before refusing it. Refused from the envelope's body field without
+ * a decode, they leave the job's steps within 250 ms over 2 s of steps
+ * (the slowest is printed). */
+typedef struct flood_arg {
+  const char *ep;
+  atomic_int stop;
+  int sent;
+} flood_arg;
+
+static void *report_flood(void *p) {
+  flood_arg *f = p;
+  void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
+  int zero = 0, hwm = 4;
+  zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+  zmq_connect(s, f->ep);
+  enum { N = 1 << 20 };
+  double *sq = calloc(N, sizeof *sq);
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Report r = GNMR__REPORT__INIT;
+  r.job = "victim";
+  r.step = 1;
+  r.n_sumsq = N;
+  r.sumsq = sq;
+  env.body_case = GNMR__ENVELOPE__BODY_REPORT;
+  env.report = &r;
+  uint8_t *buf;
+  size_t len;
+  if (gnmr__wire_encode(&env, &buf, &len) == GNMR_OK) {
+    while (!atomic_load(&f->stop)) {
+      if (zmq_send(s, buf, len, ZMQ_DONTWAIT) >= 0)
+        f->sent++;
+      else
+        usleep(1000);
+      zmq_msg_t m; /* its NOJOB answers */
+      zmq_msg_init(&m);
+      while (zmq_msg_recv(&m, s, ZMQ_DONTWAIT) >= 0)
+        ;
+      zmq_msg_close(&m);
+    }
+    free(buf);
+  }
+  free(sq);
+  zmq_close(s);
+  zmq_ctx_term(ctx);
+  return NULL;
+}
+
+START_TEST(reports_without_hello_do_not_stall_another_job) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  static const char *names[] = {"a", "b", "c", "d"};
+  gnmr_agent_config c = {0};
+  c.endpoint = d.agents;
+  c.job = "victim";
+  c.reporters = 1;
+  c.unit_names = names;
+  c.n_units = 4;
+  gnmr_params_default(&c.params);
+  c.barrier_ms = 5000;
+  gnmr_agent *a;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  double sq[4] = {1, 2, 3, 4};
+  uint64_t t = 1;
+  for (; t <= 5; t++) { /* joined, stepping */
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, sq, NULL, NULL), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a, t, 10000 * tu_slow()), GNMR_OK);
+  }
+  flood_arg f = {d.agents, 0, 0};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, report_flood, &f), 0);
+  tu_sleep_ms(200);
+  double worst = 0, spent = 0;
+  int steps = 0;
+  for (; steps < 100 || spent < 2.0; steps++, t++) { /* 2 s of steps */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, sq, NULL, NULL), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a, t, 10000 * tu_slow()), GNMR_OK);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double w = (double)(t1.tv_sec - t0.tv_sec) +
+               (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    worst = w > worst ? w : worst;
+    spent += w;
+  }
+  atomic_store(&f.stop, 1);
+  pthread_join(th, NULL);
+  long long refused = tu_counter(&d, "unknown_agent");
+  printf("reports without Hello: %d of 8 MB sent, %lld refused; the other "
+         "job's slowest of %d steps %.1f ms\n", f.sent, refused, steps,
+         worst * 1e3);
+  fflush(stdout);
+  ck_assert_int_ge(refused, 10);
+  ck_assert_msg(worst < 0.25 * tu_slow(), "a step waited %.0f ms",
+                worst * 1e3);
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+}
+END_TEST
+
 /* 70 connections to the admin endpoint (64 places) that say nothing and
  * come back at once when closed, with a long first_message_ms (60 s): the
  * places are always full of them. Before, the operator got BUSY for as
@@ -1287,6 +1450,8 @@ static Suite *suite(void) {
   tcase_add_test(live,
                  silent_connections_that_come_back_do_not_lock_the_operator_out);
   tcase_add_test(live, an_admin_flood_that_reads_nothing_is_bounded);
+  tcase_add_test(live, a_huge_or_escaped_instance_is_refused_and_not_kept);
+  tcase_add_test(live, reports_without_hello_do_not_stall_another_job);
   tcase_add_test(live, abandoned_queries_stop_with_their_client);
   suite_add_tcase(s, live);
   return s;
