@@ -1011,6 +1011,14 @@ START_TEST(a_damaged_database_is_refused_at_start) {
 }
 END_TEST
 
+/* Whether a process's RSS measures its live memory: not under ASan
+ * (freed memory waits in its quarantine) or valgrind (its own allocator);
+ * there the memory checks are theirs, and the RSS bounds are checked by
+ * the plain run of make check. */
+static int rss_tells(void) {
+  return getenv("GNMR_SANITIZED") == NULL && tu_slow() == 1;
+}
+
 static long daemon_rss_kb(pid_t pid) {
   char path[64], line[256];
   long kb = -1;
@@ -1057,8 +1065,8 @@ START_TEST(a_huge_or_escaped_instance_is_refused_and_not_kept) {
   tu_sleep_ms(200);
   long rss16 = daemon_rss_kb(d.pid);
   /* twelve more kept would be 240 MB */
-  ck_assert_msg(rss16 - rss4 < 2 * (long)(big >> 10), "gnmrd kept %ld kB "
-                "more for 12 more Hellos", rss16 - rss4);
+  ck_assert_msg(!rss_tells() || rss16 - rss4 < 2 * (long)(big >> 10),
+                "gnmrd kept %ld kB more for 12 more Hellos", rss16 - rss4);
   /* no job was made */
   char adm[300];
   snprintf(adm, sizeof adm, "--admin=%s", d.admin);
@@ -1319,7 +1327,8 @@ START_TEST(an_admin_flood_that_reads_nothing_is_bounded) {
          peak,
          (unsigned long long)dropped, waited * 1e3);
   fflush(stdout);
-  ck_assert_msg(peak - rss0 < 16 * 1024, "gnmrd grew %ld kB", peak - rss0);
+  ck_assert_msg(!rss_tells() || peak - rss0 < 16 * 1024, "gnmrd grew %ld kB",
+                peak - rss0);
   ck_assert_msg(waited < 1.0 * tu_slow(), "the operator waited %.1f s",
                 waited);
   ck_assert_uint_gt(dropped, 0);
