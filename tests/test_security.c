@@ -441,7 +441,9 @@ START_TEST(tenants_see_and_touch_only_their_own_jobs) {
                                   &bob);
   gnmr_agent *c1 = curve_observer(d.agents, "alice-shared-1", server.pub,
                                   &carol);
-  ck_assert(joins(b2, 3000));
+  /* an operator key joins any job: alice's, as an observer */
+  gnmr_agent *o1 = curve_observer(d.agents, "alice-job", server.pub, &op);
+  ck_assert(joins(b2, 3000) && joins(o1, 3000));
   ck_assert(refused(b1, 3000) && refused(c1, 3000));
   char why[256];
   ck_assert_int_eq(gnmr_agent_last_error(b1, why, sizeof why),
@@ -516,8 +518,8 @@ START_TEST(tenants_see_and_touch_only_their_own_jobs) {
   ck_assert(strstr(r.out, "alice-job") && strstr(r.out, "alice-shared-1"));
   tu_run_free(&r);
   /* ownership survives a restart of gnmrd */
-  gnmr_agent *agents[] = {a1, a2, b1, b2, c1};
-  for (int i = 0; i < 5; i++)
+  gnmr_agent *agents[] = {a1, a2, b1, b2, c1, o1};
+  for (int i = 0; i < 6; i++)
     gnmr_agent_close(&agents[i]);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
   tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
