@@ -651,16 +651,11 @@ int gnmrd_is_operator(const char *user, void *ctx) {
   return gnmr__allow_operator(d->allow, user);
 }
 
-void gnmrd_on_key_cap(server *s, const void *id, size_t id_len,
-                      uint32_t key_max, void *ctx) {
+/* A connection refused a place: BUSY, saying why (it is closed after). */
+static void busy_connection(server *s, const void *id, size_t id_len,
+                            const char *msg) {
   uint8_t *buf;
   size_t len;
-  char msg[240];
-  (void)ctx;
-  snprintf(msg, sizeof msg,
-           "this key holds %u admin connections already, or the places left"
-           " are kept for operator keys; this one is closed: try again "
-           "later", key_max);
   if (gnmr__wire_error(GNMR_E_BUSY, msg, "connection", 0, &buf, &len) ==
       GNMR_OK) {
     server_send(s, id, id_len, buf, len);
@@ -668,19 +663,25 @@ void gnmrd_on_key_cap(server *s, const void *id, size_t id_len,
   }
 }
 
+void gnmrd_on_key_cap(server *s, const void *id, size_t id_len,
+                      uint32_t key_max, void *ctx) {
+  char msg[240];
+  (void)ctx;
+  snprintf(msg, sizeof msg,
+           "this key holds %u admin connections already, or the places left"
+           " are kept for operator keys; this one is closed: try again "
+           "later", key_max);
+  busy_connection(s, id, id_len, msg);
+}
+
 void gnmrd_on_over_cap(server *s, const void *id, size_t id_len,
                        uint32_t max_conns, void *ctx) {
-  uint8_t *buf;
-  size_t len;
   char msg[200];
   (void)ctx;
   snprintf(msg, sizeof msg,
            "gnmrd serves at most %u connections on this endpoint ([limits] "
            "max_connections); this one is closed: try again later",
            max_conns);
-  if (gnmr__wire_error(GNMR_E_BUSY, msg, "connection", 0, &buf, &len) ==
-      GNMR_OK) {
-    server_send(s, id, id_len, buf, len);
-    free(buf);
-  }
+  busy_connection(s, id, id_len, msg);
+}
 }

@@ -1019,6 +1019,14 @@ static int rss_tells(void) {
   return getenv("GNMR_SANITIZED") == NULL && tu_slow() == 1;
 }
 
+/* Seconds since t0 (CLOCK_MONOTONIC). */
+static double since(const struct timespec *t0) {
+  struct timespec t1;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (double)(t1.tv_sec - t0->tv_sec) +
+         (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
 static long daemon_rss_kb(pid_t pid) {
   char path[64], line[256];
   long kb = -1;
@@ -1166,13 +1174,11 @@ START_TEST(reports_without_hello_do_not_stall_another_job) {
   double worst = 0, spent = 0;
   int steps = 0;
   for (; steps < 100 || spent < 2.0; steps++, t++) { /* 2 s of steps */
-    struct timespec t0, t1;
+    struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     ck_assert_int_eq(gnmr_agent_report_sums(a, t, sq, NULL, NULL), GNMR_OK);
     ck_assert_int_eq(gnmr_agent_wait(a, t, 10000 * tu_slow()), GNMR_OK);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double w = (double)(t1.tv_sec - t0.tv_sec) +
-               (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    double w = since(&t0);
     worst = w > worst ? w : worst;
     spent += w;
   }
@@ -1214,16 +1220,14 @@ START_TEST(silent_connections_that_come_back_do_not_lock_the_operator_out) {
   snprintf(adm, sizeof adm, "--admin=%s", d.admin);
   char *st[] = {"gnmrctl", adm, "jobs", NULL};
   int served = 0;
-  struct timespec t0, t1;
+  struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   for (int i = 0; i < 5 && !served; i++) {
     run_result r = tu_run("gnmrctl", st, NULL);
     served = r.code == 0;
     tu_run_free(&r);
   }
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  double took = (double)(t1.tv_sec - t0.tv_sec) +
-                (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  double took = since(&t0);
   ck_assert_msg(served, "the operator got no answer in 5 tries (%.1f s) "
                 "while silent peers held the places", took);
   ck_assert_int_ge(tu_counter(&d, "refused_idle"), 1);
@@ -1287,12 +1291,10 @@ START_TEST(an_admin_flood_that_reads_nothing_is_bounded) {
   char adm[300];
   snprintf(adm, sizeof adm, "--admin=%s", d.admin);
   char *st[] = {"gnmrctl", adm, "jobs", NULL};
-  struct timespec t0, t1;
+  struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   run_result r = tu_run("gnmrctl", st, NULL);
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  double waited = (double)(t1.tv_sec - t0.tv_sec) +
-                  (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  double waited = since(&t0);
   ck_assert_msg(r.code == 0 && strstr(r.out, "flooded"), "jobs: %s", r.err);
   tu_run_free(&r);
   /* every request read (the stats answer comes after them) */
@@ -1390,12 +1392,10 @@ START_TEST(abandoned_queries_stop_with_their_client) {
   snprintf(adm, sizeof adm, "--admin=%s", d.admin);
   char *dec[] = {"gnmrctl", adm, "decisions", "long-run", "--csv",
                  "--timeout-ms", "120000", NULL};
-  struct timespec t0, t1;
+  struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   run_result r = tu_run("gnmrctl", dec, NULL);
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  double whole = (double)(t1.tv_sec - t0.tv_sec) +
-                 (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  double whole = since(&t0);
   ck_assert_msg(r.code == 0, "decisions: %s", r.err);
   tu_run_free(&r);
   for (int i = 0; i < 4; i++) { /* asked, then gone */
@@ -1408,9 +1408,7 @@ START_TEST(abandoned_queries_stop_with_their_client) {
   char *jobs[] = {"gnmrctl", adm, "jobs", NULL};
   clock_gettime(CLOCK_MONOTONIC, &t0);
   r = tu_run("gnmrctl", jobs, NULL);
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  double waited = (double)(t1.tv_sec - t0.tv_sec) +
-                  (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  double waited = since(&t0);
   ck_assert_msg(r.code == 0 && strstr(r.out, "long-run"), "jobs: %s", r.err);
   tu_run_free(&r);
   char *st[] = {"gnmrctl", adm, "stats", NULL};
