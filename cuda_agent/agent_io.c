@@ -183,73 +183,9 @@ static void send_report(gnmr_agent *a, io_state *io, const void *buf,
   (void)io;
 }
 
-/* A protobuf varint at *p (below end); 0 when truncated or too long. */
-static int varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
-  *v = 0;
-  for (int shift = 0; *p < end && shift < 64; shift += 7) {
-    uint8_t byte = *(*p)++;
-    *v |= (uint64_t)(byte & 0x7f) << shift;
-    if (!(byte & 0x80))
-      return 1;
-  }
-  return 0;
-}
-
-/* Skips one field's value of wire type wt; 0 when it does not fit. */
-static int skip_field(const uint8_t **p, const uint8_t *end, unsigned wt) {
-  uint64_t v;
-  switch (wt) {
-  case 0:
-    return varint(p, end, &v);
-  case 1:
-  case 5:
-    v = wt == 1 ? 8 : 4;
-    break;
-  case 2:
-    if (!varint(p, end, &v))
-      return 0;
-    break;
-  default:
-    return 0;
-  }
-  if (v > (uint64_t)(end - *p))
-    return 0;
-  *p += v;
-  return 1;
-}
-
-/* The step of an encoded Report envelope (Envelope.report = 12, its
- * step = 3), read without decoding the message: its sums may be
- * megabytes. 0 when it is no report or does not parse. */
-static uint64_t report_step(const void *buf, size_t len) {
-  const uint8_t *p = buf, *end = p + len;
-  uint64_t key, n, step;
-  while (p < end) {
-    if (!varint(&p, end, &key))
-      return 0;
-    if (key == (12u << 3 | 2)) { /* the report */
-      if (!varint(&p, end, &n) || n > (uint64_t)(end - p))
-        return 0;
-      const uint8_t *q = p, *qe = p + n;
-      while (q < qe) {
-        if (!varint(&q, qe, &key))
-          return 0;
-        if (key == (3u << 3 | 0))
-          return varint(&q, qe, &step) ? step : 0;
-        if (!skip_field(&q, qe, (unsigned)(key & 7)))
-          return 0;
-      }
-      return 0;
-    }
-    if (!skip_field(&p, end, (unsigned)(key & 7)))
-      return 0;
-  }
-  return 0;
-}
-
 /* The step of a held report (0 when it does not parse). */
 static uint64_t held_step(const held_msg *h) {
-  return report_step(h->buf, h->len);
+  return gnmr__wire_report_step(h->buf, h->len);
 }
 
 /* On a re-join, drops the held reports that are stale: made while the link
@@ -505,7 +441,7 @@ void *gnmr__agent_io_main(void *arg) {
           zmq_msg_close(&io.inflight);
         zmq_msg_init(&io.inflight);
         io.have_inflight = zmq_msg_copy(&io.inflight, &msg) == 0;
-        io.inflight_step = report_step(zmq_msg_data(&msg), n);
+        io.inflight_step = gnmr__wire_report_step(zmq_msg_data(&msg), n);
         if (zmq_msg_send(&msg, io.dealer, ZMQ_DONTWAIT) < 0)
           atomic_fetch_add(&a->reports_dropped, 1);
       } else if ((copy = malloc(n ? n : 1)) != NULL) {

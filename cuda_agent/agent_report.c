@@ -76,21 +76,6 @@ void gnmr__agent_mark_reported(gnmr_agent *a, uint64_t step) {
 
 /* ---- packing a Report ------------------------------------------------------ */
 
-static size_t varint_len(uint64_t v) {
-  size_t n = 1;
-  for (; v >= 0x80; v >>= 7)
-    n++;
-  return n;
-}
-
-static size_t put_varint(uint8_t *p, uint64_t v) {
-  size_t n = 0;
-  for (; v >= 0x80; v >>= 7)
-    p[n++] = (uint8_t)(v | 0x80);
-  p[n++] = (uint8_t)v;
-  return n;
-}
-
 void gnmr__report_plan(gnmr__report_layout *pl, const Gnmr__Report *r) {
   Gnmr__Envelope head = GNMR__ENVELOPE__INIT;
   Gnmr__Report pre = GNMR__REPORT__INIT, post = GNMR__REPORT__INIT;
@@ -109,27 +94,27 @@ void gnmr__report_plan(gnmr__report_layout *pl, const Gnmr__Report *r) {
   pl->n = (uint32_t)r->n_sumsq;
   size_t data = 8 * (size_t)pl->n;
   pl->rep_len = gnmr__report__get_packed_size(&pl->pre) +
-                (pl->n ? 1 + varint_len(data) + data : 0) +
+                (pl->n ? 1 + gnmr__varint_len(data) + data : 0) +
                 gnmr__report__get_packed_size(&pl->post);
   pl->len = gnmr__envelope__get_packed_size(&pl->head) + 1 +
-            varint_len(pl->rep_len) + pl->rep_len;
+            gnmr__varint_len(pl->rep_len) + pl->rep_len;
 }
 
 int gnmr__report_pack(gnmr__report_layout *pl, const uint8_t *skip, int check,
                       uint8_t *out) {
   /* protobuf-c's bytes exactly (fields in number order): the envelope's
-   * version, its report (field 12) holding job, rank, step, then the sums
-   * (field 4, packed doubles) written here, then nonfinite and
+   * version, its report holding job, rank, step, then the sums (packed
+   * doubles) written here, then nonfinite and
    * not_reported */
   uint8_t *o = out;
   int bad = 0;
   o += gnmr__envelope__pack(&pl->head, o);
-  *o++ = (12 << 3) | 2;
-  o += put_varint(o, pl->rep_len);
+  *o++ = (uint8_t)GNMR_WIRE_KEY(GNMR_WIRE_ENVELOPE_REPORT, GNMR_WIRE_LEN);
+  o += gnmr__varint_put(o, pl->rep_len);
   o += gnmr__report__pack(&pl->pre, o);
   if (pl->n > 0) {
-    *o++ = (4 << 3) | 2;
-    o += put_varint(o, 8 * (uint64_t)pl->n);
+    *o++ = (uint8_t)GNMR_WIRE_KEY(GNMR_WIRE_REPORT_SUMSQ, GNMR_WIRE_LEN);
+    o += gnmr__varint_put(o, 8 * (uint64_t)pl->n);
     bad = gnmr__sums_copy_check(o, pl->sumsq, skip, pl->n, check);
     o += 8 * (size_t)pl->n;
   }

@@ -644,8 +644,6 @@ void gnmrd_on_handshake_failed(server *s, server_refusal why, void *ctx) {
   quiet[why] = 0;
 }
 
-/* A message from a connection past the cap: the reason, as an Error the
- * agent library and gnmrctl show (GNMR_E_BUSY: try again later). */
 int gnmrd_is_operator(const char *user, void *ctx) {
   gnmrd *d = ctx;
   return gnmr__allow_operator(d->allow, user);
@@ -674,6 +672,8 @@ void gnmrd_on_key_cap(server *s, const void *id, size_t id_len,
   busy_connection(s, id, id_len, msg);
 }
 
+/* A message from a connection past the cap: the reason, as an Error the
+ * agent library and gnmrctl show (GNMR_E_BUSY: try again later). */
 void gnmrd_on_over_cap(server *s, const void *id, size_t id_len,
                        uint32_t max_conns, void *ctx) {
   char msg[200];
@@ -683,5 +683,4 @@ void gnmrd_on_over_cap(server *s, const void *id, size_t id_len,
            "max_connections); this one is closed: try again later",
            max_conns);
   busy_connection(s, id, id_len, msg);
-}
 }

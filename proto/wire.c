@@ -51,14 +51,79 @@ static int has_field_zero(const ProtobufCMessage *m) {
   return 0;
 }
 
-/* A protobuf varint at *p (below end); 0 when it does not parse. */
-static int wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+_Static_assert(GNMR_WIRE_ENVELOPE_REPORT == GNMR__ENVELOPE__BODY_REPORT,
+               "Envelope.report's number in wire.h is gnmr.proto's");
+
+size_t gnmr__varint_len(uint64_t v) {
+  size_t n = 1;
+  for (; v >= 0x80; v >>= 7)
+    n++;
+  return n;
+}
+
+size_t gnmr__varint_put(uint8_t *p, uint64_t v) {
+  size_t n = 0;
+  for (; v >= 0x80; v >>= 7)
+    p[n++] = (uint8_t)(v | 0x80);
+  p[n++] = (uint8_t)v;
+  return n;
+}
+
+int gnmr__varint_get(const uint8_t **p, const uint8_t *end, uint64_t *v) {
   *v = 0;
   for (int shift = 0; *p < end && shift < 64; shift += 7) {
     uint8_t b = *(*p)++;
     *v |= (uint64_t)(b & 0x7f) << shift;
     if (!(b & 0x80))
       return 1;
+  }
+  return 0;
+}
+
+int gnmr__wire_skip(const uint8_t **p, const uint8_t *end, unsigned type) {
+  uint64_t v;
+  switch (type) {
+  case GNMR_WIRE_VARINT:
+    return gnmr__varint_get(p, end, &v);
+  case GNMR_WIRE_I64:
+  case GNMR_WIRE_I32:
+    v = type == GNMR_WIRE_I64 ? 8 : 4;
+    break;
+  case GNMR_WIRE_LEN:
+    if (!gnmr__varint_get(p, end, &v))
+      return 0;
+    break;
+  default:
+    return 0;
+  }
+  if (v > (uint64_t)(end - *p))
+    return 0;
+  *p += v;
+  return 1;
+}
+
+uint64_t gnmr__wire_report_step(const void *buf, size_t len) {
+  const uint8_t *p = buf, *end = p + len;
+  uint64_t key, n, step;
+  while (p < end) {
+    if (!gnmr__varint_get(&p, end, &key))
+      return 0;
+    if (key == GNMR_WIRE_KEY(GNMR_WIRE_ENVELOPE_REPORT, GNMR_WIRE_LEN)) {
+      if (!gnmr__varint_get(&p, end, &n) || n > (uint64_t)(end - p))
+        return 0;
+      const uint8_t *q = p, *qe = p + n;
+      while (q < qe) {
+        if (!gnmr__varint_get(&q, qe, &key))
+          return 0;
+        if (key == GNMR_WIRE_KEY(GNMR_WIRE_REPORT_STEP, GNMR_WIRE_VARINT))
+          return gnmr__varint_get(&q, qe, &step) ? step : 0;
+        if (!gnmr__wire_skip(&q, qe, (unsigned)(key & 7)))
+          return 0;
+      }
+      return 0;
+    }
+    if (!gnmr__wire_skip(&p, end, (unsigned)(key & 7)))
+      return 0;
   }
   return 0;
 }
@@ -72,71 +137,40 @@ static int string_has_nul(const uint8_t *p, size_t n,
   const uint8_t *end = p + n;
   uint64_t key, v;
   while (p < end) {
-    if (!wire_varint(&p, end, &key))
+    if (!gnmr__varint_get(&p, end, &key))
       return 0;
+    if ((key & 7) != GNMR_WIRE_LEN) {
+      if (!gnmr__wire_skip(&p, end, (unsigned)(key & 7)))
+        return 0;
+      continue;
+    }
     const ProtobufCFieldDescriptor *f =
         key >> 3 <= UINT32_MAX
             ? protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3))
             : NULL;
-    switch (key & 7) {
-    case 0:
-      if (!wire_varint(&p, end, &v))
-        return 0;
-      break;
-    case 1:
-    case 5:
-      v = (key & 7) == 1 ? 8 : 4;
-      if (v > (uint64_t)(end - p))
-        return 0;
-      p += v;
-      break;
-    case 2:
-      if (!wire_varint(&p, end, &v) || v > (uint64_t)(end - p))
-        return 0;
-      if (f != NULL && f->type == PROTOBUF_C_TYPE_STRING &&
-          memchr(p, 0, (size_t)v) != NULL)
-        return 1;
-      if (f != NULL && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 16 &&
-          string_has_nul(p, (size_t)v, f->descriptor, depth + 1))
-        return 1;
-      p += v;
-      break;
-    default:
+    if (!gnmr__varint_get(&p, end, &v) || v > (uint64_t)(end - p))
       return 0;
-    }
+    if (f != NULL && f->type == PROTOBUF_C_TYPE_STRING &&
+        memchr(p, 0, (size_t)v) != NULL)
+      return 1;
+    if (f != NULL && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 16 &&
+        string_has_nul(p, (size_t)v, f->descriptor, depth + 1))
+      return 1;
+    p += v;
   }
   return 0;
 }
 
 int gnmr__wire_peek_body(const void *buf, size_t len) {
   const uint8_t *p = buf, *end = p + len;
-  uint64_t key, v;
+  uint64_t key;
   int body = 0;
   while (p < end) { /* the last body field wins, as in protobuf */
-    if (!wire_varint(&p, end, &key))
+    if (!gnmr__varint_get(&p, end, &key) ||
+        !gnmr__wire_skip(&p, end, (unsigned)(key & 7)))
       return -1;
-    switch (key & 7) {
-    case 0:
-      if (!wire_varint(&p, end, &v))
-        return -1;
-      break;
-    case 1:
-    case 5:
-      v = (key & 7) == 1 ? 8 : 4;
-      if (v > (uint64_t)(end - p))
-        return -1;
-      p += v;
-      break;
-    case 2:
-      if (!wire_varint(&p, end, &v) || v > (uint64_t)(end - p))
-        return -1;
-      p += v;
-      if (key >> 3 >= 10 && key >> 3 <= 64)
-        body = (int)(key >> 3);
-      break;
-    default:
-      return -1;
-    }
+    if ((key & 7) == GNMR_WIRE_LEN && key >> 3 >= 10 && key >> 3 <= 64)
+      body = (int)(key >> 3);
   }
   return body;
 }

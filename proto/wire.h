@@ -40,6 +40,32 @@ int gnmr__wire_encode(Gnmr__Envelope *env, uint8_t **buf, size_t *len);
 int gnmr__wire_error(int code, const char *message, const char *ref,
                      uint64_t step, uint8_t **buf, size_t *len);
 
+/* ---- the wire by hand, for the paths that skip protobuf-c --------------
+ * The report's fast path (libgnmr-agent packs its sums straight into the
+ * message) and the peeks that must not decode megabytes (a Report's step,
+ * an envelope's body). The field numbers they use are gnmr.proto's: the
+ * envelope's is tied to the generated code at compile time (wire.c), the
+ * report's by test_protocol against the generated descriptors. */
+#define GNMR_WIRE_ENVELOPE_REPORT 12 /* Envelope.report */
+#define GNMR_WIRE_REPORT_STEP 3      /* Report.step */
+#define GNMR_WIRE_REPORT_SUMSQ 4     /* Report.sumsq (packed doubles) */
+enum { GNMR_WIRE_VARINT = 0, GNMR_WIRE_I64 = 1, GNMR_WIRE_LEN = 2,
+       GNMR_WIRE_I32 = 5 };
+#define GNMR_WIRE_KEY(field, type) ((uint64_t)(field) << 3 | (type))
+
+/* Bytes of v as a varint; writes them at p, returning how many. */
+size_t gnmr__varint_len(uint64_t v);
+size_t gnmr__varint_put(uint8_t *p, uint64_t v);
+/* Reads a varint at *p (below end) and moves past it; 0 when it is
+ * truncated or longer than 64 bits. */
+int gnmr__varint_get(const uint8_t **p, const uint8_t *end, uint64_t *v);
+/* Moves past one field's value of wire type type; 0 when it does not fit
+ * or the type is not one proto3 writes. */
+int gnmr__wire_skip(const uint8_t **p, const uint8_t *end, unsigned type);
+/* The step of an encoded Report envelope, read without decoding it (its
+ * sums may be megabytes); 0 when it is no report or does not parse. */
+uint64_t gnmr__wire_report_step(const void *buf, size_t len);
+
 /* Parameters between their wire form (0 early thresholds = inherit) and
  * the engine's (NAN = inherit). */
 void gnmr__params_to_wire(const policy_params *p, Gnmr__Params *w);

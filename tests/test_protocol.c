@@ -649,6 +649,50 @@ START_TEST(an_envelopes_body_is_peeked_without_decoding) {
   ck_assert_int_eq(gnmr__wire_peek_body(junk, sizeof junk), -1);
   static const uint8_t group[] = {0x0b}; /* wire type 3: not ours */
   ck_assert_int_eq(gnmr__wire_peek_body(group, sizeof group), -1);
+  /* the field numbers written and read by hand are gnmr.proto's */
+  const ProtobufCFieldDescriptor *f;
+  f = protobuf_c_message_descriptor_get_field_by_name(&gnmr__report__descriptor,
+                                                      "step");
+  ck_assert(f != NULL && f->id == GNMR_WIRE_REPORT_STEP);
+  f = protobuf_c_message_descriptor_get_field_by_name(&gnmr__report__descriptor,
+                                                      "sumsq");
+  ck_assert(f != NULL && f->id == GNMR_WIRE_REPORT_SUMSQ &&
+            (f->flags & PROTOBUF_C_FIELD_FLAG_PACKED) &&
+            f->type == PROTOBUF_C_TYPE_DOUBLE);
+  f = protobuf_c_message_descriptor_get_field_by_name(
+      &gnmr__envelope__descriptor, "report");
+  ck_assert(f != NULL && f->id == GNMR_WIRE_ENVELOPE_REPORT);
+  /* a Report's step, peeked: whole, cut anywhere, or no Report */
+  r.step = (uint64_t)1 << 40;
+  env.body_case = GNMR__ENVELOPE__BODY_REPORT;
+  env.report = &r;
+  ck_assert_int_eq(gnmr__wire_encode(&env, &buf, &len), GNMR_OK);
+  ck_assert_uint_eq(gnmr__wire_report_step(buf, len), (uint64_t)1 << 40);
+  for (size_t n = 0; n < len; n++) {
+    uint64_t st = gnmr__wire_report_step(buf, n);
+    ck_assert_msg(st == 0 || st == (uint64_t)1 << 40, "cut at %zu: %llu", n,
+                  (unsigned long long)st);
+  }
+  free(buf);
+  ck_assert_uint_eq(gnmr__wire_report_step(junk, sizeof junk), 0);
+  ck_assert_uint_eq(gnmr__wire_report_step(twice, sizeof twice), 0);
+  /* varints: every length, and one longer than 64 bits refused */
+  uint8_t vb[16];
+  for (int sh = 0; sh < 64; sh += 7) {
+    uint64_t v = ((uint64_t)1 << sh) | 5, got;
+    size_t n = gnmr__varint_put(vb, v);
+    ck_assert_uint_eq(n, gnmr__varint_len(v));
+    const uint8_t *q = vb;
+    ck_assert(gnmr__varint_get(&q, vb + n, &got) && got == v &&
+              q == vb + n);
+    q = vb;
+    ck_assert(!gnmr__varint_get(&q, vb + n - 1, &got) || n == 1);
+  }
+  static const uint8_t eleven[11] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                     0xff, 0xff, 0xff, 0xff, 0x01};
+  const uint8_t *q = eleven;
+  uint64_t got;
+  ck_assert(!gnmr__varint_get(&q, eleven + sizeof eleven, &got));
   static const uint8_t longer[] = {0x62, 0x05, 0x00}; /* length past end */
   ck_assert_int_eq(gnmr__wire_peek_body(longer, sizeof longer), -1);
 }
