@@ -149,21 +149,8 @@ int gnmr__agent_scratch_init(gnmr_agent *a);
 void gnmr__agent_scratch_free(gnmr_agent *a);
 void gnmr__agent_mark_reported(gnmr_agent *a, uint64_t step);
 
-/* A Report envelope packed by hand around the caller's sums
- * (agent_report.c): the same bytes as gnmr__wire_pack, with the sums
- * copied and checked in one pass. */
-typedef struct gnmr__report_layout {
-  Gnmr__Envelope head; /* version only */
-  Gnmr__Report pre;    /* job, rank, step */
-  Gnmr__Report post;   /* nonfinite, not_reported */
-  const double *sumsq;
-  uint32_t n;
-  size_t rep_len, len; /* the Report's bytes; the whole envelope's */
-} gnmr__report_layout;
-
-/* Lays out the envelope of r (its arrays must outlive the pack). */
-void gnmr__report_plan(gnmr__report_layout *pl, const Gnmr__Report *r);
-/* Writes pl->len bytes to out; with check, returns 1 when a sum is
+/* Writes pl->len bytes (gnmr__report_plan, proto/wire.h) to out, the
+ * sums copied from pl->sumsq; with check, returns 1 when a sum is
  * negative or NaN where skip (may be NULL) is 0, else 0. */
 int gnmr__report_pack(gnmr__report_layout *pl, const uint8_t *skip, int check,
                       uint8_t *out);

@@ -90,13 +90,14 @@ static int register_capped(gnmrd *d, core_job *c, core_rank *rr,
   return rv;
 }
 
-static void welcome(gnmrd *d, const void *id, size_t id_len, core_job *c,
-                    const core_rank *rr, uint32_t rank) {
+/* A rank's (or observer's) Welcome, encoded into a new buffer; 0 or
+ * GNMR_E_NOMEM. The one builder: a joining agent gets it, and so does a
+ * rank's old connection when it is probed (probe_live). */
+static int welcome_encode(const core_job *c, const core_rank *rr,
+                          uint32_t rank, uint8_t **buf, size_t *len) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   Gnmr__Welcome w = GNMR__WELCOME__INIT;
   Gnmr__Params wp;
-  uint8_t *buf;
-  size_t len;
   gnmr__params_to_wire(&c->params, &wp);
   w.job = c->name;
   w.rank = rank;
@@ -106,7 +107,14 @@ static void welcome(gnmrd *d, const void *id, size_t id_len, core_job *c,
   w.last_step = c->last_decided;
   env.body_case = GNMR__ENVELOPE__BODY_WELCOME;
   env.welcome = &w;
-  if (gnmr__wire_encode(&env, &buf, &len) == GNMR_OK)
+  return gnmr__wire_encode(&env, buf, len);
+}
+
+static void welcome(gnmrd *d, const void *id, size_t id_len, core_job *c,
+                    const core_rank *rr, uint32_t rank) {
+  uint8_t *buf;
+  size_t len;
+  if (welcome_encode(c, rr, rank, &buf, &len) == GNMR_OK)
     jobs__reply(d, id, id_len, buf, len);
 }
 
@@ -194,22 +202,9 @@ static int observer_join(gnmrd *d, const void *id, size_t id_len, job *j,
 /* Whether a rank's connection still reaches a live peer: its Welcome is
  * sent again. A connection ZeroMQ no longer has is forgotten. */
 static int probe_live(gnmrd *d, job *j, core_rank *rr, uint32_t rank) {
-  core_job *c = j->core;
-  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
-  Gnmr__Welcome w = GNMR__WELCOME__INIT;
-  Gnmr__Params wp;
   uint8_t *buf;
   size_t len;
-  gnmr__params_to_wire(&c->params, &wp);
-  w.job = c->name;
-  w.rank = rank;
-  w.n_unit_ids = rr->n_units;
-  w.unit_ids = rr->ids;
-  w.params = &wp;
-  w.last_step = c->last_decided;
-  env.body_case = GNMR__ENVELOPE__BODY_WELCOME;
-  env.welcome = &w;
-  if (gnmr__wire_encode(&env, &buf, &len) != GNMR_OK)
+  if (welcome_encode(j->core, rr, rank, &buf, &len) != GNMR_OK)
     return 0;
   int rv = server_send(d->agents, rr->conn, rr->conn_len, buf, len);
   free(buf);

@@ -280,3 +280,49 @@ void gnmr__params_from_wire(const Gnmr__Params *w, policy_params *p) {
     if (policy_param_inherits(i) >= 0 && policy_param_f64(p, i) == 0)
       policy_param_set_f64(p, i, NAN);
 }
+
+/* ---- a Report packed around its sums ---------------------------------------- */
+
+void gnmr__report_plan(gnmr__report_layout *pl, const Gnmr__Report *r) {
+  Gnmr__Envelope head = GNMR__ENVELOPE__INIT;
+  Gnmr__Report pre = GNMR__REPORT__INIT, post = GNMR__REPORT__INIT;
+  head.version = GNMR_PROTOCOL_VERSION;
+  pre.job = r->job;
+  pre.rank = r->rank;
+  pre.step = r->step;
+  post.n_nonfinite = r->n_nonfinite;
+  post.nonfinite = r->nonfinite;
+  post.n_not_reported = r->n_not_reported;
+  post.not_reported = r->not_reported;
+  pl->head = head;
+  pl->pre = pre;
+  pl->post = post;
+  pl->sumsq = r->sumsq;
+  pl->n = (uint32_t)r->n_sumsq;
+  size_t data = 8 * (size_t)pl->n;
+  pl->rep_len = gnmr__report__get_packed_size(&pl->pre) +
+                (pl->n ? 1 + gnmr__varint_len(data) + data : 0) +
+                gnmr__report__get_packed_size(&pl->post);
+  pl->len = gnmr__envelope__get_packed_size(&pl->head) + 1 +
+            gnmr__varint_len(pl->rep_len) + pl->rep_len;
+}
+
+uint8_t *gnmr__report_pack_head(const gnmr__report_layout *pl, uint8_t *out) {
+  /* protobuf-c's bytes exactly (fields in number order): the envelope's
+   * version, its report holding job, rank, step, then the sums (packed
+   * doubles), then nonfinite and not_reported */
+  uint8_t *o = out;
+  o += gnmr__envelope__pack(&pl->head, o);
+  *o++ = (uint8_t)GNMR_WIRE_KEY(GNMR_WIRE_ENVELOPE_REPORT, GNMR_WIRE_LEN);
+  o += gnmr__varint_put(o, pl->rep_len);
+  o += gnmr__report__pack(&pl->pre, o);
+  if (pl->n > 0) {
+    *o++ = (uint8_t)GNMR_WIRE_KEY(GNMR_WIRE_REPORT_SUMSQ, GNMR_WIRE_LEN);
+    o += gnmr__varint_put(o, 8 * (uint64_t)pl->n);
+  }
+  return o;
+}
+
+void gnmr__report_pack_tail(const gnmr__report_layout *pl, uint8_t *o) {
+  gnmr__report__pack(&pl->post, o);
+}

@@ -66,6 +66,26 @@ int gnmr__wire_skip(const uint8_t **p, const uint8_t *end, unsigned type);
  * sums may be megabytes); 0 when it is no report or does not parse. */
 uint64_t gnmr__wire_report_step(const void *buf, size_t len);
 
+/* A Report envelope packed by hand around the caller's sums, which the
+ * caller writes itself (libgnmr-agent copies and checks them in one
+ * pass): the same bytes as gnmr__wire_pack. */
+typedef struct gnmr__report_layout {
+  Gnmr__Envelope head; /* version only */
+  Gnmr__Report pre;    /* job, rank, step */
+  Gnmr__Report post;   /* nonfinite, not_reported */
+  const double *sumsq;
+  uint32_t n;
+  size_t rep_len, len; /* the Report's bytes; the whole envelope's */
+} gnmr__report_layout;
+
+/* Lays out the envelope of r (its arrays must outlive the pack). */
+void gnmr__report_plan(gnmr__report_layout *pl, const Gnmr__Report *r);
+/* Writes the envelope up to its sums and returns where they go: pl->n
+ * little-endian doubles, after which gnmr__report_pack_tail writes the
+ * rest (pl->len bytes in all). */
+uint8_t *gnmr__report_pack_head(const gnmr__report_layout *pl, uint8_t *out);
+void gnmr__report_pack_tail(const gnmr__report_layout *pl, uint8_t *after);
+
 /* Parameters between their wire form (0 early thresholds = inherit) and
  * the engine's (NAN = inherit). */
 void gnmr__params_to_wire(const policy_params *p, Gnmr__Params *w);
