@@ -5,8 +5,8 @@
 #include <string.h>
 
 const gnmr_admin_command gnmr_admin_commands[GNMR_CMD_COUNT] = {
-#define GNMR__CMD_ROW(id, name, where, job, csv, op)                         \
-  [GNMR_CMD_##id] = {name, GNMR_AT_##where, job, csv, op},
+#define GNMR__CMD_ROW(id, name, where, job, csv, op, summary)                \
+  [GNMR_CMD_##id] = {name, GNMR_AT_##where, job, csv, op, summary},
     GNMR_ADMIN_COMMANDS(GNMR__CMD_ROW)
 #undef GNMR__CMD_ROW
 };

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "commands.h"
 #include "gnmr/error.h"
 #include "ipc.h"
 
@@ -15,27 +16,37 @@
 #define GNMR_VERSION "0.0.0"
 #endif
 
-static const struct {
+/* gnmrctl's own commands; the admin commands (proto/commands.h) come
+ * between replay and these, each with its summary from that table. */
+typedef struct command {
   const char *name;
   int (*run)(const cli_globals *, int, char **);
   const char *summary;
-} commands[] = {
+} command;
+
+static const command first[] = {
     {"replay", cmd_replay, "replay a gradient-norm trace offline"},
-    {"jobs", cmd_query, "list jobs, live and finished"},
-    {"status", cmd_query, "a job: step, parameters, active units"},
-    {"units", cmd_query, "a job's units with their statistics"},
-    {"top", cmd_query, "a job's units with the highest scores"},
-    {"history", cmd_query, "a job's events, filtered by step, unit, kind"},
-    {"decisions", cmd_query, "a job's decisions over a step range"},
-    {"set", cmd_query, "change a running job's parameters (key=value)"},
-    {"export", cmd_query, "a job's whole history as JSON"},
-    {"finish", cmd_query, "end a running job whose processes are gone"},
-    {"runs", cmd_query, "the runs of a job name, oldest first"},
+};
+static const command last[] = {
     {"watch", cmd_watch, "a live view of a running job"},
     {"stats", cmd_stats, "show gnmrd's counters and live jobs"},
     {"plot", cmd_plot, "draw a job's GNMR, active set and budget (PNG/SVG)"},
     {"keygen", cmd_keygen, "write a CURVE key pair (PREFIX.key, PREFIX.pub)"},
 };
+enum { N_FIRST = sizeof first / sizeof first[0],
+       N_LAST = sizeof last / sizeof last[0],
+       N_COMMANDS = N_FIRST + GNMR_CMD_COUNT + N_LAST };
+
+/* The i-th command of --help's list. */
+static command command_at(size_t i) {
+  if (i < N_FIRST)
+    return first[i];
+  if (i < N_FIRST + GNMR_CMD_COUNT) {
+    const gnmr_admin_command *a = &gnmr_admin_commands[i - N_FIRST];
+    return (command){a->name, cmd_query, a->summary};
+  }
+  return last[i - N_FIRST - GNMR_CMD_COUNT];
+}
 
 const char *cli_admin_endpoint(const cli_globals *g) {
   static char def[512];
@@ -59,8 +70,8 @@ static void usage(FILE *f) {
         "COMMAND [ARGS]\n"
         "       gnmrctl --version | --help\n\ncommands:\n",
         f);
-  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+  for (size_t i = 0; i < N_COMMANDS; i++)
+    fprintf(f, "  %-10s %s\n", command_at(i).name, command_at(i).summary);
   fputs("\n--store (or $GNMR_STORE) reads jobs, runs, history, decisions "
         "and export\nstraight from a store, with no gnmrd: a PostgreSQL "
         "URL, or a SQLite file\n(DATA_DIR/gnmr.db) or its directory.\n"
@@ -119,12 +130,13 @@ int main(int argc, char **argv) {
     usage(stderr);
     return CLI_USAGE;
   }
-  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
-    if (strcmp(argv[optind], commands[i].name) == 0) {
+  for (size_t i = 0; i < N_COMMANDS; i++) {
+    command cmd = command_at(i);
+    if (strcmp(argv[optind], cmd.name) == 0) {
       char **sub = argv + optind;
       int subc = argc - optind;
       optind = 0; /* full getopt reset (GNU) for the subcommand */
-      return commands[i].run(&g, subc, sub);
+      return cmd.run(&g, subc, sub);
     }
   }
   fprintf(stderr, "gnmrctl: unknown command '%s'\n", argv[optind]);
