@@ -426,15 +426,9 @@ int gnmr_agent_last_error(gnmr_agent *a, char *buf, size_t cap) {
 int gnmr_agent_stats_get(const gnmr_agent *a, gnmr_agent_stats *o) {
   if (a == NULL || o == NULL)
     return GNMR_E_INVAL;
-  o->reports_sent = atomic_load(&a->reports_sent);
-  o->reports_dropped = atomic_load(&a->reports_dropped);
-  o->decisions = atomic_load(&a->decisions);
-  o->late_decisions = atomic_load(&a->late_decisions);
-  o->fallback_routes = atomic_load(&a->fallback_routes);
-  o->errors = atomic_load(&a->errors);
-  o->hellos = atomic_load(&a->hellos);
-  o->last_error = atomic_load(&a->last_error);
-  o->reports_stale = atomic_load(&a->reports_stale);
+#define GNMR__AGENT_STAT_COPY(type, name, what) o->name = atomic_load(&a->name);
+  GNMR_AGENT_STATS(GNMR__AGENT_STAT_COPY)
+#undef GNMR__AGENT_STAT_COPY
   return GNMR_OK;
 }
 

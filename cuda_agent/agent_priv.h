@@ -95,9 +95,9 @@ struct gnmr_agent {
   pthread_mutex_t cpu_mu;
 
   /* counters */
-  atomic_uint_fast64_t reports_sent, reports_dropped, decisions,
-      late_decisions, fallback_routes, errors, hellos, reports_stale;
-  atomic_int last_error;
+#define GNMR__AGENT_STAT_ATOMIC(type, name, what) _Atomic type name;
+  GNMR_AGENT_STATS(GNMR__AGENT_STAT_ATOMIC) /* gnmr/agent.h */
+#undef GNMR__AGENT_STAT_ATOMIC
   pthread_mutex_t err_mu;   /* last_error_text: I/O thread and callers */
   char last_error_text[256];
 

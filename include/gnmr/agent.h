@@ -80,17 +80,25 @@ typedef struct gnmr_tensor {
   double scale;
 } gnmr_tensor;
 
+/* The agent's counters, one table: XX(type, name, what it counts), in the
+ * order of gnmr_agent_stats' fields (its layout, and python/gnmr/_lib.py's
+ * Stats, which python/tests checks against this table). */
+#define GNMR_AGENT_STATS(XX)                                                 \
+  XX(uint64_t, reports_sent, "handed to the I/O thread")                     \
+  XX(uint64_t, reports_dropped, "I/O thread behind, or no daemon connected") \
+  XX(uint64_t, decisions, "decisions received")                              \
+  XX(uint64_t, late_decisions, "gnmr_agent_wait() deadlines missed")         \
+  XX(uint64_t, fallback_routes, "route() answers from the fallback")         \
+  XX(uint64_t, errors, "Error replies from the daemon")                      \
+  XX(uint64_t, hellos, "Hello messages sent (1 + re-joins)")                 \
+  XX(int32_t, last_error, "code of the last Error reply, 0 if none")         \
+  XX(uint64_t, reports_stale, "held across a re-join for steps the job "     \
+                              "decided meanwhile: dropped, never sent")
+
 typedef struct gnmr_agent_stats {
-  uint64_t reports_sent;      /* handed to the I/O thread */
-  uint64_t reports_dropped;   /* I/O thread behind, or no daemon connected */
-  uint64_t decisions;         /* decisions received */
-  uint64_t late_decisions;    /* gnmr_agent_wait() deadlines missed */
-  uint64_t fallback_routes;   /* route() answers from the fallback */
-  uint64_t errors;            /* Error replies from the daemon */
-  uint64_t hellos;            /* Hello messages sent (1 + re-joins) */
-  int32_t last_error;         /* code of the last Error reply, 0 if none */
-  uint64_t reports_stale;     /* held across a re-join for steps the job
-                                 decided meanwhile: dropped, never sent */
+#define GNMR__AGENT_STAT_FIELD(type, name, what) type name;
+  GNMR_AGENT_STATS(GNMR__AGENT_STAT_FIELD)
+#undef GNMR__AGENT_STAT_FIELD
 } gnmr_agent_stats;
 
 typedef struct gnmr_agent gnmr_agent;

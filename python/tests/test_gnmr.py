@@ -5,6 +5,7 @@ Run by `make check` as `build/venv/bin/python -m unittest discover -s
 python/tests` with GNMR_AGENT_LIB and GNMR_BIN_DIR set by the Makefile.
 """
 import csv
+import ctypes
 import json
 import math
 import os
@@ -273,6 +274,24 @@ class CudaTest(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
         finally:
             self.assertEqual(d.stop(), 0)
+
+
+class BindingTest(unittest.TestCase):
+    """The ctypes structs follow the C header's tables."""
+
+    def test_stats_follow_the_agent_stats_table(self):
+        from gnmr import _lib
+        header = os.path.join(os.path.dirname(__file__), "..", "..",
+                              "include", "gnmr", "agent.h")
+        with open(header) as f:
+            text = f.read()
+        table = text[text.index("#define GNMR_AGENT_STATS(XX)"):]
+        table = table[:table.index("\n\n")]
+        rows = re.findall(r"XX\((\w+), (\w+),", table)
+        self.assertGreater(len(rows), 5)
+        ctype = {"uint64_t": ctypes.c_uint64, "int32_t": ctypes.c_int32}
+        self.assertEqual([(n, ctype[t]) for t, n in rows],
+                         list(_lib.Stats._fields_))
 
 
 class ErrorsTest(unittest.TestCase):
