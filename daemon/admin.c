@@ -96,8 +96,9 @@ static void send_stats(gnmrd *d, const void *id, size_t id_len,
 #define GNMRD__COUNTER_NAME(name, metric, labels, help) #name,
       GNMRD_COUNTERS(GNMRD__COUNTER_NAME)
 #undef GNMRD__COUNTER_NAME
-      "store_records", "store_batches", "store_errors", "store_dropped",
-      "store_queued", "store_queued_bytes",
+#define STORE__STAT_NAME(field, name, metric, type, help) name,
+      STORE_STATS(STORE__STAT_NAME)
+#undef STORE__STAT_NAME
   };
   store_stats ss = {0};
   if (d->st)
@@ -106,8 +107,9 @@ static void send_stats(gnmrd *d, const void *id, size_t id_len,
 #define GNMRD__COUNTER_VALUE(name, metric, labels, help) d->c.name,
       GNMRD_COUNTERS(GNMRD__COUNTER_VALUE)
 #undef GNMRD__COUNTER_VALUE
-      ss.records, ss.batches, ss.errors, ss.dropped, ss.queued,
-      ss.queued_bytes,
+#define STORE__STAT_VALUE(field, name, metric, type, help) ss.field,
+      STORE_STATS(STORE__STAT_VALUE)
+#undef STORE__STAT_VALUE
   };
   enum { N = sizeof names / sizeof names[0] };
   Gnmr__Counter cs[N], *cp[N];

@@ -186,18 +186,11 @@ static void render(gnmrd *d, text *t) {
   histogram(t, "gnmr_decision_latency_seconds",
             "From a step's first report to its decision.", d->decision_latency.buckets,
             d->decision_latency.count, d->decision_latency.sum);
-  put(t, "# HELP gnmr_store_queue_depth Records waiting for the store.\n"
-         "# TYPE gnmr_store_queue_depth gauge\ngnmr_store_queue_depth %llu\n",
-      (unsigned long long)ss.queued);
-  put(t, "# HELP gnmr_store_queue_bytes Bytes of records waiting for the "
-         "store (capped by [limits] store_queue_mb).\n"
-         "# TYPE gnmr_store_queue_bytes gauge\ngnmr_store_queue_bytes %llu\n",
-      (unsigned long long)ss.queued_bytes);
-  counter(t, "gnmr_store_records_total", "Records committed.", ss.records);
-  counter(t, "gnmr_store_errors_total", "Failed commits (retried).",
-          ss.errors);
-  counter(t, "gnmr_store_dropped_total", "Records lost: store queue full.",
-          ss.dropped);
+#define STORE__STAT_METRIC(field, name, metric, type, help)                    \
+  put(t, "# HELP gnmr_" metric " " help "\n# TYPE gnmr_" metric " " #type      \
+         "\ngnmr_" metric " %llu\n", (unsigned long long)ss.field);
+  STORE_STATS(STORE__STAT_METRIC)
+#undef STORE__STAT_METRIC
   uint64_t snaps, helped;
   policy_snap_counts(&snaps, &helped);
   counter(t, "gnmr_snapshots_total",

@@ -89,8 +89,27 @@ typedef struct store_rec {
   char *detail;
 } store_rec;
 
+/* The store's figures, one table: XX(field, name in gnmrctl stats,
+ * /metrics name after gnmr_, counter or gauge, help). */
+#define STORE_STATS(XX)                                                      \
+  XX(records, "store_records", "store_records_total", counter,              \
+     "Records committed.")                                                   \
+  XX(batches, "store_batches", "store_batches_total", counter,              \
+     "Batches committed (one transaction each).")                            \
+  XX(errors, "store_errors", "store_errors_total", counter,                 \
+     "Failed commits (retried).")                                            \
+  XX(dropped, "store_dropped", "store_dropped_total", counter,              \
+     "Records lost: store queue full.")                                      \
+  XX(queued, "store_queued", "store_queue_depth", gauge,                    \
+     "Records waiting for the store.")                                       \
+  XX(queued_bytes, "store_queued_bytes", "store_queue_bytes", gauge,        \
+     "Bytes of records waiting for the store (capped by [limits] "           \
+     "store_queue_mb).")
+
 typedef struct store_stats {
-  uint64_t records, batches, errors, dropped, queued, queued_bytes;
+#define STORE__STAT_FIELD(field, name, metric, type, help) uint64_t field;
+  STORE_STATS(STORE__STAT_FIELD)
+#undef STORE__STAT_FIELD
 } store_stats;
 
 typedef struct store store;
