@@ -204,7 +204,7 @@ $(GNMR_SIM): $(call obj,$(SIM_SRC)) $(LIB_REPLAY) $(LIB_AGENT) $(LIB_WIRE) $(LIB
 TEST_LIBS := $(LIB_REPLAY) $(LIB_AGENT) $(LIB_WIRE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON)
 
 # The daemon's decision core is tested without a process (tests/test_core.c).
-$(BUILD)/tests/test_core: $(BUILD)/obj/tests/test_core.o $(BUILD)/obj/daemon/core.o $(TEST_LIBS)
+$(BUILD)/tests/test_core: $(BUILD)/obj/tests/test_core.o $(BUILD)/obj/daemon/core.o $(BUILD)/obj/daemon/core_restart.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(CHECK_LIBS) $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 
@@ -237,7 +237,7 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 $(BUILD)/obj/bench/%.o: $(GEN)/proto/gnmr.pb-c.h
-STORE_OBJ = $(call obj,daemon/store.c daemon/store_apply.c daemon/store_restore.c daemon/core.c \
+STORE_OBJ = $(call obj,daemon/store.c daemon/store_apply.c daemon/store_restore.c daemon/core.c daemon/core_restart.c \
               daemon/store_view.c daemon/views.c) $(LIB_STORE)
 # test_security writes a large history straight into SQLite.
 $(BUILD)/tests/test_security: LDLIBS += $(DB_LIBS)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "core_priv.h"
 #include "gnmr/error.h"
 
 /* ---- registry ----------------------------------------------------------------- */
@@ -56,7 +57,7 @@ core_job *core_job_new(core_registry *reg, const char *name,
   return j;
 }
 
-static void pending_clear(core_job *j, core_pending *p) {
+void core__pending_clear(core_job *j, core_pending *p) {
   for (uint32_t r = 0; p->by_rank != NULL && r < j->reporters; r++)
     if (p->by_rank[r].owner != NULL && j->release != NULL)
       j->release(p->by_rank[r].owner);
@@ -87,7 +88,7 @@ void core_job_free(core_registry *reg, core_job *j) {
   for (uint32_t o = 0; o < j->n_observers; o++)
     rank_free(&j->observers[o]);
   for (uint32_t i = 0; i < j->n_pend; i++)
-    pending_clear(j, &j->pend[i]);
+    core__pending_clear(j, &j->pend[i]);
   for (uint32_t u = 0; u < j->n_units; u++)
     free(j->unit_names[u]);
   free(j->observers);
@@ -171,12 +172,8 @@ int core_dense(const core_job *j) {
 }
 
 /* A unit to add: its id, its name (a copy), where it came in the call. */
-typedef struct new_unit {
-  uint32_t id;
-  char *name;
-} new_unit;
 
-static int by_id(const void *a, const void *b) {
+int core__by_id(const void *a, const void *b) {
   uint32_t x = ((const new_unit *)a)->id, y = ((const new_unit *)b)->id;
   return x < y ? -1 : x > y;
 }
@@ -185,7 +182,7 @@ static int by_id(const void *a, const void *b) {
  * merges them into the ascending id order, moving the engine's units
  * (policy_remap) only when one falls between existing ids. Every
  * registration's slots follow. The names are taken over on success. */
-static int add_units(core_job *j, new_unit *add, uint32_t n_add) {
+int core__add_units(core_job *j, new_unit *add, uint32_t n_add) {
   uint32_t old_n = j->n_units, total = old_n + n_add;
   int append = old_n == 0 || n_add == 0 || add[0].id > j->unit_id[old_n - 1];
   uint32_t *to = NULL, *nid = NULL, *nsh = NULL;
@@ -340,7 +337,7 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
     }
     add[n_add++].id = ids[i];
   }
-  qsort(add, n_add, sizeof *add, by_id);
+  qsort(add, n_add, sizeof *add, core__by_id);
   for (uint32_t k = 1; k < n_add; k++)
     if (add[k].id == add[k - 1].id) { /* two new names asked for one id */
       snprintf(why, whylen, "unit id %u is already taken (asked for "
@@ -350,7 +347,7 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
         free(add[m].name);
       goto out;
     }
-  if (add_units(j, add, n_add) != GNMR_OK) {
+  if (core__add_units(j, add, n_add) != GNMR_OK) {
     for (uint32_t k = 0; k < n_add; k++)
       free(add[k].name);
     goto out;
@@ -462,7 +459,7 @@ int core_report_step(core_job *j, uint32_t rank, uint64_t step,
              "after step %llu", j->pass + 1, (unsigned long long)step,
              (unsigned long long)j->last_decided);
     for (uint32_t i = 0; i < j->n_pend; i++)
-      pending_clear(j, &j->pend[i]);
+      core__pending_clear(j, &j->pend[i]);
     j->n_pend = 0;
     j->pass++;
     j->last_decided = step - 1;
@@ -486,19 +483,6 @@ int core_report_step(core_job *j, uint32_t rank, uint64_t step,
     rr->last_step = step;
   p->got++;
   return CORE_ACCEPTED;
-}
-
-int core_adopt_decided(core_job *j, uint64_t step) {
-  if (step <= j->last_decided)
-    return 0;
-  uint32_t k = 0;
-  while (k < j->n_pend && j->pend[k].step <= step)
-    pending_clear(j, &j->pend[k++]); /* their reports are late now */
-  memmove(&j->pend[0], &j->pend[k], (j->n_pend - k) * sizeof j->pend[0]);
-  memset(&j->pend[j->n_pend - k], 0, k * sizeof j->pend[0]);
-  j->n_pend -= k;
-  j->last_decided = step;
-  return 1;
 }
 
 /* ---- deciding ------------------------------------------------------------------ */
@@ -610,7 +594,7 @@ void core_decide_end(core_job *j, core_decision *dd, const core_outcome *out) {
     j->pub_pass = dd->pass;
     j->pub_step = dd->p.step;
   }
-  pending_clear(j, &dd->p);
+  core__pending_clear(j, &dd->p);
 }
 
 int core_decide_next(core_job *j, uint64_t now_ms, core_outcome *out) {
@@ -656,98 +640,4 @@ void core_join(core_job *j, uint32_t rank, int returning) {
   if (j->last_decided > 0)
     rr->rejoined = 1;
   rr->joined = 1;
-}
-
-/* ---- restart ------------------------------------------------------------------- */
-
-int core_restore(core_job *j, policy *pol, const uint32_t *pol_ids,
-                 uint32_t n_units, const uint32_t *unit_ids,
-                 char *const *unit_names, uint32_t n_ranks,
-                 const uint32_t *rank_n, uint32_t *const *rank_ids) {
-  assert(j->n_units == 0 && n_ranks <= j->reporters);
-  new_unit *add = malloc((n_units ? n_units : 1) * sizeof *add);
-  uint32_t n_add = 0;
-  if (add == NULL) {
-    policy_destroy(&pol);
-    return GNMR_E_NOMEM;
-  }
-  for (uint32_t i = 0; i < n_units; i++) {
-    if (unit_ids[i] == UINT32_MAX || unit_names[i] == NULL ||
-        hmap_get(&j->unit_ids, unit_names[i], strlen(unit_names[i]), NULL))
-      continue;
-    add[n_add].id = unit_ids[i];
-    if ((add[n_add].name = strdup(unit_names[i])) == NULL)
-      break;
-    n_add++;
-  }
-  qsort(add, n_add, sizeof *add, by_id);
-  uint32_t keep = 0; /* drop repeated ids */
-  for (uint32_t i = 0; i < n_add; i++) {
-    if (keep > 0 && add[keep - 1].id == add[i].id) {
-      free(add[i].name);
-      continue;
-    }
-    add[keep++] = add[i];
-  }
-  int rv = add_units(j, add, keep);
-  if (rv != GNMR_OK) {
-    for (uint32_t i = 0; i < keep; i++)
-      free(add[i].name);
-    free(add);
-    policy_destroy(&pol);
-    return rv;
-  }
-  free(add);
-  if (pol != NULL) { /* the snapshot's units to their slots */
-    uint32_t pn = policy_units(pol);
-    uint32_t *to = malloc((pn ? pn : 1) * sizeof *to);
-    if (to == NULL) {
-      policy_destroy(&pol);
-      return GNMR_E_NOMEM;
-    }
-    for (uint32_t u = 0; u < pn; u++)
-      to[u] = core_slot(j, pol_ids ? pol_ids[u] : u);
-    rv = policy_remap(pol, j->n_units, to);
-    free(to);
-    if (rv != GNMR_OK) {
-      policy_destroy(&pol);
-      return rv;
-    }
-    policy_destroy(&j->pol);
-    j->pol = pol;
-    j->params = *policy_get_params(pol);
-  } else if (policy_resize(j->pol, j->n_units) != GNMR_OK) {
-    return GNMR_E_NOMEM;
-  }
-  j->last_decided = policy_last_step(j->pol);
-  for (uint32_t r = 0; r < j->reporters; r++)
-    j->ranks[r].last_step = UINT64_MAX; /* a rejoining rank's lower step
-                                           restarts training */
-  for (uint32_t r = 0; r < n_ranks; r++) {
-    core_rank *rr = &j->ranks[r];
-    uint32_t n = rank_n[r];
-    if (n == 0 || (rr->ids = malloc(n * sizeof *rr->ids)) == NULL ||
-        (rr->slots = malloc(n * sizeof *rr->slots)) == NULL) {
-      free(rr->ids);
-      rr->ids = NULL;
-      continue;
-    }
-    int bad = 0;
-    for (uint32_t i = 0; i < n && !bad; i++) {
-      rr->ids[i] = rank_ids[r][i];
-      rr->slots[i] = core_slot(j, rank_ids[r][i]);
-      bad = rr->slots[i] == UINT32_MAX;
-    }
-    if (bad) { /* a unit the store does not have: not registered */
-      free(rr->ids);
-      free(rr->slots);
-      rr->ids = rr->slots = NULL;
-      continue;
-    }
-    rr->n_units = n;
-    rr->ever = 1;
-    for (uint32_t i = 0; i < n; i++)
-      j->shards[rr->slots[i]]++;
-  }
-  return GNMR_OK;
 }

@@ -142,6 +142,33 @@ START_TEST(steps_are_decided_in_order) {
 }
 END_TEST
 
+/* Steps decided before a restart stay decided: adopting step 4 drops the
+ * pending steps up to it (their reports released), keeps the later ones,
+ * never moves the last decided step down, and makes reports up to it
+ * late. */
+START_TEST(adopted_steps_stay_decided) {
+  static const double s[] = {1.0};
+  core_job *j = new_job("adopt", 2, 50);
+  join(j, 0, one, 1);
+  join(j, 1, one, 1);
+  ck_assert_int_eq(report(j, 0, 3, s, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 0, 4, s, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 0, 5, s, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(core_adopt_decided(j, 4), 1);
+  ck_assert_int_eq(released, 2); /* steps 3 and 4 */
+  ck_assert_uint_eq(j->last_decided, 4);
+  ck_assert_uint_eq(j->n_pend, 1);
+  ck_assert(core_is_pending(j, 5) && !core_is_pending(j, 4));
+  ck_assert_int_eq(core_adopt_decided(j, 2), 0); /* never down */
+  ck_assert_uint_eq(j->last_decided, 4);
+  ck_assert_int_eq(report(j, 1, 4, s, 0), CORE_LATE);
+  ck_assert_int_eq(report(j, 1, 5, s, 0), CORE_ACCEPTED);
+  core_outcome o;
+  ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
+  ck_assert_uint_eq(o.step, 5);
+}
+END_TEST
+
 START_TEST(duplicate_far_and_full_reports_are_refused) {
   static const double s[] = {1.0};
   core_job *j = new_job("refuse", 2, 1000);
@@ -530,6 +557,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, shards_are_summed_in_rank_order_not_arrival_order);
   tcase_add_test(tc, deadline_decides_with_missing_shards);
   tcase_add_test(tc, steps_are_decided_in_order);
+  tcase_add_test(tc, adopted_steps_stay_decided);
   tcase_add_test(tc, duplicate_far_and_full_reports_are_refused);
   tcase_add_test(tc, layout_unknown_until_every_rank_joined);
   tcase_add_test(tc, not_reported_nonfinite_and_partial);
