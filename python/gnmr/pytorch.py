@@ -95,34 +95,24 @@ such steps, and when most decisions come late, a warning (warnings and the
 "gnmr" logger) names the endpoint, job and rank.
 """
 import csv
-import ctypes
 import json
 import logging
 import math
 import os
-import re
-import warnings
 from contextlib import contextmanager
 
 import torch
 
 from . import _layout
-from ._layout import grad_of, local as _local, sums_on_device
 from ._lib import default_endpoint
-from .agent import Agent, CudaReducer, GnmrError, cuda_device_count
-from .agent import reduce_cpu
-from .agent import _TENSOR, _DTYPE_CODES as _CODES_BY_NAME, lib
-from ._lib import Tensor as _Tensor
+from ._warn import warn as _warn
+from .agent import Agent, _TENSOR
+from .reduction import Reduction
+from .units import identity, select_units
+
+__all__ = ["Controller", "DecisionLog", "StepResult", "identity"]
 
 log = logging.getLogger("gnmr")
-
-_DTYPES = {torch.float32: "float32", torch.float16: "float16",
-           torch.bfloat16: "bfloat16", torch.float64: "float64"}
-for _name in ("float8_e4m3fn", "float8_e5m2"):
-    if hasattr(torch, _name):
-        _DTYPES[getattr(torch, _name)] = _name
-_DTYPE_CODES = {dt: _CODES_BY_NAME[name] for dt, name in _DTYPES.items()}
-_FLIP = bytes([1, 0]) + bytes(254)  # seen -> not reported
 
 
 def _recovery_switch():
@@ -130,78 +120,6 @@ def _recovery_switch():
     import sys
     mod = sys.modules.get("gnmr.recovery")
     return getattr(mod, "switch", None)
-
-
-def _warn(msg):
-    """A warning through `warnings` and, when the application configured
-    logging, the "gnmr" logger (not twice on stderr otherwise)."""
-    warnings.warn(msg, RuntimeWarning, stacklevel=3)
-    if log.hasHandlers():
-        log.warning(msg)
-
-
-def identity(global_rank=None, tp_size=None, tp_group=None):
-    """(rank, world size, tp_rank, tp_size) without a model: torch.distributed
-    first, then the launcher's environment (Controller reads a model's
-    DeviceMesh too: gnmr._layout)."""
-    lay = _layout.layout([], global_rank, tp_size, tp_group)
-    return lay.rank, lay.world, lay.index, lay.reporters
-
-
-def _select_units(model, select, pattern, experts=False):
-    """[(name, module, params)]: outermost match first, each parameter in
-    one unit; a clear error when nothing usable matches. With experts,
-    a module holding fused expert weights (_layout.fused_experts) is
-    matched too, as one unit per expert named NAME.E."""
-    rx = re.compile(pattern) if pattern else None
-    matched = [(n, m) for n, m in _layout.plain_named_modules(model)
-               if ((not select or isinstance(m, tuple(select)))
-                   and (rx is None or rx.search(n)))
-               or (experts and _layout.fused_experts(m))]
-    owner, units, empty = {}, [], []
-    for name, m in matched:
-        n = experts and _layout.fused_experts(m)
-        if n:
-            ps = [p for p in m.parameters(recurse=False)
-                  if id(p) not in owner]
-            for p in ps:
-                owner[id(p)] = (name, lambda _: True)
-            if ps:
-                units.extend((f"{name}.{e}", m,
-                              [_layout.ExpertSlice(p, e) for p in ps])
-                             for e in range(n))
-            continue
-        params = []
-        for pname, p in m.named_parameters():
-            full = f"{name}.{pname}" if name else pname
-            if id(p) in owner:
-                prev, inside = owner[id(p)]
-                if not inside(name):  # a tied parameter, not a nesting
-                    _warn(f"gnmr: parameter {full} is shared with unit "
-                          f"{prev}: counted once, in {prev}")
-                continue
-            owner[id(p)] = (name, lambda n, root=name:
-                            n == root or n.startswith(root + ".") or
-                            root == "")
-            params.append(p)
-        if params:
-            units.append((name, m, params))
-        else:
-            empty.append(name or "(the model)")
-    if not units:
-        what = (f"select={tuple(t.__name__ for t in select or ())} "
-                f"pattern={pattern!r}")
-        if matched:
-            raise ValueError(
-                f"{what} matched {len(matched)} module(s) ("
-                f"{', '.join(empty[:6])}{', ...' if len(empty) > 6 else ''})"
-                " but none has parameters a unit could report: select the "
-                "block that contains them (a container is a unit too), or "
-                "a module type with weights")
-        kinds = sorted({type(m).__name__ for m in model.modules()})
-        raise ValueError(f"{what} matched no module; the model has "
-                         f"{', '.join(kinds)}")
-    return units
 
 
 class StepResult:
@@ -276,7 +194,7 @@ class DecisionLog:
         self._f.close()
 
 
-class Controller:
+class Controller(Reduction):
     def __init__(self, model, endpoint=None, job=None,
                  select=(torch.nn.Linear,), pattern=None, on_route=None,
                  tp_size=None, tp_group=None, global_rank=None, wait_ms=50,
@@ -294,7 +212,7 @@ class Controller:
         self.units = []
         self._params = []
         named = []
-        for name, m, params in _select_units(model, select, pattern,
+        for name, m, params in select_units(model, select, pattern,
                                              experts):
             self.units.append((name, m))
             self._params.append(params)
@@ -398,263 +316,6 @@ class Controller:
             return None
         self._last = t
         return t
-
-    def _cuda_reducer(self, device):
-        if self._cuda is None and self._cuda_failed is None:
-            if cuda_device_count() == 0:
-                self._cuda_failed = "libgnmr-agent sees no CUDA device " \
-                                    "(or was built without nvcc)"
-            else:
-                try:
-                    self._cuda = CudaReducer(self.agent, device=device.index
-                                             or 0)
-                except GnmrError as e:
-                    self._cuda_failed = str(e)
-        return self._cuda
-
-    @property
-    def cuda_backend(self):
-        """'gnmr' when CUDA gradients go to the agent's kernel, else why
-        torch reduces them."""
-        return "gnmr" if self._cuda is not None else self._cuda_failed
-
-    @staticmethod
-    def _buffers(grads):
-        """(tensors to keep alive, (unit, pointer, numel, dtype) tuples):
-        contiguous host gradients in a dtype the library reads."""
-        keep, buffers = [], []
-        append = buffers.append
-        for unit, gs in enumerate(grads):
-            for g in gs:
-                dt = _DTYPES.get(g.dtype)
-                if g.requires_grad or dt is None or not g.is_contiguous():
-                    if g.requires_grad:  # backward(create_graph=True)
-                        g = g.detach()
-                    if dt is None:
-                        g = g.float()
-                        dt = _DTYPES[g.dtype]
-                    g = g.contiguous()
-                    keep.append(g)  # a copy: alive until reduced
-                append((unit, g.data_ptr(), g.numel(), dt))
-        return keep, buffers
-
-    def _caller_stream(self):
-        """The current CUDA stream of the first CUDA parameter's device, on
-        the calling thread; None without CUDA parameters."""
-        for ps in self._params:
-            for p in ps:
-                if p.is_cuda:
-                    return torch.cuda.current_stream(p.device)
-        return None
-
-    def _report(self, t, stream=None, threads=None):
-        if threads is None:
-            threads = self.reduce_threads
-        if stream is not None:  # a worker thread: the caller's stream
-            with torch.cuda.stream(stream):
-                return self._report_on(t, stream, threads)
-        return self._report_on(t, None, threads)
-
-    def _host_table(self):
-        """The common case in one pass over the parameters, every gradient
-        on the host: (gnmr_tensor table, its length, copies to keep
-        alive), or None when some gradient is on a device. A model of 10k
-        units pays this pass every step, so it packs the table as it goes."""
-        buf, size, pack = self._table, _TENSOR.size, _TENSOR.pack_into
-        keep, i = [], 0
-        simple, skip, read = self._simple, self._skip, self._grad
-        for unit, ps in enumerate(self._params):
-            for p in ps:
-                g = p.grad if simple else read(p)
-                if g is None:
-                    continue
-                if g.is_cuda:
-                    return None
-                if (i + 1) * size > len(buf):  # grown, never resized in place
-                    buf = self._table = bytearray(bytes(buf) +
-                                                  bytes(len(buf) + size))
-                if skip and id(p) in skip:  # seen, counted by another rank
-                    pack(buf, i * size, 0, 0, 0, unit, 0.0)
-                    i += 1
-                    continue
-                code = _DTYPE_CODES.get(g.dtype)
-                if g.requires_grad or code is None or not g.is_contiguous():
-                    if g.requires_grad:  # backward(create_graph=True)
-                        g = g.detach()
-                    if code is None:
-                        g = g.float()
-                        code = _DTYPE_CODES[g.dtype]
-                    g = g.contiguous()
-                    keep.append(g)  # a copy: alive until reduced
-                pack(buf, i * size, g.data_ptr(), g.numel(), code, unit, 0.0)
-                i += 1
-        return buf, i, keep
-
-    def _grad(self, p):
-        """p's gradient as a plain tensor of this rank's elements."""
-        g = grad_of(p)
-        if g is not None and self.layout.mesh is None and \
-                _layout.DTensor is not None and \
-                isinstance(g, _layout.DTensor):
-            raise ValueError(
-                "gnmr: the gradients are DTensors but the parameters were "
-                "not when the Controller was made: make it after "
-                "fully_shard()/parallelize_module(), so that it reads the "
-                "DeviceMesh and the parameters the model trains")
-        return _local(g)
-
-    def _shadow_units(self):
-        """The units on their recovery path whose low-cost path `shadow`
-        says would have been damaged at this step."""
-        if self.shadow is None:
-            return []
-        return [u for u, (name, m) in enumerate(self.units)
-                if self.high[u] and self.shadow(name, m)]
-
-    def _reduce_host(self, threads, table):
-        """A _host_table() reduced: (sumsq, nonfinite, seen) as ctypes
-        arrays, the sums straight into the arrays a report is sent from."""
-        buf, count, keep = table
-        n = len(self._params)
-        sumsq = (ctypes.c_double * n)()
-        nonfinite = (ctypes.c_uint64 * n)()
-        seen = (ctypes.c_uint8 * n)()
-        if count:
-            arr = (_Tensor * count).from_buffer(buf)
-            rv = (lib().gnmr_reduce_cpu(arr, count, n, sumsq, nonfinite, seen)
-                  if threads == 1 else
-                  lib().gnmr_reduce_cpu_threads(arr, count, n, sumsq,
-                                                nonfinite, seen, threads))
-            del arr  # releases buf for the next step's growth
-            if rv != 0:
-                raise GnmrError(rv, "reduce")
-        del keep
-        return sumsq, nonfinite, seen
-
-    def _unit_grads(self):
-        """Per unit, the local gradients counted here and whether the unit
-        has a gradient at all (counted here or by another reporter)."""
-        grads, has = [], []
-        skip = self._skip
-        for ps in self._params:
-            gs, any_g = [], False
-            for p in ps:
-                g = self._grad(p)
-                if g is None:
-                    continue
-                any_g = True
-                if id(p) not in skip:
-                    gs.append(g)
-            grads.append(gs)
-            has.append(any_g)
-        return grads, has
-
-    def _local_sums(self, threads):
-        """(sumsq, nonfinite, not_reported) of this rank's gradients, as
-        lists, without reporting them: for a repeated step."""
-        table = self._host_table()
-        if table is not None:
-            sumsq, nonfinite, seen = self._reduce_host(threads, table)
-            return list(sumsq), list(nonfinite), [not x for x in seen]
-        grads, has = self._unit_grads()
-        sumsq, nonfinite = self._mixed_sums(grads, threads)
-        return sumsq, nonfinite, [not h for h in has]
-
-    def _mixed_sums(self, grads, threads):
-        """Sums of gradients on devices (torch, one synchronisation) and on
-        the host (the library)."""
-        cuda = [[g for g in gs if g.is_cuda] for gs in grads]
-        if any(cuda):
-            sumsq, nonfinite = sums_on_device(cuda)
-        else:
-            sumsq, nonfinite = [0.0] * len(grads), [0] * len(grads)
-        keep, buffers = self._buffers([[g for g in gs if not g.is_cuda]
-                                       for gs in grads])
-        if buffers:
-            hs, hn = reduce_cpu(buffers, len(grads), threads)
-            sumsq = [a + b for a, b in zip(sumsq, hs)]
-            nonfinite = [a + b for a, b in zip(nonfinite, hn)]
-        del keep
-        return sumsq, nonfinite
-
-    def _note_gradients(self, not_reported):
-        """Once, after warn_after reports: the units that never had a
-        gradient on this rank, named (a unit outside the loss, parameters
-        replaced after the Controller was made)."""
-        if self._never is None:
-            return
-        self._never -= {u for u, nr in enumerate(not_reported) if not nr}
-        self._reports += 1
-        if self._reports >= max(self.warn_after, 1):
-            if self._never:
-                names = [self.units[u][0] for u in sorted(self._never)]
-                _warn(f"gnmr: {len(names)} unit(s) of job {self.job!r} had "
-                      f"no gradient in {self._reports} steps on rank "
-                      f"{self.layout.rank}: "
-                      f"{', '.join(names[:8])}{', ...' if len(names) > 8 else ''}"
-                      " (not in the loss, frozen, or their parameters were "
-                      "replaced after the Controller was made: make it after "
-                      "fully_shard()/compile()/wrapping)")
-            self._never = None
-
-    def _report_host(self, t, threads, table, shadowed=()):
-        """Reduces and reports a _host_table()."""
-        sumsq, nonfinite, seen = self._reduce_host(threads, table)
-        n = len(self._params)
-        not_reported = bytes(seen).translate(_FLIP)
-        nr = (ctypes.c_uint8 * n).from_buffer_copy(not_reported)
-        local = list(nonfinite)
-        self._shadowed = [u for u in shadowed if seen[u]]
-        for u in self._shadowed:  # as the low-cost path would have made it
-            nonfinite[u] = max(nonfinite[u], 1)
-        self.agent._check_report(lib().gnmr_agent_report_sums(
-            self.agent._a, t, sumsq, nonfinite, nr), t)
-        self._local = (list(sumsq), local, not_reported)
-
-    def _report_on(self, t, stream, threads):
-        self._local = None
-        self._reduced = None
-        self._shadowed = []
-        if self.agent.observer:  # another replica reports this shard
-            self.agent.report_sums(t, [0.0] * len(self._params))
-            return
-        shadowed = self._shadow_units()
-        table = self._host_table()
-        if table is not None:
-            self._report_host(t, threads, table, shadowed)
-            self._note_gradients(self._local[2])
-            if self._clipping:  # the gradients these sums are of
-                self._reduced = (t, [(u, p, g, g._version)
-                                     for u, ps in enumerate(self._params)
-                                     for p in ps
-                                     for g in (self._grad(p),)
-                                     if g is not None])
-            return
-        grads, has = self._unit_grads()
-        not_reported = [not h for h in has]
-        self._note_gradients(not_reported)
-        cuda = [g for gs in grads for g in gs if g.is_cuda]
-        if cuda and len(cuda) == sum(len(gs) for gs in grads) and \
-                len({g.device for g in cuda}) == 1 and not shadowed and \
-                not self._skip and \
-                self._cuda_reducer(cuda[0].device) is not None:
-            # every gradient on one device: the kernel reads them in
-            # order on the current stream; copies made here stay valid
-            # for it (stream-ordered allocator); keep them one step
-            keep, buffers = self._buffers(grads)
-            self._keep = (grads, keep)
-            if stream is None:
-                stream = torch.cuda.current_stream(cuda[0].device)
-            self._cuda.report(t, buffers, stream.cuda_stream)
-            self._cuda_step = (t, stream)
-            return
-        sumsq, nonfinite = self._mixed_sums(grads, threads)
-        sent = list(nonfinite)
-        self._shadowed = [u for u in shadowed if not not_reported[u]]
-        for u in self._shadowed:  # as the low-cost path would have made it
-            sent[u] = max(sent[u], 1)
-        self.agent.report_sums(t, sumsq, sent, not_reported=not_reported)
-        self._local = (sumsq, nonfinite, not_reported)
 
     def report(self, step):
         """Reports the gradients of every unit for step (after backward);
