@@ -74,9 +74,8 @@ static void send_chunk(gnmrd *d, const void *id, size_t id_len,
 }
 
 /* Sends v (taken) as an AdminReply. */
-static void send_json(gnmrd *d, const void *id, size_t id_len, json_t *v) {
-  char *text = json_dumps(v, JSON_COMPACT | JSON_ENSURE_ASCII);
-  json_decref(v);
+/* An answer's JSON text (taken over; NULL: out of memory). */
+static void send_text(gnmrd *d, const void *id, size_t id_len, char *text) {
   if (text == NULL) {
     send_error(d, id, id_len, GNMR_E_NOMEM, "out of memory");
     return;
@@ -88,6 +87,12 @@ static void send_json(gnmrd *d, const void *id, size_t id_len, json_t *v) {
   env.admin_reply = &rep;
   send_env(d, id, id_len, &env);
   free(text);
+}
+
+static void send_json(gnmrd *d, const void *id, size_t id_len, json_t *v) {
+  char *text = json_dumps(v, JSON_COMPACT | JSON_ENSURE_ASCII);
+  json_decref(v);
+  send_text(d, id, id_len, text);
 }
 
 static void send_stats(gnmrd *d, const void *id, size_t id_len,
@@ -161,6 +166,8 @@ typedef struct query {
   int fd;
   atomic_int cancel;
   struct query *prev, *next;
+  char *text;               /* the answer written out on the pool */
+  int text_oom;             /* ... or that it could not be */
 } query;
 
 /* The queries queued or running on the pool (loop thread). */
@@ -196,12 +203,23 @@ static uint64_t new_stream_id(void) {
 static void query_work(uv_work_t *req) {
   query *q = req->data;
   store_query_run(q->path, &q->sq);
+  /* the answer is written out here, not on the loop, where hundreds of
+   * thousands of rows would hold every job's steps back; only the jobs
+   * list, which the loop marks live first, goes as it is */
+  if (q->sq.result != NULL && q->sq.command != GNMR_CMD_JOBS &&
+      !atomic_load(&q->cancel)) {
+    q->text = json_dumps(q->sq.result, JSON_COMPACT | JSON_ENSURE_ASCII);
+    q->text_oom = q->text == NULL;
+    json_decref(q->sq.result);
+    q->sq.result = NULL;
+  }
 }
 
 static void query_free(query *q) {
   store_query_close(&q->sq);
   free(q->sq.chunk);
   json_decref(q->sq.result);
+  free(q->text);
   free(q->id);
   free(q->job);
   free(q->unit);
@@ -267,7 +285,10 @@ static void query_done(uv_work_t *req, int status) {
     query_free(q);
     return;
   }
-  if (q->sq.result != NULL) {
+  if (q->text != NULL || q->text_oom) {
+    send_text(d, q->id, q->id_len, q->text);
+    q->text = NULL;
+  } else if (q->sq.result != NULL) {
     if (q->sq.command == GNMR_CMD_JOBS)
       mark_live(d, q->sq.result, q);
     send_json(d, q->id, q->id_len, q->sq.result);
