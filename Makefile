@@ -470,27 +470,41 @@ $(BUILD)/obj/fuzz/make_seeds.o: $(GEN)/proto/gnmr.pb-c.h
 demo: deps-demo all venv
 	@GNMR_PYTHON=$(PYTHON) scripts/demo.sh $(BUILD)
 
-# The stress experiments (examples/quant_stress.py, docs/experiments.md):
-# 5 seeds x 300 steps of every variant on the CPU, two single-threaded
-# processes at a time, on seeds 21-25 (no setting was tuned on them; 1-5
-# and 11-13 were used while tuning). One setting a json, with its .md and
-# .png beside it (the README and docs/experiments.md quote them):
-#   stress           FP8 activation storage, non-saturating cast (overflow
-#                    is NaN, the step is skipped): docs/results/stress.*
+# The experiments (experiments/, docs/experiments.md): 5 seeds x 300 steps
+# of every variant on the CPU, two single-threaded processes at a time, on
+# seeds 21-25 (no setting was tuned on them; 1-5 and 11-13 were used while
+# tuning the stress, 1-3 for the paper's settings). One setting a json,
+# with its .md and .png beside it (the README and docs/experiments.md
+# quote them):
+#   stress           GPT, FP8 activation storage, non-saturating cast
+#                    (overflow is NaN, the step is skipped):
+#                    docs/results/stress.* (experiments/stress.py)
 #   stress_saturate  the same with a saturating cast, as Transformer Engine
 #                    and torchao cast: docs/results/stress_saturate.*
 #                    (without fp and oracle_now: fp is high bit for bit,
 #                    shown in stress; the same-step ceiling costs a probe
 #                    forward a step)
+#   act4             the paper's setting 1 on a transformers Llama: 4-bit
+#                    per-group activation storage, 8-bit recovery
+#   fp8              setting 2 on a transformers Mixtral (experts are
+#                    units): DeepSeek-V3-style tile/block scales, a 6-bit
+#                    low path, FP8 E4M3 recovery
+#   lora             setting 3: peft LoRA on a pre-trained Llama, INT8
+#                    base on the low path, bf16 on the recovery path
+#                    (experiments/paper.py for the three)
 # `make experiment` runs every setting, `make experiment SETTING=stress`
 # one. torch's CPU kernels are pinned (ATEN_CPU_CAPABILITY) so that a rerun
 # on another x86-64 gives the same figures.
-SETTINGS := stress stress_saturate
+SETTINGS := stress stress_saturate act4 fp8 lora
 SETTING ?= $(SETTINGS)
 EXPERIMENT_SEEDS ?= --seed-list 21,22,23,24,25 --steps 300 --jobs 2
-EXPERIMENT_stress := 
-EXPERIMENT_stress_saturate := --saturate --variants \
+PAPER_VARIANTS := fp,high,low,gnmr,random,oracle,rawnorm,global,nanonly,nanonly_random
+EXPERIMENT_stress := experiments/stress.py
+EXPERIMENT_stress_saturate := experiments/stress.py --saturate --variants \
   high,low,gnmr,random,oracle,rawnorm,global,nanonly,nanonly_random
+EXPERIMENT_act4 := experiments/paper.py --setting act4 --variants $(PAPER_VARIANTS)
+EXPERIMENT_fp8 := experiments/paper.py --setting fp8 --variants $(PAPER_VARIANTS)
+EXPERIMENT_lora := experiments/paper.py --setting lora --variants $(PAPER_VARIANTS)
 experiment: deps-demo all venv
 	@for s in $(SETTING); do \
 	  case " $(SETTINGS) " in *" $$s "*) ;; *) \
@@ -499,11 +513,14 @@ experiment: deps-demo all venv
 	done
 	@for s in $(SETTING); do \
 	  echo "== experiment $$s"; \
-	  case $$s in stress) extra="$(EXPERIMENT_stress)";; \
-	    stress_saturate) extra="$(EXPERIMENT_stress_saturate)";; esac; \
+	  case $$s in stress) cmd="$(EXPERIMENT_stress)";; \
+	    stress_saturate) cmd="$(EXPERIMENT_stress_saturate)";; \
+	    act4) cmd="$(EXPERIMENT_act4)";; \
+	    fp8) cmd="$(EXPERIMENT_fp8)";; \
+	    lora) cmd="$(EXPERIMENT_lora)";; esac; \
 	  GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BIN_DIR=$(abspath $(BUILD)/bin) \
-	    ATEN_CPU_CAPABILITY=avx2 $(PYTHON) examples/quant_stress.py \
-	    $(EXPERIMENT_SEEDS) $$extra --json docs/results/$$s.json || exit 1; \
+	    ATEN_CPU_CAPABILITY=avx2 $(PYTHON) $$cmd \
+	    $(EXPERIMENT_SEEDS) --json docs/results/$$s.json || exit 1; \
 	done
 
 bench: deps $(BENCHES) all venv

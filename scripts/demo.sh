@@ -74,7 +74,7 @@ kill "$pid"
 wait "$pid" && echo "== gnmrd stopped cleanly" || { echo "gnmrd exit status $?"; exit 1; }
 pid=
 
-# A short version of the stress experiment (examples/quant_stress.py; the
+# A short version of the stress experiment (experiments/stress.py; the
 # full one, 5 seeds x 300 steps of every variant, is `make experiment`).
 if [ "${GNMR_DEMO_STRESS:-1}" = 1 ]; then
   echo
@@ -84,7 +84,7 @@ if [ "${GNMR_DEMO_STRESS:-1}" = 1 ]; then
   echo "   vs the lagged oracle"
   echo "   (1 seed, 100 steps, about a minute)"
   GNMR_AGENT_LIB="$(cd "$B/lib" && pwd)/libgnmr-agent.so" \
-    "${GNMR_PYTHON:-build/venv/bin/python}" "$(dirname "$0")/../examples/quant_stress.py" --seeds 1 \
+    "${GNMR_PYTHON:-build/venv/bin/python}" "$(dirname "$0")/../experiments/stress.py" --seeds 1 \
     --steps 100 --variants low,gnmr,random,nanonly,oracle --jobs 2 \
     --gnmrd-bin "$B/bin" | sed 's/^/   /'
   echo "   (one short seed shows the mechanism, skipped steps; the loss"

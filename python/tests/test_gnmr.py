@@ -689,7 +689,7 @@ class ClipTest(unittest.TestCase):
 
 
 class ExampleTest(unittest.TestCase):
-    """examples/quant_stress.py on a tiny model: every variant, the JSON,
+    """experiments/stress.py on a tiny model: every variant, the JSON,
     and the same numbers from a subset of seeds and variants."""
     SMALL = ["--steps", "40", "--warmup", "5", "--eval-every", "20",
              "--eval-batches", "2", "--d", "32", "--layers", "1",
@@ -699,8 +699,8 @@ class ExampleTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
-                                        "..", "examples"))
-        import quant_stress
+                                        "..", "experiments"))
+        import stress as quant_stress
         cls.qs = quant_stress
 
     def main(self, args):

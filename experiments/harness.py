@@ -1,0 +1,688 @@
+# SPDX-License-Identifier: MIT
+"""The experiment harness: one training loop, the variants that choose
+the recovery units, the figures, the tables, and the runs in parallel,
+for every setting (experiments/stress.py, experiments/paper.py).
+
+A setting (a `Setting` subclass) says what trains: the model and its
+units, the data and its batches, the loss, what counts as a unit's
+damage, how an episode changes a unit's input, and the clean
+evaluation. Everything else is here, the same for every setting:
+
+Variants, from the same seeds, data and episode schedule:
+  fp          the model without low-precision paths (settings that have it)
+  high        every unit on its recovery path
+  low         every unit on its low-cost path
+  gnmr        low, with a real gnmrd choosing the recovery units
+  random      low, each unit-step recovered with GNMR's share, at random
+  oracle      lagged oracle: knows which units' low path was damaged at
+              step t-1 (GNMR's information lag), recovers at most
+              --max-active of them (most recent damage first) and holds
+              each for --lock-steps steps after its damage ends
+  oracle_now  same-step oracle (the ceiling): knows which units the low
+              path would damage at step t (a probe forward; no lock)
+  rawnorm     the same number of units as GNMR at every step, chosen by
+              the largest raw gradient norm (not comparable across units)
+  global      when the global gradient norm is risky by GNMR's own rule
+              (one scalar through the policy), --max-active units chosen
+              at random, held for --lock-steps calm steps: a global
+              signal's timing without its locality
+  nanonly     the rule GNMR must beat: a unit whose gradient norm was
+              non-finite at step t-1 is recovered, and held for
+              --lock-steps steps after, at most --max-active (most recent
+              first), nothing else; no recovery in GNMR's warm-up either.
+              GNMR with thresholds that no finite ratio crosses decides
+              this way.
+  nanonly_random  nanonly, and other units at random on top, as many as
+              keep its recovery share at GNMR's (a running target): what
+              GNMR's budget buys without its signal
+  gnmr_shadow gnmr, and a unit on its recovery path whose low path would
+              have been damaged at the step is reported as non-finite
+              (Controller's shadow=), so GNMR holds it while the damage
+              lasts. Not in the default variants.
+
+Validation loss is measured clean: the episode scaling is off while the
+setting evaluates (the model as training left it). Exceedances: for
+every variant, each unit's gradient norms go through GNMR's per-unit rule
+(docs/policy.md, ScalarPolicy) and a unit-step after warm-up counts when
+its finite GNMR or delta-GNMR crosses a threshold (`exceed`, the paper's
+threshold-exceedance rate, as a share of the unit-steps after warm-up)
+or its norm is non-finite (`nonfinite`, same denominator).
+
+Damage is what the setting measures on either path (the low path's copy
+overflowed, or its error passed a bound). Precision: of a variant's
+recovery unit-steps, the share that were damage unit-steps; coverage: of
+the damage unit-steps, the share recovered. Misses: every damage
+unit-step (u, t) not recovered, by cause (misses_by_cause): `warmup`
+(A_t was decided in warm-up), `first` (u was not damaged in the
+--lock-steps + 1 steps before: an episode's first damage, which no
+chooser that learns from step t-1 can see), `gap` (u was damaged within
+those steps but not at t-1, and was not held), `hidden` (u was damaged at
+t-1 while on its recovery path, so the damage never reached its
+gradient, and was released at t), `not_chosen` (u's damage at t-1 was on
+the low path, yet u was not recovered at t: the budget went to others).
+
+--json writes the results (command, commit, seeds, per-variant per-seed
+values, paired differences with standard errors), and a markdown table
+and plot beside it. Everything is single-threaded and seeded: the same
+command gives the same numbers on the same machine.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")   # single-threaded: reproducible
+import torch  # noqa: E402
+
+import gnmr  # noqa: E402
+from gnmr.pytorch import Controller  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import MISS_CAUSES, git_commit, plot, summarise, table  # noqa
+
+DEFAULT_VARIANTS = ("fp", "high", "low", "gnmr", "random", "oracle",
+                    "oracle_now", "rawnorm", "global", "nanonly",
+                    "nanonly_random")
+ALL_VARIANTS = DEFAULT_VARIANTS + ("gnmr_shadow",)
+CONTROLLED = {"gnmr", "gnmr_shadow"}  # a real gnmrd chooses
+# GNMR's share / per-step counts
+NEEDS_GNMR = {"random", "rawnorm", "nanonly_random"}
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+
+class Built:
+    """What a setting's build() gives the loop: the model, the units (in
+    the controller's order) and their names, the parameters to train,
+    the module types the controller selects, the on_route that switches
+    a unit, and the modules whose input an episode changes (one a unit;
+    default: the units)."""
+
+    def __init__(self, model, names, units, params, select, on_route,
+                 inject=None, experts=False):
+        self.model, self.names, self.units = model, names, units
+        self.params, self.select, self.on_route = params, select, on_route
+        self.inject = inject if inject is not None else units
+        self.experts = experts
+
+
+class Setting:
+    """What trains (see the module doc). Subclasses set `name`, `script`,
+    `variants` and `episode_kind` ("tokens": --episode-tokens positions
+    of the unit's input are scaled; "channels": --episode-channels of its
+    features are), and implement the methods below."""
+    name = script = ""
+    variants = DEFAULT_VARIANTS
+    episode_kind = "tokens"
+    job = "stress"
+
+    def add_args(self, p):
+        pass
+
+    def check_args(self, p, args):
+        pass
+
+    def load(self, args):
+        """The data, loaded once per process."""
+        raise NotImplementedError
+
+    def build(self, variant, seed, args, data):
+        raise NotImplementedError
+
+    def batches(self, data, args, gen):
+        raise NotImplementedError
+
+    def loss(self, model, x, y):
+        raise NotImplementedError
+
+    def damage(self, units, args):
+        """[bool]: each unit's low path damaged at this step (either
+        path)."""
+        raise NotImplementedError
+
+    def probe(self, units, args):
+        """Per unit, how badly the low path would be damaged at this step
+        (0/False: not at all), after a probe forward: oracle_now takes the
+        worst first."""
+        return self.damage(units, args)
+
+    def reset(self, units):
+        """Before each step's forward (a unit may not run every step)."""
+
+    def set_route(self, unit, high):
+        unit.recovery = high
+
+    def on_recovery(self, unit):
+        return unit.recovery
+
+    def widths(self, built, args):
+        """Per unit: the positions an episode picks from."""
+        return [args.ctx] * len(built.units)
+
+    def evaluate(self, model, data, args):
+        """{"val": clean validation loss, ...other figures}."""
+        raise NotImplementedError
+
+    def extra_figures(self):
+        """Figures evaluate() adds beside "val": [(key, label, higher is
+        better)]."""
+        return []
+
+
+def episode_schedule(widths, steps, args, seed):
+    """sched[t][u] = (positions, scale) while u is in an episode."""
+    rng = random.Random(seed * 7919 + 1)
+    scales = args.episode_scales
+    k = args.episode_tokens
+    sched = [dict() for _ in range(steps + 1)]
+    for u, width in enumerate(widths):
+        t = 1
+        while t <= steps:
+            if rng.random() < args.episode_rate:
+                idx = rng.sample(range(width), min(k, width))
+                for j, s in enumerate(scales):
+                    if t + j <= steps:
+                        sched[t + j][u] = (idx, s)
+                t += len(scales)
+            t += 1
+    return sched
+
+
+class ScalarPolicy:
+    """GNMR's per-unit rule (docs/policy.md) for one scalar signal: returns
+    whether the value at this step is risky."""
+
+    def __init__(self, args):
+        self.a, self.b, self.w = args.alpha, args.beta, args.window
+        self.cnt, self.sum, self.win = 0, 0.0, []
+
+    def risky(self, n):
+        if n == 0:
+            return False
+        if not math.isfinite(n):
+            return True
+        s = 0.0
+        if self.cnt:
+            g = n / (self.sum / self.cnt)
+            d = g / (sum(self.win) / len(self.win)) if self.win else 1.0
+            s = max(g / self.a, d / self.b)
+            self.win = (self.win + [g])[-self.w:]
+        self.sum += n
+        self.cnt += 1
+        return s > 1
+
+
+class Chooser:
+    """The recovery set of the non-GNMR variants, decided before the
+    forward of each step from what the variant may know."""
+
+    def __init__(self, variant, n_units, args, seed, gnmr_rec):
+        self.v, self.n, self.args = variant, n_units, args
+        self.rng = random.Random(seed * 31 + 7)
+        self.gnmr = gnmr_rec
+        self.last_damage = [-10 ** 9] * n_units
+        self.held, self.hold_left = [], 0
+        self.glob = ScalarPolicy(args)
+        self.prev_norms = None
+        self.last_nan = [-10 ** 9] * n_units
+        self.rec_total = 0        # nanonly_random: recovery unit-steps
+
+    def before(self, step, probe_damage=None):
+        a, n = self.args, self.n
+        if self.v == "high":
+            return set(range(n))
+        if self.v in ("low", "fp"):
+            return set()
+        if self.v == "random":
+            return {u for u in range(n) if self.rng.random() <
+                    self.gnmr["share"]}
+        if self.v == "oracle":
+            recent = [u for u in range(n)
+                      if step - 1 - self.last_damage[u] <= a.lock_steps]
+            recent.sort(key=lambda u: (-self.last_damage[u], u))
+            return set(recent[:a.max_active])
+        if self.v == "oracle_now":
+            hit = sorted((u for u in range(n) if probe_damage[u]),
+                         key=lambda u: (-probe_damage[u], u))
+            return set(hit[:a.max_active])
+        if self.v == "rawnorm":
+            k = len(self.gnmr["active"][step])
+            if k == 0 or self.prev_norms is None:
+                return set()
+            order = sorted(range(n), key=lambda u: (
+                -(math.inf if not math.isfinite(self.prev_norms[u])
+                  else self.prev_norms[u]), u))
+            return set(order[:k])
+        if self.v == "global":
+            return set(self.held)
+        if self.v in ("nanonly", "nanonly_random"):
+            if step <= a.warmup + 1:   # GNMR decides nothing in warm-up
+                return set()
+            recent = [u for u in range(n)
+                      if step - 1 - self.last_nan[u] <= a.lock_steps]
+            recent.sort(key=lambda u: (-self.last_nan[u], u))
+            picked = set(recent[:a.max_active])
+            if self.v == "nanonly_random":
+                want = round(self.gnmr["share"] * n * step) - \
+                    self.rec_total - len(picked)
+                others = [u for u in range(n) if u not in picked]
+                picked |= set(self.rng.sample(others,
+                                              max(0, min(want, len(others)))))
+            self.rec_total += len(picked)
+            return picked
+        raise ValueError(self.v)
+
+    def after(self, step, damage, norms):
+        """What the variant learns from step `step`: its damage flags
+        (oracle) or gradient norms (rawnorm, global)."""
+        for u in range(self.n):
+            if damage[u]:
+                self.last_damage[u] = step
+            if not math.isfinite(norms[u]):
+                self.last_nan[u] = step
+        self.prev_norms = norms
+        if self.v == "global":
+            total = math.sqrt(sum(x * x for x in norms))
+            risky = self.glob.risky(total)
+            if step <= self.args.warmup:
+                return
+            if risky:
+                if self.hold_left == 0:
+                    self.held = sorted(self.rng.sample(
+                        range(self.n), min(self.args.max_active, self.n)))
+                self.hold_left = self.args.lock_steps + 1
+            elif self.hold_left > 0:
+                self.hold_left -= 1
+                if self.hold_left == 0:
+                    self.held = []
+
+
+def unit_norm(m):
+    s = 0.0
+    for p in m.parameters():
+        if p.grad is not None:
+            s += float(p.grad.double().pow(2).sum())
+    return math.sqrt(s)
+
+
+def _inject(setting, current, u):
+    tokens = setting.episode_kind == "tokens"
+
+    def hook(module, inputs):
+        ep = current.get(u)
+        if ep is None:
+            return None
+        x = inputs[0].clone()
+        if tokens:
+            x[:, ep[0], :] *= ep[1]
+        else:
+            x[..., ep[0]] *= ep[1]
+        return (x,) + tuple(inputs[1:])
+    return hook
+
+
+def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
+    torch.manual_seed(seed)
+    b = setting.build(variant, seed, args, data)
+    model, names, units = b.model, b.names, b.units
+    opt = torch.optim.AdamW(b.params, lr=args.lr, betas=(0.9, args.beta2))
+    # linear warm-up, then cosine decay to lr/10, as LLM recipes schedule
+    # (a skipped step still advances the schedule, as with GradScaler)
+    sched_lr = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(
+        (i + 1) / args.lr_warmup, 0.1 + 0.45 * (1 + math.cos(
+            math.pi * min(i, args.steps) / args.steps))))
+    sched = episode_schedule(setting.widths(b, args), args.steps, args, seed)
+    current = {}
+    for u, m in enumerate(b.inject):
+        m.register_forward_pre_hook(_inject(setting, current, u))
+
+    ctl = None
+    if variant in CONTROLLED:
+        shadow = None
+        if variant == "gnmr_shadow":
+            index = {id(m): u for u, m in enumerate(units)}
+
+            def shadow(name, m):
+                return setting.damage([m], args)[0] if id(m) in index \
+                    else False
+        ctl = Controller(model, endpoint, f"{setting.job}-{seed}-"
+                         f"{os.getpid()}", select=b.select,
+                         on_route=b.on_route, shadow=shadow,
+                         experts=b.experts,
+                         params=gnmr.default_params(
+                             alpha=args.alpha, beta=args.beta,
+                             window=args.window,
+                             max_active=args.max_active,
+                             lock_steps=args.lock_steps,
+                             warmup_steps=args.warmup))
+        if [n for n, _ in ctl.units] != names:
+            raise RuntimeError("the controller's units are not the model's")
+    chooser = Chooser(variant, len(units), args, seed, gnmr_rec)
+    gen = torch.Generator().manual_seed(seed)
+    curve, t_steps, skipped = [], 0.0, 0
+    active_log = [set()]          # active_log[t]: recovery set at step t
+    rec_steps = damage_steps = hits = 0
+    damage_log = [[False] * len(units)]  # damage_log[t][u]
+    rules = [ScalarPolicy(args) for _ in units]  # GNMR's rule, per unit
+    exceed = nonfinite = 0
+    for step, (x, y) in enumerate(setting.batches(data, args, gen), 1):
+        t0 = time.perf_counter()
+        current.clear()
+        current.update(sched[step])
+        probe = None
+        if variant == "oracle_now":
+            setting.reset(units)
+            with torch.no_grad():
+                model(x)          # records nothing: sees what the low path
+            probe = setting.probe(units, args)
+        if ctl is None:
+            active = chooser.before(step, probe)
+            for u, m in enumerate(units):
+                if variant != "fp":
+                    setting.set_route(m, u in active)
+        else:
+            active = {u for u, m in enumerate(units)
+                      if setting.on_recovery(m)}
+        active_log.append(active)
+        setting.reset(units)
+        loss = setting.loss(model, x, y)
+        opt.zero_grad()
+        loss.backward()
+        damage = [False] * len(units) if variant == "fp" else \
+            setting.damage(units, args)
+        damage_log.append(damage)
+        rec_steps += len(active)
+        damage_steps += sum(damage)
+        hits += sum(damage[u] for u in active)
+        if ctl is not None:
+            if not ctl.step(step, wait_ms=30000):
+                raise RuntimeError(f"gnmrd's decision for step {step} was "
+                                   f"late: the run would not reproduce")
+        norms = [unit_norm(m) for m in units]
+        for u, n in enumerate(norms):
+            risky = rules[u].risky(n)
+            if step > args.warmup and risky:
+                if math.isfinite(n):
+                    exceed += 1
+                else:
+                    nonfinite += 1
+        chooser.after(step, damage, norms)
+        finite = all(bool(torch.isfinite(p.grad).all())
+                     for p in b.params if p.grad is not None)
+        if finite or not args.skip_nonfinite:
+            opt.step()
+        else:
+            skipped += 1
+        sched_lr.step()
+        t_steps += time.perf_counter() - t0
+        if step % args.eval_every == 0 or step == args.steps:
+            current.clear()   # measured clean: no episode while evaluating
+            curve.append((step, setting.evaluate(model, data, args)))
+    if ctl is not None:
+        ctl.close()
+    unit_steps = len(units) * args.steps
+    eligible = len(units) * max(1, args.steps - args.warmup)
+    out = {"val": curve[-1][1]["val"],
+           "curve": [(s, e["val"]) for s, e in curve],
+           "exceed": exceed / eligible, "nonfinite": nonfinite / eligible,
+           "share": rec_steps / unit_steps,
+           "precision": hits / rec_steps if rec_steps else 0.0,
+           "coverage": hits / damage_steps if damage_steps else 0.0,
+           "damage": damage_steps / unit_steps,
+           "skipped": skipped, "active": [sorted(a) for a in active_log],
+           "misses": misses_by_cause(damage_log, active_log, args),
+           "damage_steps": damage_steps,
+           "step_ms": 1e3 * t_steps / args.steps}
+    for key, _, _ in setting.extra_figures():
+        out[key] = curve[-1][1][key]
+    return out
+
+
+def misses_by_cause(damage_log, active_log, args):
+    """{cause: count} of the damage unit-steps not recovered (the module
+    docstring defines the causes); damage_log[t][u], active_log[t] a set,
+    for t = 1..steps (index 0: nothing)."""
+    out = dict.fromkeys(MISS_CAUSES, 0)
+    for t in range(1, len(damage_log)):
+        for u, hit in enumerate(damage_log[t]):
+            if not hit or u in active_log[t]:
+                continue
+            if t - 1 <= args.warmup:
+                cause = "warmup"
+            elif damage_log[t - 1][u]:
+                cause = "hidden" if u in active_log[t - 1] else "not_chosen"
+            elif any(damage_log[k][u] for k in
+                     range(max(1, t - 1 - args.lock_steps), t - 1)):
+                cause = "gap"
+            else:
+                cause = "first"
+            out[cause] += 1
+    return out
+
+
+def start_gnmrd(bindir):
+    tmp = tempfile.mkdtemp(prefix="gnmr-stress-")
+    proc = subprocess.Popen([os.path.join(bindir, "gnmrd"), "--data-dir",
+                             tmp + "/data", "--agents", "tcp://127.0.0.1:*",
+                             "--admin", f"ipc://{tmp}/admin.sock",
+                             "--log-level", "warn"],
+                            stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        m = re.match(r"gnmrd: agents (\S+)", line)
+        if m:
+            return proc, tmp, m.group(1)
+    raise RuntimeError("gnmrd did not start")
+
+
+def common_args(p, setting, defaults):
+    """The loop's, the policy's and the runner's options; `defaults`
+    overrides this setting's defaults."""
+    d = dict(steps=300, batch=32, lr=3e-3, lr_warmup=20, beta2=0.95,
+             episode_rate=0.015, episode_tokens=2,
+             episode_scales="2,4,8,16,32", alpha=2.0, beta=2.0, window=8,
+             max_active=2, lock_steps=2, warmup=20, eval_every=50,
+             eval_batches=8)
+    d.update(defaults)
+    p.add_argument("--seeds", type=int, default=5,
+                   help="seeds 1..N (default 5)")
+    p.add_argument("--seed-list", default="",
+                   help="comma-separated seeds, instead of --seeds")
+    p.add_argument("--steps", type=int, default=d["steps"])
+    p.add_argument("--variants", default=",".join(setting.variants),
+                   help=f"of {','.join(ALL_VARIANTS)} (default: "
+                   f"{','.join(setting.variants)})")
+    p.add_argument("--batch", type=int, default=d["batch"])
+    p.add_argument("--lr", type=float, default=d["lr"])
+    p.add_argument("--lr-warmup", type=int, default=d["lr_warmup"])
+    p.add_argument("--beta2", type=float, default=d["beta2"],
+                   help="AdamW's second-moment decay (LLM recipes use 0.95)")
+    what = "token positions" if setting.episode_kind == "tokens" else \
+        "input features (channels)"
+    p.add_argument("--episode-rate", type=float, default=d["episode_rate"])
+    p.add_argument("--episode-tokens", type=int, default=d["episode_tokens"],
+                   help=f"how many {what} of a unit's input an episode "
+                   "scales")
+    p.add_argument("--episode-scales", default=d["episode_scales"],
+                   help="the scale of the episode's positions, step by step")
+    p.add_argument("--no-skip-nonfinite", dest="skip_nonfinite",
+                   action="store_false",
+                   help="apply steps with non-finite gradients")
+    p.add_argument("--alpha", type=float, default=d["alpha"])
+    p.add_argument("--beta", type=float, default=d["beta"])
+    p.add_argument("--window", type=int, default=d["window"])
+    p.add_argument("--max-active", type=int, default=d["max_active"])
+    p.add_argument("--lock-steps", type=int, default=d["lock_steps"])
+    p.add_argument("--warmup", type=int, default=d["warmup"])
+    p.add_argument("--eval-every", type=int, default=d["eval_every"])
+    p.add_argument("--eval-batches", type=int, default=d["eval_batches"])
+    p.add_argument("--jobs", type=int, default=1,
+                   help="seeds run in this many processes at once (each "
+                   "single-threaded; the results do not change)")
+    p.add_argument("--json", default="",
+                   help="write the results here, and a .md table and a .png "
+                   "plot beside it")
+    p.add_argument("--plot", default="", help="loss curves (PNG)")
+    p.add_argument("--gnmrd-bin", default=os.environ.get(
+        "GNMR_BIN_DIR", os.path.join(ROOT, "build", "bin")))
+
+
+def parse_args(setting, argv, defaults=None, doc=""):
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    setting.add_args(p)
+    common_args(p, setting, defaults or {})
+    args = p.parse_args(argv)
+    try:
+        args.episode_scales = [float(s) for s in
+                               args.episode_scales.split(",")]
+        seeds = ([int(s) for s in args.seed_list.split(",")]
+                 if args.seed_list else list(range(1, args.seeds + 1)))
+    except ValueError as e:
+        p.error(f"bad number list: {e}")
+    if not seeds or any(s < 0 for s in seeds):
+        p.error("seeds must be >= 0 and at least one")
+    variants = [v for v in args.variants.split(",") if v]
+    bad = set(variants) - set(ALL_VARIANTS)
+    if bad or not variants:
+        p.error(f"unknown variant(s) {sorted(bad)}; choose from "
+                f"{','.join(ALL_VARIANTS)}")
+    if args.steps < 1 or args.eval_every < 1 or args.jobs < 1:
+        p.error("--steps, --eval-every and --jobs must be >= 1")
+    if args.max_active < 0 or args.lock_steps < 0 or args.warmup < 0:
+        p.error("--max-active, --lock-steps and --warmup must be >= 0")
+    if not 0 <= args.episode_rate <= 1 or not all(
+            s > 0 and math.isfinite(s) for s in args.episode_scales):
+        p.error("--episode-rate must be in [0, 1] and --episode-scales "
+                "positive")
+    if args.episode_tokens < 1:
+        p.error("--episode-tokens must be >= 1")
+    setting.check_args(p, args)
+    return args, seeds, variants
+
+
+_DATA = {}
+
+
+def _one_blas_thread():
+    """OpenBLAS reads OPENBLAS_NUM_THREADS once, when it loads: in a process
+    that imported torch before this module (a test, a notebook) it runs on
+    every CPU, and its threaded products need not give the same bits twice
+    (on an AMD EPYC they did not). Set the loaded library to one thread;
+    nothing to do where torch uses another BLAS."""
+    import ctypes
+    for name in ("libblas.so.3", "libopenblas.so.0"):
+        try:
+            ctypes.CDLL(name).openblas_set_num_threads(1)
+            return
+        except (OSError, AttributeError):
+            continue
+
+
+def run_task(setting, seed, variant, args, rec=None):
+    """One variant of one seed, single-threaded; the GNMR variant with a
+    gnmrd of its own. rec: GNMR's result for the seed (random, rawnorm)."""
+    torch.set_num_threads(1)
+    _one_blas_thread()
+    torch.use_deterministic_algorithms(True)
+    key = (type(setting).__name__, setting.data_key(args)
+           if hasattr(setting, "data_key") else None)
+    if key not in _DATA:
+        _DATA[key] = setting.load(args)
+    d = start_gnmrd(args.gnmrd_bin) if variant in CONTROLLED else None
+    try:
+        r = run(setting, variant, seed, args, _DATA[key],
+                d[2] if d else None, rec)
+    finally:
+        if d:
+            d[0].send_signal(signal.SIGTERM)
+            d[0].wait()
+            d[0].stdout.close()
+            shutil.rmtree(d[1], ignore_errors=True)
+    extra = "".join(f" {k} {r[k]:.4f}" for k, _, _ in
+                    setting.extra_figures())
+    print(f"seed {seed} {variant:10s} val {r['val']:.4f}{extra} "
+          f"share {r['share']:.3f} prec {r['precision']:.2f} "
+          f"cov {r['coverage']:.2f} skipped {r['skipped']:3d} "
+          f"step {r['step_ms']:.1f} ms", flush=True)
+    return r
+
+
+def run_all(setting, seeds, order, args):
+    """{(seed, variant): result}. With --jobs N, N single-threaded
+    processes take (seed, variant) runs as they come, GNMR's first (random
+    and rawnorm wait for GNMR's run of their seed): the same numbers as one
+    process running them in turn."""
+    res = {}
+    if args.jobs <= 1:
+        for seed in seeds:
+            for v in order:
+                res[seed, v] = run_task(setting, seed, v, args,
+                                        res.get((seed, "gnmr")))
+        return res
+    import concurrent.futures as cf
+    import multiprocessing
+    with cf.ProcessPoolExecutor(
+            args.jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+        pending = {}
+        for seed in seeds:
+            if "gnmr" in order:
+                pending[ex.submit(run_task, setting, seed, "gnmr",
+                                  args)] = (seed, "gnmr")
+        for seed in seeds:
+            for v in order:
+                if v != "gnmr" and v not in NEEDS_GNMR:
+                    pending[ex.submit(run_task, setting, seed, v,
+                                      args)] = (seed, v)
+        while pending:
+            done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+            for f in done:
+                seed, v = pending.pop(f)
+                res[seed, v] = f.result()
+                if v == "gnmr":
+                    for w in order:
+                        if w in NEEDS_GNMR:
+                            pending[ex.submit(run_task, setting, seed, w,
+                                              args, res[seed, v])] = (seed,
+                                                                      w)
+    return res
+
+
+def main(setting, argv=None, defaults=None, doc=""):
+    args, seeds, variants = parse_args(setting, argv, defaults, doc)
+    order = (["gnmr"] if "gnmr" in variants or NEEDS_GNMR & set(variants)
+             else []) + [v for v in variants if v != "gnmr"]
+    commit = git_commit()  # the code that runs, not what HEAD is at the end
+    res = run_all(setting, seeds, order, args)
+    results = {v: [res[s, v] for s in seeds] for v in order}
+    results = {v: results[v] for v in ALL_VARIANTS if v in results}
+    summary = summarise(setting, results, args, seeds, argv, commit)
+    extras = setting.extra_figures()
+    print()
+    print(table(summary, extras))
+    if args.json:
+        base = os.path.splitext(args.json)[0]
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)),
+                    exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+            f.write("\n")
+        with open(base + ".md", "w") as f:
+            m = summary["machine"]
+            f.write(f"Command: `{summary['command']}`\n\n"
+                    f"Commit: {summary['commit']}; seeds: {seeds}; "
+                    f"machine: {m['cpu']} ({m['cpus']} CPUs, {m['blas']}), "
+                    f"torch {summary['torch']}\n\n")
+            f.write(table(summary, extras))
+        plot(results, base + ".png")
+        print(f"wrote {args.json}, {base}.md, {base}.png")
+    if args.plot:
+        plot(results, args.plot)
+    return results

@@ -1,0 +1,381 @@
+# SPDX-License-Identifier: MIT
+"""The GNMR paper's three settings in miniature, on a Llama (or Mixtral,
+experts as units) from `transformers` built from a config, byte-level,
+trained on the CPU on the licence texts every Debian system ships
+(/usr/share/common-licenses), with a real gnmrd and the package's
+recovery paths (gnmr.quant.QuantLinear). docs/experiments.md has the
+results and what they show.
+
+    experiments/paper.py --setting act4|fp8|lora [harness options]
+
+Settings (every projection of every layer is a unit, an expert is one
+unit in Mixtral; the router stays exact):
+
+  act4   activation-compressed training: each projection's input saved
+         for backward as 4-bit integers with one scale per group of 32
+         features of each token (int4-g32) on the low path, 8 bits
+         (int8-g32) on the recovery path; the forward is exact.
+  fp8    a DeepSeek-V3-style fine-grained low-precision recipe: the
+         projections' activations in 1x128 tiles and their weights in
+         128x128 blocks, each with its own scale, saturating, in the
+         forward GEMM and in backward; the low path in a 6-bit float
+         (--low e2m3-tile, or e3m2-tile), the recovery path in FP8 E4M3
+         (--high e4m3-tile, or bf16). Mixtral by default (4 experts, top
+         2): experts are units.
+  lora   LoRA fine-tuning with peft: a base Llama pre-trained here first
+         (exact, --base-steps steps, cached under build/experiments and
+         regenerated when missing) on every licence but the held-out
+         ones, then adapters (rank --lora-rank on every projection)
+         trained on a held-out licence text while the frozen base
+         computes in INT8 (LLM.int8's vector-wise int8 without its
+         outlier split, int8-row) on the low path and bfloat16 on the
+         recovery path; units are the adapted projections. Task figure:
+         next-byte top-1 accuracy on the held-out text's test split.
+
+The stress (the same in every setting, stated so): transient outlier
+features. Each unit enters, with probability --episode-rate per step, an
+episode in which --episode-tokens of its input features (channels, for
+every token) grow by --episode-scales over a few steps, as the emergent
+outlier features of LLM activations (LLM.int8) do; natural activations
+of a model this small have none. An outlier feature spoils the scale of
+its group (act4), tile (fp8) or row (lora) on the low path, so the
+neighbouring features lose their precision: local in cause (that unit),
+transient. Damage (measured on either path): the low path's copy of a
+unit's input had a mean per-feature relative error above
+--damage-error (QuantLinear.low_error).
+
+Variants, figures and the runner: experiments/harness.py. `fp` is the
+model without quantization (exact linears).
+"""
+import glob
+import hashlib
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from gnmr.quant import QuantLinear  # noqa: E402
+from gnmr.recovery import convert  # noqa: E402
+
+VOCAB = 256
+HELD_OUT = ("Apache-2.0", "MPL-2.0")   # the lora setting's task text
+PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+        "down_proj")
+DEFAULTS = {
+    "act4": dict(model="llama", low="int4-g32", high="int8-g32",
+                 damage_error=0.3),
+    "fp8": dict(model="mixtral", low="e2m3-tile", high="e4m3-tile",
+                damage_error=0.1),
+    "lora": dict(model="llama", low="int8-row", high="bf16",
+                 damage_error=0.05),
+}
+
+
+def read_licences(names=None, exclude=()):
+    files = sorted(glob.glob("/usr/share/common-licenses/*"))
+    data = bytearray()
+    for f in files:
+        b = os.path.basename(f)
+        if not os.path.isfile(f) or b in exclude or \
+                (names is not None and b not in names):
+            continue
+        with open(f, "rb") as fh:
+            data += fh.read()
+    return data
+
+
+def split(data, what):
+    if len(data) < 20000:
+        raise SystemExit(f"paper.py: /usr/share/common-licenses has too "
+                         f"little {what} (is base-files installed?)")
+    t = torch.tensor(list(data), dtype=torch.long)
+    n = int(len(t) * 0.9)
+    return t[:n], t[n:]
+
+
+def batches(data, n, batch, ctx, gen):
+    for _ in range(n):
+        i = torch.randint(0, len(data) - ctx - 1, (batch,), generator=gen)
+        yield (torch.stack([data[j:j + ctx] for j in i]),
+               torch.stack([data[j + 1:j + ctx + 1] for j in i]))
+
+
+def make_model(args, seed):
+    import transformers
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, hidden_size=args.d,
+                  intermediate_size=args.ffn, num_hidden_layers=args.layers,
+                  num_attention_heads=args.heads,
+                  num_key_value_heads=args.heads,
+                  max_position_embeddings=args.ctx, tie_word_embeddings=False,
+                  attn_implementation="eager")
+    if args.model == "mixtral":
+        cfg = transformers.MixtralConfig(num_local_experts=args.experts,
+                                         num_experts_per_tok=2,
+                                         router_jitter_noise=0.0, **common)
+        return transformers.MixtralForCausalLM(cfg)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+
+
+class Expert(torch.nn.Module):
+    """One expert of a Mixtral layer as its own module (a unit): its
+    gate/up and down projections as linears."""
+
+    def __init__(self, gate_up, down, act, lin):
+        super().__init__()
+        self.gate_up = lin(gate_up.shape[1], gate_up.shape[0])
+        self.down = lin(down.shape[1], down.shape[0])
+        with torch.no_grad():
+            self.gate_up.weight.copy_(gate_up)
+            self.down.weight.copy_(down)
+        self.act = act
+
+    def forward(self, x):
+        g, u = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(self.act(g) * u)
+
+
+class SplitExperts(torch.nn.Module):
+    """transformers' MixtralExperts (fused 3-D weights) as a list of
+    Expert modules, the same routing arithmetic."""
+
+    def __init__(self, fused, lin):
+        super().__init__()
+        self.num_experts = fused.num_experts
+        self.experts = torch.nn.ModuleList(
+            Expert(fused.gate_up_proj[e].detach(),
+                   fused.down_proj[e].detach(), fused.act_fn, lin)
+            for e in range(fused.num_experts))
+
+    def forward(self, hidden, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden)
+        for e, expert in enumerate(self.experts):
+            tok, pos = torch.where(top_k_index == e)
+            if tok.numel() == 0:
+                continue
+            y = expert(hidden[tok]) * top_k_weights[tok, pos, None]
+            out.index_add_(0, tok, y.to(out.dtype))
+        return out
+
+
+def _lin(variant, args):
+    def plain(i, o):
+        return torch.nn.Linear(i, o, bias=False)
+    if variant == "fp":
+        return plain
+    return lambda i, o: QuantLinear(i, o, bias=False, low=args.low,
+                                    high=args.high)
+
+
+def _quantized(m):
+    return [q for q in m.modules() if isinstance(q, QuantLinear)]
+
+
+class Paper(harness.Setting):
+    episode_kind = "channels"
+    script = "experiments/paper.py"
+    job = "paper"
+
+    def __init__(self, name):
+        self.name = name
+
+    def add_args(self, p):
+        d = DEFAULTS[self.name]
+        p.add_argument("--setting", required=True, choices=tuple(DEFAULTS))
+        p.add_argument("--model", default=d["model"],
+                       choices=("llama", "mixtral"))
+        p.add_argument("--low", default=d["low"],
+                       help="the low path's recipe (gnmr.quant)")
+        p.add_argument("--high", default=d["high"],
+                       help="the recovery path's recipe (gnmr.quant)")
+        p.add_argument("--damage-error", type=float,
+                       default=d["damage_error"],
+                       help="a unit-step is damaged when the low path's "
+                       "copy of its input has a mean per-feature relative "
+                       "error above this")
+        p.add_argument("--d", type=int, default=128)
+        p.add_argument("--ffn", type=int, default=256)
+        p.add_argument("--layers", type=int, default=2)
+        p.add_argument("--heads", type=int, default=4)
+        p.add_argument("--experts", type=int, default=4)
+        p.add_argument("--ctx", type=int, default=64)
+        p.add_argument("--base-steps", type=int, default=600,
+                       help="lora: the base model's pre-training steps")
+        p.add_argument("--lora-rank", type=int, default=8)
+
+    def check_args(self, p, args):
+        from gnmr.quant import Recipe
+        for r in (args.low, args.high):
+            try:
+                Recipe(r)
+            except ValueError as e:
+                p.error(str(e))
+        if args.setting == "lora" and args.model != "llama":
+            p.error("--setting lora trains a Llama (--model llama)")
+
+    def data_key(self, args):
+        return (args.setting, args.model, args.d, args.ffn, args.layers,
+                args.heads, args.ctx, args.base_steps)
+
+    def load(self, args):
+        if self.name != "lora":
+            return split(read_licences(), "text")
+        base = split(read_licences(exclude=HELD_OUT), "text")
+        task = split(read_licences(names=HELD_OUT), "held-out text")
+        return {"base": base, "task": task,
+                "weights": pretrained_base(args, base)}
+
+    def build(self, variant, seed, args, data):
+        if self.name == "lora":
+            return self._build_lora(variant, seed, args, data)
+        model = make_model(args, seed)
+        lin = _lin(variant, args)
+        if args.model == "mixtral":
+            for layer in model.model.layers:
+                layer.mlp.experts = SplitExperts(layer.mlp.experts, lin)
+        if variant != "fp":
+            convert(model, QuantLinear, pattern=r"self_attn|mlp\.(gate|up|"
+                    r"down)_proj", low=args.low, high=args.high)
+        kinds = (Expert, QuantLinear, torch.nn.Linear)
+        names = [n for n, m in model.named_modules()
+                 if (isinstance(m, Expert) or
+                     (isinstance(m, kinds[1:]) and n.rsplit(".", 1)[-1]
+                      in PROJ))]
+        units = [model.get_submodule(n) for n in names]
+        select = tuple({type(m) for m in units})
+        return harness.Built(model, names, units, list(model.parameters()),
+                             select, _switch)
+
+    def _build_lora(self, variant, seed, args, data):
+        import peft
+        model = make_model(args, 0)
+        model.load_state_dict(data["weights"])
+        if variant != "fp":
+            convert(model, QuantLinear, pattern=r"_proj$", low=args.low,
+                    high=args.high)
+        torch.manual_seed(seed)
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            r=args.lora_rank, lora_alpha=2 * args.lora_rank,
+            lora_dropout=0.0, target_modules=list(PROJ)))
+        lora_cls = peft.tuners.lora.Linear
+        names = [n for n, m in model.named_modules()
+                 if isinstance(m, lora_cls)]
+        units = [model.get_submodule(n) for n in names]
+        params = [p for p in model.parameters() if p.requires_grad]
+        return harness.Built(model, names, units, params, (lora_cls,),
+                             _switch)
+
+    def widths(self, built, args):
+        out = []
+        for m in built.inject:
+            lin = next((q for q in m.modules()
+                        if isinstance(q, torch.nn.Linear)), None)
+            out.append(lin.in_features)
+        return out
+
+    def batches(self, data, args, gen):
+        d = data["task"] if self.name == "lora" else data
+        return batches(d[0], args.steps, args.batch, args.ctx, gen)
+
+    def loss(self, model, x, y):
+        return F.cross_entropy(model(input_ids=x).logits.reshape(-1, VOCAB),
+                               y.reshape(-1))
+
+    def reset(self, units):
+        for m in units:
+            for q in _quantized(m):
+                q._err = 0.0
+
+    def damage(self, units, args):
+        return [max((q.low_error for q in _quantized(m)), default=0.0) >
+                args.damage_error for m in units]
+
+    def probe(self, units, args):
+        return [e if e > args.damage_error else 0.0 for e in
+                (max((q.low_error for q in _quantized(m)), default=0.0)
+                 for m in units)]
+
+    def set_route(self, unit, high):
+        _switch("", unit, high)
+
+    def on_recovery(self, unit):
+        return any(q.recovery for q in _quantized(unit))
+
+    def evaluate(self, model, data, args):
+        d = data["task"] if self.name == "lora" else data
+        gen = torch.Generator().manual_seed(0)
+        model.eval()
+        losses, right, total = [], 0, 0
+        with torch.no_grad():
+            for x, y in batches(d[1], args.eval_batches, args.batch,
+                                args.ctx, gen):
+                logits = model(input_ids=x).logits
+                losses.append(float(F.cross_entropy(
+                    logits.reshape(-1, VOCAB), y.reshape(-1))))
+                right += int((logits.argmax(-1) == y).sum())
+                total += y.numel()
+        model.train()
+        out = {"val": sum(losses) / len(losses)}
+        if self.name == "lora":
+            out["acc"] = right / total
+        return out
+
+    def extra_figures(self):
+        return [("acc", "task accuracy", True)] if self.name == "lora" \
+            else []
+
+
+def _switch(name, module, high):
+    """on_route: every quantized linear inside the unit takes the path."""
+    for q in _quantized(module):
+        q.recovery = bool(high)
+
+
+def pretrained_base(args, base):
+    """The lora setting's base model: exact training on the base text,
+    seed 0, cached by its configuration (regenerated when missing)."""
+    key = hashlib.sha256(repr(("v1", args.d, args.ffn, args.layers,
+                               args.heads, args.ctx, args.base_steps,
+                               args.batch)).encode()).hexdigest()[:16]
+    cache = os.path.join(harness.ROOT, "build", "experiments",
+                         f"lora_base_{key}.pt")
+    if os.path.exists(cache):
+        return torch.load(cache)
+    model = make_model(args, 0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95))
+    n = args.base_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(
+        (i + 1) / 20, 1.0 - 0.9 * i / n))
+    gen = torch.Generator().manual_seed(0)
+    for x, y in batches(base[0], n, args.batch, args.ctx, gen):
+        loss = F.cross_entropy(model(input_ids=x).logits.reshape(-1, VOCAB),
+                               y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    state = model.state_dict()
+    torch.save(state, cache + ".tmp")
+    os.replace(cache + ".tmp", cache)
+    return state
+
+
+def main(argv=None):
+    import argparse
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--setting", choices=tuple(DEFAULTS))
+    known, _ = pre.parse_known_args(argv)
+    if known.setting is None:
+        known.setting = "act4"   # --help, or the error that names it
+    setting = Paper(known.setting)
+    defaults = {"lora": dict(lr=2e-3, steps=300)}.get(known.setting, {})
+    defaults.setdefault("episode_scales", "4,8,16,32,64")
+    return harness.main(setting, argv, defaults, doc=__doc__)
+
+
+if __name__ == "__main__":
+    main()

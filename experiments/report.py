@@ -1,0 +1,210 @@
+# SPDX-License-Identifier: MIT
+"""The experiments' figures: paired differences, the summary written to
+JSON, its markdown table and the loss-curve plot (experiments/harness.py
+defines what is measured)."""
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+MISS_CAUSES = ("warmup", "first", "gap", "hidden", "not_chosen")
+
+
+def paired(results, a, b, key="val"):
+    d = [x[key] - y[key] for x, y in zip(results[a], results[b])]
+    se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else 0.0
+    return {"mean": statistics.mean(d), "se": se, "per_seed": d}
+
+
+COMPARISONS = [("low", "high"), ("oracle", "random"), ("gnmr", "random"),
+               ("gnmr", "low"), ("oracle_now", "random"),
+               ("rawnorm", "random"), ("global", "random"),
+               ("gnmr", "rawnorm"), ("gnmr", "global"), ("gnmr", "oracle"),
+               ("high", "fp"), ("nanonly", "low"),
+               ("gnmr", "nanonly"), ("gnmr", "nanonly_random"),
+               ("nanonly_random", "random"), ("gnmr_shadow", "gnmr"),
+               ("gnmr_shadow", "random"), ("gnmr_shadow", "oracle"),
+               ("gnmr_shadow", "nanonly")]
+
+
+def _round(p):
+    return {"mean": round(p["mean"], 6), "se": round(p["se"], 6),
+            "t": round(p["mean"] / p["se"], 2) if p["se"] else None,
+            "per_seed": [round(x, 6) for x in p["per_seed"]]}
+
+
+def summarise(setting, results, args, seeds, argv, commit):
+    cap = os.environ.get("ATEN_CPU_CAPABILITY")
+    out = {"command": (f"ATEN_CPU_CAPABILITY={cap} " if cap else "") +
+           f"build/venv/bin/python {setting.script} " +
+           " ".join(argv if argv is not None else sys.argv[1:]),
+           "commit": commit, "seeds": seeds,
+           "torch": torch.__version__, "machine": machine(),
+           "settings": {k: v for k, v in sorted(vars(args).items())
+                        if k not in ("json", "gnmrd_bin", "jobs")},
+           "variants": {}, "paired": {}}
+    if setting.name:
+        out["setting"] = setting.name
+    extras = setting.extra_figures()
+    for v, rs in results.items():
+        out["variants"][v] = {
+            "val": [round(r["val"], 6) for r in rs],
+            "share": [round(r["share"], 6) for r in rs],
+            "precision": [round(r["precision"], 6) for r in rs],
+            "coverage": [round(r["coverage"], 6) for r in rs],
+            "damage": [round(r["damage"], 6) for r in rs],
+            "skipped": [r["skipped"] for r in rs],
+            "exceed": [round(r["exceed"], 6) for r in rs],
+            "nonfinite": [round(r["nonfinite"], 6) for r in rs],
+            "damage_unit_steps": [r["damage_steps"] for r in rs],
+            "misses_by_cause": {c: [r["misses"][c] for r in rs]
+                                for c in MISS_CAUSES}}
+        if extras:
+            out["variants"][v]["step_ms"] = [round(r["step_ms"], 2)
+                                             for r in rs]
+        for key, _, _ in extras:
+            out["variants"][v][key] = [round(r[key], 6) for r in rs]
+    for a, b in COMPARISONS:
+        if a in results and b in results:
+            out["paired"][f"{a}-{b}"] = _round(paired(results, a, b))
+            for key, _, _ in extras:
+                out.setdefault("paired_" + key, {})[f"{a}-{b}"] = _round(
+                    paired(results, a, b, key))
+    if all(v in results for v in ("gnmr", "random", "oracle")):
+        g = -statistics.mean(out["paired"]["gnmr-random"]["per_seed"])
+        o = -statistics.mean(out["paired"]["oracle-random"]["per_seed"])
+        out["gnmr_gain_over_oracle_gain"] = round(g / o, 4) if o else None
+    # the share of the low-high gap (of mean final losses) each closes
+    if "low" in results and "high" in results:
+        lo = statistics.mean(r["val"] for r in results["low"])
+        gap = lo - statistics.mean(r["val"] for r in results["high"])
+        out["gap_closed"] = {
+            v: round((lo - statistics.mean(r["val"] for r in rs)) / gap, 4)
+            for v, rs in results.items()
+            if v not in ("low", "high", "fp")} if gap else {}
+    return out
+
+
+def machine():
+    """What the numbers depend on beyond the command: the CPU, and the
+    kernels OpenBLAS chose for it (another CPU gives other bits)."""
+    cpu, core = "unknown", "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import ctypes
+    for name in ("libblas.so.3", "libopenblas.so.0"):
+        try:
+            fn = ctypes.CDLL(name).openblas_get_corename
+            fn.restype = ctypes.c_char_p
+            core = "OpenBLAS " + fn().decode()
+            break
+        except (OSError, AttributeError):
+            continue
+    return {"cpu": cpu, "cpus": os.cpu_count(), "blas": core}
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], check=True,
+                              capture_output=True, text=True,
+                              cwd=ROOT).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def table(summary, extras=()):
+    """The results as markdown."""
+    var = summary["variants"]
+    gap = summary.get("gap_closed", {})
+    head = ["variant", "final val loss (mean ± sd)"] + \
+        [f"{label} (mean ± sd)" for _, label, _ in extras] + \
+        ["recovery share", "exceed", "nonfinite", "precision", "coverage",
+         "skipped steps", "gap closed"]
+    if extras:
+        head.append("step ms")
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
+
+    def msd(xs, fmt):
+        sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+        return f"{statistics.mean(xs):{fmt}} ± {sd:{fmt}}"
+    for v, r in var.items():
+        g = f"{gap[v]:+.2f}" if v in gap else "-"
+        row = [v, msd(r["val"], ".4f")] + \
+            [msd(r[k], ".4f") for k, _, _ in extras] + [
+            f"{statistics.mean(r['share']):.3f}",
+            f"{statistics.mean(r['exceed']):.4f}",
+            f"{statistics.mean(r['nonfinite']):.4f}",
+            f"{statistics.mean(r['precision']):.2f}",
+            f"{statistics.mean(r['coverage']):.2f}",
+            f"{statistics.mean(r['skipped']):.1f}", g]
+        if extras:
+            row.append(f"{statistics.mean(r['step_ms']):.1f}")
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Damage unit-steps not recovered, by cause, as a share of "
+              "all damage unit-steps (mean over seeds; "
+              "experiments/harness.py defines the causes):", "",
+              "| variant | coverage | " + " | ".join(MISS_CAUSES) + " |",
+              "|---|---|" + "---|" * len(MISS_CAUSES)]
+    for v, r in var.items():
+        m, n = r.get("misses_by_cause"), r.get("damage_unit_steps")
+        if m is None or n is None or 0 in n:
+            continue
+        shares = [statistics.mean(k / d for k, d in zip(m[c], n))
+                  for c in MISS_CAUSES]
+        lines.append(f"| {v} | {statistics.mean(r['coverage']):.2f} | " +
+                     " | ".join(f"{x:.2f}" for x in shares) + " |")
+    for key, label in [("paired", "final validation loss")] + \
+            [("paired_" + k, lb) for k, lb, _ in extras]:
+        lines += ["", f"Paired differences of {label} (the first minus "
+                  "the second), mean ± standard error over seeds:", "",
+                  "| difference | mean ± se | mean/se | per seed |",
+                  "|---|---|---|---|"]
+        for k, p in summary.get(key, {}).items():
+            t = "-" if p["t"] is None else f"{p['t']:+.1f}"
+            lines.append(f"| {k} | {p['mean']:+.4f} ± {p['se']:.4f} | {t} "
+                         "| " + " ".join(f"{x:+.4f}" for x in p["per_seed"])
+                         + " |")
+    lines += ["", "exceed: unit-steps after warm-up whose finite GNMR or "
+              "Δ-GNMR crossed a threshold; nonfinite: those with a NaN/Inf "
+              "norm (both as a share of the unit-steps after warm-up); gap "
+              "closed: (low − variant) / (low − high) of the mean final "
+              "losses. Validation loss is measured with no episode active."]
+    if summary.get("gnmr_gain_over_oracle_gain") is not None:
+        lines += ["", "GNMR's gain over random as a fraction of the lagged "
+                  f"oracle's: {summary['gnmr_gain_over_oracle_gain']:.2f}"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no plot: python3-matplotlib is not installed")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for v, rs in results.items():
+        steps = [s for s, _ in rs[0]["curve"]]
+        mean = [statistics.mean(r["curve"][i][1] for r in rs)
+                for i in range(len(steps))]
+        ax.plot(steps, mean, label=v)
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss (mean over seeds)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+

@@ -1,0 +1,240 @@
+# SPDX-License-Identifier: MIT
+"""Fine-grained low-precision recipes as two-path linears (`recovery`
+False: the low-cost recipe, True: the recovery recipe), for
+`Controller(on_route=gnmr.recovery.switch)`.
+
+A recipe says how a linear layer's GEMMs see their inputs. Each is a
+name:
+
+- `int4-g32`, `int8-g32`, ...: `int<bits>-g<group>`: the activation
+  saved for backward as signed integers with one absmax scale per group
+  of `group` consecutive features of each token (per-token-group scales,
+  as activation-compression methods group them); the forward is exact.
+  `int<bits>-tok`: one scale per token (the whole feature row).
+- `e4m3-tile`, `e3m2-tile`, `e2m3-tile`: DeepSeek-V3's fine-grained
+  scaling: the activation quantized in 1x128 tiles (one scale per token
+  and 128 features), the weight in 128x128 blocks, each scale the tile's
+  own amax over the format's largest value (so nothing overflows: the
+  cast saturates), E4M3 (FP8) or the 6-bit E3M2/E2M3. The forward GEMM
+  reads both quantized copies, and so do backward's (the weight gradient
+  reads the quantized activation, the input gradient the quantized
+  weight); the output gradient stays in the input's precision.
+- `int8-row`: LLM.int8's vector-wise INT8 without its outlier split: the
+  activation per token, the weight per output channel, absmax int8, in
+  the forward GEMM and in backward as above.
+- `bf16`: activation and weight rounded to bfloat16 in all three GEMMs.
+- `exact`: the layer as torch.nn.Linear computes it.
+
+`QuantLinear(in, out, low="e3m2-tile", high="e4m3-tile")` takes the
+low recipe unless `recovery` is set. At every training forward it also
+measures what the low recipe does to the current input, on either path:
+`low_error`, the relative L2 error of the low recipe's copy of the
+activation, feature by feature, averaged over the input features (the
+weight gradient's column c reads the activation's feature c, so this is
+the mean relative error of its columns; one outlier feature that spoils
+its neighbours' scale shows, where a whole-tensor error would be
+dominated by the outlier itself), so a caller can measure damage that
+recovery hid.
+"""
+import re
+
+import torch
+import torch.nn.functional as F
+
+# (mantissa bits, smallest normal exponent, largest finite value)
+FLOAT_FORMATS = {"e4m3": (3, -6, 448.0), "e5m2": (2, -14, 57344.0),
+                 "e3m2": (2, -2, 28.0), "e2m3": (3, 0, 7.5)}
+TILE = 128
+
+
+def fake_float(x, fmt):
+    """x rounded to the nearest value of a small float format (round half
+    to even, subnormals kept, saturating at the largest finite value), in
+    float32. NaN stays NaN."""
+    try:
+        mbits, emin, fmax = FLOAT_FORMATS[fmt]
+    except KeyError:
+        raise ValueError(f"unknown float format {fmt!r} (one of "
+                         f"{', '.join(FLOAT_FORMATS)})") from None
+    xf = x.float()
+    a = xf.abs()
+    sh = 23 - mbits
+    bits = a.view(torch.int32)
+    bits = (bits + ((1 << (sh - 1)) - 1) + ((bits >> sh) & 1)) \
+        & ~((1 << sh) - 1)
+    q = bits.view(torch.float32)
+    step = 2.0 ** (emin - mbits)
+    q = torch.where(a < 2.0 ** emin, torch.round(a * (1 / step)) * step, q)
+    q = torch.where(torch.isnan(a), a, q.clamp(max=fmax))
+    return torch.copysign(q, xf)
+
+
+def _groups(x, group):
+    """x viewed as (..., n_groups, group) along its last dimension."""
+    n = x.shape[-1]
+    if group <= 0 or n % group:
+        raise ValueError(f"{n} features do not split into groups of {group}")
+    return x.reshape(*x.shape[:-1], n // group, group)
+
+
+def _safe(scale):
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+def int_grouped(x, bits, group):
+    """x through a signed `bits`-bit grid with one absmax scale per group
+    of `group` consecutive features (group = x.shape[-1]: per row),
+    in float32."""
+    if not 2 <= bits <= 8:
+        raise ValueError(f"bits must be 2..8, not {bits}")
+    g = _groups(x.float(), group)
+    qmax = 2 ** (bits - 1) - 1
+    s = _safe(g.abs().amax(-1, keepdim=True) / qmax)
+    return ((g / s).round().clamp(-qmax, qmax) * s).reshape(x.shape)
+
+
+def float_tiles(x, fmt, tile=TILE):
+    """x in 1 x `tile` tiles along its last dimension, each scaled so that
+    its amax is the format's largest value, rounded to the format, and
+    scaled back (float32). A last dimension under `tile` is one tile."""
+    fmax = FLOAT_FORMATS[fmt][2] if fmt in FLOAT_FORMATS else None
+    if fmax is None:
+        fake_float(x, fmt)      # the error names the formats
+    t = min(tile, x.shape[-1])
+    g = _groups(x.float(), t)
+    s = _safe(g.abs().amax(-1, keepdim=True) / fmax)
+    return (fake_float(g / s, fmt) * s).reshape(x.shape)
+
+
+def float_blocks(w, fmt, block=TILE):
+    """A 2-D weight in `block` x `block` blocks, each scaled to the
+    format's largest value and rounded (float32)."""
+    fmax = FLOAT_FORMATS[fmt][2] if fmt in FLOAT_FORMATS else None
+    if fmax is None:
+        fake_float(w, fmt)
+    o, i = w.shape
+    bo, bi = min(block, o), min(block, i)
+    if o % bo or i % bi:
+        raise ValueError(f"a {o}x{i} weight does not split into "
+                         f"{bo}x{bi} blocks")
+    b = w.float().reshape(o // bo, bo, i // bi, bi)
+    s = _safe(b.abs().amax((1, 3), keepdim=True) / fmax)
+    return (fake_float(b / s, fmt) * s).reshape(o, i)
+
+
+_RECIPE = re.compile(r"^(?:int([2-8])-(?:g(\d+)|(tok))|(e4m3|e5m2|e3m2|e2m3)"
+                     r"-tile|(int8-row)|(bf16)|(exact))$")
+
+
+class Recipe:
+    """What one path does to a linear layer's GEMM inputs (see the module
+    doc for the names). `act(x)`: the activation the weight gradient
+    reads (and the forward GEMM, unless `storage_only`); `weight(w)`: the
+    weight the GEMMs read."""
+
+    def __init__(self, name):
+        m = _RECIPE.match(name or "")
+        if not m:
+            raise ValueError(
+                f"unknown recipe {name!r}: int<2-8>-g<group>, int<2-8>-tok, "
+                "e4m3-tile, e5m2-tile, e3m2-tile, e2m3-tile, int8-row, "
+                "bf16 or exact")
+        self.name = name
+        bits, group, tok, fmt, row, bf16, exact = m.groups()
+        self.storage_only = bits is not None
+        if bits is not None:
+            b = int(bits)
+            if tok:
+                self._act = lambda x: int_grouped(x, b, x.shape[-1])
+            else:
+                g = int(group)
+                self._act = lambda x: int_grouped(x, b, g)
+            self._w = None
+        elif fmt:
+            self._act = lambda x: float_tiles(x, fmt)
+            self._w = lambda w: float_blocks(w, fmt)
+        elif row:
+            self._act = lambda x: int_grouped(x, 8, x.shape[-1])
+            self._w = lambda w: int_grouped(w, 8, w.shape[-1])
+        elif bf16:
+            self._act = lambda x: x.to(torch.bfloat16).float()
+            self._w = self._act
+        else:
+            self._act = self._w = None
+
+    def act(self, x):
+        return x if self._act is None else self._act(x).to(x.dtype)
+
+    def weight(self, w):
+        return w if self._w is None else self._w(w).to(w.dtype)
+
+    def __repr__(self):
+        return self.name
+
+
+class _QuantGemm(torch.autograd.Function):
+    """y = fx wq^T + b, where fx and wq are the recipe's forward copies;
+    the weight gradient reads `saved` (the recipe's stored activation),
+    the input gradient wq (straight through the rounding)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, fx, wq, saved):
+        ctx.has_bias = b is not None
+        ctx.save_for_backward(saved, wq)
+        ctx.dtypes = (x.dtype, w.dtype)
+        return F.linear(fx, wq, b)
+
+    @staticmethod
+    def backward(ctx, gy):
+        saved, wq = ctx.saved_tensors
+        g2 = gy.reshape(-1, gy.shape[-1])
+        gx = (gy @ wq).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
+        gw = (g2.t() @ saved.reshape(-1, saved.shape[-1])).to(
+            ctx.dtypes[1]) if ctx.needs_input_grad[1] else None
+        gb = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None, None, None
+
+
+class QuantLinear(torch.nn.Linear):
+    """torch.nn.Linear computed by the `low` recipe, or by `high` while
+    `recovery` is set (see the module doc)."""
+
+    def __init__(self, in_features, out_features, bias=True, low="int4-g32",
+                 high="int8-g32", **kw):
+        super().__init__(in_features, out_features, bias, **kw)
+        self.low, self.high = Recipe(low), Recipe(high)
+        self.recovery = False
+        self._err = 0.0
+
+    @property
+    def low_error(self):
+        """Mean over input features of the relative L2 error of the low
+        recipe's copy of that feature, at the last training-mode forward
+        (probes without grad included), on either path (a host read)."""
+        return float(self._err)
+
+    @torch.compiler.disable
+    def forward(self, x):
+        r = self.high if self.recovery else self.low
+        xd = x.detach()
+        saved = None
+        if self.training:
+            low = self.low.act(xd)
+            xf = xd.float().reshape(-1, xd.shape[-1])
+            n = xf.norm(dim=0)
+            e = (low.float().reshape(-1, xd.shape[-1]) - xf).norm(dim=0)
+            self._err = torch.where(n > 0, e / _safe(n), 0.0).mean()
+            if torch.is_grad_enabled():
+                saved = low if r is self.low else r.act(xd)
+        if r._act is None and r._w is None:
+            return F.linear(x, self.weight, self.bias)
+        fx = x if r.storage_only else (
+            saved if saved is not None else r.act(xd))
+        wq = r.weight(self.weight.detach())
+        if saved is None or not torch.is_grad_enabled():
+            return F.linear(fx, wq, self.bias)
+        return _QuantGemm.apply(x, self.weight, self.bias, fx, wq, saved)
+
+    def extra_repr(self):
+        return (super().extra_repr() + f", low={self.low}, high={self.high}"
+                f", recovery={self.recovery}")
