@@ -418,6 +418,8 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
         chooser.after(step, damage, norms)
         finite = all(bool(torch.isfinite(p.grad).all())
                      for p in b.params if p.grad is not None)
+        if finite and args.clip > 0:   # after GNMR saw the norms
+            torch.nn.utils.clip_grad_norm_(b.params, args.clip)
         if finite or not args.skip_nonfinite:
             opt.step()
         else:
@@ -516,6 +518,9 @@ def common_args(p, setting, defaults):
     p.add_argument("--no-skip-nonfinite", dest="skip_nonfinite",
                    action="store_false",
                    help="apply steps with non-finite gradients")
+    p.add_argument("--clip", type=float, default=d.get("clip", 0.0),
+                   help="clip the global gradient norm to this before the "
+                   "optimizer step (0: no clipping)")
     p.add_argument("--alpha", type=float, default=d["alpha"])
     p.add_argument("--beta", type=float, default=d["beta"])
     p.add_argument("--window", type=int, default=d["window"])
@@ -562,6 +567,8 @@ def parse_args(setting, argv, defaults=None, doc=""):
             s > 0 and math.isfinite(s) for s in args.episode_scales):
         p.error("--episode-rate must be in [0, 1] and --episode-scales "
                 "positive")
+    if not args.clip >= 0:
+        p.error("--clip must be >= 0")
     if args.episode_tokens < 1:
         p.error("--episode-tokens must be >= 1")
     setting.check_args(p, args)

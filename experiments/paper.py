@@ -374,6 +374,7 @@ def main(argv=None):
     setting = Paper(known.setting)
     defaults = {"lora": dict(lr=2e-3, steps=300)}.get(known.setting, {})
     defaults.setdefault("episode_scales", "4,8,16,32,64")
+    defaults.setdefault("clip", 1.0)   # as LLM recipes clip
     return harness.main(setting, argv, defaults, doc=__doc__)
 
 

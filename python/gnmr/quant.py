@@ -133,7 +133,7 @@ class Recipe:
     weight the GEMMs read."""
 
     def __init__(self, name):
-        m = _RECIPE.match(name or "")
+        m = _RECIPE.fullmatch(name) if isinstance(name, str) else None
         if not m:
             raise ValueError(
                 f"unknown recipe {name!r}: int<2-8>-g<group>, int<2-8>-tok, "

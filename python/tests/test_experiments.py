@@ -1,0 +1,139 @@
+# SPDX-License-Identifier: MIT
+"""experiments/paper.py, the paper's three settings, on tiny models: a
+real gnmrd, the recovery paths switching, Mixtral's experts as units,
+the LoRA base cached, clean validation, and the same numbers again from
+one seed and variant alone."""
+import io
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import torch  # noqa: E402
+
+from test_gnmr import BIN  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+TINY = ["--steps", "24", "--warmup", "4", "--eval-every", "12",
+        "--eval-batches", "2", "--d", "32", "--ffn", "64", "--layers", "1",
+        "--heads", "2", "--ctx", "16", "--batch", "4", "--episode-rate",
+        "0.1", "--gnmrd-bin", BIN, "--base-steps", "10"]
+
+
+def _have(mod):
+    try:
+        __import__(mod)
+        return True
+    except ImportError:
+        return False
+
+
+@unittest.skipUnless(_have("transformers"), "transformers is not installed")
+class PaperTest(unittest.TestCase):
+    def main(self, args):
+        import paper
+        out = io.StringIO()
+        det, threads = (torch.are_deterministic_algorithms_enabled(),
+                        torch.get_num_threads())
+        try:
+            with contextlib.redirect_stdout(out):
+                res = paper.main(TINY + args)
+        finally:
+            torch.use_deterministic_algorithms(det)
+            torch.set_num_threads(threads)
+        return res, out.getvalue()
+
+    def test_act4_every_variant_json_and_a_rerun(self):
+        tmp = tempfile.mkdtemp(prefix="gnmr-paper-test-")
+        try:
+            js = os.path.join(tmp, "act4.json")
+            res, text = self.main(["--setting", "act4", "--seed-list", "1",
+                                   "--variants", "fp,high,low,gnmr,random,"
+                                   "oracle,oracle_now,nanonly", "--json", js])
+            for v in ("fp", "high", "low", "gnmr", "nanonly"):
+                self.assertTrue(math.isfinite(res[v][0]["val"]), v)
+            self.assertEqual(res["high"][0]["share"], 1.0)
+            self.assertEqual(res["low"][0]["share"], 0.0)
+            # episodes damage the low path's copy; fp has no low path
+            self.assertGreater(res["low"][0]["damage_steps"], 0)
+            self.assertEqual(res["fp"][0]["damage_steps"], 0)
+            self.assertEqual(res["oracle_now"][0]["precision"], 1.0)
+            g = res["gnmr"][0]
+            self.assertGreater(g["share"], 0.0)
+            self.assertTrue(all(len(a) <= 2 for a in g["active"]))
+            # the 4-bit path differs from the 8-bit one
+            self.assertNotEqual(res["low"][0]["val"], res["high"][0]["val"])
+            with open(js) as f:
+                doc = json.load(f)
+            self.assertEqual(doc["setting"], "act4")
+            self.assertIn("experiments/paper.py --steps", doc["command"])
+            self.assertIn("gnmr-nanonly", doc["paired"])
+            self.assertIn("| gnmr |", text)
+            again, _ = self.main(["--setting", "act4", "--seed-list", "1",
+                                  "--variants", "random"])
+            self.assertEqual(again["random"][0]["val"],
+                             res["random"][0]["val"])
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_fp8_on_mixtral_has_experts_as_units(self):
+        import paper
+        res, _ = self.main(["--setting", "fp8", "--experts", "4",
+                            "--seed-list", "2", "--variants",
+                            "high,low,gnmr"])
+        st = paper.Paper("fp8")
+        import harness
+        args, _, _ = harness.parse_args(st, TINY + ["--setting", "fp8"])
+        b = st.build("gnmr", 2, args, None)
+        experts = [n for n in b.names if ".experts." in n]
+        self.assertEqual(len(experts), 4)
+        self.assertEqual(len(b.names), 4 + 4)     # q, k, v, o + experts
+        # an expert unit switches every quantized linear inside it
+        st.set_route(b.units[b.names.index(experts[0])], True)
+        self.assertTrue(st.on_recovery(b.units[b.names.index(experts[0])]))
+        self.assertFalse(st.on_recovery(b.units[b.names.index(experts[1])]))
+        self.assertTrue(all(math.isfinite(res[v][0]["val"])
+                            for v in res))
+        self.assertGreater(res["gnmr"][0]["share"], 0.0)
+
+    def test_lora_trains_adapters_on_a_frozen_int8_base(self):
+        res, text = self.main(["--setting", "lora", "--seed-list", "3",
+                               "--variants", "fp,high,low,gnmr"])
+        for v in res:
+            self.assertTrue(0.0 < res[v][0]["acc"] < 1.0, v)
+        self.assertIn("task accuracy", text)
+        self.assertNotEqual(res["low"][0]["val"], res["fp"][0]["val"])
+        import paper
+        import harness
+        st = paper.Paper("lora")
+        args, _, _ = harness.parse_args(st, TINY + ["--setting", "lora"])
+        data = st.load(args)        # the cached base: no training again
+        b = st.build("low", 3, args, data)
+        self.assertEqual(len(b.units), 7)
+        trained = {id(p) for p in b.params}
+        for n, p in b.model.named_parameters():
+            self.assertEqual(id(p) in trained, "lora_" in n, n)
+
+    def test_bad_arguments_are_clear_errors(self):
+        import paper
+        for bad, msg in ((["--setting", "act4", "--low", "int4-g33x"],
+                          "unknown recipe"),
+                         (["--setting", "lora", "--model", "mixtral"],
+                          "trains a Llama"),
+                         (["--setting", "nope"], "invalid choice")):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), \
+                    self.assertRaises(SystemExit) as cm:
+                paper.main(TINY + bad)
+            self.assertEqual(cm.exception.code, 2)
+            self.assertIn(msg, err.getvalue())
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,198 @@
+# SPDX-License-Identifier: MIT
+"""Tests of gnmr.quant: the fine-grained recipes (grouped integers, tile
+and block scaled small floats, LLM.int8's vector-wise int8, bf16) and
+QuantLinear's two paths."""
+import math
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from gnmr.quant import (FLOAT_FORMATS, QuantLinear, Recipe,  # noqa: E402
+                        fake_float, float_blocks, float_tiles, int_grouped)
+from gnmr.recovery import switch  # noqa: E402
+
+
+def format_values(ebits, mbits, bias):
+    """Every finite value of a small float format with no inf/NaN codes
+    (OCP's FP6 E3M2 and E2M3), decoded from its bits."""
+    out = []
+    for e in range(2 ** ebits):
+        for m in range(2 ** mbits):
+            v = (m / 2 ** mbits) * 2.0 ** (1 - bias) if e == 0 else \
+                (1 + m / 2 ** mbits) * 2.0 ** (e - bias)
+            out += [v, -v]
+    return sorted(set(out))
+
+
+class FakeFloatTest(unittest.TestCase):
+    def test_every_value_is_kept_and_midpoints_round_to_even(self):
+        for fmt, (eb, mb, bias) in {"e3m2": (3, 2, 3),
+                                    "e2m3": (2, 3, 1)}.items():
+            vals = format_values(eb, mb, bias)
+            self.assertEqual(max(vals), FLOAT_FORMATS[fmt][2], fmt)
+            t = torch.tensor(vals)
+            self.assertTrue(torch.equal(fake_float(t, fmt), t), fmt)
+            pos = [v for v in vals if v >= 0]
+            for lo, hi in zip(pos, pos[1:]):
+                mid = torch.tensor([(lo + hi) / 2])
+                got = float(fake_float(mid, fmt))
+                # the even neighbour: the one whose last mantissa bit is 0
+                self.assertIn(got, (lo, hi), fmt)
+                near = float(fake_float(torch.tensor([lo + (hi - lo) / 4]),
+                                        fmt))
+                self.assertEqual(near, lo, fmt)
+
+    def test_out_of_range_saturates_and_nan_stays(self):
+        t = torch.tensor([1e6, -1e6, math.inf, math.nan])
+        got = fake_float(t, "e3m2")
+        self.assertEqual(got[:3].tolist(), [28.0, -28.0, 28.0])
+        self.assertTrue(math.isnan(float(got[3])))
+
+    def test_bad_format_is_a_clear_error(self):
+        with self.assertRaisesRegex(ValueError, "unknown float format"):
+            fake_float(torch.ones(2), "e9m9")
+        with self.assertRaisesRegex(ValueError, "unknown float format"):
+            float_tiles(torch.ones(2, 4), "fp7")
+
+
+class GroupedIntTest(unittest.TestCase):
+    def test_each_group_has_its_own_scale(self):
+        torch.manual_seed(0)
+        x = torch.randn(16, 64)
+        x[:, 3] *= 100            # an outlier feature in the first group
+        q = int_grouped(x, 4, 32)
+        # the outlier's group is crushed, the other group is not
+        err = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
+        self.assertGreater(err(q[:, 4:32], x[:, 4:32]), 0.5)
+        self.assertLess(err(q[:, 32:], x[:, 32:]), 0.2)
+        self.assertTrue(torch.equal(q[:, 32:], int_grouped(x[:, 32:], 4,
+                                                           32)))
+        # at most 15 levels a group: 4-bit signed, symmetric
+        for g in range(2):
+            s = x[0, 32 * g:32 * g + 32].abs().max() / 7
+            lv = torch.round(q[0, 32 * g:32 * g + 32] / s)
+            self.assertLessEqual(int(lv.abs().max()), 7)
+
+    def test_bad_shapes_and_bits_are_clear_errors(self):
+        with self.assertRaisesRegex(ValueError, "groups of 32"):
+            int_grouped(torch.ones(2, 48), 4, 32)
+        with self.assertRaisesRegex(ValueError, "bits must be 2..8"):
+            int_grouped(torch.ones(2, 32), 9, 32)
+        with self.assertRaisesRegex(ValueError, "blocks"):
+            float_blocks(torch.ones(192, 256), "e4m3")
+        for bad in ("", "int4", "int9-g32", "int4-g", "e4m3", "fp8-tile",
+                    "int4-g32 ", "exact\n", None):
+            with self.assertRaisesRegex(ValueError, "unknown recipe"):
+                Recipe(bad)
+
+
+class TilesTest(unittest.TestCase):
+    def test_tiles_and_blocks_scale_to_the_formats_largest_value(self):
+        torch.manual_seed(1)
+        x = torch.randn(4, 256)
+        x[0, 5] = 1000.0          # only its 1x128 tile is affected
+        q = float_tiles(x, "e4m3")
+        self.assertEqual(float(q[0, 5]), 1000.0)   # the amax is exact
+        self.assertTrue(torch.equal(q[0, 128:], float_tiles(x[0:1, 128:],
+                                                           "e4m3")[0]))
+        self.assertLess(float((q[1:] - x[1:]).norm() / x[1:].norm()), 0.04)
+        w = torch.randn(256, 256)
+        w[0, 0] = 500.0
+        qw = float_blocks(w, "e4m3")
+        self.assertEqual(float(qw[0, 0]), 500.0)
+        self.assertTrue(torch.equal(qw[128:, 128:],
+                                    float_blocks(w[128:, 128:], "e4m3")))
+        # a 6-bit float cannot hold a tile with a x1000 outlier
+        q6 = float_tiles(x, "e2m3")
+        self.assertGreater(float((q6[0, 6:128] - x[0, 6:128]).norm() /
+                                 x[0, 6:128].norm()), 0.9)
+
+
+class QuantLinearTest(unittest.TestCase):
+    def grads(self, lin, x):
+        x = x.clone().requires_grad_(True)
+        y = lin(x)
+        gy = torch.linspace(-1, 1, y.numel()).reshape(y.shape)
+        y.backward(gy)
+        return y.detach(), x.grad, lin.weight.grad.clone(), gy
+
+    def test_storage_only_recipe_keeps_the_forward_exact(self):
+        torch.manual_seed(2)
+        lin = QuantLinear(64, 8, low="int4-g32", high="int8-g32").train()
+        x = torch.randn(5, 64)
+        y, gx, gw, gy = self.grads(lin, x)
+        self.assertTrue(torch.allclose(y, F.linear(x, lin.weight,
+                                                   lin.bias)))
+        self.assertTrue(torch.allclose(gx, gy @ lin.weight.detach()))
+        self.assertTrue(torch.allclose(gw, gy.t() @ int_grouped(x, 4, 32),
+                                       atol=1e-6))
+        self.assertGreater(lin.low_error, 0.03)
+        switch("u", lin, True)
+        lin.weight.grad = None
+        _, _, gw8, _ = self.grads(lin, x)
+        self.assertTrue(torch.allclose(gw8, gy.t() @ int_grouped(x, 8, 32),
+                                       atol=1e-6))
+        low = lin.low_error   # measured on the recovery path too
+        self.assertGreater(low, 0.03)
+
+    def test_gemm_recipes_quantize_forward_and_backward(self):
+        torch.manual_seed(3)
+        lin = QuantLinear(128, 128, bias=True, low="e3m2-tile",
+                          high="exact").train()
+        x = torch.randn(6, 128)
+        y, gx, gw, gy = self.grads(lin, x)
+        xq = float_tiles(x, "e3m2")
+        wq = float_blocks(lin.weight.detach(), "e3m2")
+        self.assertTrue(torch.allclose(y, F.linear(xq, wq, lin.bias),
+                                       atol=1e-5))
+        self.assertTrue(torch.allclose(gx, gy @ wq, atol=1e-5))
+        self.assertTrue(torch.allclose(gw, gy.t() @ xq, atol=1e-5))
+        self.assertTrue(torch.allclose(lin.bias.grad, gy.sum(0)))
+        lin.recovery = True
+        lin.weight.grad = lin.bias.grad = None
+        ref = torch.nn.Linear(128, 128)
+        ref.load_state_dict({"weight": lin.weight.detach(),
+                             "bias": lin.bias.detach()})
+        y2, gx2, gw2, _ = self.grads(lin, x)
+        ry, rgx, rgw, _ = self.grads(ref, x)
+        self.assertTrue(torch.equal(y2, ry))
+        self.assertTrue(torch.equal(gx2, rgx) and torch.equal(gw2, rgw))
+
+    def test_int8_rows_and_bf16(self):
+        torch.manual_seed(4)
+        lin = QuantLinear(32, 16, bias=False, low="int8-row",
+                          high="bf16").train()
+        x = torch.randn(3, 32)
+        with torch.no_grad():
+            y = lin(x)
+            ref = F.linear(int_grouped(x, 8, 32),
+                           int_grouped(lin.weight, 8, 32))
+            self.assertTrue(torch.allclose(y, ref, atol=1e-6))
+            lin.recovery = True
+            y = lin(x)
+            ref = F.linear(x.bfloat16().float(),
+                           lin.weight.bfloat16().float())
+            self.assertTrue(torch.allclose(y, ref, atol=1e-6))
+
+    def test_a_frozen_weight_gets_no_gradient(self):
+        lin = QuantLinear(32, 4, low="int8-row", high="bf16").train()
+        lin.weight.requires_grad_(False)
+        x = torch.randn(2, 32, requires_grad=True)
+        lin(x).sum().backward()
+        self.assertIsNone(lin.weight.grad)
+        self.assertEqual(x.grad.shape, x.shape)
+
+    def test_evaluation_measures_nothing(self):
+        lin = QuantLinear(32, 4).eval()
+        with torch.no_grad():
+            lin(torch.randn(2, 32) * 100)
+        self.assertEqual(lin.low_error, 0.0)
+
+
+if __name__ == "__main__":
+    unittest.main()
