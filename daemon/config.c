@@ -26,72 +26,111 @@ enum kind {
   K_POLICY
 };
 
+/* The one table of gnmrd.conf's keys: section, key, kind, field, limits,
+ * the default as a config file would spell it ("": empty or derived at
+ * start, main.c) and one line of help. config_defaults() applies the
+ * defaults from here; `gnmrd --config-keys` prints the table, and
+ * test_ops checks deploy/gnmrd.conf and gnmrd(8) against that output. */
+#define F(field) offsetof(gnmrd_config, field)
 static const struct {
   const char *section, *key;
   enum kind kind;
   size_t off;
   uint64_t min, max;
+  const char *def, *help;
 } keys[] = {
-    {"gnmrd", "data_dir", K_PATH, offsetof(gnmrd_config, data_dir), 0, 0},
-    {"gnmrd", "store", K_STORE, offsetof(gnmrd_config, store), 0, 0},
-    {"gnmrd", "standby", K_BOOL, offsetof(gnmrd_config, standby), 0, 1},
-    {"gnmrd", "agents", K_ENDPOINT, offsetof(gnmrd_config, agents), 0, 0},
-    {"gnmrd", "admin", K_ENDPOINT, offsetof(gnmrd_config, admin), 0, 0},
-    {"gnmrd", "metrics", K_ADDR, offsetof(gnmrd_config, metrics), 0, 0},
-    {"gnmrd", "log_level", K_LEVEL, offsetof(gnmrd_config, log_level), 0, 0},
-    {"gnmrd", "max_msg", K_U64, offsetof(gnmrd_config, max_msg), 1024,
-     INT64_MAX},
-    {"gnmrd", "snapshot_every", K_U64,
-     offsetof(gnmrd_config, snapshot_every), 1, 1000000000},
-    {"gnmrd", "retain_steps", K_U64, offsetof(gnmrd_config, retain_steps), 0,
-     UINT64_MAX},
-    {"gnmrd", "workers", K_U64, offsetof(gnmrd_config, workers), 0, 256},
-    {"policy", "barrier_ms", K_U64, offsetof(gnmrd_config, barrier_ms), 1,
-     600000},
-    {"security", "curve_key_file", K_PATH,
-     offsetof(gnmrd_config, curve_key_file), 0, 0},
-    {"security", "curve_allow_file", K_PATH,
-     offsetof(gnmrd_config, curve_allow_file), 0, 0},
-    {"security", "insecure", K_BOOL, offsetof(gnmrd_config, insecure), 0, 1},
-    {"limits", "max_jobs", K_U64, offsetof(gnmrd_config, max_jobs), 1,
-     1000000},
-    {"limits", "max_units", K_U64, offsetof(gnmrd_config, max_units), 1,
-     POLICY_MAX_UNITS},
-    {"limits", "max_total_units", K_U64,
-     offsetof(gnmrd_config, max_total_units), 1, UINT32_MAX},
-    {"limits", "max_jobs_per_key", K_U64,
-     offsetof(gnmrd_config, max_jobs_per_key), 0, 1000000},
-    {"limits", "max_units_per_key", K_U64,
-     offsetof(gnmrd_config, max_units_per_key), 0, UINT32_MAX},
-    {"limits", "max_held_mb", K_U64, offsetof(gnmrd_config, max_held_mb), 1,
-     1u << 20},
-    {"limits", "job_idle_s", K_U64, offsetof(gnmrd_config, job_idle_s), 0,
-     UINT32_MAX},
-    {"limits", "store_queue_mb", K_U64, offsetof(gnmrd_config, store_queue_mb),
-     1, 1u << 20},
-    {"limits", "first_message_ms", K_U64,
-     offsetof(gnmrd_config, first_message_ms), 0, 600000},
-    {"limits", "max_connections", K_U64,
-     offsetof(gnmrd_config, max_connections), 0, 1u << 24},
+    {"gnmrd", "data_dir", K_PATH, F(data_dir), 0, 0, "",
+     "where the history (gnmr.db) and the lock live"},
+    {"gnmrd", "store", K_STORE, F(store), 0, 0, "",
+     "a postgresql:// URL: the history in PostgreSQL, not data_dir"},
+    {"gnmrd", "standby", K_BOOL, F(standby), 0, 1, "false",
+     "with store: wait for the active gnmrd to stop, then take over"},
+    {"gnmrd", "agents", K_ENDPOINT, F(agents), 0, 0, "",
+     "the ZeroMQ endpoint agents report to"},
+    {"gnmrd", "admin", K_ENDPOINT, F(admin), 0, 0, "",
+     "the ZeroMQ endpoint gnmrctl asks"},
+    {"gnmrd", "metrics", K_ADDR, F(metrics), 0, 0, "",
+     "HOST:PORT of the Prometheus endpoint (empty: none)"},
+    {"gnmrd", "log_level", K_LEVEL, F(log_level), 0, 0, "info",
+     "error, warn, info or debug"},
+    {"gnmrd", "max_msg", K_U64, F(max_msg), 1024, INT64_MAX, "268435456",
+     "largest message accepted, in bytes"},
+    {"gnmrd", "snapshot_every", K_U64, F(snapshot_every), 1, 1000000000,
+     "10", "steps between policy-state snapshots of each job"},
+    {"gnmrd", "retain_steps", K_U64, F(retain_steps), 0, UINT64_MAX, "0",
+     "steps of history kept per job (0: all)"},
+    {"gnmrd", "workers", K_U64, F(workers), 0, 256, "0",
+     "threads deciding large steps (0: one per CPU)"},
+    {"policy", "barrier_ms", K_U64, F(barrier_ms), 1, 600000, "1000",
+     "how long a step waits for every rank, for Hellos that give none"},
+    {"security", "curve_key_file", K_PATH, F(curve_key_file), 0, 0, "",
+     "the server's CURVE key pair: CURVE on every endpoint"},
+    {"security", "curve_allow_file", K_PATH, F(curve_allow_file), 0, 0, "",
+     "the public keys allowed in, one per line"},
+    {"security", "insecure", K_BOOL, F(insecure), 0, 1, "false",
+     "allow non-loopback TCP without CURVE"},
+    {"limits", "max_jobs", K_U64, F(max_jobs), 1, 1000000, "1024",
+     "live jobs"},
+    {"limits", "max_units", K_U64, F(max_units), 1, POLICY_MAX_UNITS,
+     "1048576", "units of one job"},
+    {"limits", "max_total_units", K_U64, F(max_total_units), 1, UINT32_MAX,
+     "16777216", "units summed over every job"},
+    {"limits", "max_jobs_per_key", K_U64, F(max_jobs_per_key), 0, 1000000,
+     "0", "with tenancy: live jobs one agent key owns (0: no limit)"},
+    {"limits", "max_units_per_key", K_U64, F(max_units_per_key), 0,
+     UINT32_MAX, "0", "with tenancy: their units summed (0: no limit)"},
+    {"limits", "max_held_mb", K_U64, F(max_held_mb), 1, 1u << 20, "1024",
+     "reports held for undecided steps, all jobs (MB)"},
+    {"limits", "job_idle_s", K_U64, F(job_idle_s), 0, UINT32_MAX, "86400",
+     "a job with no report for this long is retired (0: never)"},
+    {"limits", "store_queue_mb", K_U64, F(store_queue_mb), 1, 1u << 20,
+     "1024", "history records waiting while the database is away (MB)"},
+    {"limits", "first_message_ms", K_U64, F(first_message_ms), 0, 600000,
+     "10000", "a connection silent this long after it is accepted is "
+     "closed (0: never)"},
+    {"limits", "max_connections", K_U64, F(max_connections), 0, 1u << 24,
+     "", "agent connections at once (0: the descriptor limit less 320)"},
     /* every policy parameter, by the names of policy_opts */
-    {"policy", "*", K_POLICY, 0, 0, 0},
+    {"policy", "*", K_POLICY, 0, 0, 0, "", "the policy's parameters"},
 };
+#undef F
 
 void config_defaults(gnmrd_config *c) {
+  char err[256];
   memset(c, 0, sizeof *c);
-  c->log_level = GNMR_LOG_INFO;
-  c->max_msg = 256u << 20;
-  c->snapshot_every = 10;
-  c->retain_steps = 0;
-  c->barrier_ms = 1000;
-  c->max_jobs = 1024;
-  c->max_units = 1u << 20;
-  c->max_total_units = 1u << 24;
-  c->max_held_mb = 1024;
-  c->job_idle_s = 86400;
-  c->store_queue_mb = 1024;
-  c->first_message_ms = 10000;
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    if (keys[i].kind != K_POLICY && keys[i].def[0] != '\0' &&
+        config_set(c, keys[i].section, keys[i].key, keys[i].def, err,
+                   sizeof err) != GNMR_OK)
+      abort(); /* a default the table itself refuses: a build error */
   policy_params_default(&c->policy);
+}
+
+void config_print_keys(FILE *f) {
+  policy_params d;
+  policy_params_default(&d);
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    if (keys[i].kind != K_POLICY) {
+      fprintf(f, "%s.%s\t%s\t%s\n", keys[i].section, keys[i].key,
+              keys[i].def, keys[i].help);
+      continue;
+    }
+    for (int p = 0; p < GNMR_NPARAMS; p++) {
+      char def[64] = "";
+      if (!policy_param_is_f64(p))
+        snprintf(def, sizeof def, "%llu",
+                 (unsigned long long)policy_param_u64(&d, p));
+      else if (!isnan(policy_param_f64(&d, p))) {
+        double v = policy_param_f64(&d, p); /* a threshold: 2.0, 1.5 */
+        snprintf(def, sizeof def, v == floor(v) ? "%.1f" : "%g", v);
+      }
+      fprintf(f, "%s.%s\t%s\t%s\n", keys[i].section,
+              policy_param_table[p].name, def,
+              def[0] ? "a policy parameter (docs/policy.md)"
+                     : "a policy parameter (unset: inherits, "
+                       "docs/policy.md)");
+    }
+  }
 }
 
 int config_set(gnmrd_config *c, const char *section, const char *key,

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "policy.h"
 
@@ -47,8 +48,14 @@ typedef struct gnmrd_config {
                                the descriptor limit, main.c) */
 } gnmrd_config;
 
-/* The built-in defaults (paths empty: main.c derives them). */
+/* The built-in defaults, from the key table (paths empty: main.c
+ * derives them). */
 void config_defaults(gnmrd_config *c);
+
+/* Every key, one a line: "section.key<TAB>default<TAB>help" (default
+ * empty: none, or derived at start); the policy's parameters under
+ * [policy] by their names. gnmrd --config-keys. */
+void config_print_keys(FILE *f);
 
 /* Reads path into c (keys present override). On error returns
  * GNMR_E_PARSE (or GNMR_E_IO) with "PATH:LINE: ..." in err and leaves c

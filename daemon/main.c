@@ -72,7 +72,8 @@ static const char usage[] =
     "  One gnmrd is active per store; --standby waits for it to stop and\n"
     "  takes over, restoring every live job from its latest snapshot.\n"
     "  --config FILE reads settings (INI, see deploy/gnmrd.conf); flags\n"
-    "  override it. gnmrd --check-config FILE validates a file and exits.\n"
+    "  override it. gnmrd --check-config FILE validates a file and exits;\n"
+    "  gnmrd --config-keys lists every key, its default and its meaning.\n"
     "  --curve-key FILE (the server's key pair, gnmrctl keygen) and\n"
     "  --curve-allow FILE (allowed public keys, one per line) turn CURVE\n"
     "  on; a non-loopback TCP endpoint without CURVE needs --insecure.\n"
@@ -270,6 +271,7 @@ int main(int argc, char **argv) {
       {"standby", no_argument, NULL, 'B'},
       {"config", required_argument, NULL, 'c'},
       {"check-config", required_argument, NULL, 'C'},
+      {"config-keys", no_argument, NULL, 'K'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {0},
@@ -297,6 +299,9 @@ int main(int argc, char **argv) {
       break;
     case 'h':
       fputs(usage, stdout);
+      return 0;
+    case 'K':
+      config_print_keys(stdout);
       return 0;
     case 'V':
       printf("gnmrd %s\n", GNMR_VERSION);

@@ -3,6 +3,7 @@
  * values, flags overriding it, policy defaults), systemd's notify protocol
  * against a real notify socket (READY, WATCHDOG, STOPPING), the unit file
  * through systemd-analyze verify, and the agent's environment variables. */
+#include <ctype.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/stat.h>
@@ -23,6 +24,66 @@ static const char *write_tmp(const char *dir, const char *name,
   tu_write_file(p, text);
   return p;
 }
+
+/* The key table is the one source: every key gnmrd --config-keys lists is
+ * in the example config, with its default where the line is in force (a
+ * commented-out line is an example), and every [limits] key is in gnmrd(8) with the same
+ * default; the example file has no key the table lacks (--check-config
+ * above). */
+START_TEST(config_keys_table_matches_the_example_file_and_the_man_page) {
+  char *argv[] = {"gnmrd", "--config-keys", NULL};
+  run_result r = tu_run("gnmrd", argv, NULL);
+  ck_assert_msg(r.code == 0, "--config-keys: %s", r.err);
+  char *conf = tu_read_file("deploy/gnmrd.conf", NULL);
+  char *man = tu_read_file("man/man8/gnmrd.8", NULL);
+  ck_assert_ptr_nonnull(conf);
+  ck_assert_ptr_nonnull(man);
+  int n = 0, limits = 0;
+  for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
+    char name[128], def[128] = "", want[300];
+    const char *tab = strchr(line, '\t');
+    ck_assert_ptr_nonnull(tab);
+    snprintf(name, sizeof name, "%.*s", (int)(tab - line), line);
+    const char *tab2 = strchr(tab + 1, '\t');
+    ck_assert_ptr_nonnull(tab2);
+    ck_assert_msg(tab2[1] != '\0', "%s has no help", name);
+    snprintf(def, sizeof def, "%.*s", (int)(tab2 - tab - 1), tab + 1);
+    const char *key = strchr(name, '.') + 1;
+    if (def[0] != '\0')
+      snprintf(want, sizeof want, "\n%s = %s\n", key, def);
+    else
+      snprintf(want, sizeof want, "%s = ", key);
+    char alt[300]; /* commented out: an example value, off by default */
+    snprintf(alt, sizeof alt, "\n;%s = ", key);
+    ck_assert_msg(strstr(conf, want) || strstr(conf, alt),
+                  "deploy/gnmrd.conf lacks '%s' (default '%s')", key, def);
+    if (strncmp(name, "limits.", 7) == 0) {
+      snprintf(want, sizeof want, ".B %s\n", key);
+      const char *at = strstr(man, want);
+      ck_assert_msg(at != NULL, "gnmrd(8) does not describe %s", key);
+      if (def[0] != '\0') {
+        const char *next = strstr(at + 1, ".TP");
+        const char *d = strstr(at, "(default");
+        ck_assert_msg(d != NULL && (next == NULL || d < next),
+                      "gnmrd(8) gives %s no default", key);
+        d += strlen("(default");
+        while (*d == ' ' || *d == '\n')
+          d++; /* a line may break there */
+        ck_assert_msg(strncmp(d, def, strlen(def)) == 0 &&
+                          !isdigit((unsigned char)d[strlen(def)]),
+                      "gnmrd(8) gives %s another default than %s", key, def);
+      }
+      limits++;
+    }
+    n++;
+  }
+  ck_assert_int_ge(n, 30);
+  ck_assert_int_ge(limits, 10);
+  free(conf);
+  free(man);
+  tu_run_free(&r);
+}
+END_TEST
 
 START_TEST(check_config_accepts_the_example_and_names_bad_keys_and_lines) {
   char *ok[] = {"gnmrd", "--check-config", "deploy/gnmrd.conf", NULL};
@@ -441,6 +502,7 @@ static Suite *suite(void) {
                  check_config_accepts_the_example_and_names_bad_keys_and_lines);
   tcase_add_test(tc,
                  config_file_is_used_flags_override_and_policy_defaults_apply);
+  tcase_add_test(tc, config_keys_table_matches_the_example_file_and_the_man_page);
   tcase_add_test(tc, systemd_notify_ready_watchdog_and_stopping);
   tcase_add_test(tc, unit_file_passes_systemd_analyze_verify);
   tcase_add_test(tc, agent_settings_come_from_the_environment);
