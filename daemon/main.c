@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* main.c — gnmrd: parses the command line, takes the data directory's
- * lock, binds the agent and admin endpoints, prints them, runs the loop
- * until SIGTERM/SIGINT, then closes everything in order. */
+/* main.c — gnmrd's main() in phases: the command line, the settings (file,
+ * flags, checks), what the process claims (the data directory's lock, the
+ * endpoints' directories, descriptors), the store's leadership, and
+ * serving: the store, the endpoints (printed), the loop until
+ * SIGTERM/SIGINT, then everything closed in order. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -250,10 +252,29 @@ typedef struct flag {
   const char *key, *value;
 } flag;
 
-int main(int argc, char **argv) {
+/* What main()'s phases hand on: the command line, the settings, what was
+ * claimed (the lock, the descriptor budget, the store's leadership). Each
+ * phase returns -1 to go on, or the exit code. */
+typedef struct startup {
+  const char *config_path, *check_path;
+  flag flags[16];
+  int n_flags;
+  gnmrd_config cfg;
   char run[2048], err[2400];
-  char bound_agents[512], bound_admin[512];
-  const char *config_path = NULL, *check_path = NULL;
+  char curve_pub[41], curve_sec[41];
+  gnmr_allow allowed;
+  int curve;
+  int lock_fd;
+  uint32_t max_conns; /* the agents endpoint's connection cap */
+  leader *lead;
+  leader_watch watch;
+  const char *where; /* the store: a postgresql:// URL or data_dir */
+  char where_shown[1100];
+  int served;        /* serve() ran */
+} startup;
+
+/* Phase 1: the command line (--help, --version, --config-keys end here). */
+static int parse_command_line(startup *s, int argc, char **argv) {
   static const struct option longopts[] = {
       {"data-dir", required_argument, NULL, 'd'},
       {"agents", required_argument, NULL, 'a'},
@@ -287,15 +308,14 @@ int main(int argc, char **argv) {
                    {'w', "curve_allow_file"}, {'I', "insecure"},
                    {'M', "metrics"}, {'S', "store"},
                    {'B', "standby"}, {'W', "workers"}};
-  flag flags[16];
-  int n_flags = 0, c, code = 1;
+  int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
     case 'c':
-      config_path = optarg;
+      s->config_path = optarg;
       break;
     case 'C':
-      check_path = optarg;
+      s->check_path = optarg;
       break;
     case 'h':
       fputs(usage, stdout);
@@ -311,11 +331,12 @@ int main(int argc, char **argv) {
       for (size_t i = 0; i < sizeof flag_keys / sizeof flag_keys[0]; i++)
         if (flag_keys[i].opt == c)
           key = flag_keys[i].key;
-      if (key == NULL || n_flags == 16) {
+      if (key == NULL || s->n_flags == 16) {
         fputs(usage, stderr);
         return 2;
       }
-      flags[n_flags++] = (flag){key, c == 'I' || c == 'B' ? "true" : optarg};
+      s->flags[s->n_flags++] =
+          (flag){key, c == 'I' || c == 'B' ? "true" : optarg};
     }
     }
   }
@@ -324,119 +345,130 @@ int main(int argc, char **argv) {
             usage);
     return 2;
   }
-  gnmrd_config cfg;
-  config_defaults(&cfg);
+  return -1;
+}
+
+/* Phase 2: the settings: defaults, the file, the flags, the derived
+ * paths, and every check a start runs (--check-config ends here). */
+static int load_settings(startup *s) {
+  gnmrd_config *cfg = &s->cfg;
+  const char *check_path = s->check_path;
+  int bad = check_path != NULL ? 1 : 2;
+  config_defaults(cfg);
   if (check_path != NULL) {
-    if (config_load(check_path, &cfg, err, sizeof err) != GNMR_OK) {
-      fprintf(stderr, "gnmrd: %s\n", err);
+    if (config_load(check_path, cfg, s->err, sizeof s->err) != GNMR_OK) {
+      fprintf(stderr, "gnmrd: %s\n", s->err);
       return 1;
     }
-  } else if (config_path != NULL &&
-      config_load(config_path, &cfg, err, sizeof err) != GNMR_OK) {
-    fprintf(stderr, "gnmrd: %s\n", err);
+  } else if (s->config_path != NULL &&
+             config_load(s->config_path, cfg, s->err, sizeof s->err) !=
+                 GNMR_OK) {
+    fprintf(stderr, "gnmrd: %s\n", s->err);
     return 2;
   }
-  for (int i = 0; i < n_flags; i++) {
-    const char *section = strncmp(flags[i].key, "curve", 5) == 0 ||
-                                  strcmp(flags[i].key, "insecure") == 0
+  for (int i = 0; i < s->n_flags; i++) {
+    const flag *f = &s->flags[i];
+    const char *section = strncmp(f->key, "curve", 5) == 0 ||
+                                  strcmp(f->key, "insecure") == 0
                               ? "security"
                               : "gnmrd";
-    if (config_set(&cfg, section, flags[i].key, flags[i].value, err,
-                   sizeof err) != GNMR_OK) {
+    if (config_set(cfg, section, f->key, f->value, s->err, sizeof s->err) !=
+        GNMR_OK) {
       /* name the flag as typed */
       char opt[32];
-      snprintf(opt, sizeof opt, "--%s", flags[i].key);
+      snprintf(opt, sizeof opt, "--%s", f->key);
       for (char *p = opt; *p; p++)
         if (*p == '_')
           *p = '-';
-      fprintf(stderr, "gnmrd: %s '%s': %s\n", opt, flags[i].value,
-              strchr(err, ':') ? strchr(err, ':') + 2 : err);
+      fprintf(stderr, "gnmrd: %s '%s': %s\n", opt, f->value,
+              strchr(s->err, ':') ? strchr(s->err, ':') + 2 : s->err);
       return 2;
     }
   }
-  gnmr__log_level = cfg.log_level;
+  gnmr__log_level = cfg->log_level;
   {
     char data_dir[1024];
-    default_dirs(run, sizeof run, data_dir, sizeof data_dir);
-    if (cfg.data_dir[0] == '\0')
-      snprintf(cfg.data_dir, sizeof cfg.data_dir, "%s", data_dir);
-    if (cfg.agents[0] == '\0')
-      snprintf(cfg.agents, sizeof cfg.agents, "ipc://%.1000s/agents.sock",
-               run);
-    if (cfg.admin[0] == '\0')
-      snprintf(cfg.admin, sizeof cfg.admin, "ipc://%.1000s/admin.sock", run);
+    default_dirs(s->run, sizeof s->run, data_dir, sizeof data_dir);
+    if (cfg->data_dir[0] == '\0')
+      snprintf(cfg->data_dir, sizeof cfg->data_dir, "%s", data_dir);
+    if (cfg->agents[0] == '\0')
+      snprintf(cfg->agents, sizeof cfg->agents, "ipc://%.1000s/agents.sock",
+               s->run);
+    if (cfg->admin[0] == '\0')
+      snprintf(cfg->admin, sizeof cfg->admin, "ipc://%.1000s/admin.sock",
+               s->run);
   }
-  const char *data_dir = cfg.data_dir;
-  if (data_dir[0] == '\0') {
+  if (cfg->data_dir[0] == '\0') {
     fprintf(stderr, "gnmrd: no data directory: give --data-dir (or "
             "data_dir in the configuration); HOME, XDG_STATE_HOME and "
             "STATE_DIRECTORY are all unset\n");
-    return check_path != NULL ? 1 : 2;
+    return bad;
   }
-
   /* every check of the settings, for --check-config as for a start */
-  char curve_pub[41], curve_sec[41];
-  gnmr_allow allowed = {0};
-  int curve = cfg.curve_key_file[0] != '\0';
-  if (check_settings(&cfg, curve_pub, curve_sec, &allowed, err,
-                     sizeof err) != 0) {
-    fprintf(stderr, "gnmrd: %s\n", err);
-    gnmr__allow_free(&allowed);
-    return check_path != NULL ? 1 : 2;
+  s->curve = cfg->curve_key_file[0] != '\0';
+  if (check_settings(cfg, s->curve_pub, s->curve_sec, &s->allowed, s->err,
+                     sizeof s->err) != 0) {
+    fprintf(stderr, "gnmrd: %s\n", s->err);
+    return bad;
   }
   if (check_path != NULL) {
-    gnmr__allow_free(&allowed);
     printf("gnmrd: %s is valid\n", check_path);
     return 0;
   }
-  if (cfg.metrics[0] != '\0' && !metrics_addr_is_loopback(cfg.metrics))
+  return -1;
+}
+
+/* Phase 3: what this process takes before serving: the data directory
+ * and its lock, the endpoints' directories, the descriptor budget. */
+static int claim_resources(startup *s) {
+  const gnmrd_config *cfg = &s->cfg;
+  const char *data_dir = cfg->data_dir;
+  char *err = s->err;
+  size_t errlen = sizeof s->err;
+  if (cfg->metrics[0] != '\0' && !metrics_addr_is_loopback(cfg->metrics))
     LOG(WARN, "METRICS-INSECURE", "metrics on %s are plaintext HTTP that "
-        "anyone who reaches the port can read (--insecure)", cfg.metrics);
-  if (curve)
-    LOG(INFO, "TENANCY", allowed.tenancy
+        "anyone who reaches the port can read (--insecure)", cfg->metrics);
+  if (s->curve)
+    LOG(INFO, "TENANCY", s->allowed.tenancy
                              ? "tenancy on: agent keys own the jobs they "
                                "create; operator keys act on every job"
                              : "tenancy off: every allowed key may act on "
                                "every job (give operator keys role=operator "
                                "in the allow list to turn it on)");
-  if (!curve)
+  else
     LOG(INFO, "NO-CURVE", "CURVE is off: any local peer that can reach the "
         "sockets is trusted (see gnmrd(8), SECURITY)");
   if (mkdirs(data_dir) != 0) {
     LOG(ERROR, "DATA-DIR", "create %s: %s", data_dir, strerror(errno));
-    gnmr__allow_free(&allowed);
     return 1;
   }
   char lock_path[1100];
   snprintf(lock_path, sizeof lock_path, "%s/gnmrd.lock", data_dir);
-  int lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+  s->lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (s->lock_fd < 0 || flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
     LOG(ERROR, "DATA-LOCK", "%s: %s", lock_path,
         errno == EWOULDBLOCK ? "another gnmrd uses this data directory"
                              : strerror(errno));
-    gnmr__allow_free(&allowed);
     return 1;
   }
   for (int i = 0; i < 2; i++) { /* the forms, before anything is made */
-    if (gnmr__endpoint_check(i ? cfg.admin : cfg.agents, 1, err,
-                             sizeof err) != GNMR_OK) {
+    if (gnmr__endpoint_check(i ? cfg->admin : cfg->agents, 1, err, errlen) !=
+        GNMR_OK) {
       LOG(ERROR, "ENDPOINT", "%s: %s", i ? "--admin" : "--agents", err);
-      gnmr__allow_free(&allowed);
       return 1;
     }
   }
-  if (prepare_endpoint(cfg.agents) != 0 || prepare_endpoint(cfg.admin) != 0) {
+  if (prepare_endpoint(cfg->agents) != 0 ||
+      prepare_endpoint(cfg->admin) != 0) {
     LOG(ERROR, "ENDPOINT-DIR", "cannot create the socket directory: %s",
         strerror(errno));
-    gnmr__allow_free(&allowed);
     return 1;
   }
   for (int i = 0; i < 2; i++) { /* sockets like ssh-agent's */
-    const char *ep = i ? cfg.admin : cfg.agents;
-    if (gnmr__ipc_dir_check(ep, err, sizeof err) != GNMR_OK ||
-        gnmr__ipc_free(ep, err, sizeof err) != GNMR_OK) {
+    const char *ep = i ? cfg->admin : cfg->agents;
+    if (gnmr__ipc_dir_check(ep, err, errlen) != GNMR_OK ||
+        gnmr__ipc_free(ep, err, errlen) != GNMR_OK) {
       LOG(ERROR, "ENDPOINT", "refusing %s: %s", ep, err);
-      gnmr__allow_free(&allowed);
       return 1;
     }
   }
@@ -445,163 +477,185 @@ int main(int argc, char **argv) {
     LOG(WARN, "NOFILE", "no descriptor kept in reserve (%s): out of "
         "descriptors, a waiting connection is left waiting, not shed",
         strerror(errno));
-  uint32_t max_conns = 0; /* the agents endpoint's connection cap */
-  { /* each peer is a descriptor: take what the hard limit allows, and keep
-     * connections below it (libzmq aborts on an ipc accept without one) */
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-      rlim_t was = rl.rlim_cur;
-      rl.rlim_cur = rl.rlim_max;
-      if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
-        LOG(DEBUG, "NOFILE", "descriptor limit %llu -> %llu",
-            (unsigned long long)was, (unsigned long long)rl.rlim_cur);
-    }
-    uint64_t fds = getrlimit(RLIMIT_NOFILE, &rl) == 0 &&
-                           rl.rlim_cur != RLIM_INFINITY
-                       ? (uint64_t)rl.rlim_cur
-                       : 1u << 20;
-    uint64_t room = fds > NOFILE_RESERVE + ADMIN_MAX_CONNS + 16
-                        ? fds - NOFILE_RESERVE - ADMIN_MAX_CONNS
-                        : 16;
-    uint64_t want = cfg.max_connections ? cfg.max_connections : room;
-    if (want > room) {
-      LOG(WARN, "NOFILE", "[limits] max_connections = %llu does not fit the "
-          "descriptor limit (%llu): capped at %llu; raise LimitNOFILE",
-          (unsigned long long)want, (unsigned long long)fds,
-          (unsigned long long)room);
-      want = room;
-    }
-    max_conns = (uint32_t)(want < UINT32_MAX ? want : UINT32_MAX);
+  /* each peer is a descriptor: take what the hard limit allows, and keep
+   * connections below it (libzmq aborts on an ipc accept without one) */
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+      LOG(DEBUG, "NOFILE", "descriptor limit %llu -> %llu",
+          (unsigned long long)was, (unsigned long long)rl.rlim_cur);
   }
+  uint64_t fds = getrlimit(RLIMIT_NOFILE, &rl) == 0 &&
+                         rl.rlim_cur != RLIM_INFINITY
+                     ? (uint64_t)rl.rlim_cur
+                     : 1u << 20;
+  uint64_t room = fds > NOFILE_RESERVE + ADMIN_MAX_CONNS + 16
+                      ? fds - NOFILE_RESERVE - ADMIN_MAX_CONNS
+                      : 16;
+  uint64_t want = cfg->max_connections ? cfg->max_connections : room;
+  if (want > room) {
+    LOG(WARN, "NOFILE", "[limits] max_connections = %llu does not fit the "
+        "descriptor limit (%llu): capped at %llu; raise LimitNOFILE",
+        (unsigned long long)want, (unsigned long long)fds,
+        (unsigned long long)room);
+    want = room;
+  }
+  s->max_conns = (uint32_t)(want < UINT32_MAX ? want : UINT32_MAX);
+  return -1;
+}
 
-  /* a PostgreSQL store serves one gnmrd at a time: the leader */
-  leader *lead = NULL;
-  leader_watch watch = {0};
-  char where_shown[1100] = "";
-  const char *where = cfg.store[0] != '\0' ? cfg.store : data_dir;
-  db_target_display(where, where_shown, sizeof where_shown);
-  if (cfg.store[0] != '\0') {
-    struct sigaction sa = {0};
-    sa.sa_handler = on_standby_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    if (cfg.standby)
-      LOG(INFO, "STANDBY", "%s: waiting for the store's leadership",
-          where_shown);
-    int rv = leader_take(cfg.store, (int)cfg.standby, &standby_stop, &lead,
-                         err, sizeof err);
-    if (rv != GNMR_OK) {
-      if (rv == GNMR_E_CLOSED) {
-        LOG(INFO, "STOP", "stopped while standing by");
-      } else {
-        LOG(ERROR, "LEADER", "%s", err);
-      }
-      gnmr__allow_free(&allowed);
-      close(lock_fd);
-      return rv == GNMR_E_CLOSED ? 0 : 1;
-    }
-    LOG(INFO, "LEADER", "%s: this gnmrd is active", where_shown);
+/* Phase 4: a PostgreSQL store serves one gnmrd at a time: become its
+ * leader (a standby waits here). */
+static int take_leadership(startup *s) {
+  const gnmrd_config *cfg = &s->cfg;
+  s->where = cfg->store[0] != '\0' ? cfg->store : cfg->data_dir;
+  db_target_display(s->where, s->where_shown, sizeof s->where_shown);
+  if (cfg->store[0] == '\0')
+    return -1;
+  struct sigaction sa = {0};
+  sa.sa_handler = on_standby_signal;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  if (cfg->standby)
+    LOG(INFO, "STANDBY", "%s: waiting for the store's leadership",
+        s->where_shown);
+  int rv = leader_take(cfg->store, (int)cfg->standby, &standby_stop,
+                       &s->lead, s->err, sizeof s->err);
+  if (rv != GNMR_OK) {
+    if (rv == GNMR_E_CLOSED)
+      LOG(INFO, "STOP", "stopped while standing by");
+    else
+      LOG(ERROR, "LEADER", "%s", s->err);
+    return rv == GNMR_E_CLOSED ? 0 : 1;
   }
+  LOG(INFO, "LEADER", "%s: this gnmrd is active", s->where_shown);
+  return -1;
+}
 
-  gnmrd d = {0};
-  uv_loop_t loop;
-  uv_signal_t sigterm, sigint;
-  uv_loop_init(&loop);
-  d.loop = &loop;
-  d.cfg = &cfg;
-  d.allow = curve ? &allowed : NULL;
-  d.zctx = zmq_ctx_new();
-  {
-    /* large steps go to workers; GNMR_WORKERS_MIN (unit-shards) moves the
-     * line below which a step is cheaper to decide on the loop */
-    unsigned n = (unsigned)cfg.workers;
-    if (n == 0) {
-      cpu_set_t set;
-      n = sched_getaffinity(0, sizeof set, &set) == 0 ? (unsigned)CPU_COUNT(&set)
-                                                      : 1;
-      n = n > 64 ? 64 : n;
-    }
-    const char *min = getenv("GNMR_WORKERS_MIN");
-    char *end = NULL;
-    d.worker_min = 16384;
-    if (min != NULL && *min != '\0') {
-      unsigned long long v = strtoull(min, &end, 10);
-      if (*end == '\0' && min[0] != '-')
-        d.worker_min = v;
-      else
-        LOG(WARN, "WORKERS", "GNMR_WORKERS_MIN '%s' is not a number; "
-            "using %llu", min, (unsigned long long)d.worker_min);
-    }
-    d.workers = workers_new(&loop, n);
-    if (d.workers == NULL)
-      LOG(WARN, "WORKERS", "no worker threads: every step is decided on "
-          "the loop");
+/* The worker threads that decide large steps; GNMR_WORKERS_MIN
+ * (unit-shards) moves the line below which a step is cheaper to decide
+ * on the loop. */
+static void start_workers(gnmrd *d, uint64_t configured) {
+  unsigned n = (unsigned)configured;
+  if (n == 0) {
+    cpu_set_t set;
+    n = sched_getaffinity(0, sizeof set, &set) == 0 ? (unsigned)CPU_COUNT(&set)
+                                                    : 1;
+    n = n > 64 ? 64 : n;
   }
-  if (store_open(where, (uint32_t)cfg.snapshot_every, cfg.retain_steps,
-                 &d.st, err, sizeof err) != GNMR_OK) {
-    LOG(ERROR, "STORE-OPEN", "%s", err);
-    goto out;
+  const char *min = getenv("GNMR_WORKERS_MIN");
+  char *end = NULL;
+  d->worker_min = 16384;
+  if (min != NULL && *min != '\0') {
+    unsigned long long v = strtoull(min, &end, 10);
+    if (*end == '\0' && min[0] != '-')
+      d->worker_min = v;
+    else
+      LOG(WARN, "WORKERS", "GNMR_WORKERS_MIN '%s' is not a number; "
+          "using %llu", min, (unsigned long long)d->worker_min);
   }
-  store_set_queue_cap(d.st, cfg.store_queue_mb << 20);
-  d.last_run = store_last_run(d.st);
-  if (store_restore(where, jobs_restore, &d, err, sizeof err) != GNMR_OK ||
-      store_owners(where, jobs_owner_restore, &d, err, sizeof err) !=
-          GNMR_OK) {
-    LOG(ERROR, "STORE-RESTORE", "%s", err);
-    goto out;
-  }
-  jobs_start(&d);
-  /* the ZAP handler must be bound before any CURVE server socket */
-  if (curve && zap_open(&loop, d.zctx, &allowed, &d.c.auth_denied, &d.zap,
-                        err, sizeof err) != GNMR_OK) {
+  d->workers = workers_new(d->loop, n);
+  if (d->workers == NULL)
+    LOG(WARN, "WORKERS", "no worker threads: every step is decided on "
+        "the loop");
+}
+
+/* The two endpoints (the ZAP handler first: it must be bound before any
+ * CURVE server socket), then the metrics. */
+static int open_endpoints(gnmrd *d, startup *s, char *bound_agents,
+                          char *bound_admin, size_t cap, char *bound_metrics,
+                          size_t mcap) {
+  const gnmrd_config *cfg = &s->cfg;
+  char *err = s->err;
+  size_t errlen = sizeof s->err;
+  if (s->curve && zap_open(d->loop, d->zctx, &s->allowed, &d->c.auth_denied,
+                           &d->zap, err, errlen) != GNMR_OK) {
     LOG(ERROR, "ZAP", "%s", err);
-    goto out;
+    return 1;
   }
-  server_opts ao = {.endpoint = cfg.agents,
-                    .max_msg = (int64_t)cfg.max_msg,
-                    .curve_secret = curve ? curve_sec : NULL,
+  server_opts ao = {.endpoint = cfg->agents,
+                    .max_msg = (int64_t)cfg->max_msg,
+                    .curve_secret = s->curve ? s->curve_sec : NULL,
                     .on_msg = jobs_on_message,
                     .on_bad = jobs_on_bad_frames,
                     .on_handshake_failed = gnmrd_on_handshake_failed,
-                    .ctx = &d,
-                    .max_conns = max_conns,
+                    .ctx = d,
+                    .max_conns = s->max_conns,
                     .on_over_cap = gnmrd_on_over_cap,
-                    .first_msg_ms = (uint32_t)cfg.first_message_ms};
-  if (server_open(&loop, d.zctx, &ao, bound_agents, sizeof bound_agents, err,
-                  sizeof err, &d.agents) != GNMR_OK) {
+                    .first_msg_ms = (uint32_t)cfg->first_message_ms};
+  if (server_open(d->loop, d->zctx, &ao, bound_agents, cap, err, errlen,
+                  &d->agents) != GNMR_OK) {
     LOG(ERROR, "BIND-AGENTS", "%s", err);
-    goto out;
+    return 1;
   }
-  server_opts mo = {.endpoint = cfg.admin,
+  server_opts mo = {.endpoint = cfg->admin,
                     .max_msg = 1 << 20,
-                    .curve_secret = curve ? curve_sec : NULL,
+                    .curve_secret = s->curve ? s->curve_sec : NULL,
                     .on_msg = admin_on_message,
                     .on_bad = admin_on_bad_frames,
                     .on_handshake_failed = gnmrd_on_handshake_failed,
-                    .ctx = &d,
+                    .ctx = d,
                     .max_conns = ADMIN_MAX_CONNS,
                     .on_over_cap = gnmrd_on_over_cap,
-                    .first_msg_ms = (uint32_t)cfg.first_message_ms,
+                    .first_msg_ms = (uint32_t)cfg->first_message_ms,
                     .sndhwm = ADMIN_QUEUED_REPLIES,
                     .on_gone = admin_on_gone,
                     .key_max = ADMIN_KEY_PLACES,
                     .reserve = ADMIN_OPERATOR_RESERVE,
                     .privileged = gnmrd_is_operator,
                     .on_key_cap = gnmrd_on_key_cap};
-  if (server_open(&loop, d.zctx, &mo, bound_admin, sizeof bound_admin, err,
-                  sizeof err, &d.admin) != GNMR_OK) {
+  if (server_open(d->loop, d->zctx, &mo, bound_admin, cap, err, errlen,
+                  &d->admin) != GNMR_OK) {
     LOG(ERROR, "BIND-ADMIN", "%s", err);
-    goto out;
+    return 1;
   }
-  if (curve)
-    LOG(INFO, "CURVE", "CURVE on; server public key %s", curve_pub);
-  char bound_metrics[300] = "";
-  if (cfg.metrics[0] != '\0' &&
-      metrics_open(&d, cfg.metrics, bound_metrics, sizeof bound_metrics, err,
-                   sizeof err) != GNMR_OK) {
+  if (s->curve)
+    LOG(INFO, "CURVE", "CURVE on; server public key %s", s->curve_pub);
+  if (cfg->metrics[0] != '\0' &&
+      metrics_open(d, cfg->metrics, bound_metrics, mcap, err, errlen) !=
+          GNMR_OK) {
     LOG(ERROR, "METRICS", "%s", err);
+    return 1;
+  }
+  return -1;
+}
+
+/* Phase 5: serve until SIGTERM/SIGINT (or a lost leadership), then close
+ * everything in order. */
+static int serve(startup *s) {
+  const gnmrd_config *cfg = &s->cfg;
+  char bound_agents[512], bound_admin[512], bound_metrics[300] = "";
+  int code = 1;
+  gnmrd d = {0};
+  s->served = 1;
+  uv_loop_t loop;
+  uv_signal_t sigterm, sigint;
+  uv_loop_init(&loop);
+  d.loop = &loop;
+  d.cfg = cfg;
+  d.allow = s->curve ? &s->allowed : NULL;
+  d.zctx = zmq_ctx_new();
+  start_workers(&d, cfg->workers);
+  if (store_open(s->where, (uint32_t)cfg->snapshot_every, cfg->retain_steps,
+                 &d.st, s->err, sizeof s->err) != GNMR_OK) {
+    LOG(ERROR, "STORE-OPEN", "%s", s->err);
     goto out;
   }
+  store_set_queue_cap(d.st, cfg->store_queue_mb << 20);
+  d.last_run = store_last_run(d.st);
+  if (store_restore(s->where, jobs_restore, &d, s->err, sizeof s->err) !=
+          GNMR_OK ||
+      store_owners(s->where, jobs_owner_restore, &d, s->err,
+                   sizeof s->err) != GNMR_OK) {
+    LOG(ERROR, "STORE-RESTORE", "%s", s->err);
+    goto out;
+  }
+  jobs_start(&d);
+  if (open_endpoints(&d, s, bound_agents, bound_admin, sizeof bound_agents,
+                     bound_metrics, sizeof bound_metrics) >= 0)
+    goto out;
   uv_signal_init(&loop, &sigterm);
   uv_signal_init(&loop, &sigint);
   sigterm.data = sigint.data = &d;
@@ -609,10 +663,10 @@ int main(int argc, char **argv) {
   uv_signal_start(&sigint, on_signal, SIGINT);
   notify_start(&d);
   uv_timer_t leader_timer;
-  if (lead != NULL) {
-    watch.l = lead;
+  if (s->lead != NULL) {
+    s->watch.l = s->lead;
     uv_timer_init(&loop, &leader_timer);
-    leader_timer.data = &watch;
+    leader_timer.data = &s->watch;
     uv_timer_start(&leader_timer, on_leader_check, 100, 100);
   }
 
@@ -623,18 +677,18 @@ int main(int argc, char **argv) {
       bound_admin, policy_simd_name(policy_simd_get()),
       workers_count(d.workers), (unsigned long long)d.worker_min);
   printf("gnmrd %s: data %s\ngnmrd: agents %s\ngnmrd: admin %s\n",
-         GNMR_VERSION, data_dir, bound_agents, bound_admin);
+         GNMR_VERSION, cfg->data_dir, bound_agents, bound_admin);
   if (bound_metrics[0] != '\0')
     printf("gnmrd: metrics %s\n", bound_metrics);
-  if (lead != NULL)
-    printf("gnmrd: store %s\n", where_shown);
+  if (s->lead != NULL)
+    printf("gnmrd: store %s\n", s->where_shown);
   fflush(stdout);
   notify_ready(&d, bound_agents);
   uv_run(&loop, UV_RUN_DEFAULT);
   notify_stopping(&d);
-  code = watch.lost ? 3 : 0;
+  code = s->watch.lost ? 3 : 0;
 out:
-  if (!watch.lost) /* a standby may be serving these jobs already */
+  if (!s->watch.lost) /* a standby may be serving these jobs already */
     jobs_snapshot_all(&d);
   jobs_shutdown(&d); /* no step is left on a worker */
   workers_close(d.workers);
@@ -643,16 +697,34 @@ out:
   server_close(d.agents);
   server_close(d.admin);
   zap_close(d.zap);
-  gnmr__allow_free(&allowed);
   uv_walk(&loop, close_walk, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);
   metrics_free(&d);
   store_close(&d.st); /* commits everything queued, snapshots included */
-  leader_release(&lead); /* only now may a standby take over */
   zmq_ctx_term(d.zctx);
-  close(lock_fd);
-  if (code == 0)
+  return code;
+}
+
+/* main() in phases, as each reads: the command line, the settings, what
+ * this process claims, the store's leadership, serving. */
+int main(int argc, char **argv) {
+  static startup s; /* large: kept off the stack */
+  s.lock_fd = -1;
+  int code = parse_command_line(&s, argc, argv);
+  if (code < 0)
+    code = load_settings(&s);
+  if (code < 0)
+    code = claim_resources(&s);
+  if (code < 0)
+    code = take_leadership(&s);
+  if (code < 0)
+    code = serve(&s);
+  gnmr__allow_free(&s.allowed);
+  leader_release(&s.lead); /* only now may a standby take over */
+  if (s.lock_fd >= 0)
+    close(s.lock_fd);
+  if (code == 0 && s.served)
     LOG(INFO, "STOP", "stopped cleanly");
   return code;
 }
