@@ -95,17 +95,6 @@ static void reg_remove(gnmr_agent *a) {
   pthread_mutex_unlock(&reg_mu);
 }
 
-int gnmr__agent_refuse_forked(gnmr_agent *a) {
-  atomic_store(&a->last_error, GNMR_E_CLOSED);
-  pthread_mutex_lock(&a->err_mu);
-  snprintf(a->last_error_text, sizeof a->last_error_text,
-           "this agent belongs to the process that opened it (%.120s); a "
-           "forked child cannot use it: open another in the child",
-           a->instance);
-  pthread_mutex_unlock(&a->err_mu);
-  return GNMR_E_CLOSED;
-}
-
 int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
   static atomic_uint pipe_counter;
   int rv = GNMR_E_NOMEM, zero = 0;

@@ -252,6 +252,17 @@ int gnmr_agent_report(gnmr_agent *a, uint64_t step, const gnmr_tensor *t,
 
 uint32_t gnmr__agent_n_units(const gnmr_agent *a) { return a->n_units; }
 
+int gnmr__agent_refuse_forked(gnmr_agent *a) {
+  atomic_store(&a->last_error, GNMR_E_CLOSED);
+  pthread_mutex_lock(&a->err_mu);
+  snprintf(a->last_error_text, sizeof a->last_error_text,
+           "this agent belongs to the process that opened it (%.120s); a "
+           "forked child cannot use it: open another in the child",
+           a->instance);
+  pthread_mutex_unlock(&a->err_mu);
+  return GNMR_E_CLOSED;
+}
+
 int gnmr__agent_forked(const gnmr_agent *a) {
   return atomic_load(&a->forked);
 }
