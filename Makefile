@@ -136,7 +136,7 @@ endif
 BENCH_SRC := $(filter-out $(if $(filter 1,$(CUDA)),,bench/norm_cuda.c),$(wildcard bench/*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check test python-params test-gpu gpu-pack test-gpu-pack test-valgrind test-python test-python-newest venv venv-newest wheel test-multinode demo experiment bench bench-charts install clean deps \
+.PHONY: all check layers test python-params test-gpu gpu-pack test-gpu-pack test-valgrind test-python test-python-newest venv venv-newest wheel test-multinode demo experiment bench bench-charts install clean deps \
         deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-merge fuzz-seeds soak
 .DEFAULT_GOAL := all
 
@@ -400,7 +400,7 @@ test-multinode: all
 	@echo "== tests/multinode.sh (network namespaces)"
 	@$(TEST_ENV) bash tests/multinode.sh
 
-check: deps-check
+check: deps-check layers
 	@$(MAKE) --no-print-directory test
 	@$(MAKE) --no-print-directory test-multinode
 	@$(MAKE) --no-print-directory test-python
@@ -411,6 +411,12 @@ check: deps-check
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10
 	@$(MAKE) --no-print-directory soak SOAK_SECONDS=20
 	@echo "make check: plain, multi-node, Python (torch $(shell sed -n "s/^torch==//p" $(LOCK)) and $(subst torch==,,$(TORCH_NEWEST))), the GPU pack and its CPU dry run, ASan/UBSan, valgrind, a short fuzz run and a short soak all passed"
+
+# The C files call each other in layers, no circle (scripts/layers.py:
+# a file that calls a function of another may not be called back by it,
+# directly or around a loop).
+layers:
+	@python3 scripts/layers.py
 
 # ---- fuzzing (clang's libFuzzer) ----------------------------------------------
 # `make fuzz` runs each fuzzer for FUZZ_SECONDS (default 60) from its seed

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* jobs.c — gnmrd's agent protocol above the decision core (core.h): it
- * decodes each message (Hello goes to hello.c), takes Reports and Byes,
- * keeps connections bound to (job, rank), arms a job's barrier timer, and
- * sends, stores (records.h) and counts each step that the core decides:
- * the same encoded Decision to every rank and observer. Endings and
- * restarts are in lifecycle.c. Loop thread only. */
+/* jobs.c — the live jobs above the decision core (core.h): creating and
+ * freeing them, connections bound to (job, rank), a job's barrier timer,
+ * deciding its ready steps (large ones on a worker), and sending, storing
+ * (records.h) and counting each step that the core decides: the same
+ * encoded Decision to every rank and observer. The layers above call it:
+ * dispatch.c (each message), hello.c (joining), lifecycle.c (endings,
+ * restarts); it calls none of them. Loop thread only. */
 #include <assert.h>
 #include <stddef.h>
 #include <stdarg.h>
@@ -45,8 +46,7 @@ void jobs__reply_error(gnmrd *d, const void *id, size_t id_len, int code,
 
 /* ---- connections ------------------------------------------------------------ */
 
-/* Forgets a registration's connection: its peer entry and identity. */
-static void drop_connection(gnmrd *d, core_rank *rr, int observer) {
+void jobs__drop_connection(gnmrd *d, core_rank *rr, int observer) {
   uint64_t v;
   if (rr->conn != NULL && hmap_get(&d->peers, rr->conn, rr->conn_len, &v)) {
     free((peer *)(uintptr_t)v);
@@ -81,7 +81,7 @@ int jobs__bind_connection(gnmrd *d, job *j, core_rank *rr, uint32_t rank,
 void jobs__connection_gone(job *j, core_rank *rr, int observer) {
   LOG(INFO, "PEER-GONE", "job %s: %s connection gone; no more decisions "
       "sent to it", j->core->name, observer ? "an observer's" : "a rank's");
-  drop_connection(j->d, rr, observer);
+  jobs__drop_connection(j->d, rr, observer);
 }
 
 /* ---- job lifetime ----------------------------------------------------------- */
@@ -479,192 +479,3 @@ void jobs__decide_ready(job *j) {
 }
 
 static void deadline_cb(uv_timer_t *t) { jobs__decide_ready(t->data); }
-
-/* ---- messages ------------------------------------------------------------------ */
-
-/* Handles a Report; returns 1 when the job kept env (held until its step
- * is decided), 0 when the caller still owns it. */
-static int on_report(gnmrd *d, const void *id, size_t id_len,
-                     Gnmr__Envelope *env, size_t len) {
-  const Gnmr__Report *r = env->report;
-  uint64_t v;
-#define REFUSE(code, ref, ...)                                   \
-  do {                                                           \
-    d->c.reports_refused++;                                      \
-    jobs__reply_error(d, id, id_len, code, ref, r->step, __VA_ARGS__); \
-    return 0;                                                    \
-  } while (0)
-  if (!hmap_get(&d->peers, id, id_len, &v)) {
-    d->c.unknown_agent++;
-    REFUSE(GNMR_E_NOJOB, "hello", "unknown agent: send Hello first");
-  }
-  peer *pr = (peer *)(uintptr_t)v;
-  job *j = pr->j;
-  core_job *c = j->core;
-  if (pr->observer)
-    REFUSE(GNMR_E_PROTO, "observer", "an observer does not report");
-  if (strcmp(r->job, c->name) != 0 || r->rank != pr->rank)
-    REFUSE(GNMR_E_MISMATCH, "rank",
-           "report for job %.64s rank %u on the connection of job %.64s "
-           "rank %u", r->job, r->rank, c->name, pr->rank);
-  {
-    const char *ref = "";
-    char why[256];
-    int vrv = gnmr__validate_report(r, c->ranks[pr->rank].n_units, &ref, why,
-                                    sizeof why);
-    if (vrv != GNMR_OK)
-      REFUSE(vrv, ref, "%s", why);
-  }
-  /* Over the cap, a report that would open a new undecided step is
-   * refused; one for a step already waiting is taken: it completes the
-   * step, which frees what is held. */
-  size_t max_held = d->cfg ? (size_t)d->cfg->max_held_mb << 20 : SIZE_MAX;
-  if (d->held_bytes + len > max_held && !core_is_pending(c, r->step)) {
-    d->c.refused_max_held++;
-    REFUSE(GNMR_E_BUSY, "step", "gnmrd holds %zu MB of reports for "
-           "undecided steps ([limits] max_held_mb)", d->held_bytes >> 20);
-  }
-  /* a report at or below the last decided step may start a new pass,
-   * which changes the pass the step on a worker is recorded in */
-  if (r->step <= c->last_decided)
-    jobs__quiesce(j);
-  held *hd = malloc(sizeof *hd);
-  if (hd == NULL)
-    REFUSE(GNMR_E_NOMEM, "step", "out of memory");
-  *hd = (held){env, len, d};
-  core_report rep = {hd, r->sumsq, r->n_nonfinite ? r->nonfinite : NULL,
-                     r->n_not_reported ? (const int *)r->not_reported : NULL};
-  core_clock now = {uv_now(d->loop), uv_hrtime()};
-  char detail[128];
-  int resumed;
-  int rc = core_report_step(c, pr->rank, r->step, &rep, now, &resumed, detail,
-                            sizeof detail);
-  if (rc == CORE_ACCEPTED) {
-    d->held_bytes += len;
-    j->last_report_ms = now.ms;
-  } else {
-    free(hd); /* the caller frees env */
-  }
-  if (resumed) {
-    records_job(d->st, c);
-    records_event(d->st, c, STORE_EV_JOB_RESUMED, UINT32_MAX, detail);
-    LOG(INFO, "JOB-RESUME", "job %s: %s", c->name, detail);
-  }
-  switch (rc) {
-  case CORE_ACCEPTED:
-    d->c.reports++;
-    jobs__decide_ready(j);
-    return 1;
-  case CORE_LATE:
-    d->c.late_reports++; /* dropped and counted: no reply */
-    return 0;
-  case CORE_TOO_FAR:
-    d->c.future_reports++;
-    REFUSE(GNMR_E_RANGE, "step", "step %llu is more than %u steps past the "
-                                 "last decided step %llu",
-           (unsigned long long)r->step, CORE_MAX_AHEAD,
-           (unsigned long long)c->last_decided);
-  case CORE_FULL:
-    d->c.future_reports++;
-    REFUSE(GNMR_E_BUSY, "step", "%u steps are already waiting for reports",
-           CORE_MAX_PENDING);
-  case CORE_DUPLICATE:
-    d->c.duplicate_reports++;
-    REFUSE(GNMR_E_DUP, "step", "duplicate report for step %llu",
-           (unsigned long long)r->step);
-  default:
-    REFUSE(GNMR_E_NOMEM, "step", "out of memory");
-  }
-#undef REFUSE
-}
-
-static void on_bye(gnmrd *d, const void *id, size_t id_len,
-                   const Gnmr__Bye *b) {
-  uint64_t v;
-  (void)b;
-  d->c.byes++;
-  if (!hmap_get(&d->peers, id, id_len, &v))
-    return;
-  peer *pr = (peer *)(uintptr_t)v;
-  job *j = pr->j;
-  core_job *c = j->core;
-  uint32_t rank = pr->rank;
-  if (pr->observer) { /* its slot is free again */
-    drop_connection(d, &c->observers[rank], 1);
-    return;
-  }
-  core_rank *rr = &c->ranks[rank];
-  int was_joined = rr->joined;
-  drop_connection(d, rr, 0);
-  if (was_joined) {
-    char detail[32];
-    snprintf(detail, sizeof detail, "rank %u", rank);
-    records_event(d->st, c, STORE_EV_AGENT_LEFT, rank, detail);
-  }
-  if (core_bye(c, rank)) {
-    jobs__finish(j, FINISH_BYES);
-    return;
-  }
-  jobs__decide_ready(j); /* fewer reporters may complete a pending step */
-}
-
-void jobs_on_message(server *s, const void *id, size_t id_len,
-                     const void *data, size_t len, const char *user,
-                     void *ctx) {
-  gnmrd *d = ctx;
-  Gnmr__Envelope *env;
-  char err[128];
-  (void)s;
-  d->c.messages_in++;
-  /* A Report from a connection that has not joined is refused before it
-   * is decoded: a peer that never said Hello cannot make the loop decode
-   * megabytes of sums for every other job to wait on. */
-  uint64_t known;
-  if (gnmr__wire_peek_body(data, len) == GNMR__ENVELOPE__BODY_REPORT &&
-      !hmap_get(&d->peers, id, id_len, &known)) {
-    d->c.unknown_agent++;
-    d->c.reports_refused++;
-    jobs__reply_error(d, id, id_len, GNMR_E_NOJOB, "hello", 0,
-                      "unknown agent: send Hello first");
-    return;
-  }
-  int rv = gnmr__wire_decode(data, len, &env, err, sizeof err);
-  if (rv != GNMR_OK) {
-    if (rv == GNMR_E_VERSION)
-      d->c.version_errors++;
-    else if (rv == GNMR_E_UNSUPPORTED)
-      d->c.unsupported++;
-    else
-      d->c.decode_errors++;
-    jobs__reply_error(d, id, id_len, rv, "envelope", 0, "%s", err);
-    return;
-  }
-  int kept = 0;
-  switch (env->body_case) {
-  case GNMR__ENVELOPE__BODY_HELLO:
-    jobs__on_hello(d, id, id_len, env->hello, user);
-    break;
-  case GNMR__ENVELOPE__BODY_REPORT:
-    kept = on_report(d, id, id_len, env, len);
-    break;
-  case GNMR__ENVELOPE__BODY_BYE:
-    on_bye(d, id, id_len, env->bye);
-    break;
-  default:
-    d->c.unsupported++;
-    jobs__reply_error(d, id, id_len, GNMR_E_UNSUPPORTED, "envelope", 0,
-                "message type %d is not served on the agent endpoint",
-                (int)env->body_case);
-    break;
-  }
-  if (!kept)
-    gnmr__wire_free(&env);
-}
-
-void jobs_on_bad_frames(server *s, void *ctx) {
-  gnmrd *d = ctx;
-  (void)s;
-  d->c.messages_in++;
-  d->c.bad_frames++;
-}
-

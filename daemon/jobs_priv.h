@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* jobs_priv.h — the agent protocol's parts (jobs.c: reports, decisions,
- * connections; hello.c: joining; lifecycle.c: finishing, retiring,
- * restoring, retuning) and what they share. Loop thread only. */
+/* jobs_priv.h — the agent protocol's layers and what they share:
+ * dispatch.c (each message) -> hello.c (joining), lifecycle.c (finishing,
+ * retiring, restoring, retuning) -> jobs.c (live jobs, connections,
+ * decisions) -> core.h. A layer calls only the layers below it. Loop
+ * thread only. */
 #ifndef GNMRD_JOBS_PRIV_H
 #define GNMRD_JOBS_PRIV_H
 
@@ -64,6 +66,8 @@ void jobs__reply(gnmrd *d, const void *id, size_t id_len, uint8_t *buf,
 void jobs__reply_error(gnmrd *d, const void *id, size_t id_len, int code,
                        const char *ref, uint64_t step, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
+/* Forgets a registration's connection: its peer entry and identity. */
+void jobs__drop_connection(gnmrd *d, core_rank *rr, int observer);
 /* Binds connection id to rr as (j, rank): a new peer entry. */
 int jobs__bind_connection(gnmrd *d, job *j, core_rank *rr, uint32_t rank,
                           int observer, const void *id, size_t id_len);

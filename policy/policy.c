@@ -178,7 +178,7 @@ int policy_create(const policy_params *params, uint32_t n_units,
 void policy_destroy(policy **pp) {
   if (pp == NULL || *pp == NULL)
     return;
-  policy__settle(*pp);
+  policy__settle_owed(*pp);
   bufs b = bufs_of(*pp);
   bufs_free(&b);
   free(*pp);
@@ -187,7 +187,7 @@ void policy_destroy(policy **pp) {
 
 static int reshape(policy *p, const policy_params *prm, uint32_t n) {
   bufs nb, ob;
-  policy__settle(p);
+  policy__settle_owed(p);
   int rv = bufs_alloc(&nb, n, prm);
   if (rv != GNMR_OK)
     return rv;
@@ -238,7 +238,7 @@ int policy_remap(policy *p, uint32_t n_units, const uint32_t *to) {
     taken[to[u]] = 1;
   }
   free(taken);
-  policy__settle(p);
+  policy__settle_owed(p);
   bufs nb, ob;
   int rv = bufs_alloc(&nb, n_units, &p->prm);
   if (rv != GNMR_OK)
@@ -374,7 +374,7 @@ int policy_step(policy *p, uint64_t t, const double *norm,
   if (bad)
     return GNMR_E_INVAL;
 
-  policy__settle(p); /* a snapshot still owed is of the state before t */
+  policy__settle_owed(p); /* a snapshot still owed is of the state before t */
   const policy_params *prm = &p->prm;
   int early = t <= prm->early_steps;
   double a = early && !isnan(prm->early_alpha) ? prm->early_alpha : prm->alpha;

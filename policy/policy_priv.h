@@ -34,6 +34,10 @@ struct policy {
   uint32_t n_act, n_prev;
   policy_event *ev;    /* 3n + 1, see policy_step() */
   policy_snap *pending;/* a snapshot owed (snapshot_async.c), or NULL */
+  /* what serializes it (set with pending, by snapshot_async.c): the
+   * engine calls it through here, so policy.c does not call up into the
+   * snapshot code that calls it */
+  void (*settle)(struct policy *);
 };
 
 /* The k-th oldest value of unit u's window (k < win_len[u]). */
@@ -58,6 +62,11 @@ static inline void win_push(policy *p, uint32_t u, double g) {
 
 /* Before any change of p's state: serializes a snapshot still owed. */
 void policy__settle(policy *p);
+/* The same from the engine (policy.c), through the hook. */
+static inline void policy__settle_owed(policy *p) {
+  if (p->pending != NULL)
+    p->settle(p);
+}
 /* policy_export() in pieces (snapshot.c), for snapshot_async.c: the
  * header (out NULL: only its size), units [u0, u1) (at most
  * policy__export_units_max() bytes each), then the checksum over

@@ -263,6 +263,7 @@ policy_snap *policy_snap_begin_room(policy *p, size_t room) {
   s->p = p;
   s->step = p->last_step;
   p->pending = s;
+  p->settle = policy__settle;
   atomic_fetch_add(&n_snaps, 1);
   return s;
 }

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Checks that the C sources call each other in layers, with no circles:
+file A "calls" file B when A calls a function that B defines (not
+static). Every set of files that reach each other through such calls (a
+strongly connected component of more than one file) is printed with the
+calls that close it, and the exit status is 1.
+
+    scripts/layers.py [DIR ...]     (default: the source folders)
+
+A heuristic reading of C, enough for this tree: definitions start at
+column 0 and reach a "{" before any ";"; calls
+are NAME( outside comments and strings; a function two files define
+(alternative builds of one interface) is no one's. `make check` runs it.
+"""
+import os
+import re
+import sys
+
+DIRS = ("common", "policy", "proto", "store", "daemon", "cuda_agent",
+        "client", "sim")
+DEF = re.compile(r"^(?!static\b)(?!typedef\b)(?!extern\b)(?!return\b)"
+                 r"[A-Za-z_][\w \t\*]*?\b([A-Za-z_]\w*)\s*\(")
+STATIC = re.compile(r"^static\b[\w \t\*]*?\b([A-Za-z_]\w*)\s*\(")
+CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
+COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'')
+
+
+def strip(text):
+    return STRING.sub('""', COMMENT.sub(" ", text))
+
+
+def read(root, dirs):
+    files = {}
+    for d in dirs:
+        top = os.path.join(root, d)
+        for dirpath, _, names in os.walk(top):
+            for n in sorted(names):
+                if n.endswith(".c"):
+                    p = os.path.join(dirpath, n)
+                    with open(p, encoding="utf-8", errors="replace") as f:
+                        files[os.path.relpath(p, root)] = strip(f.read())
+    return files
+
+
+def definitions(text, rx=None):
+    """The functions text defines: public ones (rx None), or those rx
+    matches (STATIC)."""
+    out, lines = set(), text.split("\n")
+    for i, line in enumerate(lines):
+        m = (rx or DEF).match(line)
+        if not m:
+            continue
+        rest = "\n".join(lines[i:i + 6])
+        brace, semi = rest.find("{"), rest.find(";")
+        if brace >= 0 and (semi < 0 or brace < semi):
+            out.add(m.group(1))
+    return out
+
+
+def graph(files):
+    owner, twice = {}, set()
+    for f, text in files.items():
+        for name in definitions(text):
+            if name in owner:
+                twice.add(name)   # alternatives (cuda_backend/cuda_none)
+            owner.setdefault(name, f)
+    for name in twice:
+        del owner[name]
+    edges = {f: {} for f in files}
+    for f, text in files.items():
+        own = definitions(text, STATIC)   # a call to these stays here
+        for m in CALL.finditer(text):
+            if m.group(1) in own:
+                continue
+            g = owner.get(m.group(1))
+            if g is not None and g != f:
+                edges[f].setdefault(g, m.group(1))
+    return edges
+
+
+def components(edges):
+    """Tarjan's strongly connected components, iteratively."""
+    index, low, on, stack, out, n = {}, {}, set(), [], [], [0]
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = n[0]
+        n[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = n[0]
+                    n[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def main(argv):
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+    dirs = argv or DIRS
+    edges = graph(read(root, dirs))
+    bad = components(edges)
+    for comp in bad:
+        print("layers: these files call each other in a circle:")
+        for f in comp:
+            for g, fn in sorted(edges[f].items()):
+                if g in comp:
+                    print(f"  {f} -> {g} ({fn})")
+    if not bad:
+        print(f"layers: {len(edges)} files, no circle")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
