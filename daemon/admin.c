@@ -15,15 +15,17 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "gnmr/error.h"
+#include "admin.h"
+#include "agents.h"
 #include "commands.h"
+#include "gnmr/error.h"
 #include "gnmrd.h"
 #include "keys.h"
+#include "log.h"
 #include "store_query.h"
 #include "text.h"
 #include "validate.h"
 #include "views.h"
-#include "log.h"
 #include "wire.h"
 
 #define MAX_LISTED_JOBS 1024

@@ -7,6 +7,7 @@
 #ifndef GNMRD_JOBS_PRIV_H
 #define GNMRD_JOBS_PRIV_H
 
+#include "agents.h"
 #include "gnmrd.h"
 #include "wire.h"
 #include "workers.h"

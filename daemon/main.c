@@ -20,13 +20,15 @@
 #include <zmq.h>
 
 #include "accept_guard.h"
+#include "admin.h"
+#include "agents.h"
 #include "db.h"
 #include "gnmr/error.h"
 #include "gnmrd.h"
-#include "log.h"
 #include "ipc.h"
 #include "keys.h"
 #include "leader.h"
+#include "log.h"
 #include "metrics.h"
 #include "notify.h"
 #include "workers.h"

@@ -4,6 +4,7 @@
  * per-job gauges. libmicrohttpd runs with MHD_USE_EPOLL and no thread of
  * its own: the loop polls its epoll fd and calls MHD_run(), plus a timer
  * for connection timeouts. */
+#include "agents.h"
 #include "metrics.h"
 
 #include "num.h"
