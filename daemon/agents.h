@@ -30,9 +30,6 @@ void jobs_restore(const store_job *sj, void *ctx);
 /* Waits for every job's step on a worker (jobs.c): the loop may then
  * read any job's engine and scratch (views, metrics, admin commands). */
 void jobs_quiesce_all(gnmrd *d);
-/* Waits for the snapshots being serialized on workers (before
- * workers_close). */
-void jobs_fills_wait(gnmrd *d);
 /* Queues a snapshot of every live job (shutdown). */
 void jobs_snapshot_all(gnmrd *d);
 /* Ends a live job now, as if every rank had said Bye (gnmrctl finish: a

@@ -18,6 +18,7 @@
 #include "latency.h"
 #include "log.h"
 #include "records.h"
+#include "snapshots.h"
 #include "validate.h"
 #include "wire.h"
 
@@ -115,7 +116,7 @@ void jobs__free(job *j) {
       hmap_del(&d->peers, rr->conn, rr->conn_len);
     }
   }
-  policy_snap_free(&j->snap_last);
+  snapshots_forget(j);
   store_mark_free(&j->mark);
   core_job_free(&d->jobs, c);
   j->core = NULL;
@@ -152,76 +153,6 @@ job *jobs__create(gnmrd *d, const char *name, const policy_params *prm,
 }
 
 /* ---- deciding ------------------------------------------------------------------ */
-
-/* ---- snapshots serialized early, one at a time per large job -----------------
- * A snapshot's bytes are owed from the step it is taken in (records.c,
- * policy_snap_*). Left to the store's writer, they are written when it
- * comes to them, which is after the commit it is busy with: a large job's
- * next step then finds them unwritten and writes them itself before the
- * engine can change (a million units: about 20 ms on the step's path, and
- * the step after every snapshot twice as long). A snapshot of
- * SNAP_EARLY_MIN bytes or more is therefore written on a worker at once,
- * beside the decision's send and the next report's arrival; the writer and
- * the next step find it done. The task holds only a reference to the
- * snapshot, so the job may end meanwhile.
- *
- * And a job whose snapshots are that large has at most one in the store's
- * hands: a snapshot that comes due while the store has not yet written the
- * job's last one (the job still shares that handle) is owed, and taken
- * after the first step at which the store is done with it. A store slower
- * than the job's snapshots (97 MB every 10 steps of 30 ms is more than
- * some disks write) then spaces them out instead of queueing them: queued,
- * each holds a fresh buffer of its size (a page fault per page to write
- * it) and crowds step records out of the store's bounded queue. Smaller
- * snapshots are taken when due, always. */
-#define SNAP_EARLY_MIN ((size_t)1 << 20)
-
-typedef struct snap_fill {
-  workers_task task;
-  policy_snap *snap;
-  gnmrd *d;
-  struct snap_fill *next;
-} snap_fill;
-
-static void fill_run(workers_task *t) {
-  snap_fill *f = (snap_fill *)((char *)t - offsetof(snap_fill, task));
-  policy_snap_fill(f->snap);
-}
-
-static void fill_done(workers_task *t) {
-  snap_fill *f = (snap_fill *)((char *)t - offsetof(snap_fill, task));
-  snap_fill **p = &f->d->fills;
-  while (*p != f)
-    p = &(*p)->next;
-  *p = f->next;
-  policy_snap_free(&f->snap);
-  free(f);
-}
-
-/* Takes snap (a reference): serialized on a worker when it is large and
- * there are workers, else left to the writer. */
-static void fill_early(gnmrd *d, policy_snap *snap) {
-  if (snap == NULL)
-    return;
-  snap_fill *f = NULL;
-  if (d->workers == NULL || (f = calloc(1, sizeof *f)) == NULL) {
-    policy_snap_free(&snap);
-    return;
-  }
-  d->c.snapshots_early++;
-  f->snap = snap;
-  f->d = d;
-  f->task.run = fill_run;
-  f->task.done = fill_done;
-  f->next = d->fills;
-  d->fills = f;
-  workers_submit(d->workers, &f->task);
-}
-
-void jobs_fills_wait(gnmrd *d) {
-  while (d->fills != NULL)
-    workers_wait(d->workers, &d->fills->task); /* its done unlinks it */
-}
 
 /* Sends an encoded Decision to every joined rank and observer. */
 static void send_all(job *j, const uint8_t *buf, size_t len) {
@@ -326,8 +257,65 @@ void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
   }
 }
 
-/* Sends, stores and counts one decided step. */
-static void publish(job *j, const core_outcome *o) {
+/* What a decided step's Decision carries besides the active set: the
+ * risky units (their exceed events) with their g, d and s, in one
+ * allocation (*mem, freed by the caller after encoding). */
+static void decision_risky(const core_outcome *o, Gnmr__Decision *dec,
+                           void **mem) {
+  uint32_t n_risky = 0;
+  *mem = NULL;
+  for (uint32_t i = 0; i < o->res.n_events; i++)
+    n_risky += o->res.events[i].kind == POLICY_EV_EXCEED &&
+               o->res.events[i].unit != UINT32_MAX;
+  if (n_risky == 0)
+    return;
+  double *gds = malloc(n_risky * (3 * sizeof *gds + sizeof(uint32_t)));
+  if (gds == NULL)
+    return; /* the Decision goes without them */
+  uint32_t *risky = (uint32_t *)(gds + 3 * (size_t)n_risky);
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < o->res.n_events; i++) {
+    const policy_event *e = &o->res.events[i];
+    if (e->kind != POLICY_EV_EXCEED || e->unit == UINT32_MAX)
+      continue;
+    risky[k] = o->unit_id[e->unit]; /* e->unit is a slot */
+    gds[k] = o->res.g[e->unit];
+    gds[n_risky + k] = o->res.d[e->unit];
+    gds[2 * n_risky + k] = o->res.s[e->unit];
+    k++;
+  }
+  dec->n_risky = dec->n_g = dec->n_d = dec->n_s = n_risky;
+  dec->risky = risky;
+  dec->g = gds;
+  dec->d = gds + n_risky;
+  dec->s = gds + 2 * (size_t)n_risky;
+  *mem = gds;
+}
+
+/* The step's Decision, encoded (*buf malloc'd), to send to every rank. */
+static int encode_decision(job *j, const core_outcome *o, uint8_t **buf,
+                           size_t *len) {
+  core_job *c = j->core;
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Decision dec = GNMR__DECISION__INIT;
+  void *mem;
+  dec.job = c->name;
+  dec.step = o->step;
+  dec.run = c->run;
+  dec.pass = c->pass;
+  store_mark_get(j->mark, &dec.durable_pass, &dec.durable_step);
+  dec.n_active = o->res.n_active;
+  dec.active = (uint32_t *)o->active_ids;
+  decision_risky(o, &dec, &mem);
+  env.body_case = GNMR__ENVELOPE__BODY_DECISION;
+  env.decision = &dec;
+  int rv = gnmr__wire_encode(&env, buf, len);
+  free(mem);
+  return rv;
+}
+
+/* Whether a decided step is one to publish; counts and logs the others. */
+static int publishable(job *j, const core_outcome *o) {
   gnmrd *d = j->d;
   core_job *c = j->core;
   d->c.missing_units += o->missing;
@@ -337,78 +325,31 @@ static void publish(job *j, const core_outcome *o) {
         "pass %u (up to step %llu); not deciding it again", c->name,
         (unsigned long long)o->step, c->pass,
         (unsigned long long)c->pub_step);
-    return;
+    return 0;
   }
   if (o->rv != GNMR_OK) {
     LOG(ERROR, "JOB-DECIDE", "job %s step %llu: %s", c->name,
         (unsigned long long)o->step, gnmr_strerror(o->rv));
-    return;
+    return 0;
   }
+  return 1;
+}
+
+/* Stores, sends and counts one decided step. */
+static void publish(job *j, const core_outcome *o) {
+  gnmrd *d = j->d;
+  if (!publishable(j, o))
+    return;
   /* the record is queued before any rank can act on the decision: a crash
    * after a send never leaves an acted-on decision out of the history */
-  if (records_snapshot_due(d->st, c, o->step))
-    j->snap_owed = 1;
-  int snap = j->snap_owed;
-  if (snap && j->snap_last != NULL) {
-    if (policy_snap_unshared(j->snap_last)) {
-      policy_snap_free(&j->snap_last);
-    } else {
-      snap = 0; /* the store is still writing the last one */
-      d->c.snapshots_deferred++;
-    }
-  }
-  policy_snap *s = records_step(
-      d->st, c, o, (uv_now(d->loop) - o->first_ms) * 1000, snap, j->mark);
-  if (snap)
-    j->snap_owed = 0; /* taken, or failed (the next due one will try) */
-  if (s != NULL && policy_snap_size(s) >= SNAP_EARLY_MIN) {
-    j->snap_last = policy_snap_ref(s);
-    fill_early(d, s);
-  } else {
-    policy_snap_free(&s);
-  }
-  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
-  Gnmr__Decision dec = GNMR__DECISION__INIT;
+  int snap = snapshots_due(j, o->step);
+  snapshots_taken(j, snap, records_step(d->st, j->core, o,
+                                        (uv_now(d->loop) - o->first_ms) *
+                                            1000,
+                                        snap, j->mark));
   uint8_t *buf;
   size_t len;
-  dec.job = c->name;
-  dec.step = o->step;
-  dec.run = c->run;
-  dec.pass = c->pass;
-  store_mark_get(j->mark, &dec.durable_pass, &dec.durable_step);
-  dec.n_active = o->res.n_active;
-  dec.active = (uint32_t *)o->active_ids;
-  /* the risky units (their exceed events) with their g, d, s */
-  uint32_t n_risky = 0;
-  for (uint32_t i = 0; i < o->res.n_events; i++)
-    n_risky += o->res.events[i].kind == POLICY_EV_EXCEED &&
-               o->res.events[i].unit != UINT32_MAX;
-  uint32_t *risky = n_risky ? malloc(n_risky * sizeof *risky) : NULL;
-  double *gds = n_risky ? malloc(3 * (size_t)n_risky * sizeof *gds) : NULL;
-  if (risky != NULL && gds != NULL) {
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < o->res.n_events; i++) {
-      const policy_event *e = &o->res.events[i];
-      if (e->kind != POLICY_EV_EXCEED || e->unit == UINT32_MAX)
-        continue;
-      risky[k] = o->unit_id[e->unit]; /* e->unit is a slot */
-      gds[k] = o->res.g[e->unit];
-      gds[n_risky + k] = o->res.d[e->unit];
-      gds[2 * n_risky + k] = o->res.s[e->unit];
-      k++;
-    }
-    dec.n_risky = dec.n_g = dec.n_d = dec.n_s = n_risky;
-    dec.risky = risky;
-    dec.g = gds;
-    dec.d = gds + n_risky;
-    dec.s = gds + 2 * n_risky;
-  }
-  env.body_case = GNMR__ENVELOPE__BODY_DECISION;
-  env.decision = &dec;
-  int enc = gnmr__wire_encode(&env, &buf, &len);
-  free(risky);
-  free(gds);
-  if (enc == GNMR_OK) {
+  if (encode_decision(j, o, &buf, &len) == GNMR_OK) {
     send_all(j, buf, len);
     free(buf);
   }

@@ -12,6 +12,7 @@
 #include "jobs_priv.h"
 #include "log.h"
 #include "records.h"
+#include "snapshots.h"
 #include "text.h"
 #include "validate.h"
 
@@ -73,7 +74,7 @@ void jobs_shutdown(gnmrd *d) {
   size_t pos = 0;
   core_job *c;
   jobs_quiesce_all(d);
-  jobs_fills_wait(d);
+  snapshots_wait(d);
   job **all = malloc((core_count(&d->jobs) + 1) * sizeof *all);
   size_t n = 0;
   while (all != NULL && (c = core_next_job(&d->jobs, &pos)) != NULL)
