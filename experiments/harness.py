@@ -374,6 +374,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
     damage_log = [[False] * len(units)]  # damage_log[t][u]
     rules = [ScalarPolicy(args) for _ in units]  # GNMR's rule, per unit
     exceed = nonfinite = 0
+    exceed_ep = 0                 # of them, in an episode of that unit
     for step, (x, y) in enumerate(setting.batches(data, args, gen), 1):
         t0 = time.perf_counter()
         current.clear()
@@ -413,6 +414,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
             if step > args.warmup and risky:
                 if math.isfinite(n):
                     exceed += 1
+                    exceed_ep += u in sched[step]
                 else:
                     nonfinite += 1
         chooser.after(step, damage, norms)
@@ -444,9 +446,35 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
            "misses": misses_by_cause(damage_log, active_log, args),
            "damage_steps": damage_steps,
            "step_ms": 1e3 * t_steps / args.steps}
+    out.update(where_it_falls(damage_log, sched, exceed, exceed_ep))
+    out["units"] = names
     for key, _, _ in setting.extra_figures():
         out[key] = curve[-1][1][key]
     return out
+
+
+def where_it_falls(damage_log, sched, exceed, exceed_ep):
+    """Whether the damage and the exceedances come with the episodes:
+    the share of damage unit-steps in an episode of that unit, the share
+    of finite exceedances in one, and per unit the share of its steps
+    outside episodes that were damaged (a unit damaged whatever the
+    episodes do has a persistent problem, which no controller of
+    transient ones fixes)."""
+    n = len(damage_log[0])
+    dmg = dmg_ep = 0
+    outside, calm = [0] * n, [0] * n
+    for t in range(1, len(damage_log)):
+        for u, hit in enumerate(damage_log[t]):
+            ep = u in sched[t]
+            dmg += hit
+            dmg_ep += hit and ep
+            if not ep:
+                calm[u] += 1
+                outside[u] += hit
+    return {"damage_in_episode": dmg_ep / dmg if dmg else 0.0,
+            "exceed_in_episode": exceed_ep / exceed if exceed else 0.0,
+            "damage_outside_by_unit": [o / c if c else 0.0
+                                       for o, c in zip(outside, calm)]}
 
 
 def misses_by_cause(damage_log, active_log, args):

@@ -49,6 +49,9 @@ def summarise(setting, results, args, seeds, argv, commit):
            "variants": {}, "paired": {}}
     if setting.name:
         out["setting"] = setting.name
+    first = next(iter(results.values()))[0]
+    if "units" in first:
+        out["units"] = first["units"]
     extras = setting.extra_figures()
     for v, rs in results.items():
         out["variants"][v] = {
@@ -63,6 +66,14 @@ def summarise(setting, results, args, seeds, argv, commit):
             "damage_unit_steps": [r["damage_steps"] for r in rs],
             "misses_by_cause": {c: [r["misses"][c] for r in rs]
                                 for c in MISS_CAUSES}}
+        for key in ("damage_in_episode", "exceed_in_episode"):
+            if key in rs[0]:
+                out["variants"][v][key] = [round(r[key], 6) for r in rs]
+        if "damage_outside_by_unit" in rs[0]:
+            out["variants"][v]["damage_outside_by_unit"] = [
+                round(statistics.mean(r["damage_outside_by_unit"][u]
+                                      for r in rs), 4)
+                for u in range(len(rs[0]["damage_outside_by_unit"]))]
         if extras:
             out["variants"][v]["step_ms"] = [round(r["step_ms"], 2)
                                              for r in rs]
@@ -175,6 +186,25 @@ def table(summary, extras=()):
             lines.append(f"| {k} | {p['mean']:+.4f} ± {p['se']:.4f} | {t} "
                          "| " + " ".join(f"{x:+.4f}" for x in p["per_seed"])
                          + " |")
+    rows = [(v, r) for v, r in var.items() if "damage_in_episode" in r]
+    if rows:
+        lines += ["", "Where the damage and the exceedances fall (mean over "
+                  "seeds): the share of damage unit-steps in an episode of "
+                  "that unit, the share of finite exceedances in one, and "
+                  "the units damaged on more than 20% of their steps "
+                  "outside episodes (a persistent problem):", "",
+                  "| variant | damage in episodes | exceedances in episodes "
+                  "| units damaged outside episodes |", "|---|---|---|---|"]
+        names = summary.get("units", [])
+        for v, r in rows:
+            bad = [f"{names[u] if u < len(names) else u} "
+                   f"{x:.2f}" for u, x in
+                   enumerate(r.get("damage_outside_by_unit", []))
+                   if x > 0.2]
+            de = statistics.mean(r["damage_in_episode"])
+            ee = statistics.mean(r["exceed_in_episode"])
+            lines.append(f"| {v} | {de:.2f} | {ee:.2f} | "
+                         f"{', '.join(bad) or '-'} |")
     lines += ["", "exceed: unit-steps after warm-up whose finite GNMR or "
               "Δ-GNMR crossed a threshold; nonfinite: those with a NaN/Inf "
               "norm (both as a share of the unit-steps after warm-up); gap "

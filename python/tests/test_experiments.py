@@ -69,9 +69,17 @@ class PaperTest(unittest.TestCase):
             self.assertTrue(all(len(a) <= 2 for a in g["active"]))
             # the 4-bit path differs from the 8-bit one
             self.assertNotEqual(res["low"][0]["val"], res["high"][0]["val"])
+            low = res["low"][0]
+            self.assertTrue(0 < low["damage_in_episode"] <= 1)
+            self.assertTrue(0 <= low["exceed_in_episode"] <= 1)
+            self.assertEqual(len(low["damage_outside_by_unit"]),
+                             len(low["units"]))
+            self.assertEqual(res["fp"][0]["damage_in_episode"], 0.0)
             with open(js) as f:
                 doc = json.load(f)
             self.assertEqual(doc["setting"], "act4")
+            self.assertEqual(doc["units"], low["units"])
+            self.assertIn("| units damaged outside episodes |", text)
             self.assertIn("experiments/paper.py --steps", doc["command"])
             self.assertIn("gnmr-nanonly", doc["paired"])
             self.assertIn("| gnmr |", text)
