@@ -616,7 +616,7 @@ void store_put(store *s, store_rec *r) {
 
 void store_commit_histogram(store *s, uint64_t *buckets, uint64_t *count,
                             double *sum) {
-  for (int i = 0; i < 15; i++)
+  for (int i = 0; i < LATENCY_N_BUCKETS; i++)
     buckets[i] = atomic_load(&s->commit_buckets[i]);
   *count = atomic_load(&s->batches);
   *sum = (double)atomic_load(&s->commit_ns) * 1e-9;

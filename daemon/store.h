@@ -137,8 +137,9 @@ void store_put(store *s, store_rec *r);
 store_rec *store_rec_new(int kind, const char *job);
 void store_rec_free(store_rec *r);
 
-/* The commit-time histogram: counts per bucket of METRICS_LATENCY_BUCKETS
- * (15), total count and sum of seconds. Any thread. */
+/* The commit-time histogram: counts per bucket of latency.h's
+ * LATENCY_BUCKETS (buckets has LATENCY_N_BUCKETS), total count and sum of
+ * seconds. Any thread. */
 void store_commit_histogram(store *s, uint64_t *buckets, uint64_t *count,
                             double *sum);
 
