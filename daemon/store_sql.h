@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* store_sql.h — the writer's private parts, shared by store.c (the
- * writer thread), store_apply.c (the schema and the statements),
+ * writer thread), store_apply.c (the statements; the schema is
+ * store/store_migrate.c's),
  * store_restore.c and store_view.c (reading a job back). The parameter
  * columns come from store/store_schema.h: the jobs and params tables have
  * one column per parameter, of its name; a new parameter needs a
- * migration (store_apply.c, per backend) adding its two columns. */
+ * migration (store/store_migrate.c, per backend) adding its two columns. */
 #ifndef GNMRD_STORE_SQL_H
 #define GNMRD_STORE_SQL_H
 
@@ -16,6 +17,7 @@
 #include "gnmr/params.h"
 #include "latency.h"
 #include "store.h"
+#include "store_migrate.h"
 
 #define STORE_EVENT_ROWS 64 /* events per INSERT */
 #define STORE_MAX_GAPS 64   /* runs whose dropped steps are told apart */
@@ -60,16 +62,8 @@ struct store {
 };
 
 
-/* store_apply.c: the schema and the records applied to it (writer thread) */
+/* store_apply.c: the records applied to the schema (writer thread) */
 int64_t store__now_ms(void);
-int store__exec(db_conn *db, const char *sql, char *err, size_t errlen);
-/* Sets the pragmas every connection of ours uses. */
-int store__configure(db_conn *db);
-/* PRAGMA quick_check: GNMR_E_STORE with SQLite's first complaint when
- * the database is damaged. */
-int store__integrity(db_conn *db, char *err, size_t errlen);
-/* Creates or migrates the schema; refuses a newer one. */
-int store__migrate(db_conn *db, char *err, size_t errlen);
 /* Applies one record (inside the caller's transaction). */
 int store__apply(store *s, const store_rec *r);
 /* Drops a run's history older than retain_steps behind step. */

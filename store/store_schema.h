@@ -3,8 +3,8 @@
  * a store is (a SQLite file or a PostgreSQL URL), the parameter columns
  * (generated from gnmr/params.h), and the event kinds that the events
  * table holds. gnmrd's writer (daemon/store*.c) and every reader (gnmrd's
- * admin service, `gnmrctl --store`) see this; only the writer sees the
- * schema's DDL. */
+ * admin service, `gnmrctl --store`) see this; the schema's DDL and its
+ * migrations are store_migrate.c's, run by the writer alone. */
 #ifndef GNMR_STORE_SCHEMA_H
 #define GNMR_STORE_SCHEMA_H
 

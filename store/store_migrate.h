@@ -1,0 +1,23 @@
+/* SPDX-License-Identifier: MIT */
+/* store_migrate.h — creating and migrating the history's schema (SQLite
+ * and PostgreSQL), and the connection's set-up. For gnmrd's writer. */
+#ifndef GNMR_STORE_MIGRATE_H
+#define GNMR_STORE_MIGRATE_H
+
+#include <stddef.h>
+
+#include "db.h"
+
+/* Runs sql; GNMR_E_STORE with the database's message in err (if not
+ * NULL). */
+int store__exec(db_conn *db, const char *sql, char *err, size_t errlen);
+/* Sets the pragmas every connection of ours uses. */
+int store__configure(db_conn *db);
+/* PRAGMA quick_check: GNMR_E_STORE with SQLite's first complaint when
+ * the database is damaged. */
+int store__integrity(db_conn *db, char *err, size_t errlen);
+/* Creates or migrates the schema to STORE_SCHEMA_VERSION; refuses a
+ * newer one. */
+int store__migrate(db_conn *db, char *err, size_t errlen);
+
+#endif /* GNMR_STORE_MIGRATE_H */
