@@ -64,7 +64,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from gnmr.recovery import FP8Linear, KBitLinear, switch  # noqa: E402
 
-__all__ = ["ALL_VARIANTS", "DEFAULT_VARIANTS", "MISS_CAUSES", "main"]
+__all__ = ["ALL_VARIANTS", "DEFAULT_VARIANTS", "MISS_CAUSES", "main",
+           "misses_by_cause", "parse_args"]
 
 
 class Block(torch.nn.Module):
@@ -208,6 +209,14 @@ def evaluate(model, val, args):
                                       args.ctx, gen)]
     model.train()
     return sum(losses) / len(losses)
+
+
+def parse_args(argv):
+    """(args, seeds, variants) of this script's command line."""
+    return harness.parse_args(Stress(), argv, doc=__doc__)
+
+
+misses_by_cause = harness.misses_by_cause
 
 
 def main(argv=None):
