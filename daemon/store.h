@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "store_restore.h" /* store_job: restoring at start-up */
 #include "policy.h"
 #include "store_schema.h"
 
@@ -158,38 +159,6 @@ uint64_t store_last_run(const store *s);
 /* The target (store_target): what queries open. */
 const char *store_path(const store *s);
 void store_get_stats(store *s, store_stats *st);
-
-/* ---- restore (start-up, before serving) ---------------------------------- */
-
-/* A job to restore: what the store knew at its last commit. */
-typedef struct store_job {
-  char *name;
-  uint64_t run;
-  uint32_t reporters, barrier_ms, pass;
-  policy_params params;       /* in force at the snapshot */
-  policy_params hello_params; /* what agents send in Hello */
-  uint32_t n_units;
-  uint32_t *unit_ids;         /* the units' ids and names, any order */
-  char **unit_names;
-  uint32_t n_ranks;           /* = reporters */
-  uint32_t *rank_n;           /* units per rank, 0 = never joined */
-  uint32_t **rank_ids;
-  void *snapshot;             /* NULL when none was taken */
-  size_t snapshot_len;
-  char *owner;                /* the CURVE key that created it, or NULL */
-  uint64_t last_step;         /* the newest committed step of its pass
-                                 (0: none), at or after the snapshot's */
-} store_job;
-
-/* Reads every unfinished job. Calls fn for each (fn takes nothing; the
- * store_job is freed after fn returns). Returns 0 or GNMR_E_STORE. */
-/* Calls fn(name, owner, ctx) for every run with an owner, oldest run first
- * (start-up: the first owner of a name stays its owner, hello.c). */
-int store_owners(const char *where,
-                 void (*fn)(const char *name, const char *owner, void *ctx),
-                 void *ctx, char *err, size_t errlen);
-int store_restore(const char *where, void (*fn)(const store_job *, void *),
-                  void *ctx, char *err, size_t errlen);
 
 /* A job's status, units or top from the store (store_view.c): the view
  * of store_query (store_query.h). */

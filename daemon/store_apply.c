@@ -30,16 +30,6 @@ static void bind_params(db_stmt *st, int at, const policy_params *p) {
   }
 }
 
-void store__read_params(db_stmt *st, int at, policy_params *p) {
-  for (int i = 0; i < GNMR_NPARAMS; i++) {
-    if (!policy_param_is_f64(i))
-      policy_param_set_u64(p, i, (uint64_t)db_column_int64(st, at + i));
-    else
-      policy_param_set_f64(p, i, db_column_type(st, at + i) == DB_NULL
-                                     ? NAN
-                                     : db_column_double(st, at + i));
-  }
-}
 
 /* Runs one statement with the binder's values; 0 or GNMR_E_STORE. */
 static int run(db_conn *db, const char *sql,

@@ -68,11 +68,5 @@ int64_t store__now_ms(void);
 int store__apply(store *s, const store_rec *r);
 /* Drops a run's history older than retain_steps behind step. */
 int store__retain(store *s, uint64_t run, uint64_t step);
-/* Loads a job's units, ranks, parameters in force and newest snapshot
- * into j (name, reporters and hello_params set by the caller). */
-int store__load_job(db_conn *db, store_job *j);
-void store__job_free(store_job *j);
-/* The parameter columns at at..at+GNMR_NPARAMS-1 (NULL: unset). */
-void store__read_params(db_stmt *st, int at, policy_params *p);
 
 #endif /* GNMRD_STORE_SQL_H */

@@ -2,6 +2,7 @@
 /* store_restore.c — reading back the unfinished jobs at start-up (before
  * gnmrd serves): each job's row, its units and ranks, the parameters in
  * force and its newest snapshot. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +10,19 @@
 
 #include "gnmr/error.h"
 #include "log.h"
-#include "store_sql.h"
+#include "store_restore.h"
+#include "store_schema.h"
+
+void store__read_params(db_stmt *st, int at, policy_params *p) {
+  for (int i = 0; i < GNMR_NPARAMS; i++) {
+    if (!policy_param_is_f64(i))
+      policy_param_set_u64(p, i, (uint64_t)db_column_int64(st, at + i));
+    else
+      policy_param_set_f64(p, i, db_column_type(st, at + i) == DB_NULL
+                                     ? NAN
+                                     : db_column_double(st, at + i));
+  }
+}
 
 void store__job_free(store_job *j) {
   if (j->unit_names)
