@@ -14,7 +14,6 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
-#include <sqlite3.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,27 +262,7 @@ static void *writer_main(void *arg) {
     if (batch == NULL && stop)
       break;
 
-    if (s->fault_until != 0 && !s->fault_lifted &&
-        db_sqlite_handle(s->db) != NULL) {
-      char pragma[96];
-      int on = store__now_ms() < s->fault_until;
-      if (s->fault_readonly) {
-        snprintf(pragma, sizeof pragma, "PRAGMA query_only=%d", on);
-      } else if (on) {
-        db_stmt *pc;
-        long long pages = 1;
-        if (db_prepare(s->db, "PRAGMA page_count", &pc) == GNMR_OK) {
-          if (db_step(pc) == DB_ROW)
-            pages = db_column_int64(pc, 0);
-          db_finalize(pc);
-        }
-        snprintf(pragma, sizeof pragma, "PRAGMA max_page_count=%lld", pages);
-      } else {
-        snprintf(pragma, sizeof pragma, "PRAGMA max_page_count=4294967294");
-      }
-      s->fault_lifted = !on;
-      store__exec(s->db, pragma, NULL, 0);
-    }
+    db_fault_tick(s->fault, s->db); /* tests: GNMR_STORE_FAULT */
     take_snapshots(batch);
     char err[256] = "";
     struct timespec c0, c1;
@@ -388,9 +367,8 @@ static void *writer_main(void *arg) {
       store_rec_free(batch);
       batch = next;
     }
-    if ((since_checkpoint += n) > 50000 && db_sqlite_handle(s->db)) {
-      sqlite3_wal_checkpoint_v2(db_sqlite_handle(s->db), NULL,
-                                SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+    if ((since_checkpoint += n) > 50000) {
+      db_checkpoint(s->db, 0);
       since_checkpoint = 0;
     }
   }
@@ -436,16 +414,11 @@ int store_open(const char *where, uint32_t snapshot_every, uint64_t retain_steps
       s->last_run = (uint64_t)db_column_int64(st, 0);
     db_finalize(st);
   }
-  const char *fault = getenv("GNMR_STORE_FAULT");
-  if (fault != NULL) {
-    const char *colon = strchr(fault, ':');
-    long long ms = colon ? atoll(colon + 1) : 0;
-    s->fault_readonly = strncmp(fault, "readonly:", 9) == 0;
-    if (ms > 0 && (s->fault_readonly || strncmp(fault, "full:", 5) == 0)) {
-      s->fault_until = store__now_ms() + ms;
-      LOG(WARN, "STORE-FAULT", "test hook: the database is %s for %lld ms",
-          s->fault_readonly ? "read-only" : "full", ms);
-    }
+  {
+    char what[64];
+    if (db_kind(s->db) == DB_SQLITE &&
+        (s->fault = db_fault_from_env(what, sizeof what)) != NULL)
+      LOG(WARN, "STORE-FAULT", "test hook: the database is %s", what);
   }
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
@@ -458,6 +431,7 @@ int store_open(const char *where, uint32_t snapshot_every, uint64_t retain_steps
   *out = s;
   return GNMR_OK;
 fail:
+  db_fault_free(&s->fault);
   db_close(s->db);
   free(s);
   return GNMR_E_STORE;
@@ -476,10 +450,9 @@ void store_close(store **ps) {
   for (int k = 0; k <= STORE_EVENT_ROWS; k++)
     db_finalize(s->st_events[k]);
   db_finalize(s->st_last);
-  if (db_sqlite_handle(s->db) != NULL)
-    sqlite3_wal_checkpoint_v2(db_sqlite_handle(s->db), NULL,
-                              SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+  db_checkpoint(s->db, 1);
   db_close(s->db);
+  db_fault_free(&s->fault);
   for (size_t i = 0; i < s->n_gaps; i++)
     free(s->gaps[i].job);
   pthread_mutex_destroy(&s->mu);

@@ -4,7 +4,6 @@
  * migrations are store/store_migrate.c's. */
 #include <limits.h>
 #include <math.h>
-#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,53 +101,41 @@ static void bind_state(db_stmt *st, const void *arg) {
 #define SNAP_STREAM_MIN ((size_t)1 << 20)
 #define SNAP_STREAM_PIECE ((size_t)1 << 20)
 
-static int put_snapshot_lite(sqlite3 *h, const store_rec *r) {
-  sqlite3_stmt *st;
-  if (sqlite3_prepare_v2(h,
-                         "INSERT INTO snapshots(job, pass, step, state, run)"
-                         " VALUES(?,?,?,zeroblob(?4),?5) ON CONFLICT(run,"
-                         " pass, step) DO UPDATE SET state=excluded.state"
-                         " RETURNING rowid",
-                         -1, &st, NULL) != SQLITE_OK)
+static int put_snapshot_lite(db_conn *db, const store_rec *r) {
+  db_stmt *st;
+  if (db_prepare(db,
+                 "INSERT INTO snapshots(job, pass, step, state, run)"
+                 " VALUES(?,?,?,zeroblob(?4),?5) ON CONFLICT(run,"
+                 " pass, step) DO UPDATE SET state=excluded.state"
+                 " RETURNING rowid",
+                 &st) != GNMR_OK)
     return GNMR_E_STORE;
-  sqlite3_bind_text(st, 1, r->job, -1, SQLITE_STATIC);
-  sqlite3_bind_int64(st, 2, r->pass);
-  sqlite3_bind_int64(st, 3, (sqlite3_int64)r->step);
-  sqlite3_bind_int64(st, 4, (sqlite3_int64)r->snapshot_len);
-  sqlite3_bind_int64(st, 5, (sqlite3_int64)r->run);
-  sqlite3_int64 rowid = 0;
-  int rc = sqlite3_step(st);
-  if (rc == SQLITE_ROW)
-    rowid = sqlite3_column_int64(st, 0);
-  int done = rc == SQLITE_ROW && sqlite3_step(st) == SQLITE_DONE;
-  sqlite3_finalize(st);
+  db_bind_text(st, 1, r->job);
+  db_bind_int64(st, 2, r->pass);
+  db_bind_int64(st, 3, (int64_t)r->step);
+  db_bind_int64(st, 4, (int64_t)r->snapshot_len);
+  db_bind_int64(st, 5, (int64_t)r->run);
+  int64_t rowid = 0;
+  int rc = db_step(st);
+  if (rc == DB_ROW)
+    rowid = db_column_int64(st, 0);
+  int done = rc == DB_ROW && db_step(st) == DB_DONE;
+  db_finalize(st);
   if (!done)
     return GNMR_E_STORE;
-  sqlite3_blob *b;
-  if (sqlite3_blob_open(h, "main", "snapshots", "state", rowid, 1, &b) !=
-      SQLITE_OK)
-    return GNMR_E_STORE;
-  rc = SQLITE_OK;
-  for (size_t at = 0; rc == SQLITE_OK && at < r->snapshot_len;) {
-    size_t n = r->snapshot_len - at < SNAP_STREAM_PIECE ? r->snapshot_len - at
-                                                         : SNAP_STREAM_PIECE;
-    rc = sqlite3_blob_write(b, (const char *)r->snapshot + at, (int)n,
-                            (int)at);
-    at += n;
-  }
-  if (sqlite3_blob_close(b) != SQLITE_OK || rc != SQLITE_OK)
-    return GNMR_E_STORE;
-  return GNMR_OK;
+  return db_blob_write(db, "snapshots", "state", rowid, r->snapshot,
+                       r->snapshot_len, SNAP_STREAM_PIECE) == GNMR_OK
+             ? GNMR_OK
+             : GNMR_E_STORE;
 }
 
 /* Stores r's snapshot and keeps only the job's two newest. */
 static int apply_snapshot(db_conn *db, const store_rec *r) {
   db_stmt *st;
   int rc;
-  sqlite3 *h = db_sqlite_handle(db);
-  if (h != NULL && r->snapshot_len >= SNAP_STREAM_MIN &&
+  if (db_streams_blobs(db) && r->snapshot_len >= SNAP_STREAM_MIN &&
       r->snapshot_len <= INT_MAX) {
-    if (put_snapshot_lite(h, r) != GNMR_OK)
+    if (put_snapshot_lite(db, r) != GNMR_OK)
       return GNMR_E_STORE;
   } else if (db_prepare(db,
                  "INSERT INTO snapshots(job, pass, step, state, run)"

@@ -56,8 +56,7 @@ struct store {
    * read-only (query_only: SQLITE_READONLY) for T ms after open, so that
    * commits fail with SQLite's own errors and the retry path runs for
    * real. (PostgreSQL's tests make the server itself refuse.) */
-  int64_t fault_until;
-  int fault_readonly, fault_lifted;
+  db_fault *fault; /* tests: GNMR_STORE_FAULT (db.h) */
   int corrupt; /* a damaged SQLite file: records are dropped (writer) */
 };
 

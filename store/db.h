@@ -129,8 +129,28 @@ int db__sqlite_open(const char *path, unsigned flags, db_conn **out, char *err,
 int db__pg_open(const char *url, unsigned flags, db_conn **out, char *err,
                 size_t errlen);
 
-/* The SQLite connection under d (DB_SQLITE only; NULL otherwise): for the
- * SQLite-only maintenance (pragmas, checkpoints, the test hooks). */
+/* The SQLite connection under d (DB_SQLITE only; NULL otherwise). */
 struct sqlite3 *db_sqlite_handle(db_conn *d);
+
+/* SQLite-only maintenance; nothing (or GNMR_E_UNSUPPORTED) elsewhere.
+ * db_checkpoint: a WAL checkpoint, passive or truncating the log.
+ * db_streams_blobs: whether db_blob_write works on d. db_blob_write:
+ * writes len bytes into the blob column of table's row rowid (made with
+ * zeroblob(len)) in pieces of `piece` bytes, so that a large value is
+ * never copied into one record buffer. */
+void db_checkpoint(db_conn *d, int truncate);
+int db_streams_blobs(db_conn *d);
+int db_blob_write(db_conn *d, const char *table, const char *column,
+                  int64_t rowid, const void *data, size_t len, size_t piece);
+
+/* A fault window for tests: GNMR_STORE_FAULT=readonly:MS or full:MS makes
+ * a SQLite store refuse writes (read-only) or run out of pages (disk
+ * full) from its open for MS milliseconds, then recover. NULL when unset
+ * or malformed; *what says which, for the log. db_fault_tick applies or
+ * lifts it on d (the writer calls it before each batch). */
+typedef struct db_fault db_fault;
+db_fault *db_fault_from_env(char *what, size_t cap);
+void db_fault_tick(db_fault *f, db_conn *d);
+void db_fault_free(db_fault **f);
 
 #endif /* GNMRD_DB_H */

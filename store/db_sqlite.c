@@ -2,10 +2,12 @@
 /* db_sqlite.c — the SQLite backend of db.h: each call is SQLite's own.
  * Connections wait up to 5 s on a lock (busy timeout); the writer's uses
  * WAL with synchronous=NORMAL, which survives a crash of gnmrd. */
+#include <limits.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "db.h"
 #include "gnmr/error.h"
@@ -49,6 +51,94 @@ int db__sqlite_open(const char *path, unsigned flags, db_conn **out, char *err,
 
 struct sqlite3 *db_sqlite_handle(db_conn *d) {
   return d != NULL && d->kind == DB_SQLITE ? H(d) : NULL;
+}
+
+void db_checkpoint(db_conn *d, int truncate) {
+  if (d != NULL && d->kind == DB_SQLITE)
+    sqlite3_wal_checkpoint_v2(H(d), NULL,
+                              truncate ? SQLITE_CHECKPOINT_TRUNCATE
+                                       : SQLITE_CHECKPOINT_PASSIVE,
+                              NULL, NULL);
+}
+
+int db_streams_blobs(db_conn *d) { return d != NULL && d->kind == DB_SQLITE; }
+
+int db_blob_write(db_conn *d, const char *table, const char *column,
+                  int64_t rowid, const void *data, size_t len, size_t piece) {
+  sqlite3_blob *b;
+  if (!db_streams_blobs(d) || len > INT_MAX || piece == 0)
+    return GNMR_E_UNSUPPORTED;
+  if (sqlite3_blob_open(H(d), "main", table, column, rowid, 1, &b) !=
+      SQLITE_OK)
+    return GNMR_E_STORE;
+  int rc = SQLITE_OK;
+  for (size_t at = 0; rc == SQLITE_OK && at < len;) {
+    size_t n = len - at < piece ? len - at : piece;
+    rc = sqlite3_blob_write(b, (const char *)data + at, (int)n, (int)at);
+    at += n;
+  }
+  if (sqlite3_blob_close(b) != SQLITE_OK || rc != SQLITE_OK)
+    return GNMR_E_STORE;
+  return GNMR_OK;
+}
+
+/* ---- the fault window (tests) ---------------------------------------------- */
+
+struct db_fault {
+  int64_t until_ms; /* CLOCK_REALTIME ms */
+  int readonly, lifted;
+};
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+db_fault *db_fault_from_env(char *what, size_t cap) {
+  const char *spec = getenv("GNMR_STORE_FAULT");
+  if (spec == NULL)
+    return NULL;
+  const char *colon = strchr(spec, ':');
+  long long ms = colon ? atoll(colon + 1) : 0;
+  int ro = strncmp(spec, "readonly:", 9) == 0;
+  if (ms <= 0 || (!ro && strncmp(spec, "full:", 5) != 0))
+    return NULL;
+  db_fault *f = calloc(1, sizeof *f);
+  if (f == NULL)
+    return NULL;
+  f->readonly = ro;
+  f->until_ms = now_ms() + ms;
+  snprintf(what, cap, "%s for %lld ms", ro ? "read-only" : "full", ms);
+  return f;
+}
+
+void db_fault_tick(db_fault *f, db_conn *d) {
+  char pragma[96];
+  if (f == NULL || f->lifted || d == NULL || d->kind != DB_SQLITE)
+    return;
+  int on = now_ms() < f->until_ms;
+  if (f->readonly) {
+    snprintf(pragma, sizeof pragma, "PRAGMA query_only=%d", on);
+  } else if (on) {
+    db_stmt *pc;
+    long long pages = 1;
+    if (db_prepare(d, "PRAGMA page_count", &pc) == GNMR_OK) {
+      if (db_step(pc) == DB_ROW)
+        pages = db_column_int64(pc, 0);
+      db_finalize(pc);
+    }
+    snprintf(pragma, sizeof pragma, "PRAGMA max_page_count=%lld", pages);
+  } else {
+    snprintf(pragma, sizeof pragma, "PRAGMA max_page_count=4294967294");
+  }
+  f->lifted = !on;
+  db_exec(d, pragma);
+}
+
+void db_fault_free(db_fault **f) {
+  free(*f);
+  *f = NULL;
 }
 
 static int lite_exec(db_conn *d, const char *sql) {
