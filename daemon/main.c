@@ -31,6 +31,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "notify.h"
+#include "settings.h"
 #include "workers.h"
 #include "zap.h"
 
@@ -86,78 +87,6 @@ static const char usage[] =
     "  Under systemd (Type=notify) it reports READY, STOPPING and pings\n"
     "  the watchdog from its loop.\n";
 
-/* mkdir -p with mode 0700 for directories it creates. */
-static int mkdirs(const char *path) {
-  char buf[4096];
-  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-    return -1;
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/')
-      continue;
-    *p = '\0';
-    if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-      return -1;
-    *p = '/';
-  }
-  return mkdir(buf, 0700) != 0 && errno != EEXIST ? -1 : 0;
-}
-
-static void default_dirs(char *run, size_t rcap, char *data, size_t dcap) {
-  const char *e;
-  if ((e = getenv("RUNTIME_DIRECTORY")) != NULL)
-    snprintf(run, rcap, "%s", e);
-  else if ((e = getenv("XDG_RUNTIME_DIR")) != NULL)
-    snprintf(run, rcap, "%s/gnmr", e);
-  else
-    snprintf(run, rcap, "/tmp/gnmr-%u", (unsigned)getuid());
-  if ((e = getenv("STATE_DIRECTORY")) != NULL)
-    snprintf(data, dcap, "%s", e);
-  else if (getuid() == 0)
-    snprintf(data, dcap, "/var/lib/gnmr");
-  else if ((e = getenv("XDG_STATE_HOME")) != NULL)
-    snprintf(data, dcap, "%s/gnmr", e);
-  else if ((e = getenv("HOME")) != NULL && e[0] == '/')
-    snprintf(data, dcap, "%s/.local/state/gnmr", e);
-  else
-    data[0] = '\0'; /* not /tmp/.local/state: a place others can make */
-}
-
-/* For ipc:// endpoints, creates the socket's directory. */
-static int prepare_endpoint(const char *ep) {
-  if (strncmp(ep, "ipc://", 6) != 0)
-    return 0;
-  char dir[4096];
-  snprintf(dir, sizeof dir, "%s", ep + 6);
-  char *slash = strrchr(dir, '/');
-  if (slash == NULL || slash == dir)
-    return 0;
-  *slash = '\0';
-  return mkdirs(dir);
-}
-
-/* Whether an endpoint can be reached from other hosts: TCP off the
- * loopback, or another network transport of ZeroMQ. ipc://, inproc:// and
- * loopback TCP are local; unknown schemes fail at bind anyway. */
-static int endpoint_is_network(const char *ep) {
-  static const char *const net[] = {"pgm://", "epgm://", "udp://", "ws://",
-                                    "wss://", "tipc://", "vmci://"};
-  for (size_t i = 0; i < sizeof net / sizeof net[0]; i++)
-    if (strncmp(ep, net[i], strlen(net[i])) == 0)
-      return 1;
-  if (strncmp(ep, "tcp://", 6) != 0)
-    return 0;
-  const char *host = ep + 6;
-  return !(strncmp(host, "127.", 4) == 0 ||
-           strncmp(host, "localhost:", 10) == 0 ||
-           strncmp(host, "[::1]:", 6) == 0);
-}
-
-/* Whether a --metrics HOST:PORT stays on this host (IPv4 127.0.0.0/8 or
- * localhost). */
-static int metrics_addr_is_loopback(const char *addr) {
-  return strncmp(addr, "127.", 4) == 0 || strncmp(addr, "localhost:", 10) == 0;
-}
-
 static void on_signal(uv_signal_t *h, int signum) {
   gnmrd *d = h->data;
   LOG(INFO, "SIGNAL", "signal %d: stopping", signum);
@@ -189,64 +118,6 @@ static void close_walk(uv_handle_t *h, void *arg) {
   (void)arg;
   if (!uv_is_closing(h))
     uv_close(h, NULL);
-}
-
-/* The checks of a configuration that need no socket and no lock: CURVE
- * files (both or neither, readable, private), plaintext network
- * endpoints, metrics off the loopback, abstract sockets, and socket
- * directories that exist. 0, or -1 with the reason in err. */
-static int check_settings(const gnmrd_config *cfg, char *pub, char *sec,
-                          gnmr_allow *allowed, char *err, size_t errlen) {
-  int curve = cfg->curve_key_file[0] != '\0';
-  if (cfg->standby && cfg->store[0] == '\0') {
-    snprintf(err, errlen, "standby needs a PostgreSQL store (--store "
-                          "postgresql://...): SQLite's file has one gnmrd");
-    return -1;
-  }
-  if (curve != (cfg->curve_allow_file[0] != '\0')) {
-    snprintf(err, errlen, "CURVE needs both curve_key_file and "
-                          "curve_allow_file (--curve-key, --curve-allow)");
-    return -1;
-  }
-  if (curve &&
-      (gnmr__key_file_read(cfg->curve_key_file, pub, sec, err, errlen) !=
-           GNMR_OK ||
-       gnmr__allow_load(cfg->curve_allow_file, allowed, err, errlen) !=
-           GNMR_OK))
-    return -1;
-  if (!curve && !cfg->insecure &&
-      (endpoint_is_network(cfg->agents) || endpoint_is_network(cfg->admin))) {
-    snprintf(err, errlen, "refusing to serve %s without CURVE: give "
-             "curve_key_file and curve_allow_file, or --insecure",
-             endpoint_is_network(cfg->agents) ? cfg->agents : cfg->admin);
-    return -1;
-  }
-  struct sockaddr_in msa;
-  if (cfg->metrics[0] != '\0' &&
-      metrics_addr_parse(cfg->metrics, &msa, err, errlen) != GNMR_OK)
-    return -1;
-  if (cfg->metrics[0] != '\0' && !metrics_addr_is_loopback(cfg->metrics) &&
-      !cfg->insecure) {
-    snprintf(err, errlen, "refusing to serve metrics on %s: they are "
-             "plaintext HTTP without authentication; serve them on "
-             "127.0.0.1 (and scrape them there), or give --insecure",
-             cfg->metrics);
-    return -1;
-  }
-  for (int i = 0; i < 2; i++) {
-    const char *ep = i ? cfg->admin : cfg->agents;
-    if (gnmr__ipc_abstract(ep) && !cfg->insecure) {
-      snprintf(err, errlen, "%s: an abstract socket has no permissions, any "
-               "local user can connect; use a path, or give --insecure", ep);
-      return -1;
-    }
-    char why[600];
-    if (gnmr__ipc_dir_check(ep, why, sizeof why) == GNMR_E_INVAL) {
-      snprintf(err, errlen, "refusing %s: %s", ep, why);
-      return -1;
-    }
-  }
-  return 0;
 }
 
 /* A flag given on the command line, applied after the config file. */
@@ -390,7 +261,7 @@ static int load_settings(startup *s) {
   gnmr__log_level = cfg->log_level;
   {
     char data_dir[1024];
-    default_dirs(s->run, sizeof s->run, data_dir, sizeof data_dir);
+    settings_default_dirs(s->run, sizeof s->run, data_dir, sizeof data_dir);
     if (cfg->data_dir[0] == '\0')
       snprintf(cfg->data_dir, sizeof cfg->data_dir, "%s", data_dir);
     if (cfg->agents[0] == '\0')
@@ -408,7 +279,7 @@ static int load_settings(startup *s) {
   }
   /* every check of the settings, for --check-config as for a start */
   s->curve = cfg->curve_key_file[0] != '\0';
-  if (check_settings(cfg, s->curve_pub, s->curve_sec, &s->allowed, s->err,
+  if (settings_check(cfg, s->curve_pub, s->curve_sec, &s->allowed, s->err,
                      sizeof s->err) != 0) {
     fprintf(stderr, "gnmrd: %s\n", s->err);
     return bad;
@@ -427,7 +298,8 @@ static int claim_resources(startup *s) {
   const char *data_dir = cfg->data_dir;
   char *err = s->err;
   size_t errlen = sizeof s->err;
-  if (cfg->metrics[0] != '\0' && !metrics_addr_is_loopback(cfg->metrics))
+  if (cfg->metrics[0] != '\0' &&
+      !settings_metrics_addr_is_loopback(cfg->metrics))
     LOG(WARN, "METRICS-INSECURE", "metrics on %s are plaintext HTTP that "
         "anyone who reaches the port can read (--insecure)", cfg->metrics);
   if (s->curve)
@@ -440,7 +312,7 @@ static int claim_resources(startup *s) {
   else
     LOG(INFO, "NO-CURVE", "CURVE is off: any local peer that can reach the "
         "sockets is trusted (see gnmrd(8), SECURITY)");
-  if (mkdirs(data_dir) != 0) {
+  if (settings_mkdirs(data_dir) != 0) {
     LOG(ERROR, "DATA-DIR", "create %s: %s", data_dir, strerror(errno));
     return 1;
   }
@@ -460,8 +332,8 @@ static int claim_resources(startup *s) {
       return 1;
     }
   }
-  if (prepare_endpoint(cfg->agents) != 0 ||
-      prepare_endpoint(cfg->admin) != 0) {
+  if (settings_prepare_endpoint(cfg->agents) != 0 ||
+      settings_prepare_endpoint(cfg->admin) != 0) {
     LOG(ERROR, "ENDPOINT-DIR", "cannot create the socket directory: %s",
         strerror(errno));
     return 1;
