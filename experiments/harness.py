@@ -39,6 +39,10 @@ Variants, from the same seeds, data and episode schedule:
               have been damaged at the step is reported as non-finite
               (Controller's shadow=), so GNMR holds it while the damage
               lasts. Not in the default variants.
+  static      the units whose names match --static-pattern on their
+              recovery path at every step, the others never: a fixed
+              per-unit assignment, for damage that is persistent. Not in
+              the default variants.
 
 Validation loss is measured clean: the episode scaling is off while the
 setting evaluates (the model as training left it). Exceedances: for
@@ -93,7 +97,7 @@ from report import MISS_CAUSES, git_commit, plot, summarise, table  # noqa
 DEFAULT_VARIANTS = ("fp", "high", "low", "gnmr", "random", "oracle",
                     "oracle_now", "rawnorm", "global", "nanonly",
                     "nanonly_random")
-ALL_VARIANTS = DEFAULT_VARIANTS + ("gnmr_shadow",)
+ALL_VARIANTS = DEFAULT_VARIANTS + ("gnmr_shadow", "static")
 CONTROLLED = {"gnmr", "gnmr_shadow"}  # a real gnmrd chooses
 # GNMR's share / per-step counts
 NEEDS_GNMR = {"random", "rawnorm", "nanonly_random"}
@@ -225,8 +229,10 @@ class Chooser:
     """The recovery set of the non-GNMR variants, decided before the
     forward of each step from what the variant may know."""
 
-    def __init__(self, variant, n_units, args, seed, gnmr_rec):
+    def __init__(self, variant, n_units, args, seed, gnmr_rec, names=()):
         self.v, self.n, self.args = variant, n_units, args
+        rx = re.compile(args.static_pattern) if args.static_pattern else None
+        self.static = {u for u, n in enumerate(names) if rx and rx.search(n)}
         self.rng = random.Random(seed * 31 + 7)
         self.gnmr = gnmr_rec
         self.last_damage = [-10 ** 9] * n_units
@@ -242,6 +248,8 @@ class Chooser:
             return set(range(n))
         if self.v in ("low", "fp"):
             return set()
+        if self.v == "static":
+            return set(self.static)
         if self.v == "random":
             return {u for u in range(n) if self.rng.random() <
                     self.gnmr["share"]}
@@ -366,7 +374,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
                              warmup_steps=args.warmup))
         if [n for n, _ in ctl.units] != names:
             raise RuntimeError("the controller's units are not the model's")
-    chooser = Chooser(variant, len(units), args, seed, gnmr_rec)
+    chooser = Chooser(variant, len(units), args, seed, gnmr_rec, names)
     gen = torch.Generator().manual_seed(seed)
     curve, t_steps, skipped = [], 0.0, 0
     active_log = [set()]          # active_log[t]: recovery set at step t
@@ -557,6 +565,9 @@ def common_args(p, setting, defaults):
     p.add_argument("--warmup", type=int, default=d["warmup"])
     p.add_argument("--eval-every", type=int, default=d["eval_every"])
     p.add_argument("--eval-batches", type=int, default=d["eval_batches"])
+    p.add_argument("--static-pattern", default="",
+                   help="the static variant: a regular expression on unit "
+                   "names; those units take their recovery path always")
     p.add_argument("--jobs", type=int, default=1,
                    help="seeds run in this many processes at once (each "
                    "single-threaded; the results do not change)")
@@ -595,6 +606,13 @@ def parse_args(setting, argv, defaults=None, doc=""):
             s > 0 and math.isfinite(s) for s in args.episode_scales):
         p.error("--episode-rate must be in [0, 1] and --episode-scales "
                 "positive")
+    if "static" in variants:
+        try:
+            if not args.static_pattern or not re.compile(
+                    args.static_pattern).pattern:
+                p.error("the static variant needs --static-pattern")
+        except re.error as e:
+            p.error(f"--static-pattern: {e}")
     if not args.clip >= 0:
         p.error("--clip must be >= 0")
     if args.episode_tokens < 1:

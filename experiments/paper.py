@@ -364,6 +364,14 @@ def pretrained_base(args, base):
     return state
 
 
+def defaults_for(name):
+    """The harness defaults a setting changes."""
+    d = {"lora": dict(lr=2e-3, steps=300)}.get(name, {})
+    d.setdefault("episode_scales", "4,8,16,32,64")
+    d.setdefault("clip", 1.0)   # as LLM recipes clip
+    return d
+
+
 def main(argv=None):
     import argparse
     pre = argparse.ArgumentParser(add_help=False)
@@ -372,10 +380,8 @@ def main(argv=None):
     if known.setting is None:
         known.setting = "act4"   # --help, or the error that names it
     setting = Paper(known.setting)
-    defaults = {"lora": dict(lr=2e-3, steps=300)}.get(known.setting, {})
-    defaults.setdefault("episode_scales", "4,8,16,32,64")
-    defaults.setdefault("clip", 1.0)   # as LLM recipes clip
-    return harness.main(setting, argv, defaults, doc=__doc__)
+    return harness.main(setting, argv, defaults_for(known.setting),
+                        doc=__doc__)
 
 
 if __name__ == "__main__":

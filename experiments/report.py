@@ -28,7 +28,8 @@ COMPARISONS = [("low", "high"), ("oracle", "random"), ("gnmr", "random"),
                ("gnmr", "nanonly"), ("gnmr", "nanonly_random"),
                ("nanonly_random", "random"), ("gnmr_shadow", "gnmr"),
                ("gnmr_shadow", "random"), ("gnmr_shadow", "oracle"),
-               ("gnmr_shadow", "nanonly")]
+               ("gnmr_shadow", "nanonly"), ("static", "low"),
+               ("static", "high"), ("gnmr", "static")]
 
 
 def _round(p):

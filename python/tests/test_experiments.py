@@ -128,13 +128,29 @@ class PaperTest(unittest.TestCase):
         for n, p in b.model.named_parameters():
             self.assertEqual(id(p) in trained, "lora_" in n, n)
 
+    def test_static_recovers_the_units_its_pattern_names(self):
+        res, text = self.main(["--setting", "act4", "--seed-list", "4",
+                               "--variants", "static,low",
+                               "--static-pattern", r"down_proj$"])
+        st = res["static"][0]
+        names = st["units"]
+        down = [i for i, n in enumerate(names) if n.endswith("down_proj")]
+        self.assertEqual(len(down), 1)
+        self.assertEqual(st["active"][1:], [down] * 24)
+        self.assertAlmostEqual(st["share"], 1 / len(names))
+        self.assertIn("| static-low |", text)
+
     def test_bad_arguments_are_clear_errors(self):
         import paper
         for bad, msg in ((["--setting", "act4", "--low", "int4-g33x"],
                           "unknown recipe"),
                          (["--setting", "lora", "--model", "mixtral"],
                           "trains a Llama"),
-                         (["--setting", "nope"], "invalid choice")):
+                         (["--setting", "nope"], "invalid choice"),
+                         (["--setting", "act4", "--variants", "static"],
+                          "needs --static-pattern"),
+                         (["--setting", "act4", "--variants", "static",
+                           "--static-pattern", "("], "--static-pattern:")):
             err = io.StringIO()
             with contextlib.redirect_stderr(err), \
                     self.assertRaises(SystemExit) as cm:
