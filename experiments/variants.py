@@ -1,0 +1,120 @@
+# SPDX-License-Identifier: MIT
+"""How the variants that are not GNMR choose their recovery units, and
+GNMR's per-unit rule as one scalar signal (experiments/harness.py's
+docstring defines each variant)."""
+import math
+import random
+import re
+
+
+class ScalarPolicy:
+    """GNMR's per-unit rule (docs/policy.md) for one scalar signal: returns
+    whether the value at this step is risky."""
+
+    def __init__(self, args):
+        self.a, self.b, self.w = args.alpha, args.beta, args.window
+        self.cnt, self.sum, self.win = 0, 0.0, []
+
+    def risky(self, n):
+        if n == 0:
+            return False
+        if not math.isfinite(n):
+            return True
+        s = 0.0
+        if self.cnt:
+            g = n / (self.sum / self.cnt)
+            d = g / (sum(self.win) / len(self.win)) if self.win else 1.0
+            s = max(g / self.a, d / self.b)
+            self.win = (self.win + [g])[-self.w:]
+        self.sum += n
+        self.cnt += 1
+        return s > 1
+
+
+class Chooser:
+    """The recovery set of the non-GNMR variants, decided before the
+    forward of each step from what the variant may know."""
+
+    def __init__(self, variant, n_units, args, seed, gnmr_rec, names=()):
+        self.v, self.n, self.args = variant, n_units, args
+        rx = re.compile(args.static_pattern) if args.static_pattern else None
+        self.static = {u for u, n in enumerate(names) if rx and rx.search(n)}
+        self.rng = random.Random(seed * 31 + 7)
+        self.gnmr = gnmr_rec
+        self.last_damage = [-10 ** 9] * n_units
+        self.held, self.hold_left = [], 0
+        self.glob = ScalarPolicy(args)
+        self.prev_norms = None
+        self.last_nan = [-10 ** 9] * n_units
+        self.rec_total = 0        # nanonly_random: recovery unit-steps
+
+    def before(self, step, probe_damage=None):
+        a, n = self.args, self.n
+        if self.v == "high":
+            return set(range(n))
+        if self.v in ("low", "fp"):
+            return set()
+        if self.v == "static":
+            return set(self.static)
+        if self.v == "random":
+            return {u for u in range(n) if self.rng.random() <
+                    self.gnmr["share"]}
+        if self.v == "oracle":
+            recent = [u for u in range(n)
+                      if step - 1 - self.last_damage[u] <= a.lock_steps]
+            recent.sort(key=lambda u: (-self.last_damage[u], u))
+            return set(recent[:a.max_active])
+        if self.v == "oracle_now":
+            hit = sorted((u for u in range(n) if probe_damage[u]),
+                         key=lambda u: (-probe_damage[u], u))
+            return set(hit[:a.max_active])
+        if self.v == "rawnorm":
+            k = len(self.gnmr["active"][step])
+            if k == 0 or self.prev_norms is None:
+                return set()
+            order = sorted(range(n), key=lambda u: (
+                -(math.inf if not math.isfinite(self.prev_norms[u])
+                  else self.prev_norms[u]), u))
+            return set(order[:k])
+        if self.v == "global":
+            return set(self.held)
+        if self.v in ("nanonly", "nanonly_random"):
+            if step <= a.warmup + 1:   # GNMR decides nothing in warm-up
+                return set()
+            recent = [u for u in range(n)
+                      if step - 1 - self.last_nan[u] <= a.lock_steps]
+            recent.sort(key=lambda u: (-self.last_nan[u], u))
+            picked = set(recent[:a.max_active])
+            if self.v == "nanonly_random":
+                want = round(self.gnmr["share"] * n * step) - \
+                    self.rec_total - len(picked)
+                others = [u for u in range(n) if u not in picked]
+                picked |= set(self.rng.sample(others,
+                                              max(0, min(want, len(others)))))
+            self.rec_total += len(picked)
+            return picked
+        raise ValueError(self.v)
+
+    def after(self, step, damage, norms):
+        """What the variant learns from step `step`: its damage flags
+        (oracle) or gradient norms (rawnorm, global)."""
+        for u in range(self.n):
+            if damage[u]:
+                self.last_damage[u] = step
+            if not math.isfinite(norms[u]):
+                self.last_nan[u] = step
+        self.prev_norms = norms
+        if self.v == "global":
+            total = math.sqrt(sum(x * x for x in norms))
+            risky = self.glob.risky(total)
+            if step <= self.args.warmup:
+                return
+            if risky:
+                if self.hold_left == 0:
+                    self.held = sorted(self.rng.sample(
+                        range(self.n), min(self.args.max_active, self.n)))
+                self.hold_left = self.args.lock_steps + 1
+            elif self.hold_left > 0:
+                self.hold_left -= 1
+                if self.hold_left == 0:
+                    self.held = []
