@@ -140,6 +140,32 @@ class PaperTest(unittest.TestCase):
         self.assertAlmostEqual(st["share"], 1 / len(names))
         self.assertIn("| static-low |", text)
 
+    def test_the_docs_quote_the_committed_results(self):
+        """docs/experiments.md gives each paper setting's final loss
+        (mean ± sd) of every variant as its json has it, and the low -
+        high difference; the README the same differences."""
+        import statistics
+        with open(os.path.join(ROOT, "docs", "experiments.md")) as f:
+            page = f.read()
+        with open(os.path.join(ROOT, "README.md")) as f:
+            readme = f.read()
+        for setting in ("act4", "fp8", "lora"):
+            with open(os.path.join(ROOT, "docs", "results",
+                                   setting + ".json")) as f:
+                doc = json.load(f)
+            self.assertEqual(doc["seeds"], [21, 22, 23, 24, 25])
+            for v, r in doc["variants"].items():
+                if v in ("rawnorm", "global", "nanonly_random") and \
+                        setting == "lora":
+                    continue   # the lora table leaves them to the md
+                got = (f"{statistics.mean(r['val']):.4f} ± "
+                       f"{statistics.stdev(r['val']):.4f}")
+                self.assertIn(got, page, f"{setting} {v}")
+            p = doc["paired"]["low-high"]
+            diff = f"{p['mean']:+.4f} ± {p['se']:.4f}"
+            self.assertIn(diff, page, setting)
+            self.assertIn(diff, readme, setting)
+
     def test_bad_arguments_are_clear_errors(self):
         import paper
         for bad, msg in ((["--setting", "act4", "--low", "int4-g33x"],
