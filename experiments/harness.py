@@ -71,6 +71,7 @@ and plot beside it. Everything is single-threaded and seeded: the same
 command gives the same numbers on the same machine.
 """
 import argparse
+import glob
 import json
 import math
 import os
@@ -181,6 +182,39 @@ class Setting:
         """Figures evaluate() adds beside "val": [(key, label, higher is
         better)]."""
         return []
+
+
+def read_licences(names=None, exclude=()):
+    """The licence texts every Debian system ships (base-files), in file
+    name order: those named (all when None) but the excluded."""
+    data = bytearray()
+    for f in sorted(glob.glob("/usr/share/common-licenses/*")):
+        b = os.path.basename(f)
+        if not os.path.isfile(f) or b in exclude or \
+                (names is not None and b not in names):
+            continue
+        with open(f, "rb") as fh:
+            data += fh.read()
+    return data
+
+
+def split_text(data, minimum, complaint):
+    """(train, val) byte tensors, 90/10; SystemExit(complaint) when data
+    has fewer than minimum bytes."""
+    if len(data) < minimum:
+        raise SystemExit(complaint)
+    t = torch.tensor(list(data), dtype=torch.long)
+    n = int(len(t) * 0.9)
+    return t[:n], t[n:]
+
+
+def batches(data, n, batch, ctx, gen):
+    """n (inputs, next-byte targets) batches of ctx bytes at random
+    offsets."""
+    for _ in range(n):
+        i = torch.randint(0, len(data) - ctx - 1, (batch,), generator=gen)
+        yield (torch.stack([data[j:j + ctx] for j in i]),
+               torch.stack([data[j + 1:j + ctx + 1] for j in i]))
 
 
 def episode_schedule(widths, steps, args, seed):

@@ -47,7 +47,6 @@ unit's input had a mean per-feature relative error above
 Variants, figures and the runner: experiments/harness.py. `fp` is the
 model without quantization (exact linears).
 """
-import glob
 import hashlib
 import os
 import sys
@@ -74,33 +73,14 @@ DEFAULTS = {
 }
 
 
-def read_licences(names=None, exclude=()):
-    files = sorted(glob.glob("/usr/share/common-licenses/*"))
-    data = bytearray()
-    for f in files:
-        b = os.path.basename(f)
-        if not os.path.isfile(f) or b in exclude or \
-                (names is not None and b not in names):
-            continue
-        with open(f, "rb") as fh:
-            data += fh.read()
-    return data
+read_licences = harness.read_licences
+batches = harness.batches
 
 
 def split(data, what):
-    if len(data) < 20000:
-        raise SystemExit(f"paper.py: /usr/share/common-licenses has too "
-                         f"little {what} (is base-files installed?)")
-    t = torch.tensor(list(data), dtype=torch.long)
-    n = int(len(t) * 0.9)
-    return t[:n], t[n:]
-
-
-def batches(data, n, batch, ctx, gen):
-    for _ in range(n):
-        i = torch.randint(0, len(data) - ctx - 1, (batch,), generator=gen)
-        yield (torch.stack([data[j:j + ctx] for j in i]),
-               torch.stack([data[j + 1:j + ctx + 1] for j in i]))
+    return harness.split_text(
+        data, 20000, f"paper.py: /usr/share/common-licenses has too little "
+        f"{what} (is base-files installed?)")
 
 
 def make_model(args, seed):

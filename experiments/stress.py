@@ -51,7 +51,6 @@ values, paired differences with standard errors), and a markdown table
 and plot beside it. Everything is single-threaded and seeded: the same
 command gives the same numbers on the same machine.
 """
-import glob
 import math
 import os
 import sys
@@ -106,25 +105,13 @@ class GPT(torch.nn.Module):
 
 
 def load_text():
-    files = sorted(glob.glob("/usr/share/common-licenses/*"))
-    data = bytearray()
-    for f in files:
-        if os.path.isfile(f):
-            with open(f, "rb") as fh:
-                data += fh.read()
-    if len(data) < 100000:
-        raise SystemExit("quant_stress: /usr/share/common-licenses has too "
-                         "little text (is base-files installed?)")
-    t = torch.tensor(list(data), dtype=torch.long)
-    n = int(len(t) * 0.9)
-    return t[:n], t[n:]
+    return harness.split_text(
+        harness.read_licences(), 100000,
+        "stress.py: /usr/share/common-licenses has too little text (is "
+        "base-files installed?)")
 
 
-def batches(data, n, batch, ctx, gen):
-    for _ in range(n):
-        i = torch.randint(0, len(data) - ctx - 1, (batch,), generator=gen)
-        yield (torch.stack([data[j:j + ctx] for j in i]),
-               torch.stack([data[j + 1:j + ctx + 1] for j in i]))
+batches = harness.batches
 
 
 def make_linear(variant, args):

@@ -47,6 +47,23 @@ FLOAT_FORMATS = {"e4m3": (3, -6, 448.0), "e5m2": (2, -14, 57344.0),
 TILE = 128
 
 
+def round_magnitude(a, mbits, emin):
+    """|x| (a, float32, non-negative) rounded to a float format with mbits
+    mantissa bits and smallest normal exponent emin: round half to even on
+    float32's bits in the normal range (a carry into the exponent is the
+    right answer), a fixed step of 2**(emin - mbits) below it (exact in
+    float32). No saturation: the caller clamps or marks what is too
+    large."""
+    sh = 23 - mbits
+    bits = a.view(torch.int32)
+    bits = (bits + ((1 << (sh - 1)) - 1) + ((bits >> sh) & 1)) \
+        & ~((1 << sh) - 1)
+    q = bits.view(torch.float32)
+    step = 2.0 ** (emin - mbits)
+    return torch.where(a < 2.0 ** emin, torch.round(a * (1 / step)) * step,
+                       q)
+
+
 def fake_float(x, fmt):
     """x rounded to the nearest value of a small float format (round half
     to even, subnormals kept, saturating at the largest finite value), in
@@ -58,13 +75,7 @@ def fake_float(x, fmt):
                          f"{', '.join(FLOAT_FORMATS)})") from None
     xf = x.float()
     a = xf.abs()
-    sh = 23 - mbits
-    bits = a.view(torch.int32)
-    bits = (bits + ((1 << (sh - 1)) - 1) + ((bits >> sh) & 1)) \
-        & ~((1 << sh) - 1)
-    q = bits.view(torch.float32)
-    step = 2.0 ** (emin - mbits)
-    q = torch.where(a < 2.0 ** emin, torch.round(a * (1 / step)) * step, q)
+    q = round_magnitude(a, mbits, emin)
     q = torch.where(torch.isnan(a), a, q.clamp(max=fmax))
     return torch.copysign(q, xf)
 

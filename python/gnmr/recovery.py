@@ -42,6 +42,8 @@ import re
 import torch
 import torch.nn.functional as F
 
+from .quant import round_magnitude
+
 # (mantissa bits, smallest normal exponent, largest finite value, has inf)
 FP8_FORMATS = {"e4m3": (3, -6, 448.0, False),
                "e5m2": (2, -14, 57344.0, True)}
@@ -58,16 +60,7 @@ def fake_fp8(x, fmt="e4m3", saturate=True):
             from None
     xf = x.float()
     a = xf.abs()
-    # normal range: round float32's mantissa to mbits bits, half to even,
-    # on the bits (a carry into the exponent is the right answer)
-    sh = 23 - mbits
-    bits = a.view(torch.int32)
-    bits = (bits + ((1 << (sh - 1)) - 1) + ((bits >> sh) & 1)) \
-        & ~((1 << sh) - 1)
-    q = bits.view(torch.float32)
-    # FP8 subnormals: a fixed step of 2**(emin - mbits); exact in float32
-    step = 2.0 ** (emin - mbits)
-    q = torch.where(a < 2.0 ** emin, torch.round(a * (1 / step)) * step, q)
+    q = round_magnitude(a, mbits, emin)   # normals and subnormals
     if saturate:
         q = torch.where(torch.isnan(a), a, q.clamp(max=fmax))
     else:
