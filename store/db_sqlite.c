@@ -82,7 +82,7 @@ int db_blob_write(db_conn *d, const char *table, const char *column,
   return GNMR_OK;
 }
 
-/* ---- the fault window (tests) ---------------------------------------------- */
+/* ---- the fault window (tests) ------------------------------------------- */
 
 struct db_fault {
   int64_t until_ms; /* CLOCK_REALTIME ms */
