@@ -220,6 +220,42 @@ def cuda_pass(model, units, endpoint, job, device):
             "launches": stats["launches"], "grid": stats["grid"]}
 
 
+def foreach_pass(units, device):
+    """What a loop would run without GNMR's kernel for the same per-unit
+    norms: torch._foreach_norm over every gradient, then each unit's sum
+    of squares (index_add_). Median time of 50 runs after 10 warm-ups
+    (CUDA events on CUDA, the wall clock on the CPU)."""
+    grads = [[p.grad for p in m.parameters() if p.grad is not None]
+             for _, m in units]
+    flat = [g for gs in grads for g in gs]
+    owner = torch.tensor([u for u, gs in enumerate(grads) for _ in gs],
+                         device=device)
+
+    def once():
+        sq = torch.stack(torch._foreach_norm(flat)).float() ** 2
+        return torch.zeros(len(grads), device=device).index_add_(0, owner,
+                                                                 sq)
+    times = []
+    for i in range(60):
+        if device.type == "cuda":
+            a, b = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            a.record()
+            once()
+            b.record()
+            b.synchronize()
+            t = a.elapsed_time(b) / 1000
+        else:
+            t0 = time.perf_counter()
+            once()
+            t = time.perf_counter() - t0
+        if i >= 10:
+            times.append(t)
+    nbytes = sum(g.numel() * g.element_size() for g in flat)
+    t = statistics.median(times)
+    return {"foreach_ms": round(t * 1e3, 4),
+            "foreach_gbps": round(nbytes / t / 1e9, 1)}
+
+
 def gnmrctl(binary, admin, *args):
     return subprocess.run([binary, "--admin", admin, *args],
                           capture_output=True, text=True, timeout=120,
@@ -484,6 +520,9 @@ def run(a, ap):
         p["copy_gbps_1gib"] = round(copy, 1)
         p["copy_gbps_same_size"] = round(copy_same, 1)
         p["pass_share_of_copy"] = round(p["pass_gbps"] / copy, 3)
+        f = foreach_pass(units, device)
+        p.update(f)
+        p["foreach_share_of_copy"] = round(f["foreach_gbps"] / copy, 3)
         result["cuda_pass"] = p
     # gnmrd's decisions against the trace's, replayed offline
     live = gnmrctl(a.gnmrctl, a.admin, "decisions", a.job, "--csv")
