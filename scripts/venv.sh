@@ -21,6 +21,16 @@ if ! command -v "$py" >/dev/null 2>&1; then
 fi
 start=$(date +%s)
 rm -rf "$dir"
+# torch's wheels with their CUDA libraries unpack to 5-6 GiB: say so
+# before pip fails half-way with ENOSPC (GNMR_VENV_MIN_FREE_MB overrides)
+need=${GNMR_VENV_MIN_FREE_MB:-7000}
+parent=$(dirname "$dir")
+mkdir -p "$parent"
+free=$(df -Pm "$parent" | awk 'NR==2 {print $4}')
+if [ "$free" -lt "$need" ]; then
+  echo "venv: $free MB free on $(df -P "$parent" | awk 'NR==2 {print $6}') for $dir; torch with its CUDA libraries needs about $need MB (free some space, or set GNMR_VENV_MIN_FREE_MB)" >&2
+  exit 1
+fi
 if ! "$py" -m venv "$dir"; then
   echo "venv: '$py -m venv' failed (Debian: apt-get install python3-venv)" >&2
   exit 1

@@ -712,6 +712,22 @@ class InstallTest(unittest.TestCase):
                         r.stdout)
         self.assertIn("\n8\n", "\n" + r.stdout)
 
+    def test_a_venv_without_room_is_refused_before_pip_runs(self):
+        # scripts/venv.sh checks free space before pip unpacks 5-6 GiB of
+        # torch and CUDA libraries; a full disk is named, not an ENOSPC
+        # half-way through, and no half-made venv is left
+        top = tempfile.mkdtemp(prefix="gnmr-venv-")
+        env = dict(os.environ, GNMR_VENV_MIN_FREE_MB=str(1 << 40))
+        r = subprocess.run(["scripts/venv.sh", os.path.join(top, "v"),
+                            "python/requirements.lock"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertRegex(r.stderr, r"venv: \d+ MB free on /\S* for .*/v; "
+                         r"torch with its CUDA libraries needs about "
+                         + str(1 << 40) + " MB")
+        self.assertEqual(os.listdir(top), [])
+        os.rmdir(top)
+
 
 if __name__ == "__main__":
     unittest.main()
