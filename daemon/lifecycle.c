@@ -180,9 +180,12 @@ void jobs_restore(const store_job *sj, void *ctx) {
   uint64_t snap_step = c->last_decided;
   core_adopt_decided(c, sj->last_step);
   j->first_pass = c->pass;
-  j->known_pass = sj->pass;
-  j->known_step = sj->last_step;
-  store_mark_advance(j->mark, sj->pass, sj->last_step);
+  /* what the history holds: its newest step, not the job row's pass (a
+   * restart killed after committing that row, and before the decisions it
+   * adopted, leaves the agents holding those; they are stored now) */
+  j->known_pass = sj->kept_pass;
+  j->known_step = sj->kept_step;
+  store_mark_advance(j->mark, sj->kept_pass, sj->kept_step);
   records_job(d->st, c);
   char detail[160];
   if (c->last_decided > snap_step)

@@ -145,7 +145,9 @@ int db_blob_write(db_conn *d, const char *table, const char *column,
 
 /* A fault window for tests: GNMR_STORE_FAULT=readonly:MS or full:MS makes
  * a SQLite store refuse writes (read-only) or run out of pages (disk
- * full) from its open for MS milliseconds, then recover. NULL when unset
+ * full) from its open for MS milliseconds, then recover;
+ * readonly-while:/ABS/PATH refuses writes while that file exists (a test
+ * starts and ends the fault at a point of its choosing). NULL when unset
  * or malformed; *what says which, for the log. db_fault_tick applies or
  * lifts it on d (the writer calls it before each batch). */
 typedef struct db_fault db_fault;

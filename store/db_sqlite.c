@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "db.h"
 #include "gnmr/error.h"
@@ -87,6 +88,7 @@ int db_blob_write(db_conn *d, const char *table, const char *column,
 struct db_fault {
   int64_t until_ms; /* CLOCK_REALTIME ms */
   int readonly, lifted;
+  char *while_path; /* readonly-while: read-only while this file exists */
 };
 
 static int64_t now_ms(void) {
@@ -99,6 +101,18 @@ db_fault *db_fault_from_env(char *what, size_t cap) {
   const char *spec = getenv("GNMR_STORE_FAULT");
   if (spec == NULL)
     return NULL;
+  if (strncmp(spec, "readonly-while:", 15) == 0) {
+    if (spec[15] != '/')
+      return NULL; /* an absolute path, or nothing */
+    db_fault *f = calloc(1, sizeof *f);
+    if (f == NULL || (f->while_path = strdup(spec + 15)) == NULL) {
+      free(f);
+      return NULL;
+    }
+    f->readonly = 1;
+    snprintf(what, cap, "read-only while %.200s exists", f->while_path);
+    return f;
+  }
   const char *colon = strchr(spec, ':');
   long long ms = colon ? atoll(colon + 1) : 0;
   int ro = strncmp(spec, "readonly:", 9) == 0;
@@ -117,7 +131,8 @@ void db_fault_tick(db_fault *f, db_conn *d) {
   char pragma[96];
   if (f == NULL || f->lifted || d == NULL || d->kind != DB_SQLITE)
     return;
-  int on = now_ms() < f->until_ms;
+  int on = f->while_path != NULL ? access(f->while_path, F_OK) == 0
+                                 : now_ms() < f->until_ms;
   if (f->readonly) {
     snprintf(pragma, sizeof pragma, "PRAGMA query_only=%d", on);
   } else if (on) {
@@ -132,11 +147,13 @@ void db_fault_tick(db_fault *f, db_conn *d) {
   } else {
     snprintf(pragma, sizeof pragma, "PRAGMA max_page_count=4294967294");
   }
-  f->lifted = !on;
+  f->lifted = !on && f->while_path == NULL; /* a file can come back */
   db_exec(d, pragma);
 }
 
 void db_fault_free(db_fault **f) {
+  if (*f != NULL)
+    free((*f)->while_path);
   free(*f);
   *f = NULL;
 }

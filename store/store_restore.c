@@ -113,6 +113,17 @@ int store__load_job(db_conn *db, store_job *j) {
     j->last_step = last > 0 ? (uint64_t)last : 0;
   }
   db_finalize(st);
+  /* the newest step held, whatever its pass: the job row's pass says
+   * only that a restart began one, maybe with nothing committed since */
+  if (db_prepare(db, "SELECT pass, step FROM steps WHERE run=? ORDER BY "
+                     "pass DESC, step DESC LIMIT 1", &st) != GNMR_OK)
+    return GNMR_E_STORE;
+  db_bind_int64(st, 1, (int64_t)j->run);
+  if (db_step(st) == DB_ROW) {
+    j->kept_pass = (uint32_t)db_column_int64(st, 0);
+    j->kept_step = (uint64_t)db_column_int64(st, 1);
+  }
+  db_finalize(st);
   /* newest snapshot */
   if (db_prepare(db, "SELECT state FROM snapshots WHERE run=? ORDER BY "
                          "pass DESC, step DESC LIMIT 1", &st) != GNMR_OK)

@@ -30,6 +30,10 @@ typedef struct store_job {
   char *owner;                /* the CURVE key that created it, or NULL */
   uint64_t last_step;         /* the newest committed step of its pass
                                  (0: none), at or after the snapshot's */
+  uint32_t kept_pass;         /* the newest step the history holds, of any
+                                 pass ((0, 0): none). The job row's pass can */
+  uint64_t kept_step;         /* be newer: a restart commits it before the
+                                 steps it adopts from agents */
 } store_job;
 
 /* Reads every unfinished job. Calls fn for each (fn takes nothing; the

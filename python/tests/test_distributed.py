@@ -16,6 +16,7 @@ import io
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,7 @@ class DistributedTest(unittest.TestCase):
 
     def run_job(self, kind, nproc):
         out = tempfile.mkdtemp(prefix=f"gnmr-{kind}-")
+        self.addCleanup(shutil.rmtree, out, True)
         job = f"dist-{kind}"
         cmd = [sys.executable, "-m", "torch.distributed.run",
                "--standalone", f"--nproc-per-node={nproc}",
@@ -73,7 +75,8 @@ class DistributedTest(unittest.TestCase):
         if nproc == 1:
             cmd = [sys.executable, os.path.join(HERE, "dist_worker.py"), kind,
                    self.d.agents, job, out, str(STEPS)]
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+                   TMPDIR=out)  # torchelastic's files go with out
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                            env=env)
         self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-6000:])

@@ -16,6 +16,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import re
 import subprocess
 import sys
@@ -103,6 +104,7 @@ class TrainerTest(unittest.TestCase):
 
     def run_worker(self, kind, nproc, family="llama", job=None):
         out = tempfile.mkdtemp(prefix=f"gnmr-{kind}-")
+        self.addCleanup(shutil.rmtree, out, True)
         job = job or f"{kind}-{family}-{nproc}"
         args = [os.path.join(HERE, "trainer_worker.py"), kind, self.d.agents,
                 job, out, str(STEPS), family]
@@ -110,7 +112,7 @@ class TrainerTest(unittest.TestCase):
             sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}", "--monitor-interval=0.2", *args]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                           env=ENV)
+                           env=dict(ENV, TMPDIR=out))
         self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-6000:])
         ranks = []
         for r in range(nproc):
@@ -182,12 +184,14 @@ class TrainerTest(unittest.TestCase):
 
     def test_unit_selection_differing_between_ranks_is_an_error(self):
         out = tempfile.mkdtemp(prefix="gnmr-mismatch-")
+        self.addCleanup(shutil.rmtree, out, True)
         p = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone",
              "--nproc-per-node=2", "--monitor-interval=0.2",
              os.path.join(HERE, "trainer_worker.py"), "mismatch",
              self.d.agents, "mismatch", out, "1"],
-            capture_output=True, text=True, timeout=300, env=ENV)
+            capture_output=True, text=True, timeout=300,
+            env=dict(ENV, TMPDIR=out))
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("the ranks chose different units", p.stderr)
 
@@ -343,6 +347,7 @@ class TransformerEngineFeatureTest(unittest.TestCase):
         from gnmr.pytorch import Controller
         d = Daemon()
         logs = tempfile.mkdtemp(prefix="gnmr-te-")
+        self.addCleanup(shutil.rmtree, logs, True)
         yaml = os.path.join(logs, "gnmr.yaml")
         with open(te.CONFIG) as f:  # the shipped YAML, fprop/wgrad only
             text = f.read().replace("[fprop, dgrad, wgrad]",

@@ -5,6 +5,7 @@ its gnmrctl commands, run in that order in a fresh directory with gnmrd
 on its default endpoint (XDG_RUNTIME_DIR of the test's own). The install
 line is test_wheel's. Each job's 20 steps must be in gnmrd's history."""
 import os
+import shutil
 import re
 import signal
 import subprocess
@@ -35,6 +36,7 @@ class QuickstartTest(unittest.TestCase):
                          ["sh", "sh", "python", "python", "python", "sh"])
         self.assertIn("pip install dist/gnmr-", blocks[0][1])
         work = tempfile.mkdtemp(prefix="gnmr-quickstart-")
+        self.addCleanup(shutil.rmtree, work, True)
         env = {k: v for k, v in os.environ.items()
                if k not in ("GNMR_ENDPOINT", "RUNTIME_DIRECTORY", "GNMR_JOB")}
         env.update(XDG_RUNTIME_DIR=work, OMP_NUM_THREADS="1",

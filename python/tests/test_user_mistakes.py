@@ -9,6 +9,7 @@ Run by `make check` (test-python) with GNMR_AGENT_LIB and GNMR_BIN_DIR.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -371,6 +372,7 @@ class WithDaemonTest(unittest.TestCase):
         net, x = Net(), torch.randn(8, 8)
         seen = []
         tmp = tempfile.mkdtemp(prefix="gnmr-py-")
+        self.addCleanup(shutil.rmtree, tmp, True)
         log_csv = DecisionLog(os.path.join(tmp, "d.csv"))
         log_jsonl = DecisionLog(os.path.join(tmp, "d.jsonl"))
         trace = os.path.join(tmp, "run.csv")
@@ -649,6 +651,7 @@ class RestartTest(unittest.TestCase):
 
     def test_a_crash_of_gnmrd_loses_at_most_snapshot_every_steps(self):
         d = tempfile.mkdtemp(prefix="gnmr-py-")
+        self.addCleanup(shutil.rmtree, d, True)
         p, ep = self.start(d)
         net, x = Net(), torch.randn(8, 8)
         ctl = Controller(net, ep, "crash-job", params=params(),
@@ -689,6 +692,7 @@ class RestartTest(unittest.TestCase):
 class InstallTest(unittest.TestCase):
     def test_packaged_install_in_a_temporary_prefix(self):
         prefix = tempfile.mkdtemp(prefix="gnmr-prefix-")
+        self.addCleanup(shutil.rmtree, prefix, True)
         build = os.environ.get("GNMR_BUILD", "build")
         r = subprocess.run(["make", "--no-print-directory", "install",
                             f"BUILD={build}", f"PREFIX={prefix}",

@@ -100,6 +100,7 @@ class WheelTest(unittest.TestCase):
             env = {k: v for k, v in os.environ.items()
                    if not k.startswith("GNMR_") and k != "PYTHONPATH"}
             env["OMP_NUM_THREADS"] = "1"
+            env["TMPDIR"] = tmp  # the loop's gnmrd data goes with tmp
             # the loaded libraries: the bundled ones, each resolved
             so = os.path.join(site, "gnmr", "libgnmr-agent.so")
             ldd = subprocess.run(["ldd", so], capture_output=True, text=True,
