@@ -237,7 +237,7 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 $(BUILD)/obj/bench/%.o: $(GEN)/proto/gnmr.pb-c.h
-STORE_OBJ = $(call obj,daemon/store.c daemon/store_apply.c daemon/core.c daemon/core_restart.c \
+STORE_OBJ = $(call obj,daemon/store.c daemon/core.c daemon/core_restart.c \
               daemon/store_view.c daemon/views.c) $(LIB_STORE)
 # test_security writes a large history straight into SQLite.
 $(BUILD)/tests/test_security: LDLIBS += $(DB_LIBS)

@@ -262,28 +262,28 @@ static void *writer_main(void *arg) {
     if (batch == NULL && stop)
       break;
 
-    db_fault_tick(s->fault, s->db); /* tests: GNMR_STORE_FAULT */
+    db_fault_tick(s->fault, s->sql.db); /* tests: GNMR_STORE_FAULT */
     take_snapshots(batch);
     char err[256] = "";
     struct timespec c0, c1;
     clock_gettime(CLOCK_MONOTONIC, &c0);
-    int rv = db_begin(s->db);
+    int rv = db_begin(s->sql.db);
     if (rv != GNMR_OK)
-      snprintf(err, sizeof err, "%s", db_errmsg(s->db));
+      snprintf(err, sizeof err, "%s", db_errmsg(s->sql.db));
     for (store_rec *r = batch; rv == GNMR_OK && r; r = r->next) {
-      rv = store__apply(s, r);
+      rv = store__apply(&s->sql, r);
       if (rv == GNMR_OK && r->kind == REC_STEP)
-        rv = store__retain(s, r->run, r->step);
+        rv = store__retain(&s->sql, r->run, r->step);
       if (rv != GNMR_OK)
-        snprintf(err, sizeof err, "%s", db_errmsg(s->db));
+        snprintf(err, sizeof err, "%s", db_errmsg(s->sql.db));
     }
     if (rv == GNMR_OK)
-      rv = store__exec(s->db, "COMMIT", err, sizeof err);
-    int ec = rv != GNMR_OK ? db_error_class(s->db) : 0;
+      rv = store__exec(s->sql.db, "COMMIT", err, sizeof err);
+    int ec = rv != GNMR_OK ? db_error_class(s->sql.db) : 0;
     if (ec == DB_ERR_DAMAGED) {
       /* retrying cannot help: the history stops here, loudly; decisions
        * go on (they never wait on the store) */
-      store__exec(s->db, "ROLLBACK", NULL, 0);
+      store__exec(s->sql.db, "ROLLBACK", NULL, 0);
       atomic_fetch_add(&s->errors, 1);
       atomic_fetch_add(&s->dropped, n);
       if (!s->corrupt)
@@ -303,7 +303,7 @@ static void *writer_main(void *arg) {
     }
     if (rv != GNMR_OK) {
       if (ec != DB_ERR_CONNECTION)
-        db_rollback(s->db);
+        db_rollback(s->sql.db);
       atomic_fetch_add(&s->errors, 1);
       LOG(ERROR, "STORE-COMMIT", "%s: %s (%llu records kept, retrying)",
           s->shown, err, (unsigned long long)n);
@@ -335,10 +335,10 @@ static void *writer_main(void *arg) {
       }
       usleep(backoff_ms * 1000);
       if (ec == DB_ERR_CONNECTION) {
-        if (db_reconnect(s->db) == GNMR_OK)
+        if (db_reconnect(s->sql.db) == GNMR_OK)
           LOG(INFO, "STORE-RECONNECT", "%s: connected again", s->shown);
         else
-          LOG(WARN, "STORE-RECONNECT", "%s: %s", s->shown, db_errmsg(s->db));
+          LOG(WARN, "STORE-RECONNECT", "%s: %s", s->shown, db_errmsg(s->sql.db));
       }
       continue;
     }
@@ -368,7 +368,7 @@ static void *writer_main(void *arg) {
       batch = next;
     }
     if ((since_checkpoint += n) > 50000) {
-      db_checkpoint(s->db, 0);
+      db_checkpoint(s->sql.db, 0);
       since_checkpoint = 0;
     }
   }
@@ -390,33 +390,27 @@ int store_open(const char *where, uint32_t snapshot_every, uint64_t retain_steps
   store_target(where, s->path, sizeof s->path);
   db_target_display(s->path, s->shown, sizeof s->shown);
   s->snapshot_every = snapshot_every ? snapshot_every : 1;
-  s->retain_steps = retain_steps;
-  if (db_open(s->path, DB_CREATE, &s->db, err, errlen) != GNMR_OK)
+  s->sql.retain_steps = retain_steps;
+  if (db_open(s->path, DB_CREATE, &s->sql.db, err, errlen) != GNMR_OK)
     goto fail;
-  if (store__configure(s->db) != GNMR_OK) {
-    snprintf(err, errlen, "%s: %s", s->shown, db_errmsg(s->db));
+  if (store__configure(s->sql.db) != GNMR_OK) {
+    snprintf(err, errlen, "%s: %s", s->shown, db_errmsg(s->sql.db));
     goto fail;
   }
-  if (store__integrity(s->db, err, errlen) != GNMR_OK ||
-      store__migrate(s->db, err, errlen) != GNMR_OK) {
+  if (store__integrity(s->sql.db, err, errlen) != GNMR_OK ||
+      store__migrate(s->sql.db, err, errlen) != GNMR_OK) {
     char why[512];
     snprintf(why, sizeof why, "%s", err);
     snprintf(err, errlen, "%s: %s", s->shown, why);
     goto fail;
   }
-  {
-    db_stmt *st;
-    if (db_prepare(s->db, "SELECT COALESCE(MAX(run), 0) FROM jobs", &st) != GNMR_OK) {
-      snprintf(err, errlen, "%s: %s", s->shown, db_errmsg(s->db));
-      goto fail;
-    }
-    if (db_step(st) == DB_ROW)
-      s->last_run = (uint64_t)db_column_int64(st, 0);
-    db_finalize(st);
+  if (store_newest_run(s->sql.db, &s->last_run) != GNMR_OK) {
+    snprintf(err, errlen, "%s: %s", s->shown, db_errmsg(s->sql.db));
+    goto fail;
   }
   {
     char what[64];
-    if (db_kind(s->db) == DB_SQLITE &&
+    if (db_kind(s->sql.db) == DB_SQLITE &&
         (s->fault = db_fault_from_env(what, sizeof what)) != NULL)
       LOG(WARN, "STORE-FAULT", "test hook: the database is %s", what);
   }
@@ -432,7 +426,7 @@ int store_open(const char *where, uint32_t snapshot_every, uint64_t retain_steps
   return GNMR_OK;
 fail:
   db_fault_free(&s->fault);
-  db_close(s->db);
+  db_close(s->sql.db);
   free(s);
   return GNMR_E_STORE;
 }
@@ -446,12 +440,9 @@ void store_close(store **ps) {
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
   pthread_join(s->thread, NULL);
-  db_finalize(s->st_step);
-  for (int k = 0; k <= STORE_EVENT_ROWS; k++)
-    db_finalize(s->st_events[k]);
-  db_finalize(s->st_last);
-  db_checkpoint(s->db, 1);
-  db_close(s->db);
+  store__stmts_finalize(&s->sql);
+  db_checkpoint(s->sql.db, 1);
+  db_close(s->sql.db);
   db_fault_free(&s->fault);
   for (size_t i = 0; i < s->n_gaps; i++)
     free(s->gaps[i].job);

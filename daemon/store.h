@@ -16,27 +16,8 @@
 
 #include "store_restore.h" /* store_job: restoring at start-up */
 #include "policy.h"
+#include "store_rec.h"
 #include "store_schema.h"
-
-enum store_rec_kind {
-  REC_JOB = 1,   /* job started or resumed: reporters, barrier, params */
-  REC_UNITS,     /* units (id, name) of a job */
-  REC_RANK,      /* the unit ids of one rank, in its Hello order */
-  REC_STEP,      /* a decided step: summary, decision, events, snapshot */
-  REC_EVENT,     /* an operational event (agent joined, params changed...) */
-  REC_STATE,     /* job state change (running, finished) */
-  REC_PARAMS,    /* parameters in force from step `step` on */
-  REC_SNAPSHOT,  /* a policy-state snapshot alone (at shutdown) */
-};
-
-/* One policy event as stored. */
-typedef struct store_event {
-  uint32_t unit; /* UINT32_MAX: job-wide */
-  uint8_t kind;  /* enum policy_event_kind */
-  uint8_t outcome;
-  uint32_t count;
-  double norm, g, d, s;
-} store_event;
 
 /* How far a run's history is committed: the newest (pass, step) whose
  * step record the writer has committed. Every decision of the run before
@@ -45,50 +26,12 @@ typedef struct store_event {
  * agents forget the decisions they hold for gnmrd up to there; the writer
  * advances it after each commit. Shared by reference: a record may outlive
  * its job. Any thread. */
-typedef struct store_mark store_mark;
 store_mark *store_mark_new(uint32_t pass, uint64_t step);
 store_mark *store_mark_ref(store_mark *m);
 void store_mark_free(store_mark **m);
 void store_mark_get(store_mark *m, uint32_t *pass, uint64_t *step);
 /* Moves the mark to (pass, step) when that is after it. */
 void store_mark_advance(store_mark *m, uint32_t pass, uint64_t step);
-
-/* A record: built on the loop thread, owned by the store once put. Fields
- * not used by a kind stay zero. */
-typedef struct store_rec {
-  struct store_rec *next;
-  int kind;
-  char *job;
-  uint64_t run;          /* the run of the job (never reused) */
-  uint32_t pass;
-  uint64_t step;
-  /* REC_JOB */
-  uint32_t reporters, barrier_ms;
-  policy_params params; /* REC_JOB, REC_PARAMS */
-  /* REC_UNITS / REC_RANK */
-  uint32_t rank, n;
-  uint32_t *ids;
-  char **names;
-  /* REC_STEP */
-  uint32_t reports, risky, pool, missing, by_deadline;
-  uint64_t latency_us;
-  char *active;          /* "1 5 7": the decisions CSV's field */
-  store_event *events;
-  uint32_t n_events;
-  void *snapshot;        /* policy_export() bytes, or NULL */
-  size_t snapshot_len;
-  policy_snap *snap;     /* or the snapshot still owed: the writer takes
-                            it (policy_snap_take) before its batch */
-  uint32_t *snap_ids;    /* the engine's units' ids when they are not
-                            0..n-1: stored after the bytes (see
-                            store_snapshot_split) */
-  uint32_t n_snap_ids;
-  store_mark *mark;      /* REC_STEP: the run's mark, advanced once the
-                            record is committed (a reference, or NULL) */
-  /* REC_EVENT / REC_STATE */
-  char *text;            /* event kind, state, or (REC_JOB) the owner */
-  char *detail;
-} store_rec;
 
 /* The store's figures, one table: XX(field, name in gnmrctl stats,
  * /metrics name after gnmr_, counter or gauge, help). */

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* store_sql.h — the writer's private parts, shared by store.c (the
- * writer thread), store_apply.c (the statements; the schema is
- * store/store_migrate.c's),
- * store_restore.c and store_view.c (reading a job back). The parameter
- * columns come from store/store_schema.h: the jobs and params tables have
- * one column per parameter, of its name; a new parameter needs a
- * migration (store/store_migrate.c, per backend) adding its two columns. */
+/* store_sql.h — the writer's private parts (store.c: the queue and the
+ * writer thread). What a record writes is store/store_apply.c's, the
+ * schema store/store_migrate.c's, reading a job back
+ * store/store_restore.c's. The parameter columns come from
+ * store/store_schema.h: the jobs and params tables have one column per
+ * parameter, of its name; a new parameter needs a migration
+ * (store/store_migrate.c, per backend) adding its two columns. */
 #ifndef GNMRD_STORE_SQL_H
 #define GNMRD_STORE_SQL_H
 
@@ -17,22 +17,19 @@
 #include "gnmr/params.h"
 #include "latency.h"
 #include "store.h"
+#include "store_apply.h"
 #include "store_migrate.h"
 
-#define STORE_EVENT_ROWS 64 /* events per INSERT */
 #define STORE_MAX_GAPS 64   /* runs whose dropped steps are told apart */
 
-/* The store (store.c's writer, store_apply.c's statements). */
+/* The store (store.c's queue and writer). */
 struct store {
   char path[4096];  /* the target: a SQLite file or a PostgreSQL URL */
   char shown[4096]; /* the target as logs show it (no password) */
   uint32_t snapshot_every;
   uint64_t last_run;
-  uint64_t retain_steps;
-  db_conn *db; /* the writer thread's connection */
-  /* the step path's statements, prepared once (writer thread) */
-  db_stmt *st_step, *st_last;
-  db_stmt *st_events[STORE_EVENT_ROWS + 1]; /* by rows per statement */
+  /* the writer thread's connection and statements, and retain_steps */
+  store_stmts sql;
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -60,12 +57,5 @@ struct store {
   int corrupt; /* a damaged SQLite file: records are dropped (writer) */
 };
 
-
-/* store_apply.c: the records applied to the schema (writer thread) */
-int64_t store__now_ms(void);
-/* Applies one record (inside the caller's transaction). */
-int store__apply(store *s, const store_rec *r);
-/* Drops a run's history older than retain_steps behind step. */
-int store__retain(store *s, uint64_t run, uint64_t step);
 
 #endif /* GNMRD_STORE_SQL_H */

@@ -12,39 +12,25 @@
 #include "gnmr/error.h"
 #include "store.h"
 #include "store_query.h"
-#include "store_sql.h"
+#include "store_restore.h"
 #include "views.h"
 
 json_t *store_view_job(store_query *q, db_conn *db) {
-  db_stmt *st;
   store_job sj = {0};
   char state[32] = "";
   json_t *out = NULL;
   if (!store_query_resolve(q, db))
     return NULL; /* q->err set */
-  if (db_prepare(db, "SELECT reporters, barrier_ms, pass, state"
-                         PARAM_COLS " FROM jobs WHERE run=?", &st) != GNMR_OK) {
-    store_query_fail(q, GNMR_E_STORE, "%s", db_errmsg(db));
-    return NULL;
-  }
-  db_bind_int64(st, 1, (int64_t)q->resolved);
-  if (db_step(st) != DB_ROW) {
-    db_finalize(st);
+  int rv = store_job_row(db, q->resolved, &sj, state, sizeof state);
+  if (rv == GNMR_E_NOJOB) {
     store_query_fail(q, GNMR_E_NOJOB, "unknown job '%.128s'", q->job);
     return NULL;
   }
-  sj.reporters = (uint32_t)db_column_int64(st, 0);
-  sj.barrier_ms = (uint32_t)db_column_int64(st, 1);
-  sj.pass = (uint32_t)db_column_int64(st, 2);
-  snprintf(state, sizeof state, "%s",
-           db_column_text(st, 3) ? (const char *)db_column_text(
-                                            st, 3)
-                                      : "");
-  store__read_params(st, 4, &sj.hello_params);
-  db_finalize(st);
+  if (rv != GNMR_OK) {
+    store_query_fail(q, GNMR_E_STORE, "%s", db_errmsg(db));
+    return NULL;
+  }
   sj.name = strdup(q->job);
-  sj.run = q->resolved;
-  sj.n_ranks = sj.reporters;
   core_registry reg = {0};
   core_job *c = NULL;
   policy *pol = NULL;

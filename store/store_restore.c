@@ -141,6 +141,41 @@ int store__load_job(db_conn *db, store_job *j) {
   return GNMR_OK;
 }
 
+int store_newest_run(db_conn *db, uint64_t *run) {
+  db_stmt *st;
+  *run = 0;
+  if (db_prepare(db, "SELECT COALESCE(MAX(run), 0) FROM jobs", &st) !=
+      GNMR_OK)
+    return GNMR_E_STORE;
+  if (db_step(st) == DB_ROW)
+    *run = (uint64_t)db_column_int64(st, 0);
+  db_finalize(st);
+  return GNMR_OK;
+}
+
+int store_job_row(db_conn *db, uint64_t run, store_job *j, char *state,
+                  size_t cap) {
+  db_stmt *st;
+  if (db_prepare(db, "SELECT reporters, barrier_ms, pass, state"
+                         PARAM_COLS " FROM jobs WHERE run=?", &st) != GNMR_OK)
+    return GNMR_E_STORE;
+  db_bind_int64(st, 1, (int64_t)run);
+  if (db_step(st) != DB_ROW) {
+    db_finalize(st);
+    return GNMR_E_NOJOB;
+  }
+  j->run = run;
+  j->reporters = (uint32_t)db_column_int64(st, 0);
+  j->barrier_ms = (uint32_t)db_column_int64(st, 1);
+  j->pass = (uint32_t)db_column_int64(st, 2);
+  snprintf(state, cap, "%s",
+           db_column_text(st, 3) ? (const char *)db_column_text(st, 3) : "");
+  store__read_params(st, 4, &j->hello_params);
+  j->n_ranks = j->reporters;
+  db_finalize(st);
+  return GNMR_OK;
+}
+
 int store_restore(const char *where, void (*fn)(const store_job *, void *),
                   void *ctx, char *err, size_t errlen) {
   char path[4200], shown[4200];

@@ -46,6 +46,14 @@ int store_owners(const char *where,
 int store_restore(const char *where, void (*fn)(const store_job *, void *),
                   void *ctx, char *err, size_t errlen);
 
+/* The newest run id of the store (0: none yet) into *run: GNMR_OK or
+ * GNMR_E_STORE. */
+int store_newest_run(db_conn *db, uint64_t *run);
+/* Run run's job row into j (run, reporters, barrier_ms, pass, n_ranks,
+ * hello_params) and its state ("running", "finished", ...) into state:
+ * GNMR_OK, GNMR_E_NOJOB (no such run) or GNMR_E_STORE. */
+int store_job_row(db_conn *db, uint64_t run, store_job *j, char *state,
+                  size_t cap);
 /* Loads a job's units, ranks, parameters in force and newest snapshot
  * into j (name, run, reporters and hello_params set by the caller); free
  * with store__job_free. */

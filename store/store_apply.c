@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* store_apply.c — how each record kind is written (store_rec, store.h).
+/* store_apply.c — how each record kind is written (store_rec.h).
  * Writer thread only, inside the batch's transaction. The schema and its
- * migrations are store/store_migrate.c's. */
+ * migrations are store_migrate.c's. */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -10,7 +10,8 @@
 #include <time.h>
 
 #include "gnmr/error.h"
-#include "store_sql.h"
+#include "store_apply.h"
+#include "store_schema.h"
 
 int64_t store__now_ms(void) {
   struct timespec ts;
@@ -210,7 +211,7 @@ static void bind_event(db_stmt *st, int row, const store_rec *r,
 }
 
 /* Prepares the step path's statements once per connection. */
-static int prepare_step(store *s) {
+static int prepare_step(store_stmts *s) {
   if (s->st_step != NULL)
     return GNMR_OK;
   if (db_prepare(s->db,
@@ -232,7 +233,7 @@ static int prepare_step(store *s) {
   return GNMR_OK;
 }
 
-static int apply_step(store *s, const store_rec *r) {
+static int apply_step(store_stmts *s, const store_rec *r) {
   db_conn *db = s->db;
   db_stmt *st;
   int rc;
@@ -330,7 +331,7 @@ static const char params_insert_sql[] =
     "INSERT INTO params(job, pass, from_step, at" PARAM_COLS ", run) "
     "VALUES(?,?,?,?" PARAM_QS ",?)";
 
-int store__apply(store *s, const store_rec *r) {
+int store__apply(store_stmts *s, const store_rec *r) {
   switch (r->kind) {
   case REC_JOB: {
     int rv = run(s->db,
@@ -370,7 +371,7 @@ int store__apply(store *s, const store_rec *r) {
 
 /* Retention: drops a job's steps and events older than retain_steps
  * behind `step`. Runs in the writer thread, in the batch's transaction. */
-int store__retain(store *s, uint64_t run, uint64_t step) {
+int store__retain(store_stmts *s, uint64_t run, uint64_t step) {
   char sql[160];
   if (s->retain_steps == 0 || step <= s->retain_steps || step % 256 != 0)
     return GNMR_OK;
@@ -390,3 +391,13 @@ int store__retain(store *s, uint64_t run, uint64_t step) {
   return GNMR_OK;
 }
 
+
+void store__stmts_finalize(store_stmts *s) {
+  db_finalize(s->st_step);
+  for (int k = 0; k <= STORE_EVENT_ROWS; k++)
+    db_finalize(s->st_events[k]);
+  db_finalize(s->st_last);
+  s->st_step = s->st_last = NULL;
+  for (int k = 0; k <= STORE_EVENT_ROWS; k++)
+    s->st_events[k] = NULL;
+}
