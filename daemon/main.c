@@ -21,6 +21,7 @@
 
 #include "accept_guard.h"
 #include "admin.h"
+#include "refusals.h"
 #include "agents.h"
 #include "db.h"
 #include "gnmr/error.h"
