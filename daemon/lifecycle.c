@@ -156,7 +156,7 @@ void jobs_restore(const store_job *sj, void *ctx) {
   uint32_t *pol_ids = NULL, n_pol_ids = 0;
   size_t pol_len = 0;
   if (sj->snapshot != NULL &&
-      (store_snapshot_split(sj->snapshot, sj->snapshot_len, &pol_len,
+      (policy_ids_split(sj->snapshot, sj->snapshot_len, &pol_len,
                             &pol_ids, &n_pol_ids) != GNMR_OK ||
        policy_import(sj->snapshot, pol_len, &pol) != GNMR_OK ||
        (pol_ids != NULL && n_pol_ids != policy_units(pol)))) {

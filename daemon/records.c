@@ -114,7 +114,7 @@ static store_rec *snapshot_rec(const core_job *j, int kind) {
     r->n_snap_ids = j->n_units;
   }
   /* room for the id table that the writer appends (store.c) */
-  size_t room = r->snap_ids ? (size_t)r->n_snap_ids * 4 + 12 : 0;
+  size_t room = r->snap_ids ? policy_ids_size(r->n_snap_ids) : 0;
   if ((r->snap = policy_snap_begin_room(j->pol, room)) != NULL)
     return r;
   size_t len = policy_export_size(j->pol);

@@ -120,63 +120,20 @@ void store_rec_free(store_rec *r) {
   free(r);
 }
 
-/* Serializes the snapshots the batch's records still owe (off the loop:
- * policy_snap_*); one that fails (no memory) is logged and left out, the
- * step's record kept. */
-#define SNAP_IDS_MAGIC "GNMRSID1"
-
-/* Appends r's id table to its snapshot bytes (store_snapshot_split): in
- * the room the snapshot handle keeps after them (records.c), or by
- * growing an export's own buffer. */
+/* Appends r's id table to its snapshot bytes (policy_ids_write): in the
+ * room the snapshot handle keeps after them (records.c), or by growing an
+ * export's own buffer. */
 static int add_id_trailer(store_rec *r) {
-  size_t extra = (size_t)r->n_snap_ids * 4 + 4 + 8;
+  size_t extra = policy_ids_size(r->n_snap_ids);
   uint8_t *b = r->snapshot;
   if (r->snap == NULL &&
       (b = realloc(r->snapshot, r->snapshot_len + extra)) == NULL)
     return GNMR_E_NOMEM;
-  uint8_t *o = b + r->snapshot_len;
-  for (uint32_t i = 0; i <= r->n_snap_ids; i++) {
-    uint32_t v = i < r->n_snap_ids ? r->snap_ids[i] : r->n_snap_ids;
-    for (int k = 0; k < 4; k++)
-      *o++ = (uint8_t)(v >> (8 * k));
-  }
-  memcpy(o, SNAP_IDS_MAGIC, 8);
+  policy_ids_write(b + r->snapshot_len, r->snap_ids, r->n_snap_ids);
   r->snapshot = b;
   r->snapshot_len += extra;
   free(r->snap_ids);
   r->snap_ids = NULL;
-  return GNMR_OK;
-}
-
-int store_snapshot_split(const void *blob, size_t len, size_t *pol_len,
-                         uint32_t **ids, uint32_t *n_ids) {
-  const uint8_t *b = blob;
-  *ids = NULL;
-  *n_ids = 0;
-  *pol_len = len;
-  if (len < 12 || memcmp(b + len - 8, SNAP_IDS_MAGIC, 8) != 0)
-    return GNMR_OK;
-  uint32_t n = 0;
-  for (int k = 0; k < 4; k++)
-    n |= (uint32_t)b[len - 12 + k] << (8 * k);
-  if ((uint64_t)n * 4 + 12 > len)
-    return GNMR_E_PARSE;
-  size_t at = len - 12 - (size_t)n * 4;
-  uint32_t *v = malloc((n ? n : 1) * sizeof *v);
-  if (v == NULL)
-    return GNMR_E_NOMEM;
-  for (uint32_t i = 0; i < n; i++) {
-    v[i] = 0;
-    for (int k = 0; k < 4; k++)
-      v[i] |= (uint32_t)b[at + 4 * (size_t)i + k] << (8 * k);
-    if (v[i] == UINT32_MAX || (i > 0 && v[i] <= v[i - 1])) {
-      free(v);
-      return GNMR_E_PARSE; /* ids are ascending and below UINT32_MAX */
-    }
-  }
-  *ids = v;
-  *n_ids = n;
-  *pol_len = at;
   return GNMR_OK;
 }
 

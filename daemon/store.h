@@ -89,13 +89,6 @@ void store_commit_histogram(store *s, uint64_t *buckets, uint64_t *count,
 
 uint32_t store_snapshot_every(const store *s);
 
-/* A stored snapshot is policy_export() bytes, then, for a job whose unit
- * ids are not 0..n-1 (units are kept in ascending id order), a trailer:
- * n little-endian u32 ids, u32 n, "GNMRSID1". Splits blob: *pol_len bytes
- * for policy_import(), and the ids (*ids malloc'd; NULL: ids 0..n-1).
- * GNMR_E_PARSE for a trailer that does not hold together, GNMR_E_NOMEM. */
-int store_snapshot_split(const void *blob, size_t len, size_t *pol_len,
-                         uint32_t **ids, uint32_t *n_ids);
 /* The largest run id in the store at open (0: none): new runs take the
  * ids after it, so that none is ever reused. */
 uint64_t store_last_run(const store *s);

@@ -42,7 +42,7 @@ json_t *store_view_job(store_query *q, db_conn *db) {
     goto out;
   }
   if (sj.snapshot != NULL &&
-      (store_snapshot_split(sj.snapshot, sj.snapshot_len, &pol_len, &pol_ids,
+      (policy_ids_split(sj.snapshot, sj.snapshot_len, &pol_len, &pol_ids,
                             &n_pol_ids) != GNMR_OK ||
        policy_import(sj.snapshot, pol_len, &pol) != GNMR_OK ||
        (pol_ids != NULL && n_pol_ids != policy_units(pol))))

@@ -128,6 +128,19 @@ int policy_unit(const policy *p, uint32_t u, policy_unit_info *info);
 size_t policy_export_size(const policy *p);
 int policy_export(const policy *p, void *buf, size_t cap, size_t *len);
 
+/* A unit id table after the export, for an engine whose unit u stands
+ * for an id other than u (gnmrd's sparse ids; units kept in ascending id
+ * order): n little-endian u32 ids, u32 n, "GNMRSID1". policy_ids_size()
+ * is its size; policy_ids_write() writes it at out. policy_ids_split()
+ * splits stored bytes: *pol_len bytes for policy_import(), and the ids
+ * (*ids malloc'd; NULL when there is no table: ids 0..n-1). GNMR_E_PARSE
+ * for a table that does not hold together (ids not ascending, or
+ * UINT32_MAX), GNMR_E_NOMEM. */
+size_t policy_ids_size(uint32_t n);
+void policy_ids_write(void *out, const uint32_t *ids, uint32_t n);
+int policy_ids_split(const void *blob, size_t len, size_t *pol_len,
+                     uint32_t **ids, uint32_t *n_ids);
+
 /* A snapshot taken off the engine's thread. policy_snap_begin() owes the
  * state as of now to the returned handle in O(1): it finds room for the
  * bytes and serializes nothing (NULL on no memory: use policy_export).

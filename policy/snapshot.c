@@ -267,3 +267,51 @@ int policy_import(const void *buf, size_t len, policy **out) {
   *out = p;
   return GNMR_OK;
 }
+
+/* ---- the unit id table after an export ----------------------------------- */
+
+#define IDS_MAGIC "GNMRSID1"
+
+size_t policy_ids_size(uint32_t n) { return (size_t)n * 4 + 4 + 8; }
+
+void policy_ids_write(void *out, const uint32_t *ids, uint32_t n) {
+  uint8_t *o = out;
+  for (uint32_t i = 0; i <= n; i++) {
+    uint32_t v = i < n ? ids[i] : n;
+    for (int k = 0; k < 4; k++)
+      *o++ = (uint8_t)(v >> (8 * k));
+  }
+  memcpy(o, IDS_MAGIC, 8);
+}
+
+int policy_ids_split(const void *blob, size_t len, size_t *pol_len,
+                     uint32_t **ids, uint32_t *n_ids) {
+  const uint8_t *b = blob;
+  *ids = NULL;
+  *n_ids = 0;
+  *pol_len = len;
+  if (len < 12 || memcmp(b + len - 8, IDS_MAGIC, 8) != 0)
+    return GNMR_OK;
+  uint32_t n = 0;
+  for (int k = 0; k < 4; k++)
+    n |= (uint32_t)b[len - 12 + k] << (8 * k);
+  if ((uint64_t)n * 4 + 12 > len)
+    return GNMR_E_PARSE;
+  size_t at = len - 12 - (size_t)n * 4;
+  uint32_t *v = malloc((n ? n : 1) * sizeof *v);
+  if (v == NULL)
+    return GNMR_E_NOMEM;
+  for (uint32_t i = 0; i < n; i++) {
+    v[i] = 0;
+    for (int k = 0; k < 4; k++)
+      v[i] |= (uint32_t)b[at + 4 * (size_t)i + k] << (8 * k);
+    if (v[i] == UINT32_MAX || (i > 0 && v[i] <= v[i - 1])) {
+      free(v);
+      return GNMR_E_PARSE; /* ids are ascending and below UINT32_MAX */
+    }
+  }
+  *ids = v;
+  *n_ids = n;
+  *pol_len = at;
+  return GNMR_OK;
+}

@@ -64,7 +64,7 @@ typedef struct store_rec {
                             it (policy_snap_take) before its batch */
   uint32_t *snap_ids;    /* the engine's units' ids when they are not
                             0..n-1: stored after the bytes (see
-                            store_snapshot_split) */
+                            policy_ids_split) */
   uint32_t n_snap_ids;
   store_mark *mark;      /* REC_STEP: the run's mark, advanced once the
                             record is committed (a reference, or NULL) */

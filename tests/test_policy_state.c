@@ -391,6 +391,43 @@ START_TEST(snapshot_buffers_are_reused_and_bounded) {
 }
 END_TEST
 
+/* The unit id table after an export: written, split back off (the export's
+ * own length, the ids), and refused when it does not hold together. */
+START_TEST(id_table_round_trips_and_refuses_what_does_not_hold) {
+  const uint32_t ids[3] = {5, 17, 4000000000u};
+  uint8_t blob[64] = "export bytes";
+  size_t len = 12, pol_len;
+  ck_assert_uint_eq(policy_ids_size(3), 3 * 4 + 12);
+  policy_ids_write(blob + len, ids, 3);
+  len += policy_ids_size(3);
+  uint32_t *got, n;
+  ck_assert_int_eq(policy_ids_split(blob, len, &pol_len, &got, &n), GNMR_OK);
+  ck_assert_uint_eq(pol_len, 12);
+  ck_assert_uint_eq(n, 3);
+  ck_assert(got[0] == 5 && got[1] == 17 && got[2] == 4000000000u);
+  free(got);
+  /* no table: every byte is the export's */
+  ck_assert_int_eq(policy_ids_split(blob, 12, &pol_len, &got, &n), GNMR_OK);
+  ck_assert(got == NULL && n == 0 && pol_len == 12);
+  /* a count larger than the bytes */
+  uint8_t bad[64];
+  memcpy(bad, blob, len);
+  bad[len - 12] = 200;
+  ck_assert_int_eq(policy_ids_split(bad, len, &pol_len, &got, &n),
+                   GNMR_E_PARSE);
+  /* ids not ascending, and the reserved UINT32_MAX */
+  const uint32_t down[2] = {9, 3}, max[1] = {UINT32_MAX};
+  policy_ids_write(bad, down, 2);
+  ck_assert_int_eq(policy_ids_split(bad, policy_ids_size(2), &pol_len, &got,
+                                    &n),
+                   GNMR_E_PARSE);
+  policy_ids_write(bad, max, 1);
+  ck_assert_int_eq(policy_ids_split(bad, policy_ids_size(1), &pol_len, &got,
+                                    &n),
+                   GNMR_E_PARSE);
+}
+END_TEST
+
 START_TEST(event_names_are_stable) {
   ck_assert_str_eq(policy_event_name(POLICY_EV_EXCEED), "exceed");
   ck_assert_str_eq(policy_event_name(POLICY_EV_BUDGET_SATURATED),
@@ -413,6 +450,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, set_params_changes_budget_from_next_step);
   tcase_add_test(tc, resize_adds_units_without_history);
   tcase_add_test(tc, event_names_are_stable);
+  tcase_add_test(tc, id_table_round_trips_and_refuses_what_does_not_hold);
   tcase_add_test(tc, snapshot_off_thread_is_the_state_at_begin);
   tcase_add_test(tc, snapshot_never_taken_leaks_nothing);
   tcase_add_test(tc, snapshot_buffers_are_reused_and_bounded);
