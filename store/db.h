@@ -149,7 +149,11 @@ int db_blob_write(db_conn *d, const char *table, const char *column,
  * readonly-while:/ABS/PATH refuses writes while that file exists (a test
  * starts and ends the fault at a point of its choosing). NULL when unset
  * or malformed; *what says which, for the log. db_fault_tick applies or
- * lifts it on d (the writer calls it before each batch). */
+ * lifts it on d (the writer calls it before each batch). Decided: the
+ * fault is SQLite's own (PRAGMA query_only / max_page_count), not a
+ * wrapper of db_ops that invents errors, so the retry path meets the
+ * codes and messages a real read-only or full database gives;
+ * PostgreSQL's tests make a real server refuse (test_pg). */
 typedef struct db_fault db_fault;
 db_fault *db_fault_from_env(char *what, size_t cap);
 void db_fault_tick(db_fault *f, db_conn *d);
