@@ -89,6 +89,22 @@ static int rows_have(const rows *h, uint64_t step, const char *want,
   return found;
 }
 
+/* Steps 1..n each have exactly one row, with the active set the agent
+ * acted on (seen[t], freed here), in pass 1 up to step split and in pass
+ * later after it. */
+static void rows_check(const rows *h, char **seen, uint64_t n, uint64_t split,
+                       uint32_t later) {
+  for (uint64_t t = 1; t <= n; t++) {
+    int count;
+    ck_assert_msg(rows_have(h, t, seen[t], &count) && count == 1,
+                  "step %llu: the agent acted on {%s}; the history has %d "
+                  "rows of it, none or others", (unsigned long long)t,
+                  seen[t], count);
+    ck_assert_uint_eq(h->pass[t - 1], t <= split ? 1 : later);
+    free(seen[t]);
+  }
+}
+
 /* With the store failing every commit, nothing of the job is in the
  * database when gnmrd is killed: not its run, not one of its 20 decided
  * steps. Before agents held their decisions, the restarted gnmrd knew no
@@ -122,15 +138,7 @@ START_TEST(decisions_survive_a_kill_before_any_commit) {
   ck_assert_msg(h.n == 30, "the history has %llu steps of run 1, not 30; "
                 "gnmrd's log ends:\n%s", (unsigned long long)h.n,
                 tu_daemon_log_tail(&d));
-  for (uint64_t t = 1; t <= 30; t++) {
-    int count;
-    ck_assert_msg(rows_have(&h, t, seen[t], &count) && count == 1,
-                  "step %llu: the agent acted on {%s}; the history has %d "
-                  "rows of it, none or others", (unsigned long long)t,
-                  seen[t], count);
-    ck_assert_uint_eq(h.pass[t - 1], t <= 20 ? 1 : 2);
-    free(seen[t]);
-  }
+  rows_check(&h, seen, 30, 20, 2);
   rows_free(&h);
   /* and the history says where those steps came from */
   char data[400];
@@ -238,15 +246,7 @@ START_TEST(held_decisions_of_an_older_pass_survive_a_restart_that_committed_only
                 "the history has %llu steps of run 1 (%llu restored), not "
                 "25 (19); gnmrd's log ends:\n%s", (unsigned long long)h.n,
                 (unsigned long long)h.restored, tu_daemon_log_tail(&d));
-  for (uint64_t t = 1; t <= 25; t++) {
-    int count;
-    ck_assert_msg(rows_have(&h, t, seen[t], &count) && count == 1,
-                  "step %llu: the agent acted on {%s}; the history has %d "
-                  "rows of it, none or others", (unsigned long long)t,
-                  seen[t], count);
-    ck_assert_uint_eq(h.pass[t - 1], t <= 20 ? 1 : 3);
-    free(seen[t]);
-  }
+  rows_check(&h, seen, 25, 20, 3);
   rows_free(&h);
   tu_rmrf(d.dir);
 }
