@@ -39,8 +39,10 @@ def _round(p):
 
 
 def summarise(setting, results, args, seeds, argv, commit):
-    cap = os.environ.get("ATEN_CPU_CAPABILITY")
-    out = {"command": (f"ATEN_CPU_CAPABILITY={cap} " if cap else "") +
+    pins = "".join(f"{k}={os.environ[k]} " for k in
+                   ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+                   if os.environ.get(k))
+    out = {"command": pins +
            f"build/venv/bin/python {setting.script} " +
            " ".join(argv if argv is not None else sys.argv[1:]),
            "commit": commit, "seeds": seeds,
