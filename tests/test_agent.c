@@ -693,6 +693,7 @@ START_TEST(agents_reopened_at_once_in_one_process_always_open) {
   }
   gnmr_agent_close(&kept);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
 }
 END_TEST
 
@@ -766,6 +767,7 @@ START_TEST(a_forked_child_cannot_use_or_break_the_parents_agent) {
   }
   gnmr_agent_close(&a);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
 }
 END_TEST
 
@@ -809,6 +811,7 @@ START_TEST(every_route_at_once_equals_each_route) {
   }
   gnmr_agent_close(&a);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
 }
 END_TEST
 

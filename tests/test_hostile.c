@@ -1097,6 +1097,7 @@ START_TEST(a_huge_or_escaped_instance_is_refused_and_not_kept) {
   raw_close(&p);
   free(inst);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
 }
 END_TEST
 
@@ -1198,6 +1199,7 @@ START_TEST(reports_without_hello_do_not_stall_another_job) {
                 worst * 1e3);
   gnmr_agent_close(&a);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
 }
 END_TEST
 
@@ -1239,6 +1241,7 @@ START_TEST(silent_connections_that_come_back_do_not_lock_the_operator_out) {
     zmq_close(idle[i]);
   zmq_ctx_term(ctx);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
 }
 END_TEST
 
@@ -1349,6 +1352,7 @@ START_TEST(an_admin_flood_that_reads_nothing_is_bounded) {
     free(units[i]);
   free(units);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
 }
 END_TEST
 
