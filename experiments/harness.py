@@ -164,6 +164,13 @@ class Setting:
     def reset(self, units):
         """Before each step's forward (a unit may not run every step)."""
 
+    def set_latent(self, built, current):
+        """--episode-mode latent: the units in `current` ({u: (positions,
+        scale)}) get a latent outlier of that scale at those input
+        features, every other unit none."""
+        raise SystemExit(f"{self.script}: this setting has no latent "
+                         "outliers (--episode-mode latent)")
+
     def set_route(self, unit, high):
         unit.recovery = high
 
@@ -272,8 +279,11 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
             math.pi * min(i, args.steps) / args.steps))))
     sched = episode_schedule(setting.widths(b, args), args.steps, args, seed)
     current = {}
-    for u, m in enumerate(b.inject):
-        m.register_forward_pre_hook(_inject(setting, current, u))
+    latent = args.episode_mode == "latent"
+    if not latent:
+        for u, m in enumerate(b.inject):
+            m.register_forward_pre_hook(_inject(setting, current, u))
+    trace = [] if args.trace_dir else None
 
     ctl = None
     if variant in CONTROLLED:
@@ -309,6 +319,8 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
         t0 = time.perf_counter()
         current.clear()
         current.update(sched[step])
+        if latent:
+            setting.set_latent(b, current)
         probe = None
         if variant == "oracle_now":
             setting.reset(units)
@@ -339,6 +351,8 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
                 raise RuntimeError(f"gnmrd's decision for step {step} was "
                                    f"late: the run would not reproduce")
         norms = [unit_norm(m) for m in units]
+        if trace is not None:
+            trace.extend((step, u, n) for u, n in enumerate(norms))
         for u, n in enumerate(norms):
             risky = rules[u].risky(n)
             if step > args.warmup and risky:
@@ -360,9 +374,14 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
         t_steps += time.perf_counter() - t0
         if step % args.eval_every == 0 or step == args.steps:
             current.clear()   # measured clean: no episode while evaluating
+            if latent:
+                setting.set_latent(b, current)
             curve.append((step, setting.evaluate(model, data, args)))
     if ctl is not None:
         ctl.close()
+    if trace is not None:
+        write_trace(os.path.join(args.trace_dir, f"{setting.name}-{variant}"
+                                 f"-{seed}.csv"), trace, names)
     unit_steps = len(units) * args.steps
     eligible = len(units) * max(1, args.steps - args.warmup)
     out = {"val": curve[-1][1]["val"],
@@ -381,6 +400,20 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
     for key, _, _ in setting.extra_figures():
         out[key] = curve[-1][1][key]
     return out
+
+
+def write_trace(path, rows, names):
+    """The run's per-unit gradient norms as a trace of docs/policy.md
+    (step,unit,norm; repr round-trips every double), the units' names in
+    comment lines: `gnmrctl replay` and gnmr.policy read it."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        for u, n in enumerate(names):
+            f.write(f"# unit {u} {n}\n")
+        f.write("step,unit,norm\n")
+        for t, u, n in rows:
+            f.write(f"{t},{u},{n!r}\n")
+    os.replace(path + ".tmp", path)
 
 
 def where_it_falls(damage_log, sched, exceed, exceed_ep):
@@ -473,6 +506,16 @@ def common_args(p, setting, defaults):
                    "scales")
     p.add_argument("--episode-scales", default=d["episode_scales"],
                    help="the scale of the episode's positions, step by step")
+    p.add_argument("--episode-mode", choices=("input", "latent"),
+                   default=d.get("episode_mode", "input"),
+                   help="input: the positions of the unit's input are "
+                   "scaled (every path sees it); latent: only the unit's "
+                   "quantizers see the scaled features, with the weight "
+                   "columns divided by the same scale (the exact product "
+                   "unchanged: a latent outlier feature)")
+    p.add_argument("--trace-dir", default="",
+                   help="write each run's per-unit gradient norms here as "
+                   "a trace (SETTING-VARIANT-SEED.csv)")
     p.add_argument("--no-skip-nonfinite", dest="skip_nonfinite",
                    action="store_false",
                    help="apply steps with non-finite gradients")

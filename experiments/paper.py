@@ -281,6 +281,12 @@ class Paper(harness.Setting):
     def set_route(self, unit, high):
         _switch("", unit, high)
 
+    def set_latent(self, built, current):
+        for u, m in enumerate(built.inject):
+            ep = current.get(u)
+            for q in _quantized(m):
+                q.latent = None if ep is None else (ep[0], ep[1])
+
     def on_recovery(self, unit):
         return any(q.recovery for q in _quantized(unit))
 

@@ -347,8 +347,15 @@ static double score_unit(policy *p, uint32_t u, double n, double a,
     p->g[u] = g;
     p->d[u] = d;
   }
-  p->sum[u] += n;
-  p->cnt[u] += 1;
+  uint64_t h = p->prm.mean_horizon;
+  if (h != 0 && p->cnt[u] >= h) {
+    /* the mean's weight stays at cnt: the newest norm replaces 1/cnt of
+     * the sum (docs/policy.md, mean_horizon) */
+    p->sum[u] = (p->sum[u] - p->sum[u] / (double)p->cnt[u]) + n;
+  } else {
+    p->sum[u] += n;
+    p->cnt[u] += 1;
+  }
   return s;
 }
 

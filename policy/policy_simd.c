@@ -132,8 +132,16 @@ score8(policy *p, uint32_t u, const double *norm, const policy__consts *kc,
   *quiet = ok == 0xff &&
            _mm512_cmp_pd_mask(s, _mm512_set1_pd(1), _CMP_GT_OQ) == 0 &&
            _mm256_test_epi32_mask(lock, lock) == 0;
-  _mm512_mask_storeu_pd(p->sum + u, ok, _mm512_add_pd(sum, n));
-  _mm512_mask_storeu_epi64(p->cnt + u, ok,
+  /* the update: sum + n and cnt + 1, or, with a mean horizon reached,
+   * (sum - sum / cnt) + n (m is sum / cnt) and cnt as it is */
+  __mmask8 cap = 0;
+  if (p->prm.mean_horizon != 0)
+    cap = _mm512_cmpge_epu64_mask(
+        cnt, _mm512_set1_epi64((long long)p->prm.mean_horizon));
+  __m512d ns = _mm512_mask_blend_pd(cap, _mm512_add_pd(sum, n),
+                                    _mm512_add_pd(_mm512_sub_pd(sum, m), n));
+  _mm512_mask_storeu_pd(p->sum + u, ok, ns);
+  _mm512_mask_storeu_epi64(p->cnt + u, ok & (__mmask8)~cap,
                            _mm512_add_epi64(cnt, _mm512_set1_epi64(1)));
   return ok;
 }
@@ -190,9 +198,22 @@ __attribute__((target("avx2"))) static int score4(policy *p, uint32_t u,
   *quiet = _mm256_movemask_pd(_mm256_cmp_pd(s, _mm256_set1_pd(1),
                                             _CMP_GT_OQ)) == 0 &&
            _mm_testz_si128(lock, lock);
-  _mm256_storeu_pd(p->sum + u, _mm256_add_pd(sum, n));
+  /* the update, as score8's: a lane at its mean horizon forgets 1/cnt */
+  uint64_t h = p->prm.mean_horizon;
+  long long capped[4], inc[4];
+  for (int k = 0; k < 4; k++) {
+    int at = h != 0 && p->cnt[u + k] >= h;
+    capped[k] = at ? -1 : 0;
+    inc[k] = at ? 0 : 1;
+  }
+  __m256d cap = _mm256_castsi256_pd(
+      _mm256_loadu_si256((const __m256i *)capped));
+  __m256d ns = _mm256_blendv_pd(_mm256_add_pd(sum, n),
+                                _mm256_add_pd(_mm256_sub_pd(sum, m), n), cap);
+  _mm256_storeu_pd(p->sum + u, ns);
   _mm256_storeu_si256((__m256i *)(p->cnt + u),
-                      _mm256_add_epi64(cnt, _mm256_set1_epi64x(1)));
+                      _mm256_add_epi64(cnt, _mm256_loadu_si256(
+                                                (const __m256i *)inc)));
   return 1;
 }
 

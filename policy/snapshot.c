@@ -13,15 +13,17 @@
 
 /* Layout (little-endian): "GNMRPOL1", u32 format version, u32 n_units,
  * f64 alpha, beta, early_alpha, early_beta, u32 window, max_active,
- * lock_steps, u64 warmup_steps, early_steps, last_step; then per unit
+ * lock_steps, u64 warmup_steps, early_steps, last_step, and from version
+ * 3 on u64 mean_horizon (versions 1 and 2 read as 0); then per unit
  * u64 cnt, f64 sum, u64 promotions, u32 lock, u8 active, u32 win_len,
  * win_len x f64 (oldest first); then a u64 checksum of everything before:
  * version 1, FNV-1a over bytes; version 2 (written now), FNV-1a over
- * 64-bit words in four interleaved lanes, folded (sum64 below). Import
- * reads both. */
+ * 64-bit words in four interleaved lanes, folded (sum64 below); version
+ * 3 (written now) as 2 with the mean horizon. Import reads all three. */
 #define SNAP_MAGIC "GNMRPOL1"
-#define SNAP_VERSION 2u
-#define SNAP_HEAD (8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8)
+#define SNAP_VERSION 3u
+#define SNAP_HEAD2 (8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8)
+#define SNAP_HEAD (SNAP_HEAD2 + 8)
 #define SNAP_UNIT (8 + 8 + 8 + 4 + 1 + 4)
 
 typedef struct wbuf {
@@ -159,6 +161,7 @@ size_t policy__export_head(const policy *p, uint8_t *out) {
   put_u64(&w, prm->warmup_steps);
   put_u64(&w, prm->early_steps);
   put_u64(&w, p->last_step);
+  put_u64(&w, prm->mean_horizon);
   assert(w.len == SNAP_HEAD);
   return w.len;
 }
@@ -208,7 +211,7 @@ int policy_import(const void *buf, size_t len, policy **out) {
   if (out == NULL)
     return GNMR_E_INVAL;
   *out = NULL;
-  if (buf == NULL || len < SNAP_HEAD + 8 ||
+  if (buf == NULL || len < SNAP_HEAD2 + 8 ||
       memcmp(buf, SNAP_MAGIC, 8) != 0)
     return GNMR_E_PARSE;
   uint64_t sum;
@@ -216,7 +219,7 @@ int policy_import(const void *buf, size_t len, policy **out) {
   sum = get_u64(&tail);
   rbuf r = {(const uint8_t *)buf, len - 8, 8, 0};
   uint32_t version = get_u32(&r);
-  if (version != 1 && version != SNAP_VERSION)
+  if (version != 1 && version != 2 && version != SNAP_VERSION)
     return sum == sum64(buf, len - 8) || sum == fnv1a(buf, len - 8)
                ? GNMR_E_VERSION
                : GNMR_E_PARSE;
@@ -233,6 +236,7 @@ int policy_import(const void *buf, size_t len, policy **out) {
   prm.warmup_steps = get_u64(&r);
   prm.early_steps = get_u64(&r);
   uint64_t last = get_u64(&r);
+  prm.mean_horizon = version >= 3 ? get_u64(&r) : 0;
   if (r.bad || n > POLICY_MAX_UNITS ||
       (r.len - r.off) / SNAP_UNIT < n)
     return GNMR_E_PARSE;

@@ -112,6 +112,22 @@ static const char *const schema_v4 =
 static const char *const schema_v5 =
     "CREATE INDEX IF NOT EXISTS steps_by_step ON steps(run, step, pass);";
 
+/* Schema version 6: the mean horizon (docs/policy.md), a parameter
+ * column of jobs and params; rows before it read as 0 (no horizon). */
+static const char *const schema_v6 =
+    "ALTER TABLE jobs ADD COLUMN mean_horizon INTEGER;"
+    "ALTER TABLE params ADD COLUMN mean_horizon INTEGER;";
+static const char *const pg_schema_v6 =
+    "ALTER TABLE jobs ADD COLUMN mean_horizon BIGINT;"
+    "ALTER TABLE params ADD COLUMN mean_horizon BIGINT;";
+
+/* The parameter columns as of PostgreSQL's version 4 (frozen: a parameter
+ * added later comes with a migration of its own). */
+#define PG_PARAM_DEFS_V4                                                      \
+  ", \"alpha\" DOUBLE PRECISION, \"beta\" DOUBLE PRECISION, \"window\" BIGINT," \
+  " \"max_active\" BIGINT, \"lock_steps\" BIGINT, \"warmup_steps\" BIGINT,"   \
+  " \"early_alpha\" DOUBLE PRECISION, \"early_beta\" DOUBLE PRECISION,"       \
+  " \"early_steps\" BIGINT"
 
 /* PostgreSQL's schema: born at version 4, the SQLite schema's shape
  * (runs, the two events indexes) with PostgreSQL's types (64-bit
@@ -122,11 +138,11 @@ static const char *const schema_v5 =
 static const char *const pg_schema_v4 =
     "CREATE TABLE jobs(run BIGINT PRIMARY KEY, name TEXT NOT NULL,"
     " reporters BIGINT, barrier_ms BIGINT, state TEXT, pass BIGINT,"
-    " last_step BIGINT" PARAM_PG_DEFS ", created_at BIGINT,"
+    " last_step BIGINT" PG_PARAM_DEFS_V4 ", created_at BIGINT,"
     " updated_at BIGINT, owner TEXT);"
     "CREATE INDEX jobs_by_name ON jobs(name, run);"
     "CREATE TABLE params(rowid BIGSERIAL PRIMARY KEY, job TEXT, pass BIGINT,"
-    " from_step BIGINT, at BIGINT" PARAM_PG_DEFS ", run BIGINT);"
+    " from_step BIGINT, at BIGINT" PG_PARAM_DEFS_V4 ", run BIGINT);"
     "CREATE INDEX params_by_run ON params(run, rowid);"
     "CREATE TABLE units(job TEXT, run BIGINT, id BIGINT, name TEXT,"
     " PRIMARY KEY(run, id));"
@@ -239,7 +255,7 @@ int store__migrate(db_conn *db, char *err, size_t errlen) {
     static const struct {
       int version;
       const char *const *sql;
-    } pg_steps[] = {{4, &pg_schema_v4}, {5, &schema_v5}};
+    } pg_steps[] = {{4, &pg_schema_v4}, {5, &schema_v5}, {6, &pg_schema_v6}};
     for (size_t i = 0; i < sizeof pg_steps / sizeof pg_steps[0]; i++)
       if (version < pg_steps[i].version &&
           migrate_to(db, pg_steps[i].version, *pg_steps[i].sql, err, errlen))
@@ -249,7 +265,7 @@ int store__migrate(db_conn *db, char *err, size_t errlen) {
       int version;
       const char *const *sql;
     } steps[] = {{1, &schema_v1}, {2, &schema_v2}, {3, &schema_v3},
-                 {4, &schema_v4}, {5, &schema_v5}};
+                 {4, &schema_v4}, {5, &schema_v5}, {6, &schema_v6}};
     for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
       if (version < steps[i].version &&
           migrate_to(db, steps[i].version, *steps[i].sql, err, errlen))

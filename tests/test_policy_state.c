@@ -55,9 +55,10 @@ START_TEST(export_import_continues_identically) {
 }
 END_TEST
 
-/* A version-1 snapshot (written by gnmrd before version 2: the same bytes,
- * a byte-wise FNV-1a checksum) still imports, to the same state; an
- * unknown version is VERSION, not PARSE. */
+/* A version-1 snapshot (written by gnmrd before version 2: the bytes of
+ * version 3 without the mean horizon, a byte-wise FNV-1a checksum) still
+ * imports, to the same state with no horizon; an unknown version is
+ * VERSION, not PARSE. */
 static uint64_t fnv1a_bytes(const unsigned char *p, size_t n) {
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < n; i++)
@@ -76,20 +77,25 @@ START_TEST(version_1_snapshots_still_import) {
   size_t len = policy_export_size(a), len2 = 0;
   unsigned char *v2 = malloc(len), *v1 = malloc(len), *again = malloc(len);
   ck_assert_int_eq(policy_export(a, v2, len, &len), GNMR_OK);
-  ck_assert_uint_eq(v2[8], 2); /* version 2 is written */
-  memcpy(v1, v2, len);
+  ck_assert_uint_eq(v2[8], 3); /* version 3 is written */
+  /* the header's mean horizon: the 8 bytes after last_step */
+  enum { HEAD2 = 8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8 };
+  size_t len1 = len - 8;
+  memcpy(v1, v2, HEAD2);
+  memcpy(v1 + HEAD2, v2 + HEAD2 + 8, len - HEAD2 - 8);
   v1[8] = 1;
-  uint64_t h = fnv1a_bytes(v1, len - 8);
+  uint64_t h = fnv1a_bytes(v1, len1 - 8);
   for (int i = 0; i < 8; i++)
-    v1[len - 8 + i] = (unsigned char)(h >> (8 * i));
-  ck_assert_int_eq(policy_import(v1, len, &b), GNMR_OK);
+    v1[len1 - 8 + i] = (unsigned char)(h >> (8 * i));
+  ck_assert_int_eq(policy_import(v1, len1, &b), GNMR_OK);
+  ck_assert_uint_eq(policy_get_params(b)->mean_horizon, 0);
   ck_assert_int_eq(policy_export(b, again, len, &len2), GNMR_OK);
   ck_assert_uint_eq(len2, len);
   ck_assert_int_eq(memcmp(again, v2, len), 0); /* the same state */
-  v1[len - 1] ^= 1; /* a version-1 checksum is checked too */
-  ck_assert_int_eq(policy_import(v1, len, &c), GNMR_E_PARSE);
+  v1[len1 - 1] ^= 1; /* a version-1 checksum is checked too */
+  ck_assert_int_eq(policy_import(v1, len1, &c), GNMR_E_PARSE);
   memcpy(v1, v2, len);
-  v1[8] = 3; /* a future version, its checksum intact */
+  v1[8] = 4; /* a future version, its checksum intact */
   h = fnv1a_bytes(v1, len - 8);
   for (int i = 0; i < 8; i++)
     v1[len - 8 + i] = (unsigned char)(h >> (8 * i));

@@ -33,7 +33,9 @@
      "alpha")                                                                 \
   XX(early_beta, double, THRESHOLD, "early-beta", "GNMR_EARLY_BETA", 0,       \
      "beta")                                                                  \
-  XX(early_steps, uint64_t, U64, "early-steps", "GNMR_EARLY_STEPS", 0, "")
+  XX(early_steps, uint64_t, U64, "early-steps", "GNMR_EARLY_STEPS", 0, "")  \
+  XX(mean_horizon, uint64_t, U64, "mean-horizon", "GNMR_MEAN_HORIZON", 0,   \
+     "")
 
 #define GNMR__PARAM_FIELD(name, ctype, kind, opt, env, def, inh) ctype name;
 #define GNMR__PARAM_COUNT(name, ctype, kind, opt, env, def, inh) +1

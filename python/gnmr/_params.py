@@ -11,4 +11,5 @@ PARAMS = [
     ("early_alpha", "c_double", 0.0, "alpha"),
     ("early_beta", "c_double", 0.0, "beta"),
     ("early_steps", "c_uint64", 0, ""),
+    ("mean_horizon", "c_uint64", 0, ""),
 ]

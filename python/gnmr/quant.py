@@ -35,6 +35,18 @@ the mean relative error of its columns; one outlier feature that spoils
 its neighbours' scale shows, where a whole-tensor error would be
 dominated by the outlier itself), so a caller can measure damage that
 recovery hid.
+
+`latent`: a latent outlier feature, as the layer's quantizers see it
+(None: none). Set to (features, s), the input features listed are
+multiplied by s before either recipe quantizes the activation and the
+matching weight columns divided by s before the weight is quantized,
+then both copies are scaled back: the exact product is unchanged (so an
+`exact` path, and `bf16` up to its rounding, compute what they computed
+before), as with the outlier features of real activations whose weights
+compensate, while a recipe whose scale a group, tile or row shares
+loses the precision of that feature's neighbours (and, for a weight
+grid, of the feature's own small column). Tests and experiments set it;
+the training side never does.
 """
 import re
 
@@ -215,7 +227,18 @@ class QuantLinear(torch.nn.Linear):
         super().__init__(in_features, out_features, bias, **kw)
         self.low, self.high = Recipe(low), Recipe(high)
         self.recovery = False
+        self.latent = None
         self._err = 0.0
+
+    def _scales(self):
+        """The latent outlier's per-feature scale (None: no latent)."""
+        if self.latent is None:
+            return None
+        idx, s = self.latent
+        v = torch.ones(self.in_features, dtype=torch.float32,
+                       device=self.weight.device)
+        v[torch.as_tensor(idx, dtype=torch.long, device=v.device)] = float(s)
+        return v
 
     @property
     def low_error(self):
@@ -228,20 +251,32 @@ class QuantLinear(torch.nn.Linear):
     def forward(self, x):
         r = self.high if self.recovery else self.low
         xd = x.detach()
+        sv = self._scales()
+
+        def act(rec, v):
+            if sv is None or rec._act is None:
+                return rec.act(v)
+            return (rec.act(v * sv) / sv).to(v.dtype)
+
+        def weight(rec, w):
+            if sv is None or rec._w is None:
+                return rec.weight(w)
+            return (rec.weight(w / sv) * sv).to(w.dtype)
+
         saved = None
         if self.training:
-            low = self.low.act(xd)
+            low = act(self.low, xd)
             xf = xd.float().reshape(-1, xd.shape[-1])
             n = xf.norm(dim=0)
             e = (low.float().reshape(-1, xd.shape[-1]) - xf).norm(dim=0)
             self._err = torch.where(n > 0, e / _safe(n), 0.0).mean()
             if torch.is_grad_enabled():
-                saved = low if r is self.low else r.act(xd)
+                saved = low if r is self.low else act(r, xd)
         if r._act is None and r._w is None:
             return F.linear(x, self.weight, self.bias)
         fx = x if r.storage_only else (
-            saved if saved is not None else r.act(xd))
-        wq = r.weight(self.weight.detach())
+            saved if saved is not None else act(r, xd))
+        wq = weight(r, self.weight.detach())
         if saved is None or not torch.is_grad_enabled():
             return F.linear(fx, wq, self.bias)
         return _QuantGemm.apply(x, self.weight, self.bias, fx, wq, saved)

@@ -1,0 +1,210 @@
+# SPDX-License-Identifier: MIT
+"""The GNMR policy of docs/policy.md in plain Python: a reference that
+decides as gnmrd and `gnmrctl replay` do, bit for bit, for the same trace
+and parameters (tests/ check it against `gnmrctl replay`), with the
+optional rules (docs/policy.md, "Optional rules").
+
+It is for the offline side: reading a trace, replaying it under other
+parameters (the experiments choose the defaults with it), and the
+exceedance rate a job would see. The training side never runs it; gnmrd
+decides.
+
+    from gnmr.policy import Policy, read_trace, replay
+    trace = read_trace("trace.csv")       # {step: {unit: norm}}
+    decisions = replay(trace, alpha=4, beta=4)   # [(step, [units])]
+
+Arithmetic follows the engine's: IEEE doubles, the window summed oldest
+to newest, max(g / a, d / b) with a NaN d giving g / a.
+"""
+import math
+
+from ._params import PARAMS
+
+_DEFAULTS = {p[0]: p[2] for p in PARAMS}
+_THRESHOLDS = {p[0] for p in PARAMS if p[1] == "c_double"}
+_INHERITS = {p[0]: p[3] for p in PARAMS if p[3]}
+
+
+def params(**kw):
+    """A dict of every parameter: the defaults, then kw (names as fields,
+    max_active; None leaves a default). Checked as gnmrd checks them:
+    ValueError names what is wrong."""
+    out = {}
+    for name, deflt in _DEFAULTS.items():
+        out[name] = None if name in _INHERITS else deflt
+    for k, v in kw.items():
+        if k not in out:
+            raise ValueError(f"unknown parameter {k!r} (one of "
+                             f"{', '.join(out)})")
+        if v is not None:
+            out[k] = v
+    for name in out:
+        v = out[name]
+        if name in _THRESHOLDS:
+            if v is None and name in _INHERITS:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or \
+                    not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a finite number > 0, "
+                                 f"not {v!r}")
+            out[name] = float(v)
+        else:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0 or \
+                    v >= 2 ** 64:
+                raise ValueError(f"{name} must be a count >= 0, not {v!r}")
+    if out["window"] < 1 or out["window"] > 65536:
+        raise ValueError("window must be 1..65536")
+    return out
+
+
+class Policy:
+    """One job's policy over units 0..n-1. step(t, norms) takes {unit:
+    norm} (a unit absent: not reported; 0.0: idle; NaN/inf: non-finite)
+    and returns A_t as a sorted list. After a step, .s[u] holds u's score
+    and .risky the risky units."""
+
+    def __init__(self, n, **kw):
+        self.p = params(**kw)
+        self.n = n
+        self.cnt = [0] * n
+        self.sum = [0.0] * n
+        self.win = [[] for _ in range(n)]
+        self.lock = [0] * n
+        self.s = [0.0] * n
+        self.risky = set()
+        self.last = 0
+
+    def thresholds(self, t):
+        p = self.p
+        a, b = p["alpha"], p["beta"]
+        if t <= p["early_steps"]:
+            a = p["early_alpha"] if p["early_alpha"] is not None else a
+            b = p["early_beta"] if p["early_beta"] is not None else b
+        return a, b
+
+    def score(self, u, n, a, b):
+        """Steps 1-3 of the spec for unit u's finite or non-finite norm n
+        (not None); updates the statistics; returns s."""
+        if n == 0:
+            return 0.0
+        if not math.isfinite(n):
+            return math.inf
+        s = 0.0
+        if self.cnt[u] > 0:
+            g = n / (self.sum[u] / self.cnt[u])
+            d = 1.0
+            w = self.win[u]
+            if w:
+                acc = 0.0
+                for x in w:
+                    acc += x
+                d = g / (acc / len(w))
+            ga, db = g / a, d / b
+            s = ga if math.isnan(db) else max(ga, db)
+            w.append(g)
+            if len(w) > self.p["window"]:
+                del w[0]
+        h = self.p["mean_horizon"]
+        if h and self.cnt[u] >= h:
+            self.sum[u] = (self.sum[u] - self.sum[u] / h) + n
+        else:
+            self.sum[u] += n
+            self.cnt[u] += 1
+        return s
+
+    def step(self, t, norms):
+        if t <= self.last:
+            raise ValueError(f"step {t} after step {self.last}")
+        self.last = t
+        a, b = self.thresholds(t)
+        s = self.s
+        for u in range(self.n):
+            n = norms.get(u)
+            s[u] = 0.0 if n is None else self.score(u, n, a, b)
+        self.risky = {u for u in range(self.n) if s[u] > 1}
+        if t <= self.p["warmup_steps"]:
+            return []
+        pool = self.risky | {u for u in range(self.n) if self.lock[u] > 0}
+        k = min(self.p["max_active"], len(pool))
+        act = sorted(sorted(pool, key=lambda u: (-s[u], u))[:k])
+        chosen = set(act)
+        for u in range(self.n):
+            r = u in self.risky
+            if u in chosen and r:
+                self.lock[u] = self.p["lock_steps"]
+            elif self.lock[u] > 0 and not r:
+                self.lock[u] -= 1
+        return act
+
+
+def read_trace(path):
+    """({step: {unit: norm}}, units) from a trace CSV (docs/policy.md);
+    ValueError with the line on a malformed one."""
+    out, units = {}, 0
+    with open(path) as f:
+        header = None
+        for i, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if header is None:
+                if line != "step,unit,norm":
+                    raise ValueError(f"{path}:{i}: the header must be "
+                                     "step,unit,norm")
+                header = line
+                continue
+            parts = line.split(",")
+            try:
+                if len(parts) != 3:
+                    raise ValueError("three fields")
+                t, u = int(parts[0]), int(parts[1])
+                n = float(parts[2])
+                if t < 1 or u < 0 or (n < 0 and n != -math.inf):
+                    raise ValueError("a step >= 1, a unit >= 0, a norm >= 0")
+            except ValueError as e:
+                raise ValueError(f"{path}:{i}: {line!r}: {e}") from None
+            row = out.setdefault(t, {})
+            if u in row:
+                raise ValueError(f"{path}:{i}: step {t} unit {u} twice")
+            row[u] = n
+            units = max(units, u + 1)
+    if header is None:
+        raise ValueError(f"{path}: no header line")
+    return out, units
+
+
+def replay(trace, units=None, **kw):
+    """[(step, A_t)] for every step from the trace's first to its last,
+    as `gnmrctl replay` prints them. trace: {step: {unit: norm}}."""
+    if units is None:
+        units = 1 + max((u for r in trace.values() for u in r), default=-1)
+    if not trace:
+        return []
+    pol = Policy(units, **kw)
+    return [(t, pol.step(t, trace.get(t, {})))
+            for t in range(min(trace), max(trace) + 1)]
+
+
+def exceedances(trace, units=None, **kw):
+    """(finite exceedances, non-finite, eligible unit-steps) of a trace:
+    the unit-steps after warm-up whose finite GNMR or delta-GNMR crossed
+    a threshold (the paper's threshold-exceedance rate is the first over
+    the third), those with a non-finite norm, and every reported
+    unit-step after warm-up."""
+    if units is None:
+        units = 1 + max((u for r in trace.values() for u in r), default=-1)
+    pol = Policy(units, **kw)
+    fin = bad = elig = 0
+    for t in range(min(trace), max(trace) + 1):
+        row = trace.get(t, {})
+        pol.step(t, row)
+        if t <= pol.p["warmup_steps"]:
+            continue
+        for u, n in row.items():
+            elig += 1
+            if pol.s[u] > 1:
+                if math.isfinite(n):
+                    fin += 1
+                else:
+                    bad += 1
+    return fin, bad, elig
