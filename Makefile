@@ -86,7 +86,8 @@ NET_LIBS = $(ZMQ_LIBS) $(PBC_LIBS)
 COMMON_SRC := common/error.c common/log.c common/num.c common/ipc.c \
               common/hmap.c common/text.c common/keys.c
 PARAMS_SRC := policy/params.c
-POLICY_SRC := policy/policy.c policy/policy_simd.c policy/snapshot.c policy/snapshot_async.c
+POLICY_SRC := policy/policy.c policy/policy_simd.c policy/snapshot.c policy/snapshot_async.c \
+  policy/median.c
 WIRE_SRC := proto/wire.c proto/validate.c proto/commands.c
 PROTO_C := $(GEN)/proto/gnmr.pb-c.c
 REPLAY_SRC := client/replay.c client/trace.c

@@ -90,6 +90,7 @@ int gnmr_agent_config_from_env(gnmr_agent_config *cfg, const char **bad_var) {
 #define ENV_KIND_WINDOW 1
 #define ENV_KIND_U32 1
 #define ENV_KIND_U64 2
+#define ENV_KIND_FLAG 1
 #define GNMR__PARAM_ENV(name, ctype, kind, opt, env, def, inh)               \
   {env, offsetof(gnmr_agent_config, params.name), ENV_KIND_##kind},
       GNMR_PARAMS_MAP(GNMR__PARAM_ENV)

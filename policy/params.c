@@ -119,6 +119,9 @@ int policy_params_validate(const policy_params *p, const char **what) {
       double v = policy_param_f64(p, i);
       if (!(inherits(i) >= 0 && isnan(v)) && !threshold_ok(v))
         bad = d->name;
+    } else if (d->kind == POLICY_PK_FLAG) {
+      if (policy_param_u64(p, i) > 1)
+        bad = d->name;
     } else if (d->kind == POLICY_PK_WINDOW) {
       uint64_t v = policy_param_u64(p, i);
       if (v < 1) {
@@ -211,7 +214,9 @@ static int apply_as(policy_params *p, int i, const char *arg, const char *key,
     policy_param_set_f64(p, i, v);
     return 0;
   }
-  uint64_t v, max = d->kind == POLICY_PK_U64 ? UINT64_MAX : UINT32_MAX;
+  uint64_t v, max = d->kind == POLICY_PK_U64    ? UINT64_MAX
+                    : d->kind == POLICY_PK_FLAG ? 1
+                                                : UINT32_MAX;
   rv = gnmr__parse_u64(arg, max, &v);
   if (rv != 0) {
     snprintf(err, errlen, "%s: expected an integer from 0 to %llu", said,
@@ -299,7 +304,8 @@ int gnmr__policy_settings_apply(policy_params *p, char *const *settings,
 int policy_params_python(char *buf, size_t cap) {
   static const char *const ctypes_of[] = {
       [POLICY_PK_THRESHOLD] = "c_double", [POLICY_PK_WINDOW] = "c_uint32",
-      [POLICY_PK_U32] = "c_uint32", [POLICY_PK_U64] = "c_uint64"};
+      [POLICY_PK_U32] = "c_uint32", [POLICY_PK_U64] = "c_uint64",
+      [POLICY_PK_FLAG] = "c_uint32"};
   size_t off = 0;
   int n = snprintf(buf, cap,
                    "# SPDX-License-Identifier: MIT\n"

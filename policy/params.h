@@ -26,7 +26,8 @@ typedef struct policy_params {
 #define POLICY_MAX_UNITS (1u << 24)
 
 enum policy_param_kind {
-  POLICY_PK_THRESHOLD, POLICY_PK_WINDOW, POLICY_PK_U32, POLICY_PK_U64
+  POLICY_PK_THRESHOLD, POLICY_PK_WINDOW, POLICY_PK_U32, POLICY_PK_U64,
+  POLICY_PK_FLAG
 };
 
 /* One row of the table, at run time. */
@@ -109,6 +110,7 @@ const char *policy_param_names(void);
 #define GNMR__PARAM_METAVAR_WINDOW "N"
 #define GNMR__PARAM_METAVAR_U32 "N"
 #define GNMR__PARAM_METAVAR_U64 "N"
+#define GNMR__PARAM_METAVAR_FLAG "0|1"
 #define GNMR_POLICY_OPTS_USAGE GNMR_PARAMS_MAP(GNMR__PARAM_USAGE)
 
 /* Writes python/gnmr/_params.py's text (the table for the ctypes

@@ -18,7 +18,7 @@
  * set so that a change either fully happens or leaves the engine intact. */
 typedef struct bufs {
   uint64_t *cnt, *promotions;
-  double *sum, *win, *g, *d, *s;
+  double *sum, *win, *g, *d, *s, *med;
   uint32_t *win_len, *lock, *pool, *heap, *act, *prev_act;
   uint32_t n; /* units: the stride of win */
   uint8_t *active, *chosen;
@@ -33,6 +33,7 @@ static void bufs_free(bufs *b) {
   free(b->g);
   free(b->d);
   free(b->s);
+  free(b->med);
   free(b->win_len);
   free(b->lock);
   free(b->pool);
@@ -62,6 +63,7 @@ static int bufs_alloc(bufs *b, uint32_t n, const policy_params *prm) {
   b->g = zalloc(n, sizeof *b->g);
   b->d = zalloc(n, sizeof *b->d);
   b->s = zalloc(n, sizeof *b->s);
+  b->med = zalloc(n, sizeof *b->med);
   b->win_len = zalloc(n, sizeof *b->win_len);
   b->n = n;
   b->lock = zalloc(n, sizeof *b->lock);
@@ -73,7 +75,7 @@ static int bufs_alloc(bufs *b, uint32_t n, const policy_params *prm) {
   b->chosen = zalloc(n, sizeof *b->chosen);
   b->ev = zalloc(3 * (size_t)n + 1, sizeof *b->ev);
   if (!b->cnt || !b->promotions || !b->sum || !b->win || !b->g || !b->d ||
-      !b->s || !b->win_len || !b->lock || !b->pool ||
+      !b->s || !b->med || !b->win_len || !b->lock || !b->pool ||
       !b->heap || !b->act || !b->prev_act || !b->active || !b->chosen ||
       !b->ev) {
     bufs_free(b);
@@ -92,6 +94,7 @@ static void bufs_take(policy *p, bufs *b) {
   p->g = b->g;
   p->d = b->d;
   p->s = b->s;
+  p->med = b->med;
   p->win_len = b->win_len;
   p->lock = b->lock;
   p->pool = b->pool;
@@ -105,7 +108,7 @@ static void bufs_take(policy *p, bufs *b) {
 
 static bufs bufs_of(policy *p) {
   bufs b = {p->cnt,  p->promotions, p->sum,  p->win,     p->g,
-            p->d,    p->s,          p->win_len, p->lock, p->pool,
+            p->d,    p->s,          p->med,  p->win_len, p->lock, p->pool,
             p->heap, p->act,        p->prev_act, p->n,   p->active,
             p->chosen, p->ev};
   return b;
@@ -368,6 +371,48 @@ static void emit(policy *p, policy_result *res, uint8_t kind, uint32_t unit,
   e->count = count;
 }
 
+/* The job-relative rule (docs/policy.md): every unit's step is scored, its
+ * g and d in p->g, p->d (NaN where none) and the candidates (s > 1 by the
+ * plain thresholds, or locked) in p->pool[0..n_cand). Finds the lower
+ * medians Mg, Md of the step's g and (non-NaN) d, rescores every unit
+ * with a g when either is above 1, and keeps the candidates still risky
+ * or locked; returns the pool's size. With both medians at or below 1
+ * the scores are the plain rule's. */
+static uint32_t relative_pool(policy *p, policy_result *res, double a,
+                              double b, int warm, uint32_t n_cand,
+                              uint32_t *n_risky) {
+  size_t ng = 0, nd = 0;
+  for (uint32_t u = 0; u < p->n; u++)
+    if (!isnan(p->g[u]))
+      p->med[ng++] = p->g[u];
+  double mg = ng ? policy__lower_median(p->med, ng) : 1;
+  for (uint32_t u = 0; u < p->n; u++)
+    if (!isnan(p->g[u]) && !isnan(p->d[u]))
+      p->med[nd++] = p->d[u];
+  double md = nd ? policy__lower_median(p->med, nd) : 1;
+  mg = mg > 1 ? mg : 1;
+  md = md > 1 ? md : 1;
+  if (mg > 1 || md > 1) {
+    double ta = a * mg, tb = b * md;
+    for (uint32_t u = 0; u < p->n; u++)
+      if (!isnan(p->g[u]))
+        p->s[u] = fmax(p->g[u] / ta, p->d[u] / tb);
+  }
+  uint32_t n_pool = 0;
+  for (uint32_t i = 0; i < n_cand; i++) {
+    uint32_t u = p->pool[i];
+    int risky = p->s[u] > 1;
+    *n_risky += risky;
+    if (warm) {
+      if (risky)
+        emit(p, res, POLICY_EV_EXCEED, u, POLICY_OUT_WARMUP, 0);
+    } else if (risky || p->lock[u] > 0) {
+      p->pool[n_pool++] = u;
+    }
+  }
+  return n_pool;
+}
+
 /* Event bound: per unit at most one of MISSING, or NONFINITE + EXCEED, or
  * EXCEED (2 per unit); promote + demote together at most one per unit;
  * one BUDGET_SATURATED: 3n + 1 in all, the size of p->ev. */
@@ -387,6 +432,7 @@ int policy_step(policy *p, uint64_t t, const double *norm,
   double a = early && !isnan(prm->early_alpha) ? prm->early_alpha : prm->alpha;
   double b = early && !isnan(prm->early_beta) ? prm->early_beta : prm->beta;
   int warm = t <= prm->warmup_steps;
+  int rel = prm->job_relative != 0;
   uint32_t n_pool = 0, n_risky = 0;
 
   memset(res, 0, sizeof *res);
@@ -422,6 +468,11 @@ int policy_step(policy *p, uint64_t t, const double *norm,
         emit(p, res, POLICY_EV_NONFINITE, u, POLICY_OUT_NONE, 0);
     }
     p->s[u] = s;
+    if (rel) { /* decided after the medians: s can only go down */
+      if (s > 1 || p->lock[u] > 0)
+        p->pool[n_pool++] = u;
+      continue;
+    }
     int risky = s > 1;
     n_risky += risky;
     if (warm) {
@@ -431,6 +482,8 @@ int policy_step(policy *p, uint64_t t, const double *norm,
       p->pool[n_pool++] = u;
     }
   }
+  if (rel)
+    n_pool = relative_pool(p, res, a, b, warm, n_pool, &n_risky);
 
   /* Selection: the whole pool when it fits, else the top K by a bounded
    * min-heap over the pool (already in ascending id order). */

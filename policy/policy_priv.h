@@ -26,6 +26,7 @@ struct policy {
 
   /* per-step outputs and scratch */
   double *g, *d, *s;
+  double *med;         /* n: the job-relative rule's scratch */
   uint32_t *pool;      /* n: P_t in ascending unit order */
   uint32_t *heap;      /* min(max_active, n) */
   uint8_t *chosen;     /* n: scratch flag, all zero between steps */
@@ -90,6 +91,10 @@ typedef struct policy__consts {
  * any in[i] is not an input kind (policy_simd.c: as many at a time as the
  * SIMD level allows). */
 int policy__bad_norms(const double *x, const uint8_t *in, uint32_t n);
+
+/* The ceil(n/2)-th smallest of v[0..n) (n > 0, no NaN; v is reordered):
+ * median.c. */
+double policy__lower_median(double *v, size_t n);
 
 /* 1/x when x is a power of two with a normal reciprocal, else 0. */
 double policy__exact_recip(double x);

@@ -14,7 +14,8 @@
 /* Layout (little-endian): "GNMRPOL1", u32 format version, u32 n_units,
  * f64 alpha, beta, early_alpha, early_beta, u32 window, max_active,
  * lock_steps, u64 warmup_steps, early_steps, last_step, and from version
- * 3 on u64 mean_horizon (versions 1 and 2 read as 0); then per unit
+ * 3 on u64 mean_horizon, u32 job_relative (versions 1 and 2 read as 0);
+ * then per unit
  * u64 cnt, f64 sum, u64 promotions, u32 lock, u8 active, u32 win_len,
  * win_len x f64 (oldest first); then a u64 checksum of everything before:
  * version 1, FNV-1a over bytes; version 2 (written now), FNV-1a over
@@ -23,7 +24,7 @@
 #define SNAP_MAGIC "GNMRPOL1"
 #define SNAP_VERSION 3u
 #define SNAP_HEAD2 (8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8)
-#define SNAP_HEAD (SNAP_HEAD2 + 8)
+#define SNAP_HEAD (SNAP_HEAD2 + 8 + 4)
 #define SNAP_UNIT (8 + 8 + 8 + 4 + 1 + 4)
 
 typedef struct wbuf {
@@ -162,6 +163,7 @@ size_t policy__export_head(const policy *p, uint8_t *out) {
   put_u64(&w, prm->early_steps);
   put_u64(&w, p->last_step);
   put_u64(&w, prm->mean_horizon);
+  put_u32(&w, prm->job_relative);
   assert(w.len == SNAP_HEAD);
   return w.len;
 }
@@ -237,6 +239,7 @@ int policy_import(const void *buf, size_t len, policy **out) {
   prm.early_steps = get_u64(&r);
   uint64_t last = get_u64(&r);
   prm.mean_horizon = version >= 3 ? get_u64(&r) : 0;
+  prm.job_relative = version >= 3 ? get_u32(&r) : 0;
   if (r.bad || n > POLICY_MAX_UNITS ||
       (r.len - r.off) / SNAP_UNIT < n)
     return GNMR_E_PARSE;

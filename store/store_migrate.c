@@ -112,14 +112,19 @@ static const char *const schema_v4 =
 static const char *const schema_v5 =
     "CREATE INDEX IF NOT EXISTS steps_by_step ON steps(run, step, pass);";
 
-/* Schema version 6: the mean horizon (docs/policy.md), a parameter
- * column of jobs and params; rows before it read as 0 (no horizon). */
+/* Schema version 6: the optional rules' parameters (docs/policy.md),
+ * mean_horizon and job_relative, columns of jobs and params; rows before
+ * it read as 0 (the rules off). */
 static const char *const schema_v6 =
     "ALTER TABLE jobs ADD COLUMN mean_horizon INTEGER;"
-    "ALTER TABLE params ADD COLUMN mean_horizon INTEGER;";
+    "ALTER TABLE params ADD COLUMN mean_horizon INTEGER;"
+    "ALTER TABLE jobs ADD COLUMN job_relative INTEGER;"
+    "ALTER TABLE params ADD COLUMN job_relative INTEGER;";
 static const char *const pg_schema_v6 =
     "ALTER TABLE jobs ADD COLUMN mean_horizon BIGINT;"
-    "ALTER TABLE params ADD COLUMN mean_horizon BIGINT;";
+    "ALTER TABLE params ADD COLUMN mean_horizon BIGINT;"
+    "ALTER TABLE jobs ADD COLUMN job_relative BIGINT;"
+    "ALTER TABLE params ADD COLUMN job_relative BIGINT;";
 
 /* The parameter columns as of PostgreSQL's version 4 (frozen: a parameter
  * added later comes with a migration of its own). */

@@ -49,6 +49,7 @@ const char *store_event_kinds(void);
 #define STORE__PGTYPE_WINDOW " BIGINT"
 #define STORE__PGTYPE_U32 " BIGINT"
 #define STORE__PGTYPE_U64 " BIGINT"
+#define STORE__PGTYPE_FLAG " BIGINT"
 #define STORE__PGDEF(name, ctype, kind, opt, env, def, inh)                  \
   ", \"" #name "\"" STORE__PGTYPE_##kind
 /* ", "alpha", "beta", ...", ",?,?,...", ", "alpha"=excluded."alpha", ...",

@@ -26,11 +26,12 @@ START_TEST(defaults_are_the_specs) {
   ck_assert(isnan(p.early_alpha) && isnan(p.early_beta));
   ck_assert_uint_eq(p.early_steps, 0);
   ck_assert_uint_eq(p.mean_horizon, 0);
+  ck_assert_uint_eq(p.job_relative, 0);
   ck_assert_int_eq(policy_params_validate(&p, NULL), GNMR_OK);
   gnmr_params g;
   gnmr_params_default(&g);
   ck_assert(g.early_alpha == 0 && g.alpha == 2 && g.window == 8);
-  ck_assert_int_eq(GNMR_NPARAMS, 10);
+  ck_assert_int_eq(GNMR_NPARAMS, 11);
 }
 END_TEST
 
@@ -152,7 +153,8 @@ START_TEST(options_settings_and_messages) {
       GNMR_E_INVAL);
   ck_assert_str_eq(err, "unknown parameter 'gamma' (alpha, beta, window, "
                         "max_active, lock_steps, warmup_steps, early_alpha, "
-                        "early_beta, early_steps, mean_horizon)");
+                        "early_beta, early_steps, mean_horizon, "
+                        "job_relative)");
   char s4[] = "window=0", s5[] = "alpha=-1", s6[] = "lock_steps=4294967296";
   char *w0[] = {s4}, *neg[] = {s5}, *big[] = {s6};
   ck_assert_int_ne(gnmr__policy_settings_apply(&p, w0, 1, err, sizeof err),

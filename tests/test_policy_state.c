@@ -78,11 +78,11 @@ START_TEST(version_1_snapshots_still_import) {
   unsigned char *v2 = malloc(len), *v1 = malloc(len), *again = malloc(len);
   ck_assert_int_eq(policy_export(a, v2, len, &len), GNMR_OK);
   ck_assert_uint_eq(v2[8], 3); /* version 3 is written */
-  /* the header's mean horizon: the 8 bytes after last_step */
+  /* the header's optional rules: the 12 bytes after last_step */
   enum { HEAD2 = 8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8 };
-  size_t len1 = len - 8;
+  size_t len1 = len - 12;
   memcpy(v1, v2, HEAD2);
-  memcpy(v1 + HEAD2, v2 + HEAD2 + 8, len - HEAD2 - 8);
+  memcpy(v1 + HEAD2, v2 + HEAD2 + 12, len - HEAD2 - 12);
   v1[8] = 1;
   uint64_t h = fnv1a_bytes(v1, len1 - 8);
   for (int i = 0; i < 8; i++)

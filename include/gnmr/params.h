@@ -11,7 +11,7 @@
  *   XX(name, ctype, kind, option, env, default, inherits)
  *
  * kind      THRESHOLD: a finite number > 0; WINDOW: 1..POLICY_MAX_WINDOW;
- *           U32 / U64: any count.
+ *           U32 / U64: any count; FLAG: 0 (off) or 1 (on), a uint32_t.
  * default   the spec's default (docs/policy.md).
  * inherits  for an optional threshold, the parameter it takes while unset
  *           (0 in gnmr_params and on the wire, NaN inside gnmrd); else "".
@@ -35,6 +35,8 @@
      "beta")                                                                  \
   XX(early_steps, uint64_t, U64, "early-steps", "GNMR_EARLY_STEPS", 0, "")  \
   XX(mean_horizon, uint64_t, U64, "mean-horizon", "GNMR_MEAN_HORIZON", 0,   \
+     "")                                                                      \
+  XX(job_relative, uint32_t, FLAG, "job-relative", "GNMR_JOB_RELATIVE", 0,   \
      "")
 
 #define GNMR__PARAM_FIELD(name, ctype, kind, opt, env, def, inh) ctype name;

@@ -12,4 +12,5 @@ PARAMS = [
     ("early_beta", "c_double", 0.0, "beta"),
     ("early_steps", "c_uint64", 0, ""),
     ("mean_horizon", "c_uint64", 0, ""),
+    ("job_relative", "c_uint32", 0, ""),
 ]

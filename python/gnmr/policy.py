@@ -54,6 +54,8 @@ def params(**kw):
                 raise ValueError(f"{name} must be a count >= 0, not {v!r}")
     if out["window"] < 1 or out["window"] > 65536:
         raise ValueError("window must be 1..65536")
+    if out["job_relative"] not in (0, 1):
+        raise ValueError("job_relative must be 0 or 1")
     return out
 
 
@@ -71,6 +73,8 @@ class Policy:
         self.win = [[] for _ in range(n)]
         self.lock = [0] * n
         self.s = [0.0] * n
+        self.g = [math.nan] * n   # this step's GNMR (NaN: none)
+        self.d = [math.nan] * n
         self.risky = set()
         self.last = 0
 
@@ -85,6 +89,7 @@ class Policy:
     def score(self, u, n, a, b):
         """Steps 1-3 of the spec for unit u's finite or non-finite norm n
         (not None); updates the statistics; returns s."""
+        self.g[u] = self.d[u] = math.nan
         if n == 0:
             return 0.0
         if not math.isfinite(n):
@@ -101,6 +106,7 @@ class Policy:
                 d = g / (acc / len(w))
             ga, db = g / a, d / b
             s = ga if math.isnan(db) else max(ga, db)
+            self.g[u], self.d[u] = g, d
             w.append(g)
             if len(w) > self.p["window"]:
                 del w[0]
@@ -112,6 +118,22 @@ class Policy:
             self.cnt[u] += 1
         return s
 
+    def relative(self, a, b):
+        """The job-relative rule: the scores over the thresholds times
+        the step's lower medians of g and d, where either is above 1."""
+        gs = sorted(x for x in self.g if not math.isnan(x))
+        ds = sorted(d for x, d in zip(self.g, self.d)
+                    if not math.isnan(x) and not math.isnan(d))
+        mg = max(1.0, gs[(len(gs) - 1) // 2]) if gs else 1.0
+        md = max(1.0, ds[(len(ds) - 1) // 2]) if ds else 1.0
+        if mg > 1 or md > 1:
+            ta, tb = a * mg, b * md
+            for u in range(self.n):
+                g = self.g[u]
+                if not math.isnan(g):
+                    ga, db = g / ta, self.d[u] / tb
+                    self.s[u] = ga if math.isnan(db) else max(ga, db)
+
     def step(self, t, norms):
         if t <= self.last:
             raise ValueError(f"step {t} after step {self.last}")
@@ -120,7 +142,13 @@ class Policy:
         s = self.s
         for u in range(self.n):
             n = norms.get(u)
-            s[u] = 0.0 if n is None else self.score(u, n, a, b)
+            if n is None:
+                self.g[u] = self.d[u] = math.nan
+                s[u] = 0.0
+            else:
+                s[u] = self.score(u, n, a, b)
+        if self.p["job_relative"]:
+            self.relative(a, b)
         self.risky = {u for u in range(self.n) if s[u] > 1}
         if t <= self.p["warmup_steps"]:
             return []
