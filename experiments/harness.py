@@ -47,7 +47,7 @@ Variants, from the same seeds, data and episode schedule:
 Validation loss is measured clean: the episode scaling is off while the
 setting evaluates (the model as training left it). Exceedances: for
 every variant, each unit's gradient norms go through GNMR's per-unit rule
-(docs/policy.md, ScalarPolicy) and a unit-step after warm-up counts when
+(docs/policy.md, gnmr.policy) and a unit-step after warm-up counts when
 its finite GNMR or delta-GNMR crosses a threshold (`exceed`, the paper's
 threshold-exceedance rate, as a share of the unit-steps after warm-up)
 or its norm is non-finite (`nonfinite`, same denominator).
@@ -94,7 +94,7 @@ from gnmr.pytorch import Controller  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import MISS_CAUSES, git_commit, plot, summarise, table  # noqa
-from variants import Chooser, ScalarPolicy  # noqa: E402
+from variants import Chooser, policy_of  # noqa: E402
 
 DEFAULT_VARIANTS = ("fp", "high", "low", "gnmr", "random", "oracle",
                     "oracle_now", "rawnorm", "global", "nanonly",
@@ -303,7 +303,9 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
                              window=args.window,
                              max_active=args.max_active,
                              lock_steps=args.lock_steps,
-                             warmup_steps=args.warmup))
+                             warmup_steps=args.warmup,
+                             mean_horizon=args.mean_horizon,
+                             job_relative=args.job_relative))
         if [n for n, _ in ctl.units] != names:
             raise RuntimeError("the controller's units are not the model's")
     chooser = Chooser(variant, len(units), args, seed, gnmr_rec, names)
@@ -312,7 +314,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
     active_log = [set()]          # active_log[t]: recovery set at step t
     rec_steps = damage_steps = hits = 0
     damage_log = [[False] * len(units)]  # damage_log[t][u]
-    rules = [ScalarPolicy(args) for _ in units]  # GNMR's rule, per unit
+    rule = policy_of(args, len(units))  # GNMR's rule, for exceedances
     exceed = nonfinite = 0
     exceed_ep = 0                 # of them, in an episode of that unit
     for step, (x, y) in enumerate(setting.batches(data, args, gen), 1):
@@ -353,8 +355,9 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
         norms = [unit_norm(m) for m in units]
         if trace is not None:
             trace.extend((step, u, n) for u, n in enumerate(norms))
+        rule.step(step, dict(enumerate(norms)))
         for u, n in enumerate(norms):
-            risky = rules[u].risky(n)
+            risky = rule.s[u] > 1
             if step > args.warmup and risky:
                 if math.isfinite(n):
                     exceed += 1
@@ -528,6 +531,12 @@ def common_args(p, setting, defaults):
     p.add_argument("--max-active", type=int, default=d["max_active"])
     p.add_argument("--lock-steps", type=int, default=d["lock_steps"])
     p.add_argument("--warmup", type=int, default=d["warmup"])
+    p.add_argument("--mean-horizon", type=int,
+                   default=d.get("mean_horizon", 0),
+                   help="the policy's mean horizon (0: all history)")
+    p.add_argument("--job-relative", type=int, choices=(0, 1),
+                   default=d.get("job_relative", 0),
+                   help="the policy's job-relative rule (1: on)")
     p.add_argument("--eval-every", type=int, default=d["eval_every"])
     p.add_argument("--eval-batches", type=int, default=d["eval_batches"])
     p.add_argument("--static-pattern", default="",

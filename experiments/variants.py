@@ -7,28 +7,29 @@ import random
 import re
 
 
+def policy_of(args, n, relative=True):
+    """GNMR's rule (docs/policy.md, gnmr.policy) over n units with the
+    run's parameters: its scores say which unit-steps exceed."""
+    from gnmr.policy import Policy
+    return Policy(n, alpha=args.alpha, beta=args.beta, window=args.window,
+                  max_active=args.max_active, lock_steps=args.lock_steps,
+                  warmup_steps=args.warmup, mean_horizon=args.mean_horizon,
+                  job_relative=args.job_relative if relative else 0)
+
+
 class ScalarPolicy:
-    """GNMR's per-unit rule (docs/policy.md) for one scalar signal: returns
-    whether the value at this step is risky."""
+    """GNMR's per-unit rule for one scalar signal (the global-norm
+    trigger): risky(value) says whether the value at this step is. The
+    job-relative rule is off: relative to itself, one value never moves."""
 
     def __init__(self, args):
-        self.a, self.b, self.w = args.alpha, args.beta, args.window
-        self.cnt, self.sum, self.win = 0, 0.0, []
+        self.p = policy_of(args, 1, relative=False)
+        self.t = 0
 
     def risky(self, n):
-        if n == 0:
-            return False
-        if not math.isfinite(n):
-            return True
-        s = 0.0
-        if self.cnt:
-            g = n / (self.sum / self.cnt)
-            d = g / (sum(self.win) / len(self.win)) if self.win else 1.0
-            s = max(g / self.a, d / self.b)
-            self.win = (self.win + [g])[-self.w:]
-        self.sum += n
-        self.cnt += 1
-        return s > 1
+        self.t += 1
+        self.p.step(self.t, {0: n})
+        return self.p.s[0] > 1
 
 
 class Chooser:

@@ -30,6 +30,38 @@ static int u32_cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+static int dbl_cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The job-relative rule, by sorting: the lower medians of the step's g and
+ * non-NaN d (at least 1), and the scores of every unit with a g again. */
+static void ref_relative(uint32_t n, double a, double b, const double *gs,
+                         const double *ds, double *s) {
+  double vg[256], vd[256];
+  uint32_t ng = 0, nd = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (isnan(gs[i]))
+      continue;
+    vg[ng++] = gs[i];
+    if (!isnan(ds[i]))
+      vd[nd++] = ds[i];
+  }
+  qsort(vg, ng, sizeof vg[0], dbl_cmp);
+  qsort(vd, nd, sizeof vd[0], dbl_cmp);
+  double mg = ng && vg[(ng - 1) / 2] > 1 ? vg[(ng - 1) / 2] : 1;
+  double md = nd && vd[(nd - 1) / 2] > 1 ? vd[(nd - 1) / 2] : 1;
+  if (mg == 1 && md == 1)
+    return;
+  for (uint32_t i = 0; i < n; i++) {
+    if (isnan(gs[i]))
+      continue;
+    double x = gs[i] / (a * mg), y = ds[i] / (b * md);
+    s[i] = isnan(y) || x > y ? x : y;
+  }
+}
+
 /* One step of the spec over the units; writes A_t (ascending) into act. */
 static uint32_t ref_step(ref_unit *u, uint32_t n, uint64_t t,
                          const policy_params *p, const double *norm,
@@ -39,7 +71,9 @@ static uint32_t ref_step(ref_unit *u, uint32_t n, uint64_t t,
   double b = (t <= p->early_steps && !isnan(p->early_beta)) ? p->early_beta
                                                             : p->beta;
   uint32_t pool[256], np = 0;
+  double gs[256], ds[256];
   for (uint32_t i = 0; i < n; i++) {
+    gs[i] = ds[i] = NAN;
     s[i] = 0;
     if (in[i] != R || norm[i] == 0)
       continue;
@@ -56,15 +90,23 @@ static uint32_t ref_step(ref_unit *u, uint32_t n, uint64_t t,
         d = g / (acc / u[i].wlen);
       }
       s[i] = g / a > d / b ? g / a : d / b;
+      gs[i] = g;
+      ds[i] = d;
       if (u[i].wlen == p->window) {
         memmove(u[i].win, u[i].win + 1, (p->window - 1) * sizeof(double));
         u[i].wlen--;
       }
       u[i].win[u[i].wlen++] = g;
     }
-    u[i].sum += norm[i];
-    u[i].cnt++;
+    if (p->mean_horizon != 0 && u[i].cnt >= p->mean_horizon) {
+      u[i].sum = (u[i].sum - u[i].sum / u[i].cnt) + norm[i];
+    } else {
+      u[i].sum += norm[i];
+      u[i].cnt++;
+    }
   }
+  if (p->job_relative)
+    ref_relative(n, a, b, gs, ds, s);
   if (t <= p->warmup_steps)
     return 0;
   for (uint32_t i = 0; i < n; i++)
@@ -93,6 +135,7 @@ static double rnd(unsigned *seed) { return (double)rand_r(seed) / RAND_MAX; }
 
 START_TEST(random_traces_match_naive_reference) {
   unsigned seed = 12345 + (unsigned)_i;
+  int relative_moved = 0;
   for (int trial = 0; trial < 40; trial++) {
     uint32_t n = 1 + (uint32_t)(rnd(&seed) * 40);
     policy_params p;
@@ -107,6 +150,10 @@ START_TEST(random_traces_match_naive_reference) {
       p.early_alpha = 2 + rnd(&seed) * 3;
       p.early_steps = (uint64_t)(rnd(&seed) * 40);
     }
+    /* the optional rules (docs/policy.md), alone and together */
+    if (rnd(&seed) < 0.5)
+      p.mean_horizon = 1 + (uint64_t)(rnd(&seed) * 30);
+    p.job_relative = rnd(&seed) < 0.5;
     policy *e = make(&p, n);
     ref_unit *ru = calloc(n, sizeof *ru);
     double scale[256], norm[256], s[256];
@@ -115,10 +162,12 @@ START_TEST(random_traces_match_naive_reference) {
     for (uint32_t i = 0; i < n; i++)
       scale[i] = pow(10, rnd(&seed) * 6 - 3);
     for (uint64_t t = 1; t <= 120; t++) {
+      /* a job-wide rise now and then: the medians above 1 */
+      double job = rnd(&seed) < 0.08 ? 2 + 10 * rnd(&seed) : 1;
       for (uint32_t i = 0; i < n; i++) {
         double x = rnd(&seed);
         in[i] = x < 0.05 ? NR : x < 0.08 ? MS : R;
-        norm[i] = scale[i] * (0.8 + 0.4 * rnd(&seed));
+        norm[i] = scale[i] * job * (0.8 + 0.4 * rnd(&seed));
         x = rnd(&seed);
         if (x < 0.06)
           norm[i] *= 3 + 20 * rnd(&seed); /* transient spike */
@@ -135,10 +184,12 @@ START_TEST(random_traces_match_naive_reference) {
         ck_assert_uint_eq(r.active[i], act[i]);
       for (uint32_t i = 0; i < n; i++)
         ck_assert(r.s[i] == s[i]);
+      relative_moved += p.job_relative && job > 1 && k > 0;
     }
     policy_destroy(&e);
     free(ru);
   }
+  ck_assert_int_gt(relative_moved, 0); /* the rule was exercised */
 }
 END_TEST
 
