@@ -137,7 +137,7 @@ endif
 BENCH_SRC := $(filter-out $(if $(filter 1,$(CUDA)),,bench/norm_cuda.c),$(wildcard bench/*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check layers test python-params test-gpu gpu-pack test-gpu-pack test-valgrind test-python test-python-newest venv venv-newest wheel test-multinode demo experiment bench bench-charts install clean deps \
+.PHONY: all check layers test python-params test-gpu gpu-pack test-gpu-pack test-valgrind test-python test-python-newest venv venv-newest wheel test-multinode demo experiment experiment-defaults bench bench-charts install clean deps \
         deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-merge fuzz-seeds soak
 .DEFAULT_GOAL := all
 
@@ -504,7 +504,7 @@ demo: deps-demo all venv
 # oneDNN's with ONEDNN_MAX_CPU_ISA: on a host with AVX-512 it otherwise
 # picks other kernels, and the stress figures differ in the fourth digit)
 # so that a rerun on another x86-64 gives the same figures.
-SETTINGS := stress stress_saturate act4 fp8 lora
+SETTINGS := stress stress_saturate act4 fp8 lora lora_latent fp8_latent
 SETTING ?= $(SETTINGS)
 EXPERIMENT_SEEDS ?= --seed-list 21,22,23,24,25 --steps 300 --jobs 2
 PAPER_VARIANTS := fp,high,low,gnmr,random,oracle,rawnorm,global,nanonly,nanonly_random
@@ -514,6 +514,34 @@ EXPERIMENT_stress_saturate := experiments/stress.py --saturate --variants \
 EXPERIMENT_act4 := experiments/paper.py --setting act4 --variants $(PAPER_VARIANTS)
 EXPERIMENT_fp8 := experiments/paper.py --setting fp8 --variants $(PAPER_VARIANTS)
 EXPERIMENT_lora := experiments/paper.py --setting lora --variants $(PAPER_VARIANTS)
+# Latent outlier features (QuantLinear.latent): only the quantizers see
+# them, the exact product is unchanged (docs/experiments.md).
+# GNMR at the policy's defaults (docs/policy.md); random, rawnorm and
+# nanonly take gnmr_rerun's share.
+LATENT_VARIANTS := high,low,gnmr,gnmr_shadow,gnmr_measured,gnmr_rerun,random,oracle,rawnorm,global,nanonly
+LATENT_POLICY := --alpha 6 --beta 8 --mean-horizon 20 --job-relative 1 --share-of gnmr_rerun
+EXPERIMENT_lora_latent := experiments/paper.py --setting lora --episode-mode latent \
+  --episode-scales 128,256,512,512,256 --variants $(LATENT_VARIANTS) $(LATENT_POLICY)
+EXPERIMENT_fp8_latent := experiments/paper.py --setting fp8 --model llama --episode-mode latent \
+  --episode-scales 16,64,256,256,64 --variants $(LATENT_VARIANTS) $(LATENT_POLICY)
+# The clean-training evidence for the policy's parameters: clean runs (no
+# stress, no quantization) of each paper setting and the quickstart's
+# model on seeds 21-25, their norms as traces, and the exceedance table
+# (experiments/defaults.py) in docs/results/defaults_clean.txt.
+CLEAN_TRACES := $(BUILD)/experiments/clean-traces
+experiment-defaults: deps-demo all venv
+	@mkdir -p $(CLEAN_TRACES)
+	@for s in act4 fp8 lora; do \
+	  ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PYTHON) experiments/paper.py \
+	    --setting $$s --variants fp --episode-rate 0 --seed-list 21,22,23,24,25 \
+	    --jobs 2 --trace-dir $(CLEAN_TRACES) >/dev/null || exit 1; done
+	@for s in 21 22 23 24 25; do ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+	  $(PYTHON) experiments/quickstart_trace.py --seed $$s \
+	    -o $(CLEAN_TRACES)/quickstart-$$s.csv >/dev/null || exit 1; done
+	@{ echo "Command: make experiment-defaults (commit $$(git rev-parse --short HEAD))"; \
+	  echo; $(PYTHON) experiments/defaults.py $(CLEAN_TRACES)/*.csv; } \
+	  | tee docs/results/defaults_clean.txt
+
 experiment: deps-demo all venv
 	@for s in $(SETTING); do \
 	  case " $(SETTINGS) " in *" $$s "*) ;; *) \
@@ -526,7 +554,9 @@ experiment: deps-demo all venv
 	    stress_saturate) cmd="$(EXPERIMENT_stress_saturate)";; \
 	    act4) cmd="$(EXPERIMENT_act4)";; \
 	    fp8) cmd="$(EXPERIMENT_fp8)";; \
-	    lora) cmd="$(EXPERIMENT_lora)";; esac; \
+	    lora) cmd="$(EXPERIMENT_lora)";; \
+	    lora_latent) cmd="$(EXPERIMENT_lora_latent)";; \
+	    fp8_latent) cmd="$(EXPERIMENT_fp8_latent)";; esac; \
 	  GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BIN_DIR=$(abspath $(BUILD)/bin) \
 	    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PYTHON) $$cmd \
 	    $(EXPERIMENT_SEEDS) --json docs/results/$$s.json || exit 1; \

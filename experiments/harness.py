@@ -39,6 +39,23 @@ Variants, from the same seeds, data and episode schedule:
               have been damaged at the step is reported as non-finite
               (Controller's shadow=), so GNMR holds it while the damage
               lasts. Not in the default variants.
+  gnmr_measured  gnmr_shadow, and the setting's damage measure asked of
+              the units on the low-cost path too (Controller's
+              shadow_low=): a unit the low path damaged at step t is
+              reported as non-finite, so GNMR recovers it from t+1 within
+              its budget and locks. The recipe's own measure of harm as
+              the signal, where the recipe can measure it (QuantLinear's
+              low_error is computed on either path, every step); the
+              lagged oracle's information, through GNMR's policy. Not in
+              the default variants.
+  gnmr_rerun  gnmr_measured with the same-step path: when the decision
+              for step t promotes units that ran step t on the low-cost
+              path, step t's forward and backward run again (same batch)
+              with the new routes before the optimizer steps, so an
+              episode's first damaged step is recovered too; GNMR's
+              decisions are those of the first pass. Its cost: `reruns`,
+              the steps run twice, and the step time. Not in the default
+              variants.
   static      the units whose names match --static-pattern on their
               recovery path at every step, the others never: a fixed
               per-unit assignment, for damage that is persistent. Not in
@@ -99,8 +116,10 @@ from variants import Chooser, policy_of  # noqa: E402
 DEFAULT_VARIANTS = ("fp", "high", "low", "gnmr", "random", "oracle",
                     "oracle_now", "rawnorm", "global", "nanonly",
                     "nanonly_random")
-ALL_VARIANTS = DEFAULT_VARIANTS + ("gnmr_shadow", "static")
-CONTROLLED = {"gnmr", "gnmr_shadow"}  # a real gnmrd chooses
+ALL_VARIANTS = DEFAULT_VARIANTS + ("gnmr_shadow", "gnmr_measured",
+                                   "gnmr_rerun", "static")
+CONTROLLED = {"gnmr", "gnmr_shadow", "gnmr_measured", "gnmr_rerun"}
+MEASURED = {"gnmr_measured", "gnmr_rerun"}  # shadow_low
 # GNMR's share / per-step counts
 NEEDS_GNMR = {"random", "rawnorm", "nanonly_random"}
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -288,7 +307,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
     ctl = None
     if variant in CONTROLLED:
         shadow = None
-        if variant == "gnmr_shadow":
+        if variant in ("gnmr_shadow",) + tuple(MEASURED):
             index = {id(m): u for u, m in enumerate(units)}
 
             def shadow(name, m):
@@ -297,6 +316,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
         ctl = Controller(model, endpoint, f"{setting.job}-{seed}-"
                          f"{os.getpid()}", select=b.select,
                          on_route=b.on_route, shadow=shadow,
+                         shadow_low=variant in MEASURED,
                          experts=b.experts,
                          params=gnmr.default_params(
                              alpha=args.alpha, beta=args.beta,
@@ -317,6 +337,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
     rule = policy_of(args, len(units))  # GNMR's rule, for exceedances
     exceed = nonfinite = 0
     exceed_ep = 0                 # of them, in an episode of that unit
+    reruns = 0                    # gnmr_rerun: steps run twice
     for step, (x, y) in enumerate(setting.batches(data, args, gen), 1):
         t0 = time.perf_counter()
         current.clear()
@@ -353,6 +374,18 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
                 raise RuntimeError(f"gnmrd's decision for step {step} was "
                                    f"late: the run would not reproduce")
         norms = [unit_norm(m) for m in units]
+        if variant == "gnmr_rerun":
+            now = {u for u, m in enumerate(units) if setting.on_recovery(m)}
+            new = now - active
+            if new:   # the same-step path: step t again, new routes
+                reruns += 1
+                active |= new
+                rec_steps += len(new)
+                hits += sum(damage[u] for u in new)
+                setting.reset(units)
+                loss = setting.loss(model, x, y)
+                opt.zero_grad()
+                loss.backward()
         if trace is not None:
             trace.extend((step, u, n) for u, n in enumerate(norms))
         rule.step(step, dict(enumerate(norms)))
@@ -384,7 +417,9 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
         ctl.close()
     if trace is not None:
         write_trace(os.path.join(args.trace_dir, f"{setting.name}-{variant}"
-                                 f"-{seed}.csv"), trace, names)
+                                 f"-{seed}.csv"), trace, names,
+                    [(t, u) for t in range(1, args.steps + 1)
+                     for u in sorted(sched[t])])
     unit_steps = len(units) * args.steps
     eligible = len(units) * max(1, args.steps - args.warmup)
     out = {"val": curve[-1][1]["val"],
@@ -395,6 +430,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
            "coverage": hits / damage_steps if damage_steps else 0.0,
            "damage": damage_steps / unit_steps,
            "skipped": skipped, "active": [sorted(a) for a in active_log],
+           "reruns": reruns,
            "misses": misses_by_cause(damage_log, active_log, args),
            "damage_steps": damage_steps,
            "step_ms": 1e3 * t_steps / args.steps}
@@ -405,14 +441,18 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
     return out
 
 
-def write_trace(path, rows, names):
+def write_trace(path, rows, names, episodes=()):
     """The run's per-unit gradient norms as a trace of docs/policy.md
-    (step,unit,norm; repr round-trips every double), the units' names in
-    comment lines: `gnmrctl replay` and gnmr.policy read it."""
+    (step,unit,norm; repr round-trips every double), the units' names and
+    the (step, unit) pairs in an episode in comment lines: `gnmrctl
+    replay` and gnmr.policy read it, experiments/defaults.py the
+    episodes."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path + ".tmp", "w") as f:
         for u, n in enumerate(names):
             f.write(f"# unit {u} {n}\n")
+        for t, u in episodes:
+            f.write(f"# episode {t} {u}\n")
         f.write("step,unit,norm\n")
         for t, u, n in rows:
             f.write(f"{t},{u},{n!r}\n")
@@ -542,6 +582,11 @@ def common_args(p, setting, defaults):
     p.add_argument("--static-pattern", default="",
                    help="the static variant: a regular expression on unit "
                    "names; those units take their recovery path always")
+    p.add_argument("--share-of", default="gnmr",
+                   choices=sorted(CONTROLLED),
+                   help="the GNMR variant whose recovery share random and "
+                   "nanonly_random take, and whose per-step counts rawnorm "
+                   "takes (default gnmr)")
     p.add_argument("--jobs", type=int, default=1,
                    help="seeds run in this many processes at once (each "
                    "single-threaded; the results do not change)")
@@ -648,11 +693,12 @@ def run_all(setting, seeds, order, args):
     and rawnorm wait for GNMR's run of their seed): the same numbers as one
     process running them in turn."""
     res = {}
+    ref = args.share_of   # whose share random, rawnorm, ... take
     if args.jobs <= 1:
         for seed in seeds:
             for v in order:
                 res[seed, v] = run_task(setting, seed, v, args,
-                                        res.get((seed, "gnmr")))
+                                        res.get((seed, ref)))
         return res
     import concurrent.futures as cf
     import multiprocessing
@@ -660,12 +706,12 @@ def run_all(setting, seeds, order, args):
             args.jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
         pending = {}
         for seed in seeds:
-            if "gnmr" in order:
-                pending[ex.submit(run_task, setting, seed, "gnmr",
-                                  args)] = (seed, "gnmr")
+            if ref in order:
+                pending[ex.submit(run_task, setting, seed, ref,
+                                  args)] = (seed, ref)
         for seed in seeds:
             for v in order:
-                if v != "gnmr" and v not in NEEDS_GNMR:
+                if v != ref and v not in NEEDS_GNMR:
                     pending[ex.submit(run_task, setting, seed, v,
                                       args)] = (seed, v)
         while pending:
@@ -673,7 +719,7 @@ def run_all(setting, seeds, order, args):
             for f in done:
                 seed, v = pending.pop(f)
                 res[seed, v] = f.result()
-                if v == "gnmr":
+                if v == ref:
                     for w in order:
                         if w in NEEDS_GNMR:
                             pending[ex.submit(run_task, setting, seed, w,
@@ -684,8 +730,9 @@ def run_all(setting, seeds, order, args):
 
 def main(setting, argv=None, defaults=None, doc=""):
     args, seeds, variants = parse_args(setting, argv, defaults, doc)
-    order = (["gnmr"] if "gnmr" in variants or NEEDS_GNMR & set(variants)
-             else []) + [v for v in variants if v != "gnmr"]
+    ref = args.share_of
+    order = ([ref] if ref in variants or NEEDS_GNMR & set(variants)
+             else []) + [v for v in variants if v != ref]
     commit = git_commit()  # the code that runs, not what HEAD is at the end
     res = run_all(setting, seeds, order, args)
     results = {v: [res[s, v] for s in seeds] for v in order}

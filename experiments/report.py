@@ -29,7 +29,14 @@ COMPARISONS = [("low", "high"), ("oracle", "random"), ("gnmr", "random"),
                ("nanonly_random", "random"), ("gnmr_shadow", "gnmr"),
                ("gnmr_shadow", "random"), ("gnmr_shadow", "oracle"),
                ("gnmr_shadow", "nanonly"), ("static", "low"),
-               ("static", "high"), ("gnmr", "static")]
+               ("static", "high"), ("gnmr", "static"),
+               ("gnmr_measured", "low"), ("gnmr_measured", "random"),
+               ("gnmr_measured", "rawnorm"), ("gnmr_measured", "global"),
+               ("gnmr_measured", "nanonly"), ("gnmr_measured", "oracle"),
+               ("gnmr_rerun", "low"), ("gnmr_rerun", "random"),
+               ("gnmr_rerun", "rawnorm"), ("gnmr_rerun", "global"),
+               ("gnmr_rerun", "nanonly"), ("gnmr_rerun", "oracle"),
+               ("gnmr_rerun", "high")]
 
 
 def _round(p):
@@ -64,6 +71,7 @@ def summarise(setting, results, args, seeds, argv, commit):
             "coverage": [round(r["coverage"], 6) for r in rs],
             "damage": [round(r["damage"], 6) for r in rs],
             "skipped": [r["skipped"] for r in rs],
+            "reruns": [r.get("reruns", 0) for r in rs],
             "exceed": [round(r["exceed"], 6) for r in rs],
             "nonfinite": [round(r["nonfinite"], 6) for r in rs],
             "damage_unit_steps": [r["damage_steps"] for r in rs],

@@ -385,11 +385,12 @@ static uint32_t relative_pool(policy *p, policy_result *res, double a,
   for (uint32_t u = 0; u < p->n; u++)
     if (!isnan(p->g[u]))
       p->med[ng++] = p->g[u];
-  double mg = ng ? policy__lower_median(p->med, ng) : 1;
+  /* one value is its own median: a job of one unit keeps the plain rule */
+  double mg = ng > 1 ? policy__lower_median(p->med, ng) : 1;
   for (uint32_t u = 0; u < p->n; u++)
     if (!isnan(p->g[u]) && !isnan(p->d[u]))
       p->med[nd++] = p->d[u];
-  double md = nd ? policy__lower_median(p->med, nd) : 1;
+  double md = nd > 1 ? policy__lower_median(p->med, nd) : 1;
   mg = mg > 1 ? mg : 1;
   md = md > 1 ? md : 1;
   if (mg > 1 || md > 1) {

@@ -24,8 +24,11 @@ static const struct {
 static int params_to_argv(const char *params, char **argv, int max,
                           char *store, size_t cap) {
   int n = 0;
+  static const char *const first[] = {TU_FIRST_DEFAULTS};
   argv[n++] = "gnmrctl";
   argv[n++] = "replay";
+  for (int k = 0; k < TU_FIRST_DEFAULTS_N; k++)
+    argv[n++] = (char *)first[k];
   if (strcmp(params, "defaults") == 0)
     return n;
   char *s = store;
@@ -68,8 +71,8 @@ static int check_trace_dir(const char *dir) {
              (int)(l - sl - (size_t)(dot - de->d_name) - 1), dot + 1);
     snprintf(trace_p, sizeof trace_p, "%s/%s.csv", dir, name);
     snprintf(expect_p, sizeof expect_p, "%s/%s", dir, de->d_name);
-    char *argv[32];
-    int n = params_to_argv(params, argv, 30, store, sizeof store);
+    char *argv[48];
+    int n = params_to_argv(params, argv, 46, store, sizeof store);
     char *expect = tu_read_file(expect_p, NULL);
     ck_assert_ptr_nonnull(expect);
 

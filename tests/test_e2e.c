@@ -45,6 +45,9 @@ static int sim_argv(char **argv, size_t i, const char *endpoint,
   argv[n++] = "30000";
   argv[n++] = "--trace";
   argv[n++] = trace_p;
+  static const char *const first[] = {TU_FIRST_DEFAULTS};
+  for (int k = 0; k < TU_FIRST_DEFAULTS_N; k++)
+    argv[n++] = (char *)first[k];
   for (int k = 0; cases[i].opts[k]; k++)
     argv[n++] = (char *)cases[i].opts[k];
   argv[n] = NULL;
@@ -61,7 +64,7 @@ static char *expected(size_t i) {
 
 static void run_all_cases(const tu_daemon *d) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    char *argv[48], trace_p[512], job[32];
+    char *argv[80], trace_p[512], job[32];
     snprintf(job, sizeof job, "job-%zu", i);
     sim_argv(argv, i, d->agents, job, trace_p, sizeof trace_p);
     run_result r = tu_run("gnmr-sim", argv, NULL);
@@ -112,7 +115,7 @@ END_TEST
 /* Spawns gnmr-sim for case i without waiting; output to files. */
 static pid_t spawn_sim(size_t i, const char *endpoint, const char *job,
                        const char *out) {
-  char *argv[48], trace_p[512], path[512];
+  char *argv[80], trace_p[512], path[512];
   static char keep_trace[4][512];
   sim_argv(argv, i, endpoint, job, trace_p, sizeof trace_p);
   snprintf(keep_trace[i], sizeof keep_trace[i], "%s", trace_p);

@@ -123,7 +123,8 @@ static void run_trace(const char *store, const char *trace, const char *job,
   snprintf(tp, sizeof tp, "%s/%s", tu_traces(), trace);
   char *argv[] = {"gnmr-sim", "--agents", d.agents, "--job", (char *)job,
                   "--ranks", "3", "--shards", "2", "--trace", tp,
-                  "--barrier-ms", "20000", "--timeout-ms", "30000", NULL};
+                  "--barrier-ms", "20000", "--timeout-ms", "30000",
+                  TU_FIRST_DEFAULTS, NULL};
   run_result r = tu_run("gnmr-sim", argv, NULL);
   ck_assert_msg(r.code == 0, "sim: %s", r.err);
   int rows = count_lines(r.out) - 1;

@@ -50,8 +50,8 @@ static void ref_relative(uint32_t n, double a, double b, const double *gs,
   }
   qsort(vg, ng, sizeof vg[0], dbl_cmp);
   qsort(vd, nd, sizeof vd[0], dbl_cmp);
-  double mg = ng && vg[(ng - 1) / 2] > 1 ? vg[(ng - 1) / 2] : 1;
-  double md = nd && vd[(nd - 1) / 2] > 1 ? vd[(nd - 1) / 2] : 1;
+  double mg = ng > 1 && vg[(ng - 1) / 2] > 1 ? vg[(ng - 1) / 2] : 1;
+  double md = nd > 1 && vd[(nd - 1) / 2] > 1 ? vd[(nd - 1) / 2] : 1;
   if (mg == 1 && md == 1)
     return;
   for (uint32_t i = 0; i < n; i++) {

@@ -46,8 +46,8 @@ static void sim(const tu_daemon *d, const char *job, const char *trace,
   snprintf(tp, sizeof tp, "%s/%s", tu_traces(), trace);
   char *argv[] = {"gnmr-sim", "--agents", (char *)d->agents, "--job",
                   (char *)job, "--ranks", "2", "--trace", tp, "--barrier-ms",
-                  "20000", "--timeout-ms", "30000", "--max-active",
-                  (char *)k, "--lock-steps", (char *)l, NULL};
+                  "20000", "--timeout-ms", "30000", TU_FIRST_DEFAULTS,
+                  "--max-active", (char *)k, "--lock-steps", (char *)l, NULL};
   run_result r = tu_run("gnmr-sim", argv, NULL);
   ck_assert_msg(r.code == 0, "sim: %s", r.err);
   tu_run_free(&r);

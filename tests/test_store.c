@@ -24,10 +24,11 @@ START_TEST(decisions_csv_after_sim_equals_expected_file) {
     snprintf(tp, sizeof tp, "%s/%s", tu_traces(), cases[i].trace);
     snprintf(ep, sizeof ep, "%s/%s", tu_traces(), cases[i].expect);
     snprintf(job, sizeof job, "csv-%zu", i);
-    char *argv[24] = {"gnmr-sim", "--agents", d.agents, "--job", job,
+    char *argv[48] = {"gnmr-sim", "--agents", d.agents, "--job", job,
                       "--ranks", "3", "--shards", "2", "--trace", tp,
-                      "--barrier-ms", "20000", "--timeout-ms", "30000"};
-    int n = 15;
+                      "--barrier-ms", "20000", "--timeout-ms", "30000",
+                      TU_FIRST_DEFAULTS};
+    int n = 15 + TU_FIRST_DEFAULTS_N;
     for (int k = 0; cases[i].opts[k]; k++)
       argv[n++] = (char *)cases[i].opts[k];
     argv[n] = NULL;

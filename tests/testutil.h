@@ -38,6 +38,16 @@ static inline const char *tu_shared(void) {
   return d ? d : "../shared";
 }
 
+/* The parameters the sample traces' "defaults" decisions were made with:
+ * the policy's first defaults (docs/policy.md; the defaults in force are
+ * other since the clean-training measurements), as gnmr-sim and gnmrctl
+ * options. A case's own options come after them and win. */
+#define TU_FIRST_DEFAULTS                                                     \
+  "--alpha", "2", "--beta", "2", "--window", "8", "--max-active", "4",        \
+      "--lock-steps", "4", "--warmup-steps", "20", "--mean-horizon", "0",     \
+      "--job-relative", "0"
+#define TU_FIRST_DEFAULTS_N 16
+
 /* The sample traces and their expected decisions (tests/traces). */
 static inline const char *tu_traces(void) {
   const char *d = getenv("GNMR_TRACES");

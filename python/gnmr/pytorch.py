@@ -88,7 +88,13 @@ for FP8Linear: its input outgrew the stale FP8 scale). Such a unit is
 reported to gnmrd as non-finite, as its gradient would have been on the
 low-cost path, so GNMR keeps it while the damage lasts. StepResult's
 `nonfinite` still lists only real NaN/Inf gradients; `shadowed` lists
-these units.
+these units. `shadow_low=True` asks `shadow` of the units on their
+low-cost path too: there it says whether the low-cost path damaged the
+unit at this step (a measured error, as QuantLinear.low_error measures
+it), and such a unit is reported the same way, so GNMR recovers it from
+the next step on, within the budget and with its locks: the recipe's
+own measure of harm as the signal, where the recipe can measure it
+(docs/experiments.md, the latent stresses).
 
 Nothing waits while the agent has not joined gnmrd; after `warn_after`
 such steps, and when most decisions come late, a warning (warnings and the
@@ -200,7 +206,8 @@ class Controller(Reduction):
                  tp_size=None, tp_group=None, global_rank=None, wait_ms=50,
                  on_decision=None, trace=None, warn_after=3,
                  join_wait_ms=1000, reduce_threads=0, shadow=None,
-                 accumulate=1, experts=False, **agent_kwargs):
+                 shadow_low=False, accumulate=1, experts=False,
+                 **agent_kwargs):
         job = job or os.environ.get("GNMR_JOB")
         if not job:
             raise ValueError("give job= (or set GNMR_JOB): the name that "
@@ -264,7 +271,11 @@ class Controller(Reduction):
         self._said_no_route = on_route is not None
         if shadow is not None and not callable(shadow):
             raise ValueError("shadow is a function (name, module) -> bool")
+        if shadow_low and shadow is None:
+            raise ValueError("shadow_low=True asks shadow= of the units on "
+                             "their low-cost path too: give shadow=")
         self.shadow = shadow
+        self.shadow_low = bool(shadow_low)
         self._shadowed = []     # units the last report marked non-finite
         if not isinstance(reduce_threads, int) or reduce_threads < 0:
             raise ValueError("reduce_threads is 0 (automatic) or more")

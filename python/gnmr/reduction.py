@@ -133,11 +133,13 @@ class Reduction:
 
     def _shadow_units(self):
         """The units on their recovery path whose low-cost path `shadow`
-        says would have been damaged at this step."""
+        says would have been damaged at this step (with shadow_low, those
+        on the low-cost path it says were)."""
         if self.shadow is None:
             return []
+        low = getattr(self, "shadow_low", False)
         return [u for u, (name, m) in enumerate(self.units)
-                if self.high[u] and self.shadow(name, m)]
+                if (self.high[u] or low) and self.shadow(name, m)]
 
     def _reduce_host(self, threads, table):
         """A _host_table() reduced: (sumsq, nonfinite, seen) as ctypes
