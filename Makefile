@@ -519,11 +519,12 @@ EXPERIMENT_lora := experiments/paper.py --setting lora --variants $(PAPER_VARIAN
 # GNMR at the policy's defaults (docs/policy.md); random, rawnorm and
 # nanonly take gnmr_rerun's share.
 LATENT_VARIANTS := high,low,gnmr,gnmr_shadow,gnmr_measured,gnmr_rerun,random,oracle,rawnorm,global,nanonly
+LATENT_VARIANTS_FP8 := high,low,gnmr,gnmr_measured,gnmr_rerun,random,oracle,rawnorm,global,nanonly
 LATENT_POLICY := --alpha 6 --beta 8 --mean-horizon 20 --job-relative 1 --share-of gnmr_rerun
 EXPERIMENT_lora_latent := experiments/paper.py --setting lora --episode-mode latent \
   --episode-scales 128,256,512,512,256 --variants $(LATENT_VARIANTS) $(LATENT_POLICY)
 EXPERIMENT_fp8_latent := experiments/paper.py --setting fp8 --model llama --episode-mode latent \
-  --episode-scales 16,64,256,256,64 --variants $(LATENT_VARIANTS) $(LATENT_POLICY)
+  --episode-scales 16,64,256,256,64 --variants $(LATENT_VARIANTS_FP8) $(LATENT_POLICY)
 # The clean-training evidence for the policy's parameters: clean runs (no
 # stress, no quantization) of each paper setting and the quickstart's
 # model on seeds 21-25, their norms as traces, and the exceedance table

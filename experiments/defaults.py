@@ -23,16 +23,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from gnmr.policy import Policy, exceedances, read_trace, \
     replay  # noqa: E402
 
+OFF = dict(mean_horizon=0, job_relative=0)   # the optional rules off
 SETS = [
-    ("first defaults (a=b=2)", dict(alpha=2, beta=2)),
-    ("a=b=4", dict(alpha=4, beta=4)),
-    ("a=6 b=8", dict(alpha=6, beta=8)),
+    ("first defaults (a=b=2)", dict(alpha=2, beta=2, **OFF)),
+    ("a=b=4", dict(alpha=4, beta=4, **OFF)),
+    ("a=6 b=8", dict(alpha=6, beta=8, **OFF)),
     ("a=b=4 H=20 J=1", dict(alpha=4, beta=4, mean_horizon=20,
                             job_relative=1)),
     ("a=5 b=6 H=20 J=1", dict(alpha=5, beta=6, mean_horizon=20,
                               job_relative=1)),
-    ("quiet: a=6 b=8 H=20 J=1", dict(alpha=6, beta=8, mean_horizon=20,
-                                     job_relative=1)),
+    ("a=6 b=8 H=20 J=1", dict(alpha=6, beta=8, mean_horizon=20,
+                              job_relative=1)),
 ]
 
 

@@ -45,8 +45,10 @@ extern const policy_param policy_param_table[GNMR_NPARAMS];
 /* The index of the parameter that i takes while unset, or -1. */
 int policy_param_inherits(int i);
 
-/* The spec's defaults: alpha = beta = 2, window 8, max_active 4,
- * lock_steps 4, warmup 20, early_* = alpha/beta (NAN), early_steps 0. */
+/* The defaults in force (docs/policy.md, "Defaults"): alpha 6, beta 8,
+ * window 8, max_active 4, lock_steps 4, warmup 20, early_* = alpha/beta
+ * (NAN), early_steps 0, mean_horizon 20, job_relative 1. The first
+ * defaults were alpha = beta = 2 with the optional rules off. */
 void policy_params_default(policy_params *p);
 
 /* Checks every constraint of the spec and the limits above. Returns 0,

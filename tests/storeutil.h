@@ -93,6 +93,9 @@ static inline gnmr_agent *open_agent(const char *ep, const char *job) {
   c.unit_names = names;
   c.n_units = 4;
   gnmr_params_default(&c.params);
+  c.params.alpha = c.params.beta = 2; /* the first defaults: the spikes */
+  c.params.mean_horizon = 0;          /* here are sized for them */
+  c.params.job_relative = 0;
   c.params.warmup_steps = 0;
   c.params.max_active = 2;
   c.params.lock_steps = 2;
@@ -129,6 +132,9 @@ static inline void engine_rows(const uint64_t *steps, size_t n, char *out,
                         size_t cap, uint64_t from_row) {
   policy_params p;
   policy_params_default(&p);
+  p.alpha = p.beta = 2; /* as open_agent's */
+  p.mean_horizon = 0;
+  p.job_relative = 0;
   p.warmup_steps = 0;
   p.max_active = 2;
   p.lock_steps = 2;

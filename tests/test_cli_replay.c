@@ -118,9 +118,10 @@ START_TEST(scores_list_risky_and_held_units_with_outcomes) {
   char scores_p[256], opt[300];
   snprintf(scores_p, sizeof scores_p, "%s/scores.csv", dir);
   snprintf(opt, sizeof opt, "--scores=%s", scores_p);
-  char *argv[] = {"gnmrctl", "replay", "--window", "2", "--max-active", "1",
-                  "--lock-steps", "1", "--warmup-steps", "0", opt, trace_p,
-                  NULL};
+  /* the worked example's parameters (docs/policy.md) */
+  char *argv[] = {"gnmrctl", "replay", "--alpha", "2", "--beta", "2",
+                  "--window", "2", "--max-active", "1", "--lock-steps", "1",
+                  "--warmup-steps", "0", opt, trace_p, NULL};
   run_result r = tu_run("gnmrctl", argv, NULL);
   ck_assert_int_eq(r.code, 0);
   ck_assert_str_eq(r.out, "step,active\n1,\n2,\n3,\n4,0\n5,0\n6,\n");
@@ -132,8 +133,9 @@ START_TEST(scores_list_risky_and_held_units_with_outcomes) {
   free(sc);
   tu_run_free(&r);
   /* --scores without a file writes to standard error */
-  char *argv2[] = {"gnmrctl", "replay", "--max-active", "0",
-                   "--warmup-steps", "0", "--scores", trace_p, NULL};
+  char *argv2[] = {"gnmrctl", "replay", "--alpha", "2", "--beta", "2",
+                   "--max-active", "0", "--warmup-steps", "0", "--scores",
+                   trace_p, NULL};
   r = tu_run("gnmrctl", argv2, NULL);
   ck_assert_int_eq(r.code, 0);
   ck_assert_ptr_nonnull(strstr(r.err, "4,0,5,5,5,2.5,dropped\n"));

@@ -18,19 +18,19 @@
 START_TEST(defaults_are_the_specs) {
   policy_params p;
   policy_params_default(&p);
-  ck_assert(p.alpha == 2 && p.beta == 2);
+  ck_assert(p.alpha == 6 && p.beta == 8); /* docs/policy.md, Defaults */
   ck_assert_uint_eq(p.window, 8);
   ck_assert_uint_eq(p.max_active, 4);
   ck_assert_uint_eq(p.lock_steps, 4);
   ck_assert_uint_eq(p.warmup_steps, 20);
   ck_assert(isnan(p.early_alpha) && isnan(p.early_beta));
   ck_assert_uint_eq(p.early_steps, 0);
-  ck_assert_uint_eq(p.mean_horizon, 0);
-  ck_assert_uint_eq(p.job_relative, 0);
+  ck_assert_uint_eq(p.mean_horizon, 20);
+  ck_assert_uint_eq(p.job_relative, 1);
   ck_assert_int_eq(policy_params_validate(&p, NULL), GNMR_OK);
   gnmr_params g;
   gnmr_params_default(&g);
-  ck_assert(g.early_alpha == 0 && g.alpha == 2 && g.window == 8);
+  ck_assert(g.early_alpha == 0 && g.alpha == 6 && g.window == 8);
   ck_assert_int_eq(GNMR_NPARAMS, 11);
 }
 END_TEST
@@ -127,7 +127,8 @@ START_TEST(public_and_wire_conversions_round_trip) {
   gnmr__params_to_wire(&p, &w);
   ck_assert(g.early_alpha == 0 && g.early_beta == 0);
   ck_assert(w.early_alpha == 0 && w.early_beta == 0);
-  ck_assert(w.alpha == 2 && w.window == 8 && w.warmup_steps == 20);
+  ck_assert(w.alpha == 6 && w.window == 8 && w.warmup_steps == 20);
+  ck_assert(w.mean_horizon == 20 && w.job_relative == 1);
   gnmr__params_from_wire(&w, &back);
   ck_assert(isnan(back.early_alpha) && policy_params_equal(&p, &back));
 }

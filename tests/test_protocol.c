@@ -197,6 +197,7 @@ START_TEST(hostile_input_gets_errors_or_counted_drops_and_good_agent_is_served) 
     Gnmr__Params wp;
     policy_params prm;
     policy_params_default(&prm);
+    prm.alpha = 2.0; /* as the job's creator said */
     prm.warmup_steps = 0;
     gnmr__params_to_wire(&prm, &wp);
     h.protocol = 1;

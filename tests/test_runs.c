@@ -254,7 +254,17 @@ START_TEST(a_version_2_database_migrates_to_runs) {
                                           "key='schema'", -1, &st, NULL),
                    SQLITE_OK);
   ck_assert_int_eq(sqlite3_step(st), SQLITE_ROW);
-  ck_assert_str_eq((const char *)sqlite3_column_text(st, 0), "5");
+  ck_assert_str_eq((const char *)sqlite3_column_text(st, 0), "6");
+  sqlite3_finalize(st);
+  /* the jobs of before version 6 have no optional-rule columns' values:
+   * they read as 0, the rules off, as those jobs ran */
+  ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT count(*) FROM jobs WHERE "
+                                          "mean_horizon IS NULL AND "
+                                          "job_relative IS NULL", -1, &st,
+                                      NULL),
+                   SQLITE_OK);
+  ck_assert_int_eq(sqlite3_step(st), SQLITE_ROW);
+  ck_assert_int_gt(sqlite3_column_int(st, 0), 0);
   sqlite3_finalize(st);
   /* a database newer than this gnmrd is refused, not rewritten */
   ck_assert_int_eq(sqlite3_exec(db, "UPDATE meta SET value='99' WHERE "

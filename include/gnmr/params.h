@@ -12,7 +12,8 @@
  *
  * kind      THRESHOLD: a finite number > 0; WINDOW: 1..POLICY_MAX_WINDOW;
  *           U32 / U64: any count; FLAG: 0 (off) or 1 (on), a uint32_t.
- * default   the spec's default (docs/policy.md).
+ * default   the default in force (docs/policy.md, "Defaults": the first
+ *           ones were alpha = beta = 2 with the optional rules off).
  * inherits  for an optional threshold, the parameter it takes while unset
  *           (0 in gnmr_params and on the wire, NaN inside gnmrd); else "".
  * The order is gnmr_params' layout (the agent's ABI): append only. */
@@ -22,8 +23,8 @@
 #include <stdint.h>
 
 #define GNMR_PARAMS_MAP(XX)                                                   \
-  XX(alpha, double, THRESHOLD, "alpha", "GNMR_ALPHA", 2.0, "")                \
-  XX(beta, double, THRESHOLD, "beta", "GNMR_BETA", 2.0, "")                   \
+  XX(alpha, double, THRESHOLD, "alpha", "GNMR_ALPHA", 6.0, "")                \
+  XX(beta, double, THRESHOLD, "beta", "GNMR_BETA", 8.0, "")                   \
   XX(window, uint32_t, WINDOW, "window", "GNMR_WINDOW", 8, "")                \
   XX(max_active, uint32_t, U32, "max-active", "GNMR_MAX_ACTIVE", 4, "")       \
   XX(lock_steps, uint32_t, U32, "lock-steps", "GNMR_LOCK_STEPS", 4, "")       \
@@ -34,9 +35,9 @@
   XX(early_beta, double, THRESHOLD, "early-beta", "GNMR_EARLY_BETA", 0,       \
      "beta")                                                                  \
   XX(early_steps, uint64_t, U64, "early-steps", "GNMR_EARLY_STEPS", 0, "")  \
-  XX(mean_horizon, uint64_t, U64, "mean-horizon", "GNMR_MEAN_HORIZON", 0,   \
+  XX(mean_horizon, uint64_t, U64, "mean-horizon", "GNMR_MEAN_HORIZON", 20,  \
      "")                                                                      \
-  XX(job_relative, uint32_t, FLAG, "job-relative", "GNMR_JOB_RELATIVE", 0,   \
+  XX(job_relative, uint32_t, FLAG, "job-relative", "GNMR_JOB_RELATIVE", 1,   \
      "")
 
 #define GNMR__PARAM_FIELD(name, ctype, kind, opt, env, def, inh) ctype name;

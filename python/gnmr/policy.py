@@ -20,13 +20,6 @@ import math
 
 from ._params import PARAMS
 
-# Parameters for clean training in the paper's regime: on the clean runs
-# of every experiment setting and the README quickstart's model, at most
-# 0.11% of unit-steps exceed and the quickstart sees 0.6 promotions per
-# 100 steps (docs/policy.md, "Parameters for clean training";
-# docs/results/defaults_clean.txt). Use: gnmr.default_params(**QUIET).
-QUIET = dict(alpha=6.0, beta=8.0, mean_horizon=20, job_relative=1)
-
 _DEFAULTS = {p[0]: p[2] for p in PARAMS}
 _THRESHOLDS = {p[0] for p in PARAMS if p[1] == "c_double"}
 _INHERITS = {p[0]: p[3] for p in PARAMS if p[3]}

@@ -66,7 +66,9 @@ def write(rows, path):
             f.write(f"{t},{u},{n!r}\n")
 
 
-RULES = [{}, dict(mean_horizon=7), dict(job_relative=1),
+OFF = dict(mean_horizon=0, job_relative=0)
+RULES = [OFF, dict(mean_horizon=7, job_relative=0),
+         dict(mean_horizon=0, job_relative=1), {},  # {}: the defaults
          dict(mean_horizon=1, job_relative=1, alpha=1.4, beta=1.3,
               window=3, max_active=3, lock_steps=2, warmup_steps=5)]
 
@@ -113,7 +115,7 @@ class ReferenceTest(unittest.TestCase):
         trace = {1: {0: 1.0}, 2: {0: 1.0}, 3: {0: 1.0}, 4: {0: 5.0},
                  5: {0: 2.0}, 6: {0: 2.0}}
         kw = dict(alpha=2, beta=2, window=2, max_active=1, lock_steps=1,
-                  warmup_steps=0)
+                  warmup_steps=0, **OFF)
         self.assertEqual(replay(trace, 1, **kw),
                          [(1, []), (2, []), (3, []), (4, [0]), (5, [0]),
                           (6, [])])
@@ -122,14 +124,19 @@ class ReferenceTest(unittest.TestCase):
         wide = {t: {u: (5.0 if t == 4 else 1.0) for u in range(3)}
                 for t in range(1, 7)}
         self.assertEqual(exceedances(wide, 3, **kw)[0], 3)
-        self.assertEqual(exceedances(wide, 3, job_relative=1, **kw)[0], 0)
+        rel = dict(kw, job_relative=1)
+        self.assertEqual(exceedances(wide, 3, **rel)[0], 0)
         # ... but one unit's rise still is
         wide[4][2] = 30.0
-        self.assertEqual(replay(wide, 3, job_relative=1, **kw)[3], (4, [2]))
+        self.assertEqual(replay(wide, 3, **rel)[3], (4, [2]))
+        # and a job of one unit keeps the plain rule
+        one = {t: {0: wide[t][0]} for t in wide}
+        self.assertEqual(exceedances(one, 1, **rel)[0], 1)
         # a mean horizon of 2 forgets: after 1, 1, 4, 4 the mean is 3.25
         # (the plain mean 2.5), so 6 is not twice it (it is twice 2.5)
         for h, risky in ((2, False), (0, True)):
-            p = Policy(1, alpha=2, beta=100, warmup_steps=0, mean_horizon=h)
+            p = Policy(1, alpha=2, beta=100, warmup_steps=0, mean_horizon=h,
+                       job_relative=0)
             for t, n in enumerate([1.0, 1.0, 4.0, 4.0], 1):
                 p.step(t, {0: n})
             self.assertEqual(p.sum[0] / p.cnt[0], 3.25 if h else 2.5)
