@@ -128,6 +128,53 @@ class PaperTest(unittest.TestCase):
         for n, p in b.model.named_parameters():
             self.assertEqual(id(p) in trained, "lora_" in n, n)
 
+    def test_latent_stress_measured_signal_rerun_and_traces(self):
+        tmp = tempfile.mkdtemp(prefix="gnmr-latent-test-")
+        try:
+            res, text = self.main([
+                "--setting", "lora", "--seed-list", "5", "--episode-mode",
+                "latent", "--episode-scales", "256,512,512", "--variants",
+                "low,gnmr,gnmr_measured,gnmr_rerun,random", "--share-of",
+                "gnmr_rerun", "--trace-dir", tmp])
+            low = res["low"][0]
+            # silent (no non-finite norm), damaging, inside the episodes
+            self.assertEqual(low["nonfinite"], 0.0)
+            self.assertGreater(low["damage_steps"], 0)
+            self.assertGreater(low["damage_in_episode"], 0.5)
+            m, r = res["gnmr_measured"][0], res["gnmr_rerun"][0]
+            # the measure promotes damaged units: most of what they
+            # recover was damaged, against random's base rate
+            self.assertGreater(m["coverage"], 0.0)
+            self.assertGreater(m["precision"], low["damage"])
+            # the same-step path ran steps again, and random took its share
+            self.assertGreater(r["reruns"], 0)
+            self.assertAlmostEqual(res["random"][0]["share"], r["share"],
+                                   delta=0.1)
+            self.assertIn("| gnmr_rerun |", text)
+            # the traces: what gnmrctl replay and experiments/defaults.py
+            # read, with the episodes
+            path = os.path.join(tmp, "lora-low-5.csv")
+            sys.path.insert(0, os.path.join(ROOT, "experiments"))
+            import defaults
+            eps = defaults.read_episodes(path)
+            self.assertTrue(eps)
+            import subprocess
+            out = subprocess.run([os.path.join(BIN, "gnmrctl"), "replay",
+                                  path], capture_output=True, text=True)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertEqual(len(out.stdout.splitlines()), 1 + 24)
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                defaults.main([path, "--damaged", path])
+            self.assertIn("detected", buf.getvalue())
+            bad = os.path.join(tmp, "bad.csv")
+            with open(bad, "w") as f:
+                f.write("# episode 1 x\nstep,unit,norm\n1,0,1\n")
+            with self.assertRaises(ValueError):
+                defaults.read_episodes(bad)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def test_static_recovers_the_units_its_pattern_names(self):
         res, text = self.main(["--setting", "act4", "--seed-list", "4",
                                "--variants", "static,low",

@@ -179,6 +179,44 @@ class QuantLinearTest(unittest.TestCase):
                            lin.weight.bfloat16().float())
             self.assertTrue(torch.allclose(y, ref, atol=1e-6))
 
+    def test_a_latent_outlier_is_seen_by_the_quantizers_only(self):
+        torch.manual_seed(5)
+        x = torch.randn(4, 64)
+        exact = QuantLinear(64, 16, bias=False, low="int8-row",
+                            high="exact").train()
+        exact.recovery = True
+        ref = exact(x).detach()
+        low_err = exact.low_error
+        exact.latent = ([3, 40], 512.0)
+        # the exact path computes what it did: the product is unchanged
+        self.assertTrue(torch.equal(exact(x).detach(), ref))
+        # ... while the int8 rows lose their precision (measured on the
+        # recovery path too) and the low path's output moves
+        self.assertGreater(exact.low_error, 10 * low_err)
+        exact.recovery = False
+        y_low = exact(x).detach()
+        exact.latent = None
+        y_plain = exact(x).detach()
+        self.assertGreater(float((y_low - ref).norm()),
+                           10 * float((y_plain - ref).norm()))
+        # bf16 scales by the latent factor and back: its own rounding only
+        bf = QuantLinear(64, 16, bias=False, low="int8-row", high="bf16")
+        bf.load_state_dict(exact.state_dict())
+        bf.train().recovery = True
+        plain = bf(x).detach()
+        bf.latent = ([3, 40], 512.0)
+        self.assertTrue(torch.allclose(bf(x).detach(), plain, rtol=0.02,
+                                       atol=0.02))
+        # a storage-only recipe keeps its forward exact under a latent too
+        st = QuantLinear(64, 16, bias=False, low="int4-g32",
+                         high="int8-g32").train()
+        st.latent = ([7], 300.0)
+        xg = x.clone().requires_grad_(True)
+        y = st(xg)
+        self.assertTrue(torch.allclose(y, F.linear(x, st.weight)))
+        y.sum().backward()
+        self.assertGreater(st.low_error, 0.3)
+
     def test_a_frozen_weight_gets_no_gradient(self):
         lin = QuantLinear(32, 4, low="int8-row", high="bf16").train()
         lin.weight.requires_grad_(False)
