@@ -520,6 +520,36 @@ class ControllerTest(unittest.TestCase):
         self.assertEqual(rows[1:], [f"{t},{decided[t]}"
                                     for t in range(1, 11)])
 
+    def test_shadow_low_promotes_what_the_low_path_damaged(self):
+        with self.assertRaisesRegex(ValueError, "shadow_low"):
+            Controller(Net(), self.d.agents, "shadow-low-bad",
+                       shadow_low=True)
+        x = torch.randn(16, 8)
+        damaged = set()
+        net = Net()
+        ctl = Controller(net, self.d.agents, "shadow-low",
+                         shadow=lambda n, m: n in damaged, shadow_low=True,
+                         params=gnmr.default_params(warmup_steps=0,
+                                                    max_active=1,
+                                                    lock_steps=1))
+        for step in range(1, 4):
+            res = self.train_step(net, x, step, ctl)
+            self.assertEqual((res.active, res.shadowed), ([], []))
+        # c's low-cost path damages it at steps 4-5 (its gradient is
+        # calm): the measure alone promotes it, and holds it while it lasts
+        damaged.add("c")
+        active = []
+        for step in range(4, 9):
+            if step == 6:
+                damaged.clear()
+            res = self.train_step(net, x, step, ctl)
+            self.assertEqual(res.nonfinite, [])  # no real NaN: no skip
+            self.assertEqual(res.shadowed, ["c"] if step < 6 else [])
+            active.append(res.active)
+        # decided at 4 (c on its low path), held at 5, then its lock
+        self.assertEqual(active, [["c"], ["c"], ["c"], [], []])
+        ctl.close()
+
     def test_observer_replicas_get_the_same_routes(self):
         net = Net()
         p = gnmr.default_params(warmup_steps=0, max_active=1, lock_steps=3)
