@@ -35,7 +35,8 @@ enum gnmr_dtype {
 typedef struct gnmr_params {
   GNMR_PARAMS_MAP(GNMR__PARAM_FIELD) /* gnmr/params.h: alpha, beta, window,
                                         max_active, lock_steps, warmup_steps,
-                                        early_alpha, early_beta, early_steps */
+                                        early_alpha, early_beta, early_steps,
+                                        mean_horizon, job_relative */
 } gnmr_params;
 
 typedef struct gnmr_agent_config {
@@ -127,7 +128,8 @@ GNMR_EXPORT int gnmr_agent_open(const gnmr_agent_config *cfg,
  *   GNMR_FALLBACK_AFTER  fallback_after    GNMR_EARLY_BETA     params.early_beta
  *   GNMR_CURVE_SERVER_KEY curve_server_key GNMR_EARLY_STEPS    params.early_steps
  *   GNMR_CURVE_PUBLIC_KEY curve_public_key GNMR_OBSERVER       observer (0/1)
- *   GNMR_CURVE_SECRET_KEY curve_secret_key
+ *   GNMR_CURVE_SECRET_KEY curve_secret_key GNMR_MEAN_HORIZON   params.mean_horizon
+ *                                          GNMR_JOB_RELATIVE   params.job_relative
  *
  * and checks GNMR_WAIT_SPIN_US (gnmr_agent_wait), which is not a field:
  * gnmr_agent_open reads it, and takes the default for a bad value.
