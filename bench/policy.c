@@ -194,9 +194,28 @@ static double stream_floor(uint32_t n, uint32_t window, int reps) {
   return dt;
 }
 
-static void run(uint32_t n, int steps) {
+/* One engine of n units under the defaults, or with the optional rules
+ * off (rules 0: the first defaults' rule); returns the ms per step. */
+static double run_rules(uint32_t n, int steps, int rules, int report);
+
+static void run(uint32_t n, int steps) { (void)run_rules(n, steps, 1, 1); }
+
+/* The optional rules' cost (docs/policy.md: the mean horizon and the
+ * job-relative rule, on by default): the same engine and norms with them
+ * off, as a ratio measured in this run. */
+static void rules_cost(uint32_t n, int steps) {
+  double off = run_rules(n, steps, 0, 0), on = run_rules(n, steps, 1, 0);
+  printf("policy %8u units: optional rules on %.3f ms/step, off %.3f "
+         "ms/step: %.2fx\n", n, on, off, on / off);
+}
+
+static double run_rules(uint32_t n, int steps, int rules, int report) {
   policy_params prm;
   policy_params_default(&prm);
+  if (!rules) {
+    prm.mean_horizon = 0;
+    prm.job_relative = 0;
+  }
   policy *p = NULL;
   if (policy_create(&prm, n, &p) != 0) {
     fprintf(stderr, "policy_create failed\n");
@@ -223,6 +242,12 @@ static void run(uint32_t n, int steps) {
     pool += r.n_pool;
   }
   double per_step = spent / steps;
+  if (!report) {
+    policy_destroy(&p);
+    free(norm);
+    free(scale);
+    return per_step * 1e3;
+  }
   double floor = stream_floor(n, prm.window, steps);
   printf("policy %8u units: %8.3f ms/step, %6.2f ns/unit-step "
          "(mean pool %.0f); state-streaming floor %.3f ms: %.2fx floor\n",
@@ -266,6 +291,7 @@ static void run(uint32_t n, int steps) {
   free(norm);
   free(scale);
   policy_destroy(&p);
+  return per_step * 1e3;
 }
 
 int main(void) {
@@ -273,5 +299,7 @@ int main(void) {
          "it)\n", policy_simd_name(policy_simd_get()));
   run(10000, 2000);
   run(1000000, 20);
+  rules_cost(10000, 2000);
+  rules_cost(1000000, 20);
   return 0;
 }

@@ -1,13 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /* median.c — the lower median of a step's values (the job-relative rule of
- * docs/policy.md): the ceil(n/2)-th smallest, found in place in O(n)
- * expected time. The values come from peers, so an order that defeats the
- * pivots cannot make it quadratic: past 2 log2(n) + 8 rounds of
- * partitioning, the range left is sorted instead (O(n log n) at worst).
- * The answer is one of the inputs, so every way of finding it gives the
- * same bits. */
+ * docs/policy.md): the ceil(n/2)-th smallest, found in place. The values
+ * are GNMR and delta-GNMR values, never negative nor NaN, so their bit
+ * patterns as unsigned integers are in their order: a radix selection by
+ * 11 bits at a time (a histogram, then the bucket holding the rank kept)
+ * narrows a large set in a few sequential passes whatever the values are,
+ * and the few left are selected by quickselect. The values come from
+ * peers, so an order that defeats quickselect's pivots cannot make it
+ * quadratic: past 2 log2(n) + 8 rounds of partitioning, the range left is
+ * sorted instead. The answer is one of the inputs, so every way of
+ * finding it gives the same bits. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "policy_priv.h"
 
@@ -62,6 +68,40 @@ static double select_kth(double *v, size_t n, size_t k) {
   return v[k];
 }
 
+/* Sets below this go straight to quickselect. */
+#define RADIX_MIN 2048
+
+/* Keeps, in v[0..*n), the values whose bits >> shift & 0x7ff is the
+ * bucket holding rank *k, and makes *k the rank among them. */
+static void radix_narrow(double *v, size_t *n, size_t *k, int shift) {
+  uint32_t count[2048];
+  memset(count, 0, sizeof count);
+  for (size_t i = 0; i < *n; i++) {
+    uint64_t b;
+    memcpy(&b, &v[i], sizeof b);
+    count[(b >> shift) & 0x7ff]++;
+  }
+  uint32_t bucket = 0;
+  size_t below = 0;
+  while (below + count[bucket] <= *k)
+    below += count[bucket++];
+  size_t m = 0;
+  for (size_t i = 0; i < *n; i++) {
+    uint64_t b;
+    memcpy(&b, &v[i], sizeof b);
+    if (((b >> shift) & 0x7ff) == bucket)
+      v[m++] = v[i];
+  }
+  *n = m;
+  *k -= below;
+}
+
 double policy__lower_median(double *v, size_t n) {
-  return n == 0 ? (double)NAN : select_kth(v, n, (n - 1) / 2);
+  if (n == 0)
+    return (double)NAN;
+  size_t k = (n - 1) / 2;
+  /* sign and exponent, then the mantissa's top 11 bits, then the next */
+  for (int shift = 52; shift >= 30 && n >= RADIX_MIN; shift -= 11)
+    radix_narrow(v, &n, &k, shift);
+  return select_kth(v, n, k);
 }

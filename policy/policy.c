@@ -374,30 +374,50 @@ static void emit(policy *p, policy_result *res, uint8_t kind, uint32_t unit,
 /* The job-relative rule (docs/policy.md): every unit's step is scored, its
  * g and d in p->g, p->d (NaN where none) and the candidates (s > 1 by the
  * plain thresholds, or locked) in p->pool[0..n_cand). Finds the lower
- * medians Mg, Md of the step's g and (non-NaN) d, rescores every unit
- * with a g when either is above 1, and keeps the candidates still risky
- * or locked; returns the pool's size. With both medians at or below 1
- * the scores are the plain rule's. */
+ * medians Mg, Md of the step's g and (non-NaN) d, rescores the candidates
+ * when either is above 1, and keeps those still risky or locked; returns
+ * the pool's size. No candidate, or both medians at or below 1: the
+ * scores are the plain rule's. */
 static uint32_t relative_pool(policy *p, policy_result *res, double a,
                               double b, int warm, uint32_t n_cand,
                               uint32_t *n_risky) {
-  size_t ng = 0, nd = 0;
-  for (uint32_t u = 0; u < p->n; u++)
-    if (!isnan(p->g[u]))
-      p->med[ng++] = p->g[u];
+  if (n_cand == 0)
+    return 0; /* nothing the medians could change */
+  /* max(1, lower median) is 1 exactly when at least k + 1 of the values
+   * (k = (count - 1) / 2, the median's 0-based rank) are <= 1: one
+   * counting pass, and a selection only on a step where the job rose */
+  size_t ng = 0, nd = 0, lg = 0, ld = 0;
+  for (uint32_t u = 0; u < p->n; u++) {
+    double g = p->g[u], d = p->d[u];
+    int has_g = !isnan(g), has_d = has_g && !isnan(d);
+    ng += has_g;
+    lg += has_g && g <= 1;
+    nd += has_d;
+    ld += has_d && d <= 1;
+  }
   /* one value is its own median: a job of one unit keeps the plain rule */
-  double mg = ng > 1 ? policy__lower_median(p->med, ng) : 1;
-  for (uint32_t u = 0; u < p->n; u++)
-    if (!isnan(p->g[u]) && !isnan(p->d[u]))
-      p->med[nd++] = p->d[u];
-  double md = nd > 1 ? policy__lower_median(p->med, nd) : 1;
-  mg = mg > 1 ? mg : 1;
-  md = md > 1 ? md : 1;
-  if (mg > 1 || md > 1) {
-    double ta = a * mg, tb = b * md;
+  double mg = 1, md = 1;
+  if (ng > 1 && lg < (ng - 1) / 2 + 1) {
+    size_t k = 0;
     for (uint32_t u = 0; u < p->n; u++)
       if (!isnan(p->g[u]))
+        p->med[k++] = p->g[u];
+    mg = policy__lower_median(p->med, k); /* > 1 here */
+  }
+  if (nd > 1 && ld < (nd - 1) / 2 + 1) {
+    size_t k = 0;
+    for (uint32_t u = 0; u < p->n; u++)
+      if (!isnan(p->g[u]) && !isnan(p->d[u]))
+        p->med[k++] = p->d[u];
+    md = policy__lower_median(p->med, k);
+  }
+  if (mg > 1 || md > 1) {
+    double ta = a * mg, tb = b * md;
+    for (uint32_t i = 0; i < n_cand; i++) {
+      uint32_t u = p->pool[i];
+      if (!isnan(p->g[u]))
         p->s[u] = fmax(p->g[u] / ta, p->d[u] / tb);
+    }
   }
   uint32_t n_pool = 0;
   for (uint32_t i = 0; i < n_cand; i++) {

@@ -122,14 +122,18 @@ store_rows() {
 start_gnmrd 1
 
 # ---- A: decisions equal replay on every node ----
+# the policy's first defaults: the sample trace's expected decisions were
+# made with them (docs/policy.md, Defaults)
+FIRST=(--alpha 2 --beta 2 --window 8 --max-active 4 --lock-steps 4
+       --warmup-steps 20 --mean-horizon 0 --job-relative 0)
 for n in 1 2 3; do
-  sim $n --job mn-a --trace "$TR/small.csv" --barrier-ms 20000 \
+  sim $n --job mn-a --trace "$TR/small.csv" --barrier-ms 20000 "${FIRST[@]}" \
     >"$T/a$n.csv" 2>"$T/a$n.err" &
   SIMS+=($!)
 done
 wait_ok=0
 wait_sims || wait_ok=1
-"$B/gnmrctl" replay "$TR/small.csv" >"$T/replay.csv"
+"$B/gnmrctl" replay "${FIRST[@]}" "$TR/small.csv" >"$T/replay.csv"
 check "A: three nodes ran the CURVE job without a late decision" test $wait_ok = 0
 for n in 1 2 3; do
   check "A: node $n's decisions equal gnmrctl replay" cmp -s "$T/a$n.csv" "$T/replay.csv"

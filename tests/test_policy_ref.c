@@ -38,7 +38,7 @@ static int dbl_cmp(const void *a, const void *b) {
 /* The job-relative rule, by sorting: the lower medians of the step's g and
  * non-NaN d (at least 1), and the scores of every unit with a g again. */
 static void ref_relative(uint32_t n, double a, double b, const double *gs,
-                         const double *ds, double *s) {
+                         const double *ds, const ref_unit *u, double *s) {
   double vg[256], vd[256];
   uint32_t ng = 0, nd = 0;
   for (uint32_t i = 0; i < n; i++) {
@@ -55,8 +55,8 @@ static void ref_relative(uint32_t n, double a, double b, const double *gs,
   if (mg == 1 && md == 1)
     return;
   for (uint32_t i = 0; i < n; i++) {
-    if (isnan(gs[i]))
-      continue;
+    if (isnan(gs[i]) || !(s[i] > 1 || u[i].lock > 0))
+      continue; /* only the candidates are rescored */
     double x = gs[i] / (a * mg), y = ds[i] / (b * md);
     s[i] = isnan(y) || x > y ? x : y;
   }
@@ -106,7 +106,7 @@ static uint32_t ref_step(ref_unit *u, uint32_t n, uint64_t t,
     }
   }
   if (p->job_relative)
-    ref_relative(n, a, b, gs, ds, s);
+    ref_relative(n, a, b, gs, ds, u, s);
   if (t <= p->warmup_steps)
     return 0;
   for (uint32_t i = 0; i < n; i++)

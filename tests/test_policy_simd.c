@@ -88,6 +88,11 @@ static void one_run(int level, uint64_t seed) {
     p.early_alpha = rng_next(&rng) % 2 ? 3.0 : 2.0;
     p.early_beta = rng_next(&rng) % 2 ? 2.5 : 4.0;
   }
+  /* the optional rules: the mean horizon in the SIMD update, the
+   * job-relative rule after it */
+  if (rng_next(&rng) % 2)
+    p.mean_horizon = 1 + rng_next(&rng) % 12;
+  p.job_relative = (uint32_t)(rng_next(&rng) % 2);
   policy *ref = make(&p, n), *vec = make(&p, n);
   uint32_t cap = n + 64;
   double *norm = calloc(cap, sizeof *norm);
@@ -252,11 +257,55 @@ START_TEST(input_check_finds_a_bad_value_at_every_position) {
 }
 END_TEST
 
+static int dbl_cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* policy__lower_median (median.c: radix narrowing, then quickselect) is
+ * the ceil(n/2)-th smallest that sorting finds, for sets small and large,
+ * values crowded near 1 (as GNMR values are), ties, zeros, +inf,
+ * subnormals, and orders that defeat pivots (sorted, reversed, equal). */
+START_TEST(lower_median_is_the_sorted_one) {
+  uint64_t rng = 46;
+  static const size_t sizes[] = {1, 2, 3, 4, 5, 100, 2047, 2048, 2049,
+                                 10000, 65537, 200001};
+  for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+    for (int kind = 0; kind < 6; kind++) {
+      size_t n = sizes[si];
+      double *v = malloc(n * sizeof *v), *s = malloc(n * sizeof *s);
+      for (size_t i = 0; i < n; i++) {
+        double x = rng_unit(&rng);
+        switch (kind) {
+        case 0: x = 0.98 + 0.04 * x; break;               /* near 1 */
+        case 1: x = (double)(rng_next(&rng) % 7) * 0.5; break; /* ties */
+        case 2: x = (double)i; break;                     /* sorted */
+        case 3: x = (double)(n - i); break;               /* reversed */
+        case 4: x = 1.0; break;                           /* all equal */
+        default:
+          x = rng_next(&rng) % 50 == 0 ? INFINITY
+              : rng_next(&rng) % 50 == 0 ? 0x1p-1060
+              : rng_next(&rng) % 50 == 0 ? 0.0 : x * 1e6;
+        }
+        v[i] = s[i] = x;
+      }
+      qsort(s, n, sizeof *s, dbl_cmp);
+      double got = policy__lower_median(v, n);
+      ck_assert_msg(got == s[(n - 1) / 2], "n %zu kind %d: %g, want %g", n,
+                    kind, got, s[(n - 1) / 2]);
+      free(v);
+      free(s);
+    }
+  }
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("policy_simd");
   TCase *tc = tcase_create("simd");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, levels_can_be_chosen_and_off_is_always_there);
+  tcase_add_test(tc, lower_median_is_the_sorted_one);
   tcase_add_test(tc, exact_reciprocals_only_for_powers_of_two);
   tcase_add_test(tc, input_check_finds_a_bad_value_at_every_position);
   tcase_add_test(tc, avx2_matches_scalar_bit_for_bit);

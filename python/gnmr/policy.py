@@ -119,8 +119,12 @@ class Policy:
         return s
 
     def relative(self, a, b):
-        """The job-relative rule: the scores over the thresholds times
-        the step's lower medians of g and d, where either is above 1."""
+        """The job-relative rule: the candidates' scores (s > 1 by the
+        plain thresholds, or locked) over the thresholds times the step's
+        lower medians of g and d, where either is above 1."""
+        cand = [u for u in range(self.n) if self.s[u] > 1 or self.lock[u]]
+        if not cand:
+            return
         gs = sorted(x for x in self.g if not math.isnan(x))
         ds = sorted(d for x, d in zip(self.g, self.d)
                     if not math.isnan(x) and not math.isnan(d))
@@ -128,7 +132,7 @@ class Policy:
         md = max(1.0, ds[(len(ds) - 1) // 2]) if len(ds) > 1 else 1.0
         if mg > 1 or md > 1:
             ta, tb = a * mg, b * md
-            for u in range(self.n):
+            for u in cand:
                 g = self.g[u]
                 if not math.isnan(g):
                     ga, db = g / ta, self.d[u] / tb
