@@ -34,6 +34,8 @@ SETS = [
                               job_relative=1)),
     ("a=6 b=8 H=20 J=1", dict(alpha=6, beta=8, mean_horizon=20,
                               job_relative=1)),
+    ("a=16 b=24 H=20 J=1", dict(alpha=16, beta=24, mean_horizon=20,
+                                job_relative=1)),
 ]
 
 
