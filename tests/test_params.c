@@ -182,6 +182,32 @@ START_TEST(options_settings_and_messages) {
   ck_assert_uint_eq(p.max_active, 7); /* nothing changed */
   ck_assert(strstr(GNMR_POLICY_OPTS_USAGE, "[--max-active N]") != NULL);
   ck_assert(strstr(GNMR_POLICY_OPTS_USAGE, "[--early-alpha X]") != NULL);
+  /* the optional rules: a count and a flag of 0 or 1, nothing else */
+  ck_assert(strstr(GNMR_POLICY_OPTS_USAGE, "[--job-relative 0|1]") != NULL);
+  char r1[] = "mean_horizon=0", r2[] = "job-relative=0", *rules[] = {r1, r2};
+  ck_assert_int_eq(
+      gnmr__policy_settings_apply(&p, rules, 2, err, sizeof err), 0);
+  ck_assert(p.mean_horizon == 0 && p.job_relative == 0);
+  static const char *const bad_flag[] = {"job_relative=2", "job_relative=-1",
+                                         "job_relative=1x", "job_relative=",
+                                         "mean_horizon=-5",
+                                         "mean_horizon=18446744073709551616"};
+  for (size_t i = 0; i < sizeof bad_flag / sizeof bad_flag[0]; i++) {
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", bad_flag[i]);
+    char *one[] = {buf};
+    ck_assert_msg(gnmr__policy_settings_apply(&p, one, 1, err, sizeof err) !=
+                      0,
+                  "%s was taken", bad_flag[i]);
+    ck_assert(strlen(err) > 0);
+  }
+  ck_assert(p.mean_horizon == 0 && p.job_relative == 0); /* unchanged */
+  policy_params v;
+  policy_params_default(&v);
+  v.job_relative = 7; /* as a peer might send it */
+  const char *what = NULL;
+  ck_assert_int_eq(policy_params_validate(&v, &what), GNMR_E_INVAL);
+  ck_assert_str_eq(what, "job_relative");
 }
 END_TEST
 
