@@ -1253,7 +1253,13 @@ END_TEST
  * meanwhile is answered within a second. */
 START_TEST(an_admin_flood_that_reads_nothing_is_bounded) {
   tu_daemon d = {0};
-  tu_daemon_start(&d);
+  /* under valgrind gnmrd works through the flood for 12-20 s, past the
+   * default 10 s in which a connection must say something: a bound on
+   * time, scaled there as tu_slow() scales the others */
+  if (tu_slow() > 1)
+    start_with(&d, "[limits]\nfirst_message_ms = 120000\n");
+  else
+    tu_daemon_start(&d);
   /* under valgrind (gnmrd too) a tenth of the requests: still far more
    * than gnmrd keeps for a client */
   enum { N_UNITS = 500 };
@@ -1437,7 +1443,9 @@ START_TEST(abandoned_queries_stop_with_their_client) {
   fflush(stdout);
   ck_assert_msg(waited < whole, "jobs waited %.0f ms behind abandoned "
                 "queries (one takes %.0f ms)", waited * 1e3, whole * 1e3);
-  ck_assert_uint_ge(abandoned, 2);
+  /* under valgrind the loop notices a gone client later, and some of the
+   * abandoned queries have finished by then: at least one is stopped */
+  ck_assert_uint_ge(abandoned, tu_slow() > 1 ? 1 : 2);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
   tu_rmrf(d.dir);
 }
