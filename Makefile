@@ -79,7 +79,7 @@ PBC_LIBS = $(shell pkg-config --libs libprotobuf-c 2>/dev/null || echo -lprotobu
 UV_LIBS = $(shell pkg-config --libs libuv 2>/dev/null || echo -luv)
 DB_LIBS = $(shell pkg-config --libs sqlite3 jansson libpq 2>/dev/null || echo -lsqlite3 -ljansson -lpq)
 PQ_CFLAGS = $(shell pkg-config --cflags libpq 2>/dev/null || echo -I/usr/include/postgresql)
-DAEMON_LIBS = $(shell pkg-config --libs inih libsystemd libmicrohttpd 2>/dev/null || echo -linih -lsystemd -lmicrohttpd)
+DAEMON_LIBS = $(shell pkg-config --libs inih libsystemd libmicrohttpd libsodium 2>/dev/null || echo -linih -lsystemd -lmicrohttpd -lsodium)
 NET_LIBS = $(ZMQ_LIBS) $(PBC_LIBS)
 
 # ---- sources -----------------------------------------------------------

@@ -138,10 +138,18 @@ static void send_hello(gnmr_agent *a, io_state *io) {
   h.barrier_ms = a->barrier_ms;
   h.observer = a->observer;
   h.instance = a->instance;
+  /* the newest held decisions whose active sets fit GNMR_MAX_HELD_IDS
+   * (gnmrd refuses a Hello with more); an observer's are never history,
+   * and gnmrd refuses them */
+  int from = io->n_hdec;
+  uint64_t ids = 0;
+  while (from > 0 && !a->observer &&
+         ids + io->hdec[from - 1]->decision->n_active <= GNMR_MAX_HELD_IDS)
+    ids += io->hdec[--from]->decision->n_active;
+  h.n_held = (size_t)(io->n_hdec - from);
   Gnmr__Decision *held[GNMR_MAX_HELD];
-  for (int i = 0; i < io->n_hdec; i++)
-    held[i] = io->hdec[i]->decision;
-  h.n_held = (size_t)io->n_hdec;
+  for (int i = from; i < io->n_hdec; i++)
+    held[i - from] = io->hdec[i]->decision;
   h.held = held;
   env.body_case = GNMR__ENVELOPE__BODY_HELLO;
   env.hello = &h;

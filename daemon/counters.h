@@ -47,6 +47,9 @@
      "Decisions agents held across a restart, stored after it.")               \
   XX(held_conflicts, "held_conflicts", "",                                     \
      "Held decisions for steps decided again before their agent came back.")   \
+  XX(held_refused, "held_refused", "",                                         \
+     "Held decisions refused: not sealed by this store's gnmrd, from an "      \
+     "observer, or naming units the job does not have.")                       \
   XX(deadline_decisions, "deadline_decisions", "",                             \
      "Steps decided by the barrier deadline.")                                 \
   XX(missing_units, "missing_unit_steps", "",                                  \

@@ -194,7 +194,10 @@ static int observer_join(gnmrd *d, const void *id, size_t id_len, job *j,
   rr->user = user ? strdup(user) : NULL;
   LOG(INFO, "OBSERVER-JOIN", "job %s: an observer joined with %zu units",
       c->name, h->n_units);
-  jobs__adopt_held(j, h->held, h->n_held, "an observer");
+  /* an observer never reports: what it holds is never history */
+  if (h->n_held > 0)
+    jobs__held_refused(d, c->name, h->n_held, "an observer",
+                       "only a reporting rank hands decisions back");
   welcome(d, id, id_len, c, rr, 0);
   return 1;
 }
@@ -334,14 +337,26 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
     j->core->run = d->last_run + 1; /* taken when the Hello is accepted */
     /* decisions of a run the history never recorded (gnmrd killed before
      * its first commit, or with its disk full): the run goes on under its
-     * id, and those decisions are adopted as a restored job's */
-    for (size_t i = 0; i < h->n_held; i++)
-      if (h->held[i]->run > j->core->run) {
-        j->core->run = h->held[i]->run;
-        j->first_pass = 1;
-      } else if (h->held[i]->run == j->core->run) {
-        j->first_pass = 1;
+     * id, and those decisions are adopted as a restored job's. Only a
+     * rank's, and only sealed ones: the run id is then one a gnmrd of
+     * this store gave out (after every run it stored), never a peer's
+     * choice. */
+    size_t unsealed = 0;
+    for (size_t i = 0; i < h->n_held && !h->observer; i++) {
+      const Gnmr__Decision *hd = h->held[i];
+      if (hd->run < j->core->run)
+        continue; /* a run this store recorded: not this new job's */
+      if (!jobs__held_sealed(d, h->job, hd)) {
+        unsealed++;
+        continue;
       }
+      j->core->run = hd->run;
+      j->first_pass = 1;
+    }
+    if (unsealed > 0)
+      jobs__held_refused(d, h->job, unsealed, "the job's first Hello",
+                         "not sealed by a gnmrd of this store (a forged or "
+                         "altered decision, or one from another database)");
     /* a new run of a name keeps the name's owner, whoever starts it (an
      * operator, a key whose grant matches) */
     const char *owner = name_owner != NULL ? name_owner : user;

@@ -18,6 +18,8 @@
 #include "latency.h"
 #include "log.h"
 #include "records.h"
+#include "seal.h"
+#include "text.h"
 #include "snapshots.h"
 #include "validate.h"
 #include "wire.h"
@@ -183,6 +185,58 @@ static void send_all(job *j, const uint8_t *buf, size_t len) {
  * norms and events that died with the old gnmrd), never decides those
  * steps again, and sends the newest to every rank: a rank that missed it
  * gets the one the others acted on. */
+int jobs__held_sealed(const gnmrd *d, const char *name,
+                      const Gnmr__Decision *h) {
+  return d->st != NULL &&
+         seal_check(store_seal_key(d->st), name, h->run, h->pass, h->step,
+                    h->active, h->n_active, h->tag.data, h->tag.len);
+}
+
+/* Held decisions refused, logged at most once per HELD_LOG_MS (a refused
+ * peer can say Hello again and again): the first reason, and how many
+ * more since the last line. */
+#define HELD_LOG_MS 10000
+void jobs__held_refused(gnmrd *d, const char *name, size_t n,
+                        const char *from, const char *why) {
+  static uint64_t last_ms, quiet;
+  char jb[300], fb[200];
+  d->c.held_refused += n;
+  uint64_t now = d->loop != NULL ? uv_now(d->loop) : 0;
+  if (last_ms != 0 && now - last_ms < HELD_LOG_MS) {
+    quiet += n;
+    return;
+  }
+  LOG(WARN, "HELD-REFUSED", "job %s: %zu held decision%s from %s refused: "
+      "%s (%llu more refused since the last such line)",
+      gnmr__escape(name, jb, sizeof jb), n, n == 1 ? "" : "s",
+      gnmr__escape(from, fb, sizeof fb), why, (unsigned long long)quiet);
+  last_ms = now ? now : 1;
+  quiet = 0;
+}
+
+/* Why a held decision h is not taken for job j: NULL when it is; *defer
+ * set (and NULL returned) when it names units a rank that has not yet
+ * joined will bring (a new run's first rank, after a restart): that rank
+ * hands the same decision back. */
+static const char *held_refusal(job *j, const Gnmr__Decision *h,
+                                int *defer) {
+  core_job *c = j->core;
+  *defer = 0;
+  if (!jobs__held_sealed(j->d, c->name, h))
+    return "not sealed by a gnmrd of this store (a forged or altered "
+           "decision, or one from another database)";
+  for (size_t k = 0; k < h->n_active; k++)
+    if (core_slot(c, h->active[k]) == UINT32_MAX) {
+      for (uint32_t r = 0; r < c->reporters; r++)
+        if (!c->ranks[r].ever) {
+          *defer = 1;
+          return NULL;
+        }
+      return "it names a unit id the job does not have";
+    }
+  return NULL;
+}
+
 void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
                       const char *from) {
   gnmrd *d = j->d;
@@ -190,7 +244,8 @@ void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
   const Gnmr__Decision *newest = NULL;
   uint64_t first = 0, last = 0;
   uint32_t pass = 0;
-  size_t adopted = 0, refused = 0;
+  size_t adopted = 0, refused = 0, bad = 0;
+  const char *bad_why = NULL;
   if (j->first_pass == 0 || n == 0)
     return; /* a job of this gnmrd: it made (and stores) every decision */
   jobs__quiesce(j);
@@ -198,6 +253,18 @@ void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
     const Gnmr__Decision *h = hd[i];
     if (h->run != c->run)
       continue; /* another run's: never this job's */
+    if (h->pass < j->known_pass ||
+        (h->pass == j->known_pass && h->step <= j->known_step))
+      continue; /* in the history, or adopted from another agent */
+    int defer;
+    const char *why = held_refusal(j, h, &defer);
+    if (why != NULL) {
+      if (bad++ == 0)
+        bad_why = why;
+      continue;
+    }
+    if (defer)
+      continue;
     if (h->pass >= j->first_pass) {
       /* a pass the history never saw begin (its job row was not
        * committed): this job moves past it, unless it decided already */
@@ -205,13 +272,10 @@ void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
         refused++;
         continue;
       }
-      c->pass = h->pass + 1;
+      c->pass = h->pass + 1; /* sealed: below UINT32_MAX (validate) */
       j->first_pass = c->pass;
       records_job(d->st, c);
     }
-    if (h->pass < j->known_pass ||
-        (h->pass == j->known_pass && h->step <= j->known_step))
-      continue; /* in the history, or adopted from another agent */
     records_restored_step(d->st, c, h->pass, h->step, h->active,
                           h->n_active, j->mark);
     j->known_pass = h->pass;
@@ -225,6 +289,8 @@ void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
     else if (c->pub_pass == c->pass && h->step <= c->pub_step)
       refused++; /* decided again here before this agent came back */
   }
+  if (bad > 0)
+    jobs__held_refused(d, c->name, bad, from, bad_why);
   if (refused > 0) {
     d->c.held_conflicts += refused;
     LOG(WARN, "HELD-CONFLICT", "job %s: %zu decisions held by %s were for "
@@ -306,6 +372,13 @@ static int encode_decision(job *j, const core_outcome *o, uint8_t **buf,
   store_mark_get(j->mark, &dec.durable_pass, &dec.durable_step);
   dec.n_active = o->res.n_active;
   dec.active = (uint32_t *)o->active_ids;
+  uint8_t tag[SEAL_TAG_BYTES];
+  if (j->d->st != NULL) { /* so that a held copy can be proven ours */
+    seal_make(store_seal_key(j->d->st), c->name, dec.run, dec.pass, dec.step,
+              dec.active, dec.n_active, tag);
+    dec.tag.data = tag;
+    dec.tag.len = sizeof tag;
+  }
   decision_risky(o, &dec, &mem);
   env.body_case = GNMR__ENVELOPE__BODY_DECISION;
   env.decision = &dec;

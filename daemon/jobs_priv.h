@@ -86,12 +86,20 @@ void jobs__decide_ready(job *j);
  * the loop may touch j freely until it next calls jobs__decide_ready. */
 void jobs__quiesce(job *j);
 
-/* Takes the decisions an agent held for gnmrd (Hello.held) that a
+/* Takes the decisions a rank held for gnmrd (Hello.held) that a
  * restarted gnmrd never committed: stored, their steps decided for good,
- * and the newest sent to every rank (docs/reliability.md). from: the rank
- * or observer they came from, for the history. */
+ * and the newest sent to every rank (docs/reliability.md). Only those
+ * sealed by a gnmrd of this store (seal.h) and naming the job's units;
+ * the others are counted and logged (jobs__held_refused). from: the rank
+ * they came from, for the history. */
 void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
                       const char *from);
+/* 1 when h carries the seal a gnmrd of this store put on it for job. */
+int jobs__held_sealed(const gnmrd *d, const char *name,
+                      const Gnmr__Decision *h);
+/* Counts n refused held decisions and logs why (rate-limited). */
+void jobs__held_refused(gnmrd *d, const char *name, size_t n,
+                        const char *from, const char *why);
 
 /* hello.c */
 void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,

@@ -366,6 +366,14 @@ int store_open(const char *where, uint32_t snapshot_every, uint64_t retain_steps
     goto fail;
   }
   {
+    char why[400];
+    if (store__seal_key(s->sql.db, s->seal_key, why, sizeof why) !=
+        GNMR_OK) {
+      snprintf(err, errlen, "%s: %s", s->shown, why);
+      goto fail;
+    }
+  }
+  {
     char what[64];
     if (db_kind(s->sql.db) == DB_SQLITE &&
         (s->fault = db_fault_from_env(what, sizeof what)) != NULL)
@@ -405,6 +413,7 @@ void store_close(store **ps) {
     free(s->gaps[i].job);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
+  memset(s->seal_key, 0, sizeof s->seal_key);
   free(s);
   *ps = NULL;
 }
@@ -545,6 +554,7 @@ void store_commit_histogram(store *s, uint64_t *buckets, uint64_t *count,
 
 uint32_t store_snapshot_every(const store *s) { return s->snapshot_every; }
 uint64_t store_last_run(const store *s) { return s->last_run; }
+const uint8_t *store_seal_key(const store *s) { return s->seal_key; }
 const char *store_path(const store *s) { return s->path; }
 
 void store_get_stats(store *s, store_stats *st) {

@@ -92,6 +92,9 @@ uint32_t store_snapshot_every(const store *s);
 /* The largest run id in the store at open (0: none): new runs take the
  * ids after it, so that none is ever reused. */
 uint64_t store_last_run(const store *s);
+/* The key gnmrd seals its decisions with (seal.h): the store's, the same
+ * for every gnmrd of one database; STORE_SEAL_KEY_BYTES bytes. */
+const uint8_t *store_seal_key(const store *s);
 /* The target (store_target): what queries open. */
 const char *store_path(const store *s);
 void store_get_stats(store *s, store_stats *st);

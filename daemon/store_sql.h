@@ -28,6 +28,7 @@ struct store {
   char shown[4096]; /* the target as logs show it (no password) */
   uint32_t snapshot_every;
   uint64_t last_run;
+  uint8_t seal_key[STORE_SEAL_KEY_BYTES]; /* store__seal_key */
   /* the writer thread's connection and statements, and retain_steps */
   store_stmts sql;
   pthread_t thread;

@@ -42,8 +42,16 @@ int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
   if (h->n_held > GNMR_MAX_HELD)
     FAIL(GNMR_E_RANGE, "held", "%zu held decisions: an agent holds at most "
          "%u", h->n_held, GNMR_MAX_HELD);
+  uint64_t held_ids = 0; /* every id the held decisions carry */
   for (size_t i = 0; i < h->n_held; i++) {
     const Gnmr__Decision *d = h->held[i], *prev = i ? h->held[i - 1] : NULL;
+    if (d != NULL)
+      held_ids += (uint64_t)d->n_active + d->n_risky + d->n_g + d->n_d +
+                  d->n_s;
+    if (held_ids > GNMR_MAX_HELD_IDS)
+      FAIL(GNMR_E_RANGE, "held", "the held decisions carry more than %u "
+           "ids and scores in all (an agent keeps only active sets)",
+           GNMR_MAX_HELD_IDS);
     if (d == NULL || d->job == NULL || strcmp(d->job, h->job) != 0)
       FAIL(GNMR_E_MISMATCH, "held", "held decision %zu is not of job %.64s",
            i, h->job);

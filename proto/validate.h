@@ -23,6 +23,12 @@
 /* The most decisions an agent holds for gnmrd (Hello.held): those it
  * received that gnmrd had not yet said were committed. */
 #define GNMR_MAX_HELD 1024u
+/* The most active ids (and scores, which agents drop) all held decisions
+ * of one Hello may carry: 1024 decisions of 1024 active units each. A
+ * Hello is decoded before it is checked, so the message size cap bounds
+ * what a peer makes gnmrd decode; this bounds what it makes gnmrd keep,
+ * store and send on. */
+#define GNMR_MAX_HELD_IDS (1u << 20)
 
 /* Checks a Hello on its own: protocol, job name, rank/reporters, unit
  * names (printable, unique), unit_ids, parameters, barrier, the held

@@ -6,7 +6,7 @@
 # Groups: build (compile everything), check (tests), demo, fuzz, python.
 set -eu
 
-pkgs_build="gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libsqlite3-dev libjansson-dev libinih-dev libsystemd-dev libmicrohttpd-dev libpq-dev"
+pkgs_build="gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libsqlite3-dev libjansson-dev libinih-dev libsystemd-dev libmicrohttpd-dev libpq-dev libsodium-dev"
 pkgs_check="check valgrind postgresql clang libclang-rt-14-dev systemd man-db prometheus curl iproute2 util-linux"
 pkgs_fuzz="clang libclang-rt-14-dev"
 pkgs_demo=""

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "db.h"
 #include "gnmr/error.h"
@@ -282,4 +283,66 @@ int store__migrate(db_conn *db, char *err, size_t errlen) {
 fail:
   db_rollback(db);
   return GNMR_E_STORE;
+}
+
+/* The seal key as stored: 64 hex digits. */
+static int key_from_hex(const char *hex, uint8_t key[STORE_SEAL_KEY_BYTES]) {
+  if (hex == NULL || strlen(hex) != 2 * STORE_SEAL_KEY_BYTES)
+    return 0;
+  for (size_t i = 0; i < STORE_SEAL_KEY_BYTES; i++) {
+    unsigned v = 0;
+    for (int k = 0; k < 2; k++) {
+      char c = hex[2 * i + (size_t)k];
+      unsigned x = c >= '0' && c <= '9'   ? (unsigned)(c - '0')
+                   : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10)
+                                          : 16u;
+      if (x == 16u)
+        return 0;
+      v = v * 16 + x;
+    }
+    key[i] = (uint8_t)v;
+  }
+  return 1;
+}
+
+int store__seal_key(db_conn *db, uint8_t key[STORE_SEAL_KEY_BYTES], char *err,
+                    size_t errlen) {
+  uint8_t fresh[STORE_SEAL_KEY_BYTES];
+  char hex[2 * STORE_SEAL_KEY_BYTES + 1], sql[200];
+  size_t got = 0;
+  while (got < sizeof fresh) {
+    ssize_t n = getrandom(fresh + got, sizeof fresh - got, 0);
+    if (n <= 0) {
+      snprintf(err, errlen, "no random bytes for the seal key (getrandom)");
+      return GNMR_E_IO;
+    }
+    got += (size_t)n;
+  }
+  for (size_t i = 0; i < sizeof fresh; i++)
+    snprintf(hex + 2 * i, 3, "%02x", fresh[i]);
+  memset(fresh, 0, sizeof fresh);
+  /* the first gnmrd of a database makes it; every later one (a restart, a
+   * standby) reads that one: two starting at once agree on the first */
+  snprintf(sql, sizeof sql, "INSERT INTO meta VALUES('seal_key','%s') ON "
+           "CONFLICT(key) DO NOTHING", hex);
+  memset(hex, 0, sizeof hex);
+  int rv = store__exec(db, sql, err, errlen);
+  memset(sql, 0, sizeof sql);
+  if (rv != GNMR_OK)
+    return GNMR_E_STORE;
+  db_stmt *st;
+  if (db_prepare(db, "SELECT value FROM meta WHERE key='seal_key'", &st) !=
+      GNMR_OK) {
+    snprintf(err, errlen, "%s", db_errmsg(db));
+    return GNMR_E_STORE;
+  }
+  int ok = db_step(st) == DB_ROW && key_from_hex(db_column_text(st, 0), key);
+  db_finalize(st);
+  if (!ok) {
+    snprintf(err, errlen, "the seal key (meta 'seal_key') is not 64 hex "
+             "digits: delete that row and every gnmrd of this database "
+             "makes a new one (decisions agents hold then are refused)");
+    return GNMR_E_STORE;
+  }
+  return GNMR_OK;
 }

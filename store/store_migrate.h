@@ -5,6 +5,7 @@
 #define GNMR_STORE_MIGRATE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "db.h"
 
@@ -19,5 +20,13 @@ int store__integrity(db_conn *db, char *err, size_t errlen);
 /* Creates or migrates the schema to STORE_SCHEMA_VERSION; refuses a
  * newer one. */
 int store__migrate(db_conn *db, char *err, size_t errlen);
+
+/* The key gnmrd seals its decisions with (daemon/seal.h): the database's
+ * meta row 'seal_key', made from getrandom() by the first gnmrd that
+ * opens the database; GNMR_E_STORE (err says why) when it cannot be
+ * written or read back whole. Whoever can read the database can read it. */
+#define STORE_SEAL_KEY_BYTES 32
+int store__seal_key(db_conn *db, uint8_t key[STORE_SEAL_KEY_BYTES], char *err,
+                    size_t errlen);
 
 #endif /* GNMR_STORE_MIGRATE_H */

@@ -1,0 +1,313 @@
+/* SPDX-License-Identifier: MIT */
+/* test_held.c — what a peer may hand back in Hello.held (issue 47): only
+ * decisions gnmrd sealed (Decision.tag, daemon/seal.h), only from a
+ * reporting rank, within GNMR_MAX_HELD_IDS. Each case is an attack that
+ * worked before the seal (a peer's run id taken as the job's, a job frozen
+ * by a held step near 2^63, an observer writing history, an altered
+ * decision) against a real gnmrd, and the honest path beside it: a sealed
+ * decision handed back by its rank is taken. */
+#include <check.h>
+
+#include "check_main.h"
+#include "rawpeer.h"
+#include "testutil.h"
+#include "validate.h"
+
+static char *one_unit[] = {"u0"};
+
+/* A Hello from rank 0 of a 1-rank job (or an observer), handing back
+ * held[0..n). */
+static void hello_held(raw_peer *p, const char *job, int observer,
+                       Gnmr__Decision **held, size_t n) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Hello h = GNMR__HELLO__INIT;
+  Gnmr__Params wp;
+  policy_params prm;
+  policy_params_default(&prm);
+  prm.warmup_steps = 0;
+  gnmr__params_to_wire(&prm, &wp);
+  h.protocol = 1;
+  h.job = (char *)job;
+  h.rank = 0;
+  h.reporters = 1;
+  h.n_units = 1;
+  h.units = one_unit;
+  h.params = &wp;
+  h.barrier_ms = 60000;
+  h.observer = observer;
+  h.n_held = n;
+  h.held = held;
+  env.body_case = GNMR__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  raw_send_env(p, &env);
+}
+
+/* A decision as a peer would make one up: tag is 16 bytes of its own. */
+static Gnmr__Decision forged(const char *job, uint64_t run, uint32_t pass,
+                             uint64_t step, uint32_t *active, size_t n) {
+  static uint8_t tag[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+  Gnmr__Decision d = GNMR__DECISION__INIT;
+  d.job = (char *)job;
+  d.run = run;
+  d.pass = pass;
+  d.step = step;
+  d.n_active = n;
+  d.active = active;
+  d.tag.data = tag;
+  d.tag.len = sizeof tag;
+  return d;
+}
+
+/* Welcome's last_step, after a Hello. */
+static uint64_t welcomed(raw_peer *p) {
+  Gnmr__Envelope *env = expect_body(p, GNMR__ENVELOPE__BODY_WELCOME);
+  uint64_t last = env->welcome->last_step;
+  gnmr__wire_free(&env);
+  return last;
+}
+
+/* Reports step (one unit) and returns the Decision that comes back. */
+static Gnmr__Envelope *step_once(raw_peer *p, const char *job,
+                                 uint64_t step) {
+  double s = 1.0 + (double)(step % 7);
+  report(p, job, 0, step, &s, 1, NULL, 0);
+  Gnmr__Envelope *env = raw_recv(p, raw_reply_ms());
+  ck_assert_msg(env != NULL, "step %llu of %s: no Decision",
+                (unsigned long long)step, job);
+  ck_assert_msg(env->body_case == GNMR__ENVELOPE__BODY_DECISION,
+                "step %llu of %s: body %d (%s)", (unsigned long long)step,
+                job, (int)env->body_case,
+                env->body_case == GNMR__ENVELOPE__BODY_ERROR
+                    ? env->error->message
+                    : "");
+  ck_assert_uint_eq(env->decision->step, step);
+  return env;
+}
+
+static void start(tu_daemon *d, const char *fault) {
+  char ep[200];
+  if (d->dir[0] == '\0')
+    snprintf(d->dir, sizeof d->dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d->dir);
+  if (fault != NULL)
+    setenv("GNMR_STORE_FAULT", fault, 1);
+  tu_daemon_start_in(d, ep, NULL, d->dir, NULL);
+  unsetenv("GNMR_STORE_FAULT");
+}
+
+/* Critical before: a new job's Hello with a held decision of run 2^63-1025
+ * was welcomed with that run, and gnmrd's run counter followed it. */
+START_TEST(a_peer_cannot_choose_a_new_jobs_run) {
+  tu_daemon d = {0};
+  start(&d, NULL);
+  raw_peer p = raw_open(d.agents);
+  uint32_t act[] = {0};
+  Gnmr__Decision f = forged("mine", GNMR_MAX_STEP, 1, 5, act, 1);
+  Gnmr__Decision *held[] = {&f};
+  hello_held(&p, "mine", 0, held, 1);
+  ck_assert_uint_eq(welcomed(&p), 0);
+  Gnmr__Envelope *env = step_once(&p, "mine", 1);
+  ck_assert_msg(env->decision->run == 1, "the job took run %llu",
+                (unsigned long long)env->decision->run);
+  gnmr__wire_free(&env);
+  /* the next job gets the next of gnmrd's own ids */
+  raw_peer q = raw_open(d.agents);
+  hello_held(&q, "next", 0, NULL, 0);
+  welcomed(&q);
+  env = step_once(&q, "next", 1);
+  ck_assert_uint_eq(env->decision->run, 2);
+  gnmr__wire_free(&env);
+  ck_assert_int_eq(tu_counter(&d, "held_refused"), 1);
+  ck_assert_int_eq(tu_counter(&d, "decisions_restored"), 0);
+  char *log = tu_daemon_log(&d);
+  ck_assert_msg(strstr(log, "HELD-REFUSED") && strstr(log, "not sealed"),
+                "no HELD-REFUSED line in gnmrd's log:\n%s", log);
+  free(log);
+  raw_close(&p);
+  raw_close(&q);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+/* High before: a job's creator froze it with one held decision at step
+ * 2^63-1025 of its own next run (every later report was late), and a held
+ * pass of 2^32-2 wrapped the job's pass at the next restart. */
+START_TEST(a_forged_held_step_or_pass_cannot_freeze_a_job) {
+  tu_daemon d = {0};
+  start(&d, NULL);
+  raw_peer p = raw_open(d.agents);
+  Gnmr__Decision f1 = forged("frozen", 1, 1, 3, NULL, 0);
+  Gnmr__Decision f2 = forged("frozen", 1, UINT32_MAX - 1, 4, NULL, 0);
+  Gnmr__Decision f3 = forged("frozen", 1, UINT32_MAX - 1, GNMR_MAX_STEP,
+                             NULL, 0);
+  Gnmr__Decision *held[] = {&f1, &f2, &f3};
+  hello_held(&p, "frozen", 0, held, 3);
+  ck_assert_uint_eq(welcomed(&p), 0);
+  for (uint64_t t = 1; t <= 5; t++) {
+    Gnmr__Envelope *env = step_once(&p, "frozen", t);
+    ck_assert_uint_eq(env->decision->pass, 1);
+    gnmr__wire_free(&env);
+  }
+  ck_assert_int_eq(tu_counter(&d, "held_refused"), 3);
+  ck_assert_int_eq(tu_counter(&d, "late_reports"), 0);
+  raw_close(&p);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+/* The honest path and its boundary: with a store that commits nothing,
+ * gnmrd decides 3 steps of two jobs and is killed. The next gnmrd takes
+ * job b's last decision from its rank as it was sealed (the step stays
+ * decided), and refuses job a's with the active set changed: a decision is
+ * taken whole or not at all. */
+START_TEST(a_sealed_decision_is_taken_and_an_altered_one_refused) {
+  tu_daemon d = {0};
+  start(&d, "readonly:600000");
+  raw_peer pa = raw_open(d.agents), pb = raw_open(d.agents);
+  hello_held(&pa, "a", 0, NULL, 0);
+  welcomed(&pa);
+  hello_held(&pb, "b", 0, NULL, 0);
+  welcomed(&pb);
+  Gnmr__Envelope *la = NULL, *lb = NULL;
+  for (uint64_t t = 1; t <= 3; t++) {
+    if (la)
+      gnmr__wire_free(&la);
+    if (lb)
+      gnmr__wire_free(&lb);
+    la = step_once(&pa, "a", t);
+    lb = step_once(&pb, "b", t);
+  }
+  ck_assert_uint_eq(la->decision->tag.len, 16);
+  raw_close(&pa);
+  raw_close(&pb);
+  tu_daemon_stop(&d, SIGKILL);
+  start(&d, NULL);
+  /* a: the same decision with one more active unit */
+  uint32_t more[] = {0};
+  Gnmr__Decision alt = *la->decision;
+  alt.n_active = 1;
+  alt.active = more;
+  if (la->decision->n_active == 1) /* it had unit 0 active: drop it */
+    alt.n_active = 0;
+  alt.durable_pass = 0;
+  alt.durable_step = 0;
+  Gnmr__Decision *ha[] = {&alt};
+  pa = raw_open(d.agents);
+  hello_held(&pa, "a", 0, ha, 1);
+  ck_assert_uint_eq(welcomed(&pa), 0);
+  ck_assert_int_eq(tu_counter(&d, "held_refused"), 1);
+  ck_assert_int_eq(tu_counter(&d, "decisions_restored"), 0);
+  /* b: as sealed */
+  Gnmr__Decision *hb[] = {lb->decision};
+  pb = raw_open(d.agents);
+  hello_held(&pb, "b", 0, hb, 1);
+  ck_assert_uint_eq(welcomed(&pb), 3);
+  ck_assert_int_eq(tu_counter(&d, "decisions_restored"), 1);
+  ck_assert_int_eq(tu_counter(&d, "held_refused"), 1);
+  Gnmr__Envelope *env = step_once(&pb, "b", 4);
+  ck_assert_uint_eq(env->decision->run, lb->decision->run);
+  gnmr__wire_free(&env);
+  gnmr__wire_free(&la);
+  gnmr__wire_free(&lb);
+  raw_close(&pa);
+  raw_close(&pb);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+/* High before: an observer's Hello to a restored job had its held
+ * decisions stored as decided steps and the newest pushed to the ranks.
+ * Here even a decision gnmrd sealed (the observer got it as every rank
+ * did) is refused when an observer hands it back. */
+START_TEST(an_observer_cannot_write_history_or_steer_ranks) {
+  tu_daemon d = {0};
+  start(&d, "readonly:600000");
+  raw_peer r = raw_open(d.agents), o = raw_open(d.agents);
+  hello_held(&r, "watched", 0, NULL, 0);
+  welcomed(&r);
+  hello_held(&o, "watched", 1, NULL, 0);
+  welcomed(&o);
+  for (uint64_t t = 1; t <= 3; t++) {
+    Gnmr__Envelope *env = step_once(&r, "watched", t);
+    gnmr__wire_free(&env);
+  }
+  Gnmr__Envelope *seen = raw_recv(&o, raw_reply_ms()), *e;
+  ck_assert_ptr_nonnull(seen);
+  while ((e = raw_recv(&o, 300)) != NULL) { /* the observer's newest */
+    gnmr__wire_free(&seen);
+    seen = e;
+  }
+  ck_assert_int_eq(seen->body_case, GNMR__ENVELOPE__BODY_DECISION);
+  ck_assert_uint_eq(seen->decision->step, 3);
+  raw_close(&r);
+  raw_close(&o);
+  tu_daemon_stop(&d, SIGKILL);
+  start(&d, NULL);
+  uint32_t act[] = {0};
+  Gnmr__Decision f = forged("watched", 1, 1, 4, act, 1);
+  Gnmr__Decision *held[] = {seen->decision, &f};
+  o = raw_open(d.agents);
+  hello_held(&o, "watched", 1, held, 2);
+  welcomed(&o);
+  ck_assert_int_eq(tu_counter(&d, "held_refused"), 2);
+  ck_assert_int_eq(tu_counter(&d, "decisions_restored"), 0);
+  /* a rank joining now is told nothing was decided, and is steered by
+   * nothing the observer said */
+  r = raw_open(d.agents);
+  hello_held(&r, "watched", 0, NULL, 0);
+  ck_assert_uint_eq(welcomed(&r), 0);
+  expect_silence(&r);
+  gnmr__wire_free(&seen);
+  raw_close(&r);
+  raw_close(&o);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+/* Before: one Hello carried 60 held decisions of 2^20 ids (190 MB) and
+ * gnmrd kept and stored them all. Now the ids of one Hello's held
+ * decisions are bounded (GNMR_MAX_HELD_IDS), the Hello refused past it,
+ * and nothing of it kept. */
+START_TEST(held_decisions_are_bounded) {
+  tu_daemon d = {0};
+  start(&d, NULL);
+  raw_peer p = raw_open(d.agents);
+  size_t n = GNMR_MAX_HELD_IDS / 2 + 1;
+  uint32_t *ids = malloc(n * sizeof *ids);
+  for (size_t i = 0; i < n; i++)
+    ids[i] = (uint32_t)i;
+  Gnmr__Decision f1 = forged("big", 1, 1, 1, ids, n);
+  Gnmr__Decision f2 = forged("big", 1, 1, 2, ids, n);
+  Gnmr__Decision *held[] = {&f1, &f2};
+  hello_held(&p, "big", 0, held, 2);
+  expect_error(&p, GNMR_E_RANGE, "ids and scores in all");
+  /* one under the bound is a Hello like any other (refused as unsealed) */
+  f2.n_active = n - 2;
+  hello_held(&p, "big", 0, held, 2);
+  ck_assert_uint_eq(welcomed(&p), 0);
+  ck_assert_int_eq(tu_counter(&d, "held_refused"), 2);
+  free(ids);
+  raw_close(&p);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("held");
+  TCase *tc = tcase_create("held");
+  tcase_set_timeout(tc, 600);
+  tcase_add_test(tc, a_peer_cannot_choose_a_new_jobs_run);
+  tcase_add_test(tc, a_forged_held_step_or_pass_cannot_freeze_a_job);
+  tcase_add_test(tc, a_sealed_decision_is_taken_and_an_altered_one_refused);
+  tcase_add_test(tc, an_observer_cannot_write_history_or_steer_ranks);
+  tcase_add_test(tc, held_decisions_are_bounded);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return tu_check_main(suite()); }
