@@ -472,6 +472,19 @@ int core_report_step(core_job *j, uint32_t rank, uint64_t step,
   rr->rejoined = 0;
   if (step > j->last_decided + CORE_MAX_AHEAD && j->last_decided > 0)
     return CORE_TOO_FAR;
+  if (j->last_decided == 0) {
+    /* before the first decision the job is where its ranks are: a step
+     * far past every other rank's is refused, so that one rank cannot
+     * make the first decision a step the others never reach (a job
+     * frozen with every later report late) */
+    uint64_t others = 0;
+    for (uint32_t k = 0; k < j->reporters; k++)
+      if (k != rank && j->ranks[k].last_step != UINT64_MAX &&
+          j->ranks[k].last_step > others)
+        others = j->ranks[k].last_step;
+    if (others > 0 && step > others + CORE_MAX_AHEAD)
+      return CORE_TOO_FAR;
+  }
   core_pending *p = find_or_add_pending(j, step, now);
   if (p == NULL)
     return j->n_pend == CORE_MAX_PENDING ? CORE_FULL : CORE_NOMEM;
@@ -563,6 +576,14 @@ int core_decide_begin(core_job *j, uint64_t now_ms, core_decision *dd) {
   memmove(&j->pend[0], &j->pend[1], (j->n_pend - 1) * sizeof j->pend[0]);
   j->n_pend--;
   memset(&j->pend[j->n_pend], 0, sizeof j->pend[0]);
+  /* steps taken before the first decision that are now too far past it
+   * (a report now would be refused) go: deciding one would leave every
+   * rank's next report late */
+  while (j->n_pend > 0 &&
+         j->pend[j->n_pend - 1].step > j->last_decided + CORE_MAX_AHEAD) {
+    j->far_dropped += j->pend[j->n_pend - 1].got;
+    core__pending_clear(j, &j->pend[--j->n_pend]);
+  }
   return 1;
 }
 

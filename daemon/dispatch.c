@@ -97,6 +97,10 @@ static int on_report(gnmrd *d, const void *id, size_t id_len,
     return 0;
   case CORE_TOO_FAR:
     d->c.future_reports++;
+    if (c->last_decided == 0)
+      REFUSE(GNMR_E_RANGE, "step", "step %llu is more than %u steps past "
+             "every other rank's step before the job's first decision",
+             (unsigned long long)r->step, CORE_MAX_AHEAD);
     REFUSE(GNMR_E_RANGE, "step", "step %llu is more than %u steps past the "
                                  "last decided step %llu",
            (unsigned long long)r->step, CORE_MAX_AHEAD,

@@ -476,6 +476,15 @@ void jobs__decide_ready(job *j) {
   if (workers_busy(&j->task))
     return; /* decide_done() comes back here */
   while (core_decide_begin(j->core, uv_now(d->loop), &j->dd)) {
+    if (j->core->far_dropped > 0) {
+      d->c.future_reports += j->core->far_dropped;
+      LOG(WARN, "FAR-DROPPED", "job %s: %llu reports taken before the first "
+          "decision were for steps more than %u past it (step %llu) and are "
+          "dropped", j->core->name,
+          (unsigned long long)j->core->far_dropped, CORE_MAX_AHEAD,
+          (unsigned long long)j->core->last_decided);
+      j->core->far_dropped = 0;
+    }
     if (d->workers != NULL && !j->hold && j->dd.work >= d->worker_min) {
       workers_submit(d->workers, &j->task);
       server_kick(d->agents);

@@ -191,6 +191,47 @@ START_TEST(duplicate_far_and_full_reports_are_refused) {
 }
 END_TEST
 
+/* Issue 47: before the job's first decision one rank's report at step
+ * 2^53 + 1 made that step the first decided one (by its deadline), and
+ * every later report of the job was late. Now it is refused when another
+ * rank has reported (the job is where its ranks are), and, taken first,
+ * it is dropped once a step of the others is decided. */
+START_TEST(one_rank_far_ahead_cannot_freeze_the_job) {
+  static const double s[] = {1.0};
+  const uint64_t far = (1ull << 53) + 1;
+  core_job *j = new_job("far", 2, 100);
+  join(j, 0, one, 1);
+  join(j, 1, one, 1);
+  ck_assert_int_eq(report(j, 1, 1, s, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 0, far, s, 0), CORE_TOO_FAR);
+  ck_assert_int_eq(report(j, 0, 1 + CORE_MAX_AHEAD, s, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 0, 2 + CORE_MAX_AHEAD, s, 0), CORE_TOO_FAR);
+  core_job_free(&reg, j);
+  ck_assert_int_eq(released, 2);
+  /* the far report first, before any other rank's: taken, then dropped
+   * when step 1 is decided; the job goes on */
+  released = 0;
+  j = new_job("far2", 2, 100);
+  join(j, 0, one, 1);
+  join(j, 1, one, 1);
+  ck_assert_int_eq(report(j, 0, far, s, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 1, 1, s, 10), CORE_ACCEPTED);
+  core_outcome o;
+  ck_assert_int_eq(core_decide_next(j, 100, &o), 1);
+  ck_assert_uint_eq(o.step, 1);
+  ck_assert_uint_eq(j->far_dropped, 1);
+  ck_assert_uint_eq(j->n_pend, 0);
+  ck_assert_int_eq(released, 2);
+  ck_assert_int_eq(core_decide_next(j, 1000, &o), 0);
+  ck_assert_uint_eq(j->last_decided, 1);
+  ck_assert_int_eq(report(j, 1, 2, s, 1000), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 0, 2, s, 1000), CORE_ACCEPTED);
+  ck_assert_int_eq(core_decide_next(j, 1000, &o), 1);
+  ck_assert_uint_eq(o.step, 2);
+  ck_assert_int_eq(o.by_deadline, 0);
+}
+END_TEST
+
 START_TEST(layout_unknown_until_every_rank_joined) {
   static const double s[] = {1.0, 1.0};
   core_job *j = new_job("layout", 2, 10);
@@ -568,6 +609,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, restore_rebuilds_units_ranks_and_statistics);
   tcase_add_test(tc, sparse_ids_take_slots_in_id_order);
   tcase_add_test(tc, registry_finds_iterates_and_frees);
+  tcase_add_test(tc, one_rank_far_ahead_cannot_freeze_the_job);
   suite_add_tcase(s, tc);
   return s;
 }

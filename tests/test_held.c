@@ -297,6 +297,40 @@ START_TEST(held_decisions_are_bounded) {
 }
 END_TEST
 
+/* Before: a first report at step 2^53 + 1 from one rank froze a 2-rank
+ * job. Now it is refused (RANGE) while the other rank's steps go on. */
+START_TEST(a_rank_far_ahead_is_refused_and_the_job_goes_on) {
+  tu_daemon d = {0};
+  start(&d, NULL);
+  raw_peer p0 = raw_open(d.agents), p1 = raw_open(d.agents);
+  hello(&p0, "pair", 0, 2, one_unit, 1, 2.0);
+  welcomed(&p0);
+  hello(&p1, "pair", 1, 2, one_unit, 1, 2.0);
+  welcomed(&p1);
+  double s = 1.0;
+  report(&p1, "pair", 1, 1, &s, 1, NULL, 0);
+  tu_sleep_ms(50);
+  report(&p0, "pair", 0, (1ull << 53) + 1, &s, 1, NULL, 0);
+  expect_error(&p0, GNMR_E_RANGE, "past every other rank");
+  for (uint64_t t = 1; t <= 3; t++) {
+    if (t > 1)
+      report(&p1, "pair", 1, t, &s, 1, NULL, 0);
+    report(&p0, "pair", 0, t, &s, 1, NULL, 0);
+    Gnmr__Envelope *e0 = expect_body(&p0, GNMR__ENVELOPE__BODY_DECISION);
+    Gnmr__Envelope *e1 = expect_body(&p1, GNMR__ENVELOPE__BODY_DECISION);
+    ck_assert_uint_eq(e0->decision->step, t);
+    ck_assert_uint_eq(e1->decision->step, t);
+    gnmr__wire_free(&e0);
+    gnmr__wire_free(&e1);
+  }
+  ck_assert_int_eq(tu_counter(&d, "late_reports"), 0);
+  raw_close(&p0);
+  raw_close(&p1);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("held");
   TCase *tc = tcase_create("held");
@@ -306,6 +340,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, a_sealed_decision_is_taken_and_an_altered_one_refused);
   tcase_add_test(tc, an_observer_cannot_write_history_or_steer_ranks);
   tcase_add_test(tc, held_decisions_are_bounded);
+  tcase_add_test(tc, a_rank_far_ahead_is_refused_and_the_job_goes_on);
   suite_add_tcase(s, tc);
   return s;
 }
