@@ -14,6 +14,7 @@
 #include "agent_priv.h"
 #include "gnmr/error.h"
 #include "ipc.h"
+#include "text.h"
 #include "validate.h"
 
 /* A report waiting for the daemon's Welcome. */
@@ -336,8 +337,10 @@ static void on_message(gnmr_agent *a, io_state *io, const void *buf,
     atomic_fetch_add(&a->errors, 1);
     atomic_store(&a->last_error, env->error->code);
     pthread_mutex_lock(&a->err_mu);
-    snprintf(a->last_error_text, sizeof a->last_error_text, "%s",
-             env->error->message ? env->error->message : "");
+    /* a peer's words: escaped before anyone prints or warns them (an
+     * escape sequence from a hostile gnmrd never reaches a terminal) */
+    gnmr__escape(env->error->message ? env->error->message : "",
+                 a->last_error_text, sizeof a->last_error_text);
     pthread_mutex_unlock(&a->err_mu);
     if (env->error->code == GNMR_E_NOJOB) {
       /* the daemon does not know us (restarted): join again now */

@@ -1422,6 +1422,62 @@ START_TEST(a_report_the_daemon_died_with_goes_to_the_next_one) {
 }
 END_TEST
 
+/* Issue 47: a hostile gnmrd's Error text reached the Python Controller's
+ * warning with raw escape sequences. The agent keeps a peer's text
+ * escaped (\xHH for control and format characters), so no caller prints
+ * it raw. */
+START_TEST(a_peers_error_text_is_kept_escaped) {
+  const char *dir = tu_tmpdir();
+  char ep[300];
+  snprintf(ep, sizeof ep, "ipc://%s/fake.sock", dir);
+  fake_daemon f = {0};
+  f.ctx = zmq_ctx_new();
+  fake_bind(&f, ep);
+  static const char *names[] = {"a", "b"};
+  gnmr_agent_config cfg = {0};
+  cfg.endpoint = ep;
+  cfg.job = "escaped-job";
+  cfg.unit_names = names;
+  cfg.n_units = 2;
+  cfg.reporters = 1;
+  gnmr_params_default(&cfg.params);
+  gnmr_agent *a = NULL;
+  ck_assert_int_eq(gnmr_agent_open(&cfg, &a), GNMR_OK);
+  Gnmr__Envelope *env;
+  while ((env = fake_recv(&f, 5000)) != NULL &&
+         env->body_case != GNMR__ENVELOPE__BODY_HELLO)
+    gnmr__wire_free(&env);
+  ck_assert_ptr_nonnull(env);
+  gnmr__wire_free(&env);
+  Gnmr__Envelope out = GNMR__ENVELOPE__INIT;
+  Gnmr__Error e = GNMR__ERROR__INIT;
+  e.code = GNMR_E_BUSY;
+  e.message = "busy \x1b]0;owned\x07\x1b[2J\xe2\x80\xae now";
+  out.body_case = GNMR__ENVELOPE__BODY_ERROR;
+  out.error = &e;
+  uint8_t *buf;
+  size_t len;
+  ck_assert_int_eq(gnmr__wire_encode(&out, &buf, &len), GNMR_OK);
+  zmq_send(f.router, f.ident, f.ident_len, ZMQ_SNDMORE);
+  zmq_send(f.router, buf, len, 0);
+  free(buf);
+  char text[256] = "";
+  for (int i = 0; i < 500 && gnmr_agent_last_error(a, text, sizeof text) !=
+                                 GNMR_E_BUSY; i++)
+    tu_sleep_ms(10);
+  ck_assert_int_eq(gnmr_agent_last_error(a, text, sizeof text), GNMR_E_BUSY);
+  ck_assert_msg(strchr(text, 0x1b) == NULL && strchr(text, 0x07) == NULL &&
+                strstr(text, "\xe2\x80\xae") == NULL,
+                "raw control or format characters kept: %s", text);
+  ck_assert_str_eq(text, "busy \\x1b]0;owned\\x07\\x1b[2J"
+                         "\\xe2\\x80\\xae now");
+  gnmr_agent_close(&a);
+  zmq_close(f.router);
+  zmq_ctx_term(f.ctx);
+  tu_rmrf(dir);
+}
+END_TEST
+
 START_TEST(rejoining_agent_drops_reports_the_job_decided_without_it) {
   /* A link that goes down for longer than the job waits: the reports made
    * meanwhile are held; at the re-join, those at or below the Welcome's
@@ -1520,6 +1576,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, daemon_killed_mid_run_then_restarted_agent_rejoins);
   tcase_add_test(tc, mismatched_agent_is_refused_and_counts_the_error);
   tcase_add_test(tc, observers_receive_every_decision_without_reporting);
+  tcase_add_test(tc, a_peers_error_text_is_kept_escaped);
   tcase_add_test(tc, lagging_rank_is_decided_missing_at_the_barrier_deadline);
   tcase_add_test(tc, rejoining_agent_drops_reports_the_job_decided_without_it);
   tcase_add_test(tc, a_report_the_daemon_died_with_goes_to_the_next_one);

@@ -14,9 +14,16 @@
 
 #include "cli.h"
 
-/* Imports gnmr.plot and runs it, or says what to install (exit 2). */
+/* Imports gnmr.plot and runs it, or says what to install (exit 2). Run
+ * with -I (isolated: neither the current directory, nor PYTHON*
+ * variables, nor the user's site directory on sys.path, so that a
+ * gnmr/__init__.py where gnmrctl is run never runs); the first argument
+ * is the checkout's package directory to put first ("" for none). */
 static const char bootstrap[] =
     "import sys\n"
+    "p = sys.argv.pop(1)\n"
+    "if p:\n"
+    "    sys.path.insert(0, p)\n"
     "try:\n"
     "    import gnmr.plot\n"
     "except ImportError as e:\n"
@@ -48,18 +55,12 @@ int cmd_plot(const cli_globals *g, int argc, char **argv) {
     python = exists(py) ? py : "python3";
   }
   snprintf(pkg, sizeof pkg, "%s/../../python/gnmr/plot.py", dir);
-  if (exists(pkg)) { /* a checkout: its package first */
+  if (exists(pkg)) /* a checkout: its package first */
     snprintf(pkg, sizeof pkg, "%s/../../python", dir);
-    const char *old = getenv("PYTHONPATH");
-    char *both = malloc(strlen(pkg) + (old ? strlen(old) : 0) + 2);
-    if (both == NULL)
-      return CLI_FAIL;
-    sprintf(both, "%s%s%s", pkg, old && *old ? ":" : "", old ? old : "");
-    setenv("PYTHONPATH", both, 1);
-    free(both);
-  }
+  else
+    pkg[0] = '\0';
   setenv("GNMR_PLOT_PROG", "gnmrctl plot", 1);
-  enum { FIXED = 16 };
+  enum { FIXED = 18 };
   char **args = calloc((size_t)argc + FIXED, sizeof *args);
   const struct {
     const char *flag, *value;
@@ -73,8 +74,10 @@ int cmd_plot(const cli_globals *g, int argc, char **argv) {
     return CLI_FAIL;
   int k = 0;
   args[k++] = (char *)python;
+  args[k++] = "-I";
   args[k++] = "-c";
   args[k++] = (char *)bootstrap;
+  args[k++] = pkg;
   snprintf(a_ctl, sizeof a_ctl, "--gnmrctl=%s", self);
   args[k++] = a_ctl;
   for (int i = 0; i < NG; i++) /* gnmrctl's own options, passed on */

@@ -14,15 +14,44 @@ import shutil
 import sys
 
 
+def trusted(path):
+    """Whether path, and every directory above it, can be changed only by
+    this user or root: owned by one of them, and not writable by group or
+    others (a directory with the sticky bit, as /tmp, may be
+    world-writable: nobody else can replace what is in it). A gnmrd found
+    beside the package is run only then: a copy of the package below a
+    world-writable directory must not run whatever another user put in
+    that directory's build/bin."""
+    me = os.getuid()
+    p = os.path.realpath(path)
+    first = True
+    while True:
+        try:
+            st = os.stat(p)
+        except OSError:
+            return False
+        if st.st_uid not in (0, me):
+            return False
+        writable = st.st_mode & 0o022
+        if writable and (first or not st.st_mode & 0o1000):
+            return False
+        first = False
+        parent = os.path.dirname(p)
+        if parent == p:
+            return True
+        p = parent
+
+
 def find_gnmrd(name="gnmrd"):
-    """The gnmrd (or gnmrctl) to run, or None."""
+    """The gnmrd (or gnmrctl) to run, or None: $GNMR_GNMRD (the user's
+    word), the wheel's or a checkout's when trusted(), else PATH's."""
     env = os.environ.get("GNMR_" + name.upper())
     if env:
         return env
     here = os.path.dirname(os.path.abspath(__file__))
     for cand in (os.path.join(here, "bin", name),
                  os.path.join(here, "..", "..", "build", "bin", name)):
-        if os.access(cand, os.X_OK):
+        if os.access(cand, os.X_OK) and trusted(cand):
             return os.path.normpath(cand)
     return shutil.which(name)
 

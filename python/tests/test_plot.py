@@ -139,6 +139,30 @@ class PlotTest(unittest.TestCase):
                             "usage: gnmrctl plot" in r.stderr, r.stderr)
         self.assertFalse(os.path.exists(out))
 
+    def test_a_gnmr_package_in_the_current_directory_never_runs(self):
+        # issue 47: `python -c` put the current directory first on
+        # sys.path, so another user's gnmr/__init__.py in a shared
+        # directory ran as whoever called gnmrctl plot there; a
+        # PYTHONPATH of such a directory did the same
+        cwd = tempfile.mkdtemp(prefix="gnmr-plot-cwd-")
+        try:
+            os.makedirs(os.path.join(cwd, "gnmr"))
+            marker = os.path.join(cwd, "ran")
+            with open(os.path.join(cwd, "gnmr", "__init__.py"), "w") as f:
+                f.write(f"open({marker!r}, 'w').close()\n")
+            out = os.path.join(cwd, "p.png")
+            r = subprocess.run(
+                [os.path.join(BIN, "gnmrctl"), f"--admin={self.admin}",
+                 "plot", "pic", "-o", out],
+                cwd=cwd, env=dict(os.environ, PYTHONPATH=cwd),
+                capture_output=True, text=True, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertFalse(os.path.exists(marker),
+                             "the current directory's gnmr package ran")
+            self.assertTrue(os.path.getsize(out) > 0)
+        finally:
+            shutil.rmtree(cwd)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -732,6 +732,46 @@ class InstallTest(unittest.TestCase):
         self.assertEqual(os.listdir(top), [])
         os.rmdir(top)
 
+    def test_a_gnmrd_below_a_world_writable_directory_is_not_run(self):
+        # issue 47: a copy of the package below a world-writable
+        # directory ran that directory's build/bin/gnmrd before PATH's;
+        # below a directory only its owner can change, it is found
+        top = tempfile.mkdtemp(prefix="gnmr-trust-")
+        try:
+            for mode, want_own in ((0o777, False), (0o755, True)):
+                shared = os.path.join(top, oct(mode)[2:])
+                os.makedirs(os.path.join(shared, "pkg", "gnmr", "bin"))
+                os.chmod(shared, mode)
+                pkg = os.path.join(shared, "pkg", "gnmr")
+                shutil.copy(os.path.join(REPO, "python", "gnmr",
+                                         "daemon.py"), pkg)
+                open(os.path.join(pkg, "__init__.py"), "w").close()
+                fake = os.path.join(pkg, "bin", "gnmrd")
+                with open(fake, "w") as f:
+                    f.write("#!/bin/sh\necho planted\n")
+                os.chmod(fake, 0o755)
+                bindir = os.path.join(top, "path-bin-" + oct(mode)[2:])
+                os.makedirs(bindir)
+                onpath = os.path.join(bindir, "gnmrd")
+                shutil.copy(fake, onpath)
+                env = {k: v for k, v in os.environ.items()
+                       if k != "GNMR_GNMRD"}
+                env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+                r = subprocess.run(
+                    [sys.executable, "-I", "-c",
+                     "import sys; sys.path.insert(0, sys.argv[1]); "
+                     "import gnmr.daemon as d; print(d.find_gnmrd())",
+                     os.path.join(shared, "pkg")],
+                    env=env, capture_output=True, text=True, timeout=60)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertEqual(r.stdout.strip(),
+                                 fake if want_own else onpath, oct(mode))
+        finally:
+            for root, dirs, _ in os.walk(top):
+                for x in dirs:
+                    os.chmod(os.path.join(root, x), 0o755)
+            shutil.rmtree(top)
+
 
 if __name__ == "__main__":
     unittest.main()
