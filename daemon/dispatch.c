@@ -160,12 +160,23 @@ void jobs_on_message(server *s, const void *id, size_t id_len,
   /* A Report from a connection that has not joined is refused before it
    * is decoded: a peer that never said Hello cannot make the loop decode
    * megabytes of sums for every other job to wait on. */
-  uint64_t known;
-  if (gnmr__wire_peek_body(data, len) == GNMR__ENVELOPE__BODY_REPORT &&
+  uint64_t known, step;
+  uint32_t version;
+  if (gnmr__wire_peek(data, len, &version, &step) ==
+          GNMR__ENVELOPE__BODY_REPORT &&
       !hmap_get(&d->peers, id, id_len, &known)) {
+    /* answered as a decode would: a version this side does not speak
+     * first (docs/protocol.md), and the Report's step in the Error */
+    if (version != GNMR_PROTOCOL_VERSION) {
+      d->c.version_errors++;
+      jobs__reply_error(d, id, id_len, GNMR_E_VERSION, "envelope", step,
+                        "protocol version %u, this side speaks %u", version,
+                        GNMR_PROTOCOL_VERSION);
+      return;
+    }
     d->c.unknown_agent++;
     d->c.reports_refused++;
-    jobs__reply_error(d, id, id_len, GNMR_E_NOJOB, "hello", 0,
+    jobs__reply_error(d, id, id_len, GNMR_E_NOJOB, "hello", step,
                       "unknown agent: send Hello first");
     return;
   }

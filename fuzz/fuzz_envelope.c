@@ -16,8 +16,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   Gnmr__Envelope *env;
   char msg[256];
   const char *ref;
+  uint32_t pv;
+  uint64_t ps;
+  int peeked = gnmr__wire_peek(data, size, &pv, &ps); /* any bytes */
   if (gnmr__wire_decode(data, size, &env, msg, sizeof msg) != GNMR_OK)
     return 0;
+  /* what the peek takes for a Report (refused unread from a peer that
+   * never joined) decodes as one, with the step the refusal names */
+  if (peeked == GNMR__ENVELOPE__BODY_REPORT &&
+      (env->body_case != GNMR__ENVELOPE__BODY_REPORT ||
+       ps != env->report->step))
+    abort();
   switch (env->body_case) {
   case GNMR__ENVELOPE__BODY_HELLO: {
     policy_params p;

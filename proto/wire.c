@@ -162,15 +162,65 @@ static int string_has_nul(const uint8_t *p, size_t n,
 }
 
 int gnmr__wire_peek_body(const void *buf, size_t len) {
+  return gnmr__wire_peek(buf, len, NULL, NULL);
+}
+
+/* Report.step from a Report's bytes into *step (the last wins; 0 when
+ * absent): a later Report in the envelope replaces an earlier one whole,
+ * as protobuf-c reads a oneof. Nothing when the bytes do not parse (then
+ * the envelope does not decode either). */
+static void peek_report_step(const uint8_t *p, const uint8_t *end,
+                             uint64_t *step) {
+  uint64_t key, v, got = 0;
+  int have = 0;
+  while (p < end) {
+    if (!gnmr__varint_get(&p, end, &key))
+      return;
+    if (key == GNMR_WIRE_KEY(GNMR_WIRE_REPORT_STEP, GNMR_WIRE_VARINT)) {
+      if (!gnmr__varint_get(&p, end, &v))
+        return;
+      got = v;
+      have = 1;
+    } else if (!gnmr__wire_skip(&p, end, (unsigned)(key & 7))) {
+      return;
+    }
+  }
+  *step = have ? got : 0;
+}
+
+int gnmr__wire_peek(const void *buf, size_t len, uint32_t *version,
+                    uint64_t *report_step) {
   const uint8_t *p = buf, *end = p + len;
-  uint64_t key;
+  uint64_t key, v;
   int body = 0;
-  while (p < end) { /* the last body field wins, as in protobuf */
-    if (!gnmr__varint_get(&p, end, &key) ||
-        !gnmr__wire_skip(&p, end, (unsigned)(key & 7)))
+  if (version != NULL)
+    *version = 0;
+  if (report_step != NULL)
+    *report_step = 0;
+  while (p < end) { /* the last of a field wins, as in protobuf */
+    const uint8_t *at;
+    if (!gnmr__varint_get(&p, end, &key))
       return -1;
-    if ((key & 7) == GNMR_WIRE_LEN && key >> 3 >= 10 && key >> 3 <= 64)
+    if (key == GNMR_WIRE_KEY(1, GNMR_WIRE_VARINT)) { /* Envelope.version */
+      if (!gnmr__varint_get(&p, end, &v))
+        return -1;
+      if (version != NULL)
+        *version = (uint32_t)v; /* as protobuf-c reads a uint32 */
+      continue;
+    }
+    at = p;
+    if (!gnmr__wire_skip(&p, end, (unsigned)(key & 7)))
+      return -1;
+    if ((key & 7) == GNMR_WIRE_LEN && key >> 3 >= 10 && key >> 3 <= 64) {
       body = (int)(key >> 3);
+      if (body != GNMR_WIRE_ENVELOPE_REPORT && report_step != NULL)
+        *report_step = 0; /* another body member replaces the Report */
+      if (body == GNMR_WIRE_ENVELOPE_REPORT && report_step != NULL) {
+        uint64_t n;
+        if (gnmr__varint_get(&at, p, &n)) /* the length, then the bytes */
+          peek_report_step(at, p, report_step);
+      }
+    }
   }
   return body;
 }

@@ -27,6 +27,12 @@ void gnmr__wire_free(Gnmr__Envelope **env);
  * that do not parse as protobuf: so that a large message can be refused
  * for what it is before it costs a decode. */
 int gnmr__wire_peek_body(const void *buf, size_t len);
+/* The same, with the envelope's version (0 when absent) and, for a
+ * Report, its step (0 when absent): what a refusal before decoding needs
+ * to answer as a decode would (VERSION before anything else; Error.step
+ * the Report's). Either pointer may be NULL. */
+int gnmr__wire_peek(const void *buf, size_t len, uint32_t *version,
+                    uint64_t *report_step);
 
 /* Packs env (its version is set here) into a new malloc'd buffer.
  * Returns 0 or GNMR_E_NOMEM. */

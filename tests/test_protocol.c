@@ -609,6 +609,47 @@ END_TEST
  * gnmrd uses to refuse a Report from a connection that never joined before
  * decoding it. Every body kind, none, a repeated body (the last wins, as
  * protobuf decodes it) and bytes that do not parse. */
+/* Issue 47 (the protocol as written): a Report from a connection that
+ * never joined is refused before it is decoded, and that refusal must
+ * answer as a decode would: an envelope of another version gets VERSION
+ * (was NOJOB), and the Error names the Report's step (was 0), so that a
+ * rank knows which step was refused after a gnmrd restart. */
+START_TEST(a_refusal_before_decoding_answers_as_a_decode_would) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  raw_peer p = raw_open(d.agents);
+  Gnmr__Report r = GNMR__REPORT__INIT;
+  double sums[2] = {1, 2};
+  r.job = "never-joined";
+  r.step = 4242;
+  r.n_sumsq = 2;
+  r.sumsq = sums;
+  uint8_t body[256], msg[300];
+  size_t n = gnmr__report__pack(&r, body);
+  for (uint32_t version = 0; version <= 2; version++) {
+    size_t k = 0;
+    if (version != 0) { /* field 1, varint */
+      msg[k++] = 0x08;
+      msg[k++] = (uint8_t)version;
+    }
+    msg[k++] = 0x62; /* field 12, length-delimited: the Report */
+    msg[k++] = (uint8_t)n;
+    memcpy(msg + k, body, n);
+    k += n;
+    raw_send(&p, msg, k);
+    Gnmr__Envelope *e = expect_body(&p, GNMR__ENVELOPE__BODY_ERROR);
+    ck_assert_int_eq(e->error->code, version == GNMR_PROTOCOL_VERSION
+                                         ? GNMR_E_NOJOB
+                                         : GNMR_E_VERSION);
+    ck_assert_uint_eq(e->error->step, 4242);
+    gnmr__wire_free(&e);
+  }
+  raw_close(&p);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(an_envelopes_body_is_peeked_without_decoding) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   Gnmr__Report r = GNMR__REPORT__INIT;
@@ -624,6 +665,12 @@ START_TEST(an_envelopes_body_is_peeked_without_decoding) {
   ck_assert_int_eq(gnmr__wire_encode(&env, &buf, &len), GNMR_OK);
   ck_assert_int_eq(gnmr__wire_peek_body(buf, len),
                    GNMR__ENVELOPE__BODY_REPORT);
+  uint32_t version = 9;
+  uint64_t step = 0;
+  ck_assert_int_eq(gnmr__wire_peek(buf, len, &version, &step),
+                   GNMR__ENVELOPE__BODY_REPORT);
+  ck_assert_uint_eq(version, GNMR_PROTOCOL_VERSION);
+  ck_assert_uint_eq(step, 7);
   /* cut anywhere inside: never read past the end, never a Report body
    * that is not all there */
   for (size_t n = 0; n < len; n++) {
@@ -732,6 +779,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, admin_endpoint_refuses_non_admin_messages);
   tcase_add_test(tc, error_codes_in_the_proto_match_the_error_table);
   tcase_add_test(tc, an_envelopes_body_is_peeked_without_decoding);
+  tcase_add_test(tc, a_refusal_before_decoding_answers_as_a_decode_would);
   tcase_add_test(tc, enormous_unit_list_in_hello_is_refused);
   suite_add_tcase(s, tc);
   return s;
