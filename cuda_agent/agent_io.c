@@ -49,6 +49,10 @@ typedef struct io_state {
    * killed before committing them stores them after its restart. */
   Gnmr__Envelope *hdec[GNMR_MAX_HELD];
   int n_hdec;
+  /* the newest leadership term seen in a Welcome or a Decision: a
+   * decision of an older term comes from a gnmrd that has been replaced
+   * (docs/reliability.md, "One leader at a time") */
+  uint64_t term;
 } io_state;
 
 static int before(uint32_t pa, uint64_t sa, uint32_t pb, uint64_t sb) {
@@ -235,6 +239,9 @@ static void on_welcome(gnmr_agent *a, io_state *io, const Gnmr__Welcome *w) {
   io->hello_retry = 0;
   if (w->n_unit_ids != a->n_units)
     return; /* not ours: ignore */
+  if (w->term < io->term)
+    return; /* from a gnmrd an older term's: replaced */
+  io->term = w->term;
   for (uint32_t i = 0; i < a->n_units; i++) {
     io->ids[i] = w->unit_ids[i];
     io->by_id[i] = i;
@@ -251,6 +258,11 @@ static void on_welcome(gnmr_agent *a, io_state *io, const Gnmr__Welcome *w) {
 /* Marks local units whose job-wide id is active; publishes under seqlock. */
 /* Returns whether the decision was applied (a new step). */
 static int on_decision(gnmr_agent *a, io_state *io, const Gnmr__Decision *d) {
+  if (d->term < io->term) {
+    atomic_fetch_add(&a->decisions_fenced, 1);
+    return 0; /* made by a leader that has been replaced: never acted on */
+  }
+  io->term = d->term;
   if (io->have_inflight && d->step >= io->inflight_step) {
     zmq_msg_close(&io->inflight); /* decided: the buffer goes back */
     io->have_inflight = 0;

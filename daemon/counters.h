@@ -50,6 +50,10 @@
   XX(held_refused, "held_refused", "",                                         \
      "Held decisions refused: not sealed by this store's gnmrd, from an "      \
      "observer, or naming units the job does not have.")                       \
+  XX(lease_pauses, "lease_pauses", "",                                         \
+     "Times deciding paused: the store's leadership lease ran out.")          \
+  XX(lease_unsent, "lease_unsent", "",                                         \
+     "Decisions not sent: finished after the leadership lease ran out.")       \
   XX(deadline_decisions, "deadline_decisions", "",                             \
      "Steps decided by the barrier deadline.")                                 \
   XX(missing_units, "missing_unit_steps", "",                                  \

@@ -40,6 +40,10 @@ typedef struct gnmrd {
   struct workers *workers; /* decide large steps; NULL: all on the loop */
   uint64_t worker_min;     /* steps of fewer unit-shards stay on the loop */
   struct snap_fill *fills; /* snapshots being serialized on workers */
+  struct leader *lead;     /* the store's leadership (leader.h); NULL for
+                              a store of one gnmrd (SQLite) */
+  uint64_t term;           /* this gnmrd's leadership term (store_term) */
+  uv_timer_t lease_wait;   /* steps wait while the lease is out (jobs.c) */
   int stopping;
 } gnmrd;
 

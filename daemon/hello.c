@@ -93,8 +93,9 @@ static int register_capped(gnmrd *d, core_job *c, core_rank *rr,
 /* A rank's (or observer's) Welcome, encoded into a new buffer; 0 or
  * GNMR_E_NOMEM. The one builder: a joining agent gets it, and so does a
  * rank's old connection when it is probed (probe_live). */
-static int welcome_encode(const core_job *c, const core_rank *rr,
-                          uint32_t rank, uint8_t **buf, size_t *len) {
+static int welcome_encode(const gnmrd *d, const core_job *c,
+                          const core_rank *rr, uint32_t rank, uint8_t **buf,
+                          size_t *len) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   Gnmr__Welcome w = GNMR__WELCOME__INIT;
   Gnmr__Params wp;
@@ -105,6 +106,7 @@ static int welcome_encode(const core_job *c, const core_rank *rr,
   w.unit_ids = rr->ids;
   w.params = &wp;
   w.last_step = c->last_decided;
+  w.term = d->term;
   env.body_case = GNMR__ENVELOPE__BODY_WELCOME;
   env.welcome = &w;
   return gnmr__wire_encode(&env, buf, len);
@@ -114,7 +116,7 @@ static void welcome(gnmrd *d, const void *id, size_t id_len, core_job *c,
                     const core_rank *rr, uint32_t rank) {
   uint8_t *buf;
   size_t len;
-  if (welcome_encode(c, rr, rank, &buf, &len) == GNMR_OK)
+  if (welcome_encode(d, c, rr, rank, &buf, &len) == GNMR_OK)
     jobs__reply(d, id, id_len, buf, len);
 }
 
@@ -207,7 +209,7 @@ static int observer_join(gnmrd *d, const void *id, size_t id_len, job *j,
 static int probe_live(gnmrd *d, job *j, core_rank *rr, uint32_t rank) {
   uint8_t *buf;
   size_t len;
-  if (welcome_encode(j->core, rr, rank, &buf, &len) != GNMR_OK)
+  if (welcome_encode(d, j->core, rr, rank, &buf, &len) != GNMR_OK)
     return 0;
   int rv = server_send(d->agents, rr->conn, rr->conn_len, buf, len);
   free(buf);

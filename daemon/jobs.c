@@ -16,6 +16,7 @@
 #include "gnmr/error.h"
 #include "jobs_priv.h"
 #include "latency.h"
+#include "leader.h"
 #include "log.h"
 #include "records.h"
 #include "seal.h"
@@ -370,6 +371,7 @@ static int encode_decision(job *j, const core_outcome *o, uint8_t **buf,
   dec.run = c->run;
   dec.pass = c->pass;
   store_mark_get(j->mark, &dec.durable_pass, &dec.durable_step);
+  dec.term = j->d->term;
   dec.n_active = o->res.n_active;
   dec.active = (uint32_t *)o->active_ids;
   uint8_t tag[SEAL_TAG_BYTES];
@@ -413,6 +415,16 @@ static void publish(job *j, const core_outcome *o) {
   gnmrd *d = j->d;
   if (!publishable(j, o))
     return;
+  if (!leader_may_decide(d->lead, 1)) {
+    /* begun within the lease, finished after it: a standby may serve
+     * soon, so this decision is neither sent nor stored (its ranks'
+     * reports go to whoever serves next) */
+    d->c.lease_unsent++;
+    LOG(WARN, "LEASE-UNSENT", "job %s step %llu: decided after this "
+        "gnmrd's leadership lease ran out; not sent", j->core->name,
+        (unsigned long long)o->step);
+    return;
+  }
   /* the record is queued before any rank can act on the decision: a crash
    * after a send never leaves an acted-on decision out of the history */
   int snap = snapshots_due(j, o->step);
@@ -470,11 +482,38 @@ void jobs_quiesce_all(gnmrd *d) {
  * step of at least worker_min unit-shards goes to a worker, unless the
  * loop is waiting for the job (hold): the loop reads other messages
  * meanwhile, and the job's next step waits for it. */
+/* The lease ran out (leader.h): every job's steps wait; retried every
+ * LEASE_RETRY_MS until it is renewed (or gnmrd stops, deposed). */
+#define LEASE_RETRY_MS 20
+static void lease_cb(uv_timer_t *t) {
+  gnmrd *d = t->data;
+  size_t pos = 0;
+  core_job *c;
+  if (!leader_may_decide(d->lead, 0)) {
+    uv_timer_start(&d->lease_wait, lease_cb, LEASE_RETRY_MS, 0);
+    return;
+  }
+  LOG(INFO, "LEASE-RENEWED", "the store's leadership lease is renewed: "
+      "deciding again");
+  while ((c = core_next_job(&d->jobs, &pos)) != NULL)
+    jobs__decide_ready(job_of(c));
+}
+
 void jobs__decide_ready(job *j) {
   core_outcome o;
   gnmrd *d = j->d;
   if (workers_busy(&j->task))
     return; /* decide_done() comes back here */
+  if (!leader_may_decide(d->lead, 0)) {
+    if (!uv_is_active((uv_handle_t *)&d->lease_wait)) {
+      d->c.lease_pauses++;
+      LOG(WARN, "LEASE-OUT", "the store's leadership lease ran out (its "
+          "session not confirmed for %d ms): no step is decided until it "
+          "is renewed", LEADER_LEASE_MS);
+      uv_timer_start(&d->lease_wait, lease_cb, LEASE_RETRY_MS, 0);
+    }
+    return;
+  }
   while (core_decide_begin(j->core, uv_now(d->loop), &j->dd)) {
     if (j->core->far_dropped > 0) {
       d->c.future_reports += j->core->far_dropped;

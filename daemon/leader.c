@@ -21,6 +21,8 @@ struct leader {
   pthread_cond_t cv;
   int stop;
   atomic_int lost;
+  /* when the last session check that succeeded began (leader_now_ms) */
+  _Atomic uint64_t lease_from;
 };
 
 static void sleep_ms(int ms) {
@@ -43,10 +45,20 @@ static int try_lock(db_conn *db) {
   return rc == DB_ROW ? got : GNMR_E_STORE;
 }
 
-static uint64_t now_ms(void) {
+uint64_t leader_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+#define now_ms leader_now_ms
+
+int leader_may_decide(leader *l, int slack) {
+  if (l == NULL)
+    return 1;
+  uint64_t from = atomic_load(&l->lease_from);
+  return leader_now_ms() <
+         from + LEADER_LEASE_MS + (slack ? LEADER_MARGIN_MS / 2 : 0);
 }
 
 /* The session is gone (the server restarted, or cannot be reached): take
@@ -57,9 +69,11 @@ static int regain(leader *l) {
   LOG(WARN, "LEADER-SESSION", "the store's session is gone (%s): taking "
       "the leadership again", db_errmsg(l->db));
   do {
+    uint64_t began = now_ms();
     if (db_reconnect(l->db) == GNMR_OK) {
       int got = try_lock(l->db);
       if (got == 1) {
+        atomic_store(&l->lease_from, began);
         LOG(INFO, "LEADER-REGAINED", "this gnmrd is still the active one");
         return 1;
       }
@@ -91,8 +105,13 @@ static void *check_main(void *arg) {
     if (l->stop)
       break;
     pthread_mutex_unlock(&l->mu);
-    /* the lock lives as long as this session: one round trip proves it */
-    int ok = db_exec(l->db, "SELECT 1") == GNMR_OK || regain(l);
+    /* the lock lives as long as this session: one round trip proves it
+     * held when the trip began (the lease counts from then) */
+    uint64_t began = now_ms();
+    int alive = db_exec(l->db, "SELECT 1") == GNMR_OK;
+    if (alive)
+      atomic_store(&l->lease_from, began);
+    int ok = alive || regain(l);
     pthread_mutex_lock(&l->mu);
     if (!ok) {
       atomic_store(&l->lost, 1);
@@ -147,6 +166,17 @@ int leader_take(const char *url, int wait, volatile sig_atomic_t *stop,
     }
     sleep_ms(LEADER_POLL_MS);
   }
+  /* a holder that lost the lock a moment ago may still be deciding
+   * until its lease runs out: wait it out, and a margin, before serving
+   * (its session's end is what freed the lock, so its last good check
+   * began before now) */
+  LOG(INFO, "LEADER-TAKEN", "the store's leadership is this gnmrd's; "
+      "serving in %d ms, when any earlier holder's lease has run out",
+      LEADER_LEASE_MS + LEADER_MARGIN_MS);
+  sleep_ms(LEADER_LEASE_MS + LEADER_MARGIN_MS);
+  uint64_t began = now_ms(); /* the lease: a check that the lock held */
+  if (db_exec(l->db, "SELECT 1") == GNMR_OK)
+    atomic_store(&l->lease_from, began);
   pthread_mutex_init(&l->mu, NULL);
   pthread_cond_init(&l->cv, NULL);
   if (pthread_create(&l->thread, NULL, check_main, l) != 0) {

@@ -19,6 +19,7 @@
 
 #include <signal.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct leader leader;
 
@@ -29,6 +30,16 @@ typedef struct leader leader;
 #define LEADER_POLL_MS 100   /* a standby's retry */
 #define LEADER_CHECK_MS 250   /* the holder's check of its session */
 #define LEADER_GRACE_MS 5000  /* to take it again after losing it */
+/* One leader at a time, with no clock shared between hosts: the holder
+ * decides only while its last session check that succeeded began less
+ * than LEADER_LEASE_MS ago (leader_may_decide), and publishes a decision
+ * only within LEADER_LEASE_MS + LEADER_MARGIN_MS / 2 of it; whoever takes
+ * the lock waits LEADER_LEASE_MS + LEADER_MARGIN_MS before it serves. The
+ * lock was still the old holder's when its last good check began, so the
+ * old holder's last decision goes out before the new one's first, as
+ * long as the two hosts' clocks run at about the same rate. */
+#define LEADER_LEASE_MS 1000
+#define LEADER_MARGIN_MS 500
 
 /* Takes the leadership of the store at url. Without wait, it tries for
  * LEADER_GRACE_MS (a killed holder's session ends a moment after it, as a
@@ -43,6 +54,14 @@ int leader_take(const char *url, int wait, volatile sig_atomic_t *stop,
 /* Whether the leadership was lost (the session's check failed): then the
  * caller stops serving. Any thread. */
 int leader_lost(leader *l);
+
+/* Whether l's holder may decide now (its lease, above, has not run out),
+ * or publish (slack: LEADER_MARGIN_MS / 2 more). NULL (no leadership: a
+ * SQLite store, one gnmrd) may always. Any thread. */
+int leader_may_decide(leader *l, int slack);
+
+/* The monotonic clock the lease is kept in (ms). */
+uint64_t leader_now_ms(void);
 
 /* Releases it (closing the session). NULL-safe. */
 void leader_release(leader **l);

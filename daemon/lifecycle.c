@@ -60,6 +60,8 @@ static void sweep_cb(uv_timer_t *t) {
 }
 
 void jobs_start(gnmrd *d) {
+  uv_timer_init(d->loop, &d->lease_wait);
+  d->lease_wait.data = d;
   uv_timer_init(d->loop, &d->sweep);
   d->sweep.data = d;
   if (d->cfg == NULL || d->cfg->job_idle_s == 0)

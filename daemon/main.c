@@ -520,6 +520,8 @@ static int serve(startup *s) {
   }
   store_set_queue_cap(d.st, cfg->store_queue_mb << 20);
   d.last_run = store_last_run(d.st);
+  d.term = store_term(d.st);
+  d.lead = s->lead;
   if (store_restore(s->where, jobs_restore, &d, s->err, sizeof s->err) !=
           GNMR_OK ||
       store_owners(s->where, jobs_owner_restore, &d, s->err,

@@ -368,7 +368,8 @@ int store_open(const char *where, uint32_t snapshot_every, uint64_t retain_steps
   {
     char why[400];
     if (store__seal_key(s->sql.db, s->seal_key, why, sizeof why) !=
-        GNMR_OK) {
+            GNMR_OK ||
+        store__term_next(s->sql.db, &s->term, why, sizeof why) != GNMR_OK) {
       snprintf(err, errlen, "%s: %s", s->shown, why);
       goto fail;
     }
@@ -555,6 +556,7 @@ void store_commit_histogram(store *s, uint64_t *buckets, uint64_t *count,
 uint32_t store_snapshot_every(const store *s) { return s->snapshot_every; }
 uint64_t store_last_run(const store *s) { return s->last_run; }
 const uint8_t *store_seal_key(const store *s) { return s->seal_key; }
+uint64_t store_term(const store *s) { return s->term; }
 const char *store_path(const store *s) { return s->path; }
 
 void store_get_stats(store *s, store_stats *st) {

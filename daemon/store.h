@@ -95,6 +95,9 @@ uint64_t store_last_run(const store *s);
 /* The key gnmrd seals its decisions with (seal.h): the store's, the same
  * for every gnmrd of one database; STORE_SEAL_KEY_BYTES bytes. */
 const uint8_t *store_seal_key(const store *s);
+/* This gnmrd's leadership term: taken from the store when it opened, one
+ * more than any gnmrd of this database had (Decision.term). */
+uint64_t store_term(const store *s);
 /* The target (store_target): what queries open. */
 const char *store_path(const store *s);
 void store_get_stats(store *s, store_stats *st);

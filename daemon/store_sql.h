@@ -29,6 +29,7 @@ struct store {
   uint32_t snapshot_every;
   uint64_t last_run;
   uint8_t seal_key[STORE_SEAL_KEY_BYTES]; /* store__seal_key */
+  uint64_t term; /* store__term_next, at open */
   /* the writer thread's connection and statements, and retain_steps */
   store_stmts sql;
   pthread_t thread;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 
 #include "db.h"
 #include "gnmr/error.h"
@@ -344,5 +345,44 @@ int store__seal_key(db_conn *db, uint8_t key[STORE_SEAL_KEY_BYTES], char *err,
              "makes a new one (decisions agents hold then are refused)");
     return GNMR_E_STORE;
   }
+  return GNMR_OK;
+}
+
+int store__term_next(db_conn *db, uint64_t *term, char *err, size_t errlen) {
+  /* the next term: one more than the store's, and at least the wall
+   * clock in ms, so that a store made afresh (a data directory lost, a
+   * backup restored) under agents that saw an older store's terms still
+   * starts above them. One statement: two gnmrds starting at once get two
+   * terms. */
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  unsigned long long now = (unsigned long long)ts.tv_sec * 1000ull +
+                           (unsigned long long)ts.tv_nsec / 1000000ull;
+  char sql[300];
+  snprintf(sql, sizeof sql,
+           "INSERT INTO meta VALUES('term','%llu') ON CONFLICT(key) DO "
+           "UPDATE SET value=CAST(%s(CAST(meta.value AS BIGINT)+1, %llu) "
+           "AS TEXT)",
+           now, db_kind(db) == DB_PG ? "GREATEST" : "MAX", now);
+  if (store__exec(db, sql, err, errlen) != GNMR_OK)
+    return GNMR_E_STORE;
+  db_stmt *st;
+  if (db_prepare(db, "SELECT value FROM meta WHERE key='term'", &st) !=
+      GNMR_OK) {
+    snprintf(err, errlen, "%s", db_errmsg(db));
+    return GNMR_E_STORE;
+  }
+  const char *v = db_step(st) == DB_ROW ? db_column_text(st, 0) : NULL;
+  char *end = NULL;
+  unsigned long long t = v != NULL ? strtoull(v, &end, 10) : 0;
+  int ok = v != NULL && end != v && *end == '\0' && t > 0 &&
+           t < (1ull << 62);
+  db_finalize(st);
+  if (!ok) {
+    snprintf(err, errlen, "the leadership term (meta 'term') is not a "
+             "number: delete that row (the next term is then the clock's)");
+    return GNMR_E_STORE;
+  }
+  *term = t;
   return GNMR_OK;
 }

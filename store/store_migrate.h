@@ -25,6 +25,11 @@ int store__migrate(db_conn *db, char *err, size_t errlen);
  * meta row 'seal_key', made from getrandom() by the first gnmrd that
  * opens the database; GNMR_E_STORE (err says why) when it cannot be
  * written or read back whole. Whoever can read the database can read it. */
+/* The next leadership term: the database's meta row 'term' plus one, or
+ * the wall clock in ms when that is more, written and read back; every
+ * gnmrd that starts serving the store calls it once, so terms only grow. */
+int store__term_next(db_conn *db, uint64_t *term, char *err, size_t errlen);
+
 #define STORE_SEAL_KEY_BYTES 32
 int store__seal_key(db_conn *db, uint8_t key[STORE_SEAL_KEY_BYTES], char *err,
                     size_t errlen);

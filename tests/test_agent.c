@@ -1478,6 +1478,84 @@ START_TEST(a_peers_error_text_is_kept_escaped) {
 }
 END_TEST
 
+/* Sends the agent a Decision of job for step, of leadership term term,
+ * with unit id active[0] active when n is 1. */
+static void fake_decide_term(fake_daemon *f, const char *job, uint64_t step,
+                             uint64_t term, uint32_t *active, size_t n) {
+  Gnmr__Envelope out = GNMR__ENVELOPE__INIT;
+  Gnmr__Decision d = GNMR__DECISION__INIT;
+  d.job = (char *)job;
+  d.step = step;
+  d.term = term;
+  d.n_active = n;
+  d.active = active;
+  out.body_case = GNMR__ENVELOPE__BODY_DECISION;
+  out.decision = &d;
+  uint8_t *buf;
+  size_t len;
+  ck_assert_int_eq(gnmr__wire_encode(&out, &buf, &len), GNMR_OK);
+  zmq_send(f->router, f->ident, f->ident_len, ZMQ_SNDMORE);
+  zmq_send(f->router, buf, len, 0);
+  free(buf);
+}
+
+/* Issue 47: a deposed leader kept deciding for 0.2 s while the standby
+ * served. Each gnmrd stamps its decisions with its leadership term; an
+ * agent acts only on the newest term it has seen and drops (counts) a
+ * decision of an older one, whichever arrives last. */
+START_TEST(decisions_of_an_older_leadership_term_are_dropped) {
+  const char *dir = tu_tmpdir();
+  char ep[300];
+  snprintf(ep, sizeof ep, "ipc://%s/fake.sock", dir);
+  fake_daemon f = {0};
+  f.ctx = zmq_ctx_new();
+  fake_bind(&f, ep);
+  static const char *names[] = {"a", "b"};
+  gnmr_agent_config cfg = {0};
+  cfg.endpoint = ep;
+  cfg.job = "term-job";
+  cfg.unit_names = names;
+  cfg.n_units = 2;
+  cfg.reporters = 1;
+  gnmr_params_default(&cfg.params);
+  gnmr_agent *a = NULL;
+  ck_assert_int_eq(gnmr_agent_open(&cfg, &a), GNMR_OK);
+  fake_welcome(&f, 0); /* a Welcome without a term: 0 */
+  wait_joined(a, 1);
+  uint32_t unit0[] = {0}, unit1[] = {1};
+  fake_decide_term(&f, "term-job", 1, 7, unit0, 1); /* the new leader's */
+  ck_assert_int_eq(gnmr_agent_wait(a, 1, 2000 * tu_slow()), GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_route(a, 0), GNMR_ROUTE_HIGH);
+  /* the old leader's decisions, arriving after: never acted on, even for
+   * a newer step */
+  fake_decide_term(&f, "term-job", 2, 6, unit1, 1);
+  fake_decide_term(&f, "term-job", 3, 0, unit1, 1);
+  tu_sleep_ms(200);
+  ck_assert_int_eq(gnmr_agent_route(a, 1), GNMR_ROUTE_LOW);
+  ck_assert_int_eq(gnmr_agent_wait(a, 2, 100), GNMR_E_TIMEDOUT);
+  gnmr_agent_stats st;
+  ck_assert_int_eq(gnmr_agent_stats_get(a, &st), GNMR_OK);
+  ck_assert_uint_eq(st.decisions_fenced, 2);
+  ck_assert_uint_eq(st.decisions, 1);
+  /* the same term or a newer one is acted on */
+  fake_decide_term(&f, "term-job", 2, 7, unit1, 1);
+  ck_assert_int_eq(gnmr_agent_wait(a, 2, 2000 * tu_slow()), GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_route(a, 1), GNMR_ROUTE_HIGH);
+  fake_decide_term(&f, "term-job", 3, 8, NULL, 0);
+  ck_assert_int_eq(gnmr_agent_wait(a, 3, 2000 * tu_slow()), GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_route(a, 1), GNMR_ROUTE_LOW);
+  fake_decide_term(&f, "term-job", 4, 7, unit1, 1);
+  tu_sleep_ms(200);
+  ck_assert_int_eq(gnmr_agent_wait(a, 4, 100), GNMR_E_TIMEDOUT);
+  ck_assert_int_eq(gnmr_agent_stats_get(a, &st), GNMR_OK);
+  ck_assert_uint_eq(st.decisions_fenced, 3);
+  gnmr_agent_close(&a);
+  zmq_close(f.router);
+  zmq_ctx_term(f.ctx);
+  tu_rmrf(dir);
+}
+END_TEST
+
 START_TEST(rejoining_agent_drops_reports_the_job_decided_without_it) {
   /* A link that goes down for longer than the job waits: the reports made
    * meanwhile are held; at the re-join, those at or below the Welcome's
@@ -1577,6 +1655,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, mismatched_agent_is_refused_and_counts_the_error);
   tcase_add_test(tc, observers_receive_every_decision_without_reporting);
   tcase_add_test(tc, a_peers_error_text_is_kept_escaped);
+  tcase_add_test(tc, decisions_of_an_older_leadership_term_are_dropped);
   tcase_add_test(tc, lagging_rank_is_decided_missing_at_the_barrier_deadline);
   tcase_add_test(tc, rejoining_agent_drops_reports_the_job_decided_without_it);
   tcase_add_test(tc, a_report_the_daemon_died_with_goes_to_the_next_one);

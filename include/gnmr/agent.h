@@ -94,7 +94,9 @@ typedef struct gnmr_tensor {
   XX(uint64_t, hellos, "Hello messages sent (1 + re-joins)")                 \
   XX(int32_t, last_error, "code of the last Error reply, 0 if none")         \
   XX(uint64_t, reports_stale, "held across a re-join for steps the job "     \
-                              "decided meanwhile: dropped, never sent")
+                              "decided meanwhile: dropped, never sent")      \
+  XX(uint64_t, decisions_fenced, "decisions of an older leadership term "    \
+                                 "than one already seen: dropped")
 
 typedef struct gnmr_agent_stats {
 #define GNMR__AGENT_STAT_FIELD(type, name, what) type name;

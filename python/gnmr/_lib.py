@@ -64,6 +64,7 @@ class Stats(ctypes.Structure):
         ("hellos", ctypes.c_uint64),
         ("last_error", ctypes.c_int32),
         ("reports_stale", ctypes.c_uint64),
+        ("decisions_fenced", ctypes.c_uint64),
     ]
 
 
