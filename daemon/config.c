@@ -4,11 +4,14 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "gnmr/error.h"
 #include "log.h"
@@ -184,10 +187,14 @@ int config_set(gnmrd_config *c, const char *section, const char *key,
           (strlen(value) >= 1024 ||
            (strncmp(value, "postgresql://", 13) != 0 &&
             strncmp(value, "postgres://", 11) != 0))) {
+        /* the value may hold a password: shown only up to its "://" */
+        const char *sep = strstr(value, "://");
+        int shown = sep != NULL && sep - value < 32 ? (int)(sep - value) + 3
+                                                    : 0;
         snprintf(err, errlen,
-                 "key '%s': '%.64s' is not a postgresql:// URL (SQLite, the "
+                 "key '%s': '%.*s%s' is not a postgresql:// URL (SQLite, the "
                  "default, needs no store: it lives in data_dir)",
-                 key, value);
+                 key, shown, value, shown ? "..." : "(not shown)");
         return GNMR_E_PARSE;
       }
       snprintf(field, 1024, "%s", value);
@@ -246,11 +253,34 @@ int config_set(gnmrd_config *c, const char *section, const char *key,
   return GNMR_E_PARSE;
 }
 
+/* What a file set so far: a key given twice, or a section opened again
+ * after another, is an error (the second would silently win). */
+#define CONFIG_MAX_KEYS 256
 typedef struct load_ctx {
   gnmrd_config *c;
   char msg[256];
   int failed;
+  char *seen[CONFIG_MAX_KEYS]; /* "section\nkey", and "section\n" */
+  int n_seen;
+  char last_section[64];
 } load_ctx;
+
+static int seen_before(load_ctx *l, const char *section, const char *key) {
+  char one[200];
+  snprintf(one, sizeof one, "%.63s\n%.120s", section, key);
+  for (int i = 0; i < l->n_seen; i++)
+    if (strcmp(l->seen[i], one) == 0)
+      return 1;
+  if (l->n_seen < CONFIG_MAX_KEYS && (l->seen[l->n_seen] = strdup(one)))
+    l->n_seen++;
+  return 0;
+}
+
+static void load_ctx_free(load_ctx *l) {
+  for (int i = 0; i < l->n_seen; i++)
+    free(l->seen[i]);
+  l->n_seen = 0;
+}
 
 /* inih handler: returns 0 to stop at the first bad line. */
 static int on_key(void *user, const char *section, const char *key,
@@ -258,6 +288,27 @@ static int on_key(void *user, const char *section, const char *key,
   load_ctx *l = user;
   if (l->failed)
     return 0;
+  if (l->n_seen >= CONFIG_MAX_KEYS) {
+    snprintf(l->msg, sizeof l->msg, "more than %d settings",
+             CONFIG_MAX_KEYS - 16);
+    l->failed = 1;
+    return 0;
+  }
+  if (strcmp(section, l->last_section) != 0) {
+    if (seen_before(l, section, "")) {
+      snprintf(l->msg, sizeof l->msg, "section [%.63s] opened again (its "
+               "keys go in one place)", section);
+      l->failed = 1;
+      return 0;
+    }
+    snprintf(l->last_section, sizeof l->last_section, "%s", section);
+  }
+  if (seen_before(l, section, key)) {
+    snprintf(l->msg, sizeof l->msg, "key '%.64s' in [%.63s] given twice "
+             "(the second would silently win)", key, section);
+    l->failed = 1;
+    return 0;
+  }
   if (config_set(l->c, section, key, value, l->msg, sizeof l->msg) != 0) {
     l->failed = 1;
     return 0;
@@ -306,8 +357,23 @@ static int check_lines(const char *text, size_t len, const char *name,
 }
 
 int config_load(const char *path, gnmrd_config *c, char *err, size_t errlen) {
-  FILE *f = fopen(path, "rb");
+  /* opened without blocking and checked to be a regular file: a FIFO (or
+   * a device) given as the configuration would otherwise wait forever
+   * for a writer */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  struct stat sb;
+  if (fd < 0) {
+    snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    return GNMR_E_IO;
+  }
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    close(fd);
+    snprintf(err, errlen, "%s: not a regular file", path);
+    return GNMR_E_IO;
+  }
+  FILE *f = fdopen(fd, "rb");
   if (f == NULL) {
+    close(fd);
     snprintf(err, errlen, "%s: %s", path, strerror(errno));
     return GNMR_E_IO;
   }
@@ -353,10 +419,11 @@ int config_load(const char *path, gnmrd_config *c, char *err, size_t errlen) {
 
 int config_load_string(const char *text, const char *name, gnmrd_config *c,
                        char *err, size_t errlen) {
-  load_ctx l = {c, "", 0};
+  load_ctx l = {.c = c};
   if (check_lines(text, strlen(text), name, err, errlen) != GNMR_OK)
     return GNMR_E_PARSE;
   int line = ini_parse_string(text, on_key, &l);
+  load_ctx_free(&l);
   if (line != 0) {
     snprintf(err, errlen, "%s:%d: %s", name, line,
              l.failed ? l.msg : "not valid INI syntax");

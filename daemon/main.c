@@ -405,6 +405,10 @@ static int take_leadership(startup *s) {
       LOG(ERROR, "LEADER", "%s", s->err);
     return rv == GNMR_E_CLOSED ? 0 : 1;
   }
+  if (standby_stop) { /* asked to stop while taking over: never serves */
+    LOG(INFO, "STOP", "stopped while taking the leadership over");
+    return 0;
+  }
   LOG(INFO, "LEADER", "%s: this gnmrd is active", s->where_shown);
   return -1;
 }
@@ -561,7 +565,14 @@ static int serve(startup *s) {
     printf("gnmrd: store %s\n", s->where_shown);
   fflush(stdout);
   notify_ready(&d, bound_agents);
-  uv_run(&loop, UV_RUN_DEFAULT);
+  /* a SIGTERM that came between the leadership and the loop's own signal
+   * handlers (the standby's handler took it) stops it now */
+  if (standby_stop) {
+    LOG(INFO, "SIGNAL", "a stop asked for while starting: stopping");
+    d.stopping = 1;
+  } else {
+    uv_run(&loop, UV_RUN_DEFAULT);
+  }
   notify_stopping(&d);
   code = s->watch.lost ? 3 : 0;
 out:

@@ -118,6 +118,15 @@ START_TEST(check_config_accepts_the_example_and_names_bad_keys_and_lines) {
       /* a continuation line replaced the key's value silently */
       {"[gnmrd]\nlog_level = error\n  debug\n", ":3: an indented line"},
       {"[policy]\n\talpha = 3\n", ":2: an indented line"},
+      /* issue 47: a key given twice and a section opened again passed,
+       * the second silently winning; a password in a bad store URL was
+       * printed */
+      {"[limits]\nmax_jobs = 10\nmax_jobs = 20\n",
+       ":3: key 'max_jobs' in [limits] given twice"},
+      {"[gnmrd]\nlog_level = info\n[limits]\nmax_jobs = 9\n[gnmrd]\n"
+       "log_level = debug\n", ":6: section [gnmrd] opened again"},
+      {"[gnmrd]\nstore = postgresq://u:s3cret@h/db\n",
+       "'postgresq://...' is not a postgresql:// URL"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     const char *p = write_tmp(dir, "bad.conf", bad[i].text);
@@ -126,7 +135,19 @@ START_TEST(check_config_accepts_the_example_and_names_bad_keys_and_lines) {
     ck_assert_msg(r.code == 1, "case %zu: exit %d", i, r.code);
     ck_assert_msg(strstr(r.err, bad[i].err) != NULL,
                   "case %zu: '%s' lacks '%s'", i, r.err, bad[i].err);
+    ck_assert_msg(strstr(r.err, "s3cret") == NULL, "case %zu: %s", i, r.err);
     tu_run_free(&r);
+  }
+  { /* a FIFO as the configuration: refused at once, not waited on */
+    char fifo[300];
+    snprintf(fifo, sizeof fifo, "%s/fifo.conf", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    char *argv[] = {"gnmrd", "--check-config", fifo, NULL};
+    r = tu_run("gnmrd", argv, NULL);
+    ck_assert_int_eq(r.code, 1);
+    ck_assert_msg(strstr(r.err, "not a regular file") != NULL, "%s", r.err);
+    tu_run_free(&r);
+    unlink(fifo);
   }
   { /* an indented comment is still a comment */
     const char *p = write_tmp(dir, "ok.conf", "[gnmrd]\n  # a note\n"
