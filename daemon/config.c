@@ -79,9 +79,9 @@ static const struct {
     {"limits", "max_total_units", K_U64, F(max_total_units), 1, UINT32_MAX,
      "16777216", "units summed over every job"},
     {"limits", "max_jobs_per_key", K_U64, F(max_jobs_per_key), 0, 1000000,
-     "0", "with tenancy: live jobs one agent key owns (0: no limit)"},
+     "256", "with tenancy: live jobs one agent key owns (0: no limit)"},
     {"limits", "max_units_per_key", K_U64, F(max_units_per_key), 0,
-     UINT32_MAX, "0", "with tenancy: their units summed (0: no limit)"},
+     UINT32_MAX, "4194304", "with tenancy: their units summed (0: no limit)"},
     {"limits", "max_held_mb", K_U64, F(max_held_mb), 1, 1u << 20, "1024",
      "reports held for undecided steps, all jobs (MB)"},
     {"limits", "job_idle_s", K_U64, F(job_idle_s), 0, UINT32_MAX, "86400",
@@ -366,7 +366,11 @@ int config_load(const char *path, gnmrd_config *c, char *err, size_t errlen) {
     snprintf(err, errlen, "%s: %s", path, strerror(errno));
     return GNMR_E_IO;
   }
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+  struct stat null_sb; /* /dev/null stays a way to say "no settings" */
+  if (fstat(fd, &sb) != 0 ||
+      !(S_ISREG(sb.st_mode) ||
+        (S_ISCHR(sb.st_mode) && stat("/dev/null", &null_sb) == 0 &&
+         S_ISCHR(null_sb.st_mode) && sb.st_rdev == null_sb.st_rdev))) {
     close(fd);
     snprintf(err, errlen, "%s: not a regular file", path);
     return GNMR_E_IO;

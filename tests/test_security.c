@@ -936,6 +936,63 @@ START_TEST(one_tenant_cannot_take_every_job_or_unit) {
 }
 END_TEST
 
+/* Issue 47: with the default limits one agent key took all 1,024 job
+ * places. The defaults now give a key a quarter of them: its 257th live
+ * job is refused (BUSY), and another key's job is still welcomed. */
+START_TEST(the_default_limits_leave_room_for_other_keys) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  keypair server = keygen(d.dir, "server"), op = keygen(d.dir, "op"),
+          mal = keygen(d.dir, "mal"), eve = keygen(d.dir, "eve");
+  char allow[600], allow_path[200];
+  snprintf(allow, sizeof allow, "%s ops role=operator\n%s mal\n%s eve\n",
+           op.pub, mal.pub, eve.pub);
+  snprintf(allow_path, sizeof allow_path, "%s/allowed", d.dir);
+  tu_write_file(allow_path, allow);
+  char *extra[] = {"--curve-key", server.path, "--curve-allow", allow_path,
+                   NULL};
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
+  enum { N = 257 };
+  void *ctx = zmq_ctx_new();
+  static void *sock[N];
+  static char *units[] = {"u"};
+  int welcomed = 0, busy = 0, zero = 0;
+  for (int i = 0; i < N; i++) {
+    raw_peer p = {ctx, zmq_socket(ctx, ZMQ_DEALER)};
+    sock[i] = p.sock;
+    zmq_setsockopt(p.sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(p.sock, ZMQ_CURVE_SERVERKEY, server.pub, 41);
+    zmq_setsockopt(p.sock, ZMQ_CURVE_PUBLICKEY, mal.pub, 41);
+    zmq_setsockopt(p.sock, ZMQ_CURVE_SECRETKEY, mal.sec, 41);
+    ck_assert_int_eq(zmq_connect(p.sock, d.agents), 0);
+    char job[32];
+    snprintf(job, sizeof job, "mal-%d", i);
+    hello(&p, job, 0, 1, units, 1, 2.0);
+    Gnmr__Envelope *e = raw_recv(&p, raw_reply_ms());
+    ck_assert_ptr_nonnull(e);
+    if (e->body_case == GNMR__ENVELOPE__BODY_WELCOME)
+      welcomed++;
+    else if (e->body_case == GNMR__ENVELOPE__BODY_ERROR &&
+             e->error->code == GNMR_E_BUSY &&
+             strstr(e->error->message, "max_jobs_per_key"))
+      busy++;
+    gnmr__wire_free(&e);
+  }
+  ck_assert_int_eq(welcomed, 256);
+  ck_assert_int_eq(busy, 1);
+  raw_peer q = raw_open_curve(d.agents, server.pub, eve.pub, eve.sec);
+  hello(&q, "eve-1", 0, 1, units, 1, 2.0);
+  Gnmr__Envelope *e = expect_body(&q, GNMR__ENVELOPE__BODY_WELCOME);
+  gnmr__wire_free(&e);
+  raw_close(&q);
+  for (int i = 0; i < N; i++)
+    zmq_close(sock[i]);
+  zmq_ctx_term(ctx);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 /* Admin places with tenancy on: an agent key holds at most 16 of the 64
  * admin connections, and agent keys together at most 56: the last 8 are
  * kept for operator keys. Four agent keys open 17, 16, 16 and 16
@@ -1032,6 +1089,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, a_job_name_stays_its_owners_after_the_job_ends);
   tcase_add_test(tc, a_reserved_name_is_its_owners_to_start);
   tcase_add_test(tc, one_tenant_cannot_take_every_job_or_unit);
+  tcase_add_test(tc, the_default_limits_leave_room_for_other_keys);
   tcase_add_test(tc, curve_setup_errors_and_network_endpoints_without_curve);
   tcase_add_test(tc, agent_refuses_partial_or_malformed_curve_settings);
   tcase_add_test(tc, admin_places_per_key_and_a_reserve_for_operators);
