@@ -168,6 +168,23 @@ static int observer_join(gnmrd *d, const void *id, size_t id_len, job *j,
     welcome(d, id, id_len, c, &c->observers[pr->rank], 0);
     return 1;
   }
+  /* once every rank has registered, the job's units are the ranks': an
+   * observer maps decisions to them and adds none (it held on to what it
+   * added, a job's worth of units for good, the job unable to grow) */
+  int layout_known = 1;
+  for (uint32_t r = 0; r < c->reporters && layout_known; r++)
+    layout_known = c->ranks[r].ever;
+  for (size_t i = 0; layout_known && i < h->n_units; i++)
+    if (!hmap_get(&c->unit_ids, h->units[i], strlen(h->units[i]), NULL)) {
+      char nb[300];
+      d->c.hellos_refused++;
+      jobs__reply_error(d, id, id_len, GNMR_E_NOUNIT, "units", 0,
+                        "unit '%.64s' is not one of job %.64s's units: an "
+                        "observer maps decisions to the units its ranks "
+                        "registered and adds none",
+                        gnmr__escape(h->units[i], nb, sizeof nb), c->name);
+      return 0;
+    }
   core_rank *rr = core_observer_slot(c, &slot, &full);
   if (rr == NULL) {
     d->c.hellos_refused++;

@@ -17,8 +17,18 @@ static char *one_unit[] = {"u0"};
 
 /* A Hello from rank 0 of a 1-rank job (or an observer), handing back
  * held[0..n). */
+static void hello_units(raw_peer *p, const char *job, int observer,
+                        Gnmr__Decision **held, size_t n, char **units,
+                        size_t n_units);
+
 static void hello_held(raw_peer *p, const char *job, int observer,
                        Gnmr__Decision **held, size_t n) {
+  hello_units(p, job, observer, held, n, one_unit, 1);
+}
+
+static void hello_units(raw_peer *p, const char *job, int observer,
+                        Gnmr__Decision **held, size_t n, char **units,
+                        size_t n_units) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   Gnmr__Hello h = GNMR__HELLO__INIT;
   Gnmr__Params wp;
@@ -30,8 +40,8 @@ static void hello_held(raw_peer *p, const char *job, int observer,
   h.job = (char *)job;
   h.rank = 0;
   h.reporters = 1;
-  h.n_units = 1;
-  h.units = one_unit;
+  h.n_units = n_units;
+  h.units = units;
   h.params = &wp;
   h.barrier_ms = 60000;
   h.observer = observer;
@@ -331,6 +341,47 @@ START_TEST(a_rank_far_ahead_is_refused_and_the_job_goes_on) {
 }
 END_TEST
 
+/* Before: an observer's Hello added 524,288 units to another job for
+ * good (+375 MB after it left), and the job could no longer grow. Once
+ * every rank has registered, an observer maps decisions to the ranks'
+ * units and adds none. */
+START_TEST(an_observer_adds_no_units_to_a_job) {
+  tu_daemon d = {0};
+  start(&d, NULL);
+  raw_peer r = raw_open(d.agents), o = raw_open(d.agents);
+  hello_held(&r, "grown", 0, NULL, 0);
+  welcomed(&r);
+  enum { N = 1 << 16 };
+  char **many = malloc((N + 1) * sizeof *many);
+  many[0] = "u0";
+  for (int i = 1; i <= N; i++) {
+    many[i] = malloc(16);
+    snprintf(many[i], 16, "x%d", i);
+  }
+  hello_units(&o, "grown", 1, NULL, 0, many, N + 1);
+  expect_error(&o, GNMR_E_NOUNIT, "adds none");
+  hello_units(&o, "grown", 1, NULL, 0, many, 1); /* u0 alone: fine */
+  Gnmr__Envelope *e = expect_body(&o, GNMR__ENVELOPE__BODY_WELCOME);
+  ck_assert_uint_eq(e->welcome->n_unit_ids, 1);
+  gnmr__wire_free(&e);
+  /* the job has its one unit: `gnmrctl units` lists u0 alone */
+  char adm[300];
+  snprintf(adm, sizeof adm, "--admin=%s", d.admin);
+  run_result u = tu_run("gnmrctl", (char *[]){"gnmrctl", adm, "units",
+                                              "grown", NULL}, NULL);
+  ck_assert_msg(u.code == 0 && strstr(u.out, "u0") && !strstr(u.out, "x1"),
+                "%s%s", u.out, u.err);
+  tu_run_free(&u);
+  for (int i = 1; i <= N; i++)
+    free(many[i]);
+  free(many);
+  raw_close(&r);
+  raw_close(&o);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("held");
   TCase *tc = tcase_create("held");
@@ -341,6 +392,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, an_observer_cannot_write_history_or_steer_ranks);
   tcase_add_test(tc, held_decisions_are_bounded);
   tcase_add_test(tc, a_rank_far_ahead_is_refused_and_the_job_goes_on);
+  tcase_add_test(tc, an_observer_adds_no_units_to_a_job);
   suite_add_tcase(s, tc);
   return s;
 }
