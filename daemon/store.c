@@ -174,6 +174,8 @@ static uint64_t rec_bytes(const store_rec *r);
  * ever. */
 #define RETRY_WHOLE 65536
 
+static void run_account(store *s, const store_rec *r, int in);
+
 /* The writer thread: takes the whole queue, commits it in one
  * transaction, retries a failed batch (see the top of the file). */
 static void *writer_main(void *arg) {
@@ -202,10 +204,10 @@ static void *writer_main(void *arg) {
       s->queued_bytes = 0;
     } else { /* the first `limit` records; the rest stay queued */
       store_rec *last = batch;
-      uint64_t b = rec_bytes(batch);
+      uint64_t b = batch->held;
       for (n = 1; n < limit; n++) {
         last = last->next;
-        b += rec_bytes(last);
+        b += last->held;
       }
       s->head = last->next;
       last->next = NULL;
@@ -250,6 +252,8 @@ static void *writer_main(void *arg) {
       s->corrupt = 1;
       pthread_mutex_lock(&s->mu);
       s->batch_bytes = 0;
+      for (store_rec *r = batch; r != NULL; r = r->next)
+        run_account(s, r, 0);
       pthread_mutex_unlock(&s->mu);
       while (batch) {
         store_rec *next = batch->next;
@@ -317,6 +321,10 @@ static void *writer_main(void *arg) {
     }
     atomic_fetch_add(&s->batches, 1);
     atomic_fetch_add(&s->records, n);
+    pthread_mutex_lock(&s->mu);
+    for (store_rec *r = batch; r != NULL; r = r->next)
+      run_account(s, r, 0);
+    pthread_mutex_unlock(&s->mu);
     while (batch) {
       store_rec *next = batch->next;
       if (batch->kind == REC_STEP) /* committed: agents may forget it */
@@ -415,6 +423,7 @@ void store_close(store **ps) {
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
   memset(s->seal_key, 0, sizeof s->seal_key);
+  hmap_free(&s->run_bytes);
   free(s);
   *ps = NULL;
 }
@@ -465,58 +474,130 @@ static void gap_note(store *s, const store_rec *r) {
   g->records++;
 }
 
-/* The queue takes records again: each gap becomes an event of its run
- * (queued past the cap: a few small records), so that the history says
- * which steps it lacks (under mu). */
-static void gap_flush(store *s) {
-  for (size_t i = 0; i < s->n_gaps; i++) {
-    struct store_gap *g = &s->gaps[i];
-    store_rec *e = store_rec_new(REC_EVENT, g->job);
-    char detail[200];
-    snprintf(detail, sizeof detail, "steps %llu-%llu: %llu records not "
-             "stored: the store queue was full ([limits] store_queue_mb)%s",
-             (unsigned long long)g->first, (unsigned long long)g->last,
-             (unsigned long long)g->records,
-             i == STORE_MAX_GAPS - 1 ? " (with other runs' records)" : "");
-    if (e != NULL) {
-      e->run = g->run;
-      e->pass = g->pass;
-      e->step = g->first;
-      e->rank = UINT32_MAX;
-      e->text = strdup(store_op_event_name(STORE_EV_HISTORY_GAP));
-      e->detail = strdup(detail);
-      if (s->tail)
-        s->tail->next = e;
-      else
-        s->head = e;
-      s->tail = e;
-      s->queued++;
-      s->queued_bytes += rec_bytes(e);
-    }
-    free(g->job);
+/* What run holds in the queue, and its change as a record comes in or
+ * leaves committed (under mu). Best effort without memory: a run whose
+ * count cannot be kept is not held to a share. */
+static uint64_t run_held(const store *s, uint64_t run) {
+  uint64_t v;
+  return hmap_get(&s->run_bytes, &run, sizeof run, &v) ? v : 0;
+}
+
+static void run_account(store *s, const store_rec *r, int in) {
+  uint64_t run = r->run, v = run_held(s, run);
+  if (in) {
+    if (v == 0 && r->held > 0)
+      s->n_runs_held++;
+    v += r->held;
+  } else {
+    v = v > r->held ? v - r->held : 0;
   }
+  if (v == 0) {
+    if (hmap_del(&s->run_bytes, &run, sizeof run) == GNMR_OK &&
+        s->n_runs_held > 0)
+      s->n_runs_held--;
+  } else if (hmap_put(&s->run_bytes, &run, sizeof run, v) != GNMR_OK &&
+             in && v == r->held && s->n_runs_held > 0) {
+    s->n_runs_held--;
+  }
+}
+
+/* Appends r to the queue, counted (under mu). */
+static void enqueue(store *s, store_rec *r) {
+  r->next = NULL;
+  if (s->tail)
+    s->tail->next = r;
+  else
+    s->head = r;
+  s->tail = r;
+  s->queued++;
+  s->queued_bytes += r->held;
+  run_account(s, r, 1);
+}
+
+/* Gap i becomes an event of its run (queued past the cap: a small record),
+ * so that the history says which steps it lacks (under mu). */
+static void gap_event(store *s, size_t i) {
+  struct store_gap *g = &s->gaps[i];
+  store_rec *e = store_rec_new(REC_EVENT, g->job);
+  char detail[200];
+  snprintf(detail, sizeof detail, "steps %llu-%llu: %llu records not "
+           "stored: the store queue was full ([limits] store_queue_mb)%s",
+           (unsigned long long)g->first, (unsigned long long)g->last,
+           (unsigned long long)g->records,
+           i == STORE_MAX_GAPS - 1 ? " (with other runs' records)" : "");
+  if (e != NULL) {
+    e->run = g->run;
+    e->pass = g->pass;
+    e->step = g->first;
+    e->rank = UINT32_MAX;
+    e->text = strdup(store_op_event_name(STORE_EV_HISTORY_GAP));
+    e->detail = strdup(detail);
+    e->held = rec_bytes(e);
+    enqueue(s, e);
+  }
+  free(g->job);
+}
+
+/* The queue takes records again: each gap becomes its run's event. */
+static void gap_flush(store *s) {
+  for (size_t i = 0; i < s->n_gaps; i++)
+    gap_event(s, i);
   s->n_gaps = 0;
+}
+
+/* The gap of run alone, when it has one of its own (under mu): the run
+ * takes records again while others may still be shedding. Past
+ * STORE_MAX_GAPS runs, the last slot is every other run's: left to
+ * gap_flush. */
+static int run_gap(const store *s, uint64_t run) {
+  for (size_t i = 0; i < s->n_gaps; i++)
+    if (s->gaps[i].run == run)
+      return 1;
+  return 0;
+}
+
+static void gap_flush_run(store *s, uint64_t run) {
+  if (s->n_gaps >= STORE_MAX_GAPS)
+    return;
+  for (size_t i = 0; i < s->n_gaps; i++)
+    if (s->gaps[i].run == run) {
+      gap_event(s, i);
+      memmove(&s->gaps[i], &s->gaps[i + 1],
+              (s->n_gaps - i - 1) * sizeof s->gaps[0]);
+      s->n_gaps--;
+      return;
+    }
 }
 
 void store_put(store *s, store_rec *r) {
   if (r == NULL)
     return;
   r->next = NULL;
-  uint64_t bytes = rec_bytes(r);
+  uint64_t bytes = r->held = rec_bytes(r);
   /* what a run's history means (its job, units, ranks, parameters, state)
    * is never dropped: small, and without it the steps kept would belong
    * to an unknown job; steps, snapshots and events are what the cap sheds */
   int sheddable = r->kind == REC_STEP || r->kind == REC_SNAPSHOT ||
                   r->kind == REC_EVENT;
   pthread_mutex_lock(&s->mu);
-  /* once shedding, it goes on until the queue is down to half the cap, so
-   * that a gap is every step of its range, not one large record in three */
+  uint64_t cap = s->queue_cap_bytes;
   uint64_t held = s->queued_bytes + s->batch_bytes + bytes;
+  /* each run's share, so that one job's flood (a job whose every unit
+   * is risky every step) cannot drop another's records: a run never holds
+   * more than half the cap (the other half is room for the runs that come
+   * later), and once the queue is half full, a run holding more than the
+   * cap divided among the runs holding records sheds first */
+  uint64_t mine = run_held(s, r->run) + bytes;
+  uint64_t runs = s->n_runs_held + (mine == bytes);
+  int over_share = cap != 0 && (mine > cap / 2 ||
+                                (runs > 1 && held > cap / 2 &&
+                                 mine > cap / runs));
+  /* once a run sheds, it goes on until the queue is down to half the cap,
+   * so that a gap is every step of its range, not one record in three */
   if (sheddable &&
-      (s->queued >= QUEUE_CAP ||
-       (s->queue_cap_bytes != 0 &&
-        (held > s->queue_cap_bytes ||
-         (s->n_gaps > 0 && held > s->queue_cap_bytes / 2))))) {
+      (s->queued >= QUEUE_CAP || over_share ||
+       (cap != 0 &&
+        (held > cap || (run_gap(s, r->run) && held > cap / 2))))) {
     uint64_t qb = s->queued_bytes, q = s->queued;
     int first = !s->dropping;
     s->dropping = 1;
@@ -526,21 +607,16 @@ void store_put(store *s, store_rec *r) {
     if (first) /* once per episode: a database away drops many */
       LOG(ERROR, "STORE-DROP",
           "store queue full (%llu records, %llu MB): records of job %s "
-          "and others are lost until the database takes writes again "
+          "%s are lost until the database takes writes again "
           "(store_dropped counts them)",
-          (unsigned long long)q, (unsigned long long)(qb >> 20), r->job);
+          (unsigned long long)q, (unsigned long long)(qb >> 20), r->job,
+          over_share ? "(over its share of the queue)" : "and others");
     store_rec_free(r);
     return;
   }
-  if (s->n_gaps > 0 && sheddable) /* room again, not only for structure */
-    gap_flush(s);
-  if (s->tail)
-    s->tail->next = r;
-  else
-    s->head = r;
-  s->tail = r;
-  s->queued++;
-  s->queued_bytes += bytes;
+  if (sheddable) /* room again for this run, not only for structure */
+    gap_flush_run(s, r->run);
+  enqueue(s, r);
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
 }

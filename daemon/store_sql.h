@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "db.h"
+#include "hmap.h"
 #include "gnmr/params.h"
 #include "latency.h"
 #include "store.h"
@@ -40,6 +41,11 @@ struct store {
   uint64_t batch_bytes;     /* the writer's batch, until committed */
   uint64_t queue_cap_bytes; /* 0: none */
   int dropping;             /* in a drop episode (logged once) */
+  /* per run: the bytes of its records held (queued, or in the writer's
+   * batch until committed), so that one run's flood cannot take every
+   * other run's room (under mu) */
+  hmap run_bytes;
+  uint64_t n_runs_held;
   /* what was dropped, per run, until the queue takes records again: then
    * each becomes a history_gap event naming the steps (under mu) */
   struct store_gap {

@@ -234,7 +234,11 @@ policy_snap *policy_snap_begin_room(policy *p, size_t room) {
   s->n_pieces = (p->n + SNAP_PIECE - 1) / SNAP_PIECE;
   s->head = policy__export_head(p, NULL);
   s->unit_max = policy__export_units_max(p);
-  s->cap = piece_off(s, s->n_pieces) + 8;
+  /* the pieces sit at fixed offsets, every one but the last whole: the
+   * last ends at the n-th unit's place (not at a whole piece's, which for
+   * a job of a few units was about 0.8 MB a snapshot, and what the store
+   * counted for it) */
+  s->cap = s->head + (size_t)s->n * s->unit_max + 8;
   s->room = room;
   s->len = calloc((size_t)s->n_pieces + 1, sizeof *s->len);
   if (s->len == NULL || s->cap > SIZE_MAX - room ||

@@ -41,6 +41,7 @@ typedef struct store_event {
 typedef struct store_rec {
   struct store_rec *next;
   int kind;
+  uint64_t held; /* the bytes the store's queue counts for it (store.c) */
   char *job;
   uint64_t run;          /* the run of the job (never reused) */
   uint32_t pass;

@@ -790,6 +790,73 @@ START_TEST(a_full_queue_says_which_steps_the_history_lacks) {
 }
 END_TEST
 
+/* Issue 47: a neighbour job whose every unit is risky every step filled
+ * the shared store queue, and every other job's records were dropped
+ * with its own (5,655 records of every job; a victim then kept 341 of
+ * 7,696 steps). Now each run has a share: once the queue is half full, a
+ * run over its share sheds first. While a 2048-unit job floods a queue of
+ * 1 MB with the database full, a small job's steps are all kept. */
+START_TEST(one_jobs_flood_does_not_drop_another_jobs_records) {
+  int slow = getenv("GNMR_VALGRIND") != NULL;
+  tu_daemon d = {0};
+  char ep[200], conf[300];
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
+  snprintf(conf, sizeof conf, "%s/gnmrd.conf", d.dir);
+  tu_write_file(conf, "[limits]\nstore_queue_mb = 1\n");
+  char *extra[] = {"--config", conf, NULL};
+  setenv("GNMR_STORE_FAULT", slow ? "full:60000" : "full:8000", 1);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, extra);
+  unsetenv("GNMR_STORE_FAULT");
+  char path[512];
+  snprintf(path, sizeof path, "%s/gnmr-sim", tu_bin_dir());
+  char *argv[] = {path, "--agents", ep, "--job", "flood", "--ranks", "1",
+                  "--units", "2048", "--steps", "400", "--timeout-ms",
+                  "60000", NULL};
+  pid_t sim;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  ck_assert_int_eq(posix_spawn(&sim, path, &fa, NULL, argv, environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  for (int i = 0; i < 400 * tu_slow() && tu_counter(&d, "store_dropped") == 0;
+       i++)
+    tu_sleep_ms(10);
+  ck_assert_int_gt(tu_counter(&d, "store_dropped"), 0); /* shedding */
+  gnmr_agent *a = open_agent(ep, "small");
+  for (uint64_t t = 1; t <= 40; t++) {
+    step_agent(a, t);
+    tu_sleep_ms(20);
+  }
+  gnmr_agent_close(&a);
+  int st;
+  ck_assert_int_eq(waitpid(sim, &st, 0), sim);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  for (int i = 0; i < 600 * tu_slow() && tu_counter(&d, "store_queued") != 0;
+       i++)
+    tu_sleep_ms(100);
+  char *gap[] = {"history", "small", "--kind", "history_gap", "--csv", NULL};
+  run_result r = ctl(&d, gap);
+  ck_assert_msg(r.code == 0 && strstr(r.out, "store queue was full") == NULL,
+                "the small job lost records: %s%s", r.out, r.err);
+  tu_run_free(&r);
+  char *dec[] = {"decisions", "small", "--csv", NULL};
+  r = ctl(&d, dec);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  ck_assert_msg(count_lines(r.out) == 41, "the small job's history has %d "
+                "lines, not 41:\n%s", count_lines(r.out), r.out);
+  tu_run_free(&r);
+  char *fgap[] = {"history", "flood", "--kind", "history_gap", "--csv",
+                  NULL};
+  r = ctl(&d, fgap);
+  ck_assert_msg(r.code == 0 && strstr(r.out, "store queue was full"),
+                "the flood shed nothing: %s", r.out);
+  tu_run_free(&r);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(repeated_sigkill_loses_no_committed_step_and_agents_never_stall) {
   tu_daemon d = {0};
   char ep[160];
@@ -922,6 +989,7 @@ static Suite *suite(void) {
   tcase_add_loop_test(
       tc, store_errors_are_logged_counted_and_retried_losing_nothing, 0, 2);
   tcase_add_test(tc, a_full_queue_says_which_steps_the_history_lacks);
+  tcase_add_test(tc, one_jobs_flood_does_not_drop_another_jobs_records);
   suite_add_tcase(s, tc);
   return s;
 }
