@@ -199,6 +199,24 @@ int trace_parse(const char *buf, size_t len, trace *out, trace_error *err) {
     for (size_t i = 0; i < t.n_rows; i++)
       if (t.rows[i].unit >= t.n_units)
         t.n_units = t.rows[i].unit + 1;
+    /* what replaying costs is every unit at every step of the span, rows
+     * or not: a trace of two rows far apart (steps and unit ids) made
+     * `gnmrctl replay` run for minutes. The work a trace asks for is
+     * bounded by what it says: TRACE_MAX_WORK, and TRACE_WORK_PER_ROW
+     * unit-steps more per row */
+    uint64_t span = t.last_step - t.first_step + 1, work;
+    if (__builtin_mul_overflow(span, (uint64_t)t.n_units, &work) ||
+        work > TRACE_MAX_WORK + TRACE_WORK_PER_ROW * (uint64_t)t.n_rows) {
+      rv = fail(err, 0, "%zu rows over steps %llu..%llu and unit ids "
+                "0..%u: %llu unit-steps to replay, more than %llu per row "
+                "(beyond the first %llu): a trace lists the steps and units "
+                "it replays", t.n_rows, (unsigned long long)t.first_step,
+                (unsigned long long)t.last_step, t.n_units - 1,
+                (unsigned long long)(work ? work : UINT64_MAX),
+                (unsigned long long)TRACE_WORK_PER_ROW,
+                (unsigned long long)TRACE_MAX_WORK);
+      goto err;
+    }
   }
   *out = t;
   return 0;

@@ -12,6 +12,10 @@
 #define TRACE_MAX_UNIT ((1u << 24) - 1)          /* unit ids 0..2^24-1 */
 #define TRACE_MAX_STEP (UINT64_C(1) << 53)
 #define TRACE_MAX_SPAN UINT64_C(100000000)        /* last - first + 1 */
+/* unit-steps a trace may ask to replay: (span) x (largest unit id + 1) at
+ * most TRACE_MAX_WORK + TRACE_WORK_PER_ROW per row (trace.c) */
+#define TRACE_MAX_WORK (UINT64_C(1) << 28)
+#define TRACE_WORK_PER_ROW UINT64_C(1024)
 
 typedef struct trace_row {
   uint64_t step;

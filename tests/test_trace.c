@@ -3,6 +3,7 @@
  * of malformed input gets a clear message naming its line, and good input
  * in any order, with comments, blanks and CRLF, parses exactly. */
 #include <check.h>
+#include <stdio.h>
 
 #include "check_main.h"
 #include <math.h>
@@ -72,6 +73,35 @@ START_TEST(header_only_trace_has_no_rows) {
   trace_free(&t);
   ck_assert_int_eq(parse("step,unit,norm", &t, &e), 0); /* no newline */
   trace_free(&t);
+}
+END_TEST
+
+/* Issue 47: a 2-row "bomb" (steps and unit ids far apart) made gnmrctl
+ * replay run for minutes: every unit at every step of the span. The work
+ * a trace asks for is bounded by what it lists. */
+START_TEST(a_trace_asks_no_more_work_than_its_rows_pay_for) {
+  trace t;
+  trace_error e;
+  ck_assert_int_eq(parse("step,unit,norm\n1,0,1\n99999999,16777215,2\n",
+                         &t, &e),
+                   GNMR_E_PARSE);
+  ck_assert_msg(strstr(e.msg, "unit-steps to replay, more than 1024 per "
+                              "row") != NULL, "%s", e.msg);
+  /* the limit itself: 2^28 unit-steps and 1024 per row */
+  ck_assert_int_eq(parse("step,unit,norm\n1,0,1\n16,16777215,2\n", &t, &e),
+                   0);
+  trace_free(&t);
+  ck_assert_int_eq(parse("step,unit,norm\n1,0,1\n17,16777215,2\n", &t, &e),
+                   GNMR_E_PARSE);
+  /* 2.7e8 unit-steps (past 2^28) paid for by 300000 rows */
+  size_t cap = 64 << 20, n = 0;
+  char *big = malloc(cap);
+  n += (size_t)snprintf(big + n, cap - n, "step,unit,norm\n");
+  for (int st = 1; st <= 300000; st++)
+    n += (size_t)snprintf(big + n, cap - n, "%d,%d,1\n", st * 300, st % 3);
+  ck_assert_int_eq(parse(big, &t, &e), 0);
+  trace_free(&t);
+  free(big);
 }
 END_TEST
 
@@ -219,6 +249,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, huge_step_span_is_refused);
   tcase_add_test(tc, strict_number_parsers);
   tcase_add_test(tc, random_garbage_never_crashes);
+  tcase_add_test(tc, a_trace_asks_no_more_work_than_its_rows_pay_for);
   suite_add_tcase(s, tc);
   return s;
 }
