@@ -463,7 +463,15 @@ static int open_endpoints(gnmrd *d, startup *s, char *bound_agents,
                     .ctx = d,
                     .max_conns = s->max_conns,
                     .on_over_cap = gnmrd_on_over_cap,
-                    .first_msg_ms = (uint32_t)cfg->first_message_ms};
+                    .first_msg_ms = (uint32_t)cfg->first_message_ms,
+                    /* with tenancy (CURVE, roles), an agent key holds at
+                     * most a quarter of the places, agent keys together
+                     * all but an eighth (kept for operators): one key's
+                     * silent connections cannot lock the others out */
+                    .key_max = s->max_conns / 4 ? s->max_conns / 4 : 1,
+                    .reserve = s->max_conns / 8,
+                    .privileged = gnmrd_is_operator,
+                    .on_key_cap = gnmrd_on_agent_key_cap};
   if (server_open(d->loop, d->zctx, &ao, bound_agents, cap, err, errlen,
                   &d->agents) != GNMR_OK) {
     LOG(ERROR, "BIND-AGENTS", "%s", err);

@@ -102,6 +102,17 @@ void gnmrd_on_key_cap(server *s, const void *id, size_t id_len,
   busy_connection(s, id, id_len, msg);
 }
 
+void gnmrd_on_agent_key_cap(server *s, const void *id, size_t id_len,
+                            uint32_t key_max, void *ctx) {
+  char msg[240];
+  (void)ctx;
+  snprintf(msg, sizeof msg,
+           "this key holds %u agent connections already (a quarter of "
+           "[limits] max_connections), or the places left are kept for "
+           "operator keys; this one is closed: try again later", key_max);
+  busy_connection(s, id, id_len, msg);
+}
+
 /* A message from a connection past the cap: the reason, as an Error the
  * agent library and gnmrctl show (GNMR_E_BUSY: try again later). */
 void gnmrd_on_over_cap(server *s, const void *id, size_t id_len,

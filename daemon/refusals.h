@@ -17,5 +17,8 @@ int gnmrd_is_operator(const char *user, void *ctx);
 /* Answers a connection refused for its key's places. */
 void gnmrd_on_key_cap(server *s, const void *id, size_t id_len,
                       uint32_t key_max, void *ctx);
+/* The same on the agents endpoint (a quarter of max_connections a key). */
+void gnmrd_on_agent_key_cap(server *s, const void *id, size_t id_len,
+                            uint32_t key_max, void *ctx);
 
 #endif /* GNMRD_REFUSALS_H */

@@ -993,6 +993,56 @@ START_TEST(the_default_limits_leave_room_for_other_keys) {
 }
 END_TEST
 
+/* Issue 47: one agent key filled every place of the agents endpoint
+ * (one message per connection, then silence), and other tenants got BUSY.
+ * With tenancy on, an agent key holds at most a quarter of
+ * max_connections there. With max_connections = 8: mal's third
+ * connection is refused, naming why, and eve is welcomed. */
+START_TEST(one_key_holds_a_quarter_of_the_agent_places) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  keypair server = keygen(d.dir, "server"), op = keygen(d.dir, "op"),
+          mal = keygen(d.dir, "mal"), eve = keygen(d.dir, "eve");
+  char allow[600], allow_path[200], conf_path[200];
+  snprintf(allow, sizeof allow, "%s ops role=operator\n%s mal\n%s eve\n",
+           op.pub, mal.pub, eve.pub);
+  snprintf(allow_path, sizeof allow_path, "%s/allowed", d.dir);
+  tu_write_file(allow_path, allow);
+  snprintf(conf_path, sizeof conf_path, "%s/gnmrd.conf", d.dir);
+  tu_write_file(conf_path, "[limits]\nmax_connections = 8\n");
+  char *extra[] = {"--config", conf_path, "--curve-key", server.path,
+                   "--curve-allow", allow_path, NULL};
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
+  static char *units[] = {"u"};
+  raw_peer m[3];
+  for (int i = 0; i < 3; i++) {
+    char job[32];
+    snprintf(job, sizeof job, "mal-%d", i);
+    m[i] = raw_open_curve(d.agents, server.pub, mal.pub, mal.sec);
+    hello(&m[i], job, 0, 1, units, 1, 2.0);
+    if (i < 2) {
+      Gnmr__Envelope *e = expect_body(&m[i], GNMR__ENVELOPE__BODY_WELCOME);
+      gnmr__wire_free(&e);
+    } else {
+      expect_error(&m[i], GNMR_E_BUSY, "agent connections already");
+    }
+  }
+  raw_peer q = raw_open_curve(d.agents, server.pub, eve.pub, eve.sec);
+  hello(&q, "eve-1", 0, 1, units, 1, 2.0);
+  Gnmr__Envelope *e = expect_body(&q, GNMR__ENVELOPE__BODY_WELCOME);
+  gnmr__wire_free(&e);
+  run_result r = ctl_as(&d, server.pub, &op, "stats", NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(counter_of(r.out, "refused_key_places") >= 1, "%s", r.out);
+  tu_run_free(&r);
+  raw_close(&q);
+  for (int i = 0; i < 3; i++)
+    raw_close(&m[i]);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 /* Admin places with tenancy on: an agent key holds at most 16 of the 64
  * admin connections, and agent keys together at most 56: the last 8 are
  * kept for operator keys. Four agent keys open 17, 16, 16 and 16
@@ -1090,6 +1140,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, a_reserved_name_is_its_owners_to_start);
   tcase_add_test(tc, one_tenant_cannot_take_every_job_or_unit);
   tcase_add_test(tc, the_default_limits_leave_room_for_other_keys);
+  tcase_add_test(tc, one_key_holds_a_quarter_of_the_agent_places);
   tcase_add_test(tc, curve_setup_errors_and_network_endpoints_without_curve);
   tcase_add_test(tc, agent_refuses_partial_or_malformed_curve_settings);
   tcase_add_test(tc, admin_places_per_key_and_a_reserve_for_operators);
