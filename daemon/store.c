@@ -12,6 +12,7 @@
 #include "store_sql.h"
 
 #include <errno.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -176,6 +177,32 @@ static uint64_t rec_bytes(const store_rec *r);
 
 static void run_account(store *s, const store_rec *r, int in);
 
+/* SQLite: whether the file at the store's path is still the one opened
+ * (GNMR_OK), else GNMR_E_STORE with why: a file renamed over it, or its
+ * removal, would take every later commit to an inode nobody can read. The
+ * batch then stays queued (retried, counted, logged) until the file is
+ * back or gnmrd restarts, instead of being lost without a word. */
+static int file_still_ours(store *s, char *err, size_t errlen) {
+  struct stat sb;
+  if (!s->file_known)
+    return GNMR_OK;
+  int gone = stat(s->path, &sb) != 0 ||
+             (uint64_t)sb.st_dev != s->file_dev ||
+             (uint64_t)sb.st_ino != s->file_ino;
+  if (gone && !s->file_gone)
+    LOG(ERROR, "STORE-REPLACED", "%s: the database file is no longer the "
+        "one gnmrd opened (replaced or removed): its history is kept "
+        "queued, not written where nobody could read it; put the file back "
+        "or restart gnmrd", s->shown);
+  else if (!gone && s->file_gone)
+    LOG(INFO, "STORE-REPLACED", "%s: the database file is back", s->shown);
+  s->file_gone = gone;
+  if (!gone)
+    return GNMR_OK;
+  snprintf(err, errlen, "the database file was replaced or removed");
+  return GNMR_E_STORE;
+}
+
 /* The writer thread: takes the whole queue, commits it in one
  * transaction, retries a failed batch (see the top of the file). */
 static void *writer_main(void *arg) {
@@ -226,8 +253,8 @@ static void *writer_main(void *arg) {
     char err[256] = "";
     struct timespec c0, c1;
     clock_gettime(CLOCK_MONOTONIC, &c0);
-    int rv = db_begin(s->sql.db);
-    if (rv != GNMR_OK)
+    int rv = file_still_ours(s, err, sizeof err);
+    if (rv == GNMR_OK && (rv = db_begin(s->sql.db)) != GNMR_OK)
       snprintf(err, sizeof err, "%s", db_errmsg(s->sql.db));
     for (store_rec *r = batch; rv == GNMR_OK && r; r = r->next) {
       rv = store__apply(&s->sql, r);
@@ -380,6 +407,14 @@ int store_open(const char *where, uint32_t snapshot_every, uint64_t retain_steps
         store__term_next(s->sql.db, &s->term, why, sizeof why) != GNMR_OK) {
       snprintf(err, errlen, "%s: %s", s->shown, why);
       goto fail;
+    }
+  }
+  if (db_kind(s->sql.db) == DB_SQLITE) {
+    struct stat sb;
+    if (stat(s->path, &sb) == 0) {
+      s->file_dev = (uint64_t)sb.st_dev;
+      s->file_ino = (uint64_t)sb.st_ino;
+      s->file_known = 1;
     }
   }
   {

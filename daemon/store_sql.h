@@ -63,6 +63,11 @@ struct store {
    * real. (PostgreSQL's tests make the server itself refuse.) */
   db_fault *fault; /* tests: GNMR_STORE_FAULT (db.h) */
   int corrupt; /* a damaged SQLite file: records are dropped (writer) */
+  /* SQLite: the file opened (device, inode), checked before each batch:
+   * a file renamed over it, or removed, would take the history to an
+   * unlinked inode nobody can read */
+  uint64_t file_dev, file_ino;
+  int file_known, file_gone;
 };
 
 

@@ -857,6 +857,53 @@ START_TEST(one_jobs_flood_does_not_drop_another_jobs_records) {
 }
 END_TEST
 
+/* Issue 47: a file renamed over the database under a running gnmrd made
+ * the writer commit into the old, unlinked inode: the history lost
+ * without a word. The writer now checks that the file is the one it
+ * opened before each batch: it says so, counts, keeps the records, and
+ * commits them once the file is back. */
+START_TEST(a_database_replaced_under_gnmrd_loses_nothing_silently) {
+  tu_daemon d = {0};
+  char ep[200], db[300], keep[300], junk[300];
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, NULL);
+  snprintf(db, sizeof db, "%s/data/gnmr.db", d.dir);
+  snprintf(keep, sizeof keep, "%s/data/kept.db", d.dir);
+  snprintf(junk, sizeof junk, "%s/data/junk", d.dir);
+  gnmr_agent *a = open_agent(ep, "moved");
+  for (uint64_t t = 1; t <= 10; t++)
+    step_agent(a, t);
+  for (int i = 0; i < 100 * tu_slow() && tu_counter(&d, "store_queued") != 0;
+       i++)
+    tu_sleep_ms(50);
+  ck_assert_int_eq(link(db, keep), 0); /* so that it can come back */
+  tu_write_file(junk, "not a database\n");
+  ck_assert_int_eq(rename(junk, db), 0);
+  for (uint64_t t = 11; t <= 20; t++)
+    step_agent(a, t);
+  char *log = tu_daemon_log_wait(&d, "STORE-REPLACED", 10000 * tu_slow());
+  ck_assert_msg(log != NULL && strstr(log, "no longer the one gnmrd opened"),
+                "no STORE-REPLACED line:\n%s", tu_daemon_log_tail(&d));
+  free(log);
+  ck_assert_int_gt(tu_counter(&d, "store_errors"), 0);
+  ck_assert_int_gt(tu_counter(&d, "store_queued"), 0);
+  ck_assert_int_eq(rename(keep, db), 0); /* back */
+  for (int i = 0; i < 300 * tu_slow() && tu_counter(&d, "store_queued") != 0;
+       i++)
+    tu_sleep_ms(50);
+  ck_assert_int_eq(tu_counter(&d, "store_queued"), 0);
+  gnmr_agent_close(&a);
+  char *dec[] = {"decisions", "moved", "--csv", NULL};
+  run_result r = ctl(&d, dec);
+  ck_assert_msg(r.code == 0 && count_lines(r.out) == 21, "%d lines:\n%s%s",
+                count_lines(r.out), r.out, r.err);
+  tu_run_free(&r);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(repeated_sigkill_loses_no_committed_step_and_agents_never_stall) {
   tu_daemon d = {0};
   char ep[160];
@@ -990,6 +1037,7 @@ static Suite *suite(void) {
       tc, store_errors_are_logged_counted_and_retried_losing_nothing, 0, 2);
   tcase_add_test(tc, a_full_queue_says_which_steps_the_history_lacks);
   tcase_add_test(tc, one_jobs_flood_does_not_drop_another_jobs_records);
+  tcase_add_test(tc, a_database_replaced_under_gnmrd_loses_nothing_silently);
   suite_add_tcase(s, tc);
   return s;
 }
