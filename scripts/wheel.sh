@@ -20,6 +20,18 @@ cp python/gnmr/integrations/*.py python/gnmr/integrations/*.yaml \
   "$stage/gnmr/integrations/"
 cp python/gnmr/integrations/te_features/*.py \
   "$stage/gnmr/integrations/te_features/"
+# the man pages, where `man` finds them beside the venv's bin/
+mkdir -p "$stage/man/man1" "$stage/man/man8"
+cp man/man1/*.1 "$stage/man/man1/"
+cp man/man8/*.8 "$stage/man/man8/"
+{
+  echo
+  echo '[tool.setuptools.data-files]'
+  printf '"share/man/man1" = [%s]\n' "$(cd "$stage" && ls man/man1/*.1 |
+    sed 's/.*/"&"/' | paste -sd, -)"
+  printf '"share/man/man8" = [%s]\n' "$(cd "$stage" && ls man/man8/*.8 |
+    sed 's/.*/"&"/' | paste -sd, -)"
+} >>"$stage/pyproject.toml"
 cp "$B/lib/libgnmr-agent.so" "$stage/gnmr/"
 cp "$B/bin/gnmrd" "$B/bin/gnmrctl" "$stage/gnmr/bin/"
 strip --strip-debug "$stage/gnmr/libgnmr-agent.so" "$stage/gnmr/bin/"*

@@ -59,6 +59,14 @@ def find_gnmrd(name="gnmrd"):
 def main(argv=None, name="gnmrd"):
     argv = sys.argv[1:] if argv is None else argv
     exe = find_gnmrd(name)
+    # the wheel's `gnmrd` command is this function: PATH's gnmrd may be the
+    # command itself (a package without its programs), which would exec
+    # itself for ever
+    mark = "GNMR_WRAPPED_" + name.upper()
+    if exe is not None and os.environ.get(mark) == os.path.realpath(exe):
+        exe = None
+    elif exe is not None:
+        os.environ[mark] = os.path.realpath(exe)
     if argv == ["--which"]:
         print(exe or f"no {name} found")
         return 0 if exe else 1

@@ -114,11 +114,23 @@ class WheelTest(unittest.TestCase):
             # gnmrd's table: both units, 5 reports each
             self.assertRegex(p.stdout, r"(?m)^0 +0 +1 +5 ")
             self.assertRegex(p.stdout, r"(?m)^1 +2 +1 +5 ")
-            p = subprocess.run([os.path.join(venv, "bin", "gnmr-daemon"),
-                                "--which"], env=env, capture_output=True,
+            # the commands as documented (issue 48), the first names as
+            # aliases; each finds the wheel's own program
+            for cmd in ("gnmrd", "gnmr-daemon", "gnmrctl", "gnmr-ctl"):
+                p = subprocess.run([os.path.join(venv, "bin", cmd),
+                                    "--which"], env=env, capture_output=True,
+                                   text=True, timeout=60)
+                self.assertEqual(p.returncode, 0, (cmd, p.stderr))
+                self.assertTrue(p.stdout.strip().startswith(site),
+                                (cmd, p.stdout))
+            p = subprocess.run([os.path.join(venv, "bin", "gnmrctl"),
+                                "--version"], env=env, capture_output=True,
                                text=True, timeout=60)
             self.assertEqual(p.returncode, 0, p.stderr)
-            self.assertTrue(p.stdout.strip().startswith(site), p.stdout)
+            # the man pages, where man finds them for the venv's bin/
+            for page in ("share/man/man1/gnmrctl.1", "share/man/man8/gnmrd.8"):
+                self.assertTrue(os.path.isfile(os.path.join(venv, page)),
+                                page)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
