@@ -3,6 +3,7 @@
  * directory, gnmr-sim with several ranks and shards over tcp:// and ipc://,
  * decisions equal to the shared traces' expected files (so equal to
  * gnmrctl replay), two jobs at once, clean shutdown, command-line errors. */
+#include "rawpeer.h"
 #include "testutil.h"
 
 /* Traces with their options and a rank/shard layout. */
@@ -88,6 +89,44 @@ static void run_all_cases(const tu_daemon *d) {
   ck_assert_int_eq(tu_counter(d, "late_reports"), 0);
   ck_assert_int_eq(tu_counter(d, "jobs_finished"), 4);
 }
+
+/* Issue 48: gnmrctl watch cut unit names to their first 24 characters, so
+ * the q, k and v projections of a layer looked the same. The column is as
+ * wide as the names (up to 60); a longer name keeps its end. */
+START_TEST(watch_shows_unit_names_that_tell_units_apart) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  raw_peer p = raw_open(d.agents);
+  static char *units[] = {
+      "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",
+      "base_model.model.model.layers.11.self_attn.v_proj.lora_A.default.w"};
+  hello(&p, "names", 0, 1, units, 3, 2.0);
+  Gnmr__Envelope *e = expect_body(&p, GNMR__ENVELOPE__BODY_WELCOME);
+  gnmr__wire_free(&e);
+  for (uint64_t t = 1; t <= 3; t++) {
+    double s[3] = {1.0 * (double)t, 2.0 * (double)t, 3.0 * (double)t};
+    report(&p, "names", 0, t, s, 3, NULL, 0);
+    e = expect_body(&p, GNMR__ENVELOPE__BODY_DECISION);
+    gnmr__wire_free(&e);
+  }
+  char adm[300];
+  snprintf(adm, sizeof adm, "--admin=%s", d.admin);
+  char *argv[] = {"gnmrctl", adm, "watch", "names", "--count", "1",
+                  "--top", "3", NULL};
+  run_result r = tu_run("gnmrctl", argv, NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  ck_assert_msg(strstr(r.out, "model.layers.0.self_attn.q_proj ") &&
+                    strstr(r.out, "model.layers.0.self_attn.k_proj ") &&
+                    strstr(r.out, "...") &&
+                    strstr(r.out, "layers.11.self_attn.v_proj.lora_A."
+                                  "default.w"),
+                "%s", r.out);
+  tu_run_free(&r);
+  raw_close(&p);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
 
 START_TEST(decisions_equal_replay_over_tcp_with_ranks_and_shards) {
   tu_daemon d = {0};
@@ -383,6 +422,7 @@ static Suite *suite(void) {
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, decisions_equal_replay_over_tcp_with_ranks_and_shards);
   tcase_add_test(tc, decisions_equal_replay_over_ipc);
+  tcase_add_test(tc, watch_shows_unit_names_that_tell_units_apart);
   tcase_add_test(tc, two_jobs_at_once_stay_independent);
   tcase_add_test(tc, steps_on_worker_threads_decide_exactly_as_replay);
   tcase_add_test(tc, synthetic_job_decisions_equal_replay_of_its_trace);

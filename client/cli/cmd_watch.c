@@ -15,6 +15,8 @@
 #include "gnmr/error.h"
 #include "num.h"
 
+#define NAME_MAX_COLS 60
+
 static const char usage[] =
     "usage: gnmrctl [--admin ENDPOINT] watch JOB [--interval-ms MS] "
     "[--count N] [--top N]\n"
@@ -111,11 +113,29 @@ int cmd_watch(const cli_globals *g, int argc, char **argv) {
     json_t *u;
     json_array_foreach(act, i, u) printf(
         " %s", json_string_value(json_object_get(u, "name")));
-    printf("\n\n%-24s %9s %9s %9s %4s %s\n", "TOP UNITS", "S", "G", "D",
+    /* the column as wide as the longest name shown, up to NAME_MAX_COLS;
+     * a longer name keeps its end ("...layers.0.self_attn.q_proj"), where
+     * the units of one layer differ (issue 48: cut to its first 24
+     * characters, q, k and v of a layer looked the same) */
+    int w = 9;
+    json_array_foreach(tp, i, u) {
+      const char *nm = json_string_value(json_object_get(u, "name"));
+      int len = nm ? (int)strlen(nm) : 0;
+      w = len > w ? len : w;
+    }
+    w = w > NAME_MAX_COLS ? NAME_MAX_COLS : w;
+    printf("\n\n%-*s %9s %9s %9s %4s %s\n", w, "TOP UNITS", "S", "G", "D",
            "LOCK", "ACTIVE");
     json_array_foreach(tp, i, u) {
-      printf("%-24.24s %9.3g %9.3g %9.3g %4.0f %s\n",
-             json_string_value(json_object_get(u, "name")),
+      const char *nm = json_string_value(json_object_get(u, "name"));
+      size_t len = nm ? strlen(nm) : 0;
+      if (nm == NULL)
+        nm = "";
+      if ((int)len > w)
+        printf("...%-*s", w - 3, nm + len - (size_t)(w - 3));
+      else
+        printf("%-*s", w, nm);
+      printf(" %9.3g %9.3g %9.3g %4.0f %s\n",
              num(json_object_get(u, "s")), num(json_object_get(u, "g")),
              num(json_object_get(u, "d")), num(json_object_get(u, "lock")),
              json_is_true(json_object_get(u, "active")) ? "yes" : "");
