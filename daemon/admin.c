@@ -143,6 +143,14 @@ static void send_stats(gnmrd *d, const void *id, size_t id_len,
                                             c->name))
       jobs[st.n_jobs++] = c->name;
   st.jobs = (char **)jobs;
+  st.version = (char *)GNMR_VERSION;
+  st.uptime_s = (uv_now(d->loop) - d->started_ms) / 1000;
+  if (all) {
+    st.agents = (char *)(d->bound_agents ? d->bound_agents : "");
+    st.admin = (char *)(d->bound_admin ? d->bound_admin : "");
+    st.data_dir = (char *)(d->cfg ? d->cfg->data_dir : "");
+    st.term = d->term;
+  }
   env.body_case = GNMR__ENVELOPE__BODY_STATS;
   env.stats = &st;
   send_env(d, id, id_len, &env);

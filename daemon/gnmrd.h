@@ -43,6 +43,8 @@ typedef struct gnmrd {
   struct leader *lead;     /* the store's leadership (leader.h); NULL for
                               a store of one gnmrd (SQLite) */
   uint64_t term;           /* this gnmrd's leadership term (store_term) */
+  const char *bound_agents, *bound_admin; /* as bound (serve()'s) */
+  uint64_t started_ms;     /* uv_now at start: gnmrctl stats' uptime */
   uv_timer_t lease_wait;   /* steps wait while the lease is out (jobs.c) */
   int stopping;
 } gnmrd;

@@ -545,6 +545,9 @@ static int serve(startup *s) {
   if (open_endpoints(&d, s, bound_agents, bound_admin, sizeof bound_agents,
                      bound_metrics, sizeof bound_metrics) >= 0)
     goto out;
+  d.bound_agents = bound_agents;
+  d.bound_admin = bound_admin;
+  d.started_ms = uv_now(&loop);
   uv_signal_init(&loop, &sigterm);
   uv_signal_init(&loop, &sigint);
   sigterm.data = sigint.data = &d;

@@ -599,6 +599,23 @@ START_TEST(admin_endpoint_refuses_non_admin_messages) {
   r = tu_run("gnmrctl", json, NULL);
   ck_assert_int_eq(r.code, 0);
   ck_assert_ptr_nonnull(strstr(r.out, "{\"counters\":{\"messages_in\":"));
+  /* who answers (issue 48): version, uptime, endpoints, data directory */
+  char want[400];
+  snprintf(want, sizeof want, "\"gnmrd\":{\"version\":\"%s\",\"uptime_s\":",
+           GNMR_VERSION);
+  ck_assert_msg(strstr(r.out, want) && strstr(r.out, d.agents) &&
+                    strstr(r.out, "\"data_dir\":\"") &&
+                    strstr(r.out, "\"term\":"),
+                "%s", r.out);
+  tu_run_free(&r);
+  char *text[] = {"gnmrctl", "--admin", d.admin, "stats", NULL};
+  r = tu_run("gnmrctl", text, NULL);
+  ck_assert_int_eq(r.code, 0);
+  snprintf(want, sizeof want, "\nversion              %s\nuptime_s ",
+           GNMR_VERSION);
+  ck_assert_msg(strstr(r.out, want) && strstr(r.out, "\nagents ") &&
+                    strstr(r.out, "\ndata_dir "),
+                "%s", r.out);
   tu_run_free(&r);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
   tu_rmrf(d.dir);

@@ -2,11 +2,13 @@
 /* cmd_stats.c — `gnmrctl [--admin ENDPOINT] stats [--json]`: the daemon's
  * counters and live jobs, from its admin endpoint. */
 #include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "text.h"
 #include "gnmr/error.h"
 #include "wire.h"
 
@@ -75,11 +77,39 @@ int cmd_stats(const cli_globals *g, int argc, char **argv) {
         printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
       printf("\"");
     }
-    printf("]}\n");
+    printf("]");
+    const Gnmr__Stats *t = env->stats;
+    json_t *who = json_pack("{s:s,s:I}", "version", t->version ? t->version
+                                                                : "",
+                            "uptime_s", (json_int_t)t->uptime_s);
+    if (t->agents != NULL && t->agents[0] != '\0') {
+      json_object_set_new(who, "agents", json_string(t->agents));
+      json_object_set_new(who, "admin", json_string(t->admin));
+      json_object_set_new(who, "data_dir", json_string(t->data_dir));
+      json_object_set_new(who, "term", json_integer((json_int_t)t->term));
+    }
+    char *w = json_dumps(who, JSON_COMPACT | JSON_ENSURE_ASCII);
+    printf(",\"gnmrd\":%s}\n", w ? w : "{}");
+    free(w);
+    json_decref(who);
   } else {
     for (size_t i = 0; i < env->stats->n_counters; i++)
       printf("%-20s %llu\n", env->stats->counters[i]->name,
              (unsigned long long)env->stats->counters[i]->value);
+    /* who answers, after the counters; its words escaped (a peer's) */
+    const Gnmr__Stats *t = env->stats;
+    char esc[1200];
+    if (t->version != NULL && t->version[0] != '\0')
+      printf("%-20s %s\n%-20s %llu\n", "version",
+             gnmr__escape(t->version, esc, sizeof esc), "uptime_s",
+             (unsigned long long)t->uptime_s);
+    if (t->agents != NULL && t->agents[0] != '\0') {
+      printf("%-20s %s\n", "agents", gnmr__escape(t->agents, esc, sizeof esc));
+      printf("%-20s %s\n", "admin", gnmr__escape(t->admin, esc, sizeof esc));
+      printf("%-20s %s\n", "data_dir",
+             gnmr__escape(t->data_dir, esc, sizeof esc));
+      printf("%-20s %llu\n", "term", (unsigned long long)t->term);
+    }
     for (size_t i = 0; i < env->stats->n_jobs; i++)
       printf("job %s\n", env->stats->jobs[i]);
   }
