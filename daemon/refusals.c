@@ -91,26 +91,29 @@ static void busy_connection(server *s, const void *id, size_t id_len,
   }
 }
 
+/* A key past its places on an endpoint (what: "admin", "agent"; where:
+ * the limit's name): BUSY, saying so. */
+static void key_cap(server *s, const void *id, size_t id_len,
+                    uint32_t key_max, const char *what, const char *where) {
+  char msg[240];
+  snprintf(msg, sizeof msg,
+           "this key holds %u %s connections already%s, or the places left"
+           " are kept for operator keys; this one is closed: try again "
+           "later", key_max, what, where);
+  busy_connection(s, id, id_len, msg);
+}
+
 void gnmrd_on_key_cap(server *s, const void *id, size_t id_len,
                       uint32_t key_max, void *ctx) {
-  char msg[240];
   (void)ctx;
-  snprintf(msg, sizeof msg,
-           "this key holds %u admin connections already, or the places left"
-           " are kept for operator keys; this one is closed: try again "
-           "later", key_max);
-  busy_connection(s, id, id_len, msg);
+  key_cap(s, id, id_len, key_max, "admin", "");
 }
 
 void gnmrd_on_agent_key_cap(server *s, const void *id, size_t id_len,
                             uint32_t key_max, void *ctx) {
-  char msg[240];
   (void)ctx;
-  snprintf(msg, sizeof msg,
-           "this key holds %u agent connections already (a quarter of "
-           "[limits] max_connections), or the places left are kept for "
-           "operator keys; this one is closed: try again later", key_max);
-  busy_connection(s, id, id_len, msg);
+  key_cap(s, id, id_len, key_max, "agent",
+          " (a quarter of [limits] max_connections)");
 }
 
 /* A message from a connection past the cap: the reason, as an Error the

@@ -1354,20 +1354,56 @@ static void wait_joined(gnmr_agent *a, int want) {
   ck_assert_int_eq(gnmr_agent_joined(a), want);
 }
 
-/* Sends the agent a Decision for step (no active unit). */
-static void fake_decide(fake_daemon *f, uint64_t step) {
-  Gnmr__Envelope out = GNMR__ENVELOPE__INIT;
-  Gnmr__Decision d = GNMR__DECISION__INIT;
-  d.job = "inflight-job";
-  d.step = step;
-  out.body_case = GNMR__ENVELOPE__BODY_DECISION;
-  out.decision = &d;
+/* Sends the agent env (encoded here). */
+static void fake_send(fake_daemon *f, Gnmr__Envelope *env) {
   uint8_t *buf;
   size_t len;
-  ck_assert_int_eq(gnmr__wire_encode(&out, &buf, &len), GNMR_OK);
+  ck_assert_int_eq(gnmr__wire_encode(env, &buf, &len), GNMR_OK);
   zmq_send(f->router, f->ident, f->ident_len, ZMQ_SNDMORE);
   zmq_send(f->router, buf, len, 0);
   free(buf);
+}
+
+/* Sends the agent a Decision of job for step, of leadership term term,
+ * with the n unit ids of active. */
+static void fake_decide_term(fake_daemon *f, const char *job, uint64_t step,
+                             uint64_t term, uint32_t *active, size_t n) {
+  Gnmr__Envelope out = GNMR__ENVELOPE__INIT;
+  Gnmr__Decision d = GNMR__DECISION__INIT;
+  d.job = (char *)job;
+  d.step = step;
+  d.term = term;
+  d.n_active = n;
+  d.active = active;
+  out.body_case = GNMR__ENVELOPE__BODY_DECISION;
+  out.decision = &d;
+  fake_send(f, &out);
+}
+
+/* Sends the agent a Decision for step (no active unit). */
+static void fake_decide(fake_daemon *f, uint64_t step) {
+  fake_decide_term(f, "inflight-job", step, 0, NULL, 0);
+}
+
+/* A stand-in daemon bound in dir and an agent of job (2 units, 1
+ * reporter) opened on it, not yet welcomed. */
+static gnmr_agent *fake_and_agent(fake_daemon *f, const char *dir,
+                                  const char *job) {
+  static char ep[300];
+  snprintf(ep, sizeof ep, "ipc://%s/fake.sock", dir);
+  f->ctx = zmq_ctx_new();
+  fake_bind(f, ep);
+  static const char *names[] = {"a", "b"};
+  gnmr_agent_config cfg = {0};
+  cfg.endpoint = ep;
+  cfg.job = job;
+  cfg.unit_names = names;
+  cfg.n_units = 2;
+  cfg.reporters = 1;
+  gnmr_params_default(&cfg.params);
+  gnmr_agent *a = NULL;
+  ck_assert_int_eq(gnmr_agent_open(&cfg, &a), GNMR_OK);
+  return a;
 }
 
 START_TEST(a_report_the_daemon_died_with_goes_to_the_next_one) {
@@ -1428,21 +1464,8 @@ END_TEST
  * it raw. */
 START_TEST(a_peers_error_text_is_kept_escaped) {
   const char *dir = tu_tmpdir();
-  char ep[300];
-  snprintf(ep, sizeof ep, "ipc://%s/fake.sock", dir);
   fake_daemon f = {0};
-  f.ctx = zmq_ctx_new();
-  fake_bind(&f, ep);
-  static const char *names[] = {"a", "b"};
-  gnmr_agent_config cfg = {0};
-  cfg.endpoint = ep;
-  cfg.job = "escaped-job";
-  cfg.unit_names = names;
-  cfg.n_units = 2;
-  cfg.reporters = 1;
-  gnmr_params_default(&cfg.params);
-  gnmr_agent *a = NULL;
-  ck_assert_int_eq(gnmr_agent_open(&cfg, &a), GNMR_OK);
+  gnmr_agent *a = fake_and_agent(&f, dir, "escaped-job");
   Gnmr__Envelope *env;
   while ((env = fake_recv(&f, 5000)) != NULL &&
          env->body_case != GNMR__ENVELOPE__BODY_HELLO)
@@ -1455,12 +1478,7 @@ START_TEST(a_peers_error_text_is_kept_escaped) {
   e.message = "busy \x1b]0;owned\x07\x1b[2J\xe2\x80\xae now";
   out.body_case = GNMR__ENVELOPE__BODY_ERROR;
   out.error = &e;
-  uint8_t *buf;
-  size_t len;
-  ck_assert_int_eq(gnmr__wire_encode(&out, &buf, &len), GNMR_OK);
-  zmq_send(f.router, f.ident, f.ident_len, ZMQ_SNDMORE);
-  zmq_send(f.router, buf, len, 0);
-  free(buf);
+  fake_send(&f, &out);
   char text[256] = "";
   for (int i = 0; i < 500 && gnmr_agent_last_error(a, text, sizeof text) !=
                                  GNMR_E_BUSY; i++)
@@ -1478,48 +1496,14 @@ START_TEST(a_peers_error_text_is_kept_escaped) {
 }
 END_TEST
 
-/* Sends the agent a Decision of job for step, of leadership term term,
- * with unit id active[0] active when n is 1. */
-static void fake_decide_term(fake_daemon *f, const char *job, uint64_t step,
-                             uint64_t term, uint32_t *active, size_t n) {
-  Gnmr__Envelope out = GNMR__ENVELOPE__INIT;
-  Gnmr__Decision d = GNMR__DECISION__INIT;
-  d.job = (char *)job;
-  d.step = step;
-  d.term = term;
-  d.n_active = n;
-  d.active = active;
-  out.body_case = GNMR__ENVELOPE__BODY_DECISION;
-  out.decision = &d;
-  uint8_t *buf;
-  size_t len;
-  ck_assert_int_eq(gnmr__wire_encode(&out, &buf, &len), GNMR_OK);
-  zmq_send(f->router, f->ident, f->ident_len, ZMQ_SNDMORE);
-  zmq_send(f->router, buf, len, 0);
-  free(buf);
-}
-
 /* Issue 47: a deposed leader kept deciding for 0.2 s while the standby
  * served. Each gnmrd stamps its decisions with its leadership term; an
  * agent acts only on the newest term it has seen and drops (counts) a
  * decision of an older one, whichever arrives last. */
 START_TEST(decisions_of_an_older_leadership_term_are_dropped) {
   const char *dir = tu_tmpdir();
-  char ep[300];
-  snprintf(ep, sizeof ep, "ipc://%s/fake.sock", dir);
   fake_daemon f = {0};
-  f.ctx = zmq_ctx_new();
-  fake_bind(&f, ep);
-  static const char *names[] = {"a", "b"};
-  gnmr_agent_config cfg = {0};
-  cfg.endpoint = ep;
-  cfg.job = "term-job";
-  cfg.unit_names = names;
-  cfg.n_units = 2;
-  cfg.reporters = 1;
-  gnmr_params_default(&cfg.params);
-  gnmr_agent *a = NULL;
-  ck_assert_int_eq(gnmr_agent_open(&cfg, &a), GNMR_OK);
+  gnmr_agent *a = fake_and_agent(&f, dir, "term-job");
   fake_welcome(&f, 0); /* a Welcome without a term: 0 */
   wait_joined(a, 1);
   uint32_t unit0[] = {0}, unit1[] = {1};
