@@ -122,6 +122,26 @@ START_TEST(watch_shows_unit_names_that_tell_units_apart) {
                                   "default.w"),
                 "%s", r.out);
   tu_run_free(&r);
+  /* units --csv gives the mean exactly, as --json does (it rounded to 6
+   * digits) */
+  char *csv[] = {"gnmrctl", adm, "units", "names", "--csv", NULL};
+  char *js[] = {"gnmrctl", adm, "units", "names", "--json", NULL};
+  run_result rc = tu_run("gnmrctl", csv, NULL), rj = tu_run("gnmrctl", js,
+                                                             NULL);
+  ck_assert_int_eq(rc.code, 0);
+  ck_assert_int_eq(rj.code, 0);
+  const char *line = strchr(rc.out, '\n'); /* the first unit's row */
+  ck_assert_ptr_nonnull(line);
+  const char *f = line + 1;
+  for (int k = 0; k < 4 && f != NULL; k++) /* id,name,shards,reports,mean */
+    f = strchr(f, ',') ? strchr(f, ',') + 1 : NULL;
+  const char *m = strstr(rj.out, "\"mean\": ");
+  ck_assert(f != NULL && m != NULL);
+  double from_csv = strtod(f, NULL), from_json = strtod(m + 8, NULL);
+  ck_assert_msg(from_csv == from_json && from_csv != 0,
+                "csv %.17g, json %.17g", from_csv, from_json);
+  tu_run_free(&rc);
+  tu_run_free(&rj);
   raw_close(&p);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
   tu_rmrf(d.dir);

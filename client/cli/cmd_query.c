@@ -52,12 +52,25 @@ static const column event_cols[] = {
     {"d", "D", 9},            {"s", "S", 9},          {"count", "COUNT", 5},
     {"detail", "DETAIL", 0},  {NULL, NULL, 0}};
 
-/* A JSON value as text: numbers %.6g, null as "" (CSV) or "-" (table). */
+/* x as the shortest of %.15g, %.16g, %.17g that reads back as x: what
+ * CSV gives scripts (issue 48: units --csv rounded means to 6 digits). */
+static void exact(double x, char *buf, size_t cap) {
+  for (int digits = 15; digits <= 17; digits++) {
+    snprintf(buf, cap, "%.*g", digits, x);
+    if (strtod(buf, NULL) == x)
+      return;
+  }
+}
+
+/* A JSON value as text: numbers %.6g in tables and exact in CSV, null as
+ * "" (CSV) or "-" (table). */
 static void cell(const json_t *v, enum fmt f, char *buf, size_t cap) {
   if (v == NULL || json_is_null(v))
     snprintf(buf, cap, "%s", f == FMT_CSV ? "" : "-");
   else if (json_is_integer(v))
     snprintf(buf, cap, "%lld", (long long)json_integer_value(v));
+  else if (json_is_real(v) && f == FMT_CSV)
+    exact(json_real_value(v), buf, cap);
   else if (json_is_real(v))
     snprintf(buf, cap, "%.6g", json_real_value(v));
   else if (json_is_true(v))
