@@ -51,9 +51,28 @@ def default_params(**overrides):
     lib().gnmr_params_default(ctypes.byref(p))
     for key, value in overrides.items():
         if not any(key == f[0] for f in _lib.Params._fields_):
-            raise ValueError(f"unknown policy parameter {key!r}")
-        setattr(p, key, value)
+            raise ValueError(
+                f"unknown policy parameter {key!r} (the parameters: "
+                f"{', '.join(f[0] for f in _lib.Params._fields_)})")
+        try:
+            setattr(p, key, value)
+        except TypeError:
+            raise ValueError(f"policy parameter {key}: {value!r} is not a "
+                             f"number") from None
     return p
+
+
+def as_params(params):
+    """params as the agent's parameters: None (the defaults), a mapping of
+    overrides ({"alpha": 1.1}), or what default_params() returns."""
+    if params is None:
+        return default_params()
+    if isinstance(params, _lib.Params):
+        return params
+    if hasattr(params, "items"):
+        return default_params(**dict(params.items()))
+    raise ValueError(f"params: expected a dict of policy parameters (or "
+                     f"gnmr.default_params(...)), not {type(params).__name__}")
 
 
 _DTYPE_CODES = {"float32": _lib.DTYPE_F32, "float16": _lib.DTYPE_F16,
@@ -122,7 +141,8 @@ class Agent:
                 raise ValueError("unit_ids must have one id per unit")
             self._ids = (ctypes.c_uint32 * self.n_units)(*unit_ids)
             cfg.unit_ids = self._ids
-        cfg.params = params if params is not None else default_params()
+        self.params = as_params(params)  # the job's, as asked for
+        cfg.params = self.params
         cfg.barrier_ms = barrier_ms
         if fallback_route not in ("low", "high"):
             raise ValueError("fallback_route is 'low' or 'high'")

@@ -91,6 +91,25 @@ class WithoutDaemonTest(unittest.TestCase):
         self.assertEqual(ctl.high, [False] * 4)  # the fallback route
         ctl.close()
 
+    def test_params_as_a_dict_and_bad_ones_named(self):
+        # issue 48: params={"alpha": 1.1} failed with a ctypes TypeError
+        net = Net()
+        ep = "tcp://127.0.0.1:9"
+        ctl = Controller(net, ep, "dict-params", join_wait_ms=10,
+                         params={"alpha": 1.1, "max_active": 1})
+        self.assertAlmostEqual(ctl.agent.params.alpha, 1.1)
+        self.assertEqual(ctl.agent.params.max_active, 1)
+        ctl.close()
+        for params, part in [({"alpha": "x"}, "policy parameter alpha: 'x' "
+                              "is not a number"),
+                             ({"alfa": 2}, "unknown policy parameter "
+                              "'alfa' (the parameters: alpha, beta"),
+                             ([("alpha", 2)], "params: expected a dict")]:
+            with self.assertRaises(ValueError) as cm:
+                Controller(net, ep, "bad-params", join_wait_ms=10,
+                           params=params)
+            self.assertIn(part, str(cm.exception))
+
     def test_no_rank_in_a_multi_process_world_is_an_error(self):
         keep = {k: os.environ.pop(k, None) for k in
                 ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
