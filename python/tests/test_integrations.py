@@ -215,6 +215,24 @@ class MistakesTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "matched no module"):
             s.start(model)
 
+    def test_recipe_te_without_nvdlfw_inspect_says_what_to_install(self):
+        # issue 48: a bare ModuleNotFoundError; a Python without the
+        # package is made by hiding it (None in sys.modules)
+        code = ("import sys; sys.modules['nvdlfw_inspect'] = None\n"
+                "sys.modules['nvdlfw_inspect.api'] = None\n"
+                "sys.path.insert(0, '..')\n"
+                "import trainer_worker as W\n"
+                "from gnmr.integrations._common import Session\n"
+                "s = Session(job='j', recipe='te', "
+                "endpoint='tcp://127.0.0.1:1', join_wait_ms=0)\n"
+                "s.start(W.small_model('llama'))\n")
+        p = subprocess.run([sys.executable, "-c", code], cwd=HERE, env=ENV,
+                           capture_output=True, text=True, timeout=300)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("ImportError: recipe=\"te\" runs GNMR as a "
+                      "Transformer Engine debug feature", p.stderr)
+        self.assertIn("pip install 'gnmr[te]'", p.stderr)
+
     def test_auto_units_of_a_peft_model_are_its_trainable_linears(self):
         # LoRA on the small Llama: the frozen base linears never have a
         # gradient, so units="auto" leaves them out (and says so once);

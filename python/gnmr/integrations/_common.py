@@ -156,7 +156,16 @@ class Session:
             self._switches[name] = [x for x in m.modules()
                                     if hasattr(x, "recovery")]
         if self.recipe == "te":
-            from . import te
+            try:
+                from . import te
+            except ModuleNotFoundError as e:
+                if e.name is None or not e.name.startswith("nvdlfw_inspect"):
+                    raise
+                raise ImportError(
+                    'recipe="te" runs GNMR as a Transformer Engine debug '
+                    "feature through nvdlfw-inspect, which this Python "
+                    f"cannot import ({e}): pip install 'gnmr[te]' (or "
+                    "nvdlfw-inspect), or choose another recipe") from e
             te.bind(self.ctl)
         return self.ctl
 
