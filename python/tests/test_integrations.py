@@ -114,6 +114,7 @@ class TrainerTest(unittest.TestCase):
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                            env=dict(ENV, TMPDIR=out))
         self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-6000:])
+        self.stderr = p.stderr
         ranks = []
         for r in range(nproc):
             with open(os.path.join(out, f"rank{r}.jsonl")) as f:
@@ -135,6 +136,12 @@ class TrainerTest(unittest.TestCase):
         res = ranks[0]
         self.assertEqual([x["step"] for x in res if x["skipped"]],
                          [W.NAN_STEP])
+        # said at WARNING, once on each rank, naming the step and the unit
+        # (on the rank that had it)
+        said = [ln for ln in self.stderr.splitlines()
+                if f"gnmr: step {W.NAN_STEP} was skipped" in ln]
+        self.assertEqual(len(said), nproc, self.stderr[-3000:])
+        self.assertTrue(any(nan_unit in ln for ln in said), said)
         self.assertEqual(res[W.NAN_STEP - 1]["nonfinite"], [nan_unit])
         w = torch.load(os.path.join(out, "weights.pt"))
         self.assertTrue(all(torch.equal(w["before"][k], w["after"][k])

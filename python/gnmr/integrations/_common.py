@@ -189,6 +189,17 @@ class Session:
             for p in model.parameters():
                 p.grad = None
             self.skipped += 1
+            # said once per skipped step, at WARNING (issue 48: only a
+            # counter moved, at the next logging step)
+            units = list(res.nonfinite or ())
+            if units:
+                more = f" and {len(units) - 8} more" if len(units) > 8 else ""
+                why = (f"a non-finite gradient (NaN/Inf) in "
+                       f"{', '.join(units[:8])}{more}")
+            else:
+                why = "a non-finite gradient on another rank"
+            log.warning("gnmr: step %d was skipped (its optimizer update "
+                         "dropped, on every rank): %s", step, why)
         self._note(res)
         return res, skipped
 
