@@ -486,7 +486,9 @@ START_TEST(a_deposed_leader_never_decides_after_its_successor) {
   int act = 0, failovers = 0, late = 0;
   long old_total = 0;
   double worst_gap = 1e9;
-  for (int round = 0; round < 20; round++) {
+  /* under valgrind (every gnmrd too) 4 rounds: each start takes seconds */
+  int rounds = tu_slow() > 1 ? 4 : 20;
+  for (int round = 0; round < rounds; round++) {
     fence_side *a = &side[act], *b = &side[1 - act];
     for (int k = 0; k < 5; k++, step++) { /* stepping on the active */
       fence_report(a, step);
@@ -590,11 +592,12 @@ START_TEST(a_deposed_leader_never_decides_after_its_successor) {
     term = new_term;
     act = 1 - act;
   }
-  fprintf(stderr, "fencing: %d failovers of 20 terminations; %ld decisions "
+  fprintf(stderr, "fencing: %d failovers of %d terminations; %ld decisions "
           "from deposed leaders, 0 after a successor's first; the smallest "
-          "gap between them %.0f ms\n", failovers, old_total,
+          "gap between them %.0f ms\n", failovers, rounds, old_total,
           worst_gap * 1e3);
-  ck_assert_msg(failovers >= 15, "only %d failovers", failovers);
+  ck_assert_msg(failovers >= rounds * 3 / 4, "only %d failovers of %d",
+                failovers, rounds);
   for (int i = 0; i < 2; i++) {
     if (side[i].open)
       raw_close(&side[i].p);
