@@ -616,6 +616,9 @@ install: all
 	  > $(DESTDIR)$(LIBDIR)/pkgconfig/gnmr-agent.pc
 	install -m 644 man/man1/gnmrctl.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 644 man/man8/gnmrd.8 $(DESTDIR)$(PREFIX)/share/man/man8/
+	install -d $(DESTDIR)$(PREFIX)/share/bash-completion/completions
+	install -m 644 deploy/completion/gnmrctl.bash \
+	  $(DESTDIR)$(PREFIX)/share/bash-completion/completions/gnmrctl
 	sed -e 's|/usr/local/bin/gnmrd|$(PREFIX)/bin/gnmrd|' \
 	  -e 's|/etc/gnmr/gnmrd.conf|$(SYSCONFDIR)/gnmr/gnmrd.conf|' \
 	  systemd/gnmrd.service > $(DESTDIR)$(SYSTEMD_UNITDIR)/gnmrd.service

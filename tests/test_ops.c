@@ -410,6 +410,45 @@ START_TEST(no_environment_means_no_guessed_data_directory) {
 }
 END_TEST
 
+/* Issue 48: no shell completion. deploy/completion/gnmrctl.bash completes
+ * gnmrctl's commands and a command's options (from gnmrctl's own --help)
+ * and job names (from the gnmrd the command line names). */
+START_TEST(bash_completes_commands_options_and_job_names) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  char *argv[] = {"gnmr-sim", "--agents", d.agents, "--job",
+                  "completed-job", "--ranks", "1", "--units", "2", "--steps",
+                  "3", NULL};
+  run_result r = tu_run("gnmr-sim", argv, NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  tu_run_free(&r);
+  char script[2048];
+  snprintf(script, sizeof script,
+           "source '%s/deploy/completion/gnmrctl.bash'; "
+           "PATH='%s':$PATH; "
+           "c() { COMP_WORDS=(\"$@\"); COMP_CWORD=$((${#COMP_WORDS[@]}-1)); "
+           "COMPREPLY=(); _gnmrctl; echo \"[${COMPREPLY[*]}]\"; }; "
+           "c gnmrctl hi; c gnmrctl history --u; "
+           "c gnmrctl --admin '%s' status comp",
+           getenv("GNMR_SOURCE_DIR") ? getenv("GNMR_SOURCE_DIR") : ".",
+           tu_bin_dir(), d.admin);
+  char path[300];
+  snprintf(path, sizeof path, "%s/complete.sh", d.dir);
+  tu_write_file(path, script);
+  char cmd[400], out[4096] = "";
+  snprintf(cmd, sizeof cmd, "bash '%s' 2>&1", path);
+  FILE *p = popen(cmd, "r");
+  ck_assert_ptr_nonnull(p);
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = '\0';
+  ck_assert_int_eq(pclose(p), 0);
+  ck_assert_msg(strstr(out, "[history]\n[--unit]\n[completed-job]\n") != NULL,
+                "%s", out);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(metrics_endpoint_serves_valid_prometheus_text) {
   tu_daemon d = {0};
   char *extra[] = {"--metrics", "127.0.0.1:0", NULL};
@@ -528,6 +567,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, unit_file_passes_systemd_analyze_verify);
   tcase_add_test(tc, agent_settings_come_from_the_environment);
   tcase_add_test(tc, metrics_endpoint_serves_valid_prometheus_text);
+  tcase_add_test(tc, bash_completes_commands_options_and_job_names);
   tcase_add_test(tc, no_environment_means_no_guessed_data_directory);
   suite_add_tcase(s, tc);
   return s;
