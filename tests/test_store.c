@@ -805,7 +805,7 @@ START_TEST(one_jobs_flood_does_not_drop_another_jobs_records) {
   snprintf(conf, sizeof conf, "%s/gnmrd.conf", d.dir);
   tu_write_file(conf, "[limits]\nstore_queue_mb = 1\n");
   char *extra[] = {"--config", conf, NULL};
-  setenv("GNMR_STORE_FAULT", slow ? "full:60000" : "full:8000", 1);
+  setenv("GNMR_STORE_FAULT", slow ? "full:30000" : "full:8000", 1);
   tu_daemon_start_in(&d, ep, NULL, d.dir, extra);
   unsetenv("GNMR_STORE_FAULT");
   char path[512];
