@@ -470,9 +470,9 @@ START_TEST(a_deposed_leader_never_decides_after_its_successor) {
   fence_side side[2] = {0};
   static char *units[] = {"u0", "u1"};
   for (int i = 0; i < 2; i++) {
-    snprintf(side[i].d.dir, sizeof side[i].d.dir, "%s", tu_tmpdir());
-    snprintf(side[i].ep, sizeof side[i].ep, "ipc://%s/agents.sock",
-             side[i].d.dir);
+    const char *dir = tu_tmpdir();
+    snprintf(side[i].d.dir, sizeof side[i].d.dir, "%s", dir);
+    snprintf(side[i].ep, sizeof side[i].ep, "ipc://%s/agents.sock", dir);
   }
   fence_spawn(&side[0], url, 0);
   tu_daemon_wait_ready(&side[0].d, 20000);
