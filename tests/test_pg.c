@@ -438,7 +438,7 @@ static void fence_spawn(fence_side *f, const char *url, int standby) {
 /* One report of rank 0 for step t through f's connection; never blocks
  * (a deposed gnmrd that exited leaves the connection without a peer). */
 static void fence_report(fence_side *f, uint64_t t) {
-  double s[2];
+  double s[4]; /* sums() writes four units' sums; the job has two */
   sums(t, s);
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   Gnmr__Report r = GNMR__REPORT__INIT;
