@@ -219,8 +219,9 @@ $(BUILD)/tests/test_accept_guard: $(BUILD)/obj/tests/test_accept_guard.o $(BUILD
 $(BUILD)/tests/test_agent_alloc: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
 # test_hostile edits an old database by hand.
 $(BUILD)/tests/test_hostile: LDLIBS += $(DB_LIBS)
-# test_store reads the snapshots table, test_durability the steps table.
-$(BUILD)/tests/test_store $(BUILD)/tests/test_durability: LDLIBS += $(DB_LIBS)
+# test_store reads the snapshots table, test_durability and test_held the
+# steps table.
+$(BUILD)/tests/test_store $(BUILD)/tests/test_durability $(BUILD)/tests/test_held: LDLIBS += $(DB_LIBS)
 # test_pg also drives the store's database interface (libgnmr-store) itself
 $(BUILD)/tests/test_pg: $(LIB_STORE)
 $(BUILD)/tests/test_pg: LDLIBS += $(LIB_STORE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON) $(DB_LIBS)

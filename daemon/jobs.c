@@ -121,6 +121,7 @@ void jobs__free(job *j) {
   }
   snapshots_forget(j);
   store_mark_free(&j->mark);
+  free(j->hist);
   core_job_free(&d->jobs, c);
   j->core = NULL;
   uv_timer_stop(&j->timer);
@@ -238,6 +239,30 @@ static const char *held_refusal(job *j, const Gnmr__Decision *h,
   return NULL;
 }
 
+/* Whether the history held step (pass, step) of j's run at the restart:
+ * among its newest steps then, or older than all of a full window of them
+ * (agents hold fewer decisions than the window: such a one was committed,
+ * or is a peer's repeat). */
+static int in_history(const job *j, uint32_t pass, uint64_t step) {
+  uint32_t lo = 0, hi = j->n_hist;
+  if (hi == 0)
+    return 0;
+  if (hi >= STORE_KEPT_MAX &&
+      (pass < j->hist[0].pass ||
+       (pass == j->hist[0].pass && step < j->hist[0].step)))
+    return 1;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    const store_kept *k = &j->hist[mid];
+    if (k->pass < pass || (k->pass == pass && k->step < step))
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < j->n_hist && j->hist[lo].pass == pass &&
+         j->hist[lo].step == step;
+}
+
 void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
                       const char *from) {
   gnmrd *d = j->d;
@@ -255,8 +280,9 @@ void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
     if (h->run != c->run)
       continue; /* another run's: never this job's */
     if (h->pass < j->known_pass ||
-        (h->pass == j->known_pass && h->step <= j->known_step))
-      continue; /* in the history, or adopted from another agent */
+        (h->pass == j->known_pass && h->step <= j->known_step) ||
+        in_history(j, h->pass, h->step))
+      continue; /* adopted from another agent, or in the history */
     int defer;
     const char *why = held_refusal(j, h, &defer);
     if (why != NULL) {
@@ -265,7 +291,9 @@ void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
       continue;
     }
     if (defer)
-      continue;
+      break; /* and every later one: adopting one past it would move
+                known_step beyond it, and the rank that brings its
+                units would then have it skipped */
     if (h->pass >= j->first_pass) {
       /* a pass the history never saw begin (its job row was not
        * committed): this job moves past it, unless it decided already */
@@ -316,6 +344,9 @@ void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
   uint8_t *buf;
   size_t len;
   store_mark_get(j->mark, &dec.durable_pass, &dec.durable_step);
+  /* this gnmrd's term: agents drop a decision of an older one, and the
+   * seal does not cover the term */
+  dec.term = d->term;
   env.body_case = GNMR__ENVELOPE__BODY_DECISION;
   env.decision = &dec;
   if (gnmr__wire_encode(&env, &buf, &len) == GNMR_OK) {

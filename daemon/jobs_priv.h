@@ -9,6 +9,7 @@
 
 #include "agents.h"
 #include "gnmrd.h"
+#include "store_restore.h"
 #include "wire.h"
 #include "workers.h"
 
@@ -33,13 +34,17 @@ typedef struct job {
   int snap_owed;
   /* How far its history is committed (store.h), sent in every Decision. */
   store_mark *mark;
-  /* A restored job (lifecycle.c): the pass it resumed in, and the newest
-   * (pass, step) of its earlier passes known decided, from the history or
-   * adopted from an agent's held decisions; 0 for a job this gnmrd
-   * started, which made every decision of its run itself. */
+  /* A restored job (lifecycle.c): the pass it resumed in (0 for a job
+   * this gnmrd started, which made every decision of its run itself), the
+   * newest (pass, step) adopted from an agent's held decisions (they come
+   * in order), and the newest steps the history held at the restart
+   * (store_job.kept, ascending; owned): a held decision is stored unless
+   * it is among them, or older than all of a full window of them. */
   uint32_t first_pass;
   uint32_t known_pass;
   uint64_t known_step;
+  store_kept *hist;
+  uint32_t n_hist;
 } job;
 
 /* A report held for an undecided step: the decoded envelope and the bytes

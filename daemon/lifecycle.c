@@ -182,11 +182,16 @@ void jobs_restore(const store_job *sj, void *ctx) {
   uint64_t snap_step = c->last_decided;
   core_adopt_decided(c, sj->last_step);
   j->first_pass = c->pass;
-  /* what the history holds: its newest step, not the job row's pass (a
+  /* what the history holds: its newest steps, not the job row's pass (a
    * restart killed after committing that row, and before the decisions it
-   * adopted, leaves the agents holding those; they are stored now) */
-  j->known_pass = sj->kept_pass;
-  j->known_step = sj->kept_step;
+   * adopted, leaves the agents holding those; they are stored now). Not a
+   * prefix of the run either: decisions restored after a restart commit
+   * after later steps, so each held decision is looked up. */
+  if (sj->n_kept > 0 &&
+      (j->hist = malloc(sj->n_kept * sizeof *j->hist)) != NULL) {
+    memcpy(j->hist, sj->kept, sj->n_kept * sizeof *j->hist);
+    j->n_hist = sj->n_kept;
+  }
   store_mark_advance(j->mark, sj->kept_pass, sj->kept_step);
   records_job(d->st, c);
   char detail[160];

@@ -177,6 +177,10 @@ void records_restored_step(store *st, const core_job *j, uint32_t pass,
   r->n = (uint32_t)n_active;
   r->active = active_text(active, n_active);
   r->mark = store_mark_ref(mark);
+  /* adopted after this gnmrd may have decided (and queued) later steps:
+   * the mark must not pass this one before it is committed */
+  store_mark_hold(mark, pass, step);
+  r->restored = 1;
   put(st, r);
 }
 

@@ -36,6 +36,11 @@ struct store_mark {
   atomic_uint refs;
   uint32_t pass;
   uint64_t step;
+  /* records queued out of order (store_mark_hold) and not yet committed
+   * or dropped, and the oldest (pass, step) among them since none was */
+  uint64_t pending;
+  uint32_t floor_pass;
+  uint64_t floor_step;
 };
 
 store_mark *store_mark_new(uint32_t pass, uint64_t step) {
@@ -72,6 +77,39 @@ void store_mark_get(store_mark *m, uint32_t *pass, uint64_t *step) {
   pthread_mutex_lock(&m->mu);
   *pass = m->pass;
   *step = m->step;
+  if (m->pending > 0 &&
+      (m->floor_pass < *pass ||
+       (m->floor_pass == *pass && m->floor_step <= *step))) {
+    /* just before the oldest record still queued out of order: agents
+     * keep that decision (and every later one) until it is committed */
+    *pass = m->floor_pass;
+    *step = m->floor_step;
+    if (*step > 0)
+      (*step)--;
+    else if (*pass > 0)
+      (*pass)--, *step = UINT64_MAX;
+  }
+  pthread_mutex_unlock(&m->mu);
+}
+
+void store_mark_hold(store_mark *m, uint32_t pass, uint64_t step) {
+  if (m == NULL)
+    return;
+  pthread_mutex_lock(&m->mu);
+  if (m->pending++ == 0 || pass < m->floor_pass ||
+      (pass == m->floor_pass && step < m->floor_step)) {
+    m->floor_pass = pass;
+    m->floor_step = step;
+  }
+  pthread_mutex_unlock(&m->mu);
+}
+
+static void store_mark_release(store_mark *m) {
+  if (m == NULL)
+    return;
+  pthread_mutex_lock(&m->mu);
+  if (m->pending > 0)
+    m->pending--;
   pthread_mutex_unlock(&m->mu);
 }
 
@@ -114,6 +152,9 @@ void store_rec_free(store_rec *r) {
   if (r->snap == NULL) /* else the bytes are the snapshot handle's */
     free(r->snapshot);
   policy_snap_free(&r->snap);
+  if (r->restored && r->mark != NULL) /* committed (advanced first), or
+                                         dropped */
+    store_mark_release(r->mark);
   store_mark_free(&r->mark);
   free(r->snap_ids);
   free(r->text);

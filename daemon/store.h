@@ -22,7 +22,8 @@
 /* How far a run's history is committed: the newest (pass, step) whose
  * step record the writer has committed. Every decision of the run before
  * it (in the order decided) is committed too, since the writer commits in
- * queue order. The loop reads it into each Decision (durable_*), so that
+ * queue order; decisions restored from agents, queued later than steps
+ * after them, hold it back (store_mark_hold). The loop reads it into each Decision (durable_*), so that
  * agents forget the decisions they hold for gnmrd up to there; the writer
  * advances it after each commit. Shared by reference: a record may outlive
  * its job. Any thread. */
@@ -32,6 +33,12 @@ void store_mark_free(store_mark **m);
 void store_mark_get(store_mark *m, uint32_t *pass, uint64_t *step);
 /* Moves the mark to (pass, step) when that is after it. */
 void store_mark_advance(store_mark *m, uint32_t pass, uint64_t step);
+/* A step record of (pass, step) queued after records of later steps (a
+ * decision an agent held across a restart, adopted once the job decided
+ * on): committing those must not tell agents to forget this one. Until
+ * the record (its mark_held set) is committed or dropped, store_mark_get
+ * reads no later than just before the oldest such record. */
+void store_mark_hold(store_mark *m, uint32_t pass, uint64_t step);
 
 /* The store's figures, one table: XX(field, name in gnmrctl stats,
  * /metrics name after gnmr_, counter or gauge, help). */

@@ -225,9 +225,18 @@ static int prepare_step(store_stmts *s) {
                  " by_deadline=excluded.by_deadline,"
                  " latency_us=excluded.latency_us, at=excluded.at",
                  &s->st_step) != GNMR_OK ||
+      /* a decision restored from an agent: the history's own row of that
+       * step, if it has one, stays (it has the norms and events) */
+      db_prepare(s->db,
+                 "INSERT INTO steps(job, pass, step, reports, risky, pool,"
+                 " n_active, active, missing, by_deadline, latency_us, at,"
+                 " run) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)"
+                 " ON CONFLICT(run, pass, step) DO NOTHING",
+                 &s->st_restored) != GNMR_OK ||
 
       db_prepare(s->db,
-                 "UPDATE jobs SET last_step=?1, updated_at=?2 WHERE run=?3",
+                 "UPDATE jobs SET last_step=CASE WHEN last_step < ?1 THEN ?1"
+                 " ELSE last_step END, updated_at=?2 WHERE run=?3",
                  &s->st_last) != GNMR_OK)
     return GNMR_E_STORE;
   return GNMR_OK;
@@ -242,11 +251,12 @@ static int apply_step(store_stmts *s, const store_rec *r) {
     return GNMR_E_STORE;
   /* a failed earlier batch may have left a statement mid-way */
   db_reset(s->st_step);
+  db_reset(s->st_restored);
   for (int k = 0; k <= STORE_EVENT_ROWS; k++)
     if (s->st_events[k] != NULL)
       db_reset(s->st_events[k]);
   db_reset(s->st_last);
-  st = s->st_step;
+  st = r->restored ? s->st_restored : s->st_step;
   db_bind_text(st, 1, r->job);
   db_bind_int64(st, 2, r->pass);
   db_bind_int64(st, 3, (int64_t)r->step);
@@ -394,10 +404,11 @@ int store__retain(store_stmts *s, uint64_t run, uint64_t step) {
 
 void store__stmts_finalize(store_stmts *s) {
   db_finalize(s->st_step);
+  db_finalize(s->st_restored);
   for (int k = 0; k <= STORE_EVENT_ROWS; k++)
     db_finalize(s->st_events[k]);
   db_finalize(s->st_last);
-  s->st_step = s->st_last = NULL;
+  s->st_step = s->st_restored = s->st_last = NULL;
   for (int k = 0; k <= STORE_EVENT_ROWS; k++)
     s->st_events[k] = NULL;
 }

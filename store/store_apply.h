@@ -18,7 +18,7 @@
 typedef struct store_stmts {
   db_conn *db;
   uint64_t retain_steps;
-  db_stmt *st_step, *st_last;
+  db_stmt *st_step, *st_restored, *st_last;
   db_stmt *st_events[STORE_EVENT_ROWS + 1]; /* by rows per statement */
 } store_stmts;
 

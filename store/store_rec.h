@@ -69,6 +69,10 @@ typedef struct store_rec {
   uint32_t n_snap_ids;
   store_mark *mark;      /* REC_STEP: the run's mark, advanced once the
                             record is committed (a reference, or NULL) */
+  int restored;          /* REC_STEP: a decision an agent handed back after
+                            a restart: stored only where the history
+                            lacks the step, and holding the mark back
+                            (store_mark_hold) until it is freed */
   /* REC_EVENT / REC_STATE */
   char *text;            /* event kind, state, or (REC_JOB) the owner */
   char *detail;

@@ -38,6 +38,7 @@ void store__job_free(store_job *j) {
   free(j->snapshot);
   free(j->name);
   free(j->owner);
+  free(j->kept);
 }
 
 int store__load_job(db_conn *db, store_job *j) {
@@ -113,17 +114,33 @@ int store__load_job(db_conn *db, store_job *j) {
     j->last_step = last > 0 ? (uint64_t)last : 0;
   }
   db_finalize(st);
-  /* the newest step held, whatever its pass: the job row's pass says
-   * only that a restart began one, maybe with nothing committed since */
+  /* the newest steps held, whatever their pass (the job row's pass says
+   * only that a restart began one, maybe with nothing committed since):
+   * which of the decisions agents hand back the history has already */
   if (db_prepare(db, "SELECT pass, step FROM steps WHERE run=? ORDER BY "
-                     "pass DESC, step DESC LIMIT 1", &st) != GNMR_OK)
+                     "pass DESC, step DESC LIMIT ?", &st) != GNMR_OK)
     return GNMR_E_STORE;
   db_bind_int64(st, 1, (int64_t)j->run);
-  if (db_step(st) == DB_ROW) {
-    j->kept_pass = (uint32_t)db_column_int64(st, 0);
-    j->kept_step = (uint64_t)db_column_int64(st, 1);
+  db_bind_int64(st, 2, STORE_KEPT_MAX);
+  if ((j->kept = malloc(STORE_KEPT_MAX * sizeof *j->kept)) == NULL) {
+    db_finalize(st);
+    return GNMR_E_NOMEM;
+  }
+  while (j->n_kept < STORE_KEPT_MAX && db_step(st) == DB_ROW) {
+    j->kept[j->n_kept].pass = (uint32_t)db_column_int64(st, 0);
+    j->kept[j->n_kept].step = (uint64_t)db_column_int64(st, 1);
+    j->n_kept++;
   }
   db_finalize(st);
+  if (j->n_kept > 0) {
+    j->kept_pass = j->kept[0].pass;
+    j->kept_step = j->kept[0].step;
+  }
+  for (uint32_t a = 0, b = j->n_kept; a + 1 < b; a++, b--) {
+    store_kept t = j->kept[a]; /* ascending */
+    j->kept[a] = j->kept[b - 1];
+    j->kept[b - 1] = t;
+  }
   /* newest snapshot */
   if (db_prepare(db, "SELECT state FROM snapshots WHERE run=? ORDER BY "
                          "pass DESC, step DESC LIMIT 1", &st) != GNMR_OK)

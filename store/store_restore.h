@@ -12,6 +12,17 @@
 #include "db.h"
 #include "params.h"
 
+/* A step the history holds: (pass, step). */
+typedef struct store_kept {
+  uint32_t pass;
+  uint64_t step;
+} store_kept;
+
+/* How many of a run's newest steps a restore reads (store_job.kept): twice
+ * what agents hold back (GNMR_MAX_HELD), so that every decision an agent
+ * can hand back is either among them or older than all of them. */
+#define STORE_KEPT_MAX 2048u
+
 /* A job to restore: what the store knew at its last commit. */
 typedef struct store_job {
   char *name;
@@ -34,6 +45,10 @@ typedef struct store_job {
                                  pass ((0, 0): none). The job row's pass can */
   uint64_t kept_step;         /* be newer: a restart commits it before the
                                  steps it adopts from agents */
+  store_kept *kept;           /* the newest steps it holds, at most
+                                 STORE_KEPT_MAX, ascending by (pass, step): */
+  uint32_t n_kept;            /* not a prefix of the run (decisions restored
+                                 from agents commit after later steps) */
 } store_job;
 
 /* Reads every unfinished job. Calls fn for each (fn takes nothing; the
