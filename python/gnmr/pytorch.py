@@ -106,6 +106,7 @@ import logging
 import math
 import os
 from contextlib import contextmanager
+from itertools import compress
 
 import torch
 
@@ -144,24 +145,40 @@ class StepResult:
     their recovery path that `shadow` said the low-cost path would have
     damaged, reported to gnmrd as non-finite ([] without `shadow`)."""
 
-    __slots__ = ("step", "on_time", "joined", "active", "changed",
-                 "nonfinite", "norms", "risky", "repeated", "shadowed")
+    FIELDS = ("step", "on_time", "joined", "active", "changed",
+              "nonfinite", "norms", "risky", "repeated", "shadowed")
+    __slots__ = tuple(f for f in FIELDS if f != "norms") + ("_norms", "_sums")
 
     def __init__(self, step, on_time=False, joined=False, active=(),
                  changed=(), nonfinite=None, norms=None, repeated=False,
                  risky=None, shadowed=()):
         self.step, self.on_time, self.joined = step, on_time, joined
         self.active, self.changed = list(active), list(changed)
-        self.nonfinite, self.norms = nonfinite, norms
+        self.nonfinite, self._norms, self._sums = nonfinite, norms, None
         self.risky = risky
         self.repeated = repeated
         self.shadowed = list(shadowed)
+
+    @property
+    def norms(self):
+        # made when first read: a step of 10,000 units need not build a
+        # dictionary nobody reads
+        if self._norms is None and self._sums is not None:
+            names, sumsq, not_reported = self._sums
+            self._norms = {n: (s ** 0.5 if not skip else None)
+                           for n, s, skip in zip(names, sumsq, not_reported)}
+            self._sums = None
+        return self._norms
+
+    @norms.setter
+    def norms(self, value):
+        self._norms, self._sums = value, None
 
     def __bool__(self):
         return bool(self.on_time)
 
     def as_dict(self):
-        return {k: getattr(self, k) for k in self.__slots__}
+        return {k: getattr(self, k) for k in self.FIELDS}
 
     def __repr__(self):
         return (f"StepResult(step={self.step}, on_time={self.on_time}, "
@@ -282,7 +299,10 @@ class Controller(Reduction):
         self.reduce_threads = reduce_threads
         self.wait_ms, self.warn_after = wait_ms, warn_after
         self.high = [None] * len(self.units)
-        self._table = bytearray(_TENSOR.size * 64)  # _host_table()'s
+        self._names = [n for n, _ in self.units]
+        self._table = bytearray(_TENSOR.size * 64)  # _walk_table()'s
+        self._flat = None       # every parameter, for _cached_table()
+        self._hcache = None     # its _HostTable
         self._forced = None     # route_all()'s route
         self._applied = None    # the routes self.high holds, as bytes
         self._cuda = None       # CudaReducer, opened at the first CUDA step
@@ -414,12 +434,10 @@ class Controller(Reduction):
         reported, but nonfinite and norms are this rank's gradients as
         they are now, so a NaN skip written after step() still fires."""
         r = StepResult(step, repeated=True, joined=self.agent.joined,
-                       active=[n for (n, _), h in zip(self.units, self.high)
-                               if h])
+                       active=compress(self._names, self.high))
         sumsq, nonfinite, nr = self._local_sums(self.reduce_threads)
-        r.norms = {n: (s ** 0.5 if not skip else None)
-                   for (n, _), s, skip in zip(self.units, sumsq, nr)}
-        r.nonfinite = [n for (n, _), c in zip(self.units, nonfinite) if c]
+        r._sums = (self._names, sumsq, nr)
+        r.nonfinite = list(compress(self._names, nonfinite))
         return r
 
     def _finish(self, step, wait_ms):
@@ -452,8 +470,7 @@ class Controller(Reduction):
                       "raise wait_ms, or use report_async()/finish()")
         self.apply_routes()
         res = StepResult(step, on_time, joined,
-                         [n for (n, _), h in zip(self.units, self.high)
-                          if h], self._changed,
+                         compress(self._names, self.high), self._changed,
                          shadowed=[self.units[u][0] for u in self._shadowed])
         job_nonfinite = None
         if on_time:
@@ -480,14 +497,13 @@ class Controller(Reduction):
             self._local = self._local_sums(self.reduce_threads)
         if self._local is not None:
             sumsq, nonfinite, nr = self._local
-            res.norms = {n: (s ** 0.5 if not skip else None)
-                         for (n, _), s, skip in zip(self.units, sumsq, nr)}
-            res.nonfinite = [n for (n, _), c in zip(self.units, nonfinite)
-                             if c]
+            res._sums = (self._names, sumsq, nr)
+            res.nonfinite = list(compress(self._names, nonfinite))
         if job_nonfinite is not None:  # and this rank's own (a unit both
             # shadowed here and really non-finite is non-finite)
             bad = set(job_nonfinite) | set(res.nonfinite or ())
-            res.nonfinite = [n for n, _ in self.units if n in bad]
+            res.nonfinite = [n for n in self._names if n in bad] if bad \
+                else []
         if reported is not None and self._trace is not None:
             sumsq, nonfinite, nr = reported  # what gnmrd decided from:
             shadowed = set(self._shadowed)  # shadowed units as NaN

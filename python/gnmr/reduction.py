@@ -5,6 +5,9 @@ one pass over a table of tensors), on CUDA (the agent's kernel) or by
 torch, and the report to gnmrd. Reduction is Controller's base: it reads
 the units, parameters, layout and agent that Controller.__init__ sets."""
 import ctypes
+import weakref
+from array import array
+from operator import attrgetter, is_
 
 import torch
 
@@ -22,6 +25,31 @@ for _name in ("float8_e4m3fn", "float8_e5m2"):
         _DTYPES[getattr(torch, _name)] = _name
 _DTYPE_CODES = {dt: _CODES_BY_NAME[name] for dt, name in _DTYPES.items()}
 _FLIP = bytes([1, 0]) + bytes(254)  # seen -> not reported
+_GRAD, _DTYPE = attrgetter("grad"), attrgetter("dtype")
+_IS_CPU = attrgetter("is_cpu")
+_DEREF = weakref.ref.__call__
+_T = torch.Tensor
+
+
+class _HostTable:
+    """The gnmr_tensor table of a layout whose gradients are plain p.grad
+    on the host (Reduction._cached_table): packed once while the
+    gradients' dtypes and sizes stay, its pointers rewritten (one strided
+    copy) when the gradients move, and left as it is while they are the
+    same tensors at the same addresses. Holds the gradients weakly: a
+    zero_grad(set_to_none=True) frees them as without GNMR."""
+    __slots__ = ("buf", "ptr_words", "refs", "dtypes", "numels", "ptrs")
+
+    def __init__(self, dtypes, numels, units):
+        size = _TENSOR.size
+        self.buf = bytearray(size * max(len(units), 1))
+        pack = _TENSOR.pack_into
+        for i, (dt, numel, unit) in enumerate(zip(dtypes, numels, units)):
+            pack(self.buf, i * size, 0, numel, _DTYPE_CODES[dt], unit, 0.0)
+        # the data pointers: word 0 of each 4-word entry
+        self.ptr_words = memoryview(self.buf).cast("Q")[0::size // 8]
+        self.refs, self.ptrs = [], None
+        self.dtypes, self.numels = dtypes, numels
 
 
 class Reduction:
@@ -84,10 +112,52 @@ class Reduction:
         return self._report_on(t, None, threads)
 
     def _host_table(self):
-        """The common case in one pass over the parameters, every gradient
-        on the host: (gnmr_tensor table, its length, copies to keep
-        alive), or None when some gradient is on a device. A model of 10k
-        units pays this pass every step, so it packs the table as it goes."""
+        """Every gradient on the host: (gnmr_tensor table, its length,
+        copies to keep alive), or None when some gradient is on a device."""
+        if self._simple:
+            return self._cached_table()
+        return self._walk_table()
+
+    def _cached_table(self):
+        """_host_table() of plain p.grad gradients at the cost of reading
+        their pointers: the table is kept (_HostTable). Checks what can
+        change between steps: which tensors the gradients are (new ones
+        each step after zero_grad(set_to_none=True): their device,
+        contiguity, dtype and size), and where they are."""
+        flat = self._flat
+        if flat is None:
+            flat = self._flat = [p for ps in self._params for p in ps]
+            self._flat_units = [u for u, ps in enumerate(self._params)
+                                for _ in ps]
+        grads = list(map(_GRAD, flat))
+        try:
+            ptrs = list(map(_T.data_ptr, grads))
+        except TypeError:  # a parameter without a gradient
+            return self._walk_table()
+        c = self._hcache
+        if c is None or len(c.refs) != len(grads) or \
+                not all(map(is_, grads, map(_DEREF, c.refs))):
+            if not all(map(_IS_CPU, grads)) or \
+                    not all(map(_T.is_contiguous, grads)):
+                return self._walk_table()  # a device, or copies to make
+            dtypes = list(map(_DTYPE, grads))
+            numels = list(map(_T.numel, grads))
+            if c is None or dtypes != c.dtypes or numels != c.numels:
+                if not all(dt in _DTYPE_CODES for dt in set(dtypes)):
+                    return self._walk_table()  # read as float32 copies
+                c = self._hcache = _HostTable(dtypes, numels,
+                                              self._flat_units)
+            c.refs = list(map(weakref.ref, grads))
+        if ptrs != c.ptrs:
+            c.ptr_words[:] = array("Q", ptrs)
+            c.ptrs = ptrs
+        return c.buf, len(grads), []
+
+    def _walk_table(self):
+        """_host_table() in one pass over the parameters, packing the
+        table as it goes: any layout (shards, main_grad, parameters
+        without a gradient, copies of gradients the library cannot read
+        as they are)."""
         buf, size, pack = self._table, _TENSOR.size, _TENSOR.pack_into
         keep, i = [], 0
         simple, skip, read = self._simple, self._skip, self._grad
@@ -233,13 +303,16 @@ class Reduction:
         n = len(self._params)
         not_reported = bytes(seen).translate(_FLIP)
         nr = (ctypes.c_uint8 * n).from_buffer_copy(not_reported)
-        local = list(nonfinite)
+        local = nonfinite  # this rank's own counts (the arrays are kept:
+        # a list of 10,000 would cost more than the reduction)
         self._shadowed = [u for u in shadowed if seen[u]]
+        if self._shadowed:
+            nonfinite = (ctypes.c_uint64 * n).from_buffer_copy(local)
         for u in self._shadowed:  # as the low-cost path would have made it
             nonfinite[u] = max(nonfinite[u], 1)
         self.agent._check_report(lib().gnmr_agent_report_sums(
             self.agent._a, t, sumsq, nonfinite, nr), t)
-        self._local = (list(sumsq), local, not_reported)
+        self._local = (sumsq, local, not_reported)
 
     def _report_on(self, t, stream, threads):
         self._local = None

@@ -441,6 +441,57 @@ class ControllerTest(unittest.TestCase):
                 self.assertEqual(res.norms[name], s ** 0.5)
         ctl.close()
 
+    def test_the_kept_table_follows_every_change_of_the_gradients(self):
+        """The host pass keeps its table between steps (reduction.py,
+        _HostTable); each way the gradients can change under it gives the
+        norms a fresh pass gives: values changed in place, new tensors
+        (set_to_none), a gradient made non-contiguous, a missing one, the
+        model's dtype changed after the Controller was made."""
+        torch.manual_seed(5)
+        net = torch.nn.Sequential(torch.nn.Linear(6, 6),
+                                  torch.nn.Linear(6, 3))
+        ctl = Controller(net, self.d.agents, "kept-table",
+                         params=gnmr.default_params(warmup_steps=0))
+        x = torch.randn(5, 6)
+
+        def expect(res):
+            for name, module in ctl.units:
+                gs = [p.grad for p in module.parameters()
+                      if p.grad is not None]
+                if not gs:
+                    self.assertIsNone(res.norms[name])
+                    continue
+                want = sum(float(g.double().pow(2).sum()) for g in gs)
+                self.assertAlmostEqual(res.norms[name], want ** 0.5,
+                                       delta=1e-6 * want ** 0.5)
+            self.assertEqual(res.as_dict()["norms"], res.norms)
+
+        net(x).pow(2).sum().backward()
+        expect(ctl.step(1, wait_ms=5000))
+        for p in net.parameters():  # in place: same tensors, same memory
+            p.grad.mul_(3.0)
+        expect(ctl.step(2, wait_ms=5000))
+        net.zero_grad(set_to_none=True)  # new tensors
+        net(x * 2).pow(2).sum().backward()
+        expect(ctl.step(3, wait_ms=5000))
+        w = net[0].weight
+        w.grad = torch.randn(6, 6).t()  # not contiguous
+        self.assertFalse(w.grad.is_contiguous())
+        expect(ctl.step(4, wait_ms=5000))
+        net[1].bias.grad = None  # one unit's part missing
+        expect(ctl.step(5, wait_ms=5000))
+        net.zero_grad(set_to_none=True)
+        net.double()  # float64 parameters, after the Controller
+        net(x.double()).pow(2).sum().backward()
+        expect(ctl.step(6, wait_ms=5000))
+        for p in net.parameters():
+            p.grad = None
+        net[0].weight.grad = torch.ones(6, 6, dtype=torch.float64)
+        res = ctl.step(7, wait_ms=5000)
+        expect(res)
+        self.assertEqual(res.norms[ctl.units[1][0]], None)
+        ctl.close()
+
     def test_nonfinite_gradient_is_selected_and_idle_unit_is_not(self):
         net = Net()
         ctl = Controller(net, self.d.agents, "nan-job",
