@@ -311,6 +311,7 @@ class Controller(Reduction):
         self._keep = []         # copies the GPU may still read
         self._worker = None     # report_async's thread
         self._pending = None
+        self._reported = None   # the step report() sent, not yet finished
         self._offset = None     # 1 when the first step was 0
         self._last = 0          # gnmrd's numbering
         self._last_result = None
@@ -350,11 +351,15 @@ class Controller(Reduction):
 
     def report(self, step):
         """Reports the gradients of every unit for step (after backward);
-        False when the step does not advance (a warning said why)."""
+        False when the step does not advance (a warning said why).
+        finish(step) then takes its decision: wait for it where the next
+        forward needs the routes, not before the optimizer step."""
         t = self._internal(step)
         if t is None:
             return False
+        self._reported = None
         self._report(t)
+        self._reported = step
         return True
 
     def apply_routes(self):
@@ -420,9 +425,14 @@ class Controller(Reduction):
                                                    self._caller_stream(), 1))
 
     def finish(self, step, wait_ms=None):
-        """Completes step: the report_async() in flight (its errors are
-        raised here), the wait for the decision (at most wait_ms), then
-        apply_routes(). Returns a StepResult."""
+        """Completes step, sent by report_async() (its errors are raised
+        here) or report(): the wait for the decision (at most wait_ms),
+        then apply_routes(). Returns a StepResult."""
+        if self._reported == step and self._pending is None:
+            # the optimizer may have changed or dropped the gradients
+            # since: what is not known of them stays None
+            self._reported = None
+            return self._finish(step, wait_ms, grads_current=False)
         if self._pending is None or self._pending[0] != step:
             return self._repeat(step)
         pending, self._pending = self._pending[1], None
@@ -440,7 +450,7 @@ class Controller(Reduction):
         r.nonfinite = list(compress(self._names, nonfinite))
         return r
 
-    def _finish(self, step, wait_ms):
+    def _finish(self, step, wait_ms, grads_current=True):
         t = self._last
         joined = self.agent.joined
         if joined:
@@ -492,7 +502,7 @@ class Controller(Reduction):
                 self._cuda_step[1].cuda_stream)
             reported = self._local = (sumsq, nonfinite,
                                       [not x for x in seen])
-        if reported is None and job_nonfinite is None:
+        if reported is None and job_nonfinite is None and grads_current:
             # an observer, or the CUDA kernel's sums: this rank's own view
             self._local = self._local_sums(self.reduce_threads)
         if self._local is not None:
@@ -529,7 +539,20 @@ class Controller(Reduction):
             return []
         if self._local is None:
             return None
-        return [n for (n, _), c in zip(self.units, self._local[1]) if c]
+        return list(compress(self._names, self._local[1]))
+
+    def read_local(self):
+        """Makes local_nonfinite known after the CUDA kernel reduced the
+        last report: its sums read back (one synchronisation of the stream
+        the report ran on; no round trip to gnmrd). True when known."""
+        if self.agent.observer:
+            return True
+        if self._local is None and self._cuda_step is not None and \
+                self._cuda_step[0] == self._last:
+            sumsq, nonfinite, seen = self._cuda.read(
+                self._cuda_step[1].cuda_stream)
+            self._local = (sumsq, nonfinite, [not x for x in seen])
+        return self._local is not None
 
     # ---- gradient clipping on the report's sums ----------------------------
 

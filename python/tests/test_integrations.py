@@ -203,6 +203,67 @@ class TrainerTest(unittest.TestCase):
         self.assertIn("the ranks chose different units", p.stderr)
 
 
+class OverlapTest(unittest.TestCase):
+    """What the callbacks' session waits for (docs/python.md, "What
+    waits"): overlapped (the default), nothing between the report and the
+    optimizer step, and the same skips, routes and decisions as the
+    synchronous session, which waits for gnmrd there."""
+
+    def setUp(self):
+        self.d = Daemon()
+
+    def tearDown(self):
+        self.assertEqual(self.d.stop(), 0)
+
+    def run_session(self, overlap, job):
+        import gnmr
+        from gnmr.integrations._common import Session
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                  torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                  torch.nn.Linear(8, 2))
+        s = Session(job=job, endpoint=self.d.agents, overlap=overlap,
+                    recipe=None, wait_ms=5000,
+                    params=gnmr.default_params(**W.PARAMS))
+        ctl = s.start(net)
+        waits = []
+        inner = ctl.agent.wait
+        ctl.agent.wait = lambda *a: waits.append(a) or inner(*a)
+        x = torch.randn(16, 8)
+        out = []
+        for t in range(1, 13):
+            s.begin_step()
+            net.zero_grad()
+            net(x * (1 + t % 3)).pow(2).mean().backward()
+            if t == 5:
+                net[2].weight.grad.mul_(40.0)  # a spike: promoted
+            if t == 8:
+                net[0].bias.grad[0] = math.nan
+            before = len(waits)
+            res, skipped = s.step(t, net)
+            out.append((t, skipped, len(waits) - before))
+        s.close()
+        return s, out
+
+    def test_the_overlapped_session_waits_for_nothing_before_the_optimizer(
+            self):
+        from gnmr.integrations._common import Session  # noqa: F401
+        a, got_a = self.run_session(True, "overlap-on")
+        b, got_b = self.run_session(False, "overlap-off")
+        self.assertEqual([w for _, _, w in got_a], [0] * 12)
+        self.assertEqual([w for _, _, w in got_b], [1] * 12)
+        self.assertEqual([k for _, k, _ in got_a], [k for _, k, _ in got_b])
+        self.assertEqual([t for t, k, _ in got_a if k], [8])
+        self.assertEqual((a.skipped, a.steps), (b.skipped, b.steps))
+        # the same decisions: the runs' histories in gnmrd
+        rows = [[(r["step"], r["active"]) for r in json.loads(gnmrctl(
+                    self.d, "decisions", job, "--json"))["decisions"]]
+                for job in ("overlap-on", "overlap-off")]
+        self.assertEqual(rows[0], rows[1])
+        self.assertEqual(len(rows[0]), 12)
+        self.assertTrue(any(a for _, a in rows[0]), rows[0])
+
+
 class MistakesTest(unittest.TestCase):
     def test_bad_selections_and_recipes_are_clear_errors(self):
         from gnmr.integrations._common import Session

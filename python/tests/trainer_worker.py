@@ -131,8 +131,9 @@ def watch(model, state):
 
 def step_recorder(session, record, snapshot, model):
     """Wraps session.step to record each result (and the weights around
-    the NaN step)."""
-    inner = session.step
+    the NaN step): the skip is known there, the decision when the session
+    takes it (begin_step, before the next forward)."""
+    inner, begin, skipped = session.step, session.begin_step, {}
 
     def step(t, m):
         if t == NAN_STEP:
@@ -141,10 +142,16 @@ def step_recorder(session, record, snapshot, model):
         if t == NAN_STEP + 1:  # the weights NAN_STEP's update left
             snapshot["after"] = {k: v.detach().clone()
                                  for k, v in model.state_dict().items()}
-        res, skipped = inner(t, m)
-        record(res, skipped)
-        return res, skipped
-    session.step = step
+        res, skipped[t] = inner(t, m)
+        assert res is None, "overlapped: the decision is taken later"
+        return res, skipped[t]
+
+    def begin_step():
+        res = begin()
+        if res is not None:
+            record(res, skipped.pop(res.step))
+        return res
+    session.step, session.begin_step = step, begin_step
 
 
 def run_hf(model, cb, out, steps, world, state, grad_hook, record):

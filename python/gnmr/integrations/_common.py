@@ -43,7 +43,7 @@ class Session:
 
     def __init__(self, job=None, units="auto", recipe=None, endpoint=None,
                  clip=True, skip_nonfinite=True, max_logged_units=16,
-                 **controller_kw):
+                 overlap=True, **controller_kw):
         if not (units == "auto" or isinstance(units, str)):
             raise ValueError(f"units={units!r}: 'auto' (every nn.Linear but "
                              "the output head, and MoE experts one by one) "
@@ -71,6 +71,12 @@ class Session:
         self.endpoint, self.clip = endpoint, clip
         self.skip_nonfinite = skip_nonfinite
         self.max_logged_units = max_logged_units
+        # overlap: report before the optimizer step, skip from what the
+        # job's ranks counted themselves, and take gnmrd's decision (the
+        # routes) before the next forward (begin_step); else all of it
+        # before the optimizer step (docs/python.md, "What waits")
+        self.overlap = bool(overlap)
+        self._open = None           # a reported step whose decision waits
         self.kw = controller_kw
         self.ctl = None
         self.converted = set()
@@ -177,21 +183,31 @@ class Session:
             recovery.switch(name, m, high)
 
     def step(self, step, model):
-        """The optimizer step `step` (the trainer's number, from 1): report,
-        decide, route; a step with non-finite gradients anywhere in the
-        job drops every gradient, so the optimizer changes nothing.
-        Returns (StepResult, skipped)."""
-        res = self.ctl.step(step)
-        self.last = res
+        """The optimizer step `step` (the trainer's number, from 1), before
+        the optimizer: report; a step with non-finite gradients anywhere
+        in the job drops every gradient, so the optimizer changes nothing.
+        Overlapped, the decision (the routes) is taken by begin_step()
+        before the next forward; else here. Returns (StepResult or None
+        when it waits, skipped)."""
+        self.begin_step()  # a decision the trainer did not take yet
         self.steps += 1
-        skipped = _job_nonfinite(res, self.ctl) and self.skip_nonfinite
+        if self.overlap and self.ctl.report(step):
+            res, self._open = None, step
+            skipped = self.skip_nonfinite and _job_nonfinite_local(self.ctl)
+            units = self.ctl.local_nonfinite if skipped else None
+        else:  # synchronous, or a step that does not advance (repeated)
+            res = self.ctl.step(step)
+            self.last = res
+            self._note(res)
+            skipped = _job_nonfinite(res, self.ctl) and self.skip_nonfinite
+            units = res.nonfinite if skipped else None
         if skipped:
             for p in model.parameters():
                 p.grad = None
             self.skipped += 1
             # said once per skipped step, at WARNING (issue 48: only a
             # counter moved, at the next logging step)
-            units = list(res.nonfinite or ())
+            units = list(units or ())
             if units:
                 more = f" and {len(units) - 8} more" if len(units) > 8 else ""
                 why = (f"a non-finite gradient (NaN/Inf) in "
@@ -200,8 +216,20 @@ class Session:
                 why = "a non-finite gradient on another rank"
             log.warning("gnmr: step %d was skipped (its optimizer update "
                          "dropped, on every rank): %s", step, why)
-        self._note(res)
         return res, skipped
+
+    def begin_step(self):
+        """Before a forward: the decision of the step reported last, its
+        routes applied (waits at most wait_ms, most of which the optimizer
+        step and the next batch's loading have already spent). Returns
+        its StepResult, or None when none waits."""
+        if self._open is None or self.ctl is None:
+            return None
+        step, self._open = self._open, None
+        res = self.ctl.finish(step)
+        self.last = res
+        self._note(res)
+        return res
 
     # ---- what the loggers get ----------------------------------------------
 
@@ -239,6 +267,10 @@ class Session:
 
     def close(self):
         if self.ctl is not None:
+            try:
+                self.begin_step()  # the last step's decision, noted
+            except Exception as e:  # closing: said, not raised
+                log.warning("gnmr: the last decision was not taken: %s", e)
             if self.recipe == "te":
                 from . import te
                 te.unbind(self.ctl)
@@ -252,12 +284,33 @@ def _job_nonfinite(res, ctl):
     non-finite, Controller's shadow) must not skip the step on the
     others, nor a late decision on one rank leave it out. One all-reduce
     of a flag per step when the job has several processes."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or \
-            dist.get_world_size() == 1:
+    if not _several_processes():
         return bool(res.nonfinite)
     local = ctl.local_nonfinite
-    flag = bool(local) if local is not None else bool(res.nonfinite)
+    return _any_rank(bool(local) if local is not None
+                     else bool(res.nonfinite))
+
+
+def _job_nonfinite_local(ctl):
+    """_job_nonfinite without gnmrd: each rank's own count (the CUDA
+    kernel's read back), and one all-reduce of a flag when the job has
+    several processes. Every element of a unit's gradient is counted by
+    one reporter (replicas hold the same gradients), so the union is the
+    job's; shadowed units are not in it, as in _job_nonfinite."""
+    ctl.read_local()
+    flag = bool(ctl.local_nonfinite)
+    return _any_rank(flag) if _several_processes() else flag
+
+
+def _several_processes():
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and \
+        dist.get_world_size() > 1
+
+
+def _any_rank(flag):
+    """flag on any rank of the default group (one all-reduce)."""
+    dist = torch.distributed
     dev = "cpu"
     if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
         dev = torch.device("cuda", torch.cuda.current_device())

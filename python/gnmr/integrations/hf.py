@@ -37,6 +37,11 @@ What it does, from the trainer's own state:
   change: the step is skipped, as GradScaler skips one; the learning-rate
   schedule still advances. gnmr/skipped_steps counts them;
   skip_nonfinite=False leaves them to the optimizer.
+- Waiting: the gradients are reported in on_pre_optimizer_step and the
+  skip is decided from the ranks' own counts there, without waiting for
+  gnmrd; its decision (the routes) is taken in on_step_begin, before the
+  next forward, by when its round trip is spent. overlap=False waits for
+  it in on_pre_optimizer_step instead (docs/python.md, "What waits").
 - Logging: gnmr/* figures (GnmrSession.metrics) are added to the
   Trainer's logs at its logging steps, so TensorBoard and every other
   reporter in report_to show them; the callback moves itself first in
@@ -86,6 +91,9 @@ class GnmrCallback(TrainerCallback):
         name = args.run_name or os.path.basename(
             os.path.normpath(args.output_dir or "trainer"))
         self.session.start(model, default_job=name)
+
+    def on_step_begin(self, args, state, control, **kw):
+        self.session.begin_step()  # the last step's routes, for this one
 
     def on_pre_optimizer_step(self, args, state, control, model=None,
                               **kw):

@@ -15,6 +15,9 @@ gnmr.integrations.hf (see there); from Lightning:
   calls after backward (and after unscaling under 16-mixed) and before it
   clips (gradient_clip_val): GNMR sees them unclipped, and Lightning's
   own clip stays as configured;
+- gnmrd's decision (the routes) is taken in on_train_batch_start,
+  before the next forward, not in on_before_optimizer_step (overlap=False:
+  there, as hf explains);
 - steps are trainer.global_step + 1 (optimizer steps; with
   accumulate_grad_batches, one report per optimizer step);
 - a non-finite step drops every gradient before the optimizer step
@@ -59,6 +62,9 @@ class GnmrCallback(Callback):
         logger = trainer.logger
         name = getattr(logger, "name", None) if logger is not None else None
         self.session.start(pl_module, default_job=name or "lightning")
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.session.begin_step()  # the last step's routes, for this one
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self.session.step(trainer.global_step + 1, pl_module)
