@@ -200,8 +200,8 @@ static double run_rules(uint32_t n, int steps, int rules, int report);
 
 static void run(uint32_t n, int steps) { (void)run_rules(n, steps, 1, 1); }
 
-/* The optional rules' cost (docs/policy.md: the mean horizon and the
- * job-relative rule, on by default): the same engine and norms with them
+/* The optional rules' cost (docs/policy.md: the mean horizon, the
+ * job-relative rule and confirm_steps, on by default): the same engine and norms with them
  * off, as a ratio measured in this run. */
 static void rules_cost(uint32_t n, int steps) {
   double off = run_rules(n, steps, 0, 0), on = run_rules(n, steps, 1, 0);
@@ -215,6 +215,7 @@ static double run_rules(uint32_t n, int steps, int rules, int report) {
   if (!rules) {
     prm.mean_horizon = 0;
     prm.job_relative = 0;
+    prm.confirm_steps = 0;
   }
   policy *p = NULL;
   if (policy_create(&prm, n, &p) != 0) {

@@ -37,8 +37,8 @@ with Controller(model, job=os.environ.get("GNMR_JOB", "quickstart"),
     for step in range(steps):                 # steps may start at 0
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
-        if step == 20:                        # a transient spike in one unit
-            model[2].weight.grad.mul_(30)
+        if 20 <= step < 23:   # one unit's gradient 30x for three steps: an
+            model[2].weight.grad.mul_(30)     # episode, not a one-step blip
         res = ctl.step(step)   # report, wait <= 50 ms, apply routes
         print(f"step {step:2d} loss {loss.item():.4f} on time {bool(res)} "
               f"recovery path: {res.active or '-'}")

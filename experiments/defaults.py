@@ -23,19 +23,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from gnmr.policy import Policy, exceedances, read_trace, \
     replay  # noqa: E402
 
-OFF = dict(mean_horizon=0, job_relative=0)   # the optional rules off
+OFF = dict(mean_horizon=0, job_relative=0, confirm_steps=0)  # rules off
+HJ = dict(mean_horizon=20, job_relative=1, confirm_steps=0)
 SETS = [
     ("first defaults (a=b=2)", dict(alpha=2, beta=2, **OFF)),
     ("a=b=4", dict(alpha=4, beta=4, **OFF)),
     ("a=6 b=8", dict(alpha=6, beta=8, **OFF)),
-    ("a=b=4 H=20 J=1", dict(alpha=4, beta=4, mean_horizon=20,
-                            job_relative=1)),
-    ("a=5 b=6 H=20 J=1", dict(alpha=5, beta=6, mean_horizon=20,
-                              job_relative=1)),
-    ("a=6 b=8 H=20 J=1", dict(alpha=6, beta=8, mean_horizon=20,
-                              job_relative=1)),
-    ("a=16 b=24 H=20 J=1", dict(alpha=16, beta=24, mean_horizon=20,
-                                job_relative=1)),
+    ("a=b=4 H=20 J=1", dict(alpha=4, beta=4, **HJ)),
+    ("a=5 b=6 H=20 J=1", dict(alpha=5, beta=6, **HJ)),
+    ("a=6 b=8 H=20 J=1", dict(alpha=6, beta=8, **HJ)),
+    ("a=16 b=24 H=20 J=1", dict(alpha=16, beta=24, **HJ)),
+    ("a=6 b=8 H=20 J=1 C=2", dict(alpha=6, beta=8, **dict(HJ,
+                                                           confirm_steps=2))),
 ]
 
 
@@ -63,7 +62,8 @@ def main(argv=None):
         except (OSError, ValueError) as e:
             p.error(str(e))
         loaded.append((os.path.basename(path).rsplit(".", 1)[0], trace, n))
-    print("exceedances, % of unit-steps after warm-up (promotions per 100 "
+    print("risky unit-steps, % of unit-steps after warm-up: the threshold "
+          "exceedances, those confirmed with C > 1 (promotions per 100 "
           "steps)")
     print("| parameters | " + " | ".join(n for n, _, _ in loaded) +
           " | max |")
@@ -123,7 +123,7 @@ def detection(trace, n, episodes, kw):
             continue
         for u in row:
             e = (t, u) in episodes
-            r = pol.s[u] > 1
+            r = u in pol.risky
             ep += e
             other += not e
             hit += e and r

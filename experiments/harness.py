@@ -325,7 +325,8 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
                              lock_steps=args.lock_steps,
                              warmup_steps=args.warmup,
                              mean_horizon=args.mean_horizon,
-                             job_relative=args.job_relative))
+                             job_relative=args.job_relative,
+                             confirm_steps=args.confirm_steps))
         if [n for n, _ in ctl.units] != names:
             raise RuntimeError("the controller's units are not the model's")
     chooser = Chooser(variant, len(units), args, seed, gnmr_rec, names)
@@ -577,6 +578,10 @@ def common_args(p, setting, defaults):
     p.add_argument("--job-relative", type=int, choices=(0, 1),
                    default=d.get("job_relative", 0),
                    help="the policy's job-relative rule (1: on)")
+    p.add_argument("--confirm-steps", type=int,
+                   default=d.get("confirm_steps", 0),
+                   help="the policy's confirmed exceedances (0: off, as "
+                   "the recorded results ran; the product's default is 2)")
     p.add_argument("--eval-every", type=int, default=d["eval_every"])
     p.add_argument("--eval-batches", type=int, default=d["eval_batches"])
     p.add_argument("--static-pattern", default="",

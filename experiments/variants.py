@@ -14,7 +14,8 @@ def policy_of(args, n, relative=True):
     return Policy(n, alpha=args.alpha, beta=args.beta, window=args.window,
                   max_active=args.max_active, lock_steps=args.lock_steps,
                   warmup_steps=args.warmup, mean_horizon=args.mean_horizon,
-                  job_relative=args.job_relative if relative else 0)
+                  job_relative=args.job_relative if relative else 0,
+                  confirm_steps=getattr(args, "confirm_steps", 0))
 
 
 class ScalarPolicy:

@@ -17,9 +17,9 @@
 /* The buffers of an engine for n units under params prm, allocated as one
  * set so that a change either fully happens or leaves the engine intact. */
 typedef struct bufs {
-  uint64_t *cnt, *promotions;
+  uint64_t *cnt, *promotions, *xend;
   double *sum, *win, *g, *d, *s, *med;
-  uint32_t *win_len, *lock, *pool, *heap, *act, *prev_act;
+  uint32_t *win_len, *lock, *pool, *heap, *act, *prev_act, *xlen;
   uint32_t n; /* units: the stride of win */
   uint8_t *active, *chosen;
   policy_event *ev;
@@ -28,6 +28,8 @@ typedef struct bufs {
 static void bufs_free(bufs *b) {
   free(b->cnt);
   free(b->promotions);
+  free(b->xend);
+  free(b->xlen);
   free(b->sum);
   free(b->win);
   free(b->g);
@@ -58,6 +60,8 @@ static int bufs_alloc(bufs *b, uint32_t n, const policy_params *prm) {
   size_t wn = (size_t)n * prm->window;
   b->cnt = zalloc(n, sizeof *b->cnt);
   b->promotions = zalloc(n, sizeof *b->promotions);
+  b->xend = zalloc(n, sizeof *b->xend);
+  b->xlen = zalloc(n, sizeof *b->xlen);
   b->sum = zalloc(n, sizeof *b->sum);
   b->win = zalloc(wn, sizeof *b->win);
   b->g = zalloc(n, sizeof *b->g);
@@ -74,7 +78,7 @@ static int bufs_alloc(bufs *b, uint32_t n, const policy_params *prm) {
   b->active = zalloc(n, sizeof *b->active);
   b->chosen = zalloc(n, sizeof *b->chosen);
   b->ev = zalloc(3 * (size_t)n + 1, sizeof *b->ev);
-  if (!b->cnt || !b->promotions || !b->sum || !b->win || !b->g || !b->d ||
+  if (!b->cnt || !b->promotions || !b->xend || !b->xlen || !b->sum || !b->win || !b->g || !b->d ||
       !b->s || !b->med || !b->win_len || !b->lock || !b->pool ||
       !b->heap || !b->act || !b->prev_act || !b->active || !b->chosen ||
       !b->ev) {
@@ -89,6 +93,8 @@ static int bufs_alloc(bufs *b, uint32_t n, const policy_params *prm) {
 static void bufs_take(policy *p, bufs *b) {
   p->cnt = b->cnt;
   p->promotions = b->promotions;
+  p->xend = b->xend;
+  p->xlen = b->xlen;
   p->sum = b->sum;
   p->win = b->win;
   p->g = b->g;
@@ -107,10 +113,27 @@ static void bufs_take(policy *p, bufs *b) {
 }
 
 static bufs bufs_of(policy *p) {
-  bufs b = {p->cnt,  p->promotions, p->sum,  p->win,     p->g,
-            p->d,    p->s,          p->med,  p->win_len, p->lock, p->pool,
-            p->heap, p->act,        p->prev_act, p->n,   p->active,
-            p->chosen, p->ev};
+  bufs b = {0};
+  b.cnt = p->cnt;
+  b.promotions = p->promotions;
+  b.xend = p->xend;
+  b.sum = p->sum;
+  b.win = p->win;
+  b.g = p->g;
+  b.d = p->d;
+  b.s = p->s;
+  b.med = p->med;
+  b.win_len = p->win_len;
+  b.lock = p->lock;
+  b.pool = p->pool;
+  b.heap = p->heap;
+  b.act = p->act;
+  b.prev_act = p->prev_act;
+  b.xlen = p->xlen;
+  b.n = p->n;
+  b.active = p->active;
+  b.chosen = p->chosen;
+  b.ev = p->ev;
   return b;
 }
 
@@ -122,6 +145,8 @@ static void copy_unit(bufs *b, uint32_t v, const policy *p, uint32_t u,
   b->cnt[v] = p->cnt[u];
   b->sum[v] = p->sum[u];
   b->promotions[v] = p->promotions[u];
+  b->xend[v] = p->xend[u];
+  b->xlen[v] = p->xlen[u];
   b->lock[v] = p->lock[u] > prm->lock_steps ? prm->lock_steps : p->lock[u];
   b->active[v] = p->active[u];
   b->g[v] = p->g[u];
@@ -362,6 +387,28 @@ static double score_unit(policy *p, uint32_t u, double n, double a,
   return s;
 }
 
+/* Unit u's final score s at step t (prev: the step decided before it, 0
+ * before the first): an exceedance (s > 1) extends its run of steps in a
+ * row that exceeded; returns whether u is risky: s > 1 and, for a finite
+ * s, the run has lasted confirm_steps steps (docs/policy.md; 0 and 1: at
+ * once, the plain rule). Once per unit and step. */
+static int exceed(policy *p, uint32_t u, uint64_t prev, uint64_t t,
+                  double s) {
+  if (!(s > 1))
+    return 0;
+  uint32_t len = p->xend[u] == prev && prev != 0 ? p->xlen[u] : 0;
+  p->xlen[u] = len < UINT32_MAX ? len + 1 : len;
+  p->xend[u] = t;
+  return isinf(s) || p->xlen[u] >= p->prm.confirm_steps;
+}
+
+/* Whether u is risky at step t, after exceed() took its score. */
+static int risky_at(const policy *p, uint32_t u, uint64_t t) {
+  double s = p->s[u];
+  return s > 1 && p->xend[u] == t &&
+         (isinf(s) || p->xlen[u] >= p->prm.confirm_steps);
+}
+
 static void emit(policy *p, policy_result *res, uint8_t kind, uint32_t unit,
                  uint8_t outcome, uint32_t count) {
   policy_event *e = &p->ev[res->n_events++];
@@ -380,7 +427,7 @@ static void emit(policy *p, policy_result *res, uint8_t kind, uint32_t unit,
  * scores are the plain rule's. */
 static uint32_t relative_pool(policy *p, policy_result *res, double a,
                               double b, int warm, uint32_t n_cand,
-                              uint32_t *n_risky) {
+                              uint32_t *n_risky, uint64_t prev, uint64_t t) {
   if (n_cand == 0)
     return 0; /* nothing the medians could change */
   /* max(1, lower median) is 1 exactly when at least k + 1 of the values
@@ -422,7 +469,7 @@ static uint32_t relative_pool(policy *p, policy_result *res, double a,
   uint32_t n_pool = 0;
   for (uint32_t i = 0; i < n_cand; i++) {
     uint32_t u = p->pool[i];
-    int risky = p->s[u] > 1;
+    int risky = exceed(p, u, prev, t, p->s[u]);
     *n_risky += risky;
     if (warm) {
       if (risky)
@@ -455,6 +502,7 @@ int policy_step(policy *p, uint64_t t, const double *norm,
   int warm = t <= prm->warmup_steps;
   int rel = prm->job_relative != 0;
   uint32_t n_pool = 0, n_risky = 0;
+  uint64_t before = p->last_step; /* the step decided before t */
 
   memset(res, 0, sizeof *res);
   res->step = t;
@@ -494,7 +542,7 @@ int policy_step(policy *p, uint64_t t, const double *norm,
         p->pool[n_pool++] = u;
       continue;
     }
-    int risky = s > 1;
+    int risky = exceed(p, u, before, t, s);
     n_risky += risky;
     if (warm) {
       if (risky)
@@ -504,7 +552,7 @@ int policy_step(policy *p, uint64_t t, const double *norm,
     }
   }
   if (rel)
-    n_pool = relative_pool(p, res, a, b, warm, n_pool, &n_risky);
+    n_pool = relative_pool(p, res, a, b, warm, n_pool, &n_risky, before, t);
 
   /* Selection: the whole pool when it fits, else the top K by a bounded
    * min-heap over the pool (already in ascending id order). */
@@ -535,7 +583,7 @@ int policy_step(policy *p, uint64_t t, const double *norm,
   p->n_act = 0;
   for (uint32_t i = 0; i < n_pool; i++) {
     uint32_t u = p->pool[i];
-    int risky = p->s[u] > 1, in_a = p->chosen[u];
+    int risky = risky_at(p, u, t), in_a = p->chosen[u];
     if (in_a)
       p->act[p->n_act++] = u;
     if (risky)

@@ -23,6 +23,11 @@ struct policy {
   uint32_t *lock;
   uint8_t *active;     /* in the last step's active set */
   uint64_t *promotions;
+  /* confirm_steps (docs/policy.md): the step of each unit's newest
+   * exceedance (0: none), and how many steps in a row, up to it, it
+   * exceeded (a run that ended shows as xend below the last step) */
+  uint64_t *xend;
+  uint32_t *xlen;
 
   /* per-step outputs and scratch */
   double *g, *d, *s;

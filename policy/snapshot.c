@@ -13,19 +13,22 @@
 
 /* Layout (little-endian): "GNMRPOL1", u32 format version, u32 n_units,
  * f64 alpha, beta, early_alpha, early_beta, u32 window, max_active,
- * lock_steps, u64 warmup_steps, early_steps, last_step, and from version
- * 3 on u64 mean_horizon, u32 job_relative (versions 1 and 2 read as 0);
- * then per unit
- * u64 cnt, f64 sum, u64 promotions, u32 lock, u8 active, u32 win_len,
- * win_len x f64 (oldest first); then a u64 checksum of everything before:
- * version 1, FNV-1a over bytes; version 2 (written now), FNV-1a over
- * 64-bit words in four interleaved lanes, folded (sum64 below); version
- * 3 (written now) as 2 with the mean horizon. Import reads all three. */
+ * lock_steps, u64 warmup_steps, early_steps, last_step, from version 3
+ * on u64 mean_horizon, u32 job_relative (versions 1 and 2 read as 0),
+ * from version 4 on u32 confirm_steps (earlier ones read as 0); then per
+ * unit u64 cnt, f64 sum, u64 promotions, u32 lock, u8 active, u32 win_len,
+ * win_len x f64 (oldest first), and from version 4 on u64 xend, u32 xlen
+ * (its run of exceedances); then a u64 checksum of everything before:
+ * version 1, FNV-1a over bytes; from version 2 on, FNV-1a over 64-bit
+ * words in four interleaved lanes, folded (sum64 below). Version 4 is
+ * written; import reads all four. */
 #define SNAP_MAGIC "GNMRPOL1"
-#define SNAP_VERSION 3u
+#define SNAP_VERSION 4u
 #define SNAP_HEAD2 (8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8)
-#define SNAP_HEAD (SNAP_HEAD2 + 8 + 4)
-#define SNAP_UNIT (8 + 8 + 8 + 4 + 1 + 4)
+#define SNAP_HEAD3 (SNAP_HEAD2 + 8 + 4)
+#define SNAP_HEAD (SNAP_HEAD3 + 4)
+#define SNAP_UNIT3 (8 + 8 + 8 + 4 + 1 + 4)
+#define SNAP_UNIT (SNAP_UNIT3 + 8 + 4)
 
 typedef struct wbuf {
   uint8_t *p;
@@ -164,6 +167,7 @@ size_t policy__export_head(const policy *p, uint8_t *out) {
   put_u64(&w, p->last_step);
   put_u64(&w, prm->mean_horizon);
   put_u32(&w, prm->job_relative);
+  put_u32(&w, prm->confirm_steps);
   assert(w.len == SNAP_HEAD);
   return w.len;
 }
@@ -181,6 +185,8 @@ size_t policy__export_units(const policy *p, uint32_t u0, uint32_t u1,
     put_u32(&w, wl);
     for (uint32_t k = 0; k < wl; k++)
       put_f64(&w, *win_at(p, k, u));
+    put_u64(&w, p->xend[u]);
+    put_u32(&w, p->xlen[u]);
   }
   return w.len;
 }
@@ -221,7 +227,7 @@ int policy_import(const void *buf, size_t len, policy **out) {
   sum = get_u64(&tail);
   rbuf r = {(const uint8_t *)buf, len - 8, 8, 0};
   uint32_t version = get_u32(&r);
-  if (version != 1 && version != 2 && version != SNAP_VERSION)
+  if (version < 1 || version > SNAP_VERSION)
     return sum == sum64(buf, len - 8) || sum == fnv1a(buf, len - 8)
                ? GNMR_E_VERSION
                : GNMR_E_PARSE;
@@ -240,8 +246,10 @@ int policy_import(const void *buf, size_t len, policy **out) {
   uint64_t last = get_u64(&r);
   prm.mean_horizon = version >= 3 ? get_u64(&r) : 0;
   prm.job_relative = version >= 3 ? get_u32(&r) : 0;
+  prm.confirm_steps = version >= 4 ? get_u32(&r) : 0;
+  size_t unit_min = version >= 4 ? SNAP_UNIT : SNAP_UNIT3;
   if (r.bad || n > POLICY_MAX_UNITS ||
-      (r.len - r.off) / SNAP_UNIT < n)
+      (r.len - r.off) / unit_min < n)
     return GNMR_E_PARSE;
   if ((rv = policy_create(&prm, n, &p)) != GNMR_OK)
     return rv;
@@ -265,6 +273,14 @@ int policy_import(const void *buf, size_t len, policy **out) {
       *win_at(p, k, u) = v;
     }
     p->win_len[u] = wl;
+    if (version >= 4) {
+      p->xend[u] = get_u64(&r);
+      p->xlen[u] = get_u32(&r);
+      /* a run ends at a decided step, and is as long as the steps to it */
+      if (p->xend[u] > last || (p->xend[u] == 0) != (p->xlen[u] == 0) ||
+          p->xlen[u] > p->xend[u])
+        r.bad = 1;
+    }
   }
   if (r.bad || r.off != r.len) {
     policy_destroy(&p);

@@ -128,6 +128,15 @@ static const char *const pg_schema_v6 =
     "ALTER TABLE jobs ADD COLUMN job_relative BIGINT;"
     "ALTER TABLE params ADD COLUMN job_relative BIGINT;";
 
+/* Schema version 7: the optional rule confirm_steps (docs/policy.md), a
+ * column of jobs and params; rows before it read as 0 (the rule off). */
+static const char *const schema_v7 =
+    "ALTER TABLE jobs ADD COLUMN confirm_steps INTEGER;"
+    "ALTER TABLE params ADD COLUMN confirm_steps INTEGER;";
+static const char *const pg_schema_v7 =
+    "ALTER TABLE jobs ADD COLUMN confirm_steps BIGINT;"
+    "ALTER TABLE params ADD COLUMN confirm_steps BIGINT;";
+
 /* The parameter columns as of PostgreSQL's version 4 (frozen: a parameter
  * added later comes with a migration of its own). */
 #define PG_PARAM_DEFS_V4                                                      \
@@ -262,7 +271,8 @@ int store__migrate(db_conn *db, char *err, size_t errlen) {
     static const struct {
       int version;
       const char *const *sql;
-    } pg_steps[] = {{4, &pg_schema_v4}, {5, &schema_v5}, {6, &pg_schema_v6}};
+    } pg_steps[] = {{4, &pg_schema_v4}, {5, &schema_v5}, {6, &pg_schema_v6},
+                    {7, &pg_schema_v7}};
     for (size_t i = 0; i < sizeof pg_steps / sizeof pg_steps[0]; i++)
       if (version < pg_steps[i].version &&
           migrate_to(db, pg_steps[i].version, *pg_steps[i].sql, err, errlen))
@@ -272,7 +282,8 @@ int store__migrate(db_conn *db, char *err, size_t errlen) {
       int version;
       const char *const *sql;
     } steps[] = {{1, &schema_v1}, {2, &schema_v2}, {3, &schema_v3},
-                 {4, &schema_v4}, {5, &schema_v5}, {6, &schema_v6}};
+                 {4, &schema_v4}, {5, &schema_v5}, {6, &schema_v6},
+                 {7, &schema_v7}};
     for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
       if (version < steps[i].version &&
           migrate_to(db, steps[i].version, *steps[i].sql, err, errlen))

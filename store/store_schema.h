@@ -12,7 +12,7 @@
 
 #include "gnmr/params.h"
 
-#define STORE_SCHEMA_VERSION 6
+#define STORE_SCHEMA_VERSION 7
 
 /* The operational events of the history (besides the policy's events,
  * POLICY_EVENTS): XX(ID, name), the name being the events table's kind. */

@@ -26,6 +26,7 @@ static inline gnmr_agent_config tu_agent_config(const char *endpoint,
   c.params.alpha = c.params.beta = 2;
   c.params.mean_horizon = 0;
   c.params.job_relative = 0;
+  c.params.confirm_steps = 0;
   return c;
 }
 

@@ -125,7 +125,7 @@ start_gnmrd 1
 # the policy's first defaults: the sample trace's expected decisions were
 # made with them (docs/policy.md, Defaults)
 FIRST=(--alpha 2 --beta 2 --window 8 --max-active 4 --lock-steps 4
-       --warmup-steps 20 --mean-horizon 0 --job-relative 0)
+       --warmup-steps 20 --mean-horizon 0 --job-relative 0 --confirm-steps 0)
 for n in 1 2 3; do
   sim $n --job mn-a --trace "$TR/small.csv" --barrier-ms 20000 "${FIRST[@]}" \
     >"$T/a$n.csv" 2>"$T/a$n.err" &

@@ -28,6 +28,7 @@ static inline policy_params params(double a, double b, uint32_t w, uint32_t k,
   p.warmup_steps = wu;
   p.mean_horizon = 0; /* the normative rule: the optional rules off */
   p.job_relative = 0;
+  p.confirm_steps = 0;
   return p;
 }
 

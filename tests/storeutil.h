@@ -96,6 +96,7 @@ static inline gnmr_agent *open_agent(const char *ep, const char *job) {
   c.params.alpha = c.params.beta = 2; /* the first defaults: the spikes */
   c.params.mean_horizon = 0;          /* here are sized for them */
   c.params.job_relative = 0;
+  c.params.confirm_steps = 0;
   c.params.warmup_steps = 0;
   c.params.max_active = 2;
   c.params.lock_steps = 2;
@@ -135,6 +136,7 @@ static inline void engine_rows(const uint64_t *steps, size_t n, char *out,
   p.alpha = p.beta = 2; /* as open_agent's */
   p.mean_horizon = 0;
   p.job_relative = 0;
+  p.confirm_steps = 0;
   p.warmup_steps = 0;
   p.max_active = 2;
   p.lock_steps = 2;

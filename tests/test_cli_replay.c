@@ -121,7 +121,8 @@ START_TEST(scores_list_risky_and_held_units_with_outcomes) {
   /* the worked example's parameters (docs/policy.md) */
   char *argv[] = {"gnmrctl", "replay", "--alpha", "2", "--beta", "2",
                   "--window", "2", "--max-active", "1", "--lock-steps", "1",
-                  "--warmup-steps", "0", opt, trace_p, NULL};
+                  "--warmup-steps", "0", "--confirm-steps", "0", opt,
+                  trace_p, NULL};
   run_result r = tu_run("gnmrctl", argv, NULL);
   ck_assert_int_eq(r.code, 0);
   ck_assert_str_eq(r.out, "step,active\n1,\n2,\n3,\n4,0\n5,0\n6,\n");
@@ -134,8 +135,8 @@ START_TEST(scores_list_risky_and_held_units_with_outcomes) {
   tu_run_free(&r);
   /* --scores without a file writes to standard error */
   char *argv2[] = {"gnmrctl", "replay", "--alpha", "2", "--beta", "2",
-                   "--max-active", "0", "--warmup-steps", "0", "--scores",
-                   trace_p, NULL};
+                   "--max-active", "0", "--warmup-steps", "0",
+                   "--confirm-steps", "0", "--scores", trace_p, NULL};
   r = tu_run("gnmrctl", argv2, NULL);
   ck_assert_int_eq(r.code, 0);
   ck_assert_ptr_nonnull(strstr(r.err, "4,0,5,5,5,2.5,dropped\n"));
@@ -193,8 +194,9 @@ static run_result replay_with(const char *dir, const char *trace,
   snprintf(sp, sizeof sp, "%s/s.txt", dir);
   tu_write_file(tp, trace);
   tu_write_file(sp, schedule);
-  char *argv[] = {"gnmrctl", "replay", "--warmup-steps", "0", "--schedule",
-                  sp, tp, NULL};
+  /* one-step spikes: the plain rule (confirm_steps 0) takes them */
+  char *argv[] = {"gnmrctl", "replay", "--warmup-steps", "0",
+                  "--confirm-steps", "0", "--schedule", sp, tp, NULL};
   return tu_run("gnmrctl", argv, NULL);
 }
 

@@ -29,6 +29,7 @@ static void setup(void) {
   memset(&reg, 0, sizeof reg);
   policy_params_default(&prm);
   prm.warmup_steps = 0;
+  prm.confirm_steps = 1; /* the spikes here last one step */
   released = 0;
 }
 

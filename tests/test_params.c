@@ -27,11 +27,12 @@ START_TEST(defaults_are_the_specs) {
   ck_assert_uint_eq(p.early_steps, 0);
   ck_assert_uint_eq(p.mean_horizon, 20);
   ck_assert_uint_eq(p.job_relative, 1);
+  ck_assert_uint_eq(p.confirm_steps, 2);
   ck_assert_int_eq(policy_params_validate(&p, NULL), GNMR_OK);
   gnmr_params g;
   gnmr_params_default(&g);
   ck_assert(g.early_alpha == 0 && g.alpha == 6 && g.window == 8);
-  ck_assert_int_eq(GNMR_NPARAMS, 11);
+  ck_assert_int_eq(GNMR_NPARAMS, 12);
 }
 END_TEST
 
@@ -128,7 +129,8 @@ START_TEST(public_and_wire_conversions_round_trip) {
   ck_assert(g.early_alpha == 0 && g.early_beta == 0);
   ck_assert(w.early_alpha == 0 && w.early_beta == 0);
   ck_assert(w.alpha == 6 && w.window == 8 && w.warmup_steps == 20);
-  ck_assert(w.mean_horizon == 20 && w.job_relative == 1);
+  ck_assert(w.mean_horizon == 20 && w.job_relative == 1 &&
+            w.confirm_steps == 2);
   gnmr__params_from_wire(&w, &back);
   ck_assert(isnan(back.early_alpha) && policy_params_equal(&p, &back));
 }
@@ -155,7 +157,7 @@ START_TEST(options_settings_and_messages) {
   ck_assert_str_eq(err, "unknown parameter 'gamma' (alpha, beta, window, "
                         "max_active, lock_steps, warmup_steps, early_alpha, "
                         "early_beta, early_steps, mean_horizon, "
-                        "job_relative)");
+                        "job_relative, confirm_steps)");
   char s4[] = "window=0", s5[] = "alpha=-1", s6[] = "lock_steps=4294967296";
   char *w0[] = {s4}, *neg[] = {s5}, *big[] = {s6};
   ck_assert_int_ne(gnmr__policy_settings_apply(&p, w0, 1, err, sizeof err),
@@ -184,14 +186,20 @@ START_TEST(options_settings_and_messages) {
   ck_assert(strstr(GNMR_POLICY_OPTS_USAGE, "[--early-alpha X]") != NULL);
   /* the optional rules: a count and a flag of 0 or 1, nothing else */
   ck_assert(strstr(GNMR_POLICY_OPTS_USAGE, "[--job-relative 0|1]") != NULL);
-  char r1[] = "mean_horizon=0", r2[] = "job-relative=0", *rules[] = {r1, r2};
+  ck_assert(strstr(GNMR_POLICY_OPTS_USAGE, "[--confirm-steps N]") != NULL);
+  char r1[] = "mean_horizon=0", r2[] = "job-relative=0",
+       r3[] = "confirm-steps=3", *rules[] = {r1, r2, r3};
   ck_assert_int_eq(
-      gnmr__policy_settings_apply(&p, rules, 2, err, sizeof err), 0);
-  ck_assert(p.mean_horizon == 0 && p.job_relative == 0);
+      gnmr__policy_settings_apply(&p, rules, 3, err, sizeof err), 0);
+  ck_assert(p.mean_horizon == 0 && p.job_relative == 0 &&
+            p.confirm_steps == 3);
   static const char *const bad_flag[] = {"job_relative=2", "job_relative=-1",
                                          "job_relative=1x", "job_relative=",
                                          "mean_horizon=-5",
-                                         "mean_horizon=18446744073709551616"};
+                                         "mean_horizon=18446744073709551616",
+                                         "confirm_steps=4294967296",
+                                         "confirm_steps=-1",
+                                         "confirm_steps=two"};
   for (size_t i = 0; i < sizeof bad_flag / sizeof bad_flag[0]; i++) {
     char buf[64];
     snprintf(buf, sizeof buf, "%s", bad_flag[i]);
@@ -201,7 +209,8 @@ START_TEST(options_settings_and_messages) {
                   "%s was taken", bad_flag[i]);
     ck_assert(strlen(err) > 0);
   }
-  ck_assert(p.mean_horizon == 0 && p.job_relative == 0); /* unchanged */
+  ck_assert(p.mean_horizon == 0 && p.job_relative == 0 &&
+            p.confirm_steps == 3); /* unchanged */
   policy_params v;
   policy_params_default(&v);
   v.job_relative = 7; /* as a peer might send it */

@@ -199,6 +199,65 @@ START_TEST(window_keeps_only_last_delta_values) {
 }
 END_TEST
 
+/* confirm_steps (docs/policy.md, optional rules): a finite exceedance is
+ * risky once the unit has exceeded that many decided steps in a row; a
+ * non-finite norm at once; a step without an exceedance (or without a
+ * report) ends the run; the run counts through the warm-up; 0 and 1 are
+ * the plain rule. */
+START_TEST(confirm_steps_waits_for_exceedances_in_a_row) {
+  policy_params p = params(2, 1e9, 1, 4, 0, 0);
+  p.confirm_steps = 2;
+  double one = 1, nan = NAN, x[] = {10, 100, 1000};
+  uint8_t nr = NR;
+  policy_result r;
+  /* one step's spike: an exceedance, not risky, no event */
+  policy *e = make(&p, 1);
+  step(e, 1, &one, NULL, NULL);
+  ck_assert_str_eq(step(e, 2, &x[1], NULL, &r), "");
+  ck_assert_uint_eq(r.n_risky, 0);
+  ck_assert_ptr_null(find_event(&r, POLICY_EV_EXCEED, 0));
+  policy_destroy(&e);
+  /* two in a row (the second g = 100 / 5.5): risky at the second */
+  e = make(&p, 1);
+  step(e, 1, &one, NULL, NULL);
+  ck_assert_str_eq(step(e, 2, &x[0], NULL, NULL), "");
+  ck_assert_str_eq(step(e, 3, &x[1], NULL, &r), "0");
+  ck_assert_uint_eq(r.n_risky, 1);
+  ck_assert_ptr_nonnull(find_event(&r, POLICY_EV_EXCEED, 0));
+  policy_destroy(&e);
+  /* a non-finite norm at once */
+  e = make(&p, 1);
+  step(e, 1, &one, NULL, NULL);
+  ck_assert_str_eq(step(e, 2, &nan, NULL, NULL), "0");
+  policy_destroy(&e);
+  /* a step not reported ends the run */
+  e = make(&p, 1);
+  step(e, 1, &one, NULL, NULL);
+  ck_assert_str_eq(step(e, 2, &x[0], NULL, NULL), "");
+  step(e, 3, &one, &nr, NULL);
+  ck_assert_str_eq(step(e, 4, &x[1], NULL, NULL), "");
+  /* "in a row" is of decided steps: their numbers may skip */
+  ck_assert_str_eq(step(e, 9, &x[2], NULL, NULL), "0");
+  policy_destroy(&e);
+  /* the run counts through the warm-up */
+  p.warmup_steps = 2;
+  e = make(&p, 1);
+  step(e, 1, &one, NULL, NULL);
+  ck_assert_str_eq(step(e, 2, &x[0], NULL, NULL), "");
+  ck_assert_str_eq(step(e, 3, &x[1], NULL, NULL), "0");
+  policy_destroy(&e);
+  /* 0 and 1: the plain rule */
+  for (uint32_t c = 0; c <= 1; c++) {
+    p = params(2, 1e9, 1, 4, 0, 0);
+    p.confirm_steps = c;
+    e = make(&p, 1);
+    step(e, 1, &one, NULL, NULL);
+    ck_assert_str_eq(step(e, 2, &x[1], NULL, NULL), "0");
+    policy_destroy(&e);
+  }
+}
+END_TEST
+
 START_TEST(risky_when_either_ratio_exceeds_its_threshold) {
   /* g above alpha alone */
   policy_params p = params(2, 1e9, 8, 4, 0, 0);
@@ -609,6 +668,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, bad_parameters_are_error_codes);
   tcase_add_test(tc, bad_step_input_is_rejected_without_changing_state);
   tcase_add_test(tc, zero_units_steps_cleanly);
+  tcase_add_test(tc, confirm_steps_waits_for_exceedances_in_a_row);
   suite_add_tcase(s, tc);
   return s;
 }

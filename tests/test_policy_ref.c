@@ -16,6 +16,8 @@ typedef struct ref_unit {
   double win[64];
   uint32_t wlen;
   uint32_t lock;
+  uint64_t xend; /* confirm_steps: the newest exceedance, and the steps */
+  uint32_t xlen; /* in a row up to it */
 } ref_unit;
 
 static const double *ref_s; /* for qsort */
@@ -107,10 +109,20 @@ static uint32_t ref_step(ref_unit *u, uint32_t n, uint64_t t,
   }
   if (p->job_relative)
     ref_relative(n, a, b, gs, ds, u, s);
+  /* confirm_steps: a finite exceedance is risky after that many steps in
+   * a row (steps here are 1, 2, 3, ...: the one before t is t - 1) */
+  uint8_t risky[256] = {0};
+  for (uint32_t i = 0; i < n; i++) {
+    if (!(s[i] > 1))
+      continue;
+    u[i].xlen = t > 1 && u[i].xend == t - 1 ? u[i].xlen + 1 : 1;
+    u[i].xend = t;
+    risky[i] = isinf(s[i]) || u[i].xlen >= p->confirm_steps;
+  }
   if (t <= p->warmup_steps)
     return 0;
   for (uint32_t i = 0; i < n; i++)
-    if (s[i] > 1 || u[i].lock > 0)
+    if (risky[i] || u[i].lock > 0)
       pool[np++] = i;
   ref_s = s;
   qsort(pool, np, sizeof pool[0], ref_cmp);
@@ -122,10 +134,9 @@ static uint32_t ref_step(ref_unit *u, uint32_t n, uint64_t t,
   }
   qsort(act, k, sizeof act[0], u32_cmp);
   for (uint32_t i = 0; i < n; i++) {
-    int risky = s[i] > 1;
-    if (in_a[i] && risky)
+    if (in_a[i] && risky[i])
       u[i].lock = p->lock_steps;
-    else if (u[i].lock > 0 && !risky)
+    else if (u[i].lock > 0 && !risky[i])
       u[i].lock--;
   }
   return k;
@@ -135,7 +146,7 @@ static double rnd(unsigned *seed) { return (double)rand_r(seed) / RAND_MAX; }
 
 START_TEST(random_traces_match_naive_reference) {
   unsigned seed = 12345 + (unsigned)_i;
-  int relative_moved = 0;
+  int relative_moved = 0, confirmed = 0;
   for (int trial = 0; trial < 40; trial++) {
     uint32_t n = 1 + (uint32_t)(rnd(&seed) * 40);
     policy_params p;
@@ -154,6 +165,7 @@ START_TEST(random_traces_match_naive_reference) {
     if (rnd(&seed) < 0.5)
       p.mean_horizon = 1 + (uint64_t)(rnd(&seed) * 30);
     p.job_relative = rnd(&seed) < 0.5;
+    p.confirm_steps = (uint32_t)(rnd(&seed) * 4); /* 0 and 1: off */
     policy *e = make(&p, n);
     ref_unit *ru = calloc(n, sizeof *ru);
     double scale[256], norm[256], s[256];
@@ -185,11 +197,15 @@ START_TEST(random_traces_match_naive_reference) {
       for (uint32_t i = 0; i < n; i++)
         ck_assert(r.s[i] == s[i]);
       relative_moved += p.job_relative && job > 1 && k > 0;
+      for (uint32_t i = 0; i < n; i++) /* a run of exceedances promoted */
+        confirmed += p.confirm_steps > 1 && ru[i].xend == t &&
+                     ru[i].xlen >= p.confirm_steps && isfinite(s[i]);
     }
     policy_destroy(&e);
     free(ru);
   }
-  ck_assert_int_gt(relative_moved, 0); /* the rule was exercised */
+  ck_assert_int_gt(relative_moved, 0); /* the rules were exercised */
+  ck_assert_int_gt(confirmed, 0);
 }
 END_TEST
 

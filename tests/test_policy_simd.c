@@ -93,6 +93,7 @@ static void one_run(int level, uint64_t seed) {
   if (rng_next(&rng) % 2)
     p.mean_horizon = 1 + rng_next(&rng) % 12;
   p.job_relative = (uint32_t)(rng_next(&rng) % 2);
+  p.confirm_steps = (uint32_t)(rng_next(&rng) % 4);
   policy *ref = make(&p, n), *vec = make(&p, n);
   uint32_t cap = n + 64;
   double *norm = calloc(cap, sizeof *norm);

@@ -56,14 +56,35 @@ START_TEST(export_import_continues_identically) {
 END_TEST
 
 /* A version-1 snapshot (written by gnmrd before version 2: the bytes of
- * version 3 without the mean horizon, a byte-wise FNV-1a checksum) still
- * imports, to the same state with no horizon; an unknown version is
- * VERSION, not PARSE. */
+ * version 4 without the optional rules' parameters in the header and each
+ * unit's run of exceedances, a byte-wise FNV-1a checksum) still imports,
+ * to the same state with the rules off; an unknown version is VERSION,
+ * not PARSE. */
 static uint64_t fnv1a_bytes(const unsigned char *p, size_t n) {
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < n; i++)
     h = (h ^ p[i]) * 1099511628211ull;
   return h;
+}
+
+/* The bytes of a version-4 snapshot of n units in version 1's layout,
+ * without the checksum: returns their length. */
+static size_t v4_to_v1(const unsigned char *v4, uint32_t n,
+                       unsigned char *out) {
+  enum { HEAD2 = 8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8, RULES = 8 + 4 + 4,
+         UNIT = 8 + 8 + 8 + 4 + 1 + 4, RUN = 8 + 4 };
+  size_t at = HEAD2 + RULES, len = HEAD2;
+  memcpy(out, v4, HEAD2);
+  for (uint32_t u = 0; u < n; u++) {
+    uint32_t wl;
+    memcpy(&wl, v4 + at + UNIT - 4, 4); /* little-endian hosts */
+    size_t one = UNIT + 8 * (size_t)wl;
+    memcpy(out + len, v4 + at, one);
+    len += one;
+    at += one + RUN;
+  }
+  out[8] = 1;
+  return len;
 }
 
 START_TEST(version_1_snapshots_still_import) {
@@ -75,37 +96,61 @@ START_TEST(version_1_snapshots_still_import) {
     step(a, t, norm, NULL, NULL);
   }
   size_t len = policy_export_size(a), len2 = 0;
-  unsigned char *v2 = malloc(len), *v1 = malloc(len), *again = malloc(len);
-  ck_assert_int_eq(policy_export(a, v2, len, &len), GNMR_OK);
-  ck_assert_uint_eq(v2[8], 3); /* version 3 is written */
-  /* the header's optional rules: the 12 bytes after last_step */
-  enum { HEAD2 = 8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8 };
-  size_t len1 = len - 12;
-  memcpy(v1, v2, HEAD2);
-  memcpy(v1 + HEAD2, v2 + HEAD2 + 12, len - HEAD2 - 12);
-  v1[8] = 1;
-  uint64_t h = fnv1a_bytes(v1, len1 - 8);
+  unsigned char *v4 = malloc(len), *v1 = malloc(len), *again = malloc(len),
+                *again1 = malloc(len);
+  ck_assert_int_eq(policy_export(a, v4, len, &len), GNMR_OK);
+  ck_assert_uint_eq(v4[8], 4); /* version 4 is written */
+  size_t body = v4_to_v1(v4, 5, v1), len1 = body + 8;
+  uint64_t h = fnv1a_bytes(v1, body);
   for (int i = 0; i < 8; i++)
-    v1[len1 - 8 + i] = (unsigned char)(h >> (8 * i));
+    v1[body + i] = (unsigned char)(h >> (8 * i));
   ck_assert_int_eq(policy_import(v1, len1, &b), GNMR_OK);
   ck_assert_uint_eq(policy_get_params(b)->mean_horizon, 0);
+  ck_assert_uint_eq(policy_get_params(b)->confirm_steps, 0);
   ck_assert_int_eq(policy_export(b, again, len, &len2), GNMR_OK);
   ck_assert_uint_eq(len2, len);
-  ck_assert_int_eq(memcmp(again, v2, len), 0); /* the same state */
+  /* the same state, but for the runs of exceedances version 1 had not */
+  ck_assert_uint_eq(v4_to_v1(again, 5, again1), body);
+  ck_assert_int_eq(memcmp(again1 + 9, v1 + 9, body - 9), 0);
   v1[len1 - 1] ^= 1; /* a version-1 checksum is checked too */
   ck_assert_int_eq(policy_import(v1, len1, &c), GNMR_E_PARSE);
-  memcpy(v1, v2, len);
-  v1[8] = 4; /* a future version, its checksum intact */
+  memcpy(v1, v4, len);
+  v1[8] = 5; /* a future version, its checksum intact */
   h = fnv1a_bytes(v1, len - 8);
   for (int i = 0; i < 8; i++)
     v1[len - 8 + i] = (unsigned char)(h >> (8 * i));
   ck_assert_int_eq(policy_import(v1, len, &c), GNMR_E_VERSION);
   ck_assert_ptr_null(c);
   free(v1);
-  free(v2);
+  free(v4);
   free(again);
+  free(again1);
   policy_destroy(&a);
   policy_destroy(&b);
+}
+END_TEST
+
+/* Version 4 keeps each unit's run of exceedances (confirm_steps): a job
+ * restored from a snapshot decides the next steps as the one that went
+ * on, a run that straddles the snapshot included. */
+START_TEST(a_run_of_exceedances_survives_a_snapshot) {
+  policy_params p = params(2, 1e9, 1, 4, 0, 0);
+  p.confirm_steps = 2;
+  policy *a = make(&p, 2), *b = NULL;
+  double n[2] = {1, 1};
+  step(a, 1, n, NULL, NULL);
+  n[1] = 10; /* unit 1 exceeds: the run's first step */
+  ck_assert_str_eq(step(a, 2, n, NULL, NULL), "");
+  size_t len = policy_export_size(a);
+  unsigned char *buf = malloc(len);
+  ck_assert_int_eq(policy_export(a, buf, len, &len), GNMR_OK);
+  ck_assert_int_eq(policy_import(buf, len, &b), GNMR_OK);
+  n[1] = 100; /* its second: risky in both */
+  ck_assert_str_eq(step(a, 3, n, NULL, NULL), "1");
+  ck_assert_str_eq(step(b, 3, n, NULL, NULL), "1");
+  policy_destroy(&b);
+  free(buf);
+  policy_destroy(&a);
 }
 END_TEST
 
@@ -452,6 +497,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, export_import_continues_identically);
   tcase_add_test(tc, import_rejects_truncated_and_corrupt_state);
   tcase_add_test(tc, version_1_snapshots_still_import);
+  tcase_add_test(tc, a_run_of_exceedances_survives_a_snapshot);
   tcase_add_test(tc, set_params_keeps_newest_window_values_and_statistics);
   tcase_add_test(tc, set_params_changes_budget_from_next_step);
   tcase_add_test(tc, resize_adds_units_without_history);

@@ -45,8 +45,8 @@ static inline const char *tu_shared(void) {
 #define TU_FIRST_DEFAULTS                                                     \
   "--alpha", "2", "--beta", "2", "--window", "8", "--max-active", "4",        \
       "--lock-steps", "4", "--warmup-steps", "20", "--mean-horizon", "0",     \
-      "--job-relative", "0"
-#define TU_FIRST_DEFAULTS_N 16
+      "--job-relative", "0", "--confirm-steps", "0"
+#define TU_FIRST_DEFAULTS_N 18
 
 /* The sample traces and their expected decisions (tests/traces). */
 static inline const char *tu_traces(void) {

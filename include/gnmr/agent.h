@@ -36,7 +36,8 @@ typedef struct gnmr_params {
   GNMR_PARAMS_MAP(GNMR__PARAM_FIELD) /* gnmr/params.h: alpha, beta, window,
                                         max_active, lock_steps, warmup_steps,
                                         early_alpha, early_beta, early_steps,
-                                        mean_horizon, job_relative */
+                                        mean_horizon, job_relative,
+                                        confirm_steps */
 } gnmr_params;
 
 typedef struct gnmr_agent_config {
@@ -132,6 +133,7 @@ GNMR_EXPORT int gnmr_agent_open(const gnmr_agent_config *cfg,
  *   GNMR_CURVE_PUBLIC_KEY curve_public_key GNMR_OBSERVER       observer (0/1)
  *   GNMR_CURVE_SECRET_KEY curve_secret_key GNMR_MEAN_HORIZON   params.mean_horizon
  *                                          GNMR_JOB_RELATIVE   params.job_relative
+ *                                          GNMR_CONFIRM_STEPS  params.confirm_steps
  *
  * and checks GNMR_WAIT_SPIN_US (gnmr_agent_wait), which is not a field:
  * gnmr_agent_open reads it, and takes the default for a bad value.

@@ -38,6 +38,8 @@
   XX(mean_horizon, uint64_t, U64, "mean-horizon", "GNMR_MEAN_HORIZON", 20,  \
      "")                                                                      \
   XX(job_relative, uint32_t, FLAG, "job-relative", "GNMR_JOB_RELATIVE", 1,   \
+     "")                                                                      \
+  XX(confirm_steps, uint32_t, U32, "confirm-steps", "GNMR_CONFIRM_STEPS", 2, \
      "")
 
 #define GNMR__PARAM_FIELD(name, ctype, kind, opt, env, def, inh) ctype name;

@@ -13,4 +13,5 @@ PARAMS = [
     ("early_steps", "c_uint64", 0, ""),
     ("mean_horizon", "c_uint64", 20, ""),
     ("job_relative", "c_uint32", 1, ""),
+    ("confirm_steps", "c_uint32", 2, ""),
 ]

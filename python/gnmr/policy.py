@@ -56,6 +56,8 @@ def params(**kw):
         raise ValueError("window must be 1..65536")
     if out["job_relative"] not in (0, 1):
         raise ValueError("job_relative must be 0 or 1")
+    if out["confirm_steps"] >= 2 ** 32:
+        raise ValueError("confirm_steps must be below 2^32")
     return out
 
 
@@ -77,6 +79,8 @@ class Policy:
         self.d = [math.nan] * n
         self.risky = set()
         self.last = 0
+        self.xend = [0] * n       # confirm_steps: the newest exceedance
+        self.xlen = [0] * n       # and the steps in a row up to it
 
     def thresholds(self, t):
         p = self.p
@@ -138,10 +142,22 @@ class Policy:
                     ga, db = g / ta, self.d[u] / tb
                     self.s[u] = ga if math.isnan(db) else max(ga, db)
 
+    def exceed(self, u, prev, t):
+        """The final score of u at t: an exceedance extends its run of
+        steps in a row; risky when s > 1 and, for a finite s, the run has
+        lasted confirm_steps steps."""
+        s = self.s[u]
+        if not s > 1:
+            return False
+        n = self.xlen[u] if prev and self.xend[u] == prev else 0
+        self.xlen[u] = min(n + 1, 2 ** 32 - 1)
+        self.xend[u] = t
+        return s == math.inf or self.xlen[u] >= self.p["confirm_steps"]
+
     def step(self, t, norms):
         if t <= self.last:
             raise ValueError(f"step {t} after step {self.last}")
-        self.last = t
+        prev, self.last = self.last, t
         a, b = self.thresholds(t)
         s = self.s
         for u in range(self.n):
@@ -153,7 +169,7 @@ class Policy:
                 s[u] = self.score(u, n, a, b)
         if self.p["job_relative"]:
             self.relative(a, b)
-        self.risky = {u for u in range(self.n) if s[u] > 1}
+        self.risky = {u for u in range(self.n) if self.exceed(u, prev, t)}
         if t <= self.p["warmup_steps"]:
             return []
         pool = self.risky | {u for u in range(self.n) if self.lock[u] > 0}
@@ -220,9 +236,10 @@ def replay(trace, units=None, **kw):
 def exceedances(trace, units=None, **kw):
     """(finite exceedances, non-finite, eligible unit-steps) of a trace:
     the unit-steps after warm-up whose finite GNMR or delta-GNMR crossed
-    a threshold (the paper's threshold-exceedance rate is the first over
-    the third), those with a non-finite norm, and every reported
-    unit-step after warm-up."""
+    a threshold and made the unit risky (with confirm_steps > 1, only the
+    confirmed ones; at 0 or 1 the paper's threshold-exceedance rate is
+    the first over the third), those with a non-finite norm, and every
+    reported unit-step after warm-up."""
     if units is None:
         units = 1 + max((u for r in trace.values() for u in r), default=-1)
     pol = Policy(units, **kw)
@@ -234,7 +251,7 @@ def exceedances(trace, units=None, **kw):
             continue
         for u, n in row.items():
             elig += 1
-            if pol.s[u] > 1:
+            if u in pol.risky:
                 if math.isfinite(n):
                     fin += 1
                 else:

@@ -187,7 +187,7 @@ class DocsTest(unittest.TestCase):
                     r = subprocess.run([exe], env=env, capture_output=True,
                                        text=True, timeout=120)
                     self.assertEqual(r.returncode, 0, f"{page}: {r.stderr}")
-                    self.assertIn("step 30: layer0.mlp.up on its recovery "
+                    self.assertIn("step 31: layer0.mlp.up on its recovery "
                                   "path", r.stdout, page)
                 else:  # a function of a loop (the GPU's): it compiles
                     r = subprocess.run(cc + ["-c", "-o", exe + ".o"],

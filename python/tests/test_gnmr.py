@@ -361,7 +361,8 @@ class ControllerTest(unittest.TestCase):
                          on_route=lambda n, m, h: calls.append((n, h)),
                          params=gnmr.default_params(warmup_steps=0,
                                                     max_active=1,
-                                                    lock_steps=0))
+                                                    lock_steps=0,
+                                                    confirm_steps=1))
         # the frozen module has no gradient: it is still a unit
         self.assertEqual([n for n, _ in ctl.units], ["a", "b", "c", "frozen"])
         x = torch.randn(32, 8)
@@ -392,7 +393,8 @@ class ControllerTest(unittest.TestCase):
         ctl = Controller(net, self.d.agents, "torch-async",
                          params=gnmr.default_params(warmup_steps=0,
                                                     max_active=1,
-                                                    lock_steps=0))
+                                                    lock_steps=0,
+                                                    confirm_steps=1))
         x = torch.randn(32, 8)
         opt = torch.optim.SGD(net.parameters(), lr=0.0)  # grads unchanged
         for step in range(1, 10):
@@ -603,7 +605,8 @@ class ControllerTest(unittest.TestCase):
 
     def test_observer_replicas_get_the_same_routes(self):
         net = Net()
-        p = gnmr.default_params(warmup_steps=0, max_active=1, lock_steps=3)
+        p = gnmr.default_params(warmup_steps=0, max_active=1, lock_steps=3,
+                                confirm_steps=1)  # a one-step spike
         reporter = Controller(net, self.d.agents, "dp-job", params=p,
                               global_rank=0)
         replica = Controller(Net(), self.d.agents, "dp-job", params=p,

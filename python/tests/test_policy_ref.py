@@ -66,11 +66,13 @@ def write(rows, path):
             f.write(f"{t},{u},{n!r}\n")
 
 
-OFF = dict(mean_horizon=0, job_relative=0)
-RULES = [OFF, dict(mean_horizon=7, job_relative=0),
-         dict(mean_horizon=0, job_relative=1), {},  # {}: the defaults
-         dict(mean_horizon=1, job_relative=1, alpha=1.4, beta=1.3,
-              window=3, max_active=3, lock_steps=2, warmup_steps=5)]
+OFF = dict(mean_horizon=0, job_relative=0, confirm_steps=0)
+RULES = [OFF, dict(OFF, mean_horizon=7),
+         dict(OFF, job_relative=1), dict(OFF, confirm_steps=3),
+         {},  # {}: the defaults
+         dict(mean_horizon=1, job_relative=1, confirm_steps=2, alpha=1.4,
+              beta=1.3, window=3, max_active=3, lock_steps=2,
+              warmup_steps=5)]
 
 
 class ReferenceTest(unittest.TestCase):
@@ -132,6 +134,16 @@ class ReferenceTest(unittest.TestCase):
         # and a job of one unit keeps the plain rule
         one = {t: {0: wide[t][0]} for t in wide}
         self.assertEqual(exceedances(one, 1, **rel)[0], 1)
+        # confirm_steps: one step's spike is not risky, two in a row are
+        # (the worked example's spike lasts one step: nobody is chosen)
+        self.assertEqual(replay(trace, 1, **dict(kw, confirm_steps=2)),
+                         [(t, []) for t in range(1, 7)])
+        two = dict(trace)
+        two[5] = {0: 20.0}
+        self.assertEqual(replay(two, 1, **dict(kw, confirm_steps=2))[4],
+                         (5, [0]))
+        self.assertEqual(exceedances(two, 1, **dict(kw, confirm_steps=2)),
+                         (1, 0, 6))
         # a mean horizon of 2 forgets: after 1, 1, 4, 4 the mean is 3.25
         # (the plain mean 2.5), so 6 is not twice it (it is twice 2.5)
         for h, risky in ((2, False), (0, True)):
@@ -146,6 +158,7 @@ class ReferenceTest(unittest.TestCase):
     def test_bad_parameters_and_traces_are_refused(self):
         for kw in (dict(alpha=0), dict(beta=math.nan), dict(window=0),
                    dict(job_relative=2), dict(mean_horizon=-1),
+                   dict(confirm_steps=-1), dict(confirm_steps=2 ** 32),
                    dict(max_active=1.5), dict(gamma=1), dict(alpha="2")):
             with self.assertRaises(ValueError, msg=str(kw)):
                 params(**kw)

@@ -251,7 +251,8 @@ class SwitchTest(unittest.TestCase):
             ctl = Controller(net, d.agents, "recovery-switch",
                              select=(FP8Linear,), on_route=switch,
                              params=gnmr.default_params(warmup_steps=2,
-                                                        max_active=1))
+                                                        max_active=1,
+                                                        confirm_steps=1))
             deadline = time.time() + 10
             while not ctl.agent.joined and time.time() < deadline:
                 time.sleep(0.02)

@@ -32,7 +32,8 @@ def read(path):
 
 
 def params(**kw):
-    base = dict(warmup_steps=0, max_active=1, lock_steps=0)
+    # one step's spike promotes here (confirm_steps 1: the plain rule)
+    base = dict(warmup_steps=0, max_active=1, lock_steps=0, confirm_steps=1)
     base.update(kw)
     return gnmr.default_params(**base)
 
@@ -449,7 +450,10 @@ class WithDaemonTest(unittest.TestCase):
         lines = r.stdout.splitlines()
         self.assertEqual(len(lines), 30)
         self.assertTrue(all("on time True" in ln for ln in lines), r.stdout)
-        self.assertIn("recovery path: ['2']", lines[20])  # the spiked unit
+        # the spiked unit, once it has exceeded two steps in a row
+        # (confirm_steps): chosen at step 21, for step 22 on
+        self.assertNotIn("['2']", lines[20])
+        self.assertIn("recovery path: ['2']", lines[21])
 
     def test_the_admin_endpoint_given_for_the_agents_says_so(self):
         net, x = Net(), torch.randn(8, 8)
