@@ -1539,8 +1539,10 @@ START_TEST(a_frame_stalled_after_a_message_is_dropped_in_seconds) {
          BIG >> 20, took, before, held, after);
   ck_assert_msg(closed, "the stalled connection is still open after %.0f s",
                 took);
-  ck_assert_msg(after < held - (BIG >> 10) / 2,
-                "the frame's buffer stayed: RSS %ld -> %ld kB", held, after);
+  if (rss_tells()) /* ASan's quarantine, valgrind's allocator: theirs */
+    ck_assert_msg(after < held - (BIG >> 10) / 2,
+                  "the frame's buffer stayed: RSS %ld -> %ld kB", held,
+                  after);
   /* an agent is served as ever */
   raw_peer p = raw_open(d.agents);
   hello_ids(&p, "after-stall", 0, 1, two_units, 2, NULL);
