@@ -105,6 +105,7 @@ import json
 import logging
 import math
 import os
+import weakref
 from contextlib import contextmanager
 from itertools import compress
 
@@ -316,6 +317,9 @@ class Controller(Reduction):
         self._last = 0          # gnmrd's numbering
         self._last_result = None
         self._warned = set()
+        self._acc_probe = None  # _watch_accumulation()'s parameter
+        self._acc_seen = None   # (its gradient, versions) at the last step
+        self._acc_runs = 0
         self._not_joined = 0
         self._late = []         # the last on-time flags, for the warning
         self._local = None      # (norms, nonfinite) of the last report
@@ -331,11 +335,52 @@ class Controller(Reduction):
 
     # ---- steps ----------------------------------------------------------
 
+    def _watch_accumulation(self):
+        """Says once when the steps look like micro-batches: three calls in
+        a row between which one parameter's gradient (the same tensor) took
+        exactly one more backward while the parameter did not change, so
+        gnmrd was given partial gradients as steps (issue 48). A step
+        done right changes the parameter, or starts from new or zeroed
+        gradients (set_to_none, or zero_: two changes to the gradient);
+        a fused optimizer, which changes parameters without counting it,
+        is told apart by the latter."""
+        if self.accumulate > 1 or self._acc_probe is False:
+            return
+        p = self._acc_probe
+        if p is None:
+            p = self._acc_probe = next(
+                (q for ps in self._params for q in ps if q.requires_grad),
+                False)
+            if p is False:
+                return
+        g = p.grad
+        if g is None:
+            self._acc_seen, self._acc_runs = None, 0
+            return
+        seen, pv, gv = self._acc_seen or (None, None, None), p._version, \
+            g._version
+        if seen[0] is not None and seen[0]() is g and pv == seen[1] and \
+                gv == seen[2] + 1:
+            self._acc_runs += 1
+        else:
+            self._acc_runs = 0
+        self._acc_seen = (weakref.ref(g), pv, gv)
+        if self._acc_runs == 3 and "accumulate" not in self._warned:
+            self._warned.add("accumulate")
+            _warn("gnmr: step() was called 3 times in a row with the "
+                  "gradients accumulating and the parameters unchanged: "
+                  "it looks like once per micro-batch, so gnmrd decides "
+                  "from partial gradients. Call step() once per optimizer "
+                  "step, after the last micro-batch, or give "
+                  "Controller(accumulate=N) and call it after each of the "
+                  "N micro-batches")
+
     def _internal(self, step):
         """gnmrd's step for yours, or None (with a warning) when it does
         not advance."""
         if self._offset is None:
             self._offset = 1 if step == 0 else 0
+        self._watch_accumulation()
         t = step + self._offset
         if t < 1 or t <= self._last:
             kind = "again" if t == self._last else "below an earlier step"

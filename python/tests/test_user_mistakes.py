@@ -251,6 +251,40 @@ class WithDaemonTest(unittest.TestCase):
     def tearDown(self):
         self.assertEqual(self.d.stop(), 0)
 
+    def test_a_step_per_micro_batch_is_said_once(self):
+        """Issue 48: step() once per micro-batch with increasing numbers
+        gave gnmrd 4x the steps of partial gradients without a word."""
+        def run(job, per_micro, fused=False, set_to_none=True):
+            net, x = Net(), torch.randn(8, 8)
+            opt = torch.optim.AdamW(net.parameters(), lr=1e-3, fused=fused)
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                with Controller(net, self.d.agents, job,
+                                params=params()) as ctl:
+                    step = 0
+                    for _ in range(6):  # optimizer steps of 4 micro-batches
+                        for micro in range(4):
+                            net(x * (1 + micro)).pow(2).mean().backward()
+                            if per_micro:
+                                step += 1
+                                ctl.step(step, wait_ms=5000)
+                        if not per_micro:
+                            step += 1
+                            ctl.step(step, wait_ms=5000)
+                        opt.step()
+                        opt.zero_grad(set_to_none=set_to_none)
+            return [str(m.message) for m in w
+                    if "micro-batch" in str(m.message)]
+        said = run("per-micro", True)
+        self.assertEqual(len(said), 1, said)
+        self.assertIn("once per optimizer step", said[0])
+        self.assertIn("accumulate=N", said[0])
+        # done right: nothing, whatever the optimizer and zero_grad
+        self.assertEqual(run("per-step", False), [])
+        self.assertEqual(run("per-step-fused", False, fused=True,
+                             set_to_none=False), [])
+        self.assertEqual(run("per-step-zero", False, set_to_none=False), [])
+
     def test_steps_from_zero_and_repeats_never_raise(self):
         net, x = Net(), torch.randn(8, 8)
         with Controller(net, self.d.agents, "zero-job", params=params()) \
