@@ -614,6 +614,12 @@ void core_decide_end(core_job *j, core_decision *dd, const core_outcome *out) {
   if (!out->republish && out->rv == GNMR_OK) {
     j->pub_pass = dd->pass;
     j->pub_step = dd->p.step;
+    int nonfinite = 0;
+    for (uint32_t i = 0; i < out->res.n_events; i++) {
+      j->promotions += out->res.events[i].kind == POLICY_EV_PROMOTE;
+      nonfinite |= out->res.events[i].kind == POLICY_EV_NONFINITE;
+    }
+    j->nonfinite_steps += (uint64_t)nonfinite;
   }
   core__pending_clear(j, &dd->p);
 }

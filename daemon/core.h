@@ -88,6 +88,10 @@ typedef struct core_job {
   core_pending pend[CORE_MAX_PENDING]; /* sorted by step */
   uint32_t n_pend;
   uint64_t last_decided;
+  /* since this gnmrd began serving the job (/metrics): units promoted,
+   * and steps decided with a non-finite norm (those the trainer
+   * callbacks skip) */
+  uint64_t promotions, nonfinite_steps;
   /* reports dropped because their step ended up more than CORE_MAX_AHEAD
    * past the last decided one (taken before the job's first decision);
    * the daemon counts and zeroes it */

@@ -233,6 +233,22 @@ static void render(gnmrd *d, text *t) {
   while ((j = core_next_job(&d->jobs, &pos)) != NULL)
     put(t, "gnmr_job_units{%s} %u\n", job_label(j, by_run, lb, sizeof lb),
         j->n_units);
+  /* what to alert on, per job (issue 48): since this gnmrd serves it */
+  put(t, "# HELP gnmr_job_promotions_total Units a job moved to the "
+         "recovery path.\n# TYPE gnmr_job_promotions_total counter\n");
+  pos = 0;
+  while ((j = core_next_job(&d->jobs, &pos)) != NULL)
+    put(t, "gnmr_job_promotions_total{%s} %llu\n",
+        job_label(j, by_run, lb, sizeof lb),
+        (unsigned long long)j->promotions);
+  put(t, "# HELP gnmr_job_nonfinite_steps_total Steps of a job decided "
+         "with a non-finite norm (the steps the trainer callbacks skip).\n"
+         "# TYPE gnmr_job_nonfinite_steps_total counter\n");
+  pos = 0;
+  while ((j = core_next_job(&d->jobs, &pos)) != NULL)
+    put(t, "gnmr_job_nonfinite_steps_total{%s} %llu\n",
+        job_label(j, by_run, lb, sizeof lb),
+        (unsigned long long)j->nonfinite_steps);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,

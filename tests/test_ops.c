@@ -468,9 +468,12 @@ START_TEST(metrics_endpoint_serves_valid_prometheus_text) {
   c.params.warmup_steps = 0;
   gnmr_agent *a;
   ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
+  /* a NaN in a at step 3 (promoted at once), b's norm 10x at step 8
+   * and 100x at 9 (promoted at 9: confirm_steps) */
   for (uint64_t t = 1; t <= 10; t++) {
-    double s[2] = {1, t == 8 ? 400.0 : 4.0};
-    ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, NULL, NULL), GNMR_OK);
+    double s[2] = {1, t == 8 ? 400.0 : t == 9 ? 40000.0 : 4.0};
+    uint64_t nf[2] = {t == 3, 0};
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, nf, NULL), GNMR_OK);
     ck_assert_int_eq(gnmr_agent_wait(a, t, 5000 * tu_slow()), GNMR_OK);
   }
   int status;
@@ -483,6 +486,19 @@ START_TEST(metrics_endpoint_serves_valid_prometheus_text) {
   ck_assert_ptr_nonnull(
       strstr(text, "gnmr_job_step{job=\"quote\\\"and\\\\slash\"} 10\n"));
   ck_assert_ptr_nonnull(strstr(text, "gnmr_job_active_units{job="));
+  {
+    const char *pr = strstr(text, "gnmr_job_promotions_total{"),
+               *nf = strstr(text, "gnmr_job_nonfinite_steps_total{");
+    ck_assert_msg(pr != NULL && nf != NULL, "no per-job counters");
+    static const char want_pr[] =
+        "gnmr_job_promotions_total{job=\"quote\\\"and\\\\slash\"} 2\n";
+    static const char want_nf[] =
+        "gnmr_job_nonfinite_steps_total{job=\"quote\\\"and\\\\slash\"} 1\n";
+    ck_assert_msg(strncmp(pr, want_pr, sizeof want_pr - 1) == 0, "%.80s",
+                  pr);
+    ck_assert_msg(strncmp(nf, want_nf, sizeof want_nf - 1) == 0, "%.80s",
+                  nf);
+  }
   ck_assert_ptr_nonnull(strstr(text, "gnmr_rejected_total{reason=\"decode\"}"));
   ck_assert_ptr_nonnull(strstr(text, "gnmr_store_commit_seconds_bucket"));
   /* every counter of gnmrd's one table, under its family and labels */
