@@ -31,6 +31,7 @@ typedef struct report_scratch {
   double *sumsq;
   uint64_t *nonfinite;
   protobuf_c_boolean *not_reported;
+  protobuf_c_boolean *shadowed;
   uint8_t *seen;
   uint8_t *pack;
   size_t pack_cap;

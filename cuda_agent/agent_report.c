@@ -22,10 +22,12 @@ int gnmr__agent_scratch_init(gnmr_agent *a) {
   e->sumsq = malloc(n * sizeof *e->sumsq);
   e->nonfinite = malloc(n * sizeof *e->nonfinite);
   e->not_reported = malloc(n * sizeof *e->not_reported);
+  e->shadowed = malloc(n * sizeof *e->shadowed);
   c->sumsq = malloc(n * sizeof *c->sumsq);
   c->nonfinite = malloc(n * sizeof *c->nonfinite);
   c->seen = malloc(n);
-  if (!e->sumsq || !e->nonfinite || !e->not_reported || !c->sumsq ||
+  if (!e->sumsq || !e->nonfinite || !e->not_reported || !e->shadowed ||
+      !c->sumsq ||
       !c->nonfinite || !c->seen)
     return GNMR_E_NOMEM;
   return GNMR_OK;
@@ -35,6 +37,7 @@ static void scratch_free(report_scratch *s) {
   free(s->sumsq);
   free(s->nonfinite);
   free(s->not_reported);
+  free(s->shadowed);
   free(s->seen);
   free(s->pack);
   memset(s, 0, sizeof *s);
@@ -93,7 +96,7 @@ int gnmr__report_pack(gnmr__report_layout *pl, const uint8_t *skip, int check,
 static int queue_values(gnmr_agent *a, uint64_t step, const double *sumsq,
                         const uint64_t *nonfinite,
                         const uint8_t *not_reported, const uint8_t *seen,
-                        int check) {
+                        const uint8_t *shadowed, int check) {
   if (atomic_load(&a->forked))
     return gnmr__agent_refuse_forked(a);
   if (a->observer) { /* another replica reports this shard */
@@ -128,6 +131,10 @@ static int queue_values(gnmr_agent *a, uint64_t step, const double *sumsq,
       acc |= nonfinite[i];
     any_nf = acc != 0;
   }
+  int any_sh = 0;
+  if (shadowed != NULL)
+    for (uint32_t i = 0; i < n; i++)
+      any_sh |= (e->shadowed[i] = shadowed[i] != 0);
   r.job = a->job;
   r.rank = a->rank;
   r.step = step;
@@ -137,6 +144,8 @@ static int queue_values(gnmr_agent *a, uint64_t step, const double *sumsq,
   r.nonfinite = (uint64_t *)nonfinite;
   r.n_not_reported = any_nr ? n : 0;
   r.not_reported = e->not_reported;
+  r.n_shadowed = any_sh ? n : 0;
+  r.shadowed = e->shadowed;
   env.body_case = GNMR__ENVELOPE__BODY_REPORT;
   env.report = &r;
   (void)env; /* packed by gnmr__report_pack, as protobuf-c would */
@@ -213,6 +222,15 @@ out:
 int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step, const double *sumsq,
                            const uint64_t *nonfinite,
                            const uint8_t *not_reported) {
+  return gnmr_agent_report_sums_shadowed(a, step, sumsq, nonfinite,
+                                         not_reported, NULL);
+}
+
+int gnmr_agent_report_sums_shadowed(gnmr_agent *a, uint64_t step,
+                                    const double *sumsq,
+                                    const uint64_t *nonfinite,
+                                    const uint8_t *not_reported,
+                                    const uint8_t *shadowed) {
   if (a == NULL || sumsq == NULL || step == 0 ||
       step <= atomic_load(&a->last_reported))
     return GNMR_E_INVAL;
@@ -223,7 +241,8 @@ int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step, const double *sumsq,
    * check is a pass of its own. */
   if (a->observer && gnmr__sums_invalid(sumsq, not_reported, a->n_units))
     return GNMR_E_INVAL;
-  return queue_values(a, step, sumsq, nonfinite, not_reported, NULL, 1);
+  return queue_values(a, step, sumsq, nonfinite, not_reported, NULL,
+                      shadowed, 1);
 }
 
 int gnmr_agent_report(gnmr_agent *a, uint64_t step, const gnmr_tensor *t,
@@ -243,7 +262,8 @@ int gnmr_agent_report(gnmr_agent *a, uint64_t step, const gnmr_tensor *t,
   memset(c->seen, 0, a->n_units);
   int rv = gnmr_reduce_cpu(t, n, a->n_units, c->sumsq, c->nonfinite, c->seen);
   if (rv == GNMR_OK)
-    rv = queue_values(a, step, c->sumsq, c->nonfinite, NULL, c->seen, 0);
+    rv = queue_values(a, step, c->sumsq, c->nonfinite, NULL, c->seen, NULL,
+                      0);
   pthread_mutex_unlock(&a->cpu_mu);
   return rv;
 }
@@ -278,5 +298,5 @@ int gnmr__agent_begin_step(gnmr_agent *a, uint64_t step) {
 
 int gnmr__agent_queue_seen(gnmr_agent *a, uint64_t step, const double *sumsq,
                            const uint64_t *nonfinite, const uint8_t *seen) {
-  return queue_values(a, step, sumsq, nonfinite, NULL, seen, 0);
+  return queue_values(a, step, sumsq, nonfinite, NULL, seen, NULL, 0);
 }

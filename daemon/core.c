@@ -103,6 +103,7 @@ void core_job_free(core_registry *reg, core_job *j) {
   free(j->got);
   free(j->nrc);
   free(j->nfc);
+  free(j->shd);
   hmap_free(&j->unit_ids);
   policy_destroy(&j->pol);
   free(j->name);
@@ -150,6 +151,7 @@ static int reserve_units(core_job *j, uint32_t n) {
   GROW(got);
   GROW(nrc);
   GROW(nfc);
+  GROW(shd);
 #undef GROW
   j->cap_units = cap;
   return GNMR_OK;
@@ -513,6 +515,7 @@ static uint32_t sum_shards(core_job *j, const core_pending *p) {
   memset(j->got, 0, n * sizeof *j->got);
   memset(j->nrc, 0, n * sizeof *j->nrc);
   memset(j->nfc, 0, n * sizeof *j->nfc);
+  memset(j->shd, 0, n * sizeof *j->shd);
   for (uint32_t r = 0; r < j->reporters; r++) { /* rank order */
     const core_report *h = &p->by_rank[r];
     const core_rank *rr = &j->ranks[r];
@@ -528,6 +531,8 @@ static uint32_t sum_shards(core_job *j, const core_pending *p) {
       j->acc[id] += h->sumsq[i];
       if (h->nonfinite)
         j->nfc[id] += h->nonfinite[i];
+      if (h->shadowed && h->shadowed[i])
+        j->shd[id] = 1;
     }
   }
   /* The job's layout is known once every rank has said Hello: before
@@ -543,12 +548,15 @@ static uint32_t sum_shards(core_job *j, const core_pending *p) {
     if (!layout_known || j->got[u] < j->shards[u] ||
         (j->nrc[u] > 0 && j->nrc[u] < j->got[u])) {
       j->input[u] = POLICY_MISSING;
+      j->shd[u] = 0;
       missing++;
     } else if (j->nrc[u] == j->got[u]) {
       j->input[u] = POLICY_NOT_REPORTED;
+      j->shd[u] = 0;
     } else {
       j->input[u] = POLICY_REPORTED;
-      j->norm[u] = j->nfc[u] > 0 ? NAN : sqrt(j->acc[u]);
+      j->norm[u] = j->nfc[u] > 0 || j->shd[u] ? NAN : sqrt(j->acc[u]);
+      j->shd[u] = j->shd[u] && j->nfc[u] == 0; /* a real NaN is one */
     }
   }
   return missing;
@@ -601,6 +609,7 @@ void core_decide_run(core_job *j, const core_decision *dd,
   out->input = j->input;
   out->unit_id = j->unit_id;
   out->active_ids = j->act_ids;
+  out->shadowed = j->shd;
   out->republish = dd->republish;
   out->rv = out->republish ? GNMR_OK
                            : policy_step(j->pol, p->step, j->norm, j->input,
@@ -614,12 +623,18 @@ void core_decide_end(core_job *j, core_decision *dd, const core_outcome *out) {
   if (!out->republish && out->rv == GNMR_OK) {
     j->pub_pass = dd->pass;
     j->pub_step = dd->p.step;
-    int nonfinite = 0;
+    int nonfinite = 0, shadowed = 0;
     for (uint32_t i = 0; i < out->res.n_events; i++) {
-      j->promotions += out->res.events[i].kind == POLICY_EV_PROMOTE;
-      nonfinite |= out->res.events[i].kind == POLICY_EV_NONFINITE;
+      const policy_event *e = &out->res.events[i];
+      j->promotions += e->kind == POLICY_EV_PROMOTE;
+      if (e->kind == POLICY_EV_NONFINITE) {
+        int sh = out->shadowed[e->unit];
+        shadowed |= sh;
+        nonfinite |= !sh;
+      }
     }
     j->nonfinite_steps += (uint64_t)nonfinite;
+    j->shadowed_steps += (uint64_t)shadowed;
   }
   core__pending_clear(j, &dd->p);
 }

@@ -46,6 +46,7 @@ typedef struct core_report {
   const double *sumsq;       /* n_units of the rank */
   const uint64_t *nonfinite; /* NULL: all zero */
   const int *not_reported;   /* NULL: all reported */
+  const int *shadowed;       /* NULL: none (Report.shadowed) */
 } core_report;
 
 typedef struct core_pending {
@@ -91,7 +92,7 @@ typedef struct core_job {
   /* since this gnmrd began serving the job (/metrics): units promoted,
    * and steps decided with a non-finite norm (those the trainer
    * callbacks skip) */
-  uint64_t promotions, nonfinite_steps;
+  uint64_t promotions, nonfinite_steps, shadowed_steps;
   /* reports dropped because their step ended up more than CORE_MAX_AHEAD
    * past the last decided one (taken before the job's first decision);
    * the daemon counts and zeroes it */
@@ -101,6 +102,7 @@ typedef struct core_job {
   uint8_t *input;
   uint32_t *got, *nrc;
   uint64_t *nfc;
+  uint8_t *shd; /* by slot: shadowed by a rank, with no NaN/Inf of its own */
   uint32_t *act_ids;         /* the decision's active set, as ids */
 } core_job;
 
@@ -187,6 +189,8 @@ typedef struct core_outcome {
   const uint8_t *input;
   const uint32_t *unit_id;    /* slot -> job-wide id */
   const uint32_t *active_ids; /* res.active as ids (ascending) */
+  const uint8_t *shadowed;    /* by slot: its non-finite score is only a
+                                 rank's Report.shadowed */
 } core_outcome;
 
 /* A step decided before gnmrd restarted (its history, or an agent that

@@ -249,6 +249,15 @@ static void render(gnmrd *d, text *t) {
     put(t, "gnmr_job_nonfinite_steps_total{%s} %llu\n",
         job_label(j, by_run, lb, sizeof lb),
         (unsigned long long)j->nonfinite_steps);
+  put(t, "# HELP gnmr_job_shadowed_steps_total Steps of a job at which a "
+         "recipe measured a unit's low-cost path as damaged (an FP8 "
+         "overflow), with no NaN/Inf gradient.\n"
+         "# TYPE gnmr_job_shadowed_steps_total counter\n");
+  pos = 0;
+  while ((j = core_next_job(&d->jobs, &pos)) != NULL)
+    put(t, "gnmr_job_shadowed_steps_total{%s} %llu\n",
+        job_label(j, by_run, lb, sizeof lb),
+        (unsigned long long)j->shadowed_steps);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,

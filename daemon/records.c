@@ -214,7 +214,12 @@ policy_snap *records_step(store *st, const core_job *j,
       store_event *ev = &r->events[i];
       int has_unit = e->unit != UINT32_MAX; /* e->unit is a slot */
       ev->unit = has_unit ? o->unit_id[e->unit] : UINT32_MAX;
-      ev->kind = e->kind;
+      /* a non-finite score that only a rank's recipe measured (an FP8
+       * overflow of the low path) is not a NaN gradient */
+      ev->kind = e->kind == POLICY_EV_NONFINITE && has_unit &&
+                         o->shadowed != NULL && o->shadowed[e->unit]
+                     ? POLICY_EV_SHADOWED
+                     : e->kind;
       ev->outcome = e->outcome;
       ev->count = e->count;
       ev->norm = has_unit && o->input[e->unit] == POLICY_REPORTED

@@ -27,7 +27,11 @@ enum policy_input {
   XX(NONFINITE, 4, "nonfinite")      /* u reported a NaN/Inf norm */         \
   XX(BUDGET_SATURATED, 5, "budget_saturated") /* |pool| > max_active;       \
                                                  unit = UINT32_MAX */        \
-  XX(MISSING, 6, "missing")          /* u (or a shard of it) had no report */
+  XX(MISSING, 6, "missing")          /* u (or a shard of it) had no report */ \
+  XX(SHADOWED, 7, "shadowed")        /* gnmrd's, not the engine's: u's     \
+                                        non-finite score came only from    \
+                                        Report.shadowed (the recipe's      \
+                                        measure of its low-cost path) */
 
 enum policy_event_kind {
 #define POLICY__EV_ENUM(id, v, name) POLICY_EV_##id = v,

@@ -139,6 +139,10 @@ int gnmr__validate_report(const Gnmr__Report *r, uint32_t n_units,
     FAIL(GNMR_E_PROTO, "not_reported",
          "not_reported has %zu entries: expected 0 or %u", r->n_not_reported,
          n_units);
+  if (r->n_shadowed != 0 && r->n_shadowed != n_units)
+    FAIL(GNMR_E_PROTO, "shadowed",
+         "shadowed has %zu entries: expected 0 or %u", r->n_shadowed,
+         n_units);
   for (size_t i = 0; i < r->n_sumsq; i++)
     if (!(r->sumsq[i] >= 0))
       FAIL(GNMR_E_RANGE, "sumsq",

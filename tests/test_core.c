@@ -56,7 +56,7 @@ static int report(core_job *j, uint32_t rank, uint64_t step,
                   const double *sumsq, uint64_t now) {
   int resumed;
   char detail[128];
-  core_report rep = {malloc(1), sumsq, NULL, NULL};
+  core_report rep = {malloc(1), sumsq, NULL, NULL, NULL};
   int rc = core_report_step(j, rank, step, &rep, (core_clock){now, now * 1000},
                             &resumed, detail, sizeof detail);
   if (rc != CORE_ACCEPTED)
@@ -262,7 +262,8 @@ START_TEST(not_reported_nonfinite_and_partial) {
   join(j, 1, two, 2);
   int resumed;
   char d[64];
-  core_report r0 = {malloc(1), s0, NULL, nr0}, r1 = {malloc(1), s1, nf, nr1};
+  core_report r0 = {malloc(1), s0, NULL, nr0, NULL},
+              r1 = {malloc(1), s1, nf, nr1, NULL};
   core_clock t = {0, 0};
   ck_assert_int_eq(core_report_step(j, 0, 1, &r0, t, &resumed, d, sizeof d),
                    CORE_ACCEPTED);
@@ -275,8 +276,8 @@ START_TEST(not_reported_nonfinite_and_partial) {
   ck_assert(isnan(o.norm[1])); /* one shard was not finite */
   /* one shard reported, the other not: the unit is missing */
   static const int nr_half[] = {0, 0};
-  core_report h0 = {malloc(1), s0, NULL, nr_half}, h1 = {malloc(1), s1, NULL,
-                                                          nr1};
+  core_report h0 = {malloc(1), s0, NULL, nr_half, NULL},
+              h1 = {malloc(1), s1, NULL, nr1, NULL};
   ck_assert_int_eq(core_report_step(j, 0, 2, &h0, t, &resumed, d, sizeof d),
                    CORE_ACCEPTED);
   ck_assert_int_eq(core_report_step(j, 1, 2, &h1, t, &resumed, d, sizeof d),
@@ -425,7 +426,7 @@ START_TEST(a_rank_back_below_its_step_starts_a_new_pass) {
   core_join(j, 0, 0);
   int resumed;
   char detail[128];
-  core_report rep = {malloc(1), s, NULL, NULL};
+  core_report rep = {malloc(1), s, NULL, NULL, NULL};
   ck_assert_int_eq(core_report_step(j, 0, 3, &rep, (core_clock){7, 7},
                                     &resumed, detail, sizeof detail),
                    CORE_ACCEPTED);

@@ -468,12 +468,15 @@ START_TEST(metrics_endpoint_serves_valid_prometheus_text) {
   c.params.warmup_steps = 0;
   gnmr_agent *a;
   ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
-  /* a NaN in a at step 3 (promoted at once), b's norm 10x at step 8
+  /* a NaN in a at step 3 (promoted at once), a's low path measured as
+   * damaged at 6 (Report.shadowed: held, no NaN), b's norm 10x at step 8
    * and 100x at 9 (promoted at 9: confirm_steps) */
   for (uint64_t t = 1; t <= 10; t++) {
     double s[2] = {1, t == 8 ? 400.0 : t == 9 ? 40000.0 : 4.0};
     uint64_t nf[2] = {t == 3, 0};
-    ck_assert_int_eq(gnmr_agent_report_sums(a, t, s, nf, NULL), GNMR_OK);
+    uint8_t sh[2] = {t == 6, 0};
+    ck_assert_int_eq(gnmr_agent_report_sums_shadowed(a, t, s, nf, NULL, sh),
+                     GNMR_OK);
     ck_assert_int_eq(gnmr_agent_wait(a, t, 5000 * tu_slow()), GNMR_OK);
   }
   int status;
@@ -498,6 +501,12 @@ START_TEST(metrics_endpoint_serves_valid_prometheus_text) {
                   pr);
     ck_assert_msg(strncmp(nf, want_nf, sizeof want_nf - 1) == 0, "%.80s",
                   nf);
+    const char *sh = strstr(text, "gnmr_job_shadowed_steps_total{");
+    ck_assert_ptr_nonnull(sh);
+    static const char want_sh[] =
+        "gnmr_job_shadowed_steps_total{job=\"quote\\\"and\\\\slash\"} 1\n";
+    ck_assert_msg(strncmp(sh, want_sh, sizeof want_sh - 1) == 0, "%.80s",
+                  sh);
   }
   ck_assert_ptr_nonnull(strstr(text, "gnmr_rejected_total{reason=\"decode\"}"));
   ck_assert_ptr_nonnull(strstr(text, "gnmr_store_commit_seconds_bucket"));

@@ -143,6 +143,22 @@ START_TEST(hostile_input_gets_errors_or_counted_drops_and_good_agent_is_served) 
   uint64_t nf1[1] = {0};
   report(&p, "raw-job", 0, 1, s2, 2, nf1, 1);
   expect_error(&p, GNMR_E_PROTO, "nonfinite has 1 entries");
+  { /* shadowed: empty or one per unit, as not_reported */
+    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+    Gnmr__Report r = GNMR__REPORT__INIT;
+    protobuf_c_boolean sh3[3] = {1, 0, 0};
+    r.job = "raw-job";
+    r.rank = 0;
+    r.step = 1;
+    r.n_sumsq = 2;
+    r.sumsq = s2;
+    r.n_shadowed = 3;
+    r.shadowed = sh3;
+    env.body_case = GNMR__ENVELOPE__BODY_REPORT;
+    env.report = &r;
+    raw_send_env(&p, &env);
+    expect_error(&p, GNMR_E_PROTO, "shadowed has 3 entries");
+  }
   double neg[2] = {1, -4};
   report(&p, "raw-job", 0, 1, neg, 2, NULL, 0);
   expect_error(&p, GNMR_E_RANGE, "negative or NaN");

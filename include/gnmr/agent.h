@@ -174,6 +174,17 @@ GNMR_EXPORT int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step,
                                        const uint64_t *nonfinite,
                                        const uint8_t *not_reported);
 
+/* gnmr_agent_report_sums() with shadowed[i] != 0 (may be NULL = none)
+ * for each unit whose low-cost path the recipe measured as damaged at
+ * this step (an FP8 cast that overflowed): gnmrd scores it as a
+ * non-finite norm (risky at once) and records it as `shadowed`, apart
+ * from the real NaN/Inf gradients of nonfinite. */
+GNMR_EXPORT int gnmr_agent_report_sums_shadowed(gnmr_agent *a, uint64_t step,
+                                                const double *sumsq,
+                                                const uint64_t *nonfinite,
+                                                const uint8_t *not_reported,
+                                                const uint8_t *shadowed);
+
 /* Waits up to timeout_ms for the decision of `step`. Returns 0 when it (or
  * a later one) is in, GNMR_E_TIMEDOUT otherwise (counted as late). It
  * first spins, yielding its CPU to any thread that wants it, for up to

@@ -196,6 +196,10 @@ def _signatures():
                                    [agent_p, ctypes.c_uint64,
                                     P(ctypes.c_double), P(ctypes.c_uint64),
                                     P(ctypes.c_uint8)]),
+        "gnmr_agent_report_sums_shadowed": (
+            ctypes.c_int, [agent_p, ctypes.c_uint64, P(ctypes.c_double),
+                           P(ctypes.c_uint64), P(ctypes.c_uint8),
+                           P(ctypes.c_uint8)]),
         "gnmr_agent_wait": (ctypes.c_int, [agent_p, ctypes.c_uint64,
                                            ctypes.c_int]),
         "gnmr_agent_route": (ctypes.c_int, [agent_p, ctypes.c_uint32]),

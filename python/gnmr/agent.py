@@ -193,9 +193,12 @@ class Agent:
         except Exception:  # interpreter shutdown: the library may be gone
             pass
 
-    def report_sums(self, step, sumsq, nonfinite=None, not_reported=None):
+    def report_sums(self, step, sumsq, nonfinite=None, not_reported=None,
+                    shadowed=None):
         """Reports already-reduced values, one per unit: sums of squares
-        (>= 0), counts of NaN/Inf elements, and units with no value."""
+        (>= 0), counts of NaN/Inf elements, units with no value, and units
+        whose low-cost path the recipe measured as damaged (scored as
+        non-finite by gnmrd, recorded as `shadowed`)."""
         n = self.n_units
         if len(sumsq) != n:
             raise ValueError(f"sumsq has {len(sumsq)} values for {n} units")
@@ -204,8 +207,10 @@ class Agent:
             else None
         nr = (ctypes.c_uint8 * n)(*[1 if x else 0 for x in not_reported]) \
             if not_reported is not None else None
-        self._check_report(lib().gnmr_agent_report_sums(self._a, step, s,
-                                                        nf, nr), step)
+        sh = (ctypes.c_uint8 * n)(*[1 if x else 0 for x in shadowed]) \
+            if shadowed else None
+        self._check_report(lib().gnmr_agent_report_sums_shadowed(
+            self._a, step, s, nf, nr, sh), step)
 
     def report_buffers(self, step, buffers):
         """Reports host buffers: (unit, data pointer, element count, dtype

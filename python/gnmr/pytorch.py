@@ -86,7 +86,9 @@ backward for every unit on its recovery path, says whether the low-cost
 path would have been damaged at this step (gnmr.recovery.fp8_overflowed
 for FP8Linear: its input outgrew the stale FP8 scale). Such a unit is
 reported to gnmrd as non-finite, as its gradient would have been on the
-low-cost path, so GNMR keeps it while the damage lasts. StepResult's
+low-cost path, so GNMR keeps it while the damage lasts (Report.shadowed:
+gnmrd records a `shadowed` event, not `nonfinite`, and /metrics counts
+such steps apart). StepResult's
 `nonfinite` still lists only real NaN/Inf gradients; `shadowed` lists
 these units. `shadow_low=True` asks `shadow` of the units on their
 low-cost path too: there it says whether the low-cost path damaged the

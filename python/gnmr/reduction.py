@@ -303,16 +303,17 @@ class Reduction:
         n = len(self._params)
         not_reported = bytes(seen).translate(_FLIP)
         nr = (ctypes.c_uint8 * n).from_buffer_copy(not_reported)
-        local = nonfinite  # this rank's own counts (the arrays are kept:
-        # a list of 10,000 would cost more than the reduction)
+        # the arrays are kept: a list of 10,000 would cost more than the
+        # reduction
         self._shadowed = [u for u in shadowed if seen[u]]
-        if self._shadowed:
-            nonfinite = (ctypes.c_uint64 * n).from_buffer_copy(local)
-        for u in self._shadowed:  # as the low-cost path would have made it
-            nonfinite[u] = max(nonfinite[u], 1)
-        self.agent._check_report(lib().gnmr_agent_report_sums(
-            self.agent._a, t, sumsq, nonfinite, nr), t)
-        self._local = (sumsq, local, not_reported)
+        sh = None
+        if self._shadowed:  # scored as the low-cost path would have made
+            sh = (ctypes.c_uint8 * n)()  # it, recorded as shadowed
+            for u in self._shadowed:
+                sh[u] = 1
+        self.agent._check_report(lib().gnmr_agent_report_sums_shadowed(
+            self.agent._a, t, sumsq, nonfinite, nr, sh), t)
+        self._local = (sumsq, nonfinite, not_reported)
 
     def _report_on(self, t, stream, threads):
         self._local = None
@@ -352,9 +353,10 @@ class Reduction:
             self._cuda_step = (t, stream)
             return
         sumsq, nonfinite = self._mixed_sums(grads, threads)
-        sent = list(nonfinite)
         self._shadowed = [u for u in shadowed if not not_reported[u]]
-        for u in self._shadowed:  # as the low-cost path would have made it
-            sent[u] = max(sent[u], 1)
-        self.agent.report_sums(t, sumsq, sent, not_reported=not_reported)
+        mine = set(self._shadowed)  # scored as the low-cost path would
+        self.agent.report_sums(t, sumsq, nonfinite,  # have made it
+                               not_reported=not_reported,
+                               shadowed=[u in mine for u in range(len(
+                                   sumsq))] if mine else None)
         self._local = (sumsq, nonfinite, not_reported)

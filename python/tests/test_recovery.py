@@ -4,6 +4,7 @@
 The low path really quantizes, the recovery path is exact, and a route
 from gnmrd switches the path before the module's next forward.
 """
+import json
 import math
 import os
 import sys
@@ -312,6 +313,22 @@ class SwitchTest(unittest.TestCase):
             self.assertEqual(nonfinite[5:7], [[], []])
             self.assertEqual(path[5:9], [True, True, True, False])
             self.assertEqual(shadowed[7:], [[]] * 3)
+            # gnmrd's history tells them apart (issue 48: overflows of the
+            # low path's copy were stored as NaN gradients)
+            from test_distributed import gnmrctl
+            kinds = {}
+            for _ in range(100):  # committed a moment after the Bye
+                rows = json.loads(gnmrctl(d, "history", "recovery-shadow",
+                                          "--json"))
+                rows = rows["events"] if isinstance(rows, dict) else rows
+                kinds = {}
+                for e in rows:
+                    kinds.setdefault(e["kind"], []).append(e["step"])
+                if "shadowed" in kinds:
+                    break
+                time.sleep(0.05)
+            self.assertEqual(kinds.get("nonfinite"), [5], kinds)
+            self.assertEqual(kinds.get("shadowed"), [6, 7], kinds)
         finally:
             self.assertEqual(d.stop(), 0)
 
