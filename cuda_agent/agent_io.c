@@ -359,8 +359,12 @@ static void on_message(gnmr_agent *a, io_state *io, const void *buf,
       atomic_store(&a->joined, 0);
       io->next_hello = 0;
     } else if (!atomic_load(&a->joined)) {
-      /* our Hello was refused (mismatch, bad config): retry slowly */
-      io->next_hello = gnmr__now_ms() + HELLO_REFUSED_MS;
+      /* our Hello was refused (mismatch, bad config): retry slowly; an
+       * observer early for its job's ranks: soon */
+      int early = env->error->code == GNMR_E_BUSY && env->error->ref &&
+                  strcmp(env->error->ref, "layout") == 0;
+      io->next_hello = gnmr__now_ms() + (early ? HELLO_LAYOUT_MS
+                                               : HELLO_REFUSED_MS);
     }
     break;
   default:

@@ -42,6 +42,7 @@ typedef struct report_scratch {
 #define HELLO_CONNECT_MS 20  /* Hello could not be sent: not connected */
 #define HELD_MAX 8           /* reports kept while not joined */
 #define HELLO_REFUSED_MS 5000 /* back-off after a refused Hello */
+#define HELLO_LAYOUT_MS 250  /* an observer before its job's ranks */
 #define IO_POLL_MS 50
 #define WAIT_SPIN_US 2000    /* gnmr_agent_wait spins this long at most... */
 #define WAIT_SPIN_MAX_US 1000000 /* ...or GNMR_WAIT_SPIN_US, up to this */

@@ -168,13 +168,22 @@ static int observer_join(gnmrd *d, const void *id, size_t id_len, job *j,
     welcome(d, id, id_len, c, &c->observers[pr->rank], 0);
     return 1;
   }
-  /* once every rank has registered, the job's units are the ranks': an
-   * observer maps decisions to them and adds none (it held on to what it
-   * added, a job's worth of units for good, the job unable to grow) */
+  /* the job's units are the ranks': an observer maps decisions to them
+   * and adds none (it held on to what it added, a job's worth of units
+   * for good, the job unable to grow). Before every rank has registered
+   * they are not all known: the observer is asked to come back (BUSY,
+   * ref "layout": the agent retries within a second) */
   int layout_known = 1;
   for (uint32_t r = 0; r < c->reporters && layout_known; r++)
     layout_known = c->ranks[r].ever;
-  for (size_t i = 0; layout_known && i < h->n_units; i++)
+  if (!layout_known) {
+    d->c.hellos_refused++;
+    jobs__reply_error(d, id, id_len, GNMR_E_BUSY, "layout", 0,
+                      "job %.64s: not every rank has said Hello yet; an "
+                      "observer joins once they have (it retries)", c->name);
+    return 0;
+  }
+  for (size_t i = 0; i < h->n_units; i++)
     if (!hmap_get(&c->unit_ids, h->units[i], strlen(h->units[i]), NULL)) {
       char nb[300];
       d->c.hellos_refused++;

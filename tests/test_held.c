@@ -268,15 +268,20 @@ START_TEST(an_observer_cannot_write_history_or_steer_ranks) {
   Gnmr__Decision f = forged("watched", 1, 1, 4, act, 1);
   Gnmr__Decision *held[] = {seen->decision, &f};
   o = raw_open(d.agents);
+  /* first, before the job's rank: asked to come back, nothing taken */
+  hello_held(&o, "watched", 1, held, 2);
+  expect_error(&o, GNMR_E_BUSY, "not every rank has said Hello");
+  ck_assert_int_eq(tu_counter(&d, "decisions_restored"), 0);
+  /* a rank joining now is told nothing was decided */
+  r = raw_open(d.agents);
+  hello_held(&r, "watched", 0, NULL, 0);
+  ck_assert_uint_eq(welcomed(&r), 0);
+  /* the observer again: welcomed, its held decisions refused, and the
+   * rank steered by nothing it said */
   hello_held(&o, "watched", 1, held, 2);
   welcomed(&o);
   ck_assert_int_eq(tu_counter(&d, "held_refused"), 2);
   ck_assert_int_eq(tu_counter(&d, "decisions_restored"), 0);
-  /* a rank joining now is told nothing was decided, and is steered by
-   * nothing the observer said */
-  r = raw_open(d.agents);
-  hello_held(&r, "watched", 0, NULL, 0);
-  ck_assert_uint_eq(welcomed(&r), 0);
   expect_silence(&r);
   gnmr__wire_free(&seen);
   raw_close(&r);
@@ -380,6 +385,29 @@ START_TEST(an_observer_adds_no_units_to_a_job) {
   ck_assert_msg(u.code == 0 && strstr(u.out, "u0") && !strstr(u.out, "x1"),
                 "%s%s", u.out, u.err);
   tu_run_free(&u);
+  /* before every rank of a job has said Hello, an observer is asked to
+   * come back (it adds nothing meanwhile), and is welcomed after */
+  raw_peer r0 = raw_open(d.agents), r1 = raw_open(d.agents),
+           o2 = raw_open(d.agents);
+  char *a[] = {"a"}, *b[] = {"b"};
+  hello_rank(&r0, "pair", 0, 2, 0, NULL, 0, a, 1);
+  welcomed(&r0);
+  hello_rank(&o2, "pair", 0, 2, 1, NULL, 0, many, N + 1);
+  expect_error(&o2, GNMR_E_BUSY, "not every rank has said Hello");
+  hello_rank(&r1, "pair", 1, 2, 0, NULL, 0, b, 1);
+  welcomed(&r1);
+  hello_rank(&o2, "pair", 0, 2, 1, NULL, 0, a, 1);
+  e = expect_body(&o2, GNMR__ENVELOPE__BODY_WELCOME);
+  ck_assert_uint_eq(e->welcome->n_unit_ids, 1);
+  gnmr__wire_free(&e);
+  u = tu_run("gnmrctl", (char *[]){"gnmrctl", adm, "units", "pair", NULL},
+             NULL);
+  ck_assert_msg(u.code == 0 && strstr(u.out, "a") && !strstr(u.out, "x1"),
+                "%s%s", u.out, u.err);
+  tu_run_free(&u);
+  raw_close(&r0);
+  raw_close(&r1);
+  raw_close(&o2);
   for (int i = 1; i <= N; i++)
     free(many[i]);
   free(many);
