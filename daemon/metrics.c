@@ -234,30 +234,32 @@ static void render(gnmrd *d, text *t) {
     put(t, "gnmr_job_units{%s} %u\n", job_label(j, by_run, lb, sizeof lb),
         j->n_units);
   /* what to alert on, per job (issue 48): since this gnmrd serves it */
-  put(t, "# HELP gnmr_job_promotions_total Units a job moved to the "
-         "recovery path.\n# TYPE gnmr_job_promotions_total counter\n");
-  pos = 0;
-  while ((j = core_next_job(&d->jobs, &pos)) != NULL)
-    put(t, "gnmr_job_promotions_total{%s} %llu\n",
-        job_label(j, by_run, lb, sizeof lb),
-        (unsigned long long)j->promotions);
-  put(t, "# HELP gnmr_job_nonfinite_steps_total Steps of a job decided "
-         "with a non-finite norm (the steps the trainer callbacks skip).\n"
-         "# TYPE gnmr_job_nonfinite_steps_total counter\n");
-  pos = 0;
-  while ((j = core_next_job(&d->jobs, &pos)) != NULL)
-    put(t, "gnmr_job_nonfinite_steps_total{%s} %llu\n",
-        job_label(j, by_run, lb, sizeof lb),
-        (unsigned long long)j->nonfinite_steps);
-  put(t, "# HELP gnmr_job_shadowed_steps_total Steps of a job at which a "
-         "recipe measured a unit's low-cost path as damaged (an FP8 "
-         "overflow), with no NaN/Inf gradient.\n"
-         "# TYPE gnmr_job_shadowed_steps_total counter\n");
-  pos = 0;
-  while ((j = core_next_job(&d->jobs, &pos)) != NULL)
-    put(t, "gnmr_job_shadowed_steps_total{%s} %llu\n",
-        job_label(j, by_run, lb, sizeof lb),
-        (unsigned long long)j->shadowed_steps);
+  static const struct {
+    const char *name, *help;
+    size_t field; /* a uint64_t of core_job */
+  } counters[] = {
+      {"gnmr_job_promotions_total", "Units a job moved to the recovery path.",
+       offsetof(core_job, promotions)},
+      {"gnmr_job_nonfinite_steps_total",
+       "Steps of a job decided with a non-finite norm (the steps the "
+       "trainer callbacks skip).",
+       offsetof(core_job, nonfinite_steps)},
+      {"gnmr_job_shadowed_steps_total",
+       "Steps of a job at which a recipe measured a unit's low-cost path "
+       "as damaged (an FP8 overflow), with no NaN/Inf gradient.",
+       offsetof(core_job, shadowed_steps)},
+  };
+  for (size_t k = 0; k < sizeof counters / sizeof counters[0]; k++) {
+    put(t, "# HELP %s %s\n# TYPE %s counter\n", counters[k].name,
+        counters[k].help, counters[k].name);
+    pos = 0;
+    while ((j = core_next_job(&d->jobs, &pos)) != NULL) {
+      uint64_t v;
+      memcpy(&v, (const char *)j + counters[k].field, sizeof v);
+      put(t, "%s{%s} %llu\n", counters[k].name,
+          job_label(j, by_run, lb, sizeof lb), (unsigned long long)v);
+    }
+  }
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
