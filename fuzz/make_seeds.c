@@ -27,6 +27,7 @@ static void put_env(const char *path, Gnmr__Envelope *env) {
 int main(void) {
   char *units[] = {"layer0.attn", "layer0.mlp", "expert.3"};
   uint64_t ids[] = {0, 1, 7};
+  uint32_t active[] = {0, 1};
   double sumsq[] = {1.5, 0, 2.25};
   uint64_t nf[] = {0, 0, 2};
   protobuf_c_boolean nr[] = {0, 1, 0};
@@ -61,6 +62,8 @@ int main(void) {
   r.nonfinite = nf;
   r.n_not_reported = 3;
   r.not_reported = nr;
+  r.n_shadowed = 3; /* Report.shadowed: one per unit, as not_reported */
+  r.shadowed = nr;
   env.body_case = GNMR__ENVELOPE__BODY_REPORT;
   env.report = &r;
   put_env("fuzz/corpus/envelope/report", &env);
@@ -69,7 +72,7 @@ int main(void) {
   d.job = "seed-job";
   d.step = 42;
   d.n_active = 2;
-  d.active = ids;
+  d.active = active;
   env.body_case = GNMR__ENVELOPE__BODY_DECISION;
   env.decision = &d;
   put_env("fuzz/corpus/envelope/decision", &env);
