@@ -129,6 +129,8 @@ class Reduction:
             flat = self._flat = [p for ps in self._params for p in ps]
             self._flat_units = [u for u, ps in enumerate(self._params)
                                 for _ in ps]
+        if not flat:  # units without parameters: nothing to keep
+            return self._walk_table()
         grads = list(map(_GRAD, flat))
         try:
             ptrs = list(map(_T.data_ptr, grads))
