@@ -34,6 +34,8 @@
      "Reports answered with an Error.")                                        \
   XX(unknown_agent, "rejected", "reason=\"unknown_agent\"",                    \
      "Reports from a connection that sent no Hello.")                          \
+  XX(reports_oversized, "rejected", "reason=\"oversized\"",                   \
+     "Reports longer than their rank's units can need, refused undecoded.")   \
   XX(duplicate_reports, "rejected", "reason=\"duplicate\"",                    \
      "Second reports of a rank for one step.")                                 \
   XX(late_reports, "late_reports", "",                                         \

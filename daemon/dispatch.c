@@ -19,6 +19,13 @@
 
 /* ---- messages ------------------------------------------------------------------ */
 
+/* The most bytes one unit takes in a Report, in any encoding protobuf
+ * allows: an unpacked double (9), uint64 (11) and two bools (2 each). */
+#define REPORT_BYTES_PER_UNIT 24u
+/* The rest: the job's name (at most 255 bytes), rank, step, the packed
+ * fields' keys and lengths, with room for fields a newer agent adds. */
+#define REPORT_BYTES_SLACK 65536u
+
 /* Handles a Report; returns 1 when the job kept env (held until its step
  * is decided), 0 when the caller still owns it. */
 static int on_report(gnmrd *d, const void *id, size_t id_len,
@@ -180,6 +187,35 @@ void jobs_on_message(server *s, const void *id, size_t id_len,
     jobs__reply_error(d, id, id_len, GNMR_E_NOJOB, "hello", step,
                       "unknown agent: send Hello first");
     return;
+  }
+  /* A joined peer's Report is bounded by its rank's units before it is
+   * decoded: every encoding protobuf allows of one (packed or not) takes
+   * at most REPORT_BYTES_PER_UNIT a unit beside REPORT_BYTES_SLACK for the
+   * job's name and the scalars; anything longer (a field repeated a
+   * million times, sums for units the rank does not have) would only make
+   * the loop, and every other job's step, wait on decoding it. An
+   * observer never reports: refused undecoded as well. */
+  if (version == GNMR_PROTOCOL_VERSION &&
+      gnmr__wire_peek(data, len, NULL, NULL) == GNMR__ENVELOPE__BODY_REPORT &&
+      hmap_get(&d->peers, id, id_len, &known)) {
+    const peer *pr = (const peer *)(uintptr_t)known;
+    if (pr->observer) {
+      d->c.reports_refused++;
+      jobs__reply_error(d, id, id_len, GNMR_E_PROTO, "observer", step,
+                        "an observer does not report");
+      return;
+    }
+    uint64_t units = pr->j->core->ranks[pr->rank].n_units;
+    uint64_t bound = units * REPORT_BYTES_PER_UNIT + REPORT_BYTES_SLACK;
+    if ((uint64_t)len > bound) {
+      d->c.reports_refused++;
+      d->c.reports_oversized++;
+      jobs__reply_error(d, id, id_len, GNMR_E_RANGE, "report", step,
+                        "a Report of %zu bytes: rank %u's %llu units need "
+                        "at most %llu", len, pr->rank,
+                        (unsigned long long)units, (unsigned long long)bound);
+      return;
+    }
   }
   int rv = gnmr__wire_decode(data, len, &env, err, sizeof err);
   if (rv != GNMR_OK) {
