@@ -103,6 +103,9 @@
   XX(refused_key_places, "connections_refused", "reason=\"key_places\"",      \
      "Admin connections of an agent key past its places, or into those "      \
      "kept for operators.")                                                    \
+  XX(metrics_cut, "metrics_connections_cut", "",                               \
+     "Connections to /metrics closed without a whole request in 3 s, or as "  \
+     "the oldest of 32 waiting for theirs.")                                 \
   XX(jobs_retired, "jobs_retired", "",                                         \
      "Jobs retired after [limits] job_idle_s without a report.")               \
   XX(worker_steps, "worker_steps", "",                                         \

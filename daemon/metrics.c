@@ -3,7 +3,18 @@
  * counters, decision-latency and store-commit histograms, store queue and
  * per-job gauges. libmicrohttpd runs with MHD_USE_EPOLL and no thread of
  * its own: the loop polls its epoll fd and calls MHD_run(), plus a timer
- * for connection timeouts. */
+ * for connection timeouts.
+ *
+ * A slow client cannot hold the scraper out: MHD's own timeout counts
+ * inactivity, so a peer sending a header byte every few seconds would
+ * keep a place for ever, and 64 of them every place. Here a connection
+ * must send a whole request within METRICS_REQUEST_MS of its start (or
+ * of its last answer, for a kept-alive one), else it is cut; and of the
+ * connections waiting for their request at most METRICS_WAITING are
+ * kept: a new one cuts the oldest. A scraper's request comes whole
+ * within a millisecond of its connection, so it is served whatever
+ * trickles beside it. Cutting is shutdown(2) of the socket MHD owns: MHD
+ * reads the end and closes it itself. */
 #include "agents.h"
 #include "metrics.h"
 
@@ -17,17 +28,31 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "gnmr/error.h"
 #include "keys.h"
 #include "log.h"
 #include "text.h"
 
+#define METRICS_REQUEST_MS 3000
+#define METRICS_WAITING 32
+#define METRICS_CONNECTIONS 128 /* MHD's: room beside the waiting ones */
+
+/* A connection waiting for its request, oldest first. */
+typedef struct mconn {
+  struct mconn *prev, *next;
+  int fd, waiting;
+  uint64_t since_ms;
+} mconn;
+
 struct metrics {
   struct MHD_Daemon *mhd;
   uv_poll_t poll;
   uv_timer_t timer;
   int open_handles;
+  mconn *head, *tail; /* the waiting connections, oldest first */
+  unsigned n_waiting;
 };
 
 /* A growable text buffer. */
@@ -262,6 +287,94 @@ static void render(gnmrd *d, text *t) {
   }
 }
 
+static void unwait(struct metrics *m, mconn *c) {
+  if (!c->waiting)
+    return;
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    m->head = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  else
+    m->tail = c->prev;
+  c->prev = c->next = NULL;
+  c->waiting = 0;
+  m->n_waiting--;
+}
+
+static void cut(gnmrd *d, mconn *c) {
+  unwait(d->metrics, c);
+  shutdown(c->fd, SHUT_RDWR);
+  d->c.metrics_cut++;
+}
+
+/* c waits for a request from now on; the oldest waiting goes past the
+ * cap. */
+static void wait_request(gnmrd *d, mconn *c) {
+  struct metrics *m = d->metrics;
+  unwait(m, c);
+  c->since_ms = uv_now(d->loop);
+  c->prev = m->tail;
+  if (m->tail)
+    m->tail->next = c;
+  else
+    m->head = c;
+  m->tail = c;
+  c->waiting = 1;
+  if (++m->n_waiting > METRICS_WAITING)
+    cut(d, m->head);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn,
+                          void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+  gnmrd *d = cls;
+  mconn *c = *socket_context;
+  if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *fi =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    c = fi ? calloc(1, sizeof *c) : NULL;
+    if (c == NULL) { /* untracked: MHD's own timeout still holds it */
+      *socket_context = NULL;
+      return;
+    }
+    c->fd = fi->connect_fd;
+    *socket_context = c;
+    wait_request(d, c);
+  } else if (c != NULL) { /* MHD_CONNECTION_NOTIFY_CLOSED */
+    unwait(d->metrics, c);
+    free(c);
+    *socket_context = NULL;
+  }
+}
+
+static mconn *conn_of(struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return ci ? ci->socket_context : NULL;
+}
+
+/* A request answered: a kept-alive connection waits for its next. */
+static void on_completed(void *cls, struct MHD_Connection *conn,
+                         void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+  gnmrd *d = cls;
+  mconn *c = conn_of(conn);
+  (void)con_cls;
+  if (c != NULL && d->metrics != NULL &&
+      toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+    wait_request(d, c);
+}
+
+/* Cuts the connections whose request is late. */
+static void cut_late(gnmrd *d) {
+  struct metrics *m = d->metrics;
+  uint64_t now = uv_now(d->loop);
+  while (m->head != NULL && m->head->since_ms + METRICS_REQUEST_MS <= now)
+    cut(d, m->head);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
                                   const char *url, const char *method,
                                   const char *version, const char *upload,
@@ -273,6 +386,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
   (void)upload;
   (void)upload_size;
   (void)con_cls;
+  mconn *c = conn_of(conn);
+  if (c != NULL) /* its request is whole */
+    unwait(d->metrics, c);
   if (strcmp(method, "GET") != 0 || strcmp(url, "/metrics") != 0) {
     static const char nf[] = "not found: GET /metrics\n";
     r = MHD_create_response_from_buffer(sizeof nf - 1, (void *)nf,
@@ -301,7 +417,10 @@ static void poll_cb(uv_poll_t *h, int status, int events) {
   (void)events;
   run_mhd(h->data);
 }
-static void timer_cb(uv_timer_t *h) { run_mhd(h->data); }
+static void timer_cb(uv_timer_t *h) {
+  cut_late(h->data);
+  run_mhd(h->data);
+}
 
 int metrics_addr_parse(const char *addr, struct sockaddr_in *sa,
                        char *err, size_t errlen) {
@@ -339,7 +458,11 @@ int metrics_open(gnmrd *d, const char *addr, char *bound, size_t cap,
   m->mhd = MHD_start_daemon(MHD_USE_EPOLL, port, NULL, NULL,
                             on_request, d, MHD_OPTION_SOCK_ADDR, &sa,
                             MHD_OPTION_CONNECTION_TIMEOUT, 10u,
-                            MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)METRICS_CONNECTIONS,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, d,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, d,
+                            MHD_OPTION_END);
   if (m->mhd == NULL) {
     snprintf(err, errlen, "metrics: cannot listen on %s", addr);
     free(m);
@@ -354,7 +477,7 @@ int metrics_open(gnmrd *d, const char *addr, char *bound, size_t cap,
   uv_timer_init(d->loop, &m->timer);
   m->poll.data = m->timer.data = d;
   uv_poll_start(&m->poll, UV_READABLE, poll_cb);
-  uv_timer_start(&m->timer, timer_cb, 1000, 1000);
+  uv_timer_start(&m->timer, timer_cb, 500, 500);
   char host[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &sa.sin_addr, host, sizeof host);
   snprintf(bound, cap, "http://%s:%u/metrics", host,

@@ -1249,6 +1249,94 @@ START_TEST(a_report_longer_than_its_rank_needs_is_refused_undecoded) {
 }
 END_TEST
 
+/* 100 connections to /metrics, each sending a request line, then a
+ * header line every 400 ms (a slowloris): MHD's timeout counts only
+ * inactivity, so before they held its 64 places for as long as they kept
+ * at it and the scraper's GET found none. Now a request must be whole
+ * within 3 s of its connection and at most 32 connections wait for
+ * theirs (a new one cuts the oldest): the scraper is answered
+ * throughout and every slow connection is cut. */
+/* One scrape: 1 when it got the exposition within 2 s. */
+static int scraped(const char *url, int *asked) {
+  int status = 0;
+  char *body = tu_http_get_in(url, &status, 2 * tu_slow());
+  int ok = status == 200 && strstr(body, "gnmr_steps_decided_total") != NULL;
+  if (!ok)
+    printf("scrape %d: HTTP %d, %zu bytes\n", *asked + 1, status,
+           strlen(body));
+  (*asked)++;
+  free(body);
+  return ok;
+}
+
+START_TEST(a_slow_metrics_client_does_not_hold_out_the_scraper) {
+  tu_daemon d = {0};
+  char *extra[] = {"--metrics", "127.0.0.1:0", NULL};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
+  char url[256];
+  int port = 0;
+  tu_metrics_url(&d, url, sizeof url);
+  ck_assert_int_eq(sscanf(url, "http://127.0.0.1:%d/", &port), 1);
+  enum { SLOW = 100 };
+  int fds[SLOW], open_n = SLOW;
+  struct sockaddr_in sa = {0};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  static const char line[] = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+  for (int i = 0; i < SLOW; i++) {
+    fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fds[i], 0);
+    ck_assert_int_eq(connect(fds[i], (struct sockaddr *)&sa, sizeof sa), 0);
+    (void)send(fds[i], line, sizeof line - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int served = 0, asked = 0;
+  double last_cut = 0;
+  for (int tick = 0; open_n > 0 && since(&t0) < 20.0 * tu_slow(); tick++) {
+    tu_sleep_ms(200);
+    for (int i = 0; i < SLOW; i++) {
+      if (fds[i] < 0)
+        continue;
+      int gone = 0;
+      struct pollfd pfd = {fds[i], POLLIN, 0};
+      if (poll(&pfd, 1, 0) > 0) {
+        char b[512];
+        ssize_t n = recv(fds[i], b, sizeof b, MSG_DONTWAIT);
+        gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
+      }
+      if (!gone && tick % 2 == 0 &&
+          send(fds[i], "X: y\r\n", 6, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
+          errno != EAGAIN)
+        gone = 1;
+      if (gone) {
+        close(fds[i]);
+        fds[i] = -1;
+        open_n--;
+        last_cut = since(&t0);
+      }
+    }
+    if (tick == 5 || tick == 12) /* 1.2 and 2.6 s: while they trickle */
+      served += scraped(url, &asked);
+  }
+  served += scraped(url, &asked); /* and after */
+  printf("slow /metrics clients: %d connections trickling a header line "
+         "every 400 ms; the scraper answered %d of %d times; the last cut "
+         "%.1f s after they came, %d still open\n", SLOW, served, asked,
+         last_cut, open_n);
+  fflush(stdout);
+  long long cut = tu_counter(&d, "metrics_cut");
+  ck_assert_int_eq(asked, 3);
+  ck_assert_int_eq(served, asked);
+  ck_assert_int_eq(open_n, 0);
+  ck_assert_int_ge(cut, SLOW);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 /* 70 connections to the admin endpoint (64 places) that say nothing and
  * come back at once when closed, with a long first_message_ms (60 s): the
  * places are always full of them. Before, the operator got BUSY for as
@@ -1648,6 +1736,7 @@ static Suite *suite(void) {
   tcase_add_test(live, a_huge_or_escaped_instance_is_refused_and_not_kept);
   tcase_add_test(live, reports_without_hello_do_not_stall_another_job);
   tcase_add_test(live, a_report_longer_than_its_rank_needs_is_refused_undecoded);
+  tcase_add_test(live, a_slow_metrics_client_does_not_hold_out_the_scraper);
   tcase_add_test(live, abandoned_queries_stop_with_their_client);
   tcase_add_test(live, a_frame_stalled_after_a_message_is_dropped_in_seconds);
   suite_add_tcase(s, live);

@@ -446,10 +446,12 @@ static inline void tu_metrics_url(const tu_daemon *d, char *url,
   free(out);
 }
 
-/* GET url with curl: the body, and the HTTP status in *status. */
-static inline char *tu_http_get(const char *url, int *status) {
+/* GET url with curl within max_s seconds (0: no limit): the body, and
+ * the HTTP status in *status (0 when no answer came). */
+static inline char *tu_http_get_in(const char *url, int *status, int max_s) {
   char cmd[512];
-  snprintf(cmd, sizeof cmd, "curl -s -w '\\n%%{http_code}' '%s'", url);
+  snprintf(cmd, sizeof cmd, "curl -s -m %d -w '\\n%%{http_code}' '%s'",
+           max_s, url);
   FILE *p = popen(cmd, "r");
   ck_assert_ptr_nonnull(p);
   size_t cap = 1 << 16, n = 0, r;
@@ -463,6 +465,11 @@ static inline char *tu_http_get(const char *url, int *status) {
   *status = atoi(last + 1);
   *last = '\0';
   return buf;
+}
+
+/* GET url with curl: the body, and the HTTP status in *status. */
+static inline char *tu_http_get(const char *url, int *status) {
+  return tu_http_get_in(url, status, 0);
 }
 
 #endif /* GNMR_TESTUTIL_H */
