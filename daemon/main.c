@@ -14,6 +14,7 @@
 #include <string.h>
 #include <netinet/in.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -32,6 +33,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "notify.h"
+#include "num.h"
 #include "settings.h"
 #include "workers.h"
 #include "zap.h"
@@ -607,10 +609,40 @@ out:
 
 /* main() in phases, as each reads: the command line, the settings, what
  * this process claims, the store's leadership, serving. */
+/* A gnmrd started for one job (the Python package's private gnmrd,
+ * docs/python.md) stops with the process that started it: that process
+ * puts its id in GNMRD_PARENT_PID; gnmrd asks the kernel for a SIGTERM
+ * when its parent goes (a SIGKILLed trainer too: it then stops cleanly,
+ * as on any SIGTERM) and exits at once when the parent is gone already.
+ * Returns -1 to go on, else the exit status. */
+static int follow_parent(void) {
+  const char *p = getenv("GNMRD_PARENT_PID");
+  uint64_t pid;
+  if (p == NULL || *p == '\0')
+    return -1;
+  if (gnmr__parse_u64(p, INT32_MAX, &pid) != 0 || pid < 2) {
+    fprintf(stderr, "gnmrd: GNMRD_PARENT_PID is not a process id (the "
+                    "process whose end stops gnmrd)\n");
+    return 2;
+  }
+  if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) {
+    fprintf(stderr, "gnmrd: GNMRD_PARENT_PID: %s\n", strerror(errno));
+    return 1;
+  }
+  if ((uint64_t)getppid() != pid) {
+    fprintf(stderr, "gnmrd: the process that started it (%llu) has gone: "
+                    "not starting\n", (unsigned long long)pid);
+    return 1;
+  }
+  return -1;
+}
+
 int main(int argc, char **argv) {
   static startup s; /* large: kept off the stack */
   s.lock_fd = -1;
-  int code = parse_command_line(&s, argc, argv);
+  int code = follow_parent();
+  if (code < 0)
+    code = parse_command_line(&s, argc, argv);
   if (code < 0)
     code = load_settings(&s);
   if (code < 0)

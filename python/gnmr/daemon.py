@@ -9,9 +9,14 @@ gnmrd is, in order: $GNMR_GNMRD, the one bundled in the wheel
 `python -m gnmr.daemon --which` prints the one it would run.
 `python -m gnmr.ctl` (the `gnmr-ctl` command) runs gnmrctl the same way.
 """
+import atexit
 import os
 import shutil
+import socket
+import subprocess
 import sys
+import tempfile
+import time
 
 
 def trusted(path):
@@ -54,6 +59,100 @@ def find_gnmrd(name="gnmrd"):
         if os.access(cand, os.X_OK) and trusted(cand):
             return os.path.normpath(cand)
     return shutil.which(name)
+
+
+def listening(endpoint):
+    """Whether something accepts connections on an ipc:// endpoint (a
+    gnmrd: its socket file is there and connect() is taken). Other
+    endpoints are taken as there: only the default endpoint, always
+    ipc://, is asked."""
+    if not endpoint.startswith("ipc://"):
+        return True
+    path = endpoint[len("ipc://"):]
+    if not os.path.exists(path):
+        return False
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(1.0)
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+class Private:
+    """A gnmrd started for one job, when none is configured or listening
+    (the training side's daemon="auto", docs/python.md "A private
+    gnmrd"): gnmrd as find_gnmrd() finds it, its history in data_dir
+    (gnmrctl --store DATA_DIR reads it afterwards), its log in
+    data_dir/gnmrd.log, its sockets in a fresh 0700 directory of
+    $XDG_RUNTIME_DIR (else the temporary directory). It stops with
+    stop(), at this interpreter's exit, and, through GNMRD_PARENT_PID,
+    when this process dies however it dies."""
+
+    def __init__(self, data_dir, wait_s=30.0):
+        exe = find_gnmrd()
+        if exe is None:
+            raise RuntimeError(
+                "gnmr: no gnmrd is listening and none was found to start "
+                "a private one: install the gnmr wheel (it bundles gnmrd), "
+                "build it (make), set GNMR_GNMRD, or start gnmrd and give "
+                "its endpoint (GNMR_ENDPOINT)")
+        self.data_dir = os.path.abspath(data_dir)
+        os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
+        base = os.environ.get("XDG_RUNTIME_DIR")
+        if not base or not os.path.isdir(base):
+            base = None
+        self.run_dir = tempfile.mkdtemp(prefix="gnmr-", dir=base)
+        self.agents = f"ipc://{self.run_dir}/agents.sock"
+        self.admin = f"ipc://{self.run_dir}/admin.sock"
+        self.log_path = os.path.join(self.data_dir, "gnmrd.log")
+        env = dict(os.environ, GNMRD_PARENT_PID=str(os.getpid()))
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [exe, "--data-dir", self.data_dir, "--agents", self.agents,
+                 "--admin", self.admin], stdin=subprocess.DEVNULL,
+                stdout=log, stderr=log, env=env, close_fds=True)
+        atexit.register(self.stop)
+        deadline = time.monotonic() + wait_s
+        sock = os.path.join(self.run_dir, "admin.sock")
+        while self.proc.poll() is None and not os.path.exists(sock) and \
+                time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self.proc.poll() is not None or not os.path.exists(sock):
+            code = self.proc.poll()
+            why = (f"exit status {code}" if code is not None else
+                   f"no sockets after {wait_s:.0f} s")
+            self.stop()
+            raise RuntimeError(
+                f"gnmr: the private gnmrd ({exe}) did not start ({why}); "
+                f"its log, {self.log_path}, ends:\n{self._tail()}")
+        self.pid = self.proc.pid
+
+    def _tail(self, n=2000):
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - n))
+                return f.read().decode("utf-8", "backslashreplace")
+        except OSError:
+            return "(unreadable)"
+
+    def stop(self, wait_s=30.0):
+        """Stops gnmrd (SIGTERM: it commits what it holds and snapshots
+        every job), then removes its sockets' directory."""
+        p = getattr(self, "proc", None)
+        if p is not None and p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(wait_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(getattr(self, "run_dir", ""), ignore_errors=True)
+        atexit.unregister(self.stop)
 
 
 def main(argv=None, name="gnmrd"):

@@ -25,6 +25,11 @@ units' norms (clip_grad_norm_ says when they cannot).
 
 The endpoint defaults to gnmrd's own default (GNMR_ENDPOINT, else
 ipc://RUN/agents.sock as `gnmrd --help` says), the job to GNMR_JOB.
+With neither an endpoint nor GNMR_ENDPOINT given and no gnmrd listening
+there, the Controller starts a private gnmrd for the job (daemon="auto";
+its history in data_dir, else $GNMR_DATA_DIR, else ./gnmr; stopped
+by close()), says so once and goes on; daemon="never" does not,
+daemon="private" always does (docs/python.md, "A private gnmrd").
 
 Units are the modules chosen by type (`select`) and/or a regular
 expression on their names (`pattern`). A unit's gradient is that of all
@@ -123,6 +128,59 @@ from .units import identity, select_units
 __all__ = ["Controller", "DecisionLog", "StepResult", "identity"]
 
 log = logging.getLogger("gnmr")
+
+
+_DAEMONS = ("auto", "private", "never")
+
+
+def _private_endpoint(endpoint, daemon, data_dir, job):
+    """(the endpoint to use, the Private gnmrd started or None): where
+    daemon= and the world say to start one, global rank 0 starts it and
+    the others of its machine are told its endpoint (a collective: every
+    rank builds its Controller). A job over more than one machine gets
+    none: another machine's ranks could not reach it."""
+    from . import daemon as _daemon
+    import torch.distributed as dist
+    world, rank = 1, 0
+    if dist.is_available() and dist.is_initialized():
+        world, rank = dist.get_world_size(), dist.get_rank()
+    if world > 1 and int(os.environ.get("LOCAL_WORLD_SIZE", world)) != world:
+        if daemon == "private":
+            raise ValueError(
+                f"daemon='private': this job's {world} ranks are on more "
+                "than one machine, which a private gnmrd (ipc://, one "
+                "machine) cannot serve; start gnmrd on a node they all "
+                "reach and give its endpoint (docs/deployment.md)")
+        return endpoint, None
+    got = None
+    if rank == 0 and (daemon == "private" or
+                      not _daemon.listening(endpoint)):
+        where = data_dir or os.environ.get("GNMR_DATA_DIR") or "gnmr"
+        try:
+            got = _daemon.Private(where)
+        except Exception as e:  # every rank is told, then raises
+            got = e
+    if world > 1:
+        said = [got.agents if isinstance(got, _daemon.Private) else
+                None if got is None else f"error: {got}"]
+        dist.broadcast_object_list(said, src=0)
+        if rank != 0 and said[0] is not None:
+            if said[0].startswith("error: "):
+                raise RuntimeError(f"gnmr: rank 0 could not start a private "
+                                   f"gnmrd: {said[0][7:]}")
+            return said[0], None
+    if isinstance(got, Exception):
+        raise got
+    if got is None:
+        return endpoint, None
+    msg = (f"gnmr: no gnmrd listening at {endpoint}: started a private "
+           f"gnmrd for job {job!r} (pid {got.pid}; history in "
+           f"{got.data_dir}, log {got.log_path}; it stops with this "
+           f"process; afterwards: gnmrctl --store {got.data_dir} "
+           f"decisions {job}). Give endpoint= or GNMR_ENDPOINT to use "
+           "a gnmrd of your own, daemon='never' for none")
+    log.warning(msg)
+    return got.agents, got
 
 
 def _recovery_switch():
@@ -227,11 +285,16 @@ class Controller(Reduction):
                  on_decision=None, trace=None, warn_after=3,
                  join_wait_ms=1000, reduce_threads=0, shadow=None,
                  shadow_low=False, accumulate=1, experts=False,
-                 **agent_kwargs):
+                 daemon="auto", data_dir=None, **agent_kwargs):
         job = job or os.environ.get("GNMR_JOB")
         if not job:
             raise ValueError("give job= (or set GNMR_JOB): the name that "
                              "ties this run's ranks together in gnmrd")
+        if daemon not in _DAEMONS:
+            raise ValueError(f"daemon={daemon!r}: 'auto' (a private gnmrd "
+                             "when none is configured or listening), "
+                             "'private' (always one) or 'never'")
+        self._private = None
         if not isinstance(accumulate, int) or accumulate < 1:
             raise ValueError(f"accumulate={accumulate!r}: the micro-batches "
                              "per optimizer step, 1 or more")
@@ -264,7 +327,11 @@ class Controller(Reduction):
         self._never = set(range(len(self.units))) - {
             u for u, (n, _) in enumerate(self.units) if n in frozen}
         self._reports = 0
+        explicit = bool(endpoint or os.environ.get("GNMR_ENDPOINT"))
         self.endpoint = endpoint or default_endpoint()
+        if daemon == "private" or (daemon == "auto" and not explicit):
+            self.endpoint, self._private = _private_endpoint(
+                self.endpoint, daemon, data_dir, job)
         self.job = job
         self.agent = Agent(self.endpoint, job, [n for n, _ in self.units],
                            rank=self.tp_rank, reporters=tp_size,
@@ -730,3 +797,6 @@ class Controller(Reduction):
             self._trace.close()
             self._trace = None
         self.agent.close()
+        if self._private is not None:  # after the Bye: the job finished
+            self._private.stop()
+            self._private = None

@@ -67,6 +67,140 @@ class Tied(torch.nn.Module):
         return self.head(self.mid(self.emb(idx)))
 
 
+class PrivateDaemonTest(unittest.TestCase):
+    """Issue 48: with no gnmrd configured or listening, the Controller
+    starts a private one for the job, says so once, and stops it with the
+    job; an endpoint the user gave is never replaced."""
+
+    def setUp(self):
+        from test_gnmr import BIN
+        self.bin = BIN
+        self.tmp = tempfile.mkdtemp(prefix="gnmr-private-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        keep = {k: os.environ.get(k) for k in (
+            "GNMR_ENDPOINT", "RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR",
+            "GNMR_GNMRD", "GNMR_DATA_DIR")}
+
+        def restore():
+            for k, v in keep.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.addCleanup(restore)
+        for k in ("GNMR_ENDPOINT", "RUNTIME_DIRECTORY", "GNMR_DATA_DIR"):
+            os.environ.pop(k, None)
+        os.environ["XDG_RUNTIME_DIR"] = self.tmp  # nothing listens there
+        os.environ["GNMR_GNMRD"] = os.path.join(BIN, "gnmrd")
+
+    def ctl(self, *args):
+        return subprocess.run([os.path.join(self.bin, "gnmrctl")] + list(args),
+                              capture_output=True, text=True, timeout=60)
+
+    def test_no_gnmrd_anywhere_starts_a_private_one_for_the_job(self):
+        net, x = Net(), torch.randn(4, 8)
+        data = os.path.join(self.tmp, "out", "gnmr")
+        with self.assertLogs("gnmr", "WARNING") as logs:
+            ctl = Controller(net, job="private-job", data_dir=data,
+                             params=params(), on_route=False)
+        said = [r for r in logs.output if "private gnmrd" in r]
+        self.assertEqual(len(said), 1, logs.output)
+        self.assertIn("gnmrctl --store " + os.path.abspath(data), said[0])
+        proc, run_dir = ctl._private.proc, ctl._private.run_dir
+        self.assertTrue(ctl.endpoint.startswith("ipc://" + run_dir))
+        for step in range(1, 7):
+            backward(net, x)
+            if step == 5:  # a spike: something to decide
+                net.b.weight.grad.mul_(1000)
+            res = ctl.step(step, wait_ms=5000)
+            self.assertTrue(res.joined)
+            self.assertTrue(res.on_time)
+            if step == 5:
+                self.assertEqual(res.active, ["b"])
+        ctl.close()
+        self.assertEqual(proc.poll(), 0, "gnmrd did not stop cleanly")
+        self.assertFalse(os.path.exists(run_dir))
+        # the history stays, readable with no gnmrd
+        r = self.ctl("--store", data, "decisions", "private-job", "--csv")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = r.stdout.strip().splitlines()[1:]
+        self.assertEqual([int(x.split(",")[0]) for x in rows],
+                         list(range(1, 7)))
+        self.assertEqual(rows[4], "5,1")  # b: unit id 1
+        r = self.ctl("--store", data, "jobs")
+        self.assertRegex(r.stdout, r"private-job\s+finished")
+
+    def test_an_endpoint_given_is_never_replaced(self):
+        net = Net()
+        for kw, env in (({"endpoint": "tcp://127.0.0.1:9"}, None),
+                        ({}, "tcp://127.0.0.1:9"),
+                        ({"daemon": "never"}, None)):
+            if env:
+                os.environ["GNMR_ENDPOINT"] = env
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ctl = Controller(net, job="mine", join_wait_ms=10, **kw)
+            os.environ.pop("GNMR_ENDPOINT", None)
+            self.assertIsNone(ctl._private, kw)
+            self.assertNotIn(self.tmp + "/gnmr-", ctl.endpoint)
+            ctl.close()
+        self.assertEqual([n for n in os.listdir(self.tmp)
+                          if n.startswith("gnmr-")], [])
+        with self.assertRaisesRegex(ValueError, "daemon='sometimes'.*'auto'"):
+            Controller(net, job="mine", daemon="sometimes")
+
+    def test_a_gnmrd_listening_on_the_default_endpoint_is_used(self):
+        from gnmr.daemon import Private
+        d = Private(os.path.join(self.tmp, "shared"))
+        self.addCleanup(d.stop)
+        os.environ["RUNTIME_DIRECTORY"] = d.run_dir  # its default endpoint
+        net, x = Net(), torch.randn(4, 8)
+        ctl = Controller(net, job="on-the-default")
+        self.assertIsNone(ctl._private)
+        self.assertEqual(ctl.endpoint, d.agents)
+        backward(net, x)
+        self.assertTrue(ctl.step(1, wait_ms=5000).joined)
+        ctl.close()
+        self.assertIsNone(d.proc.poll(), "the user's gnmrd was stopped")
+
+    def test_a_gnmrd_that_cannot_start_is_said_with_its_log(self):
+        os.environ["GNMR_GNMRD"] = "/bin/false"
+        with self.assertRaisesRegex(RuntimeError,
+                                    "did not start \\(exit status 1\\)"):
+            Controller(Net(), job="nowhere",
+                       data_dir=os.path.join(self.tmp, "d"))
+        self.assertEqual([n for n in os.listdir(self.tmp)
+                          if n.startswith("gnmr-")], [])
+
+    def test_a_killed_trainer_takes_its_private_gnmrd_with_it(self):
+        code = ("import os, signal, sys, torch\n"
+                "sys.path.insert(0, %r)\n"
+                "from test_gnmr import Net\n"
+                "from gnmr.pytorch import Controller\n"
+                "ctl = Controller(Net(), job='killed', data_dir=%r)\n"
+                "print(ctl._private.pid, flush=True)\n"
+                "os.kill(os.getpid(), signal.SIGKILL)\n"
+                % (os.path.dirname(os.path.abspath(__file__)),
+                   os.path.join(self.tmp, "k")))
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(p.returncode, -9, p.stderr)
+        pid = int(p.stdout)
+
+        def alive():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+            except OSError:
+                return False
+        deadline = time.monotonic() + 30
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertFalse(alive(), "the private gnmrd outlived its trainer")
+        with open(os.path.join(self.tmp, "k", "gnmrd.log")) as f:
+            self.assertIn("stopped cleanly", f.read())
+
+
 class WithoutDaemonTest(unittest.TestCase):
     def test_wrong_endpoint_never_waits_and_warns_once_naming_it(self):
         net, x = Net(), torch.randn(4, 8)

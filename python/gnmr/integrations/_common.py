@@ -142,10 +142,15 @@ class Session:
 
     # ---- once the trainer has wrapped the model ----------------------------
 
-    def start(self, model, default_job=None):
+    def start(self, model, default_job=None, default_data_dir=None):
+        """default_data_dir: where a private gnmrd keeps the history
+        (beside the trainer's output) unless data_dir= or GNMR_DATA_DIR
+        says."""
         job = self.job or os.environ.get("GNMR_JOB") or default_job
         select, pattern = self._pattern(model)
         kw = dict(self.kw)
+        if default_data_dir and not os.environ.get("GNMR_DATA_DIR"):
+            kw.setdefault("data_dir", default_data_dir)
         kw.setdefault("experts", self.units == "auto")
         if self.recipe == "fp8":
             kw.setdefault("shadow", recovery.fp8_overflowed)

@@ -50,6 +50,7 @@ What it does, from the trainer's own state:
 Other keywords go to gnmr.pytorch.Controller (endpoint, wait_ms, params,
 trace, ...).
 """
+import os
 import sys
 
 from ._common import Session
@@ -87,10 +88,10 @@ class GnmrCallback(TrainerCallback):
         if args.max_grad_norm and args.max_grad_norm > 0 and \
                 self.session.clip:
             self._clip, args.max_grad_norm = args.max_grad_norm, 0.0
-        import os
         name = args.run_name or os.path.basename(
             os.path.normpath(args.output_dir or "trainer"))
-        self.session.start(model, default_job=name)
+        self.session.start(model, default_job=name, default_data_dir=(
+            os.path.join(args.output_dir or "trainer", "gnmr")))
 
     def on_step_begin(self, args, state, control, **kw):
         self.session.begin_step()  # the last step's routes, for this one

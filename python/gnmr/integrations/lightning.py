@@ -30,6 +30,8 @@ Manual optimization (automatic_optimization=False) has no
 on_before_optimizer_step from Lightning's loop before your own
 optimizer.step(): call the callback's controller yourself there.
 """
+import os
+
 from ._common import Session
 
 try:
@@ -61,7 +63,9 @@ class GnmrCallback(Callback):
     def on_train_start(self, trainer, pl_module):
         logger = trainer.logger
         name = getattr(logger, "name", None) if logger is not None else None
-        self.session.start(pl_module, default_job=name or "lightning")
+        self.session.start(pl_module, default_job=name or "lightning",
+                           default_data_dir=os.path.join(
+                               trainer.default_root_dir, "gnmr"))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.session.begin_step()  # the last step's routes, for this one
