@@ -579,6 +579,38 @@ START_TEST(metrics_endpoint_serves_valid_prometheus_text) {
 }
 END_TEST
 
+/* GNMRD_PARENT_PID (the Python package's private gnmrd, docs/python.md):
+ * anything but a process id is refused naming the variable, never echoed;
+ * a process that is not gnmrd's parent means the parent has gone: gnmrd
+ * does not start. */
+START_TEST(a_parent_pid_that_is_not_one_or_not_the_parent_stops_gnmrd) {
+  static const char *bad[] = {"abc", "12x", "-5", "0", "1",
+                              "99999999999999999999", "\x1b[31m7"};
+  char *argv[] = {"gnmrd", "--config-keys", NULL};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("GNMRD_PARENT_PID", bad[i], 1);
+    run_result r = tu_run("gnmrd", argv, NULL);
+    ck_assert_msg(r.code == 2, "'%s': exit %d", bad[i], r.code);
+    ck_assert_ptr_nonnull(strstr(r.err, "GNMRD_PARENT_PID is not a process "
+                                        "id"));
+    ck_assert_ptr_null(strchr(r.err, '\x1b'));
+    ck_assert_str_eq(r.out, "");
+    tu_run_free(&r);
+  }
+  char pid[32]; /* a process id, not the parent's */
+  snprintf(pid, sizeof pid, "%d", getppid() == 2 ? 3 : 2);
+  setenv("GNMRD_PARENT_PID", pid, 1);
+  run_result r = tu_run("gnmrd", argv, NULL);
+  ck_assert_msg(r.code == 1, "exit %d", r.code);
+  ck_assert_ptr_nonnull(strstr(r.err, "has gone: not starting"));
+  tu_run_free(&r);
+  unsetenv("GNMRD_PARENT_PID");
+  r = tu_run("gnmrd", argv, NULL); /* unset: as ever */
+  ck_assert_int_eq(r.code, 0);
+  tu_run_free(&r);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("ops");
   TCase *tc = tcase_create("ops");
@@ -594,6 +626,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, metrics_endpoint_serves_valid_prometheus_text);
   tcase_add_test(tc, bash_completes_commands_options_and_job_names);
   tcase_add_test(tc, no_environment_means_no_guessed_data_directory);
+  tcase_add_test(tc, a_parent_pid_that_is_not_one_or_not_the_parent_stops_gnmrd);
   suite_add_tcase(s, tc);
   return s;
 }
