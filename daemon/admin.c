@@ -32,12 +32,196 @@
 #define DEFAULT_LIMIT 1000
 #define MAX_LIMIT 1000000
 
-/* A reply; one for a client that leaves ADMIN_QUEUED_REPLIES unread is
- * dropped and counted: gnmrd holds no more for it. */
+/* ---- unread replies, in bytes --------------------------------------------------- */
+/* ZeroMQ holds a reply until its client reads it; a client that asks and
+ * never reads (pipelining `units` of a large job on many connections)
+ * would make gnmrd hold without end. So gnmrd counts what ZeroMQ still
+ * holds, in bytes, per connection (its routing id) and in all: each
+ * reply's bytes are handed to ZeroMQ (server_send_owned), whose I/O
+ * thread calls reply_freed() when it has written or dropped them. A
+ * connection with UNREAD_CONN bytes unread, or a reply that would pass
+ * UNREAD_ALL in all (operator keys excepted: with tenancy they are
+ * bound per connection only), gets BUSY instead, before the answer is
+ * built where its size can be told (units, top). Small replies (up to
+ * UNREAD_SMALL: jobs, stats, status) pass UNREAD_ALL by UNREAD_ROOM
+ * more: an operator's `gnmrctl jobs` is answered beside a flood of
+ * unread large ones. ADMIN_QUEUED_REPLIES (main.c) still bounds their
+ * number per connection. */
+#define UNREAD_CONN ((uint64_t)16 << 20)
+#define UNREAD_ALL ((uint64_t)64 << 20)
+#define UNREAD_SMALL ((uint64_t)64 << 10)
+#define UNREAD_ROOM ((uint64_t)16 << 20)
+#define UNREAD_CONNS_KEPT 4096 /* entries with nothing unread pruned past it */
+/* bytes a unit takes in a `units` answer with names of 30-40 bytes (225
+ * measured): the estimate made before building one; the bound itself is
+ * on the built reply's size */
+#define UNITS_REPLY_PER_UNIT 224
+
+typedef struct rconn {
+  _Atomic uint64_t bytes; /* unread */
+  _Atomic uint32_t refs;  /* the map's, and one a reply ZeroMQ holds */
+  int operator;           /* of its last request */
+} rconn;
+
+typedef struct rticket {
+  rconn *c;
+  size_t len;
+} rticket;
+
+static _Atomic uint64_t unread_all;
+static hmap unread_conns; /* routing id -> rconn *, the loop's */
+
+static void rconn_unref(rconn *c) {
+  if (atomic_fetch_sub(&c->refs, 1) == 1)
+    free(c);
+}
+
+/* ZeroMQ's I/O thread (or the loop, when a send failed). */
+static void reply_freed(void *data, void *hint) {
+  rticket *t = hint;
+  atomic_fetch_sub(&unread_all, t->len);
+  atomic_fetch_sub(&t->c->bytes, t->len);
+  rconn_unref(t->c);
+  free(t);
+  free(data);
+}
+
+/* Forgets the connections with nothing unread (they come back as new). */
+static void unread_prune(void) {
+  size_t pos = 0, n = 0, len;
+  const void *key;
+  uint64_t v;
+  struct idk {
+    char id[256];
+    size_t len;
+  } *gone = malloc(unread_conns.live * sizeof *gone);
+  if (gone == NULL)
+    return;
+  while (hmap_next(&unread_conns, &pos, &key, &len, &v))
+    if (atomic_load(&((rconn *)(uintptr_t)v)->bytes) == 0 &&
+        len <= sizeof gone[0].id) {
+      memcpy(gone[n].id, key, len);
+      gone[n++].len = len;
+    }
+  for (size_t i = 0; i < n; i++)
+    if (hmap_get(&unread_conns, gone[i].id, gone[i].len, &v)) {
+      hmap_del(&unread_conns, gone[i].id, gone[i].len);
+      rconn_unref((rconn *)(uintptr_t)v);
+    }
+  free(gone);
+}
+
+static rconn *rconn_of(const void *id, size_t id_len) {
+  uint64_t v;
+  if (hmap_get(&unread_conns, id, id_len, &v))
+    return (rconn *)(uintptr_t)v;
+  if (unread_conns.live >= UNREAD_CONNS_KEPT)
+    unread_prune();
+  rconn *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    return NULL;
+  atomic_init(&c->refs, 1);
+  if (hmap_put(&unread_conns, id, id_len, (uintptr_t)c) != GNMR_OK) {
+    free(c);
+    return NULL;
+  }
+  return c;
+}
+
+/* Why a reply of len bytes (0: not known yet) may not be queued for c,
+ * or NULL. */
+static const char *unread_refusal(const rconn *c, uint64_t len) {
+  uint64_t mine = atomic_load(&c->bytes), all = atomic_load(&unread_all);
+  if (mine >= UNREAD_CONN || (mine > 0 && mine + len > UNREAD_CONN))
+    return "this connection";
+  if (c->operator)
+    return NULL;
+  /* one reply larger than the bound passes when nothing else waits */
+  if (all > 0 && (len > UNREAD_SMALL ? all + len > UNREAD_ALL
+                                     : all + len > UNREAD_ALL + UNREAD_ROOM))
+    return "all connections";
+  return NULL;
+}
+
+static void send_busy_unread(gnmrd *d, const void *id, size_t id_len,
+                             rconn *c, const char *whose);
+
+/* Queues buf (copied) for the client, counted as unread until ZeroMQ has
+ * written it; past the bounds above, BUSY instead. Past
+ * ADMIN_QUEUED_REPLIES unread replies it is dropped and counted. */
+static void reply_as(gnmrd *d, const void *id, size_t id_len,
+                     const void *buf, size_t len, int checked) {
+  rconn *c = rconn_of(id, id_len);
+  if (c == NULL) {
+    d->c.admin_replies_dropped++;
+    return;
+  }
+  const char *whose = checked ? NULL : unread_refusal(c, len);
+  if (whose != NULL) {
+    send_busy_unread(d, id, id_len, c, whose);
+    return;
+  }
+  void *copy = malloc(len ? len : 1);
+  rticket *t = malloc(sizeof *t);
+  if (copy == NULL || t == NULL) {
+    free(copy);
+    free(t);
+    d->c.admin_replies_dropped++;
+    return;
+  }
+  memcpy(copy, buf, len);
+  t->c = c;
+  t->len = len;
+  atomic_fetch_add(&c->refs, 1);
+  atomic_fetch_add(&c->bytes, len);
+  atomic_fetch_add(&unread_all, len);
+  if (server_send_owned(d->admin, id, id_len, copy, len, reply_freed, t) ==
+      GNMR_E_BUSY)
+    d->c.admin_replies_dropped++;
+}
+
 static void reply(gnmrd *d, const void *id, size_t id_len, const void *buf,
                   size_t len) {
-  if (server_send(d->admin, id, id_len, buf, len) == GNMR_E_BUSY)
-    d->c.admin_replies_dropped++;
+  reply_as(d, id, id_len, buf, len, 0);
+}
+
+/* BUSY for a client over the bounds: a small Error, itself bound only by
+ * ADMIN_QUEUED_REPLIES (it must say why nothing else comes). */
+static void send_busy_unread(gnmrd *d, const void *id, size_t id_len,
+                             rconn *c, const char *whose) {
+  char msg[200];
+  uint8_t *buf;
+  size_t len;
+  d->c.admin_unread_refused++;
+  snprintf(msg, sizeof msg, "gnmrd holds %llu kB of admin replies unread "
+           "on %s (bounds: %llu MB a connection, %llu MB in all): read "
+           "them, then ask again",
+           (unsigned long long)((!strcmp(whose, "this connection")
+                                     ? atomic_load(&c->bytes)
+                                     : atomic_load(&unread_all)) >> 10),
+           whose, (unsigned long long)(UNREAD_CONN >> 20),
+           (unsigned long long)(UNREAD_ALL >> 20));
+  if (gnmr__wire_error(GNMR_E_BUSY, msg, "unread", 0, &buf, &len) ==
+      GNMR_OK) {
+    reply_as(d, id, id_len, buf, len, 1);
+    free(buf);
+  }
+}
+
+/* Before an answer is built: 1 (and BUSY sent) when its client, or every
+ * client, has too much unread for it; est: its size where known, else 0.
+ * Records whether the request's key is an operator's. */
+static int unread_refuses(gnmrd *d, const void *id, size_t id_len,
+                          const char *user, uint64_t est) {
+  rconn *c = rconn_of(id, id_len);
+  if (c == NULL)
+    return 0; /* out of memory: the reply finds out */
+  c->operator = d->allow != NULL && gnmr__allow_operator(d->allow, user);
+  const char *whose = unread_refusal(c, est);
+  if (whose == NULL)
+    return 0;
+  send_busy_unread(d, id, id_len, c, whose);
+  return 1;
 }
 
 static void send_env(gnmrd *d, const void *id, size_t id_len,
@@ -465,6 +649,8 @@ static void go_on(gnmrd *d, const void *id, size_t id_len,
   }
 }
 
+static void deferred_close(void);
+
 void admin_shutdown(gnmrd *d) {
   size_t pos = 0;
   uint64_t v;
@@ -472,6 +658,11 @@ void admin_shutdown(gnmrd *d) {
   while (hmap_next(&streams, &pos, NULL, NULL, &v))
     query_free((query *)(uintptr_t)v);
   hmap_free(&streams);
+  deferred_close();
+  pos = 0; /* what ZeroMQ still holds keeps its connection's count */
+  while (hmap_next(&unread_conns, &pos, NULL, NULL, &v))
+    rconn_unref((rconn *)(uintptr_t)v);
+  hmap_free(&unread_conns);
 }
 
 static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
@@ -519,6 +710,13 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
     send_error(d, id, id_len, GNMR_E_DENIED, msg);
     return;
   }
+  /* the answers that can be large: refused before they are built while
+   * the client, or every client, leaves too much unread */
+  int large = k == GNMR_CMD_UNITS || k == GNMR_CMD_TOP ||
+              k == GNMR_CMD_HISTORY || k == GNMR_CMD_DECISIONS ||
+              k == GNMR_CMD_EXPORT;
+  if (unread_refuses(d, id, id_len, user, large ? UNREAD_SMALL + 1 : 0))
+    return;
   if (k == GNMR_CMD_EXPORT && r->stream != 0) {
     go_on(d, id, id_len, r, user);
     return;
@@ -547,6 +745,13 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
     snprintf(msg, sizeof msg, "no running job '%.128s'", r->job);
     send_error(d, id, id_len, GNMR_E_NOJOB, msg);
     return;
+  }
+  if (k == GNMR_CMD_UNITS || k == GNMR_CMD_TOP) { /* its size, roughly */
+    uint64_t n = c->n_units;
+    if (k == GNMR_CMD_TOP && n > (r->limit ? r->limit : 10))
+      n = r->limit ? r->limit : 10;
+    if (unread_refuses(d, id, id_len, user, n * UNITS_REPLY_PER_UNIT))
+      return;
   }
   switch (k) {
   case GNMR_CMD_STATUS:
@@ -580,6 +785,114 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
   }
 }
 
+/* ---- large answers, one a loop turn ------------------------------------------- */
+/* `units` and `top` are built on the loop from a job's memory: tens of
+ * milliseconds for 10^5 units. Answered as they come, a burst of them
+ * (48 clients pipelining 8 each) held the loop, and every other request
+ * and job behind it, for seconds. So they wait in a queue, of at most
+ * ADMIN_DEFERRED_MAX (past it: BUSY), and are answered one a loop turn
+ * (an idle handle: the loop polls every socket between two), after the
+ * bounds on unread replies are checked again; every other request is
+ * answered at once, ahead of them: an operator's `jobs`, `status` or
+ * `stats`, and every job's steps, wait at most one such answer. */
+#define ADMIN_DEFERRED_MAX 256
+
+typedef struct deferred {
+  struct deferred *next;
+  gnmrd *d;
+  void *id;
+  size_t id_len;
+  char *user; /* NULL: none */
+  Gnmr__Envelope *env;
+} deferred;
+
+static deferred *defer_head, *defer_tail;
+static size_t n_deferred;
+static uv_idle_t *defer_idle;
+
+static void deferred_free(deferred *q) {
+  gnmr__wire_free(&q->env);
+  free(q->id);
+  free(q->user);
+  free(q);
+}
+
+static void on_deferred(uv_idle_t *h) {
+  deferred *q = defer_head;
+  if (q == NULL) {
+    uv_idle_stop(h);
+    return;
+  }
+  defer_head = q->next;
+  if (defer_head == NULL)
+    defer_tail = NULL;
+  n_deferred--;
+  jobs_quiesce_all(q->d);
+  on_admin_request(q->d, q->id, q->id_len, q->env->admin_request, q->user);
+  server_kick(q->d->admin); /* a send outside a drain: look again */
+  if (defer_head == NULL)
+    uv_idle_stop(h);
+  deferred_free(q);
+}
+
+static void idle_freed(uv_handle_t *h) { free(h); }
+
+/* The requests still waiting when gnmrd stops: not answered. */
+static void deferred_close(void) {
+  while (defer_head != NULL) {
+    deferred *q = defer_head;
+    defer_head = q->next;
+    deferred_free(q);
+  }
+  defer_tail = NULL;
+  n_deferred = 0;
+  if (defer_idle != NULL) {
+    uv_close((uv_handle_t *)defer_idle, idle_freed);
+    defer_idle = NULL;
+  }
+}
+
+/* 1 when the request was queued (env taken), 0 when the caller answers
+ * it now; BUSY (and 1, env kept by the caller) past the queue's bound. */
+static int defer(gnmrd *d, const void *id, size_t id_len, const char *user,
+                 Gnmr__Envelope *env) {
+  int k = gnmr__admin_command_find(env->admin_request->command);
+  if (k != GNMR_CMD_UNITS && k != GNMR_CMD_TOP)
+    return 0;
+  if (defer_idle == NULL) {
+    if ((defer_idle = malloc(sizeof *defer_idle)) == NULL)
+      return 0;
+    uv_idle_init(d->loop, defer_idle);
+  }
+  if (n_deferred >= ADMIN_DEFERRED_MAX) {
+    d->c.admin_deferred_refused++;
+    send_error(d, id, id_len, GNMR_E_BUSY, "gnmrd has 256 `units` and "
+               "`top` requests waiting: ask again later");
+    return -1;
+  }
+  deferred *q = calloc(1, sizeof *q);
+  if (q == NULL || (q->id = malloc(id_len ? id_len : 1)) == NULL ||
+      (user != NULL && (q->user = strdup(user)) == NULL)) {
+    if (q != NULL) {
+      free(q->id);
+      free(q);
+    }
+    return 0; /* answered now */
+  }
+  memcpy(q->id, id, id_len);
+  q->id_len = id_len;
+  q->d = d;
+  q->env = env;
+  if (defer_tail != NULL)
+    defer_tail->next = q;
+  else
+    defer_head = q;
+  defer_tail = q;
+  if (n_deferred++ == 0)
+    uv_idle_start(defer_idle, on_deferred);
+  return 1;
+}
+
 void admin_on_message(server *s, const void *id, size_t id_len,
                       const void *data, size_t len, const char *user,
                       void *ctx) {
@@ -593,8 +906,13 @@ void admin_on_message(server *s, const void *id, size_t id_len,
     send_stats(d, id, id_len, user);
   } else if (rv == GNMR_OK &&
              env->body_case == GNMR__ENVELOPE__BODY_ADMIN_REQUEST) {
-    jobs_quiesce_all(d); /* commands and views read engines */
-    on_admin_request(d, id, id_len, env->admin_request, user);
+    int later = defer(d, id, id_len, user, env);
+    if (later == 1)
+      return; /* env is the queue's */
+    if (later == 0) {
+      jobs_quiesce_all(d); /* commands and views read engines */
+      on_admin_request(d, id, id_len, env->admin_request, user);
+    }
   } else {
     if (rv == GNMR_OK &&
         (env->body_case == GNMR__ENVELOPE__BODY_HELLO ||

@@ -67,6 +67,11 @@
   XX(admin_requests, "admin_requests", "", "Requests on the admin socket.")    \
   XX(admin_replies_dropped, "admin_replies_dropped", "",                       \
      "Admin replies dropped: their client left 8 unread.")                     \
+  XX(admin_unread_refused, "admin_unread_refused", "",                         \
+     "Admin requests and replies answered BUSY: 16 MB of their client's "     \
+     "replies unread, or 64 MB of every client's.")                          \
+  XX(admin_deferred_refused, "admin_deferred_refused", "",                     \
+     "`units` and `top` requests answered BUSY: 256 were waiting.")           \
   XX(queries_abandoned, "queries_abandoned", "",                               \
      "History queries stopped because their client had gone.")                \
   XX(auth_denied, "auth_failures", "kind=\"denied\"",                          \

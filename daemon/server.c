@@ -505,6 +505,27 @@ int server_send(server *s, const void *id, size_t id_len, const void *data,
   return GNMR_OK;
 }
 
+int server_send_owned(server *s, const void *id, size_t id_len, void *data,
+                      size_t len, void (*freed)(void *data, void *hint),
+                      void *hint) {
+  zmq_msg_t m;
+  if (zmq_send(s->sock, id, id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+    int e = zmq_errno();
+    freed(data, hint);
+    return e == EAGAIN ? GNMR_E_BUSY : GNMR_E_CLOSED;
+  }
+  if (zmq_msg_init_data(&m, data, len, freed, hint) != 0) {
+    freed(data, hint);
+    return GNMR_E_NOMEM;
+  }
+  if (zmq_msg_send(&m, s->sock, ZMQ_DONTWAIT) < 0) {
+    int e = zmq_errno();
+    zmq_msg_close(&m); /* calls freed */
+    return e == EAGAIN ? GNMR_E_BUSY : GNMR_E_CLOSED;
+  }
+  return GNMR_OK;
+}
+
 void server_kick(server *s) {
   if (s != NULL)
     zwatch_kick(s->w);

@@ -104,6 +104,14 @@ int server_open(uv_loop_t *loop, void *zctx, const server_opts *o,
 int server_send(server *s, const void *id, size_t id_len, const void *data,
                 size_t len);
 
+/* Sends [id][data] without blocking, handing data (malloc'd, len bytes)
+ * to ZeroMQ: it calls freed(data, hint) once it has written the bytes or
+ * dropped them (the peer gone), on its I/O thread, or at once here when
+ * the send fails. Returns as server_send. */
+int server_send_owned(server *s, const void *id, size_t id_len, void *data,
+                      size_t len, void (*freed)(void *data, void *hint),
+                      void *hint);
+
 /* Connections open now (accepted and not yet gone). */
 /* The descriptor of the connection whose message on_msg is given (valid
  * in on_msg; -1 when ZeroMQ does not say). */

@@ -1496,6 +1496,134 @@ START_TEST(an_admin_flood_that_reads_nothing_is_bounded) {
 }
 END_TEST
 
+/* The round: 48 admin connections pipelining 8 `units` requests each of
+ * a 2^17-unit job, reading nothing: the operator's `gnmrctl jobs` went
+ * unanswered for 5 s and gnmrd kept +239 MB; the cap counted replies
+ * (8 a connection), not bytes. Here 16 connections x 8 requests of a
+ * 2^15-unit job (a 7 MB answer): before, gnmrd built all 128 and held up
+ * to 8 a connection (hundreds of MB); now what ZeroMQ holds unread is
+ * bounded in bytes (16 MB a connection, 64 MB in all, one answer larger
+ * than that when nothing else waits), the rest are BUSY before they are
+ * built, the operator's small answer comes at once, and the bytes are
+ * given back when the flood's connections go. */
+START_TEST(unread_admin_replies_are_bounded_in_bytes) {
+  tu_daemon d = {0};
+  if (tu_slow() > 1)
+    start_with(&d, "[limits]\nfirst_message_ms = 120000\n");
+  else
+    tu_daemon_start(&d);
+  enum { N_UNITS = 1 << 15, CONNS = 16, REQS = 8 };
+  char **units = malloc(N_UNITS * sizeof *units);
+  for (int i = 0; i < N_UNITS; i++) {
+    char n[48];
+    snprintf(n, sizeof n, "model.layers.%d.self_attn.q_proj", i);
+    units[i] = strdup(n);
+  }
+  raw_peer ag = raw_open(d.agents);
+  hello(&ag, "wide", 0, 1, units, N_UNITS, 2.0);
+  Gnmr__Envelope *w = expect_body(&ag, GNMR__ENVELOPE__BODY_WELCOME);
+  gnmr__wire_free(&w);
+  char adm[300];
+  snprintf(adm, sizeof adm, "--admin=%s", d.admin);
+  char *uargs[] = {"gnmrctl", adm, "units", "wide", "--json", "--timeout-ms",
+                   ctl_wait(), NULL};
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  run_result r = tu_run("gnmrctl", uargs, NULL);
+  double alone = since(&t0);
+  ck_assert_msg(r.code == 0, "units: %s", r.err);
+  size_t answer = strlen(r.out);
+  tu_run_free(&r);
+  long rss0 = daemon_rss_kb(d.pid);
+  void *ctx = zmq_ctx_new();
+  void *fl[CONNS];
+  uint8_t *buf;
+  size_t len;
+  {
+    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+    Gnmr__AdminRequest q = GNMR__ADMIN_REQUEST__INIT;
+    q.command = "units";
+    q.job = "wide";
+    env.body_case = GNMR__ENVELOPE__BODY_ADMIN_REQUEST;
+    env.admin_request = &q;
+    ck_assert_int_eq(gnmr__wire_encode(&env, &buf, &len), GNMR_OK);
+  }
+  for (int k = 0; k < CONNS; k++) {
+    fl[k] = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0, one = 1, small = 4096;
+    zmq_setsockopt(fl[k], ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(fl[k], ZMQ_RCVHWM, &one, sizeof one);
+    zmq_setsockopt(fl[k], ZMQ_RCVBUF, &small, sizeof small);
+    ck_assert_int_eq(zmq_connect(fl[k], d.admin), 0);
+    for (int i = 0; i < REQS; i++)
+      ck_assert_int_ge(zmq_send(fl[k], buf, len, 0), 0);
+  }
+  free(buf);
+  tu_sleep_ms(300);
+  char *jargs[] = {"gnmrctl", adm, "jobs", "--timeout-ms", ctl_wait(), NULL};
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  r = tu_run("gnmrctl", jargs, NULL);
+  double waited = since(&t0);
+  int jobs_ok = r.code == 0 && strstr(r.out, "wide") != NULL;
+  if (!jobs_ok)
+    printf("jobs: %s", r.err);
+  tu_run_free(&r);
+  /* every request answered or refused: each connection's ZeroMQ takes
+   * one answer off gnmrd (its receive queue of 1) and its kernel buffer
+   * part of a second; the rest wait unread, at most 64 MB in all (and one
+   * answer past it), and every other request is BUSY */
+  long long refused = 0, requests = 0;
+  const long long want = CONNS * REQS - 2 * CONNS -
+                         (long long)((64u << 20) / answer) - 1;
+  long peak = daemon_rss_kb(d.pid);
+  for (int i = 0; i < 600 * tu_slow(); i++) {
+    long now = daemon_rss_kb(d.pid);
+    peak = now > peak ? now : peak;
+    requests = tu_counter(&d, "admin_requests");
+    refused = tu_counter(&d, "admin_unread_refused");
+    if (requests >= CONNS * REQS + 2 && refused >= want)
+      break;
+    tu_sleep_ms(100);
+  }
+  long held = daemon_rss_kb(d.pid);
+  printf("unread admin replies: %d connections x %d `units` of a %d-unit job "
+         "(%zu-byte answer), read by none: %lld refused BUSY; gnmrd RSS %ld "
+         "-> peak %ld kB; the operator's jobs answered in %.0f ms (one "
+         "`units` alone: %.0f ms)\n", CONNS,
+         REQS, N_UNITS, answer, refused, rss0, peak, waited * 1e3,
+         alone * 1e3);
+  fflush(stdout);
+  ck_assert(jobs_ok);
+  ck_assert_int_ge(requests, CONNS * REQS + 2);
+  /* at most 64 MB + one answer unread: the rest refused */
+  ck_assert_int_ge(refused, want);
+  ck_assert_msg(!rss_tells() || peak - rss0 < 128 * 1024,
+                "gnmrd grew %ld kB", peak - rss0);
+  ck_assert_msg(waited < (tu_slow() > 1 ? 30.0 : 1.0),
+                "the operator waited %.1f s", waited);
+  (void)held;
+  /* the flood goes: its unread bytes are given back, a reader is served */
+  for (int k = 0; k < CONNS; k++)
+    zmq_close(fl[k]);
+  zmq_ctx_term(ctx);
+  int served = 0;
+  for (int i = 0; i < 50 && !served; i++) {
+    r = tu_run("gnmrctl", uargs, NULL);
+    served = r.code == 0 && strlen(r.out) == answer;
+    tu_run_free(&r);
+    if (!served)
+      tu_sleep_ms(100);
+  }
+  ck_assert_msg(served, "a reader was not served after the flood left");
+  raw_close(&ag);
+  for (int i = 0; i < N_UNITS; i++)
+    free(units[i]);
+  free(units);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 /* Four `decisions` queries of a 400,000-step run, each sent by a client
  * that leaves at once: the hostile round saw such abandoned queries run to
  * their end while `gnmrctl jobs` waited seconds behind them. A query
@@ -1733,6 +1861,7 @@ static Suite *suite(void) {
   tcase_add_test(live,
                  silent_connections_that_come_back_do_not_lock_the_operator_out);
   tcase_add_test(live, an_admin_flood_that_reads_nothing_is_bounded);
+  tcase_add_test(live, unread_admin_replies_are_bounded_in_bytes);
   tcase_add_test(live, a_huge_or_escaped_instance_is_refused_and_not_kept);
   tcase_add_test(live, reports_without_hello_do_not_stall_another_job);
   tcase_add_test(live, a_report_longer_than_its_rank_needs_is_refused_undecoded);
