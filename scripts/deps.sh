@@ -9,6 +9,7 @@ set -eu
 pkgs_build="gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libsqlite3-dev libjansson-dev libinih-dev libsystemd-dev libmicrohttpd-dev libpq-dev libsodium-dev"
 pkgs_check="check valgrind postgresql clang libclang-rt-14-dev systemd man-db prometheus curl iproute2 util-linux"
 pkgs_fuzz="clang libclang-rt-14-dev"
+pkgs_checklib="check"
 pkgs_demo=""
 # the Python stack itself comes from PyPI into build/venv (scripts/venv.sh)
 pkgs_python="python3 python3-venv"
@@ -20,6 +21,7 @@ for g in "$@"; do
     check) want="$want $pkgs_check" ;;
     demo) want="$want $pkgs_demo" ;;
     fuzz) want="$want $pkgs_fuzz" ;;
+    checklib) want="$want $pkgs_checklib" ;;
     python) want="$want $pkgs_python" ;;
     *) echo "deps.sh: unknown group '$g'" >&2; exit 2 ;;
   esac

@@ -64,7 +64,32 @@ LOOP = textwrap.dedent("""
 """)
 
 
+PRIVATE = textwrap.dedent("""
+    import torch
+    from gnmr.pytorch import Controller
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    with Controller(model, job="wheel-private") as ctl:
+        print("gnmrd", ctl._private.proc.args[0])
+        joined = 0
+        for step in range(1, 4):
+            model(torch.randn(2, 8)).sum().backward()
+            joined += ctl.step(step, wait_ms=5000).joined
+            model.zero_grad()
+    print("joined", joined)
+""")
+
+
 class WheelTest(unittest.TestCase):
+    def test_make_wheel_builds_no_torch_venv(self):
+        """issue 48: `make wheel` built the test venv (4.7 GB) first; its
+        own venv has only what building and repairing the wheel takes."""
+        p = subprocess.run(["make", "-n", "wheel", "VENV=/nonexistent/venv",
+                            "BUILD=" + BUILD], cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("/nonexistent/venv", p.stdout)
+        self.assertIn("venv-wheel", p.stdout)
+
     def test_the_wheel_installs_in_a_fresh_venv_and_a_loop_attaches(self):
         tmp = tempfile.mkdtemp(prefix="gnmr-wheel-")
         try:
@@ -127,6 +152,21 @@ class WheelTest(unittest.TestCase):
                                 "--version"], env=env, capture_output=True,
                                text=True, timeout=60)
             self.assertEqual(p.returncode, 0, p.stderr)
+            # no gnmrd anywhere: the Controller starts the wheel's own as
+            # the job's private gnmrd (issue 48)
+            run = os.path.join(tmp, "run")
+            os.mkdir(run, 0o700)
+            p = subprocess.run([py, "-c", PRIVATE], cwd=tmp,
+                               env=dict(env, XDG_RUNTIME_DIR=run),
+                               capture_output=True, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertIn("started a private gnmrd for job 'wheel-private'",
+                          p.stderr)
+            exe = p.stdout.split("gnmrd ", 1)[1].split()[0]
+            self.assertTrue(exe.startswith(site), exe)
+            self.assertIn("joined 3", p.stdout)
+            self.assertTrue(os.path.isfile(os.path.join(tmp, "gnmr",
+                                                        "gnmr.db")))
             # the man pages, where man finds them for the venv's bin/
             for page in ("share/man/man1/gnmrctl.1", "share/man/man8/gnmrd.8"):
                 self.assertTrue(os.path.isfile(os.path.join(venv, page)),
