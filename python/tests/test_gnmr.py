@@ -294,6 +294,57 @@ class BindingTest(unittest.TestCase):
                          list(_lib.Stats._fields_))
 
 
+    def test_every_struct_and_constant_matches_the_c_headers(self):
+        """Issue 51: the ctypes mirrors of the public structs were kept by
+        hand and checked nowhere but Stats: a C program built from the
+        headers prints each struct's size and each field's offset, by the
+        names ctypes has, and the enum values; ctypes must agree. A field
+        C lacks does not compile; one ctypes lacks changes the size."""
+        from gnmr import _lib
+        root = os.path.join(os.path.dirname(__file__), "..", "..")
+        structs = [("gnmr_params", _lib.Params),
+                   ("gnmr_agent_config", _lib.AgentConfig),
+                   ("gnmr_tensor", _lib.Tensor),
+                   ("gnmr_agent_stats", _lib.Stats),
+                   ("gnmr_cuda_config", _lib.CudaConfig),
+                   ("gnmr_cuda_stats", _lib.CudaStats)]
+        consts = {"GNMR_ROUTE_LOW": _lib.ROUTE_LOW,
+                  "GNMR_ROUTE_HIGH": _lib.ROUTE_HIGH,
+                  "GNMR_DTYPE_F32": _lib.DTYPE_F32,
+                  "GNMR_DTYPE_F16": _lib.DTYPE_F16,
+                  "GNMR_DTYPE_BF16": _lib.DTYPE_BF16,
+                  "GNMR_DTYPE_F64": _lib.DTYPE_F64,
+                  "GNMR_DTYPE_F8E4M3": _lib.DTYPE_F8E4M3,
+                  "GNMR_DTYPE_F8E5M2": _lib.DTYPE_F8E5M2}
+        lines = ["#include <stddef.h>", "#include <stdio.h>",
+                 '#include "gnmr/agent.h"', '#include "gnmr/agent_cuda.h"',
+                 "int main(void) {"]
+        want = []
+        for cname, cls in structs:
+            lines.append(f'  printf("{cname} %zu\\n", sizeof({cname}));')
+            want.append(f"{cname} {ctypes.sizeof(cls)}")
+            for field, _ in cls._fields_:
+                lines.append(f'  printf("{cname}.{field} %zu\\n", '
+                             f"offsetof({cname}, {field}));")
+                want.append(f"{cname}.{field} {getattr(cls, field).offset}")
+        for k, v in consts.items():
+            lines.append(f'  printf("{k} %d\\n", (int){k});')
+            want.append(f"{k} {v}")
+        lines += ["  return 0;", "}"]
+        tmp = tempfile.mkdtemp(prefix="gnmr-abi-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        src, exe = os.path.join(tmp, "abi.c"), os.path.join(tmp, "abi")
+        with open(src, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        cc = subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", "-I",
+                             os.path.join(root, "include"), src, "-o", exe],
+                            capture_output=True, text=True, timeout=120)
+        self.assertEqual(cc.returncode, 0, cc.stderr)
+        got = subprocess.run([exe], capture_output=True, text=True,
+                             check=True, timeout=60).stdout.split("\n")
+        self.assertEqual(got[:-1], want)
+
+
 class ErrorsTest(unittest.TestCase):
     def test_bad_arguments_raise_gnmr_errors_with_codes(self):
         with self.assertRaises(gnmr.GnmrError) as cm:
