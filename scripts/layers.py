@@ -23,12 +23,23 @@ DEF = re.compile(r"^(?!static\b)(?!typedef\b)(?!extern\b)(?!return\b)"
                  r"[A-Za-z_][\w \t\*]*?\b([A-Za-z_]\w*)\s*\(")
 STATIC = re.compile(r"^static\b[\w \t\*]*?\b([A-Za-z_]\w*)\s*\(")
 CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
-COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
-STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'')
+# One pass over the text, as the compiler's lexer reads it: whichever of
+# a comment, a string or a character constant opens first is the one
+# that is open (a "//" inside a string is not a comment, a quote inside a
+# comment opens no string).
+TOKEN = re.compile(r'/\*.*?\*/|//[^\n]*|"(?:\\.|[^"\\\n])*"|'
+                   r"'(?:\\.|[^'\\\n])*'", re.S)
 
 
 def strip(text):
-    return STRING.sub('""', COMMENT.sub(" ", text))
+    """text with every comment a space (its newlines kept, so that lines
+    stay lines) and every string and character constant empty."""
+    def blank(m):
+        t = m.group(0)
+        if t[0] == "/":
+            return "\n" * t.count("\n") or " "
+        return t[0] * 2
+    return TOKEN.sub(blank, text)
 
 
 def read(root, dirs):

@@ -38,6 +38,25 @@ class LayersTest(unittest.TestCase):
         self.assertIn(f"{d}/c.c -> {d}/a.c (a_top)", r.stdout)
         self.assertIn(f"{d}/a.c -> {d}/b.c (b_mid)", r.stdout)
 
+    def test_a_string_holding_slashes_hides_no_call(self):
+        """Issue 51: comments were taken out before strings, so the "//"
+        of "postgres://" opened a comment that ate the rest of its line,
+        closing quote included, and the next quote paired with a later
+        one across lines: the calls between went unseen (the store's
+        db.c circle with them)."""
+        d = self.tree({
+            "a.c": 'int a_top(const char *s) {\n'
+                   '  if (s == "postgres://")\n'
+                   '    return b_mid(s);\n'
+                   '  return puts("done");\n}\n',
+            "b.c": 'int b_mid(const char *s) { /* "a_top( */\n'
+                   '  return s ? a_top(s) : 0; // "\n}\n',
+        })
+        r = run(d)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn(f"{d}/a.c -> {d}/b.c (b_mid)", r.stdout)
+        self.assertIn(f"{d}/b.c -> {d}/a.c (a_top)", r.stdout)
+
     def test_layers_statics_and_alternatives_pass(self):
         d = self.tree({
             "top.c": "int top(void) {\n  return low() + alt();\n}\n",
