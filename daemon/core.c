@@ -562,10 +562,28 @@ static uint32_t sum_shards(core_job *j, const core_pending *p) {
   return missing;
 }
 
+/* Whether a step may be decided by its deadline, without every rank's
+ * report. Before the job's first decision, only once every reporter has
+ * said where it is (a report in this pass): a deadline then would take
+ * one rank's step for the job's, and a first report at step 2^53 + 1
+ * from one rank, decided alone, left every other rank's report late for
+ * good. Ranks of one job step together, so this waits out only a rank
+ * slower to start; a rank that never reports leaves the job undecided
+ * (its agents on their fallback route, as with no gnmrd). */
+static int deadline_decides(const core_job *j) {
+  if (j->last_decided > 0)
+    return 1;
+  for (uint32_t r = 0; r < j->reporters; r++)
+    if (j->ranks[r].last_step == 0)
+      return 0;
+  return 1;
+}
+
 int core_decide_begin(core_job *j, uint64_t now_ms, core_decision *dd) {
-  int ready = 0;
+  int ready = 0, by_deadline = deadline_decides(j);
   for (uint32_t i = 0; i < j->n_pend && !ready; i++)
-    ready = j->pend[i].got >= expected(j) || j->pend[i].deadline <= now_ms;
+    ready = j->pend[i].got >= expected(j) ||
+            (by_deadline && j->pend[i].deadline <= now_ms);
   if (!ready)
     return 0;
   /* the oldest step goes first, ready or not: steps are decided in order */
@@ -657,6 +675,8 @@ int core_is_pending(const core_job *j, uint64_t step) {
 
 uint64_t core_next_deadline(const core_job *j) {
   uint64_t first = UINT64_MAX;
+  if (!deadline_decides(j))
+    return first; /* a report makes the next move */
   for (uint32_t i = 0; i < j->n_pend; i++)
     if (j->pend[i].deadline < first)
       first = j->pend[i].deadline;

@@ -106,20 +106,30 @@ START_TEST(deadline_decides_with_missing_shards) {
   core_job *j = new_job("deadline", 2, 100);
   join(j, 0, two, 2);
   join(j, 1, two, 2);
-  ck_assert_int_eq(report(j, 0, 1, s, 1000), CORE_ACCEPTED);
   core_outcome o;
+  /* before the first decision a deadline waits for every rank's first
+   * report: rank 1 has said nothing yet */
+  ck_assert_int_eq(report(j, 0, 1, s, 1000), CORE_ACCEPTED);
+  ck_assert_int_eq(core_decide_next(j, 5000, &o), 0);
+  ck_assert_uint_eq(core_next_deadline(j), UINT64_MAX);
+  ck_assert_int_eq(report(j, 1, 1, s, 5000), CORE_ACCEPTED);
+  ck_assert_int_eq(core_decide_next(j, 5000, &o), 1);
+  ck_assert_uint_eq(o.step, 1);
+  ck_assert_int_eq(o.by_deadline, 0);
+  /* from then on the deadline decides a step alone */
+  ck_assert_int_eq(report(j, 0, 2, s, 1000), CORE_ACCEPTED);
   ck_assert_int_eq(core_decide_next(j, 1099, &o), 0);
   ck_assert_uint_eq(core_next_deadline(j), 1100);
   ck_assert_int_eq(core_decide_next(j, 1100, &o), 1);
-  ck_assert_uint_eq(o.step, 1);
+  ck_assert_uint_eq(o.step, 2);
   ck_assert_int_eq(o.by_deadline, 1);
   ck_assert_uint_eq(o.missing, 2);
   ck_assert_int_eq(o.input[0], POLICY_MISSING);
   ck_assert_int_eq(o.input[1], POLICY_MISSING);
   ck_assert_uint_eq(core_next_deadline(j), UINT64_MAX);
   /* the late half is dropped, not decided again */
-  ck_assert_int_eq(report(j, 1, 1, s, 1200), CORE_LATE);
-  ck_assert_uint_eq(j->last_decided, 1);
+  ck_assert_int_eq(report(j, 1, 2, s, 1200), CORE_LATE);
+  ck_assert_uint_eq(j->last_decided, 2);
 }
 END_TEST
 
@@ -230,6 +240,26 @@ START_TEST(one_rank_far_ahead_cannot_freeze_the_job) {
   ck_assert_int_eq(core_decide_next(j, 1000, &o), 1);
   ck_assert_uint_eq(o.step, 2);
   ck_assert_int_eq(o.by_deadline, 0);
+  /* the far report first and its deadline long past before any other
+   * rank reports: not decided alone (it was: the job froze at it) */
+  released = 0;
+  core_job *j3 = new_job("far3", 2, 100);
+  join(j3, 0, one, 1);
+  join(j3, 1, one, 1);
+  ck_assert_int_eq(report(j3, 0, far, s, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(core_decide_next(j3, 60000, &o), 0);
+  ck_assert_uint_eq(core_next_deadline(j3), UINT64_MAX);
+  ck_assert_uint_eq(j3->last_decided, 0);
+  ck_assert_int_eq(report(j3, 1, 1, s, 60000), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j3, 0, 1, s, 60000), CORE_ACCEPTED);
+  ck_assert_int_eq(core_decide_next(j3, 60000, &o), 1);
+  ck_assert_uint_eq(o.step, 1);
+  ck_assert_uint_eq(j3->far_dropped, 1);
+  ck_assert_int_eq(report(j3, 0, 2, s, 60000), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j3, 1, 2, s, 60000), CORE_ACCEPTED);
+  ck_assert_int_eq(core_decide_next(j3, 60000, &o), 1);
+  ck_assert_uint_eq(o.step, 2);
+  core_job_free(&reg, j3);
 }
 END_TEST
 
@@ -237,7 +267,9 @@ START_TEST(layout_unknown_until_every_rank_joined) {
   static const double s[] = {1.0, 1.0};
   core_job *j = new_job("layout", 2, 10);
   join(j, 0, two, 2);
-  ck_assert_int_eq(report(j, 0, 1, s, 0), CORE_ACCEPTED);
+  /* a job decided up to step 5 before (restored): its deadlines decide */
+  ck_assert_int_eq(core_adopt_decided(j, 5), 1);
+  ck_assert_int_eq(report(j, 0, 6, s, 0), CORE_ACCEPTED);
   core_outcome o;
   ck_assert_int_eq(core_decide_next(j, 10, &o), 1);
   /* rank 1 may hold shards of these units: never a partial norm */
@@ -245,8 +277,8 @@ START_TEST(layout_unknown_until_every_rank_joined) {
   ck_assert_int_eq(o.input[0], POLICY_MISSING);
   join(j, 1, one, 1); /* "w": a third unit, no shard of a or b */
   static const double w[] = {1.0};
-  ck_assert_int_eq(report(j, 0, 2, s, 20), CORE_ACCEPTED);
-  ck_assert_int_eq(report(j, 1, 2, w, 20), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 0, 7, s, 20), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 1, 7, w, 20), CORE_ACCEPTED);
   ck_assert_int_eq(core_decide_next(j, 20, &o), 1);
   ck_assert_uint_eq(o.missing, 0);
   ck_assert(o.norm[0] == 1.0 && o.norm[2] == 1.0);
