@@ -584,6 +584,10 @@ bench: deps $(BENCHES) all venv
 	  GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BIN_DIR=$(abspath $(BUILD)/bin) \
 	    $(PYTHON) bench/torch_overhead.py; \
 	else echo "torch_overhead: no torch for $(PYTHON) (scripts/deps.sh python installs it)"; fi
+	@echo "== bench/compile_routes.py"
+	@if $(PYTHON) -c 'import torch' 2>/dev/null; then \
+	  ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PYTHON) bench/compile_routes.py; \
+	else echo "compile_routes: no torch for $(PYTHON)"; fi
 
 # ---- install ---------------------------------------------------------------------
 # Honours PREFIX and DESTDIR: programs, the agent library (static and
