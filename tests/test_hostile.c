@@ -1379,6 +1379,59 @@ START_TEST(silent_connections_that_come_back_do_not_lock_the_operator_out) {
 }
 END_TEST
 
+/* A job of n units named like a model's, joined by ag (rank 0 of 1):
+ * the names, for free_names(). */
+static char **wide_job(raw_peer *ag, const char *job, int n) {
+  char **units = malloc((size_t)n * sizeof *units);
+  ck_assert_ptr_nonnull(units);
+  for (int i = 0; i < n; i++) {
+    char name[48];
+    snprintf(name, sizeof name, "model.layers.%d.self_attn.q_proj", i);
+    units[i] = strdup(name);
+  }
+  hello(ag, job, 0, 1, units, (size_t)n, 2.0);
+  Gnmr__Envelope *w = expect_body(ag, GNMR__ENVELOPE__BODY_WELCOME);
+  gnmr__wire_free(&w);
+  return units;
+}
+
+static void free_names(char **units, int n) {
+  for (int i = 0; i < n; i++)
+    free(units[i]);
+  free(units);
+}
+
+/* A client of the admin endpoint that reads nothing: its ZeroMQ takes
+ * one message (RCVHWM 1) and its kernel buffer little, then stops
+ * reading; sndhwm 0 lets it queue every request it sends. */
+static void *unread_client(void *ctx, const char *admin, int sndhwm) {
+  void *s = zmq_socket(ctx, ZMQ_DEALER);
+  int zero = 0, one = 1, small = 4096;
+  zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+  if (sndhwm == 0)
+    zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
+  zmq_setsockopt(s, ZMQ_RCVHWM, &one, sizeof one);
+  zmq_setsockopt(s, ZMQ_RCVBUF, &small, sizeof small);
+  ck_assert_int_eq(zmq_connect(s, admin), 0);
+  return s;
+}
+
+/* Sends `units JOB` n times on s. */
+static void ask_units(void *s, const char *job, int n) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__AdminRequest q = GNMR__ADMIN_REQUEST__INIT;
+  uint8_t *buf;
+  size_t len;
+  q.command = "units";
+  q.job = (char *)job;
+  env.body_case = GNMR__ENVELOPE__BODY_ADMIN_REQUEST;
+  env.admin_request = &q;
+  ck_assert_int_eq(gnmr__wire_encode(&env, &buf, &len), GNMR_OK);
+  for (int i = 0; i < n; i++)
+    ck_assert_int_ge(zmq_send(s, buf, len, 0), 0);
+  free(buf);
+}
+
 /* A client that sends 3000 admin requests and reads no reply, each
  * answered with the unit list of a 500-unit job (about 110 KB): the
  * hostile round saw gnmrd grow by 310 MB and the operator wait 5 s. gnmrd
@@ -1398,41 +1451,12 @@ START_TEST(an_admin_flood_that_reads_nothing_is_bounded) {
    * than gnmrd keeps for a client */
   enum { N_UNITS = 500 };
   const int N_REQ = tu_slow() > 1 ? 300 : 3000;
-  char **units = malloc(N_UNITS * sizeof *units);
-  for (int i = 0; i < N_UNITS; i++) {
-    char n[48];
-    snprintf(n, sizeof n, "model.layers.%d.self_attn.q_proj", i);
-    units[i] = strdup(n);
-  }
   raw_peer ag = raw_open(d.agents);
-  hello(&ag, "flooded", 0, 1, units, N_UNITS, 2.0);
-  Gnmr__Envelope *w = expect_body(&ag, GNMR__ENVELOPE__BODY_WELCOME);
-  gnmr__wire_free(&w);
+  char **units = wide_job(&ag, "flooded", N_UNITS);
   long rss0 = daemon_rss_kb(d.pid);
   void *ctx = zmq_ctx_new();
-  void *fl = zmq_socket(ctx, ZMQ_DEALER);
-  int zero = 0;
-  zmq_setsockopt(fl, ZMQ_LINGER, &zero, sizeof zero);
-  zmq_setsockopt(fl, ZMQ_SNDHWM, &zero, sizeof zero); /* no limit here */
-  int one = 1; /* it reads nothing: its ZeroMQ stops reading the kernel's */
-  zmq_setsockopt(fl, ZMQ_RCVHWM, &one, sizeof one);
-  int rcvbuf = 4096; /* small kernel buffers */
-  zmq_setsockopt(fl, ZMQ_RCVBUF, &rcvbuf, sizeof rcvbuf);
-  ck_assert_int_eq(zmq_connect(fl, d.admin), 0);
-  {
-    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
-    Gnmr__AdminRequest r = GNMR__ADMIN_REQUEST__INIT;
-    uint8_t *buf;
-    size_t len;
-    r.command = "units";
-    r.job = "flooded";
-    env.body_case = GNMR__ENVELOPE__BODY_ADMIN_REQUEST;
-    env.admin_request = &r;
-    ck_assert_int_eq(gnmr__wire_encode(&env, &buf, &len), GNMR_OK);
-    for (int i = 0; i < N_REQ; i++)
-      ck_assert_int_ge(zmq_send(fl, buf, len, 0), 0);
-    free(buf);
-  }
+  void *fl = unread_client(ctx, d.admin, 0);
+  ask_units(fl, "flooded", N_REQ);
   /* while gnmrd works through them, the operator asks */
   tu_sleep_ms(500);
   char adm[300];
@@ -1488,9 +1512,7 @@ START_TEST(an_admin_flood_that_reads_nothing_is_bounded) {
   zmq_close(fl);
   zmq_ctx_term(ctx);
   raw_close(&ag);
-  for (int i = 0; i < N_UNITS; i++)
-    free(units[i]);
-  free(units);
+  free_names(units, N_UNITS);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
   tu_rmrf(d.dir);
 }
@@ -1513,16 +1535,8 @@ START_TEST(unread_admin_replies_are_bounded_in_bytes) {
   else
     tu_daemon_start(&d);
   enum { N_UNITS = 1 << 15, CONNS = 16, REQS = 8 };
-  char **units = malloc(N_UNITS * sizeof *units);
-  for (int i = 0; i < N_UNITS; i++) {
-    char n[48];
-    snprintf(n, sizeof n, "model.layers.%d.self_attn.q_proj", i);
-    units[i] = strdup(n);
-  }
   raw_peer ag = raw_open(d.agents);
-  hello(&ag, "wide", 0, 1, units, N_UNITS, 2.0);
-  Gnmr__Envelope *w = expect_body(&ag, GNMR__ENVELOPE__BODY_WELCOME);
-  gnmr__wire_free(&w);
+  char **units = wide_job(&ag, "wide", N_UNITS);
   char adm[300];
   snprintf(adm, sizeof adm, "--admin=%s", d.admin);
   char *uargs[] = {"gnmrctl", adm, "units", "wide", "--json", "--timeout-ms",
@@ -1537,28 +1551,10 @@ START_TEST(unread_admin_replies_are_bounded_in_bytes) {
   long rss0 = daemon_rss_kb(d.pid);
   void *ctx = zmq_ctx_new();
   void *fl[CONNS];
-  uint8_t *buf;
-  size_t len;
-  {
-    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
-    Gnmr__AdminRequest q = GNMR__ADMIN_REQUEST__INIT;
-    q.command = "units";
-    q.job = "wide";
-    env.body_case = GNMR__ENVELOPE__BODY_ADMIN_REQUEST;
-    env.admin_request = &q;
-    ck_assert_int_eq(gnmr__wire_encode(&env, &buf, &len), GNMR_OK);
-  }
   for (int k = 0; k < CONNS; k++) {
-    fl[k] = zmq_socket(ctx, ZMQ_DEALER);
-    int zero = 0, one = 1, small = 4096;
-    zmq_setsockopt(fl[k], ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(fl[k], ZMQ_RCVHWM, &one, sizeof one);
-    zmq_setsockopt(fl[k], ZMQ_RCVBUF, &small, sizeof small);
-    ck_assert_int_eq(zmq_connect(fl[k], d.admin), 0);
-    for (int i = 0; i < REQS; i++)
-      ck_assert_int_ge(zmq_send(fl[k], buf, len, 0), 0);
+    fl[k] = unread_client(ctx, d.admin, -1);
+    ask_units(fl[k], "wide", REQS);
   }
-  free(buf);
   tu_sleep_ms(300);
   char *jargs[] = {"gnmrctl", adm, "jobs", "--timeout-ms", ctl_wait(), NULL};
   clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -1617,9 +1613,7 @@ START_TEST(unread_admin_replies_are_bounded_in_bytes) {
   }
   ck_assert_msg(served, "a reader was not served after the flood left");
   raw_close(&ag);
-  for (int i = 0; i < N_UNITS; i++)
-    free(units[i]);
-  free(units);
+  free_names(units, N_UNITS);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
   tu_rmrf(d.dir);
 }
