@@ -1271,12 +1271,9 @@ static int scraped(const char *url, int *asked) {
 
 START_TEST(a_slow_metrics_client_does_not_hold_out_the_scraper) {
   tu_daemon d = {0};
-  char *extra[] = {"--metrics", "127.0.0.1:0", NULL};
-  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
-  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
   char url[256];
   int port = 0;
-  tu_metrics_url(&d, url, sizeof url);
+  tu_daemon_start_metrics(&d, url, sizeof url);
   ck_assert_int_eq(sscanf(url, "http://127.0.0.1:%d/", &port), 1);
   enum { SLOW = 100 };
   int fds[SLOW], open_n = SLOW;

@@ -451,11 +451,8 @@ END_TEST
 
 START_TEST(metrics_endpoint_serves_valid_prometheus_text) {
   tu_daemon d = {0};
-  char *extra[] = {"--metrics", "127.0.0.1:0", NULL};
-  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
-  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
   char url[256];
-  tu_metrics_url(&d, url, sizeof url);
+  tu_daemon_start_metrics(&d, url, sizeof url);
   /* a live job whose name needs escaping in a label */
   static const char *names[] = {"a", "b"};
   gnmr_agent_config c = {0};

@@ -446,6 +446,16 @@ static inline void tu_metrics_url(const tu_daemon *d, char *url,
   free(out);
 }
 
+/* A gnmrd in a fresh directory serving /metrics on a free loopback
+ * port: its URL in url. */
+static inline void tu_daemon_start_metrics(tu_daemon *d, char *url,
+                                           size_t cap) {
+  char *extra[] = {"--metrics", "127.0.0.1:0", NULL};
+  snprintf(d->dir, sizeof d->dir, "%s", tu_tmpdir());
+  tu_daemon_start_in(d, NULL, NULL, d->dir, extra);
+  tu_metrics_url(d, url, cap);
+}
+
 /* GET url with curl within max_s seconds (0: no limit): the body, and
  * the HTTP status in *status (0 when no answer came). */
 static inline char *tu_http_get_in(const char *url, int *status, int max_s) {
