@@ -264,6 +264,42 @@ class OverlapTest(unittest.TestCase):
         self.assertTrue(any(a for _, a in rows[0]), rows[0])
 
 
+class RecipesTest(unittest.TestCase):
+    """Issue 51: one registry from a recipe's name to (convert, switch,
+    shadow), read by the callbacks and a loop of one's own alike."""
+
+    def test_the_callbacks_and_a_loop_read_one_registry(self):
+        from gnmr import recipes, recovery
+        from gnmr.integrations._common import Session
+        for name in ("fp8", "int4", "torchao-float8",
+                     "torchao-float8-rowwise", "te"):
+            self.assertIn(name, recipes.names())
+            self.assertEqual(Session(recipe=name)._recipe,
+                             recipes.get(name))
+        fp8 = recipes.get("fp8")
+        self.assertIs(fp8.shadow, recovery.fp8_overflowed)
+        self.assertIs(fp8.switch, recovery.switch)
+        self.assertIsNone(recipes.get("int4").shadow)
+        self.assertIsNone(recipes.get("te").convert)
+        # a loop converts with the registry's recipe and switches with it
+        model = W.small_model("llama")
+        done = fp8.convert(model, pattern=r"layers\.0\.")
+        self.assertEqual(len(done), 7)
+        mods = [m for m in model.modules() if isinstance(m, fp8.select)]
+        self.assertEqual(len(mods), 7)
+        fp8.switch(done[0], mods[0], True)
+        self.assertTrue(mods[0].recovery)
+        # the callbacks convert the same modules for the same name
+        other = W.small_model("llama")
+        s = Session(units=r"layers\.0\.", recipe="fp8")
+        s.prepare(other)
+        self.assertEqual(sorted(s.converted), sorted(done))
+        t = recipes.get("torchao-float8")
+        self.assertEqual(t.name, "torchao-float8")
+        with self.assertRaisesRegex(ValueError, "recipe='fp4': one of fp8"):
+            recipes.get("fp4")
+
+
 class MistakesTest(unittest.TestCase):
     def test_bad_selections_and_recipes_are_clear_errors(self):
         from gnmr.integrations._common import Session

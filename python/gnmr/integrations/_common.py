@@ -9,14 +9,12 @@ import re
 
 import torch
 
-from .. import recovery
+from .. import recipes, recovery
 from ..pytorch import Controller, _warn
 
 log = logging.getLogger("gnmr")
 
-# recipe name -> (how to convert the selected linears, shadow)
-RECIPES = ("fp8", "int4", "torchao-float8", "torchao-float8-rowwise",
-           "torchao-float8-rowwise_with_gw_hp", "te")
+# the recipe names the callbacks take: gnmr.recipes' registry
 
 
 def _head_ids(model):
@@ -54,19 +52,16 @@ class Session:
             except re.error as e:
                 raise ValueError(f"units={units!r} is not a regular "
                                  f"expression: {e}") from None
-        if recipe is not None and not callable(recipe) and \
-                recipe not in RECIPES and \
-                not str(recipe).startswith("torchao-float8-"):
-            raise ValueError(f"recipe={recipe!r}: one of {', '.join(RECIPES)}"
-                             ", None (observe, no switch), or a function "
-                             "on_route(name, module, high)")
-        if recipe is not None and str(recipe).startswith("torchao"):
-            have = recovery.torchao_recipes()  # a clear error without it
-            want = recipe.split("-", 2)[2] if recipe.count("-") > 1 else \
-                "tensorwise"
-            if want not in have:
-                raise ValueError(f"recipe={recipe!r}: the installed torchao "
-                                 f"has the float8 recipes {', '.join(have)}")
+        # a name (gnmr.recipes), None (observe, switch nothing) or a
+        # function on_route(name, module, high)
+        self._recipe = None
+        if recipe is not None and not callable(recipe):
+            try:
+                self._recipe = recipes.get(recipe)
+            except ValueError as e:
+                raise ValueError(f"{e}, None (observe, no switch), or a "
+                                 "function on_route(name, module, high)"
+                                 ) from None
         self.job, self.units, self.recipe = job, units, recipe
         self.endpoint, self.clip = endpoint, clip
         self.skip_nonfinite = skip_nonfinite
@@ -112,8 +107,8 @@ class Session:
     def prepare(self, model):
         """Converts the selected linears to the recipe's two-path modules
         (their parameters kept: the optimizer's stay valid)."""
-        if model is None or self.converted or self.recipe in (None, "te") \
-                or callable(self.recipe):
+        r = self._recipe
+        if model is None or self.converted or r is None or r.convert is None:
             return
         select, pattern = self._pattern(model)
         if self.units != "auto":  # the linears inside the matched units
@@ -127,18 +122,7 @@ class Session:
                                  f"a module that matches, for recipe "
                                  f"{self.recipe!r} to convert")
             pattern = "^(?:" + "|".join(map(re.escape, inside)) + ")$"
-        if self.recipe == "fp8":
-            done = recovery.convert(model, recovery.FP8Linear,
-                                    pattern=pattern)
-        elif self.recipe == "int4":
-            done = recovery.convert(model, recovery.KBitLinear,
-                                    pattern=pattern, low_bits=4)
-        else:
-            want = self.recipe.split("-", 2)[2] if \
-                self.recipe.count("-") > 1 else "tensorwise"
-            done = recovery.torchao_float8(model, recipe=want,
-                                           pattern=pattern)
-        self.converted = set(done)
+        self.converted = set(r.convert(model, pattern=pattern))
 
     # ---- once the trainer has wrapped the model ----------------------------
 
@@ -152,8 +136,8 @@ class Session:
         if default_data_dir and not os.environ.get("GNMR_DATA_DIR"):
             kw.setdefault("data_dir", default_data_dir)
         kw.setdefault("experts", self.units == "auto")
-        if self.recipe == "fp8":
-            kw.setdefault("shadow", recovery.fp8_overflowed)
+        if self._recipe is not None and self._recipe.shadow is not None:
+            kw.setdefault("shadow", self._recipe.shadow)
         self._switches = {}
         self.ctl = Controller(model, self.endpoint, job, select=select,
                               pattern=pattern, on_route=self._route, **kw)
@@ -166,7 +150,7 @@ class Session:
                 continue
             self._switches[name] = [x for x in m.modules()
                                     if hasattr(x, "recovery")]
-        if self.recipe == "te":
+        if self._recipe is not None and self._recipe.binds:
             try:
                 from . import te
             except ModuleNotFoundError as e:
@@ -184,8 +168,13 @@ class Session:
         if callable(self.recipe):
             self.recipe(name, module, high)
             return
+        # recipe=None: modules the user made two-path switch as ever
+        switch = self._recipe.switch if self._recipe is not None else \
+            recovery.switch
+        if switch is None:
+            return
         for m in self._switches.get(name, ()):  # a unit's converted linears
-            recovery.switch(name, m, high)
+            switch(name, m, high)
 
     def step(self, step, model):
         """The optimizer step `step` (the trainer's number, from 1), before
@@ -276,7 +265,7 @@ class Session:
                 self.begin_step()  # the last step's decision, noted
             except Exception as e:  # closing: said, not raised
                 log.warning("gnmr: the last decision was not taken: %s", e)
-            if self.recipe == "te":
+            if self._recipe is not None and self._recipe.binds:
                 from . import te
                 te.unbind(self.ctl)
             self.ctl.close()
