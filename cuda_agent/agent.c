@@ -401,6 +401,16 @@ int gnmr_agent_joined(const gnmr_agent *a) {
   return a ? atomic_load(&a->joined) : 0;
 }
 
+int gnmr_agent_run(const gnmr_agent *a, uint64_t *run, uint64_t *last_step) {
+  if (a == NULL || !atomic_load(&a->joined))
+    return 0;
+  if (run != NULL)
+    *run = atomic_load(&a->welcome_run);
+  if (last_step != NULL)
+    *last_step = atomic_load(&a->welcome_last);
+  return 1;
+}
+
 int gnmr_agent_last_error(gnmr_agent *a, char *buf, size_t cap) {
   if (a == NULL)
     return GNMR_E_INVAL;

@@ -248,8 +248,12 @@ static void on_welcome(gnmr_agent *a, io_state *io, const Gnmr__Welcome *w) {
   }
   qsort_r(io->by_id, a->n_units, sizeof *io->by_id, by_id_cmp, io->ids);
   io->have_ids = 1;
-  if (io->welcomed)
+  if (io->welcomed) {
     drop_stale(a, io, w->last_step);
+  } else { /* what the training side is told it joined (gnmr_agent_run) */
+    atomic_store(&a->welcome_run, w->run);
+    atomic_store(&a->welcome_last, w->last_step);
+  }
   io->welcomed = 1;
   atomic_store(&a->joined, 1);
   flush_held(a, io);

@@ -69,6 +69,8 @@ struct gnmr_agent {
   pthread_t io;
   atomic_int stop;
   atomic_int joined;
+  /* the first Welcome's run and last decided step (gnmr_agent_run) */
+  atomic_uint_fast64_t welcome_run, welcome_last;
 
   /* decision, published by the I/O thread under a seqlock */
   atomic_uint_fast64_t seq;

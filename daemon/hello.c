@@ -107,6 +107,8 @@ static int welcome_encode(const gnmrd *d, const core_job *c,
   w.params = &wp;
   w.last_step = c->last_decided;
   w.term = d->term;
+  w.run = c->run;
+  w.pass = c->pass;
   env.body_case = GNMR__ENVELOPE__BODY_WELCOME;
   env.welcome = &w;
   return gnmr__wire_encode(&env, buf, len);

@@ -994,6 +994,10 @@ START_TEST(agent_without_daemon_keeps_stepping_within_its_deadline) {
   ck_assert_uint_eq(st.late_decisions, 20);
   ck_assert_uint_eq(st.decisions, 0);
   ck_assert_int_eq(gnmr_agent_joined(a), 0);
+  uint64_t run = 77, last = 77; /* not joined: nothing said, nothing written */
+  ck_assert_int_eq(gnmr_agent_run(a, &run, &last), 0);
+  ck_assert(run == 77 && last == 77);
+  ck_assert_int_eq(gnmr_agent_run(NULL, &run, &last), 0);
   /* steps must increase */
   ck_assert_int_eq(gnmr_agent_report(a, 20, &t, 1), GNMR_E_INVAL);
   ck_assert_int_eq(gnmr_agent_report(a, 0, &t, 1), GNMR_E_INVAL);
@@ -1047,6 +1051,10 @@ START_TEST(daemon_killed_mid_run_then_restarted_agent_rejoins) {
   ck_assert_uint_eq(gnmr_agent_routes(a, NULL, 3), 0);
   ck_assert_uint_eq(gnmr_agent_routes(NULL, all, 3), 0);
   ck_assert(gnmr_agent_joined(a));
+  uint64_t run = 0, last = 99; /* a new run: nothing decided before it */
+  ck_assert_int_eq(gnmr_agent_run(a, &run, &last), 1);
+  ck_assert(run >= 1 && last == 0);
+  ck_assert_int_eq(gnmr_agent_run(a, NULL, NULL), 1);
 
   /* kill -9: the agent keeps stepping within its deadline */
   tu_daemon_stop(&d, SIGKILL);

@@ -226,6 +226,13 @@ GNMR_EXPORT uint64_t gnmr_agent_risky(gnmr_agent *a, uint32_t *units,
 /* Whether the daemon has accepted this agent (Welcome received). */
 GNMR_EXPORT int gnmr_agent_joined(const gnmr_agent *a);
 
+/* What the first Welcome said this agent joined: the job's run (0 from a
+ * gnmrd before runs were told) and the step gnmrd had decided up to (0:
+ * none, a new run; above 0: a live run that goes on with its statistics).
+ * Returns 1 once joined, else 0 and writes nothing. Any thread. */
+GNMR_EXPORT int gnmr_agent_run(const gnmr_agent *a, uint64_t *run,
+                               uint64_t *last_step);
+
 /* The code of gnmrd's last Error reply to this agent (0: none) and, in
  * buf (cap bytes, may be NULL), its message: why a Hello was refused, say
  * ("rank 0 of job j is held by a live agent (...)"). Any thread. */

@@ -268,6 +268,16 @@ class Agent:
     def joined(self):
         return bool(lib().gnmr_agent_joined(self._a))
 
+    def run(self):
+        """(run, last_step) from the Welcome that let this agent in: the
+        job's run and the step gnmrd had decided up to (0: a new run);
+        None while not joined."""
+        run, last = ctypes.c_uint64(), ctypes.c_uint64()
+        if not lib().gnmr_agent_run(self._a, ctypes.byref(run),
+                                    ctypes.byref(last)):
+            return None
+        return run.value, last.value
+
     def last_error(self):
         """(code, message) of gnmrd's last Error reply to this agent: why
         its Hello was refused, say; (0, "") when none."""

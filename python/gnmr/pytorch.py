@@ -204,16 +204,20 @@ class StepResult:
     none did; None when the decision did not come in time); repeated: the
     call repeated an earlier step and did nothing; shadowed: the units on
     their recovery path that `shadow` said the low-cost path would have
-    damaged, reported to gnmrd as non-finite ([] without `shadow`)."""
+    damaged, reported to gnmrd as non-finite ([] without `shadow`); run:
+    on the first result after this rank joined gnmrd, {"run": the job's
+    run, "continued_after": the step gnmrd had decided up to, 0 for a new
+    run} (docs/python.md, "Runs and resumes"), else None."""
 
     FIELDS = ("step", "on_time", "joined", "active", "changed",
-              "nonfinite", "norms", "risky", "repeated", "shadowed")
+              "nonfinite", "norms", "risky", "repeated", "shadowed", "run")
     __slots__ = tuple(f for f in FIELDS if f != "norms") + ("_norms", "_sums")
 
     def __init__(self, step, on_time=False, joined=False, active=(),
                  changed=(), nonfinite=None, norms=None, repeated=False,
-                 risky=None, shadowed=()):
+                 risky=None, shadowed=(), run=None):
         self.step, self.on_time, self.joined = step, on_time, joined
+        self.run = run
         self.active, self.changed = list(active), list(changed)
         self.nonfinite, self._norms, self._sums = nonfinite, norms, None
         self.risky = risky
@@ -390,6 +394,7 @@ class Controller(Reduction):
         self._acc_seen = None   # (its gradient, versions) at the last step
         self._acc_runs = 0
         self._not_joined = 0
+        self._said_run = False  # what run gnmrd let this rank into
         self._late = []         # the last on-time flags, for the warning
         self._local = None      # (norms, nonfinite) of the last report
         self._clipping = False  # clip_grad_norm_() was called: keep
@@ -553,6 +558,38 @@ class Controller(Reduction):
         pending.result()
         return self._finish(step, wait_ms)
 
+    def _tell_run(self, step):
+        """Says once which run gnmrd let this rank into, against what the
+        training side's step suggests: a warning where they disagree (a
+        resumed trainer given a new run, a fresh one given a live run's
+        statistics), the `gnmr` logger's INFO otherwise. Returns the
+        first result's `run`."""
+        got = self.agent.run()
+        if got is None:
+            return None
+        self._said_run = True
+        run, last = got
+        what = f"gnmr: job {self.job!r} rank {self.tp_rank}"
+        if last == 0 and step > 1:
+            _warn(f"{what}: the trainer is at step {step}, but gnmrd starts "
+                  f"run {run} afresh (nothing decided in it before): GNMR's "
+                  "statistics start over, warm-up included. gnmrd goes on "
+                  "with a run only while it is unfinished; a run whose "
+                  "ranks all said Bye is finished (docs/python.md, \"Runs "
+                  "and resumes\")")
+        elif last > 0 and step <= last and step <= 1:
+            _warn(f"{what}: the trainer starts at step {step}, but gnmrd "
+                  f"goes on with run {run}, decided up to step {last}, and "
+                  "its statistics: a fresh start under a job name whose "
+                  "run did not finish. For a new run, give a new job name "
+                  "or end the old one first (gnmrctl finish JOB)")
+        elif last > 0:
+            log.info("%s: goes on with run %d after step %d (its "
+                     "statistics kept)", what, run, last)
+        else:
+            log.info("%s: a new run, %d", what, run)
+        return {"run": run, "continued_after": last}
+
     def _repeat(self, step):
         """A step that does not advance (a call per micro-batch): nothing is
         reported, but nonfinite and norms are this rank's gradients as
@@ -596,6 +633,8 @@ class Controller(Reduction):
         res = StepResult(step, on_time, joined,
                          compress(self._names, self.high), self._changed,
                          shadowed=[self.units[u][0] for u in self._shadowed])
+        if joined and not self._said_run:
+            res.run = self._tell_run(step)
         job_nonfinite = None
         if on_time:
             rstep, risky = self.agent.risky()

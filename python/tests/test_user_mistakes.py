@@ -201,6 +201,65 @@ class PrivateDaemonTest(unittest.TestCase):
             self.assertIn("stopped cleanly", f.read())
 
 
+class RunsTest(unittest.TestCase):
+    """Issue 48: the training side is told which run gnmrd let it into,
+    and warned where that is not what its step suggests: a trainer that
+    resumes at step 101 under a name whose run finished gets a new run
+    (statistics from nothing); one that starts at step 1 under a name
+    whose run did not finish goes on with that run's statistics."""
+
+    def setUp(self):
+        from gnmr.daemon import Private
+        self.tmp = tempfile.mkdtemp(prefix="gnmr-runs-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.data = os.path.join(self.tmp, "data")
+        self.d = Private(self.data)
+        self.addCleanup(lambda: self.d.stop())
+
+    def steps(self, job, first, n, d=None):
+        net, x = Net(), torch.randn(4, 8)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ctl = Controller(net, (d or self.d).agents, job, params=params(),
+                             daemon="never")
+            out = []
+            for t in range(first, first + n):
+                backward(net, x)
+                out.append(ctl.step(t, wait_ms=5000))
+        said = [str(m.message) for m in w if "gnmrd" in str(m.message) and
+                "run" in str(m.message)]
+        return ctl, out, said
+
+    def test_each_rank_is_told_its_run_and_warned_where_it_surprises(self):
+        from gnmr.daemon import Private
+        # a trainer resuming at step 101, a name with no run yet
+        ctl, out, said = self.steps("resumed-late", 101, 3)
+        self.assertEqual(out[0].run, {"run": 1, "continued_after": 0})
+        self.assertEqual([r.run for r in out[1:]], [None, None])
+        self.assertEqual(len(said), 1, said)
+        self.assertIn("at step 101, but gnmrd starts run 1 afresh", said[0])
+        ctl.close()
+        # two runs that do not finish: gnmrd stops under them
+        a, _, said_a = self.steps("goes-on", 1, 3)
+        b, _, said_b = self.steps("fresh-again", 1, 3)
+        self.assertEqual(said_a + said_b, [])  # new runs at step 1: INFO
+        self.d.stop()
+        a.close()
+        b.close()
+        self.d = Private(self.data)  # restores both
+        a, out_a, said_a = self.steps("goes-on", 4, 2)
+        self.assertEqual(out_a[0].run["continued_after"], 3)
+        self.assertEqual(said_a, [])  # as expected: INFO only
+        b, out_b, said_b = self.steps("fresh-again", 1, 2)
+        self.assertEqual(out_b[0].run["continued_after"], 3)
+        self.assertEqual(len(said_b), 1, said_b)
+        self.assertIn("starts at step 1, but gnmrd goes on with run",
+                      said_b[0])
+        self.assertIn("decided up to step 3", said_b[0])
+        a.close()
+        b.close()
+
+
 class WithoutDaemonTest(unittest.TestCase):
     def test_wrong_endpoint_never_waits_and_warns_once_naming_it(self):
         net, x = Net(), torch.randn(4, 8)
