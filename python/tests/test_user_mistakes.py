@@ -172,6 +172,56 @@ class PrivateDaemonTest(unittest.TestCase):
         self.assertEqual([n for n in os.listdir(self.tmp)
                           if n.startswith("gnmr-")], [])
 
+    def test_a_ddp_job_on_one_machine_shares_rank_0s_private_gnmrd(self):
+        """torchrun, 2 processes on gloo: rank 0 starts the private gnmrd
+        and tells rank 1 its endpoint (a broadcast): one gnmrd, one job,
+        said once."""
+        data = os.path.join(self.tmp, "ddp-data")
+        code = (
+            "import os, sys, torch, torch.distributed as dist\n"
+            "sys.path.insert(0, %r)\n"
+            "from gnmr.pytorch import Controller\n"
+            "dist.init_process_group('gloo')\n"
+            "torch.manual_seed(0)\n"
+            "net = torch.nn.Sequential(torch.nn.Linear(8, 8),\n"
+            "                          torch.nn.Linear(8, 2))\n"
+            "ddp = torch.nn.parallel.DistributedDataParallel(net)\n"
+            "ctl = Controller(ddp, job='ddp-private', data_dir=%r)\n"
+            "joined = 0\n"
+            "for t in range(1, 6):\n"
+            "    ddp(torch.randn(4, 8)).sum().backward()\n"
+            "    joined += ctl.step(t, wait_ms=5000).joined\n"
+            "    ddp.zero_grad()\n"
+            "dist.barrier()\n"
+            "print('rank', dist.get_rank(), ctl.endpoint,\n"
+            "      ctl._private is not None, joined, flush=True)\n"
+            "dist.barrier()\n"
+            "ctl.close()\n"
+            "dist.destroy_process_group()\n"
+            % (os.path.join(REPO, "python"), data))
+        script = os.path.join(self.tmp, "ddp.py")
+        with open(script, "w") as f:
+            f.write(code)
+        env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=self.tmp)
+        p = subprocess.run([sys.executable, "-m", "torch.distributed.run",
+                            "--standalone", "--nproc-per-node=2",
+                            "--monitor-interval=0.2", script],
+                           capture_output=True, text=True, timeout=300,
+                           env=env)
+        self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-4000:])
+        rows = sorted(line.split() for line in p.stdout.splitlines()
+                      if line.startswith("rank "))
+        self.assertEqual([r[1] for r in rows], ["0", "1"], p.stdout)
+        self.assertEqual(rows[0][2], rows[1][2])  # one gnmrd
+        self.assertTrue(rows[0][2].startswith("ipc://" + self.tmp))
+        self.assertEqual([r[3] for r in rows], ["True", "False"])
+        self.assertEqual([r[4] for r in rows], ["5", "5"])
+        self.assertEqual(p.stderr.count("started a private gnmrd"), 1,
+                         p.stderr[-3000:])
+        r = self.ctl("--store", data, "decisions", "ddp-private", "--csv")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(r.stdout.strip().splitlines()), 6)
+
     def test_a_killed_trainer_takes_its_private_gnmrd_with_it(self):
         code = ("import os, signal, sys, torch\n"
                 "sys.path.insert(0, %r)\n"
