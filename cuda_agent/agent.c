@@ -116,6 +116,7 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
   a->fallback_after = cfg->fallback_after ? cfg->fallback_after : 3;
   a->n_words = (cfg->n_units + 63) / 64;
   a->observer = cfg->observer != 0;
+  a->start = cfg->start;
   int64_t spin = gnmr__wait_spin_env(); /* bad: config_from_env said so */
   a->wait_spin_us = (uint32_t)(spin >= 0 ? spin : WAIT_SPIN_US);
   a->quota_cpus = a->wait_spin_us ? gnmr__process_cgroup_cpus() : 0;

@@ -45,7 +45,7 @@ int gnmr__agent_check_config(const gnmr_agent_config *c) {
       !gnmr__printable(c->job, GNMR_MAX_JOB_NAME) || c->reporters == 0 ||
       c->rank >= c->reporters || c->n_units == 0 || c->unit_names == NULL ||
       c->fallback_route > GNMR_ROUTE_HIGH || c->barrier_ms > 600000 ||
-      c->observer > 1)
+      c->observer > 1 || c->start > GNMR_START_RESUME)
     return GNMR_E_INVAL;
   for (uint32_t i = 0; i < c->n_units; i++)
     if (!gnmr__printable(c->unit_names[i], GNMR_MAX_UNIT_NAME))

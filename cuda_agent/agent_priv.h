@@ -57,6 +57,7 @@ struct gnmr_agent {
   char **names;
   uint64_t *req_ids; /* requested job-wide ids (as sent), or NULL */
   int observer;      /* receives decisions, never reports */
+  uint32_t start;    /* enum gnmr_start: the first Hello says it */
   char instance[160];/* "HOST pid N agent K": Hello.instance */
   gnmr_params params;
 

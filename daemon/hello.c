@@ -248,6 +248,25 @@ static int probe_live(gnmrd *d, job *j, core_rank *rr, uint32_t rank) {
   return rv == GNMR_OK;
 }
 
+/* Whether a fresh start under j's name ends j: j decided steps, and no
+ * rank or observer of it is connected, each joined one probed (a peer
+ * gone without a word is let go here; a live one is a live process of j,
+ * and the Hello is then answered as ever). */
+static int ends_for_fresh_start(gnmrd *d, job *j) {
+  core_job *c = j->core;
+  if (c->last_decided == 0)
+    return 0;
+  for (uint32_t r = 0; r < c->reporters; r++)
+    if (c->ranks[r].joined && c->ranks[r].conn != NULL &&
+        probe_live(d, j, &c->ranks[r], r))
+      return 0;
+  for (uint32_t o = 0; o < c->n_observers; o++)
+    if (c->observers[o].joined && c->observers[o].conn != NULL &&
+        probe_live(d, j, &c->observers[o], o))
+      return 0;
+  return 1;
+}
+
 /* Refuses a Hello: counted, answered; a job this Hello created goes (a
  * job exists only once a Hello was accepted). */
 /* A second live agent for a joined rank: logged (the refused agent is
@@ -314,6 +333,17 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
              pr->rank);
   }
   j = job_of(core_find(&d->jobs, h->job));
+  if (j != NULL && pr == NULL && h->start == GNMR_START_FRESH &&
+      !h->observer && ends_for_fresh_start(d, j) &&
+      (d->allow == NULL ||
+       gnmr__allow_may(d->allow, user, j->core->owner, h->job))) {
+    /* a training run from its first step under the name of a run that
+     * did not finish and whose processes are gone: that run is over (its
+     * state kept in the history), and this one begins a new run, never
+     * the old run's statistics (docs/python.md, "Runs and resumes") */
+    jobs__finish(j, FINISH_FRESH);
+    j = NULL;
+  }
   const char *name_owner = j == NULL ? jobs_name_owner(d, h->job) : NULL;
   if (j != NULL)
     jobs__quiesce(j); /* registration changes the engine and the units */

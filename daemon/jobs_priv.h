@@ -111,7 +111,7 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
                     const char *user);
 
 /* lifecycle.c: how a job ends */
-enum { FINISH_BYES, FINISH_IDLE, FINISH_OPERATOR };
+enum { FINISH_BYES, FINISH_IDLE, FINISH_OPERATOR, FINISH_FRESH };
 void jobs__finish(job *j, int how);
 
 #endif /* GNMRD_JOBS_PRIV_H */

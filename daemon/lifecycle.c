@@ -26,11 +26,15 @@ void jobs__finish(job *j, int how) {
       c->name, retired                 ? "retired, no report for [limits] "
                                          "job_idle_s,"
                : how == FINISH_OPERATOR ? "finished by gnmrctl finish"
+               : how == FINISH_FRESH    ? "ended: a fresh start under its "
+                                          "name, its processes gone,"
                                         : "finished",
       (unsigned long long)c->last_decided);
   records_event(d->st, c, retired ? STORE_EV_JOB_RETIRED
                                   : STORE_EV_JOB_FINISHED, UINT32_MAX,
-                how == FINISH_OPERATOR ? "gnmrctl finish" : NULL);
+                how == FINISH_OPERATOR ? "gnmrctl finish"
+                : how == FINISH_FRESH  ? "a fresh start under its name"
+                                       : NULL);
   records_snapshot(d->st, c);
   records_state(d->st, c, retired ? "retired" : "finished");
   if (retired)

@@ -39,6 +39,9 @@ int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
       !gnmr__name_check(h->instance, 256, why, sizeof why))
     FAIL(GNMR_E_INVAL, "instance", "instance: %s (1..256 bytes of UTF-8 "
          "without control or format characters)", why);
+  if (h->start > 2) /* gnmr/agent.h: GNMR_START_RESUME */
+    FAIL(GNMR_E_INVAL, "start", "start %u: 0 (nothing said), 1 (a fresh "
+         "start) or 2 (a resume)", h->start);
   if (h->n_held > GNMR_MAX_HELD)
     FAIL(GNMR_E_RANGE, "held", "%zu held decisions: an agent holds at most "
          "%u", h->n_held, GNMR_MAX_HELD);

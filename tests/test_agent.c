@@ -656,6 +656,9 @@ START_TEST(bad_configuration_is_refused) {
   c = config("tcp://127.0.0.1:1");
   c.fallback_route = 5;
   ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_INVAL);
+  c = config("tcp://127.0.0.1:1");
+  c.start = GNMR_START_RESUME + 1;
+  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_INVAL);
   c = config("not-an-endpoint"); /* refused before anything is opened */
   ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_E_INVAL);
   ck_assert_int_eq(gnmr_agent_open(NULL, &a), GNMR_E_INVAL);

@@ -420,6 +420,103 @@ START_TEST(reconnecting_observers_leak_no_slots_and_no_sends) {
 }
 END_TEST
 
+/* A 1-rank Hello for job saying `start` (Hello.start). */
+static void hello_start(raw_peer *p, const char *job, uint32_t start) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Hello h = GNMR__HELLO__INIT;
+  Gnmr__Params wp;
+  policy_params prm;
+  policy_params_default(&prm);
+  prm.warmup_steps = 0;
+  gnmr__params_to_wire(&prm, &wp);
+  h.protocol = 1;
+  h.job = (char *)job;
+  h.reporters = 1;
+  h.n_units = 2;
+  h.units = unit_names2;
+  h.params = &wp;
+  h.barrier_ms = 100;
+  h.start = start;
+  env.body_case = GNMR__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  raw_send_env(p, &env);
+}
+
+/* A job of 1 rank that decides steps 1 and 2 on p; returns its run. */
+static uint64_t two_steps(raw_peer *p, const char *job, uint32_t start) {
+  hello_start(p, job, start);
+  Gnmr__Envelope *w = expect_body(p, GNMR__ENVELOPE__BODY_WELCOME);
+  uint64_t run = w->welcome->run;
+  gnmr__wire_free(&w);
+  double s[2] = {1.0, 4.0};
+  for (uint64_t t = 1; t <= 2; t++) {
+    report(p, job, 0, t, s, 2, NULL, 0);
+    expect_decision(p, t);
+  }
+  return run;
+}
+
+/* Issue 48: a training run from its first step (Hello.start = 1) under
+ * the name of a run that did not finish and whose process is gone ends
+ * that run and begins a new one (before, it took the old run's
+ * statistics); without the word (0) the run goes on as ever; a live
+ * process's run is never ended; 3 is INVAL. */
+START_TEST(a_fresh_start_ends_a_run_whose_processes_are_gone) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  raw_peer a = raw_open(d.agents);
+  uint64_t run1 = two_steps(&a, "fresh-job", 0);
+  raw_close(&a); /* killed: no Bye */
+  raw_peer b = raw_open(d.agents);
+  hello_start(&b, "fresh-job", 1);
+  Gnmr__Envelope *w = expect_body(&b, GNMR__ENVELOPE__BODY_WELCOME);
+  ck_assert_uint_gt(w->welcome->run, run1);
+  ck_assert_uint_eq(w->welcome->last_step, 0);
+  gnmr__wire_free(&w);
+  double s[2] = {1.0, 4.0};
+  report(&b, "fresh-job", 0, 1, s, 2, NULL, 0); /* step 1: not late */
+  expect_decision(&b, 1);
+  run_result r = ctl_run(&d, "runs", "fresh-job", "--csv", NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "finished") != NULL, "%s", r.out);
+  tu_run_free(&r);
+  r = ctl_run(&d, "history", "fresh-job", "--run", "1", "--csv");
+  ck_assert_msg(strstr(r.out, "a fresh start under its name") != NULL, "%s",
+                r.out);
+  tu_run_free(&r);
+  /* no word: the unfinished run goes on */
+  raw_peer c = raw_open(d.agents);
+  uint64_t run_any = two_steps(&c, "any-job", 0);
+  raw_close(&c);
+  raw_peer c2 = raw_open(d.agents);
+  hello_start(&c2, "any-job", 0);
+  w = expect_body(&c2, GNMR__ENVELOPE__BODY_WELCOME);
+  ck_assert_uint_eq(w->welcome->run, run_any);
+  ck_assert_uint_eq(w->welcome->last_step, 2);
+  gnmr__wire_free(&w);
+  /* a run whose process is live is not ended (these peers name no
+   * instance, so the new one takes the rank over, as ever: its run) */
+  raw_peer e = raw_open(d.agents);
+  uint64_t run_live = two_steps(&e, "live-job", 0);
+  raw_peer e2 = raw_open(d.agents);
+  hello_start(&e2, "live-job", 1);
+  w = expect_body(&e2, GNMR__ENVELOPE__BODY_WELCOME);
+  ck_assert_uint_eq(w->welcome->run, run_live);
+  ck_assert_uint_eq(w->welcome->last_step, 2);
+  gnmr__wire_free(&w);
+  raw_peer f = raw_open(d.agents);
+  hello_start(&f, "bad-start", 3);
+  expect_error(&f, GNMR_E_INVAL, "start 3");
+  raw_close(&b);
+  raw_close(&c2);
+  raw_close(&e);
+  raw_close(&e2);
+  raw_close(&f);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(late_rank_makes_units_missing_not_smaller) {
   /* Rank 1 of 2 joins after rank 0 reported three steps. Before the
    * job's first decision a deadline waits for every rank's first report
@@ -814,6 +911,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, rank_back_from_a_partition_starts_no_new_pass);
   tcase_add_test(tc, reconnecting_observers_leak_no_slots_and_no_sends);
   tcase_add_test(tc, late_rank_makes_units_missing_not_smaller);
+  tcase_add_test(tc, a_fresh_start_ends_a_run_whose_processes_are_gone);
   tcase_add_test(tc, many_connections_opening_and_closing_are_harmless);
   tcase_add_test(tc, admin_endpoint_refuses_non_admin_messages);
   tcase_add_test(tc, error_codes_in_the_proto_match_the_error_table);

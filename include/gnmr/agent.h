@@ -20,6 +20,14 @@ extern "C" {
 /* Routes: the low-cost path and the recovery (higher-fidelity) path. */
 enum gnmr_route { GNMR_ROUTE_LOW = 0, GNMR_ROUTE_HIGH = 1 };
 
+/* What a training process says of itself when it joins
+ * (gnmr_agent_config.start; docs/python.md, "Runs and resumes"). */
+enum gnmr_start {
+  GNMR_START_ANY = 0,    /* nothing: gnmrd's rule alone */
+  GNMR_START_FRESH = 1,  /* from the first step: never an old run's state */
+  GNMR_START_RESUME = 2  /* from a checkpoint */
+};
+
 enum gnmr_dtype {
   GNMR_DTYPE_F32 = 0,
   GNMR_DTYPE_F16 = 1,
@@ -66,6 +74,10 @@ typedef struct gnmr_agent_config {
   const char *curve_server_key;
   const char *curve_public_key;
   const char *curve_secret_key;
+  /* enum gnmr_start, said on the agent's first Hello only: a fresh start
+   * under the name of a run that did not finish (its processes gone)
+   * ends that run and begins a new one instead of taking its state */
+  uint32_t start;
 } gnmr_agent_config;
 
 /* One tensor of a report: numel elements of dtype at data (host memory for

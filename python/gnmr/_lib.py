@@ -12,6 +12,7 @@ import os
 from ._params import PARAMS
 
 ROUTE_LOW, ROUTE_HIGH = 0, 1
+START_ANY, START_FRESH, START_RESUME = 0, 1, 2
 DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_F64 = 0, 1, 2, 3
 DTYPE_F8E4M3, DTYPE_F8E5M2 = 4, 5
 
@@ -40,6 +41,7 @@ class AgentConfig(ctypes.Structure):
         ("curve_server_key", ctypes.c_char_p),
         ("curve_public_key", ctypes.c_char_p),
         ("curve_secret_key", ctypes.c_char_p),
+        ("start", ctypes.c_uint32),
     ]
 
 

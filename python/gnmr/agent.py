@@ -117,7 +117,7 @@ class Agent:
     def __init__(self, endpoint, job, unit_names, rank=0, reporters=1,
                  params=None, barrier_ms=0, fallback_route="low",
                  fallback_after=0, observer=False, unit_ids=None,
-                 curve_keys=None, from_env=False):
+                 curve_keys=None, from_env=False, resume=None):
         self._a = ctypes.c_void_p()
         self._routes_buf = None
         if endpoint is None:
@@ -150,6 +150,14 @@ class Agent:
                               else _lib.ROUTE_LOW)
         cfg.fallback_after = fallback_after
         cfg.observer = 1 if observer else 0
+        # what this process says of itself on its first Hello: None
+        # nothing, False a fresh start, True a resume (docs/python.md,
+        # "Runs and resumes")
+        if resume not in (None, False, True):
+            raise ValueError(f"resume={resume!r}: None (say nothing), "
+                             "False (a fresh start) or True (a resume)")
+        cfg.start = (_lib.START_ANY if resume is None else
+                     _lib.START_RESUME if resume else _lib.START_FRESH)
         if curve_keys is not None:
             server, public, secret = (k.encode() for k in curve_keys)
             self._keep += [server, public, secret]

@@ -30,6 +30,11 @@ there, the Controller starts a private gnmrd for the job (daemon="auto";
 its history in data_dir, else $GNMR_DATA_DIR, else ./gnmr; stopped
 by close()), says so once and goes on; daemon="never" does not,
 daemon="private" always does (docs/python.md, "A private gnmrd").
+resume= says what this process is: None nothing (gnmrd's rule alone),
+False a fresh start (the name's run that did not finish, its processes
+gone, is ended and a new run begins), True a resume from a checkpoint
+(the trainer callbacks say it from the trainer's step; docs/python.md,
+"Runs and resumes").
 
 Units are the modules chosen by type (`select`) and/or a regular
 expression on their names (`pattern`). A unit's gradient is that of all

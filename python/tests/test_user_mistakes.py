@@ -266,12 +266,12 @@ class RunsTest(unittest.TestCase):
         self.d = Private(self.data)
         self.addCleanup(lambda: self.d.stop())
 
-    def steps(self, job, first, n, d=None):
+    def steps(self, job, first, n, d=None, **kw):
         net, x = Net(), torch.randn(4, 8)
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             ctl = Controller(net, (d or self.d).agents, job, params=params(),
-                             daemon="never")
+                             daemon="never", **kw)
             out = []
             for t in range(first, first + n):
                 backward(net, x)
@@ -292,10 +292,12 @@ class RunsTest(unittest.TestCase):
         # two runs that do not finish: gnmrd stops under them
         a, _, said_a = self.steps("goes-on", 1, 3)
         b, _, said_b = self.steps("fresh-again", 1, 3)
+        c, out_c, _ = self.steps("fresh-said", 1, 3)
+        old_run = out_c[0].run["run"]
         self.assertEqual(said_a + said_b, [])  # new runs at step 1: INFO
         self.d.stop()
-        a.close()
-        b.close()
+        for ctl in (a, b, c):
+            ctl.close()
         self.d = Private(self.data)  # restores both
         a, out_a, said_a = self.steps("goes-on", 4, 2)
         self.assertEqual(out_a[0].run["continued_after"], 3)
@@ -306,8 +308,23 @@ class RunsTest(unittest.TestCase):
         self.assertIn("starts at step 1, but gnmrd goes on with run",
                       said_b[0])
         self.assertIn("decided up to step 3", said_b[0])
-        a.close()
-        b.close()
+        # a process that says it starts afresh (the callbacks say it from
+        # the trainer's step) ends the old run and gets a new one
+        c, out_c, said_c = self.steps("fresh-said", 1, 2, resume=False)
+        self.assertEqual(said_c, [])
+        self.assertEqual(out_c[0].run["continued_after"], 0)
+        self.assertGreater(out_c[0].run["run"], old_run)
+        r = subprocess.run([os.path.join(os.environ.get(
+            "GNMR_BIN_DIR", os.path.join(REPO, "build", "bin")), "gnmrctl"),
+            "--store", self.data, "runs", "fresh-said", "--csv"],
+            capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(r.stdout.strip().splitlines()), 3, r.stdout)
+        with self.assertRaisesRegex(ValueError, "resume='yes'"):
+            Controller(Net(), self.d.agents, "x", resume="yes",
+                       daemon="never")
+        for ctl in (a, b, c):
+            ctl.close()
 
 
 class WithoutDaemonTest(unittest.TestCase):

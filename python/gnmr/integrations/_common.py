@@ -126,16 +126,20 @@ class Session:
 
     # ---- once the trainer has wrapped the model ----------------------------
 
-    def start(self, model, default_job=None, default_data_dir=None):
+    def start(self, model, default_job=None, default_data_dir=None,
+              resumed=None):
         """default_data_dir: where a private gnmrd keeps the history
         (beside the trainer's output) unless data_dir= or GNMR_DATA_DIR
-        says."""
+        says; resumed: whether the trainer resumed from a checkpoint
+        (Controller's resume=, unless given)."""
         job = self.job or os.environ.get("GNMR_JOB") or default_job
         select, pattern = self._pattern(model)
         kw = dict(self.kw)
         if default_data_dir and not os.environ.get("GNMR_DATA_DIR"):
             kw.setdefault("data_dir", default_data_dir)
         kw.setdefault("experts", self.units == "auto")
+        if resumed is not None:
+            kw.setdefault("resume", bool(resumed))
         if self._recipe is not None and self._recipe.shadow is not None:
             kw.setdefault("shadow", self._recipe.shadow)
         self._switches = {}

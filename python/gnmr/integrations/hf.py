@@ -90,8 +90,10 @@ class GnmrCallback(TrainerCallback):
             self._clip, args.max_grad_norm = args.max_grad_norm, 0.0
         name = args.run_name or os.path.basename(
             os.path.normpath(args.output_dir or "trainer"))
+        # resume_from_checkpoint has restored state.global_step by now
         self.session.start(model, default_job=name, default_data_dir=(
-            os.path.join(args.output_dir or "trainer", "gnmr")))
+            os.path.join(args.output_dir or "trainer", "gnmr")),
+            resumed=state.global_step > 0)
 
     def on_step_begin(self, args, state, control, **kw):
         self.session.begin_step()  # the last step's routes, for this one

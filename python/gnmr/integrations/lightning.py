@@ -63,9 +63,11 @@ class GnmrCallback(Callback):
     def on_train_start(self, trainer, pl_module):
         logger = trainer.logger
         name = getattr(logger, "name", None) if logger is not None else None
+        # fit(ckpt_path=...) has restored trainer.global_step by now
         self.session.start(pl_module, default_job=name or "lightning",
                            default_data_dir=os.path.join(
-                               trainer.default_root_dir, "gnmr"))
+                               trainer.default_root_dir, "gnmr"),
+                           resumed=trainer.global_step > 0)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.session.begin_step()  # the last step's routes, for this one
