@@ -1531,7 +1531,12 @@ START_TEST(unread_admin_replies_are_bounded_in_bytes) {
     start_with(&d, "[limits]\nfirst_message_ms = 120000\n");
   else
     tu_daemon_start(&d);
-  enum { N_UNITS = 1 << 15, CONNS = 16, REQS = 8 };
+  /* under ASan a quarter of the units, under valgrind (gnmrd too, at a
+   * tenth of its pace) a sixteenth and a quarter of the flood: what they
+   * check there is memory, not the bounds' figures */
+  const int sanitized = getenv("GNMR_SANITIZED") != NULL;
+  const int N_UNITS = tu_slow() > 1 ? 1 << 11 : sanitized ? 1 << 13 : 1 << 15;
+  const int CONNS = tu_slow() > 1 ? 4 : 16, REQS = tu_slow() > 1 ? 4 : 8;
   raw_peer ag = raw_open(d.agents);
   char **units = wide_job(&ag, "wide", N_UNITS);
   char adm[300];
@@ -1547,7 +1552,7 @@ START_TEST(unread_admin_replies_are_bounded_in_bytes) {
   tu_run_free(&r);
   long rss0 = daemon_rss_kb(d.pid);
   void *ctx = zmq_ctx_new();
-  void *fl[CONNS];
+  void *fl[16];
   for (int k = 0; k < CONNS; k++) {
     fl[k] = unread_client(ctx, d.admin, -1);
     ask_units(fl[k], "wide", REQS);
@@ -1568,7 +1573,7 @@ START_TEST(unread_admin_replies_are_bounded_in_bytes) {
    * other request is BUSY: 45-48 of the 128 built here, so at least
    * half refused (none before: every one was built and kept) */
   long long refused = 0, requests = 0;
-  const long long want = CONNS * REQS / 2;
+  const long long want = rss_tells() ? CONNS * REQS / 2 : 0;
   long peak = daemon_rss_kb(d.pid);
   for (int i = 0; i < 600 * tu_slow(); i++) {
     long now = daemon_rss_kb(d.pid);
