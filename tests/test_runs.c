@@ -514,34 +514,59 @@ START_TEST(the_store_queue_is_capped_in_bytes_while_the_database_is_away) {
   ck_assert_uint_gt(st.dropped, 30); /* about ten fit in 1 MB */
   ck_assert_uint_lt(st.dropped, N);
   uint64_t kept = N - st.dropped, dropped = st.dropped;
-  ck_assert_int_eq(unlink(flag), 0); /* the database takes writes again */
-  /* and the run's history_gap event, once the queue is down to half */
-  for (int i = 0; i < 3000 && st.records < kept + 1; i++) {
+  /* the writer has met the read-only database, then it takes writes */
+  for (int i = 0; i < 3000 && st.errors == 0; i++) {
+    tu_sleep_ms(10);
+    store_get_stats(s, &st);
+  }
+  ck_assert_uint_gt(st.errors, 0);
+  ck_assert_int_eq(unlink(flag), 0);
+  /* and the run's history_gap events, once the queue is down to half:
+   * one, or more where the writer drained the queue to half while the
+   * puts went on (it takes records into its batch meanwhile: seen under
+   * ASan), together naming every dropped step exactly once */
+  for (int i = 0; i < 3000 && (st.queued_bytes > 0 || st.records <= kept);
+       i++) {
     tu_sleep_ms(20);
     store_get_stats(s, &st);
   }
-  ck_assert_uint_eq(st.records, kept + 1);
+  uint64_t records = st.records;
   ck_assert_uint_gt(st.errors, 0);
   ck_assert_uint_eq(st.queued_bytes, 0);
   store_close(&s);
-  char path[300], want[160];
+  char path[300];
   snprintf(path, sizeof path, "%s/gnmr.db", dir);
   sqlite3 *db;
   sqlite3_stmt *q;
   ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
   ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT step, detail FROM events "
-                                          "WHERE kind='history_gap'", -1, &q,
-                                      NULL),
+                                          "WHERE kind='history_gap' ORDER BY "
+                                          "step", -1, &q, NULL),
                    SQLITE_OK);
-  ck_assert_int_eq(sqlite3_step(q), SQLITE_ROW);
-  snprintf(want, sizeof want, "steps %llu-%d: %llu records not stored",
-           (unsigned long long)(kept + 1), N, (unsigned long long)dropped);
-  ck_assert_int_eq(sqlite3_column_int64(q, 0), (long long)kept + 1);
-  ck_assert_msg(strstr((const char *)sqlite3_column_text(q, 1), want),
-                "'%s' lacks '%s'", sqlite3_column_text(q, 1), want);
-  ck_assert_int_eq(sqlite3_step(q), SQLITE_DONE);
+  uint64_t next = kept + 1, lost = 0, gaps = 0;
+  while (sqlite3_step(q) == SQLITE_ROW) {
+    unsigned long long from, to, n;
+    const char *detail = (const char *)sqlite3_column_text(q, 1);
+    ck_assert_msg(sscanf(detail, "steps %llu-%llu: %llu records not stored",
+                         &from, &to, &n) == 3, "gap '%s'", detail);
+    ck_assert_uint_eq((uint64_t)sqlite3_column_int64(q, 0), from);
+    ck_assert_msg(from == next, "a gap from step %llu, the next dropped is "
+                  "%llu", from, (unsigned long long)next);
+    ck_assert_uint_eq(n, to - from + 1);
+    next = to + 1;
+    lost += n;
+    gaps++;
+  }
   sqlite3_finalize(q);
   sqlite3_close(db);
+  printf("store cap: %llu of %d kept, %llu dropped, told in %llu gap "
+         "event(s)\n", (unsigned long long)kept, N,
+         (unsigned long long)dropped, (unsigned long long)gaps);
+  fflush(stdout);
+  ck_assert_uint_ge(gaps, 1);
+  ck_assert_uint_eq(next, N + 1); /* through the last step */
+  ck_assert_uint_eq(lost, dropped);
+  ck_assert_uint_eq(records, kept + gaps);
   tu_rmrf(dir);
 }
 END_TEST
