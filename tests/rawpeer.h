@@ -103,11 +103,12 @@ static inline void expect_silence(raw_peer *p) {
                 env ? (int)env->body_case : 0);
 }
 
-/* A Hello as an agent that names itself `instance` ("" : none). */
-static inline void hello_xi(raw_peer *p, const char *job, uint32_t rank,
-                            uint32_t reporters, char **units, size_t n,
-                            double alpha, uint32_t barrier_ms, int observer,
-                            const char *instance) {
+/* A Hello as an agent that names itself `instance` ("" : none) and says
+ * `start` of itself (Hello.start). */
+static inline void hello_xis(raw_peer *p, const char *job, uint32_t rank,
+                             uint32_t reporters, char **units, size_t n,
+                             double alpha, uint32_t barrier_ms, int observer,
+                             const char *instance, uint32_t start) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   Gnmr__Hello h = GNMR__HELLO__INIT;
   Gnmr__Params wp;
@@ -126,9 +127,19 @@ static inline void hello_xi(raw_peer *p, const char *job, uint32_t rank,
   h.barrier_ms = barrier_ms;
   h.observer = observer;
   h.instance = (char *)instance;
+  h.start = start;
   env.body_case = GNMR__ENVELOPE__BODY_HELLO;
   env.hello = &h;
   raw_send_env(p, &env);
+}
+
+/* A Hello as an agent that names itself `instance` ("" : none). */
+static inline void hello_xi(raw_peer *p, const char *job, uint32_t rank,
+                            uint32_t reporters, char **units, size_t n,
+                            double alpha, uint32_t barrier_ms, int observer,
+                            const char *instance) {
+  hello_xis(p, job, rank, reporters, units, n, alpha, barrier_ms, observer,
+            instance, 0);
 }
 
 static inline void hello_x(raw_peer *p, const char *job, uint32_t rank,

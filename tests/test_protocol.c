@@ -422,24 +422,7 @@ END_TEST
 
 /* A 1-rank Hello for job saying `start` (Hello.start). */
 static void hello_start(raw_peer *p, const char *job, uint32_t start) {
-  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
-  Gnmr__Hello h = GNMR__HELLO__INIT;
-  Gnmr__Params wp;
-  policy_params prm;
-  policy_params_default(&prm);
-  prm.warmup_steps = 0;
-  gnmr__params_to_wire(&prm, &wp);
-  h.protocol = 1;
-  h.job = (char *)job;
-  h.reporters = 1;
-  h.n_units = 2;
-  h.units = unit_names2;
-  h.params = &wp;
-  h.barrier_ms = 100;
-  h.start = start;
-  env.body_case = GNMR__ENVELOPE__BODY_HELLO;
-  env.hello = &h;
-  raw_send_env(p, &env);
+  hello_xis(p, job, 0, 1, unit_names2, 2, 2.0, 100, 0, "", start);
 }
 
 /* A job of 1 rank that decides steps 1 and 2 on p; returns its run. */
@@ -456,6 +439,20 @@ static uint64_t two_steps(raw_peer *p, const char *job, uint32_t start) {
   return run;
 }
 
+/* Says Hello on p for job with `start` and expects a Welcome into `run`
+ * (0: any newer than it, a new run) decided up to last_step. */
+static void expect_run(raw_peer *p, const char *job, uint32_t start,
+                       uint64_t run, uint64_t last_step) {
+  hello_start(p, job, start);
+  Gnmr__Envelope *w = expect_body(p, GNMR__ENVELOPE__BODY_WELCOME);
+  if (last_step == 0)
+    ck_assert_uint_gt(w->welcome->run, run);
+  else
+    ck_assert_uint_eq(w->welcome->run, run);
+  ck_assert_uint_eq(w->welcome->last_step, last_step);
+  gnmr__wire_free(&w);
+}
+
 /* Issue 48: a training run from its first step (Hello.start = 1) under
  * the name of a run that did not finish and whose process is gone ends
  * that run and begins a new one (before, it took the old run's
@@ -468,11 +465,7 @@ START_TEST(a_fresh_start_ends_a_run_whose_processes_are_gone) {
   uint64_t run1 = two_steps(&a, "fresh-job", 0);
   raw_close(&a); /* killed: no Bye */
   raw_peer b = raw_open(d.agents);
-  hello_start(&b, "fresh-job", 1);
-  Gnmr__Envelope *w = expect_body(&b, GNMR__ENVELOPE__BODY_WELCOME);
-  ck_assert_uint_gt(w->welcome->run, run1);
-  ck_assert_uint_eq(w->welcome->last_step, 0);
-  gnmr__wire_free(&w);
+  expect_run(&b, "fresh-job", 1, run1, 0); /* a new run */
   double s[2] = {1.0, 4.0};
   report(&b, "fresh-job", 0, 1, s, 2, NULL, 0); /* step 1: not late */
   expect_decision(&b, 1);
@@ -489,21 +482,13 @@ START_TEST(a_fresh_start_ends_a_run_whose_processes_are_gone) {
   uint64_t run_any = two_steps(&c, "any-job", 0);
   raw_close(&c);
   raw_peer c2 = raw_open(d.agents);
-  hello_start(&c2, "any-job", 0);
-  w = expect_body(&c2, GNMR__ENVELOPE__BODY_WELCOME);
-  ck_assert_uint_eq(w->welcome->run, run_any);
-  ck_assert_uint_eq(w->welcome->last_step, 2);
-  gnmr__wire_free(&w);
+  expect_run(&c2, "any-job", 0, run_any, 2);
   /* a run whose process is live is not ended (these peers name no
    * instance, so the new one takes the rank over, as ever: its run) */
   raw_peer e = raw_open(d.agents);
   uint64_t run_live = two_steps(&e, "live-job", 0);
   raw_peer e2 = raw_open(d.agents);
-  hello_start(&e2, "live-job", 1);
-  w = expect_body(&e2, GNMR__ENVELOPE__BODY_WELCOME);
-  ck_assert_uint_eq(w->welcome->run, run_live);
-  ck_assert_uint_eq(w->welcome->last_step, 2);
-  gnmr__wire_free(&w);
+  expect_run(&e2, "live-job", 1, run_live, 2);
   raw_peer f = raw_open(d.agents);
   hello_start(&f, "bad-start", 3);
   expect_error(&f, GNMR_E_INVAL, "start 3");
