@@ -193,12 +193,14 @@ class PrivateDaemonTest(unittest.TestCase):
             "    joined += ctl.step(t, wait_ms=5000).joined\n"
             "    ddp.zero_grad()\n"
             "dist.barrier()\n"
-            "print('rank', dist.get_rank(), ctl.endpoint,\n"
-            "      ctl._private is not None, joined, flush=True)\n"
+            "with open(os.path.join(%r, 'rank%%d' %% dist.get_rank()),\n"
+            "          'w') as f:\n"
+            "    print('rank', dist.get_rank(), ctl.endpoint,\n"
+            "          ctl._private is not None, joined, file=f)\n"
             "dist.barrier()\n"
             "ctl.close()\n"
             "dist.destroy_process_group()\n"
-            % (os.path.join(REPO, "python"), data))
+            % (os.path.join(REPO, "python"), data, self.tmp))
         script = os.path.join(self.tmp, "ddp.py")
         with open(script, "w") as f:
             f.write(code)
@@ -209,8 +211,10 @@ class PrivateDaemonTest(unittest.TestCase):
                            capture_output=True, text=True, timeout=300,
                            env=env)
         self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-4000:])
-        rows = sorted(line.split() for line in p.stdout.splitlines()
-                      if line.startswith("rank "))
+        rows = []  # each rank's line in its own file: stdout interleaves
+        for r in range(2):
+            with open(os.path.join(self.tmp, f"rank{r}")) as f:
+                rows.append(f.read().split())
         self.assertEqual([r[1] for r in rows], ["0", "1"], p.stdout)
         self.assertEqual(rows[0][2], rows[1][2])  # one gnmrd
         self.assertTrue(rows[0][2].startswith("ipc://" + self.tmp))
