@@ -130,11 +130,13 @@ class Built:
     the controller's order) and their names, the parameters to train,
     the module types the controller selects, the on_route that switches
     a unit, and the modules whose input an episode changes (one a unit;
-    default: the units)."""
+    default: the units), and the controller's name pattern (None: every
+    module of the selected types)."""
 
     def __init__(self, model, names, units, params, select, on_route,
-                 inject=None, experts=False):
+                 inject=None, experts=False, pattern=None):
         self.model, self.names, self.units = model, names, units
+        self.pattern = pattern
         self.params, self.select, self.on_route = params, select, on_route
         self.inject = inject if inject is not None else units
         self.experts = experts
@@ -315,6 +317,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
                     else False
         ctl = Controller(model, endpoint, f"{setting.job}-{seed}-"
                          f"{os.getpid()}", select=b.select,
+                         pattern=b.pattern,
                          on_route=b.on_route, shadow=shadow,
                          shadow_low=variant in MEASURED,
                          experts=b.experts,

@@ -49,6 +49,7 @@ model without quantization (exact linears).
 """
 import hashlib
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -185,6 +186,11 @@ class Paper(harness.Setting):
         p.add_argument("--base-steps", type=int, default=600,
                        help="lora: the base model's pre-training steps")
         p.add_argument("--lora-rank", type=int, default=8)
+        p.add_argument("--keep-high", default=None, metavar="REGEX",
+                       help="a mixed recipe: the projections whose names "
+                       "match run the recovery path's recipe always, and "
+                       "are not units (a recipe's static choice for inputs "
+                       "it knows are damaged persistently)")
 
     def check_args(self, p, args):
         from gnmr.quant import Recipe
@@ -195,6 +201,14 @@ class Paper(harness.Setting):
                 p.error(str(e))
         if args.setting == "lora" and args.model != "llama":
             p.error("--setting lora trains a Llama (--model llama)")
+        if args.keep_high is not None:
+            try:
+                re.compile(args.keep_high)
+            except re.error as e:
+                p.error(f"--keep-high {args.keep_high!r}: {e}")
+            if args.setting == "lora":
+                p.error("--keep-high: the lora setting's units are its "
+                        "adapters (not a recipe's projections)")
 
     def data_key(self, args):
         return (args.setting, args.model, args.d, args.ffn, args.layers,
@@ -216,18 +230,31 @@ class Paper(harness.Setting):
         if args.model == "mixtral":
             for layer in model.model.layers:
                 layer.mlp.experts = SplitExperts(layer.mlp.experts, lin)
+        keep = re.compile(args.keep_high) if args.keep_high else None
         if variant != "fp":
-            convert(model, QuantLinear, pattern=r"self_attn|mlp\.(gate|up|"
-                    r"down)_proj", low=args.low, high=args.high)
+            done = convert(model, QuantLinear,
+                           pattern=r"self_attn|mlp\.(gate|up|down)_proj",
+                           low=args.low, high=args.high)
+            for n in done:
+                if keep and keep.search(n):
+                    # the recipe's static choice: the recovery path's
+                    # recipe on both paths, so no route changes it
+                    convert(model, QuantLinear, select=(QuantLinear,),
+                            pattern=rf"^{re.escape(n)}$", low=args.high,
+                            high=args.high)
         kinds = (Expert, QuantLinear, torch.nn.Linear)
         names = [n for n, m in model.named_modules()
                  if (isinstance(m, Expert) or
                      (isinstance(m, kinds[1:]) and n.rsplit(".", 1)[-1]
-                      in PROJ))]
+                      in PROJ)) and not (keep and keep.search(n))]
+        if not names:
+            raise ValueError(f"--keep-high {args.keep_high!r} leaves no "
+                             f"unit")
         units = [model.get_submodule(n) for n in names]
         select = tuple({type(m) for m in units})
         return harness.Built(model, names, units, list(model.parameters()),
-                             select, _switch)
+                             select, _switch, pattern=keep and
+                             rf"^(?!.*(?:{args.keep_high}))")
 
     def _build_lora(self, variant, seed, args, data):
         import peft
