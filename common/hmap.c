@@ -35,10 +35,12 @@ static hmap_slot *find(const hmap *m, const void *key, size_t len,
   }
 }
 
-static int grow(hmap *m) {
-  size_t ncap = m->cap ? m->cap * 2 : 16;
-  if (m->live * 2 < m->cap) /* mostly tombstones: rehash at the same size */
-    ncap = m->cap;
+uint64_t hmap_hash(const void *key, size_t len) {
+  return hash_bytes(key, len);
+}
+
+/* Rehashes into ncap slots (a power of two holding every live key). */
+static int rehash(hmap *m, size_t ncap) {
   hmap_slot *ns = calloc(ncap, sizeof *ns);
   if (ns == NULL)
     return GNMR_E_NOMEM;
@@ -58,7 +60,27 @@ static int grow(hmap *m) {
   return GNMR_OK;
 }
 
+static int grow(hmap *m) {
+  size_t ncap = m->cap ? m->cap * 2 : 16;
+  if (m->live * 2 < m->cap) /* mostly tombstones: rehash at the same size */
+    ncap = m->cap;
+  return rehash(m, ncap);
+}
+
+int hmap_reserve(hmap *m, size_t n) {
+  if ((m->used + n) * 10 <= m->cap * 7)
+    return GNMR_OK;
+  size_t want = m->live + n, ncap = 16;
+  if (want > SIZE_MAX / 20)
+    return GNMR_E_NOMEM;
+  while (want * 10 > ncap * 7) /* below 70% with the new keys */
+    ncap *= 2;
+  return rehash(m, ncap);
+}
+
 int hmap_get(const hmap *m, const void *key, size_t len, uint64_t *value) {
+  if (m->live == 0)
+    return 0; /* a new job's units: nothing to hash for */
   hmap_slot *s = find(m, key, len, hash_bytes(key, len));
   if (s == NULL)
     return 0;
@@ -67,6 +89,9 @@ int hmap_get(const hmap *m, const void *key, size_t len, uint64_t *value) {
   return 1;
 }
 
+static int insert(hmap *m, const void *key, size_t len, uint64_t h,
+                  uint64_t value);
+
 int hmap_put(hmap *m, const void *key, size_t len, uint64_t value) {
   uint64_t h = hash_bytes(key, len);
   hmap_slot *s = find(m, key, len, h);
@@ -74,12 +99,22 @@ int hmap_put(hmap *m, const void *key, size_t len, uint64_t value) {
     s->value = value;
     return GNMR_OK;
   }
+  return insert(m, key, len, h, value);
+}
+
+int hmap_add(hmap *m, const void *key, size_t len, uint64_t value) {
+  return insert(m, key, len, hash_bytes(key, len), value);
+}
+
+static int insert(hmap *m, const void *key, size_t len, uint64_t h,
+                  uint64_t value) {
   if ((m->used + 1) * 10 > m->cap * 7 && grow(m) != GNMR_OK)
     return GNMR_E_NOMEM;
-  char *k = malloc(len ? len : 1);
+  char *k = m->borrowed ? (char *)(uintptr_t)key : malloc(len ? len : 1);
   if (k == NULL)
     return GNMR_E_NOMEM;
-  memcpy(k, key, len);
+  if (!m->borrowed)
+    memcpy(k, key, len);
   size_t i = h & (m->cap - 1);
   while (m->slots[i].key != NULL && m->slots[i].key != HMAP_TOMB)
     i = (i + 1) & (m->cap - 1);
@@ -94,18 +129,21 @@ int hmap_del(hmap *m, const void *key, size_t len) {
   hmap_slot *s = find(m, key, len, hash_bytes(key, len));
   if (s == NULL)
     return 0;
-  free(s->key);
+  if (!m->borrowed)
+    free(s->key);
   s->key = HMAP_TOMB;
   m->live--;
   return 1;
 }
 
 void hmap_free(hmap *m) {
-  for (size_t i = 0; i < m->cap; i++)
+  int borrowed = m->borrowed;
+  for (size_t i = 0; i < m->cap && !borrowed; i++)
     if (m->slots[i].key != NULL && m->slots[i].key != HMAP_TOMB)
       free(m->slots[i].key);
   free(m->slots);
   memset(m, 0, sizeof *m);
+  m->borrowed = borrowed;
 }
 
 int hmap_next(const hmap *m, size_t *pos, const void **key, size_t *len,

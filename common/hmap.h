@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* hmap.h — a small open-addressing hash map from byte strings to uint64
  * values (unit names -> ids, connection identities -> agents). Keys are
- * copied. Not thread-safe: one owner thread. */
+ * copied (or borrowed, below). Not thread-safe: one owner thread. */
 #ifndef GNMR_HMAP_H
 #define GNMR_HMAP_H
 
@@ -20,12 +20,23 @@ typedef struct hmap {
   size_t cap;   /* power of two, 0 before the first put */
   size_t used;  /* live + tombstones */
   size_t live;
+  int borrowed; /* keys are the caller's: put stores the pointer, and del
+                   and free leave the bytes alone (set before the first
+                   put; the caller keeps each key alive while it is in) */
 } hmap;
 
 /* Returns 1 and sets *value when key is present, else 0. */
 int hmap_get(const hmap *m, const void *key, size_t len, uint64_t *value);
 /* Inserts or replaces; 0 or GNMR_E_NOMEM. */
 int hmap_put(hmap *m, const void *key, size_t len, uint64_t value);
+/* Inserts a key the caller knows is absent (one probe, not two); 0 or
+ * GNMR_E_NOMEM. */
+int hmap_add(hmap *m, const void *key, size_t len, uint64_t value);
+/* Makes room for n more keys without growing while they are put (one
+ * rehash now, not one per doubling); 0 or GNMR_E_NOMEM. */
+int hmap_reserve(hmap *m, size_t n);
+/* The hash hmap uses for key (for callers' own tables of borrowed keys). */
+uint64_t hmap_hash(const void *key, size_t len);
 /* Removes key if present; returns 1 when it was. */
 int hmap_del(hmap *m, const void *key, size_t len);
 void hmap_free(hmap *m);

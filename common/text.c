@@ -53,6 +53,8 @@ static const char *refused(uint32_t c) {
   };
   if (c < 0x20 || c == 0x7f || (c >= 0x80 && c <= 0x9f))
     return "control character";
+  if (c < 0xad) /* below every range that follows: most names are ASCII */
+    return NULL;
   if (c == 0x2028 || c == 0x2029)
     return "line or paragraph separator";
   if ((c >= 0xfdd0 && c <= 0xfdef) || (c & 0xfffe) == 0xfffe)
@@ -84,6 +86,10 @@ int gnmr__name_check(const char *s, size_t max, char *why, size_t whylen) {
   }
   const unsigned char *p = (const unsigned char *)s;
   for (size_t i = 0; i < n;) {
+    if (p[i] >= 0x20 && p[i] < 0x7f) { /* printable ASCII: most names */
+      i++;
+      continue;
+    }
     uint32_t cp;
     size_t len = utf8_next(p + i, n - i, &cp);
     if (len == 0) {

@@ -37,6 +37,9 @@ core_job *core_job_new(core_registry *reg, const char *name,
   if (j == NULL)
     return NULL;
   j->pass = 1;
+  /* the map's keys are the names in unit_names: one copy of each, kept
+   * for the job's life (units are never removed from a job) */
+  j->unit_ids.borrowed = 1;
   j->hello_params = *prm;
   j->params = *prm;
   j->reporters = reporters;
@@ -158,6 +161,8 @@ static int reserve_units(core_job *j, uint32_t n) {
 }
 
 uint32_t core_slot(const core_job *j, uint32_t id) {
+  if (id < j->n_units && j->unit_id[id] == id)
+    return id; /* ids 0..n-1 in order: the usual job */
   uint32_t lo = 0, hi = j->n_units;
   while (lo < hi) {
     uint32_t mid = lo + (hi - lo) / 2;
@@ -197,8 +202,10 @@ int core__add_units(core_job *j, new_unit *add, uint32_t n_add) {
        (nsh = malloc((size_t)j->cap_units * sizeof *nsh)) == NULL ||
        (nnames = malloc((size_t)j->cap_units * sizeof *nnames)) == NULL))
     goto nomem;
+  if (hmap_reserve(&j->unit_ids, n_add) != GNMR_OK)
+    goto nomem;
   for (uint32_t i = 0; i < n_add; i++)
-    if (hmap_put(&j->unit_ids, add[i].name, strlen(add[i].name), add[i].id) !=
+    if (hmap_add(&j->unit_ids, add[i].name, strlen(add[i].name), add[i].id) !=
         GNMR_OK) {
       for (uint32_t k = 0; k < i; k++)
         hmap_del(&j->unit_ids, add[k].name, strlen(add[k].name));
@@ -265,6 +272,7 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
   uint32_t *ids = malloc((n ? n : 1) * sizeof *ids);
   uint32_t *slots = malloc((n ? n : 1) * sizeof *slots);
   new_unit *add = malloc((n ? n : 1) * sizeof *add);
+  unsigned char *known = calloc(n ? n : 1, 1); /* the job has the name */
   /* names in one call are distinct (validate_hello checks it); requested
    * ids are checked against each other once sorted */
   uint32_t n_add = 0, n_auto = 0;
@@ -272,7 +280,7 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
   int rv = GNMR_E_NOMEM;
   assert(rr->ids == NULL);
   snprintf(why, whylen, "out of memory");
-  if (ids == NULL || slots == NULL || add == NULL)
+  if (ids == NULL || slots == NULL || add == NULL || known == NULL)
     goto out;
   for (size_t i = 0; i < n; i++) { /* pass 1: decide, change nothing */
     uint64_t v;
@@ -286,6 +294,7 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
         goto out;
       }
       ids[i] = (uint32_t)v;
+      known[i] = 1;
       continue;
     }
     if (req_ids) {
@@ -320,17 +329,13 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
     rv = GNMR_E_RANGE;
     goto out;
   }
-  for (size_t i = 0; i < n; i++) { /* pass 2: the new units, numbered */
-    const char *nm = names[i];
-    if (hmap_get(&j->unit_ids, nm, strlen(nm), NULL))
-      continue;
-    if (ids[i] == UINT32_MAX)
+  for (size_t i = 0; i < n; i++) /* pass 2: the new units, numbered */
+    if (!known[i] && ids[i] == UINT32_MAX)
       ids[i] = (uint32_t)next++;
-  }
   n_add = 0;
   for (size_t i = 0; i < n; i++) {
     const char *nm = names[i];
-    if (hmap_get(&j->unit_ids, nm, strlen(nm), NULL))
+    if (known[i])
       continue;
     if ((add[n_add].name = strdup(nm)) == NULL) {
       for (uint32_t k = 0; k < n_add; k++)
@@ -339,7 +344,11 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
     }
     add[n_add++].id = ids[i];
   }
-  qsort(add, n_add, sizeof *add, core__by_id);
+  int sorted = 1; /* numbered in order, as a first Hello's units are */
+  for (uint32_t k = 1; k < n_add && sorted; k++)
+    sorted = add[k - 1].id < add[k].id;
+  if (!sorted)
+    qsort(add, n_add, sizeof *add, core__by_id);
   for (uint32_t k = 1; k < n_add; k++)
     if (add[k].id == add[k - 1].id) { /* two new names asked for one id */
       snprintf(why, whylen, "unit id %u is already taken (asked for "
@@ -371,7 +380,83 @@ out:
   free(ids);
   free(slots);
   free(add);
+  free(known);
   return rv;
+}
+
+int core_prepare_units(const char *const *names, size_t n,
+                       core_prepared **out) {
+  core_prepared *p = calloc(1, sizeof *p);
+  *out = NULL;
+  if (p == NULL || n > POLICY_MAX_UNITS ||
+      (p->names = calloc(n ? n : 1, sizeof *p->names)) == NULL)
+    goto nomem;
+  p->map.borrowed = 1;
+  if (hmap_reserve(&p->map, n) != GNMR_OK)
+    goto nomem;
+  for (size_t i = 0; i < n; i++) {
+    if ((p->names[i] = strdup(names[i])) == NULL)
+      goto nomem;
+    p->n = (uint32_t)i + 1; /* what core_prepared_free frees */
+    if (hmap_add(&p->map, p->names[i], strlen(p->names[i]), i) != GNMR_OK)
+      goto nomem;
+  }
+  *out = p;
+  return GNMR_OK;
+nomem:
+  core_prepared_free(&p);
+  return GNMR_E_NOMEM;
+}
+
+void core_prepared_free(core_prepared **pp) {
+  core_prepared *p = *pp;
+  if (p == NULL)
+    return;
+  hmap_free(&p->map);
+  for (uint32_t i = 0; p->names != NULL && i < p->n; i++)
+    free(p->names[i]);
+  free(p->names);
+  free(p);
+  *pp = NULL;
+}
+
+int core_register_prepared(core_job *j, core_rank *rr, core_prepared **pp,
+                           int shards, char *why, size_t whylen) {
+  core_prepared *p = *pp;
+  if (p == NULL || j->n_units != 0 || rr->ids != NULL)
+    return 1;
+  if (p->n > j->max_units) {
+    snprintf(why, whylen, "a job has at most %u units", j->max_units);
+    return GNMR_E_RANGE;
+  }
+  uint32_t n = p->n;
+  uint32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+  uint32_t *slots = malloc((n ? n : 1) * sizeof *slots);
+  if (ids == NULL || slots == NULL || reserve_units(j, n) != GNMR_OK ||
+      policy_resize(j->pol, n) != GNMR_OK) {
+    free(ids);
+    free(slots);
+    snprintf(why, whylen, "out of memory");
+    return GNMR_E_NOMEM;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    j->unit_id[i] = i;
+    j->unit_names[i] = p->names[i];
+    j->shards[i] = shards ? 1 : 0;
+    ids[i] = slots[i] = i;
+  }
+  hmap_free(&j->unit_ids); /* empty: the job had no units */
+  j->unit_ids = p->map;    /* its keys are the names just taken */
+  j->n_units = n;
+  rr->ids = ids;
+  rr->slots = slots;
+  rr->n_units = n;
+  rr->ever = 1;
+  free(p->names);
+  free(p);
+  *pp = NULL;
+  why[0] = '\0';
+  return GNMR_OK;
 }
 
 int core_same_units(const core_job *j, const core_rank *rr,

@@ -145,6 +145,28 @@ void core_registry_free(core_registry *reg);
 int core_register_units(core_job *j, core_rank *rr, const char *const *names,
                         size_t n, const uint32_t *ids, int shards, char *why,
                         size_t whylen);
+/* A new job's unit table made ahead, on any thread: the names copied,
+ * numbered 0..n-1 in order, and the map from name to id (its keys the
+ * copies). A large Hello's table is made off the loop (dispatch.c), and
+ * taken over whole when the Hello creates the job. */
+typedef struct core_prepared {
+  uint32_t n;
+  char **names;
+  hmap map;
+} core_prepared;
+/* *out = the table of n distinct names; GNMR_E_NOMEM. Any thread. */
+int core_prepare_units(const char *const *names, size_t n,
+                       core_prepared **out);
+/* Frees what was not taken over; *p = NULL. Any thread. */
+void core_prepared_free(core_prepared **p);
+/* Registers a rank's units (shards = 1) from *p when the job has no units
+ * yet and the rank none, asks no ids, and names exactly p's names (the
+ * Hello p was made from): the table is taken over (*p = NULL), ids
+ * 0..n-1, as core_register_units would give them. Returns 1 when it does
+ * not apply (nothing changed: call core_register_units), else as
+ * core_register_units (GNMR_E_RANGE past max_units, GNMR_E_NOMEM). */
+int core_register_prepared(core_job *j, core_rank *rr, core_prepared **p,
+                           int shards, char *why, size_t whylen);
 /* Whether names (and ids, when not NULL) are exactly rr's units. */
 int core_same_units(const core_job *j, const core_rank *rr,
                     const char *const *names, size_t n, const uint32_t *ids);

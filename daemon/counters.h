@@ -27,6 +27,8 @@
   XX(hellos, "hellos", "", "Hellos received.")                                 \
   XX(hellos_refused, "rejected", "reason=\"hello\"",                           \
      "Hellos answered with an Error.")                                         \
+  XX(hellos_away, "hellos_away", "",                                           \
+     "Hellos over 1 MiB, decoded and checked off the loop.")                   \
   XX(jobs_created, "jobs_created", "", "Jobs created by a first Hello.")       \
   XX(jobs_finished, "jobs_finished", "", "Jobs whose every rank said Bye.")    \
   XX(reports, "reports", "", "Reports accepted.")                              \

@@ -157,6 +157,176 @@ static void on_bye(gnmrd *d, const void *id, size_t id_len,
   jobs__decide_ready(j); /* fewer reporters may complete a pending step */
 }
 
+/* A Hello longer than HELLO_AWAY_BYTES (a job of tens of thousands of
+ * units: 2^20 unit names are about 45 MB) is decoded and checked on
+ * libuv's thread pool, and only its joining (the job's tables) runs on the
+ * loop: decoding and checking such a Hello on the loop held every other
+ * job's step for a second (tests/test_hostile.c,
+ * a_million_unit_hello_does_not_stall_another_job). At most
+ * HELLO_AWAY_MAX are away at once, of HELLO_AWAY_TOTAL bytes together
+ * (each holds a copy of its bytes and their decoding: no more than one
+ * Hello of the largest message gnmrd takes decoded on the loop held);
+ * past that a large Hello is answered BUSY, and the agent sends it again
+ * (it repeats an unanswered Hello). The agent sends
+ * nothing else before its Welcome (it holds its reports until joined),
+ * so nothing of its overtakes the Hello; another Hello of the same
+ * connection meanwhile is one more rejoin. */
+#define HELLO_AWAY_BYTES (1u << 20)
+#define HELLO_AWAY_MAX 4
+#define HELLO_AWAY_TOTAL ((size_t)256 << 20)
+
+typedef struct hello_away {
+  uv_work_t req;
+  gnmrd *d;
+  void *data, *id;
+  size_t len, id_len;
+  char *user;
+  /* the settings as the Hello arrived */
+  policy_params defaults;
+  int has_defaults;
+  uint32_t default_barrier;
+  /* the pool's results */
+  Gnmr__Envelope *env;
+  int rv;      /* decoding's, then checking's */
+  int refused; /* rv is checking's */
+  const char *ref;
+  char why[256];
+  policy_params prm;
+  uint32_t barrier;
+  core_prepared *prep; /* a rank's unit table, for a new job */
+} hello_away;
+
+static unsigned hellos_away; /* loop thread */
+static size_t hello_away_bytes;
+
+/* What a's fields hold; a itself is the caller's. */
+static void hello_away_clear(hello_away *a) {
+  if (a->env != NULL)
+    gnmr__wire_free(&a->env);
+  core_prepared_free(&a->prep);
+  free(a->data);
+  free(a->id);
+  free(a->user);
+  a->data = a->id = NULL;
+  a->user = NULL;
+}
+
+static void hello_away_free(hello_away *a) {
+  hello_away_clear(a);
+  free(a);
+}
+
+/* What is left of a large Hello (its decoding, a table not taken over:
+ * a million small blocks) is freed on the pool too; the request itself
+ * on the loop, after the pool is done with it. */
+static void hello_free_work(uv_work_t *req) {
+  hello_away_clear(req->data);
+}
+
+static void hello_free_done(uv_work_t *req, int status) {
+  (void)status;
+  free(req->data);
+}
+
+static void hello_away_work(uv_work_t *req) {
+  hello_away *a = req->data;
+  a->rv = gnmr__wire_decode(a->data, a->len, &a->env, a->why, sizeof a->why);
+  free(a->data);
+  a->data = NULL;
+  if (a->rv != GNMR_OK)
+    return;
+  if (a->env->body_case != GNMR__ENVELOPE__BODY_HELLO) {
+    a->rv = GNMR_E_PROTO; /* peek said Hello: cannot happen */
+    snprintf(a->why, sizeof a->why, "not a Hello");
+    return;
+  }
+  a->ref = "";
+  a->rv = gnmr__validate_hello(a->env->hello,
+                               a->has_defaults ? &a->defaults : NULL,
+                               a->default_barrier, &a->prm, &a->barrier,
+                               &a->ref, a->why, sizeof a->why);
+  a->refused = a->rv != GNMR_OK;
+  const Gnmr__Hello *h = a->env->hello;
+  if (!a->refused && !h->observer && h->n_unit_ids == 0 &&
+      core_prepare_units((const char *const *)h->units, h->n_units,
+                         &a->prep) != GNMR_OK)
+    a->prep = NULL; /* registered on the loop, as any Hello */
+}
+
+static void hello_away_done(uv_work_t *req, int status) {
+  hello_away *a = req->data;
+  gnmrd *d = a->d;
+  hellos_away--;
+  hello_away_bytes -= a->len;
+  if (status != 0 || d->stopping) {
+    hello_away_free(a);
+    return;
+  }
+  if (a->refused) { /* checked and refused, as on the loop */
+    d->c.hellos_refused++;
+    jobs__reply_error(d, a->id, a->id_len, a->rv, a->ref, 0, "%s", a->why);
+  } else if (a->rv != GNMR_OK) {
+    if (a->rv == GNMR_E_VERSION)
+      d->c.version_errors++;
+    else if (a->rv == GNMR_E_UNSUPPORTED)
+      d->c.unsupported++;
+    else
+      d->c.decode_errors++;
+    jobs__reply_error(d, a->id, a->id_len, a->rv, "envelope", 0, "%s",
+                      a->why);
+  } else {
+    jobs__on_hello_checked(d, a->id, a->id_len, a->env->hello, a->user,
+                           &a->prm, a->barrier, &a->prep);
+  }
+  if (uv_queue_work(d->loop, &a->req, hello_free_work, hello_free_done) != 0)
+    hello_away_free(a);
+}
+
+/* Sends a large Hello away; 1 when it went (or was answered BUSY). */
+static int hello_send_away(gnmrd *d, const void *id, size_t id_len,
+                           const void *data, size_t len, const char *user) {
+  d->c.hellos++;
+  if (hellos_away >= HELLO_AWAY_MAX ||
+      (hellos_away > 0 && hello_away_bytes + len > HELLO_AWAY_TOTAL)) {
+    d->c.hellos_refused++;
+    jobs__reply_error(d, id, id_len, GNMR_E_BUSY, "hello", 0,
+                      "gnmrd is taking in %u other large Hellos; this one "
+                      "is sent again", hellos_away);
+    return 1;
+  }
+  hello_away *a = calloc(1, sizeof *a);
+  if (a == NULL || (a->data = malloc(len)) == NULL ||
+      (a->id = malloc(id_len ? id_len : 1)) == NULL ||
+      (user != NULL && (a->user = strdup(user)) == NULL)) {
+    if (a != NULL)
+      hello_away_free(a);
+    d->c.hellos_refused++;
+    jobs__reply_error(d, id, id_len, GNMR_E_NOMEM, "hello", 0,
+                      "out of memory");
+    return 1;
+  }
+  memcpy(a->data, data, len);
+  memcpy(a->id, id, id_len);
+  a->len = len;
+  a->id_len = id_len;
+  a->d = d;
+  if (d->cfg != NULL) {
+    a->defaults = d->cfg->policy;
+    a->has_defaults = 1;
+    a->default_barrier = (uint32_t)d->cfg->barrier_ms;
+  }
+  a->req.data = a;
+  if (uv_queue_work(d->loop, &a->req, hello_away_work, hello_away_done) !=
+      0) {
+    hello_away_free(a);
+    return 0; /* decoded here, as any other */
+  }
+  hellos_away++;
+  hello_away_bytes += len;
+  d->c.hellos_away++;
+  return 1;
+}
+
 void jobs_on_message(server *s, const void *id, size_t id_len,
                      const void *data, size_t len, const char *user,
                      void *ctx) {
@@ -217,6 +387,10 @@ void jobs_on_message(server *s, const void *id, size_t id_len,
       return;
     }
   }
+  if (len > HELLO_AWAY_BYTES && version == GNMR_PROTOCOL_VERSION &&
+      gnmr__wire_peek(data, len, NULL, NULL) == GNMR__ENVELOPE__BODY_HELLO &&
+      hello_send_away(d, id, id_len, data, len, user))
+    return;
   int rv = gnmr__wire_decode(data, len, &env, err, sizeof err);
   if (rv != GNMR_OK) {
     if (rv == GNMR_E_VERSION)

@@ -48,8 +48,8 @@ static const char *owner_name(const gnmrd *d, const char *owner) {
  * by the owner's or the global cap says so. */
 static int register_capped(gnmrd *d, core_job *c, core_rank *rr,
                            const char *const *names, size_t n,
-                           const uint32_t *ids, int shards, char *why,
-                           size_t whylen) {
+                           const uint32_t *ids, int shards,
+                           core_prepared **prep, char *why, size_t whylen) {
   uint64_t total = 0, cap = d->cfg ? d->cfg->max_total_units : UINT64_MAX;
   size_t pos = 0;
   for (core_job *o; (o = core_next_job(&d->jobs, &pos)) != NULL;)
@@ -69,7 +69,11 @@ static int register_capped(gnmrd *d, core_job *c, core_rank *rr,
   int global = (uint64_t)c->n_units + room < job_cap;
   if (global)
     c->max_units = (uint32_t)(c->n_units + room);
-  int rv = core_register_units(c, rr, names, n, ids, shards, why, whylen);
+  int rv = 1;
+  if (prep != NULL && *prep != NULL && ids == NULL && (*prep)->n == n)
+    rv = core_register_prepared(c, rr, prep, shards, why, whylen);
+  if (rv == 1)
+    rv = core_register_units(c, rr, names, n, ids, shards, why, whylen);
   c->max_units = job_cap;
   if (rv == GNMR_E_RANGE && by_key) {
     d->c.refused_key_units++;
@@ -209,7 +213,7 @@ static int observer_join(gnmrd *d, const void *id, size_t id_len, job *j,
     return 0;
   }
   if ((rv = register_capped(d, c, rr, (const char *const *)h->units,
-                             h->n_units, ids, 0, why, sizeof why)) !=
+                             h->n_units, ids, 0, NULL, why, sizeof why)) !=
       GNMR_OK) {
     d->c.hellos_refused++;
     jobs__reply_error(d, id, id_len, rv, "units", 0, "%s", why);
@@ -307,18 +311,27 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
                     const char *user) {
   policy_params prm;
   uint32_t barrier = 0;
+  const char *ref = "";
+  char why[256];
+  d->c.hellos++;
+  int vrv = gnmr__validate_hello(h, d->cfg ? &d->cfg->policy : NULL,
+                                 d->cfg ? (uint32_t)d->cfg->barrier_ms : 0,
+                                 &prm, &barrier, &ref, why, sizeof why);
+  if (vrv != GNMR_OK) {
+    d->c.hellos_refused++;
+    jobs__reply_error(d, id, id_len, vrv, ref, 0, "%s", why);
+    return;
+  }
+  jobs__on_hello_checked(d, id, id_len, h, user, &prm, barrier, NULL);
+}
+
+void jobs__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
+                            Gnmr__Hello *h, const char *user,
+                            const policy_params *checked, uint32_t barrier,
+                            core_prepared **prep) {
+  policy_params prm = *checked;
   job *j = NULL;
   int created = 0;
-  d->c.hellos++;
-  {
-    const char *ref = "";
-    char why[256];
-    int vrv = gnmr__validate_hello(h, d->cfg ? &d->cfg->policy : NULL,
-                                   d->cfg ? (uint32_t)d->cfg->barrier_ms : 0,
-                                   &prm, &barrier, &ref, why, sizeof why);
-    if (vrv != GNMR_OK)
-      REFUSE(vrv, ref, "%s", why);
-  }
   const uint32_t *ids = narrow_ids(h);
   uint64_t kjobs = 0, kunits = 0; /* a tenant's live jobs and units */
   uint64_t v;
@@ -448,8 +461,8 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
   int registered = 0;
   if (!rr->ever) {
     char why[256];
-    int urv = register_capped(d, c, rr, names, h->n_units, ids, 1, why,
-                              sizeof why);
+    int urv = register_capped(d, c, rr, names, h->n_units, ids, 1, prep,
+                              why, sizeof why);
     if (urv != GNMR_OK)
       REFUSE(urv, "unit_ids", "%s", why);
     registered = 1;

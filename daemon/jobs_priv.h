@@ -109,6 +109,15 @@ void jobs__held_refused(gnmrd *d, const char *name, size_t n,
 /* hello.c */
 void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
                     const char *user);
+/* A Hello that gnmr__validate_hello accepted (giving prm and barrier),
+ * counted in hellos already: joins it (hello.c). The loop's part of a
+ * Hello that was decoded and checked on the thread pool (dispatch.c),
+ * with its unit table made there (prep, may be NULL: taken over when the
+ * Hello creates its job, else left to the caller). */
+void jobs__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
+                            Gnmr__Hello *h, const char *user,
+                            const policy_params *prm, uint32_t barrier,
+                            core_prepared **prep);
 
 /* lifecycle.c: how a job ends */
 enum { FINISH_BYES, FINISH_IDLE, FINISH_OPERATOR, FINISH_FRESH };

@@ -75,22 +75,32 @@ void records_rank(store *st, const core_job *j, uint32_t rank) {
   const core_rank *rr = &j->ranks[rank];
   store_rec *u = rec(REC_UNITS, j);
   store_rec *r = rec(REC_RANK, j);
-  size_t n = rr->n_units ? rr->n_units : 1;
-  if (u && r && (u->ids = malloc(n * sizeof *u->ids)) &&
+  size_t n = rr->n_units ? rr->n_units : 1, bytes = 0;
+  /* the names copied into one block (a million units: one allocation,
+   * not a million strdups on the loop) */
+  size_t *len = malloc(n * sizeof *len);
+  for (uint32_t i = 0; len != NULL && i < rr->n_units; i++)
+    bytes += (len[i] = strlen(j->unit_names[rr->slots[i]]) + 1);
+  if (u && r && len && (u->ids = malloc(n * sizeof *u->ids)) &&
       (u->names = calloc(n, sizeof *u->names)) &&
+      (u->names_block = malloc(bytes ? bytes : 1)) &&
       (r->ids = malloc(n * sizeof *r->ids))) {
     u->n = r->n = rr->n_units;
+    u->names_bytes = bytes;
     r->rank = rank;
+    char *at = u->names_block;
     for (uint32_t i = 0; i < rr->n_units; i++) {
       u->ids[i] = r->ids[i] = rr->ids[i];
-      u->names[i] = strdup(j->unit_names[rr->slots[i]]);
-      if (u->names[i] == NULL)
-        u->names[i] = strdup("?");
+      memcpy(at, j->unit_names[rr->slots[i]], len[i]);
+      u->names[i] = at;
+      at += len[i];
     }
+    free(len);
     put(st, u);
     put(st, r);
     return;
   }
+  free(len);
   store_rec_free(u);
   store_rec_free(r);
 }

@@ -141,10 +141,11 @@ store_rec *store_rec_new(int kind, const char *job) {
 void store_rec_free(store_rec *r) {
   if (r == NULL)
     return;
-  if (r->names)
+  if (r->names && r->names_block == NULL)
     for (uint32_t i = 0; i < r->n; i++)
       free(r->names[i]);
   free(r->names);
+  free(r->names_block);
   free(r->ids);
   free(r->job);
   free(r->active);
@@ -514,7 +515,9 @@ static uint64_t rec_bytes(const store_rec *r) {
                (r->active ? strlen(r->active) + 1 : 0) +
                (r->text ? strlen(r->text) + 1 : 0) +
                (r->detail ? strlen(r->detail) + 1 : 0);
-  if (r->names)
+  if (r->names_block != NULL)
+    b += (uint64_t)r->n * sizeof *r->names + r->names_bytes;
+  else if (r->names)
     for (uint32_t i = 0; i < r->n; i++)
       b += sizeof *r->names + (r->names[i] ? strlen(r->names[i]) + 1 : 0);
   return b;

@@ -4,6 +4,7 @@
 #include "validate.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gnmr/error.h"
@@ -17,6 +18,50 @@
     snprintf(msg, msglen, __VA_ARGS__);          \
     return (code);                               \
   } while (0)
+
+/* The Hello's unit names: each a valid name, none twice. The table
+ * borrows the Hello's strings (no copy a name: a 2^20-unit Hello is
+ * checked in one allocation), open addressing at most half full. */
+static int names_check(const Gnmr__Hello *h, const char **ref, char *msg,
+                       size_t msglen) {
+  typedef struct {
+    uint64_t hash;
+    const char *name;
+    size_t len;
+  } seen_slot;
+  char why[96];
+  size_t cap = 16;
+  while (cap < 2 * h->n_units)
+    cap *= 2;
+  seen_slot *seen = calloc(cap, sizeof *seen);
+  if (seen == NULL)
+    FAIL(GNMR_E_NOMEM, "units", "out of memory");
+  int rv = GNMR_OK;
+  for (size_t i = 0; i < h->n_units && rv == GNMR_OK; i++) {
+    const char *u = h->units[i];
+    if (!gnmr__name_check(u, GNMR_MAX_UNIT_NAME, why, sizeof why)) {
+      *ref = "units";
+      snprintf(msg, msglen, "unit %zu: name %s (1..%u bytes of UTF-8 without "
+               "control or format characters)", i, why, GNMR_MAX_UNIT_NAME);
+      rv = GNMR_E_INVAL;
+      break;
+    }
+    size_t len = strlen(u);
+    uint64_t hv = hmap_hash(u, len);
+    size_t k = hv & (cap - 1);
+    for (; seen[k].name != NULL; k = (k + 1) & (cap - 1))
+      if (seen[k].hash == hv && seen[k].len == len &&
+          memcmp(seen[k].name, u, len) == 0) {
+        *ref = "units";
+        snprintf(msg, msglen, "unit name '%.64s' listed twice", u);
+        rv = GNMR_E_DUP;
+        break;
+      }
+    seen[k] = (seen_slot){hv, u, len};
+  }
+  free(seen);
+  return rv;
+}
 
 int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
                          uint32_t default_barrier, policy_params *prm,
@@ -104,26 +149,7 @@ int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
     *prm = *defaults;
   if (policy_params_validate(prm, &what) != GNMR_OK)
     FAIL(GNMR_E_INVAL, what, "invalid policy parameter %s", what);
-  hmap seen = {0};
-  int rv = GNMR_OK;
-  for (size_t i = 0; i < h->n_units && rv == GNMR_OK; i++) {
-    const char *u = h->units[i];
-    if (!gnmr__name_check(u, GNMR_MAX_UNIT_NAME, why, sizeof why)) {
-      *ref = "units";
-      snprintf(msg, msglen, "unit %zu: name %s (1..%u bytes of UTF-8 without "
-               "control or format characters)", i, why, GNMR_MAX_UNIT_NAME);
-      rv = GNMR_E_INVAL;
-    } else if (hmap_get(&seen, u, strlen(u), NULL)) {
-      *ref = "units";
-      snprintf(msg, msglen, "unit name '%.64s' listed twice", u);
-      rv = GNMR_E_DUP;
-    } else if (hmap_put(&seen, u, strlen(u), i) != GNMR_OK) {
-      *ref = "units";
-      snprintf(msg, msglen, "out of memory");
-      rv = GNMR_E_NOMEM;
-    }
-  }
-  hmap_free(&seen);
+  int rv = names_check(h, ref, msg, msglen);
   if (rv == GNMR_OK)
     *barrier_ms = barrier;
   return rv;

@@ -53,6 +53,9 @@ typedef struct store_rec {
   uint32_t rank, n;
   uint32_t *ids;
   char **names;
+  char *names_block;  /* when set, names point into it (one allocation of
+                         names_bytes, the names NUL-ended in turn) */
+  size_t names_bytes;
   /* REC_STEP */
   uint32_t reports, risky, pool, missing, by_deadline;
   uint64_t latency_us;

@@ -6,12 +6,14 @@
  * guard and a restore. Time is an argument, so every case is exact. */
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check_main.h"
 #include "core.h"
 #include "gnmr/error.h"
+#include "hmap.h"
 
 /* Held reports are tokens counted on release: every accepted report must
  * be released exactly once (ASan and valgrind see a leak or a double free
@@ -625,11 +627,128 @@ START_TEST(registry_finds_iterates_and_frees) {
 }
 END_TEST
 
+/* A new job's unit table made ahead (off the loop, for large Hellos) is
+ * what registering the same names gives: ids, names, the map, the
+ * rank's slots, the shards; it does not apply to a job with units or a
+ * rank registered already, and it keeps max_units. */
+START_TEST(a_prepared_unit_table_registers_as_the_names_would) {
+  static const char *const names[] = {"q", "k", "v", "o"};
+  char why[160];
+  core_job *a = new_job("a", 2, 10), *b = new_job("b", 2, 10);
+  core_prepared *p;
+  ck_assert_int_eq(core_prepare_units(names, 4, &p), GNMR_OK);
+  ck_assert_int_eq(core_register_prepared(a, &a->ranks[0], &p, 1, why,
+                                          sizeof why), GNMR_OK);
+  ck_assert_ptr_null(p); /* taken over */
+  ck_assert_int_eq(core_register_units(b, &b->ranks[0], names, 4, NULL, 1,
+                                       why, sizeof why), GNMR_OK);
+  ck_assert_uint_eq(a->n_units, b->n_units);
+  for (uint32_t i = 0; i < 4; i++) {
+    uint64_t va, vb;
+    ck_assert_uint_eq(a->unit_id[i], b->unit_id[i]);
+    ck_assert_str_eq(a->unit_names[i], b->unit_names[i]);
+    ck_assert_uint_eq(a->shards[i], b->shards[i]);
+    ck_assert_uint_eq(a->ranks[0].ids[i], b->ranks[0].ids[i]);
+    ck_assert_uint_eq(a->ranks[0].slots[i], b->ranks[0].slots[i]);
+    ck_assert(hmap_get(&a->unit_ids, names[i], strlen(names[i]), &va));
+    ck_assert(hmap_get(&b->unit_ids, names[i], strlen(names[i]), &vb));
+    ck_assert_uint_eq(va, vb);
+  }
+  ck_assert(a->ranks[0].ever);
+  /* the second rank registers the same names the usual way: shards 2 */
+  ck_assert_int_eq(core_register_units(a, &a->ranks[1], names, 4, NULL, 1,
+                                       why, sizeof why), GNMR_OK);
+  ck_assert_uint_eq(a->shards[2], 2);
+  /* not for a job that has units: 1, nothing changed, the table kept */
+  ck_assert_int_eq(core_prepare_units(names, 4, &p), GNMR_OK);
+  core_job *c = new_job("c", 2, 10);
+  join(c, 0, two, 2);
+  ck_assert_int_eq(core_register_prepared(c, &c->ranks[1], &p, 1, why,
+                                          sizeof why), 1);
+  ck_assert_ptr_nonnull(p);
+  ck_assert_uint_eq(c->n_units, 2);
+  /* past max_units: refused, as registering would be */
+  core_job *e = new_job("e", 1, 10);
+  e->max_units = 3;
+  ck_assert_int_eq(core_register_prepared(e, &e->ranks[0], &p, 1, why,
+                                          sizeof why), GNMR_E_RANGE);
+  ck_assert_msg(strstr(why, "at most 3 units") != NULL, "%s", why);
+  ck_assert_uint_eq(e->n_units, 0);
+  core_prepared_free(&p); /* the caller's when not taken */
+  ck_assert_ptr_null(p);
+  core_prepared_free(&p); /* and again: nothing */
+}
+END_TEST
+
+/* The map under the units' names: reserve, add, borrowed keys; names
+ * that differ only in their digits (a model's) keep probe runs short. */
+START_TEST(unit_name_map_reserves_adds_and_borrows) {
+  enum { N = 1 << 16 };
+  hmap m = {0};
+  char **names = malloc(N * sizeof *names);
+  ck_assert_int_eq(hmap_reserve(&m, N), GNMR_OK);
+  size_t cap = m.cap;
+  ck_assert_uint_ge(cap * 7, (size_t)N * 10);
+  for (int i = 0; i < N; i++) {
+    char nm[64];
+    snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.down_proj",
+             i / 64, i % 64);
+    names[i] = strdup(nm);
+    ck_assert_int_eq(hmap_add(&m, names[i], strlen(names[i]), (uint64_t)i),
+                     GNMR_OK);
+  }
+  ck_assert_uint_eq(m.cap, cap); /* reserved: no growth while adding */
+  ck_assert_uint_eq(m.live, N);
+  size_t run = 0, longest = 0;
+  for (size_t i = 0; i < m.cap; i++) {
+    run = m.slots[i].key != NULL ? run + 1 : 0;
+    longest = run > longest ? run : longest;
+  }
+  /* at most 70% full: runs of tens (34 for these names) */
+  ck_assert_msg(longest < 200, "a probe run of %zu slots", longest);
+  uint64_t v;
+  ck_assert(hmap_get(&m, "model.layers.7.mlp.experts.3.down_proj", 38, &v));
+  ck_assert_uint_eq(v, 7 * 64 + 3);
+  ck_assert(!hmap_get(&m, "model.layers.7.mlp.experts.3.down_pro", 37, NULL));
+  ck_assert_int_eq(hmap_put(&m, names[5], strlen(names[5]), 99), GNMR_OK);
+  ck_assert(hmap_get(&m, names[5], strlen(names[5]), &v) && v == 99);
+  ck_assert_uint_eq(m.live, N);
+  ck_assert(hmap_del(&m, names[5], strlen(names[5])));
+  ck_assert(!hmap_get(&m, names[5], strlen(names[5]), NULL));
+  hmap_free(&m); /* the map's own copies of the keys */
+  /* borrowed keys: the map holds the caller's pointers and frees none
+   * (valgrind and ASan see a double free or a leak otherwise) */
+  hmap b = {0};
+  b.borrowed = 1;
+  for (int i = 0; i < 100; i++)
+    ck_assert_int_eq(hmap_add(&b, names[i], strlen(names[i]), (uint64_t)i),
+                     GNMR_OK);
+  int ours = 0; /* the slot holds the caller's own pointer */
+  for (size_t i = 0; i < b.cap; i++)
+    ours += b.slots[i].key == names[7];
+  ck_assert_int_eq(ours, 1);
+  ck_assert(hmap_get(&b, names[42], strlen(names[42]), &v) && v == 42);
+  ck_assert(hmap_del(&b, names[42], strlen(names[42])));
+  hmap_free(&b);
+  ck_assert_int_eq(b.borrowed, 1); /* stays borrowed for reuse */
+  for (int i = 0; i < N; i++)
+    free(names[i]);
+  free(names);
+  /* an empty map answers without hashing, a reserve of 0 does nothing */
+  hmap e = {0};
+  ck_assert(!hmap_get(&e, "x", 1, NULL));
+  ck_assert_int_eq(hmap_reserve(&e, 0), GNMR_OK);
+  hmap_free(&e);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("core");
   TCase *tc = tcase_create("core");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, shards_are_summed_in_rank_order_not_arrival_order);
+  tcase_add_test(tc, unit_name_map_reserves_adds_and_borrows);
+  tcase_add_test(tc, a_prepared_unit_table_registers_as_the_names_would);
   tcase_add_test(tc, deadline_decides_with_missing_shards);
   tcase_add_test(tc, steps_are_decided_in_order);
   tcase_add_test(tc, adopted_steps_stay_decided);
