@@ -542,8 +542,8 @@ EXPERIMENT_fp8_latent := experiments/paper.py --setting fp8 --model llama --epis
 # The same with a mixed recipe: the down projections' inputs (SwiGLU's
 # heavy-tailed output, damaged on E2M3 outside any episode) on E4M3
 # always and not units; GNMR for the other twelve projections, at every
-# default (confirmed exceedances included).
-EXPERIMENT_fp8_latent_mixed := $(EXPERIMENT_fp8_latent) --keep-high down_proj --confirm-steps 2
+# default of the policy (confirmed exceedances, the warm-up of 5).
+EXPERIMENT_fp8_latent_mixed := $(EXPERIMENT_fp8_latent) --keep-high down_proj --confirm-steps 2 --warmup 5
 # The clean-training evidence for the policy's parameters: clean runs (no
 # stress, no quantization) of each paper setting and the quickstart's
 # model on seeds 21-25, their norms as traces, and the exceedance table

@@ -23,8 +23,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from gnmr.policy import Policy, exceedances, read_trace, \
     replay  # noqa: E402
 
-OFF = dict(mean_horizon=0, job_relative=0, confirm_steps=0)  # rules off
-HJ = dict(mean_horizon=20, job_relative=1, confirm_steps=0)
+# the warm-up as it was when these were chosen (20), whatever the default
+OFF = dict(mean_horizon=0, job_relative=0, confirm_steps=0,  # rules off
+           warmup_steps=20)
+HJ = dict(mean_horizon=20, job_relative=1, confirm_steps=0, warmup_steps=20)
 SETS = [
     ("first defaults (a=b=2)", dict(alpha=2, beta=2, **OFF)),
     ("a=b=4", dict(alpha=4, beta=4, **OFF)),
@@ -36,6 +38,10 @@ SETS = [
     ("a=6 b=8 H=20 J=1 C=2", dict(alpha=6, beta=8, **dict(HJ,
                                                            confirm_steps=2))),
 ]
+# the warm-up at the rest of the defaults (W: warmup_steps; 20 above)
+SETS += [(f"a=6 b=8 H=20 J=1 C=2 W={w}",
+          dict(alpha=6, beta=8, **dict(HJ, confirm_steps=2, warmup_steps=w)))
+         for w in (10, 5, 3)]
 
 
 def promotions(decisions):
