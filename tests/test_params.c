@@ -22,7 +22,7 @@ START_TEST(defaults_are_the_specs) {
   ck_assert_uint_eq(p.window, 8);
   ck_assert_uint_eq(p.max_active, 4);
   ck_assert_uint_eq(p.lock_steps, 4);
-  ck_assert_uint_eq(p.warmup_steps, 20);
+  ck_assert_uint_eq(p.warmup_steps, 5);
   ck_assert(isnan(p.early_alpha) && isnan(p.early_beta));
   ck_assert_uint_eq(p.early_steps, 0);
   ck_assert_uint_eq(p.mean_horizon, 20);
@@ -128,7 +128,7 @@ START_TEST(public_and_wire_conversions_round_trip) {
   gnmr__params_to_wire(&p, &w);
   ck_assert(g.early_alpha == 0 && g.early_beta == 0);
   ck_assert(w.early_alpha == 0 && w.early_beta == 0);
-  ck_assert(w.alpha == 6 && w.window == 8 && w.warmup_steps == 20);
+  ck_assert(w.alpha == 6 && w.window == 8 && w.warmup_steps == 5);
   ck_assert(w.mean_horizon == 20 && w.job_relative == 1 &&
             w.confirm_steps == 2);
   gnmr__params_from_wire(&w, &back);

@@ -28,7 +28,7 @@
   XX(window, uint32_t, WINDOW, "window", "GNMR_WINDOW", 8, "")                \
   XX(max_active, uint32_t, U32, "max-active", "GNMR_MAX_ACTIVE", 4, "")       \
   XX(lock_steps, uint32_t, U32, "lock-steps", "GNMR_LOCK_STEPS", 4, "")       \
-  XX(warmup_steps, uint64_t, U64, "warmup-steps", "GNMR_WARMUP_STEPS", 20,   \
+  XX(warmup_steps, uint64_t, U64, "warmup-steps", "GNMR_WARMUP_STEPS", 5,    \
      "")                                                                      \
   XX(early_alpha, double, THRESHOLD, "early-alpha", "GNMR_EARLY_ALPHA", 0,    \
      "alpha")                                                                 \

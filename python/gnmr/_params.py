@@ -7,7 +7,7 @@ PARAMS = [
     ("window", "c_uint32", 8, ""),
     ("max_active", "c_uint32", 4, ""),
     ("lock_steps", "c_uint32", 4, ""),
-    ("warmup_steps", "c_uint64", 20, ""),
+    ("warmup_steps", "c_uint64", 5, ""),
     ("early_alpha", "c_double", 0.0, "alpha"),
     ("early_beta", "c_double", 0.0, "beta"),
     ("early_steps", "c_uint64", 0, ""),

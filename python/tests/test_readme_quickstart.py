@@ -84,6 +84,8 @@ class QuickstartTest(unittest.TestCase):
                              job)
             if job == "quickstart-loop":  # some step decided a unit
                 self.assertTrue(any(r[1] for r in rows), d)
+            else:  # the trainers' clean runs: nothing after the warm-up
+                self.assertFalse(any(r[1] for r in rows), d)
         self.assertTrue(os.path.isdir(os.path.join(work, "out-hf")))
         # every private gnmrd stopped with its job, its sockets gone
         self.assertEqual([n for n in os.listdir(work)
