@@ -1152,12 +1152,13 @@ static void *report_flood(void *p) {
   return NULL;
 }
 
-START_TEST(reports_without_hello_do_not_stall_another_job) {
-  tu_daemon d = {0};
-  tu_daemon_start(&d);
+/* A job of 4 units that another test's flood must not stall: joined,
+ * its first 5 steps decided; *t is its next step. */
+static gnmr_agent *victim_job(const tu_daemon *d, uint64_t *t) {
   static const char *names[] = {"a", "b", "c", "d"};
+  static const double sq[4] = {1, 2, 3, 4};
   gnmr_agent_config c = {0};
-  c.endpoint = d.agents;
+  c.endpoint = d->agents;
   c.job = "victim";
   c.reporters = 1;
   c.unit_names = names;
@@ -1166,12 +1167,28 @@ START_TEST(reports_without_hello_do_not_stall_another_job) {
   c.barrier_ms = 5000;
   gnmr_agent *a;
   ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
-  double sq[4] = {1, 2, 3, 4};
-  uint64_t t = 1;
-  for (; t <= 5; t++) { /* joined, stepping */
-    ck_assert_int_eq(gnmr_agent_report_sums(a, t, sq, NULL, NULL), GNMR_OK);
-    ck_assert_int_eq(gnmr_agent_wait(a, t, 10000 * tu_slow()), GNMR_OK);
+  for (*t = 1; *t <= 5; (*t)++) {
+    ck_assert_int_eq(gnmr_agent_report_sums(a, *t, sq, NULL, NULL), GNMR_OK);
+    ck_assert_int_eq(gnmr_agent_wait(a, *t, 10000 * tu_slow()), GNMR_OK);
   }
+  return a;
+}
+
+/* One step of the victim job, reported and waited for: its seconds. */
+static double victim_step(gnmr_agent *a, uint64_t t) {
+  static const double sq[4] = {1, 2, 3, 4};
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  ck_assert_int_eq(gnmr_agent_report_sums(a, t, sq, NULL, NULL), GNMR_OK);
+  ck_assert_int_eq(gnmr_agent_wait(a, t, 10000 * tu_slow()), GNMR_OK);
+  return since(&t0);
+}
+
+START_TEST(reports_without_hello_do_not_stall_another_job) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  uint64_t t;
+  gnmr_agent *a = victim_job(&d, &t);
   flood_arg f = {d.agents, 0, 0};
   pthread_t th;
   ck_assert_int_eq(pthread_create(&th, NULL, report_flood, &f), 0);
@@ -1179,11 +1196,7 @@ START_TEST(reports_without_hello_do_not_stall_another_job) {
   double worst = 0, spent = 0;
   int steps = 0;
   for (; steps < 100 || spent < 2.0; steps++, t++) { /* 2 s of steps */
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    ck_assert_int_eq(gnmr_agent_report_sums(a, t, sq, NULL, NULL), GNMR_OK);
-    ck_assert_int_eq(gnmr_agent_wait(a, t, 10000 * tu_slow()), GNMR_OK);
-    double w = since(&t0);
+    double w = victim_step(a, t);
     worst = w > worst ? w : worst;
     spent += w;
   }
@@ -1216,6 +1229,22 @@ typedef struct big_hello_arg {
   int n;
 } big_hello_arg;
 
+static void free_names(char **units, int n);
+
+/* n unit names of a mixture-of-experts model, per experts a layer:
+ * "model.layers.L.mlp.experts.E.PROJ", for free_names(). */
+static char **expert_names(int n, int per, const char *proj) {
+  char **units = malloc((size_t)n * sizeof *units);
+  ck_assert_ptr_nonnull(units);
+  for (int i = 0; i < n; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s",
+             i / per, i % per, proj);
+    units[i] = strdup(name);
+  }
+  return units;
+}
+
 static void *big_hello(void *p) {
   big_hello_arg *b = p;
   /* under the sanitizers 2^17 units (5 MB), under valgrind 2^15 (1.3 MB:
@@ -1224,13 +1253,7 @@ static void *big_hello(void *p) {
   const int N = tu_slow() > 1                        ? 1 << 15
                 : getenv("GNMR_SANITIZED") != NULL ? 1 << 17
                                                    : 1 << 20;
-  char **units = malloc((size_t)N * sizeof *units);
-  for (int i = 0; i < N; i++) {
-    char name[64];
-    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj",
-             i / 1024, i % 1024);
-    units[i] = strdup(name);
-  }
+  char **units = expert_names(N, 1024, "down_proj");
   b->n = N;
   raw_peer ag = raw_open(b->ep);
   struct timespec t0;
@@ -1245,45 +1268,23 @@ static void *big_hello(void *p) {
   if (w != NULL)
     gnmr__wire_free(&w);
   raw_close(&ag);
-  for (int i = 0; i < N; i++)
-    free(units[i]);
-  free(units);
+  free_names(units, N);
   return NULL;
 }
 
 START_TEST(a_million_unit_hello_does_not_stall_another_job) {
   tu_daemon d = {0};
   tu_daemon_start(&d);
-  static const char *names[] = {"a", "b", "c", "d"};
-  gnmr_agent_config c = {0};
-  c.endpoint = d.agents;
-  c.job = "victim";
-  c.reporters = 1;
-  c.unit_names = names;
-  c.n_units = 4;
-  gnmr_params_default(&c.params);
-  c.barrier_ms = 5000;
-  gnmr_agent *a;
-  ck_assert_int_eq(gnmr_agent_open(&c, &a), GNMR_OK);
-  double sq[4] = {1, 2, 3, 4};
-  uint64_t t = 1;
-  for (; t <= 5; t++) {
-    ck_assert_int_eq(gnmr_agent_report_sums(a, t, sq, NULL, NULL), GNMR_OK);
-    ck_assert_int_eq(gnmr_agent_wait(a, t, 10000 * tu_slow()), GNMR_OK);
-  }
+  uint64_t t;
+  gnmr_agent *a = victim_job(&d, &t);
   big_hello_arg b = {d.agents, 0, 0, 0};
   pthread_t th;
   ck_assert_int_eq(pthread_create(&th, NULL, big_hello, &b), 0);
-  double worst = 0, spent = 0;
+  double worst = 0;
   int steps = 0;
   for (; atomic_load(&b.done) == 0 || steps < 50; steps++, t++) {
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    ck_assert_int_eq(gnmr_agent_report_sums(a, t, sq, NULL, NULL), GNMR_OK);
-    ck_assert_int_eq(gnmr_agent_wait(a, t, 10000 * tu_slow()), GNMR_OK);
-    double w = since(&t0);
+    double w = victim_step(a, t);
     worst = w > worst ? w : worst;
-    spent += w;
     tu_sleep_ms(5);
   }
   pthread_join(th, NULL);
@@ -1310,13 +1311,7 @@ START_TEST(a_large_hellos_refusals_are_a_small_ones) {
   tu_daemon d = {0};
   tu_daemon_start(&d);
   enum { N = 1 << 16 }; /* about 2.6 MB of names */
-  char **units = malloc((size_t)N * sizeof *units);
-  for (int i = 0; i < N; i++) {
-    char name[64];
-    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.up_proj",
-             i / 256, i % 256);
-    units[i] = strdup(name);
-  }
+  char **units = expert_names(N, 256, "up_proj");
   raw_peer ag = raw_open(d.agents);
   char *keep = units[N - 1];
   units[N - 1] = units[3]; /* listed twice */
@@ -1343,9 +1338,7 @@ START_TEST(a_large_hellos_refusals_are_a_small_ones) {
   ck_assert_int_eq(tu_counter(&d, "hellos_away"), 3);
   ck_assert_int_eq(tu_counter(&d, "hellos_refused"), 2);
   raw_close(&ag);
-  for (int i = 0; i < N; i++)
-    free(units[i]);
-  free(units);
+  free_names(units, N);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
   tu_rmrf(d.dir);
 }
