@@ -187,6 +187,30 @@ class PaperTest(unittest.TestCase):
         self.assertAlmostEqual(st["share"], 1 / len(names))
         self.assertIn("| static-low |", text)
 
+    def test_keep_high_is_a_mixed_recipe_not_units(self):
+        """--keep-high: the projections it names run the recovery path's
+        recipe on every step and in every variant, and are not units."""
+        import harness
+        import paper
+        from gnmr.quant import QuantLinear
+        argv = ["--setting", "act4", "--keep-high", r"down_proj$"]
+        res, _ = self.main(argv + ["--seed-list", "4",
+                                   "--variants", "low,gnmr"])
+        names = res["low"][0]["units"]
+        self.assertFalse([n for n in names if n.endswith("down_proj")])
+        self.assertEqual(len(names), 6)   # q, k, v, o, gate, up
+        self.assertEqual(res["gnmr"][0]["units"], names)
+        s = paper.Paper("act4")
+        a = harness.parse_args(s, TINY + argv, paper.defaults_for("act4"))[0]
+        b = s.build("low", 1, a, None)
+        down = b.model.get_submodule("model.layers.0.mlp.down_proj")
+        up = b.model.get_submodule("model.layers.0.mlp.up_proj")
+        self.assertIsInstance(down, QuantLinear)
+        self.assertEqual((down.low.name, down.high.name),
+                         ("int8-g32", "int8-g32"))
+        self.assertEqual((up.low.name, up.high.name),
+                         ("int4-g32", "int8-g32"))
+
     def test_the_docs_quote_the_committed_results(self):
         """docs/experiments.md gives each paper setting's final loss
         (mean ± sd) of every variant as its json has it, and the low -
@@ -226,7 +250,11 @@ class PaperTest(unittest.TestCase):
                          (["--setting", "act4", "--variants", "static"],
                           "needs --static-pattern"),
                          (["--setting", "act4", "--variants", "static",
-                           "--static-pattern", "("], "--static-pattern:")):
+                           "--static-pattern", "("], "--static-pattern:"),
+                         (["--setting", "act4", "--keep-high", "("],
+                          "--keep-high '(':"),
+                         (["--setting", "lora", "--keep-high", "q_proj"],
+                          "the lora setting's units are its adapters")):
             err = io.StringIO()
             with contextlib.redirect_stderr(err), \
                     self.assertRaises(SystemExit) as cm:
