@@ -221,7 +221,8 @@ class PaperTest(unittest.TestCase):
         with open(os.path.join(ROOT, "README.md")) as f:
             readme = f.read()
         for setting in ("act4", "fp8", "lora", "lora_latent", "fp8_latent",
-                        "act4_defaults", "fp8_defaults", "lora_defaults"):
+                        "fp8_latent_mixed", "act4_defaults", "fp8_defaults",
+                        "lora_defaults"):
             with open(os.path.join(ROOT, "docs", "results",
                                    setting + ".json")) as f:
                 doc = json.load(f)
