@@ -1292,11 +1292,12 @@ START_TEST(a_million_unit_hello_does_not_stall_another_job) {
          "of %d steps %.1f ms\n", b.n, b.took * 1e3, steps, worst * 1e3);
   fflush(stdout);
   ck_assert_int_eq(atomic_load(&b.done), 1);
-  /* 82-88 ms on the 2-CPU VM (2,170 ms when the loop decoded, checked
-   * and registered it); the bound leaves room for a slower machine.
-   * Under valgrind (one thread at a time, code translated as it first
-   * runs) 1.2-1.5 s whatever the size: there the test is of memory */
-  ck_assert_msg(worst < (tu_slow() > 1 ? 5.0 : 0.15), "a step waited %.0f ms",
+  /* 82-100 ms on the 2-CPU VM, quiet (2,170 ms when the loop decoded,
+   * checked and registered it); the bound leaves a slower or busier
+   * machine room and still fails the old way by 4x. Under valgrind (one
+   * thread at a time, code translated as it first runs) 1.2-1.5 s
+   * whatever the size: there the test is of memory */
+  ck_assert_msg(worst < (tu_slow() > 1 ? 5.0 : 0.5), "a step waited %.0f ms",
                 worst * 1e3);
   gnmr_agent_close(&a);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
