@@ -518,7 +518,7 @@ demo: deps-demo all venv
 # oneDNN's with ONEDNN_MAX_CPU_ISA: on a host with AVX-512 it otherwise
 # picks other kernels, and the stress figures differ in the fourth digit)
 # so that a rerun on another x86-64 gives the same figures.
-SETTINGS := stress stress_saturate act4 fp8 lora lora_latent fp8_latent fp8_latent_mixed
+SETTINGS := stress stress_saturate act4 fp8 lora lora_latent lora_latent_w5 fp8_latent fp8_latent_mixed
 SETTING ?= $(SETTINGS)
 EXPERIMENT_SEEDS ?= --seed-list 21,22,23,24,25 --steps 300 --jobs 2
 PAPER_VARIANTS := fp,high,low,gnmr,random,oracle,rawnorm,global,nanonly,nanonly_random
@@ -537,6 +537,11 @@ LATENT_VARIANTS_FP8 := high,low,gnmr,gnmr_measured,gnmr_rerun,random,oracle,rawn
 LATENT_POLICY := --alpha 6 --beta 8 --mean-horizon 20 --job-relative 1 --share-of gnmr_rerun
 EXPERIMENT_lora_latent := experiments/paper.py --setting lora --episode-mode latent \
   --episode-scales 128,256,512,512,256 --variants $(LATENT_VARIANTS) $(LATENT_POLICY)
+# lora_latent at every default in force (C 2, the warm-up of 5): the
+# measured variant and the baselines at its share.
+EXPERIMENT_lora_latent_w5 := experiments/paper.py --setting lora --episode-mode latent \
+  --episode-scales 128,256,512,512,256 --variants high,low,gnmr_measured,random,oracle,rawnorm,global,nanonly \
+  --alpha 6 --beta 8 --mean-horizon 20 --job-relative 1 --share-of gnmr_measured --confirm-steps 2 --warmup 5
 EXPERIMENT_fp8_latent := experiments/paper.py --setting fp8 --model llama --episode-mode latent \
   --episode-scales 16,64,256,256,64 --variants $(LATENT_VARIANTS_FP8) $(LATENT_POLICY)
 # The same with a mixed recipe: the down projections' inputs (SwiGLU's
@@ -576,6 +581,7 @@ experiment: deps-demo all venv
 	    fp8) cmd="$(EXPERIMENT_fp8)";; \
 	    lora) cmd="$(EXPERIMENT_lora)";; \
 	    lora_latent) cmd="$(EXPERIMENT_lora_latent)";; \
+	    lora_latent_w5) cmd="$(EXPERIMENT_lora_latent_w5)";; \
 	    fp8_latent) cmd="$(EXPERIMENT_fp8_latent)";; \
 	    fp8_latent_mixed) cmd="$(EXPERIMENT_fp8_latent_mixed)";; esac; \
 	  GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BIN_DIR=$(abspath $(BUILD)/bin) \
