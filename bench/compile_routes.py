@@ -7,10 +7,12 @@ measured in this process, alternating, on a small Llama from a config.
 
     build/venv/bin/python bench/compile_routes.py [--steps N]
 
-Four models of the same weights and batches, stepped in turn: `plain`
-(nn.Linear, the floor) and `fp8` (every q/k/v/o and gate/up/down an
+Six models of the same weights and batches, stepped in turn: `plain`
+(nn.Linear, the floor), `fp8` (every q/k/v/o and gate/up/down an
 FP8Linear, routes drawn at random each step, as gnmrd's decisions would
-switch them), each compiled and eager. Printed: the graph breaks of each
+switch them) and `torchao` (the same projections as torchao's float8
+training linears, switchable, emulated on a CPU), each compiled and
+eager. Printed: the graph breaks of each
 compiled model (dynamo's counter while it compiles at its first step;
 every step then runs through each of them) and the graphs compiled in
 the timed steps, after 3 warm ones (a route change that recompiled would
@@ -31,7 +33,8 @@ import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 import transformers  # noqa: E402
 
-from gnmr.recovery import FP8Linear, convert, switch  # noqa: E402
+from gnmr.recovery import (FP8Linear, convert, switch,  # noqa: E402
+                           torchao_float8)
 
 
 def model(seed):
@@ -57,14 +60,18 @@ def main():
         p.error("--steps: at least 10")
     torch.set_num_threads(1)
     plain, plain_eager, fp8, eager = model(0), model(0), model(0), model(0)
+    ao, ao_eager = model(0), model(0)
     units = convert(fp8, FP8Linear, pattern=r"layers\.")
     convert(eager, FP8Linear, pattern=r"layers\.")
-    mods = [fp8.get_submodule(n) for n in units]
-    mods_eager = [eager.get_submodule(n) for n in units]
+    torchao_float8(ao, pattern=r"layers\.")
+    torchao_float8(ao_eager, pattern=r"layers\.")
+    mods = [m.get_submodule(n) for n in units
+            for m in (fp8, eager, ao, ao_eager)]
     runs = {"plain": torch.compile(plain), "plain eager": plain_eager,
-            "fp8": torch.compile(fp8), "fp8 eager": eager}
+            "fp8": torch.compile(fp8), "fp8 eager": eager,
+            "torchao": torch.compile(ao), "torchao eager": ao_eager}
     opts = {"plain": plain, "plain eager": plain_eager, "fp8": fp8,
-            "fp8 eager": eager}
+            "fp8 eager": eager, "torchao": ao, "torchao eager": ao_eager}
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4)
             for k, m in opts.items()}
     rng = random.Random(1)
@@ -75,17 +82,16 @@ def main():
     # and graphs counted, not timed
     made = {}
     c = torch._dynamo.utils.counters
-    for key in ("plain", "fp8"):
+    for key in ("plain", "fp8", "torchao"):
         c.clear()
         step(runs[key], opts[key], batches[0])
         made[key] = (sum(c["graph_break"].values()),
                      c["stats"].get("unique_graphs", 0))
 
     def turn(x, timed=None):
-        high = [rng.random() < 0.2 for _ in mods]  # gnmrd's routes
-        for m, me, h in zip(mods, mods_eager, high):
-            switch("", m, h)
-            switch("", me, h)
+        high = [rng.random() < 0.2 for _ in units]  # gnmrd's routes
+        for i, m in enumerate(mods):  # the same route in the four models
+            switch("", m, high[i // 4])
         for key, m in runs.items():
             t0 = time.perf_counter()
             step(m, opts[key], x)
@@ -103,7 +109,7 @@ def main():
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     print(f"compile_routes: torch {torch.__version__}, {len(units)} "
           f"switchable linears, {args.steps} steps, routes drawn each step")
-    for key in ("plain", "fp8"):
+    for key in ("plain", "fp8", "torchao"):
         print(f"{key}: {made[key][0]} graph breaks in the compiled model "
               f"({100 * made[key][0]} per 100 steps), {made[key][1]} graphs "
               f"compiled at its first step")
@@ -112,10 +118,13 @@ def main():
     print(f"compiled step: plain {med['plain']:.2f} ms, fp8 "
           f"{med['fp8']:.2f} ms: {med['fp8'] / med['plain']:.2f}x the plain "
           f"model (limit 1.00x)")
-    print(f"eager step: plain {med['plain eager']:.2f} ms "
-          f"({med['plain eager'] / med['plain']:.2f}x its compiled), fp8 "
-          f"{med['fp8 eager']:.2f} ms ({med['fp8 eager'] / med['fp8']:.2f}x "
-          f"its compiled)")
+    print(f"compiled step: torchao {med['torchao']:.2f} ms: "
+          f"{med['torchao'] / med['plain']:.2f}x the plain model (float8 "
+          f"GEMMs emulated where there is no GPU)")
+    for key in ("plain", "fp8", "torchao"):
+        e = med[key + " eager"]
+        print(f"eager step: {key} {e:.2f} ms ({e / med[key]:.2f}x its "
+              f"compiled: what compiling gains it)")
 
 if __name__ == "__main__":
     main()

@@ -123,6 +123,23 @@ _FP8_DTYPES = {"e4m3": getattr(torch, "float8_e4m3fn", None),
                "e5m2": getattr(torch, "float8_e5m2", None)}
 
 
+def _fp8_cast(x, s, fmt, saturate):
+    """x * s in FP8: torch's float8 dtype where torch has it (rounding as
+    fake_fp8 does, tested), else x's dtype rounded as FP8."""
+    xs = x * s
+    native = _FP8_DTYPES[fmt]
+    if native is None:
+        return fake_fp8(xs, fmt, saturate)
+    if saturate:
+        fmax = FP8_FORMATS[fmt][2]
+        xs = xs.clamp(-fmax, fmax)
+    else:  # torch's own out-of-range cast changed (2.15 saturates
+        # E4M3): what does not fit is set first
+        xs = torch.where(_rounds_past_max(xs, fmt),
+                         _OUT_OF_RANGE[fmt] * xs.sign(), xs)
+    return xs.to(native)
+
+
 class DelayedScaling:
     """An amax history and the scale it gives (per tensor).
 
@@ -142,6 +159,16 @@ class DelayedScaling:
         self.fmax = FP8_FORMATS[fmt][2]
         self._hist = None       # (history,) fp32, oldest first, 0-padded
         self._n = None          # how many of them were recorded (0-dim)
+
+    def _to(self, device):
+        """Makes or moves the history to device (the module's weight's:
+        made at construction, not inside a compiled graph, which would
+        then be compiled again at the next step)."""
+        if self._hist is None or self._hist.device.type == "meta":
+            self._hist = torch.zeros(self.history, device=device)
+            self._n = torch.zeros((), dtype=torch.int64, device=device)
+        elif self._hist.device != device:
+            self._hist, self._n = self._hist.to(device), self._n.to(device)
 
     def _state(self, device):
         if self._hist is None or self._hist.device != device:
@@ -193,20 +220,7 @@ class DelayedScaling:
         amax = a.amax() if x.numel() else torch.zeros((), device=x.device)
         s = self._scale_t(amax)
         over = (a > self.fmax / s).sum()
-        xs = x * s
-        native = _FP8_DTYPES[self.fmt]
-        if not cast:
-            payload = None
-        elif native is not None:  # the cast rounds as fake_fp8 (tested)
-            if self.saturate:
-                xs = xs.clamp(-self.fmax, self.fmax)
-            else:  # torch's own out-of-range cast changed (2.15
-                # saturates E4M3): what does not fit is set first
-                xs = torch.where(_rounds_past_max(xs, self.fmt),
-                                 _OUT_OF_RANGE[self.fmt] * xs.sign(), xs)
-            payload = xs.to(native)
-        else:
-            payload = fake_fp8(xs, self.fmt, self.saturate)
+        payload = _fp8_cast(x, s, self.fmt, self.saturate) if cast else None
         if record:
             self.record(amax)
         return payload, s, over
@@ -274,7 +288,8 @@ def _fp8_decode(payload, scale, dt):
 
 
 def _int_decode_bw(payload, scale, dt):
-    return _int_decode(payload, scale, torch.empty((), dtype=dt,
+    # an all-zero input has scale 0 and decodes as zeros
+    return _int_decode(payload, scale, torch.zeros((), dtype=dt,
                                                    device=payload.device))
 
 
@@ -289,9 +304,158 @@ def _one(device):
     return t
 
 
+# ---- torch.compile: both paths inside one graph ---------------------------
+#
+# Compiled, a two-path linear is an autograd.Function whose saved copy is
+# made and read by two custom operators (gnmr::save_input in forward,
+# gnmr::saved_grad_weight in backward), opaque to the compiler, which read
+# the route from a 0-dim CPU tensor at run time: a route change is a value
+# change (no recompile, no host synchronisation) and the model is one graph.
+# A custom operator's output must have a size known without its data, so
+# the copy it saves is always the low path's size (FP8: a byte an element;
+# k-bit: the low bits' integer codes). A recovery-path copy of that size
+# (k-bit codes of high_bits <= 8) goes there; a larger one (the exact
+# input, 16-bit codes) is kept beside it in _KEPT, keyed by the saved
+# copy's storage, and freed by the backward that reads it (or, for a
+# forward that never gets one, when its saved copy dies). Same numbers as
+# the eager path, bit for bit (test_recovery).
+
+_KEPT = {}      # StorageWeakRef.cdata -> (StorageWeakRef, the larger copy)
+
+
+def _keep(payload, copy):
+    from torch.multiprocessing.reductions import StorageWeakRef
+    for key in [k for k, (ref, _) in _KEPT.items() if ref.expired()]:
+        del _KEPT[key]  # forwards without a backward (a probe, a retry)
+    ref = StorageWeakRef(payload.untyped_storage())
+    _KEPT[ref.cdata] = (ref, copy)
+
+
+def _kept(payload):
+    from torch.multiprocessing.reductions import StorageWeakRef
+    entry = _KEPT.pop(StorageWeakRef(payload.untyped_storage()).cdata, None)
+    if entry is None:
+        raise RuntimeError(
+            "gnmr: the recovery path's saved copy of a compiled two-path "
+            "linear was read by a backward already (a second backward "
+            "through the same compiled graph)")
+    return entry[1]
+
+
+def _codec(codec):
+    """('fp8', fmt, saturate) or ('int', low_bits, high_bits or 0)."""
+    kind, a, b = codec.split(":")
+    return (kind, a, b == "1") if kind == "fp8" else (kind, int(a), int(b))
+
+
+def _payload_bytes(kind, a):
+    return 1 if kind == "fp8" else _int_dtype(a).itemsize
+
+
+@torch.library.custom_op("gnmr::save_input", mutates_args=())
+def _save_input(x: torch.Tensor, route: torch.Tensor, s_low: torch.Tensor,
+                s_high: torch.Tensor, codec: str
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the saved copy as bytes, its scale, how it was kept: 0 the low
+    path's, 1 the recovery path's in the same room, 2 the recovery path's
+    in _KEPT); route: 0-dim CPU bool, True for the recovery path."""
+    kind, a, b = _codec(codec)
+    how = 0
+    if kind == "fp8":
+        if not bool(route):
+            p, s = _fp8_cast(x, s_low, a, b), s_low
+        else:
+            p, s, how, copy = None, _one(x.device), 2, x.clone()
+    else:
+        if not bool(route):
+            p, s = _int_codes(x, a, s_low), s_low
+        elif b and _int_dtype(b) == _int_dtype(a):
+            p, s, how = _int_codes(x, b, s_high), s_high, 1
+        else:
+            s, how = (s_high if b else _one(x.device)), 2
+            p, copy = None, _int_codes(x, b, s_high) if b else x.clone()
+    if p is None:
+        p = torch.empty(x.numel() * _payload_bytes(kind, a),
+                        dtype=torch.uint8, device=x.device)
+        _keep(p, copy)
+    else:
+        p = p.contiguous().view(torch.uint8).reshape(-1)
+    return p, s.clone(), torch.tensor(how)
+
+
+@_save_input.register_fake
+def _(x, route, s_low, s_high, codec):
+    kind, a, _ = _codec(codec)
+    return (x.new_empty((x.numel() * _payload_bytes(kind, a),),
+                        dtype=torch.uint8),
+            s_low.new_empty((), dtype=torch.float64),
+            torch.empty((), dtype=torch.int64, device="cpu"))
+
+
+@torch.library.custom_op("gnmr::saved_grad_weight", mutates_args=())
+def _saved_grad_weight(g2: torch.Tensor, payload: torch.Tensor,
+                       scale: torch.Tensor, how: torch.Tensor, k: int,
+                       codec: str) -> torch.Tensor:
+    """g2^T @ the saved copy decoded in g2's dtype (g2: the output
+    gradient as rows, k: the input's last dimension)."""
+    kind, a, b = _codec(codec)
+    dt, h = g2.dtype, int(how)
+    if h == 2:
+        copy = _kept(payload)
+        saved = (copy.to(dt) if copy.is_floating_point()
+                 else _int_decode_bw(copy, scale, dt))
+    elif kind == "fp8":
+        saved = _fp8_decode(payload.view(_FP8_DTYPES[a]), scale, dt)
+    else:
+        saved = _int_decode_bw(payload.view(_int_dtype(a)), scale, dt)
+    return g2.t() @ saved.reshape(-1, k)
+
+
+@_saved_grad_weight.register_fake
+def _(g2, payload, scale, how, k, codec):
+    return g2.new_empty((g2.shape[1], k))
+
+
+class _CompiledSavedLinear(torch.autograd.Function):
+    """_SavedCopyLinear's graph-friendly twin: the same GEMMs and dtypes,
+    the saved copy made and read by the custom operators above."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, route, s_low, s_high, codec):
+        dt = _autocast_dtype(x.device.type)
+        ctx.dtypes = (x.dtype, w.dtype, None if b is None else b.dtype)
+        ctx.dt = dt if dt is not None else x.dtype
+        ctx.codec, ctx.k = codec, x.shape[-1]
+        ctx.has_bias = b is not None
+        payload, scale, how = torch.ops.gnmr.save_input(
+            x.detach(), route, s_low, s_high, codec)
+        ctx.save_for_backward(payload, scale, how, w)
+        with torch.autocast(x.device.type, enabled=False):
+            if dt is None:
+                return F.linear(x, w, b)
+            return F.linear(x.to(dt), w.to(dt),
+                            None if b is None else b.to(dt))
+
+    @staticmethod
+    def backward(ctx, gy):
+        payload, scale, how, w = ctx.saved_tensors
+        dt = ctx.dt
+        gy = gy.to(dt)
+        g2 = gy.reshape(-1, gy.shape[-1])
+        with torch.autocast(gy.device.type, enabled=False):
+            gx = (gy @ w.to(dt)).to(ctx.dtypes[0])
+            gw = torch.ops.gnmr.saved_grad_weight(
+                g2, payload, scale, how, ctx.k, ctx.codec).to(ctx.dtypes[1])
+            gb = g2.sum(0).to(ctx.dtypes[2]) if ctx.has_bias else None
+        return gx, gw, gb, None, None, None, None
+
+
 class _TwoPathLinear(torch.nn.Linear):
     def __init__(self, in_features, out_features, bias=True, **kw):
         super().__init__(in_features, out_features, bias, **kw)
+        # the route: a plain bool for the eager path, a 0-dim CPU tensor
+        # (the same value) that a compiled graph reads at run time
+        self._route = torch.zeros((), dtype=torch.bool)
         self.recovery = False
         self._overflow = 0      # FP8: at the last forward, either path
         self._err = 0.0         # k-bit: at the last forward, either path
@@ -320,13 +484,23 @@ class _TwoPathLinear(torch.nn.Linear):
         payload, scale, decode = self._store(x.detach(), record)
         return decode(payload, scale, x.dtype)
 
-    # Route changes must not recompile a compiled model: dynamo would
-    # guard on `recovery` (a plain bool) and compile a graph for each
-    # combination of routes, up to its recompile limit. The two-path
-    # linear runs outside the graph instead (a graph break per unit);
-    # the rest of the model compiles once.
-    @torch.compiler.disable
+    @property
+    def recovery(self):
+        """True while the unit takes its recovery path."""
+        return self._recovery
+
+    @recovery.setter
+    def recovery(self, high):
+        self._recovery = bool(high)
+        self._route.fill_(self._recovery)
+
     def forward(self, x):
+        # Route changes must not recompile a compiled model: dynamo would
+        # guard on `recovery` (a plain bool) and compile a graph for each
+        # combination of routes. Compiled, the route is read at run time
+        # from a tensor, inside the graph (see _CompiledSavedLinear).
+        if torch.compiler.is_compiling():
+            return self._forward_compiled(x)
         grad = torch.is_grad_enabled()
         stored = self._store(x.detach(), self.training and grad, grad)
         if not grad:  # the statistics only: an evaluation, a probe
@@ -334,6 +508,23 @@ class _TwoPathLinear(torch.nn.Linear):
         payload, scale, decode = stored
         return _SavedCopyLinear.apply(x, self.weight, self.bias, payload,
                                       scale, decode)
+
+    def _forward_compiled(self, x):
+        grad = torch.is_grad_enabled()
+        s_low, s_high = self._scales(x.detach(), self.training and grad)
+        if not grad:
+            return F.linear(x, self.weight, self.bias)
+        return _CompiledSavedLinear.apply(x, self.weight, self.bias,
+                                          self._route, s_low, s_high,
+                                          self._codec())
+
+    def _scales(self, x, record):
+        """(the low path's scale, the recovery path's), 0-dim fp64 device
+        tensors, setting the low path's statistics as _store does."""
+        raise NotImplementedError
+
+    def _codec(self):
+        raise NotImplementedError
 
     def _note(self, x, low):
         n = x.float().norm()
@@ -354,6 +545,15 @@ class FP8Linear(_TwoPathLinear):
                  history=16, margin=0, saturate=True, **kw):
         super().__init__(in_features, out_features, bias, **kw)
         self.scaling = DelayedScaling(fmt, history, margin, saturate)
+        self._placed()
+
+    def _placed(self):
+        self.scaling._to(self.weight.device)
+
+    def _apply(self, fn, *a, **kw):
+        out = super()._apply(fn, *a, **kw)
+        self._placed()  # .to(), .cuda(), to_empty(): the history follows
+        return out
 
     def _store(self, x, record, need=True):
         payload, s, self._overflow = self.scaling.encode(
@@ -363,6 +563,13 @@ class FP8Linear(_TwoPathLinear):
         if self.recovery:
             return x, _one(x.device), _exact
         return payload, s, _fp8_decode
+
+    def _scales(self, x, record):
+        _, s, self._overflow = self.scaling.encode(x, record, cast=False)
+        return s, torch.ones_like(s)
+
+    def _codec(self):
+        return f"fp8:{self.scaling.fmt}:{int(bool(self.scaling.saturate))}"
 
 
 class KBitLinear(_TwoPathLinear):
@@ -390,6 +597,15 @@ class KBitLinear(_TwoPathLinear):
             return x, _one(x.device), _exact
         s = _int_scale(x, self.high_bits)
         return _int_codes(x, self.high_bits, s), s, _int_decode_bw
+
+    def _scales(self, x, record):
+        s = _int_scale(x, self.low_bits)
+        self._note(x, _int_decode(_int_codes(x, self.low_bits, s), s, x))
+        return s, (_int_scale(x, self.high_bits) if self.high_bits
+                   else torch.ones_like(s))
+
+    def _codec(self):
+        return f"int:{self.low_bits}:{self.high_bits or 0}"
 
 
 def fp8_overflowed(name, module):
@@ -425,6 +641,8 @@ def convert(model, cls, select=(torch.nn.Linear,), pattern=None, **kw):
         new = cls(mod.in_features, mod.out_features, mod.bias is not None,
                   **kw)
         new.weight, new.bias = mod.weight, mod.bias
+        if hasattr(new, "_placed"):
+            new._placed()
         _replace(model, name, mod, new)
         done.append(name)
     if not done:
@@ -462,15 +680,44 @@ def _torchao_class():
             recovery path (`recovery` True) the same weight and bias in
             their own precision, F.linear, autocast as for nn.Linear.
 
-            The choice is made outside torch.compile's graph (a graph
-            break at each such linear), so a route change never
-            recompiles; the float8 path then runs as torchao's eager
-            code."""
+            Compiled, the choice is a torch.cond on the route held as a
+            0-dim CPU tensor, inside the graph: a route change never
+            recompiles and torchao's float8 path compiles with the rest
+            of the model. cond's backward recomputes the taken path from
+            its inputs, which costs no memory here: torchao's float8
+            linear keeps its high-precision input for backward too.
+            Under autocast (which cond's branches cannot run under, and
+            whose casts torchao makes its own way) the choice is made
+            outside the graph, a graph break at each such linear."""
 
-            recovery = False
+            _recovery = False
+            _route = None
 
-            @torch.compiler.disable
+            @property
+            def recovery(self):
+                return self._recovery
+
+            @recovery.setter
+            def recovery(self, high):
+                self._recovery = bool(high)
+                if self._route is None:
+                    self._route = torch.zeros((), dtype=torch.bool)
+                self._route.fill_(self._recovery)
+
             def forward(self, x):
+                if not torch.compiler.is_compiling():
+                    return self._eager(x)
+                if _autocast_dtype(x.device.type) is not None:
+                    return _outside_graph(self, x)
+                if self._route is None:
+                    self.recovery = self._recovery
+                low = super().forward
+                return torch.cond(
+                    self._route,
+                    lambda x: F.linear(x, self.weight, self.bias),
+                    lambda x: low(x), (x,))
+
+            def _eager(self, x):
                 if self.recovery:
                     return F.linear(x, self.weight, self.bias)
                 return super().forward(x)
@@ -481,6 +728,11 @@ def _torchao_class():
 
         _TORCHAO_CLASS = SwitchableFloat8Linear
     return _TORCHAO_CLASS
+
+
+@torch.compiler.disable
+def _outside_graph(module, x):
+    return module._eager(x)
 
 
 def torchao_recipes():
@@ -528,7 +780,9 @@ def torchao_float8(model, recipe="tensorwise", config=None,
         if type(mod) is not torch.nn.Linear or (rx and not rx.search(name)) \
                 or (module_filter_fn and not module_filter_fn(mod, name)):
             continue
-        _replace(model, name, mod, cls.from_float(mod, config=config))
+        new = cls.from_float(mod, config=config)
+        new.recovery = False  # its route tensor made here, not in a graph
+        _replace(model, name, mod, new)
         done.append(name)
     if not done:
         raise ValueError(f"torchao_float8: no nn.Linear matches pattern "

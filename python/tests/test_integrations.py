@@ -438,10 +438,35 @@ class TorchaoTest(unittest.TestCase):
             want = m(x)  # eager, the same route
             self.assertTrue(torch.equal(y, want))
             graphs.append(counters["stats"]["unique_graphs"])
-        # the graphs made at the first call (around the two graph breaks)
-        # are all there is: 0 recompiles over 6 route changes
-        self.assertEqual(len(set(graphs)), 1, graphs)
+        # one graph, made at the first call, with both routes inside it
+        # (torch.cond): no graph break, 0 recompiles over 6 route changes
+        self.assertEqual(graphs, [1] * len(routes))
         self.assertEqual(sum(counters["recompiles"].values()), 0)
+        self.assertEqual(sum(counters["graph_break"].values()), 0,
+                         dict(counters["graph_break"]))
+        # backward through the graph: torchao's gradients on either route
+        x.requires_grad_(True)
+        for a, b in routes[:4]:
+            self.r.switch("0", m[0], a)
+            self.r.switch("2", m[2], b)
+            got = []
+            for g in (f, m):
+                for p in m.parameters():
+                    p.grad = None
+                x.grad = None
+                g(x).square().sum().backward()
+                got.append([x.grad] + [p.grad for p in m.parameters()])
+            for u, v in zip(*got):
+                self.assertTrue(torch.equal(u, v), (a, b))
+        # under autocast (which cond's branches cannot run under) the
+        # choice is made outside the graph, the numbers still eager's
+        counters.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            for a, b in routes[:3]:
+                self.r.switch("0", m[0], a)
+                self.r.switch("2", m[2], b)
+                self.assertTrue(torch.equal(f(x), m(x)))
+        self.assertGreaterEqual(sum(counters["graph_break"].values()), 2)
 
     def test_refusals(self):
         import torchao.float8 as f8
