@@ -5,7 +5,7 @@ under torch.compile (issue 48, item 6): graph breaks and recompiles per
 against the same model compiled without GNMR (plain nn.Linear), both
 measured in this process, alternating, on a small Llama from a config.
 
-    build/venv/bin/python bench/compile_routes.py [--steps N]
+    build/venv/bin/python bench/compile_routes.py [--steps N] [--device D]
 
 Six models of the same weights and batches, stepped in turn: `plain`
 (nn.Linear, the floor), `fp8` (every q/k/v/o and gate/up/down an
@@ -19,7 +19,10 @@ the timed steps, after 3 warm ones (a route change that recompiled would
 add some), the median compiled step
 of fp8 against plain (a ratio: the limit is the plain model's time in
 the same run), and each model's eager step against its compiled one.
-Nothing here talks to gnmrd: the routes are what it would send.
+Nothing here talks to gnmrd: the routes are what it would send. On a
+GPU (`--device cuda`, scripts/gpu_check.sh) the models are there, each
+step's time taken between two synchronisations, torchao's GEMMs real
+float8 (where torchao is installed; else its two models are left out).
 """
 import argparse
 import os
@@ -46,55 +49,71 @@ def model(seed):
     return transformers.LlamaForCausalLM(cfg)
 
 
-def step(m, opt, x):
+def step(m, opt, x, sync):
     m(input_ids=x, labels=x).loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=False)
+    sync()
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default) or cuda")
     args = p.parse_args()
     if args.steps < 10:
         p.error("--steps: at least 10")
-    torch.set_num_threads(1)
-    plain, plain_eager, fp8, eager = model(0), model(0), model(0), model(0)
-    ao, ao_eager = model(0), model(0)
-    units = convert(fp8, FP8Linear, pattern=r"layers\.")
-    convert(eager, FP8Linear, pattern=r"layers\.")
-    torchao_float8(ao, pattern=r"layers\.")
-    torchao_float8(ao_eager, pattern=r"layers\.")
-    mods = [m.get_submodule(n) for n in units
-            for m in (fp8, eager, ao, ao_eager)]
-    runs = {"plain": torch.compile(plain), "plain eager": plain_eager,
-            "fp8": torch.compile(fp8), "fp8 eager": eager,
-            "torchao": torch.compile(ao), "torchao eager": ao_eager}
-    opts = {"plain": plain, "plain eager": plain_eager, "fp8": fp8,
-            "fp8 eager": eager, "torchao": ao, "torchao eager": ao_eager}
+    if args.device not in ("cpu", "cuda"):
+        p.error(f"--device: cpu or cuda, not {args.device!r}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no GPU")
+    dev = torch.device(args.device)
+    if dev.type == "cpu":
+        torch.set_num_threads(1)
+        sync = lambda: None  # noqa: E731
+    else:
+        sync = torch.cuda.synchronize
+    try:
+        import torchao.float8  # noqa: F401
+        kinds = ("plain", "fp8", "torchao")
+    except ImportError:
+        print("compile_routes: torchao not installed: its models left out")
+        kinds = ("plain", "fp8")
+    models = {k: model(0).to(dev) for k in kinds}
+    models.update({k + " eager": model(0).to(dev) for k in kinds})
+    units = convert(models["fp8"], FP8Linear, pattern=r"layers\.")
+    convert(models["fp8 eager"], FP8Linear, pattern=r"layers\.")
+    if "torchao" in kinds:
+        torchao_float8(models["torchao"], pattern=r"layers\.")
+        torchao_float8(models["torchao eager"], pattern=r"layers\.")
+    switched = [m for k, m in models.items() if not k.startswith("plain")]
+    mods = [m.get_submodule(n) for n in units for m in switched]
+    runs = {k: m if k.endswith("eager") else torch.compile(m)
+            for k, m in models.items()}
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4)
-            for k, m in opts.items()}
+            for k, m in models.items()}
     rng = random.Random(1)
     g = torch.Generator().manual_seed(2)
-    batches = [torch.randint(0, 256, (8, 64), generator=g)
+    batches = [torch.randint(0, 256, (8, 64), generator=g).to(dev)
                for _ in range(args.steps + 3)]
     # the first steps compile, one model at a time: their graph breaks
     # and graphs counted, not timed
     made = {}
     c = torch._dynamo.utils.counters
-    for key in ("plain", "fp8", "torchao"):
+    for key in kinds:
         c.clear()
-        step(runs[key], opts[key], batches[0])
+        step(runs[key], opts[key], batches[0], sync)
         made[key] = (sum(c["graph_break"].values()),
                      c["stats"].get("unique_graphs", 0))
 
     def turn(x, timed=None):
         high = [rng.random() < 0.2 for _ in units]  # gnmrd's routes
-        for i, m in enumerate(mods):  # the same route in the four models
-            switch("", m, high[i // 4])
+        for i, m in enumerate(mods):  # the same route in every model
+            switch("", m, high[i // len(switched)])
         for key, m in runs.items():
             t0 = time.perf_counter()
-            step(m, opts[key], x)
+            step(m, opts[key], x, sync)
             if timed is not None:
                 timed[key].append(time.perf_counter() - t0)
     # two untimed turns: the two compiled models share transformers' code
@@ -107,9 +126,10 @@ def main():
         turn(x, times)
     later = c["stats"].get("unique_graphs", 0)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    print(f"compile_routes: torch {torch.__version__}, {len(units)} "
-          f"switchable linears, {args.steps} steps, routes drawn each step")
-    for key in ("plain", "fp8", "torchao"):
+    print(f"compile_routes: torch {torch.__version__} on {args.device}, "
+          f"{len(units)} switchable linears, {args.steps} steps, routes "
+          f"drawn each step")
+    for key in kinds:
         print(f"{key}: {made[key][0]} graph breaks in the compiled model "
               f"({100 * made[key][0]} per 100 steps), {made[key][1]} graphs "
               f"compiled at its first step")
@@ -118,10 +138,11 @@ def main():
     print(f"compiled step: plain {med['plain']:.2f} ms, fp8 "
           f"{med['fp8']:.2f} ms: {med['fp8'] / med['plain']:.2f}x the plain "
           f"model (limit 1.00x)")
-    print(f"compiled step: torchao {med['torchao']:.2f} ms: "
-          f"{med['torchao'] / med['plain']:.2f}x the plain model (float8 "
-          f"GEMMs emulated where there is no GPU)")
-    for key in ("plain", "fp8", "torchao"):
+    if "torchao" in kinds:
+        print(f"compiled step: torchao {med['torchao']:.2f} ms: "
+              f"{med['torchao'] / med['plain']:.2f}x the plain model "
+              f"(float8 GEMMs emulated where there is no GPU)")
+    for key in kinds:
         e = med[key + " eager"]
         print(f"eager step: {key} {e:.2f} ms ({e / med[key]:.2f}x its "
               f"compiled: what compiling gains it)")

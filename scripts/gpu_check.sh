@@ -27,7 +27,9 @@
 #   python      the wheel installed into a temporary folder and imported
 #               on that Python (its own libraries, the GPU seen), then the
 #               package's CUDA tests (unittest -k Cuda) against the pack's
-#               libgnmr-agent; Transformer Engine's feature where TE is
+#               libgnmr-agent; Transformer Engine's feature where TE is;
+#               bench/compile_routes.py on CUDA (graph breaks, recompiles
+#               and step times of the switchable linears under compile)
 #   sanitizer   compute-sanitizer memcheck, racecheck, synccheck over
 #               test_gpu, each 0 errors
 # Files in $OUT (or build/gpu-check), 8 at most: env.txt, test_gpu.log,
@@ -200,6 +202,9 @@ if "$PY" -c 'import transformer_engine.pytorch, nvdlfw_inspect' 2>/dev/null; the
 else
   note "te-feature: Transformer Engine or nvdlfw-inspect not installed; not run"
 fi
+
+step compile python.log 150 env PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 \
+  TRANSFORMERS_OFFLINE=1 "$PY" bench/compile_routes.py --device cuda --steps 50
 
 # ---- compute-sanitizer ------------------------------------------------------
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
