@@ -367,9 +367,11 @@ static void on_message(gnmr_agent *a, io_state *io, const void *buf,
       io->next_hello = 0;
     } else if (!atomic_load(&a->joined)) {
       /* our Hello was refused (mismatch, bad config): retry slowly; an
-       * observer early for its job's ranks: soon */
+       * observer early for its job's ranks, or a resume while gnmrd
+       * reads the ended run back from its history: soon */
       int early = env->error->code == GNMR_E_BUSY && env->error->ref &&
-                  strcmp(env->error->ref, "layout") == 0;
+                  (strcmp(env->error->ref, "layout") == 0 ||
+                   strcmp(env->error->ref, "run") == 0);
       io->next_hello = gnmr__now_ms() + (early ? HELLO_LAYOUT_MS
                                                : HELLO_REFUSED_MS);
     }

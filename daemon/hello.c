@@ -358,6 +358,16 @@ void jobs__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
     j = NULL;
   }
   const char *name_owner = j == NULL ? jobs_name_owner(d, h->job) : NULL;
+  if (j == NULL && pr == NULL && h->start == GNMR_START_RESUME &&
+      !h->observer &&
+      (d->allow == NULL ||
+       gnmr__allow_may(d->allow, user, name_owner, h->job)) &&
+      jobs__reopen(d, h->job) == REOPEN_PENDING)
+    /* a resume under a name whose run ended: read back first (reopen.c);
+     * ref "run": the agent says Hello again soon */
+    REFUSE(GNMR_E_BUSY, "run", "job %.64s has no live run: its newest run "
+           "is read back from the history to be resumed; the Hello is sent "
+           "again", h->job);
   if (j != NULL)
     jobs__quiesce(j); /* registration changes the engine and the units */
   if (j != NULL && d->allow != NULL &&

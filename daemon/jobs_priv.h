@@ -122,5 +122,21 @@ void jobs__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
 /* lifecycle.c: how a job ends */
 enum { FINISH_BYES, FINISH_IDLE, FINISH_OPERATOR, FINISH_FRESH };
 void jobs__finish(job *j, int how);
+/* A job made from the history's record of its run (sj), its statistics
+ * from the run's last snapshot and a new pass; why: the history event's
+ * words ("gnmrd restarted", ...). NULL when it cannot be (logged). */
+job *jobs__restore_as(gnmrd *d, const store_job *sj, const char *why);
+
+/* reopen.c: a run that ended, read back for a rank that resumes */
+enum { REOPEN_NONE, REOPEN_PENDING };
+/* For a rank's Hello that resumes from a checkpoint (Hello.start 2) under
+ * name, which has no live job: REOPEN_PENDING while the name's newest run
+ * is read back (answer BUSY "run": the agent says Hello again soon, and
+ * then joins the run if it ended and was restored), REOPEN_NONE when there
+ * is nothing to resume (a new run, as ever). */
+int jobs__reopen(gnmrd *d, const char *name);
+/* The newest run of name this gnmrd ended (a resume reads no older). */
+void jobs__reopen_ended(const char *name, uint64_t run);
+void jobs__reopen_shutdown(void);
 
 #endif /* GNMRD_JOBS_PRIV_H */

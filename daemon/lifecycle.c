@@ -37,6 +37,7 @@ void jobs__finish(job *j, int how) {
                                        : NULL);
   records_snapshot(d->st, c);
   records_state(d->st, c, retired ? "retired" : "finished");
+  jobs__reopen_ended(c->name, c->run);
   if (retired)
     d->c.jobs_retired++;
   else
@@ -98,6 +99,7 @@ void jobs_shutdown(gnmrd *d) {
   while (hmap_next(&d->owners, &pos, NULL, NULL, &v))
     free((char *)(uintptr_t)v);
   hmap_free(&d->owners);
+  jobs__reopen_shutdown();
 }
 
 /* ---- names and owners ----------------------------------------------------- */
@@ -134,7 +136,10 @@ void jobs_owner_restore(const char *name, const char *owner, void *ctx) {
 /* ---- restore, snapshots, retuning -------------------------------------------- */
 
 void jobs_restore(const store_job *sj, void *ctx) {
-  gnmrd *d = ctx;
+  jobs__restore_as(ctx, sj, "gnmrd restarted");
+}
+
+job *jobs__restore_as(gnmrd *d, const store_job *sj, const char *cause) {
   char why[96], esc[600];
   /* names are checked where they enter; an older gnmrd did not check */
   int ok = gnmr__name_check(sj->name, GNMR_MAX_JOB_NAME, why, sizeof why);
@@ -146,13 +151,13 @@ void jobs_restore(const store_job *sj, void *ctx) {
     LOG(ERROR, "JOB-RESTORE", "job %s: not restored, a name is invalid (%s);"
         " its history stays queryable", gnmr__escape(sj->name, esc,
                                                      sizeof esc), why);
-    return;
+    return NULL;
   }
   job *j = jobs__create(d, sj->name, &sj->hello_params, sj->reporters,
                       sj->barrier_ms);
   if (j == NULL) {
     LOG(ERROR, "JOB-RESTORE", "job %s: out of memory", sj->name);
-    return;
+    return NULL;
   }
   core_job *c = j->core;
   c->pass = sj->pass + 1;
@@ -179,7 +184,7 @@ void jobs_restore(const store_job *sj, void *ctx) {
   if (rrv != GNMR_OK) {
     LOG(ERROR, "JOB-RESTORE", "job %s: out of memory", sj->name);
     jobs__free(j);
-    return;
+    return NULL;
   }
   /* steps the history holds past the snapshot stay decided: the job goes
    * on after the last of them, never deciding one again */
@@ -200,16 +205,16 @@ void jobs_restore(const store_job *sj, void *ctx) {
   records_job(d->st, c);
   char detail[160];
   if (c->last_decided > snap_step)
-    snprintf(detail, sizeof detail, "pass %u: gnmrd restarted; state from "
-             "the snapshot at step %llu, steps decided to %llu", c->pass,
+    snprintf(detail, sizeof detail, "pass %u: %s; state from the snapshot "
+             "at step %llu, steps decided to %llu", c->pass, cause,
              (unsigned long long)snap_step,
              (unsigned long long)c->last_decided);
   else
-    snprintf(detail, sizeof detail, "pass %u: gnmrd restarted; state from "
-             "the snapshot at step %llu", c->pass,
-             (unsigned long long)snap_step);
+    snprintf(detail, sizeof detail, "pass %u: %s; state from the snapshot "
+             "at step %llu", c->pass, cause, (unsigned long long)snap_step);
   records_event(d->st, c, STORE_EV_JOB_RESUMED, UINT32_MAX, detail);
   LOG(INFO, "JOB-RESTORE", "job %s: %s", c->name, detail);
+  return j;
 }
 
 void jobs_snapshot_all(gnmrd *d) {

@@ -710,6 +710,13 @@ void store_commit_histogram(store *s, uint64_t *buckets, uint64_t *count,
 
 uint32_t store_snapshot_every(const store *s) { return s->snapshot_every; }
 uint64_t store_last_run(const store *s) { return s->last_run; }
+
+int store_run_pending(store *s, uint64_t run) {
+  pthread_mutex_lock(&s->mu);
+  int pending = run_held(s, run) > 0;
+  pthread_mutex_unlock(&s->mu);
+  return pending;
+}
 const uint8_t *store_seal_key(const store *s) { return s->seal_key; }
 uint64_t store_term(const store *s) { return s->term; }
 const char *store_path(const store *s) { return s->path; }

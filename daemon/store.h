@@ -99,6 +99,9 @@ uint32_t store_snapshot_every(const store *s);
 /* The largest run id in the store at open (0: none): new runs take the
  * ids after it, so that none is ever reused. */
 uint64_t store_last_run(const store *s);
+/* Whether records of run are queued or being committed (some of its
+ * history is not yet readable). Any thread. */
+int store_run_pending(store *s, uint64_t run);
 /* The key gnmrd seals its decisions with (seal.h): the store's, the same
  * for every gnmrd of one database; STORE_SEAL_KEY_BYTES bytes. */
 const uint8_t *store_seal_key(const store *s);

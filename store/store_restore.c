@@ -237,6 +237,52 @@ int store_restore(const char *where, void (*fn)(const store_job *, void *),
   return rv;
 }
 
+int store_load_newest(const char *target, const char *name, store_job *j,
+                      char *state, size_t cap, char *err, size_t errlen) {
+  char path[4200], shown[4200];
+  db_conn *db;
+  db_stmt *st;
+  int64_t run = -1;
+  *state = '\0';
+  snprintf(path, sizeof path, "%s", target);
+  db_target_display(path, shown, sizeof shown);
+  if (!db_target_is_pg(path) && access(path, F_OK) != 0)
+    return GNMR_E_NOJOB; /* no history yet */
+  if (store_open_reader(path, &db, err, errlen) != GNMR_OK)
+    return GNMR_E_STORE;
+  int rv = GNMR_E_STORE;
+  if (db_prepare(db, "SELECT run, owner FROM jobs WHERE name=? ORDER BY run "
+                     "DESC LIMIT 1", &st) != GNMR_OK) {
+    snprintf(err, errlen, "%s: %s", shown, db_errmsg(db));
+    db_close(db);
+    return GNMR_E_STORE;
+  }
+  db_bind_text(st, 1, name);
+  if (db_step(st) == DB_ROW) {
+    run = db_column_int64(st, 0);
+    if (db_column_type(st, 1) == DB_TEXT)
+      j->owner = strdup(db_column_text(st, 1));
+  }
+  db_finalize(st);
+  if (run <= 0) {
+    db_close(db);
+    return GNMR_E_NOJOB;
+  }
+  if ((j->name = strdup(name)) == NULL)
+    rv = GNMR_E_NOMEM;
+  else if ((rv = store_job_row(db, (uint64_t)run, j, state, cap)) ==
+               GNMR_OK &&
+           (j->reporters == 0 || j->reporters > 4096))
+    rv = GNMR_E_STORE;
+  else if (rv == GNMR_OK)
+    rv = store__load_job(db, j);
+  if (rv == GNMR_E_STORE)
+    snprintf(err, errlen, "%s: run %lld of job %s cannot be read", shown,
+             (long long)run, name);
+  db_close(db);
+  return rv;
+}
+
 int store_owners(const char *where,
                  void (*fn)(const char *name, const char *owner, void *ctx),
                  void *ctx, char *err, size_t errlen) {

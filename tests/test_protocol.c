@@ -502,6 +502,151 @@ START_TEST(a_fresh_start_ends_a_run_whose_processes_are_gone) {
 }
 END_TEST
 
+static void say_bye(raw_peer *p, const char *job, uint32_t rank) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Bye bye = GNMR__BYE__INIT;
+  bye.job = (char *)job;
+  bye.rank = rank;
+  env.body_case = GNMR__ENVELOPE__BODY_BYE;
+  env.bye = &bye;
+  uint8_t *buf;
+  size_t len;
+  ck_assert_int_eq(gnmr__wire_encode(&env, &buf, &len), GNMR_OK);
+  raw_send(p, buf, len);
+  free(buf);
+}
+
+/* `gnmrctl runs job --csv` until its newest run's row says `state`. */
+static void wait_run_state(const tu_daemon *d, const char *job,
+                           const char *state) {
+  char seen[512] = "";
+  for (int i = 0; i < 100; i++) {
+    run_result r = ctl_run(d, "runs", (char *)job, "--csv", NULL, NULL);
+    /* the newest run's row: the last line */
+    const char *out = r.out ? r.out : "";
+    size_t n = strlen(out);
+    while (n > 0 && out[n - 1] == '\n')
+      n--;
+    size_t b = n;
+    while (b > 0 && out[b - 1] != '\n')
+      b--;
+    snprintf(seen, sizeof seen, "%.*s", (int)(n - b), out + b);
+    tu_run_free(&r);
+    if (strstr(seen, state) != NULL)
+      return;
+    usleep(50 * 1000);
+  }
+  ck_abort_msg("job %s: its newest run never became %s (%s)", job, state,
+               seen);
+}
+
+/* Says Hello (start) until an answer other than BUSY "run" comes (at most
+ * 3 s); returns it. The first answer must be BUSY when `busy_first`. */
+static Gnmr__Envelope *hello_until(raw_peer *p, const char *job,
+                                   uint32_t start, int busy_first) {
+  for (int i = 0; i < 60; i++) {
+    hello_start(p, job, start);
+    Gnmr__Envelope *e = raw_recv(p, raw_reply_ms());
+    ck_assert_msg(e != NULL, "no answer to a Hello");
+    int busy = e->body_case == GNMR__ENVELOPE__BODY_ERROR &&
+               e->error->code == GNMR_E_BUSY &&
+               strcmp(e->error->ref, "run") == 0;
+    if (i == 0 && busy_first)
+      ck_assert_msg(busy && strstr(e->error->message, "read back") != NULL,
+                    "the first answer to a resume is BUSY run (body %d)",
+                    (int)e->body_case);
+    if (!busy)
+      return e;
+    gnmr__wire_free(&e);
+    usleep(50 * 1000);
+  }
+  ck_abort_msg("job %s: BUSY for 3 s", job);
+  return NULL;
+}
+
+/* text with each line cut after its first n comma-separated fields, in
+ * place (returned). */
+static char *first_columns(char *text, int n) {
+  char *w = text;
+  for (const char *p = text; *p;) {
+    int commas = 0;
+    while (*p && *p != '\n') {
+      if (*p == ',' && ++commas == n)
+        while (p[1] && p[1] != '\n')
+          p++;
+      else
+        *w++ = *p;
+      p++;
+    }
+    if (*p == '\n')
+      *w++ = *p++;
+  }
+  *w = '\0';
+  return text;
+}
+
+/* Issue 48, item 4: a rank that resumes from a checkpoint (Hello.start 2)
+ * under the name of a run that finished (its ranks said Bye) goes on with
+ * that run: answered BUSY "run" while gnmrd reads the run back from its
+ * history, then Welcomed into it, decided up to its last step, with its
+ * statistics (its units' means as they were) in a new pass, the history
+ * saying so and the run 'running' again. After it finishes again, a fresh
+ * start (1) begins a new run, as does a resume under a name that never
+ * had a run. */
+START_TEST(a_resume_continues_a_run_that_ended) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  raw_peer a = raw_open(d.agents);
+  uint64_t run1 = two_steps(&a, "done-job", 0);
+  run_result before = ctl_run(&d, "units", "done-job", "--csv", NULL, NULL);
+  ck_assert_int_eq(before.code, 0);
+  say_bye(&a, "done-job", 0);
+  wait_run_state(&d, "done-job", "finished");
+  raw_close(&a);
+  raw_peer b = raw_open(d.agents);
+  Gnmr__Envelope *w = hello_until(&b, "done-job", 2, 1);
+  ck_assert_int_eq(w->body_case, GNMR__ENVELOPE__BODY_WELCOME);
+  ck_assert_uint_eq(w->welcome->run, run1);
+  ck_assert_uint_eq(w->welcome->last_step, 2);
+  gnmr__wire_free(&w);
+  run_result after = ctl_run(&d, "units", "done-job", "--csv", NULL, NULL);
+  ck_assert_int_eq(after.code, 0);
+  /* the statistics kept: each unit's reports and mean (the last step's
+   * scores, g d s, come with the next step) */
+  ck_assert_str_eq(first_columns(after.out, 5), first_columns(before.out, 5));
+  tu_run_free(&before);
+  tu_run_free(&after);
+  double s[2] = {1.0, 4.0};
+  report(&b, "done-job", 0, 3, s, 2, NULL, 0); /* goes on after step 2 */
+  expect_decision(&b, 3);
+  wait_run_state(&d, "done-job", "running");
+  run_result r = ctl_run(&d, "status", "done-job", "--json", NULL, NULL);
+  ck_assert_msg(strstr(r.out, "\"pass\": 2") != NULL, "%s", r.out);
+  tu_run_free(&r);
+  r = ctl_run(&d, "history", "done-job", "--csv", NULL, NULL);
+  ck_assert_msg(strstr(r.out, "resumed from a checkpoint after the run was "
+                              "finished") != NULL, "%s", r.out);
+  tu_run_free(&r);
+  say_bye(&b, "done-job", 0);
+  wait_run_state(&d, "done-job", "finished");
+  raw_close(&b);
+  /* a fresh start after the finish: a new run */
+  raw_peer c = raw_open(d.agents);
+  expect_run(&c, "done-job", 1, run1, 0);
+  raw_close(&c);
+  /* a resume under a name that never had a run: a new run */
+  raw_peer e = raw_open(d.agents);
+  w = hello_until(&e, "never-job", 2, 1);
+  ck_assert_int_eq(w->body_case, GNMR__ENVELOPE__BODY_WELCOME);
+  ck_assert_uint_gt(w->welcome->run, run1);
+  ck_assert_uint_eq(w->welcome->last_step, 0);
+  gnmr__wire_free(&w);
+  raw_close(&e);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(late_rank_makes_units_missing_not_smaller) {
   /* Rank 1 of 2 joins after rank 0 reported three steps. Before the
    * job's first decision a deadline waits for every rank's first report
@@ -897,6 +1042,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, reconnecting_observers_leak_no_slots_and_no_sends);
   tcase_add_test(tc, late_rank_makes_units_missing_not_smaller);
   tcase_add_test(tc, a_fresh_start_ends_a_run_whose_processes_are_gone);
+  tcase_add_test(tc, a_resume_continues_a_run_that_ended);
   tcase_add_test(tc, many_connections_opening_and_closing_are_harmless);
   tcase_add_test(tc, admin_endpoint_refuses_non_admin_messages);
   tcase_add_test(tc, error_codes_in_the_proto_match_the_error_table);

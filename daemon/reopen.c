@@ -1,0 +1,163 @@
+/* SPDX-License-Identifier: MIT */
+/* reopen.c — a run that ended, read back from the history for a rank that
+ * resumes from a checkpoint (issue 48, item 4; docs/python.md, "Runs and
+ * resumes").
+ *
+ * A rank's Hello that says it resumes (Hello.start = 2) under a name with
+ * no live job is answered BUSY with ref "run" while the name's newest run
+ * is read from the history on libuv's thread pool (a run's units and
+ * snapshot: a read the loop must not wait for). The agent says Hello again
+ * a quarter of a second later. By then, if that run ended (finished,
+ * retired, or ended by a fresh start) and nothing of it, nor of a newer
+ * run of the name that this gnmrd ended, still waits for the store's
+ * writer, it is a live job again, restored as a restart restores an
+ * unfinished run (its statistics from its last snapshot, a new pass, its
+ * row 'running' again), and the repeated Hello joins it. Otherwise the
+ * repeated Hello makes a new run, as any Hello under a name without a live
+ * job. A read that found the history behind (the run's last records still
+ * queued) is thrown away, and the next Hello reads again.
+ *
+ * At most REOPEN_MAX names are read at once; past that, BUSY as well.
+ * Loop thread, but for the pool's read (reopen_work), which touches only
+ * its own request. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gnmr/error.h"
+#include "jobs_priv.h"
+#include "log.h"
+
+#define REOPEN_MAX 8
+
+enum { R_LOADING, R_NONE };
+
+typedef struct reopen {
+  uv_work_t req;
+  gnmrd *d;
+  char *name, *where; /* where: the store's path (store_target's) */
+  int state; /* R_LOADING, then R_NONE (nothing to resume) or gone */
+  int rv;    /* the pool's: store_load_newest's */
+  char run_state[32];
+  char err[256];
+  store_job sj;
+  struct reopen *next;
+} reopen;
+
+static reopen *reopens; /* loop thread */
+static unsigned n_reopens;
+static hmap ended; /* job name -> the newest run this gnmrd ended */
+
+void jobs__reopen_ended(const char *name, uint64_t run) {
+  uint64_t was;
+  if (!hmap_get(&ended, name, strlen(name), &was) || was < run)
+    (void)hmap_put(&ended, name, strlen(name), run); /* best effort */
+}
+
+static void reopen_free(reopen *r) {
+  store__job_free(&r->sj);
+  free(r->name);
+  free(r->where);
+  free(r);
+}
+
+static void reopen_unlink(reopen *r) {
+  for (reopen **p = &reopens; *p != NULL; p = &(*p)->next)
+    if (*p == r) {
+      *p = r->next;
+      n_reopens--;
+      return;
+    }
+}
+
+static void reopen_work(uv_work_t *req) {
+  reopen *r = req->data;
+  r->rv = store_load_newest(r->where, r->name, &r->sj, r->run_state,
+                            sizeof r->run_state, r->err, sizeof r->err);
+}
+
+static void reopen_done(uv_work_t *req, int status) {
+  reopen *r = req->data;
+  gnmrd *d = r->d;
+  if (status != 0 || d->stopping) {
+    reopen_unlink(r);
+    reopen_free(r);
+    return;
+  }
+  uint64_t newest = 0;
+  (void)hmap_get(&ended, r->name, strlen(r->name), &newest);
+  if (r->rv == GNMR_OK &&
+      (newest > r->sj.run || store_run_pending(d->st, r->sj.run))) {
+    /* the history is behind what this gnmrd ended: read it again at the
+     * agent's next Hello */
+    reopen_unlink(r);
+    reopen_free(r);
+    return;
+  }
+  if (r->rv == GNMR_E_STORE)
+    LOG(WARN, "JOB-REOPEN", "job %s: %s; a resume begins a new run",
+        r->name, r->err);
+  if (r->rv == GNMR_OK && strcmp(r->run_state, "running") != 0 &&
+      core_find(&d->jobs, r->name) == NULL &&
+      (d->cfg == NULL || core_count(&d->jobs) < d->cfg->max_jobs)) {
+    char cause[80];
+    snprintf(cause, sizeof cause, "resumed from a checkpoint after the run "
+             "was %s", r->run_state);
+    if (jobs__restore_as(d, &r->sj, cause) != NULL) {
+      reopen_unlink(r); /* the next Hello joins the job */
+      reopen_free(r);
+      return;
+    }
+  }
+  r->state = R_NONE; /* the next Hello begins a new run */
+  store__job_free(&r->sj);
+  memset(&r->sj, 0, sizeof r->sj);
+}
+
+int jobs__reopen(gnmrd *d, const char *name) {
+  if (d->st == NULL || d->stopping)
+    return REOPEN_NONE;
+  for (reopen *r = reopens; r != NULL; r = r->next) {
+    if (strcmp(r->name, name) != 0)
+      continue;
+    if (r->state == R_LOADING)
+      return REOPEN_PENDING;
+    reopen_unlink(r); /* R_NONE: said once, to this Hello */
+    reopen_free(r);
+    return REOPEN_NONE;
+  }
+  if (n_reopens >= REOPEN_MAX)
+    return REOPEN_PENDING;
+  reopen *r = calloc(1, sizeof *r);
+  if (r == NULL || (r->name = strdup(name)) == NULL ||
+      (r->where = strdup(store_path(d->st))) == NULL) {
+    if (r != NULL)
+      reopen_free(r);
+    return REOPEN_NONE; /* out of memory: a new run, as before */
+  }
+  r->d = d;
+  r->state = R_LOADING;
+  r->req.data = r;
+  if (uv_queue_work(d->loop, &r->req, reopen_work, reopen_done) != 0) {
+    reopen_free(r);
+    return REOPEN_NONE;
+  }
+  r->next = reopens;
+  reopens = r;
+  n_reopens++;
+  return REOPEN_PENDING;
+}
+
+void jobs__reopen_shutdown(void) {
+  /* reads still on the pool free themselves (reopen_done, stopping) */
+  for (reopen **p = &reopens; *p != NULL;) {
+    reopen *r = *p;
+    if (r->state == R_LOADING) {
+      p = &r->next;
+      continue;
+    }
+    *p = r->next;
+    n_reopens--;
+    reopen_free(r);
+  }
+  hmap_free(&ended);
+}
