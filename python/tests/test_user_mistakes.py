@@ -331,6 +331,25 @@ class RunsTest(unittest.TestCase):
             ctl.close()
 
 
+    def test_a_resume_after_the_run_finished_continues_it(self):
+        """Issue 48, item 4: a process that resumes from a checkpoint
+        (resume=True; the callbacks say it from the trainer's step) under
+        a name whose run finished (a clean exit: every rank said Bye)
+        goes on with that run, its statistics and step numbers, and is
+        not warned; one that says nothing gets a new run, as ever."""
+        a, out_a, _ = self.steps("ended", 1, 3)
+        run = out_a[0].run["run"]
+        a.close()  # Bye: the run finishes
+        b, out_b, said_b = self.steps("ended", 4, 2, resume=True)
+        self.assertEqual(out_b[0].run, {"run": run, "continued_after": 3})
+        self.assertEqual(said_b, [])
+        self.assertTrue(all(r.on_time for r in out_b), out_b)
+        b.close()
+        c, out_c, _ = self.steps("ended", 1, 1)
+        self.assertGreater(out_c[0].run["run"], run)
+        c.close()
+
+
 class WithoutDaemonTest(unittest.TestCase):
     def test_wrong_endpoint_never_waits_and_warns_once_naming_it(self):
         net, x = Net(), torch.randn(4, 8)
