@@ -16,6 +16,9 @@ void jobs_on_bad_frames(server *s, void *ctx);
 void jobs_start(gnmrd *d);
 /* Frees every job (their timers close through the loop). */
 void jobs_shutdown(gnmrd *d);
+/* Frees what reopen.c keeps between a resume's Hellos (reads still on
+ * the thread pool free themselves). */
+void jobs_reopen_shutdown(void);
 /* Names and their owners (tenancy). A job name belongs to the key whose
  * Hello created its first run, for as long as the store keeps a run of it:
  * ending the job, or restarting gnmrd, does not free the name for another

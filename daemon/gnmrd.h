@@ -27,6 +27,8 @@ typedef struct gnmrd {
   hmap peers;         /* connection identity -> membership (jobs.c) */
   hmap owners;        /* job name -> its owner's key (malloc'd): the key
                          of its first run, kept after the job ends */
+  hmap ended;         /* job name -> the newest run this gnmrd ended
+                         (lifecycle.c; a resume reads no older: reopen.c) */
   store *st;          /* history; NULL when running without one */
   const gnmrd_config *cfg;
   const struct gnmr_allow *allow; /* the CURVE allow list, NULL without */

@@ -135,8 +135,5 @@ enum { REOPEN_NONE, REOPEN_PENDING };
  * then joins the run if it ended and was restored), REOPEN_NONE when there
  * is nothing to resume (a new run, as ever). */
 int jobs__reopen(gnmrd *d, const char *name);
-/* The newest run of name this gnmrd ended (a resume reads no older). */
-void jobs__reopen_ended(const char *name, uint64_t run);
-void jobs__reopen_shutdown(void);
 
 #endif /* GNMRD_JOBS_PRIV_H */

@@ -37,7 +37,9 @@ void jobs__finish(job *j, int how) {
                                        : NULL);
   records_snapshot(d->st, c);
   records_state(d->st, c, retired ? "retired" : "finished");
-  jobs__reopen_ended(c->name, c->run);
+  uint64_t was; /* the newest run of the name this gnmrd ended */
+  if (!hmap_get(&d->ended, c->name, strlen(c->name), &was) || was < c->run)
+    (void)hmap_put(&d->ended, c->name, strlen(c->name), c->run);
   if (retired)
     d->c.jobs_retired++;
   else
@@ -99,7 +101,7 @@ void jobs_shutdown(gnmrd *d) {
   while (hmap_next(&d->owners, &pos, NULL, NULL, &v))
     free((char *)(uintptr_t)v);
   hmap_free(&d->owners);
-  jobs__reopen_shutdown();
+  hmap_free(&d->ended);
 }
 
 /* ---- names and owners ----------------------------------------------------- */

@@ -592,6 +592,7 @@ out:
   if (!s->watch.lost) /* a standby may be serving these jobs already */
     jobs_snapshot_all(&d);
   jobs_shutdown(&d); /* no step is left on a worker */
+  jobs_reopen_shutdown();
   workers_close(d.workers);
   admin_shutdown(&d);
   metrics_close(&d);

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "agents.h"
 #include "gnmr/error.h"
 #include "jobs_priv.h"
 #include "log.h"
@@ -45,13 +46,6 @@ typedef struct reopen {
 
 static reopen *reopens; /* loop thread */
 static unsigned n_reopens;
-static hmap ended; /* job name -> the newest run this gnmrd ended */
-
-void jobs__reopen_ended(const char *name, uint64_t run) {
-  uint64_t was;
-  if (!hmap_get(&ended, name, strlen(name), &was) || was < run)
-    (void)hmap_put(&ended, name, strlen(name), run); /* best effort */
-}
 
 static void reopen_free(reopen *r) {
   store__job_free(&r->sj);
@@ -84,7 +78,7 @@ static void reopen_done(uv_work_t *req, int status) {
     return;
   }
   uint64_t newest = 0;
-  (void)hmap_get(&ended, r->name, strlen(r->name), &newest);
+  (void)hmap_get(&d->ended, r->name, strlen(r->name), &newest);
   if (r->rv == GNMR_OK &&
       (newest > r->sj.run || store_run_pending(d->st, r->sj.run))) {
     /* the history is behind what this gnmrd ended: read it again at the
@@ -147,7 +141,7 @@ int jobs__reopen(gnmrd *d, const char *name) {
   return REOPEN_PENDING;
 }
 
-void jobs__reopen_shutdown(void) {
+void jobs_reopen_shutdown(void) {
   /* reads still on the pool free themselves (reopen_done, stopping) */
   for (reopen **p = &reopens; *p != NULL;) {
     reopen *r = *p;
@@ -159,5 +153,4 @@ void jobs__reopen_shutdown(void) {
     n_reopens--;
     reopen_free(r);
   }
-  hmap_free(&ended);
 }
