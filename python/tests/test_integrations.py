@@ -30,6 +30,7 @@ import torch  # noqa: E402
 from test_gnmr import Daemon  # noqa: E402
 from test_distributed import gnmrctl, live_and_replayed  # noqa: E402
 import trainer_worker as W  # noqa: E402
+import gnmr  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 16
@@ -182,6 +183,44 @@ class TrainerTest(unittest.TestCase):
 
     def test_lightning_ddp(self):
         self.check("lightning", 2)
+
+    def test_hf_trainer_resumed_from_a_checkpoint_continues_its_run(self):
+        """Issue 48, item 4: a Trainer that ran to its end (the run
+        finished) and is then resumed from its checkpoint goes on with
+        that run, its statistics and step numbers (one run in gnmrd's
+        history, said at INFO); not a new run with its warm-up again."""
+        import transformers
+        from gnmr.integrations.hf import GnmrCallback
+        out = tempfile.mkdtemp(prefix="gnmr-hf-resume-")
+        self.addCleanup(shutil.rmtree, out, True)
+        job = "hf-resume"
+
+        def train(steps, resume):
+            args = transformers.TrainingArguments(
+                output_dir=out, max_steps=steps, per_device_train_batch_size=2,
+                learning_rate=1e-3, save_strategy="steps", save_steps=4,
+                report_to=[], use_cpu=True, dataloader_num_workers=0,
+                disable_tqdm=True, seed=0)
+            cb = GnmrCallback(job=job, units="auto", endpoint=self.d.agents,
+                              params=gnmr.default_params(**W.PARAMS),
+                              wait_ms=5000)
+            trainer = transformers.Trainer(
+                model=W.small_model("llama"), args=args,
+                train_dataset=W.Tokens(64), callbacks=[cb])
+            with self.assertLogs("gnmr", "INFO") as logs:
+                trainer.train(resume_from_checkpoint=resume)
+            return "\n".join(logs.output)
+
+        first = train(4, None)
+        self.assertRegex(first, r"a new run, \d+")
+        run = re.search(r"a new run, (\d+)", first).group(1)
+        second = train(8, os.path.join(out, "checkpoint-4"))
+        self.assertIn(f"goes on with run {run} after step 4", second)
+        rows = gnmrctl(self.d, "runs", job, "--csv").strip().splitlines()
+        self.assertEqual(len(rows), 2, rows)  # the header and one run
+        rows = gnmrctl(self.d, "decisions", job, "--csv").strip()
+        self.assertEqual([int(r.split(",")[0]) for r in rows.splitlines()[1:]],
+                         list(range(1, 9)), rows)  # steps 1-8, each once
 
     def test_mixtral_experts_are_units(self):
         names = set(self.check("hf", 1, family="mixtral").values())
