@@ -389,7 +389,15 @@ class MistakesTest(unittest.TestCase):
             select, pattern = s._pattern(model)
             s._pattern(model)
         self.assertEqual(len(logs.output), 1)
-        self.assertIn("leaves out", logs.output[0])
+        self.assertIn("INFO:gnmr:gnmr: units='auto' leaves out",
+                      logs.output[0])
+        # with a recipe that converts: a warning (the base stays as it is)
+        s8 = Session(job="j", endpoint="tcp://127.0.0.1:1", join_wait_ms=0,
+                     recipe="fp8")
+        with self.assertLogs("gnmr", "WARNING") as logs:
+            s8._pattern(model)
+        self.assertIn("recipe='fp8' converts the trainable nn.Linear only",
+                      logs.output[0])
         rx = re.compile(pattern)
         picked = [n for n, m in model.named_modules()
                   if isinstance(m, torch.nn.Linear) and rx.search(n)]

@@ -95,10 +95,20 @@ class Session:
                  if any(p.requires_grad for p in m.parameters())]
         if len(names) < len(linears) and not self._said_frozen:
             self._said_frozen = True
-            log.info("gnmr: units='auto' leaves out %d frozen nn.Linear "
-                     "(no parameter requires a gradient), e.g. %s",
-                     len(linears) - len(names),
-                     next(n for n, m in linears if n not in set(names)))
+            r = self._recipe
+            frozen = next(n for n, m in linears if n not in set(names))
+            if r is not None and r.convert is not None:
+                # a recipe on the adapters alone is not what one expects
+                # of "the model in FP8": said where it is seen (issue 48)
+                log.warning("gnmr: recipe=%r converts the trainable "
+                            "nn.Linear only: %d frozen ones (a PEFT base "
+                            "model's, e.g. %s) keep their own precision "
+                            "and are not units", self.recipe,
+                            len(linears) - len(names), frozen)
+            else:
+                log.info("gnmr: units='auto' leaves out %d frozen "
+                         "nn.Linear (no parameter requires a gradient), "
+                         "e.g. %s", len(linears) - len(names), frozen)
         if not names:
             return (torch.nn.Linear,), None
         return (torch.nn.Linear,), \
