@@ -231,7 +231,7 @@ def split_text(data, minimum, complaint):
     has fewer than minimum bytes."""
     if len(data) < minimum:
         raise SystemExit(complaint)
-    t = torch.tensor(list(data), dtype=torch.long)
+    t = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.long)
     n = int(len(t) * 0.9)
     return t[:n], t[n:]
 
@@ -264,12 +264,31 @@ def episode_schedule(widths, steps, args, seed):
     return sched
 
 
+def unit_norms(units):
+    """Each unit's gradient norm (fp64 sums of squares, added in parameter
+    order), read to the host at once: one synchronisation a step on a GPU,
+    not one a parameter."""
+    sq, owner = [], []
+    for u, m in enumerate(units):
+        for p in m.parameters():
+            if p.grad is not None:
+                sq.append(p.grad.double().pow(2).sum())
+                owner.append(u)
+    s = [0.0] * len(units)
+    for u, v in zip(owner, torch.stack(sq).tolist() if sq else []):
+        s[u] += v
+    return [math.sqrt(v) for v in s]
+
+
 def unit_norm(m):
-    s = 0.0
-    for p in m.parameters():
-        if p.grad is not None:
-            s += float(p.grad.double().pow(2).sum())
-    return math.sqrt(s)
+    return unit_norms([m])[0]
+
+
+def all_finite(params):
+    """Whether every gradient is finite: one read for all of them."""
+    flags = [torch.isfinite(p.grad).all() for p in params
+             if p.grad is not None]
+    return bool(torch.stack(flags).all()) if flags else True
 
 
 def _inject(setting, current, u):
@@ -292,6 +311,9 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
     torch.manual_seed(seed)
     b = setting.build(variant, seed, args, data)
     model, names, units = b.model, b.names, b.units
+    dev = torch.device(getattr(args, "device", "cpu"))
+    if dev.type != "cpu":
+        model.to(dev)  # in place: b.params are the model's, moved
     opt = torch.optim.AdamW(b.params, lr=args.lr, betas=(0.9, args.beta2))
     # linear warm-up, then cosine decay to lr/10, as LLM recipes schedule
     # (a skipped step still advances the schedule, as with GradScaler)
@@ -344,6 +366,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
     reruns = 0                    # gnmr_rerun: steps run twice
     for step, (x, y) in enumerate(setting.batches(data, args, gen), 1):
         t0 = time.perf_counter()
+        x, y = x.to(dev), y.to(dev)  # the same batches on any device
         current.clear()
         current.update(sched[step])
         if latent:
@@ -377,7 +400,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
             if not ctl.step(step, wait_ms=30000):
                 raise RuntimeError(f"gnmrd's decision for step {step} was "
                                    f"late: the run would not reproduce")
-        norms = [unit_norm(m) for m in units]
+        norms = unit_norms(units)
         if variant == "gnmr_rerun":
             now = {u for u, m in enumerate(units) if setting.on_recovery(m)}
             new = now - active
@@ -402,8 +425,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
                 else:
                     nonfinite += 1
         chooser.after(step, damage, norms)
-        finite = all(bool(torch.isfinite(p.grad).all())
-                     for p in b.params if p.grad is not None)
+        finite = all_finite(b.params)
         if finite and args.clip > 0:   # after GNMR saw the norms
             torch.nn.utils.clip_grad_norm_(b.params, args.clip)
         if finite or not args.skip_nonfinite:
@@ -534,6 +556,10 @@ def common_args(p, setting, defaults):
     d.update(defaults)
     p.add_argument("--seeds", type=int, default=5,
                    help="seeds 1..N (default 5)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the model trains (the batches and the "
+                   "episode schedule are the CPU's generator's either "
+                   "way); cuda: deterministic where torch can be")
     p.add_argument("--seed-list", default="",
                    help="comma-separated seeds, instead of --seeds")
     p.add_argument("--steps", type=int, default=d["steps"])
@@ -644,6 +670,8 @@ def parse_args(setting, argv, defaults=None, doc=""):
         p.error("--clip must be >= 0")
     if args.episode_tokens < 1:
         p.error("--episode-tokens must be >= 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no GPU")
     setting.check_args(p, args)
     return args, seeds, variants
 
@@ -671,7 +699,13 @@ def run_task(setting, seed, variant, args, rec=None):
     gnmrd of its own. rec: GNMR's result for the seed (random, rawnorm)."""
     torch.set_num_threads(1)
     _one_blas_thread()
-    torch.use_deterministic_algorithms(True)
+    if getattr(args, "device", "cpu") == "cuda":
+        # cuBLAS is deterministic with a fixed workspace; index_add_'s
+        # backward (the experts) has no deterministic CUDA kernel: warned
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        torch.use_deterministic_algorithms(True)
     key = (type(setting).__name__, setting.data_key(args)
            if hasattr(setting, "data_key") else None)
     if key not in _DATA:

@@ -53,6 +53,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import corpus  # noqa: E402
 import harness  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -186,6 +187,13 @@ class Paper(harness.Setting):
         p.add_argument("--base-steps", type=int, default=600,
                        help="lora: the base model's pre-training steps")
         p.add_argument("--lora-rank", type=int, default=8)
+        p.add_argument("--corpus", choices=("licences", "stdlib"),
+                       default="licences",
+                       help="the text: the licences Debian ships "
+                       "(default), or the Python standard library's sources "
+                       "(experiments/corpus.py: the GPU machine's text)")
+        p.add_argument("--corpus-mb", type=float, default=64.0,
+                       help="--corpus stdlib: at most this many MiB")
         p.add_argument("--keep-high", default=None, metavar="REGEX",
                        help="a mixed recipe: the projections whose names "
                        "match run the recovery path's recipe always, and "
@@ -201,6 +209,14 @@ class Paper(harness.Setting):
                 p.error(str(e))
         if args.setting == "lora" and args.model != "llama":
             p.error("--setting lora trains a Llama (--model llama)")
+        if args.corpus == "stdlib":
+            if args.setting == "lora":
+                p.error("--corpus stdlib: the lora setting's task is a "
+                        "held-out licence text")
+            try:  # what the data is, recorded with the results
+                args.corpus_info = corpus.stdlib_corpus(args.corpus_mb)[1]
+            except ValueError as e:
+                p.error(f"--corpus-mb: {e}")
         if args.keep_high is not None:
             try:
                 re.compile(args.keep_high)
@@ -212,9 +228,16 @@ class Paper(harness.Setting):
 
     def data_key(self, args):
         return (args.setting, args.model, args.d, args.ffn, args.layers,
-                args.heads, args.ctx, args.base_steps)
+                args.heads, args.ctx, args.base_steps, args.corpus,
+                args.corpus_mb)
 
     def load(self, args):
+        if args.corpus == "stdlib":
+            data, info = corpus.stdlib_corpus(args.corpus_mb)
+            if info != args.corpus_info:  # read twice: the same bytes
+                raise RuntimeError(f"the corpus changed: {info}")
+            return harness.split_text(data, 20000, "paper.py: too little "
+                                      "text in the standard library")
         if self.name != "lora":
             return split(read_licences(), "text")
         base = split(read_licences(exclude=HELD_OUT), "text")
@@ -322,9 +345,11 @@ class Paper(harness.Setting):
         gen = torch.Generator().manual_seed(0)
         model.eval()
         losses, right, total = [], 0, 0
+        dev = next(model.parameters()).device
         with torch.no_grad():
             for x, y in batches(d[1], args.eval_batches, args.batch,
                                 args.ctx, gen):
+                x, y = x.to(dev), y.to(dev)
                 logits = model(input_ids=x).logits
                 losses.append(float(F.cross_entropy(
                     logits.reshape(-1, VOCAB), y.reshape(-1))))

@@ -241,6 +241,27 @@ class PaperTest(unittest.TestCase):
             self.assertIn(diff, page, setting)
             self.assertIn(diff, readme, setting)
 
+    def test_the_stdlib_corpus_trains_and_is_recorded(self):
+        """Issue 50: the text a GPU machine has (the Python standard
+        library's sources), its size and hash in the results."""
+        import corpus
+        tmp = tempfile.mkdtemp(prefix="gnmr-paper-test-")
+        try:
+            js = os.path.join(tmp, "s.json")
+            res, _ = self.main(["--setting", "act4", "--corpus", "stdlib",
+                                "--corpus-mb", "0.5", "--seed-list", "1",
+                                "--variants", "low", "--episode-rate", "0",
+                                "--json", js])
+            self.assertTrue(math.isfinite(res["low"][0]["val"]))
+            self.assertEqual(res["low"][0]["damage_in_episode"], 0.0)
+            with open(js) as f:
+                info = json.load(f)["settings"]["corpus_info"]
+            want = corpus.stdlib_corpus(0.5)[1]
+            self.assertEqual(info, want)
+            self.assertEqual(info["bytes"], 1 << 19)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def test_bad_arguments_are_clear_errors(self):
         import paper
         for bad, msg in ((["--setting", "act4", "--low", "int4-g33x"],
@@ -255,13 +276,86 @@ class PaperTest(unittest.TestCase):
                          (["--setting", "act4", "--keep-high", "("],
                           "--keep-high '(':"),
                          (["--setting", "lora", "--keep-high", "q_proj"],
-                          "the lora setting's units are its adapters")):
+                          "the lora setting's units are its adapters"),
+                         (["--setting", "lora", "--corpus", "stdlib"],
+                          "task is a held-out licence text"),
+                         (["--setting", "act4", "--corpus", "stdlib",
+                           "--corpus-mb", "0"], "--corpus-mb: corpus: mb"),
+                         (["--setting", "act4", "--corpus", "stdlib",
+                           "--corpus-mb", "nan"], "--corpus-mb: corpus: mb"),
+                         (["--setting", "act4", "--corpus", "web"],
+                          "invalid choice"),
+                         (["--setting", "act4", "--device", "tpu"],
+                          "invalid choice")) + ((
+                         (["--setting", "act4", "--device", "cuda"],
+                          "--device cuda: torch sees no GPU"),)
+                         if not torch.cuda.is_available() else ()):
             err = io.StringIO()
             with contextlib.redirect_stderr(err), \
                     self.assertRaises(SystemExit) as cm:
                 paper.main(TINY + bad)
             self.assertEqual(cm.exception.code, 2)
             self.assertIn(msg, err.getvalue())
+
+
+class CorpusTest(unittest.TestCase):
+    def test_sources_in_path_order_cut_and_hashed(self):
+        import hashlib
+        import corpus
+        root = tempfile.mkdtemp(prefix="gnmr-corpus-test-")
+        self.addCleanup(shutil.rmtree, root, True)
+        files = {"b.py": b"bbb\n", "a/z.py": b"zz\n", "a/c.py": b"c\n",
+                 "site-packages/x.py": b"no\n", "a/__pycache__/c.py": b"no",
+                 "notes.txt": b"no"}
+        for rel, body in files.items():
+            os.makedirs(os.path.join(root, os.path.dirname(rel)),
+                        exist_ok=True)
+            with open(os.path.join(root, rel), "wb") as f:
+                f.write(body)
+        data, info = corpus.stdlib_corpus(1, root=root)
+        self.assertEqual(data, b"c\nzz\nbbb\n")  # a/c, a/z, b
+        self.assertEqual(info["files"], 3)
+        self.assertEqual(info["sha256"], hashlib.sha256(data).hexdigest())
+        cut, info = corpus.stdlib_corpus(4 / (1 << 20), root=root)
+        self.assertEqual((cut, info["files"], info["bytes"]),
+                         (b"c\nzz", 2, 4))
+        self.assertEqual(corpus.stdlib_corpus(1, root=root), (data, dict(
+            info, files=3, bytes=9, sha256=hashlib.sha256(data)
+            .hexdigest())))  # the same twice
+        with self.assertRaises(SystemExit):
+            corpus.stdlib_corpus(1, root=os.path.join(root, "none"))
+        for bad in (0, -1, math.inf, math.nan):
+            with self.assertRaises(ValueError):
+                corpus.stdlib_corpus(bad, root=root)
+
+
+class ReadsTest(unittest.TestCase):
+    def test_a_steps_reads_are_one_and_the_same_numbers(self):
+        """The harness reads the units' norms and the gradients'
+        finiteness at once (one synchronisation a step on a GPU): the
+        same numbers as reading each parameter."""
+        import harness
+        torch.manual_seed(0)
+        units = [torch.nn.Linear(5, 3), torch.nn.Linear(3, 2, bias=False),
+                 torch.nn.Linear(2, 2)]
+        for m in units[:2]:
+            for p in m.parameters():
+                p.grad = torch.randn_like(p)
+        units[2].weight.grad = torch.randn_like(units[2].weight)
+        want = []
+        for m in units:
+            s = 0.0
+            for p in m.parameters():
+                if p.grad is not None:
+                    s += float(p.grad.double().pow(2).sum())
+            want.append(math.sqrt(s))
+        self.assertEqual(harness.unit_norms(units), want)
+        params = [p for m in units for p in m.parameters()]
+        self.assertTrue(harness.all_finite(params))
+        units[1].weight.grad[0, 0] = math.inf
+        self.assertFalse(harness.all_finite(params))
+        self.assertTrue(harness.all_finite([]))
+        self.assertEqual(harness.unit_norms([torch.nn.Linear(2, 2)]), [0.0])
 
 
 if __name__ == "__main__":
