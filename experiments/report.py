@@ -85,9 +85,11 @@ def summarise(setting, results, args, seeds, argv, commit):
                 round(statistics.mean(r["damage_outside_by_unit"][u]
                                       for r in rs), 4)
                 for u in range(len(rs[0]["damage_outside_by_unit"]))]
-        if extras:
-            out["variants"][v]["step_ms"] = [round(r["step_ms"], 2)
-                                             for r in rs]
+        out["variants"][v]["step_ms"] = [round(r["step_ms"], 2)
+                                         for r in rs]
+        # each seed's clean validation loss curve: [(step, loss)]
+        out["variants"][v]["curve"] = [[[s, round(x, 6)] for s, x in
+                                        r["curve"]] for r in rs]
         for key, _, _ in extras:
             out["variants"][v][key] = [round(r[key], 6) for r in rs]
     for a, b in COMPARISONS:

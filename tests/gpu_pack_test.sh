@@ -13,6 +13,8 @@
 #  4. scripts/gpu_check.sh --dry-run from the pack stops before the first
 #     CUDA call, says so, and writes at most 8 files; its mistakes (an
 #     unknown option, no pack) are refused with exit 2;
+#  4b. scripts/gpu_experiment.sh --dry-run likewise (at most 6 files, its
+#     9 runs planned, the corpus recorded), its mistakes refused;
 #  5. scripts/gpu_train.py on the CPU backend against the pack's gnmrd and
 #     libgnmr-agent: it trains, and gnmrd's decisions equal the replay of
 #     its trace; its wrong arguments are refused with exit 2.
@@ -118,6 +120,27 @@ scripts/gpu_check.sh "$work/nowhere" >"$work/e2" 2>&1; r2=$?
 [ $r1 = 2 ] && grep -q "unknown option --bogus" "$work/e1" && [ $r2 = 2 ] &&
   grep -q "no pack in $work/nowhere" "$work/e2" && ok "gpu_check.sh refuses an unknown option and a missing pack (exit 2)" ||
   bad "gpu_check.sh mistakes: $r1 $(cat "$work/e1") / $r2 $(cat "$work/e2")"
+
+# 4b. the experiment script's dry run (issue 50), and its mistakes
+out=$work/exp-out
+mkdir -p "$out"
+if OUT=$out GNMR_PYTHON=$PY scripts/gpu_experiment.sh --dry-run "$P" >"$work/exp.log" 2>&1 &&
+   grep -q "dry run: stopped before the first CUDA call (exit 0)" "$out/env.txt" &&
+   [ "$(grep -c '"event": "planned"' "$out/plan.jsonl")" = 9 ] &&
+   grep -q '"sha256"' "$out/corpus.json"; then
+  ok "gpu_experiment.sh --dry-run: 9 runs planned, stopped before the first CUDA call, $(ls "$out" | wc -l) files"
+else
+  bad "gpu_experiment.sh --dry-run: $(tail -n 8 "$work/exp.log" "$out/env.txt" 2>/dev/null)"
+fi
+[ "$(find "$out" -type f | wc -l)" -le 6 ] || bad "gpu_experiment.sh wrote more than 6 files: $(ls "$out")"
+scripts/gpu_experiment.sh --bogus >"$work/e3" 2>&1; r1=$?
+scripts/gpu_experiment.sh "$work/nowhere" >"$work/e4" 2>&1; r2=$?
+GNMR_GPU_EXPERIMENT_S=6m scripts/gpu_experiment.sh "$P" >"$work/e5" 2>&1; r3=$?
+[ $r1 = 2 ] && grep -q "unknown option --bogus" "$work/e3" && [ $r2 = 2 ] &&
+  grep -q "no pack in $work/nowhere" "$work/e4" && [ $r3 = 2 ] &&
+  grep -q "whole seconds, not '6m'" "$work/e5" &&
+  ok "gpu_experiment.sh refuses an unknown option, a missing pack and a bad budget (exit 2)" ||
+  bad "gpu_experiment.sh mistakes: $r1 $(cat "$work/e3") / $r2 $(cat "$work/e4") / $r3 $(cat "$work/e5")"
 
 # 5. the training run, on the CPU backend
 if [ -n "$agents" ]; then

@@ -329,6 +329,68 @@ class CorpusTest(unittest.TestCase):
                 corpus.stdlib_corpus(bad, root=root)
 
 
+class PlanTest(unittest.TestCase):
+    """experiments/gpu_plan.py's planning on a fake clock (issue 50): runs
+    start while what they are expected to take fits the time left, pairs
+    of the static variants first, and what can no longer fit is skipped
+    once nothing runs that could make the estimate smaller."""
+
+    def test_runs_start_while_they_fit_and_the_rest_are_skipped(self):
+        import gpu_plan
+        now = [0.0]
+        p = gpu_plan.Plan(100, clock=lambda: now[0], guess_s=10,
+                          parallel=2)
+        a, b = p.next(), p.next()
+        self.assertEqual([a, b], [("A", 1, ("low",)), ("A", 1, ("high",))])
+        self.assertIsNone(p.next())  # both slots taken
+        now[0] = 30.0
+        p.finished(a)
+        p.finished(b)  # 30 s each: 36 s expected from now on
+        c, d = p.next(), p.next()
+        self.assertEqual([c[1], d[1]], [2, 2])
+        self.assertAlmostEqual(p.expected(c), 36.0)
+        now[0] = 60.0
+        p.finished(c)
+        e = p.next()  # 60 + 36 <= 100
+        self.assertEqual(e[:2], ("A", 3))
+        now[0] = 70.0
+        # 70 + 36 > 100, but d still runs: wait, skip nothing yet
+        self.assertIsNone(p.next())
+        self.assertEqual(p.skipped, [])
+        p.finished(d)
+        p.finished(e)
+        # nothing runs now: what cannot fit in the 30 s left is skipped
+        self.assertIsNone(p.next())
+        self.assertEqual([t[:2] for t in p.skipped],
+                         [("A", 3), ("B", 1), ("B", 2), ("B", 3)])
+        self.assertTrue(p.done())
+        # B's estimate: its three variants, each the median of its own
+        # (or of all variants, before any of its own finished)
+        self.assertAlmostEqual(p.expected(("B", 1, ("gnmr", "random",
+                                                    "nanonly"))),
+                               3 * 30.0 * 1.2)
+        for bad in (dict(budget_s=0), dict(budget_s=10, guess_s=0),
+                    dict(budget_s=10, parallel=0)):
+            with self.assertRaises(ValueError):
+                gpu_plan.Plan(**bad)
+
+    def test_the_table_so_far(self):
+        import gpu_plan
+        r = {"seeds": [1], "variants": {
+            v: {"val": [x], "exceed": [0.01], "damage": [0.2],
+                "step_ms": [14.0]} for v, x in (("low", 2.5),
+                                               ("high", 2.4))}}
+        r2 = {"seeds": [2], "variants": {
+            v: {"val": [x], "exceed": [0.0], "damage": [0.1],
+                "step_ms": [15.0]} for v, x in (("low", 2.7),
+                                               ("high", 2.5))}}
+        md = gpu_plan.summary_md([r, r2])
+        self.assertIn("| low | 1,2 | 2.6000 | 0.0050 | 0.1500 | 14.5 |", md)
+        self.assertIn("low - high over seeds [1, 2]: +0.1500 +- 0.0500 (SE)"
+                      ", 3.0 SE", md)
+        self.assertNotIn("low - high", gpu_plan.summary_md([]))
+
+
 class ReadsTest(unittest.TestCase):
     def test_a_steps_reads_are_one_and_the_same_numbers(self):
         """The harness reads the units' norms and the gradients'
