@@ -252,31 +252,43 @@ class _SavedCopyLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, b, payload, scale, decode):
-        dt = _autocast_dtype(x.device.type)
-        ctx.dtypes = (x.dtype, w.dtype, None if b is None else b.dtype)
-        ctx.dt = dt if dt is not None else x.dtype
         ctx.decode = decode
-        ctx.has_bias = b is not None
         ctx.save_for_backward(payload, scale, w)
-        with torch.autocast(x.device.type, enabled=False):
-            if dt is None:
-                return F.linear(x, w, b)
-            return F.linear(x.to(dt), w.to(dt),
-                            None if b is None else b.to(dt))
+        return _forward_gemm(ctx, x, w, b)
 
     @staticmethod
     def backward(ctx, gy):
         payload, scale, w = ctx.saved_tensors
-        dt = ctx.dt
-        saved = ctx.decode(payload, scale, dt)
-        gy = gy.to(dt)
-        g2 = gy.reshape(-1, gy.shape[-1])
-        with torch.autocast(gy.device.type, enabled=False):
-            gx = (gy @ w.to(dt)).to(ctx.dtypes[0])
-            gw = (g2.t() @ saved.reshape(-1, saved.shape[-1])).to(
-                ctx.dtypes[1])
-            gb = g2.sum(0).to(ctx.dtypes[2]) if ctx.has_bias else None
-        return gx, gw, gb, None, None, None
+        saved = ctx.decode(payload, scale, ctx.dt)
+        return _backward_gemms(ctx, gy, w, lambda g2: g2.t() @ saved.reshape(
+            -1, saved.shape[-1])) + (None, None, None)
+
+
+def _forward_gemm(ctx, x, w, b):
+    """y = x W^T + b in autocast's dtype, as F.linear's would be, with
+    the dtypes backward needs kept in ctx."""
+    dt = _autocast_dtype(x.device.type)
+    ctx.dtypes = (x.dtype, w.dtype, None if b is None else b.dtype)
+    ctx.dt = dt if dt is not None else x.dtype
+    ctx.has_bias = b is not None
+    with torch.autocast(x.device.type, enabled=False):
+        if dt is None:
+            return F.linear(x, w, b)
+        return F.linear(x.to(dt), w.to(dt), None if b is None else b.to(dt))
+
+
+def _backward_gemms(ctx, gy, w, weight_grad):
+    """(input, weight, bias gradients), each in its input's dtype;
+    weight_grad(g2): g2^T @ the saved copy, g2 the output gradient as
+    rows in the GEMMs' dtype."""
+    dt = ctx.dt
+    gy = gy.to(dt)
+    g2 = gy.reshape(-1, gy.shape[-1])
+    with torch.autocast(gy.device.type, enabled=False):
+        gx = (gy @ w.to(dt)).to(ctx.dtypes[0])
+        gw = weight_grad(g2).to(ctx.dtypes[1])
+        gb = g2.sum(0).to(ctx.dtypes[2]) if ctx.has_bias else None
+    return gx, gw, gb
 
 
 def _exact(payload, scale, dt):
@@ -422,32 +434,19 @@ class _CompiledSavedLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, b, route, s_low, s_high, codec):
-        dt = _autocast_dtype(x.device.type)
-        ctx.dtypes = (x.dtype, w.dtype, None if b is None else b.dtype)
-        ctx.dt = dt if dt is not None else x.dtype
         ctx.codec, ctx.k = codec, x.shape[-1]
-        ctx.has_bias = b is not None
         payload, scale, how = torch.ops.gnmr.save_input(
             x.detach(), route, s_low, s_high, codec)
         ctx.save_for_backward(payload, scale, how, w)
-        with torch.autocast(x.device.type, enabled=False):
-            if dt is None:
-                return F.linear(x, w, b)
-            return F.linear(x.to(dt), w.to(dt),
-                            None if b is None else b.to(dt))
+        return _forward_gemm(ctx, x, w, b)
 
     @staticmethod
     def backward(ctx, gy):
         payload, scale, how, w = ctx.saved_tensors
-        dt = ctx.dt
-        gy = gy.to(dt)
-        g2 = gy.reshape(-1, gy.shape[-1])
-        with torch.autocast(gy.device.type, enabled=False):
-            gx = (gy @ w.to(dt)).to(ctx.dtypes[0])
-            gw = torch.ops.gnmr.saved_grad_weight(
-                g2, payload, scale, how, ctx.k, ctx.codec).to(ctx.dtypes[1])
-            gb = g2.sum(0).to(ctx.dtypes[2]) if ctx.has_bias else None
-        return gx, gw, gb, None, None, None, None
+        return _backward_gemms(
+            ctx, gy, w, lambda g2: torch.ops.gnmr.saved_grad_weight(
+                g2, payload, scale, how, ctx.k, ctx.codec)) + \
+            (None, None, None, None)
 
 
 class _TwoPathLinear(torch.nn.Linear):
