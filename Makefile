@@ -600,6 +600,11 @@ bench: deps $(BENCHES) all venv
 	@if $(PYTHON) -c 'import torch' 2>/dev/null; then \
 	  ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PYTHON) bench/compile_routes.py; \
 	else echo "compile_routes: no torch for $(PYTHON)"; fi
+	@echo "== bench/callbacks.py"
+	@if $(PYTHON) -c 'import torch' 2>/dev/null; then \
+	  GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BIN_DIR=$(abspath $(BUILD)/bin) \
+	    HF_HUB_OFFLINE=1 $(PYTHON) bench/callbacks.py 2>&1 | grep '^callbacks'; \
+	else echo "callbacks: no torch for $(PYTHON)"; fi
 
 # ---- install ---------------------------------------------------------------------
 # Honours PREFIX and DESTDIR: programs, the agent library (static and

@@ -29,7 +29,9 @@
 #               package's CUDA tests (unittest -k Cuda) against the pack's
 #               libgnmr-agent; Transformer Engine's feature where TE is;
 #               bench/compile_routes.py on CUDA (graph breaks, recompiles
-#               and step times of the switchable linears under compile)
+#               and step times of the switchable linears under compile);
+#               bench/callbacks.py (the HF and Lightning callbacks' time
+#               per step on the 103M Llama, where lightning is installed)
 #   sanitizer   compute-sanitizer memcheck, racecheck, synccheck over
 #               test_gpu, each 0 errors
 # Files in $OUT (or build/gpu-check), 8 at most: env.txt, test_gpu.log,
@@ -47,7 +49,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1 ;;
     --rebuild) rebuild=1 ;;
-    -h|--help) sed -n '3,42p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '3,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu_check: unknown option $1 (--dry-run, --rebuild, PACK)" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -205,6 +207,11 @@ fi
 
 step compile python.log 150 env PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 "$PY" bench/compile_routes.py --device cuda --steps 50
+if [ -n "$agents" ]; then
+  step callbacks python.log 150 env GNMR_AGENT_LIB="$agentlib" GNMR_BIN_DIR="$bin" \
+    PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+    "$PY" bench/callbacks.py --device cuda --size gpu --steps 30 --rounds 1
+fi
 
 # ---- compute-sanitizer ------------------------------------------------------
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)

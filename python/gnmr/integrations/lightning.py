@@ -47,6 +47,15 @@ if not hasattr(Callback, "on_before_optimizer_step"):  # pragma: no cover
         "Callback.on_before_optimizer_step: use lightning 2.0 or newer")
 
 
+def _writes_logs(trainer):
+    """Whether Lightning writes the values logged at this step (its logger
+    connector's rule, which its own LearningRateMonitor reads); every step
+    where that cannot be read."""
+    v = getattr(getattr(trainer, "_logger_connector", None),
+                "should_update_logs", None)
+    return True if v is None else bool(v)
+
+
 class GnmrCallback(Callback):
     def __init__(self, job=None, units="auto", recipe=None, **kw):
         kw.setdefault("clip", False)  # Lightning clips after the hook
@@ -74,6 +83,12 @@ class GnmrCallback(Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self.session.step(trainer.global_step + 1, pl_module)
+        # the figures since the last logging step, on the steps whose logged
+        # values Lightning writes (log_dict costs a millisecond a step; the
+        # values of other steps were overwritten unread), none without a
+        # logger
+        if trainer.logger is None or not _writes_logs(trainer):
+            return
         m = self.session.metrics()
         if m:
             pl_module.log_dict(m, on_step=True, on_epoch=False,
