@@ -29,6 +29,9 @@
 #include "log.h"
 
 #define REOPEN_MAX 8
+/* How long "nothing to resume" waits for the repeated Hello it answers
+ * (an agent that went away leaves it: it must not hold a place) */
+#define REOPEN_NONE_MS 10000
 
 enum { R_LOADING, R_NONE };
 
@@ -37,6 +40,7 @@ typedef struct reopen {
   gnmrd *d;
   char *name, *where; /* where: the store's path (store_target's) */
   int state; /* R_LOADING, then R_NONE (nothing to resume) or gone */
+  uint64_t none_at; /* uv_now when it became R_NONE */
   int rv;    /* the pool's: store_load_newest's */
   char run_state[32];
   char err[256];
@@ -103,6 +107,7 @@ static void reopen_done(uv_work_t *req, int status) {
     }
   }
   r->state = R_NONE; /* the next Hello begins a new run */
+  r->none_at = uv_now(d->loop);
   store__job_free(&r->sj);
   memset(&r->sj, 0, sizeof r->sj);
 }
@@ -110,6 +115,17 @@ static void reopen_done(uv_work_t *req, int status) {
 int jobs__reopen(gnmrd *d, const char *name) {
   if (d->st == NULL || d->stopping)
     return REOPEN_NONE;
+  uint64_t now = uv_now(d->loop);
+  for (reopen **p = &reopens; *p != NULL;) { /* answers nobody came for */
+    reopen *r = *p;
+    if (r->state == R_NONE && now - r->none_at >= REOPEN_NONE_MS) {
+      *p = r->next;
+      n_reopens--;
+      reopen_free(r);
+    } else {
+      p = &r->next;
+    }
+  }
   for (reopen *r = reopens; r != NULL; r = r->next) {
     if (strcmp(r->name, name) != 0)
       continue;
