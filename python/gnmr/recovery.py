@@ -449,13 +449,31 @@ class _CompiledSavedLinear(torch.autograd.Function):
             (None, None, None, None)
 
 
-class _TwoPathLinear(torch.nn.Linear):
+class _Routed:
+    """A two-path module's route: `recovery`, a bool the eager path reads,
+    and the same value as a 0-dim CPU tensor (`_route`) that a compiled
+    graph reads at run time (no recompile when it changes)."""
+
+    _recovery = False
+    _route = None
+
+    @property
+    def recovery(self):
+        """True while the unit takes its recovery path."""
+        return self._recovery
+
+    @recovery.setter
+    def recovery(self, high):
+        self._recovery = bool(high)
+        if self._route is None:
+            self._route = torch.zeros((), dtype=torch.bool)
+        self._route.fill_(self._recovery)
+
+
+class _TwoPathLinear(_Routed, torch.nn.Linear):
     def __init__(self, in_features, out_features, bias=True, **kw):
         super().__init__(in_features, out_features, bias, **kw)
-        # the route: a plain bool for the eager path, a 0-dim CPU tensor
-        # (the same value) that a compiled graph reads at run time
-        self._route = torch.zeros((), dtype=torch.bool)
-        self.recovery = False
+        self.recovery = False  # its route tensor made here, not in a graph
         self._overflow = 0      # FP8: at the last forward, either path
         self._err = 0.0         # k-bit: at the last forward, either path
 
@@ -482,16 +500,6 @@ class _TwoPathLinear(torch.nn.Linear):
         dtype (for inspection; forward keeps the encoded one)."""
         payload, scale, decode = self._store(x.detach(), record)
         return decode(payload, scale, x.dtype)
-
-    @property
-    def recovery(self):
-        """True while the unit takes its recovery path."""
-        return self._recovery
-
-    @recovery.setter
-    def recovery(self, high):
-        self._recovery = bool(high)
-        self._route.fill_(self._recovery)
 
     def forward(self, x):
         # Route changes must not recompile a compiled model: dynamo would
@@ -673,7 +681,7 @@ def _torchao_class():
     if _TORCHAO_CLASS is None:
         _, Float8Linear = _torchao()
 
-        class SwitchableFloat8Linear(Float8Linear):
+        class SwitchableFloat8Linear(_Routed, Float8Linear):
             """torchao's Float8Linear (its float8 forward and backward
             GEMMs, its scaling recipe) on the low-cost path; on the
             recovery path (`recovery` True) the same weight and bias in
@@ -688,20 +696,6 @@ def _torchao_class():
             Under autocast (which cond's branches cannot run under, and
             whose casts torchao makes its own way) the choice is made
             outside the graph, a graph break at each such linear."""
-
-            _recovery = False
-            _route = None
-
-            @property
-            def recovery(self):
-                return self._recovery
-
-            @recovery.setter
-            def recovery(self, high):
-                self._recovery = bool(high)
-                if self._route is None:
-                    self._route = torch.zeros((), dtype=torch.bool)
-                self._route.fill_(self._recovery)
 
             def forward(self, x):
                 if not torch.compiler.is_compiling():
