@@ -234,27 +234,44 @@ def paired(ctl_factory, steps=STEPS, overlap=False, clip=None, cpu=None):
     return base[n // 2], diff[n // 2], diff[n // 4], diff[3 * n // 4]
 
 
-def many_units(ep, n=10000, steps=30):
+def many_units(ep, n=10000, steps=30, fresh=False):
     """Controller.step on a model of n units (Linear(4, 4) each, gradients
     set, no training), against the floor of any controller written in
-    Python: one pass reading every parameter's gradient pointer. Returns
-    (median step, median floor) in seconds."""
+    Python: one pass reading every parameter's gradient pointer. With
+    fresh, every step's gradients are new tensors (as after
+    zero_grad(set_to_none=True) and a backward), made outside the timing.
+    Returns (median step, median floor) in seconds."""
     net = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(n)])
     params = list(net.parameters())
     for p in params:
         p.grad = torch.ones_like(p)
-    ctl = Controller(net, ep, f"units-{n}",
+    ctl = Controller(net, ep, f"units-{n}{'-fresh' if fresh else ''}",
                      params=gnmr.default_params(warmup_steps=5))
+    def floor_pass():
+        t = time.perf_counter()
+        ptrs = [p.grad.data_ptr() for p in params]
+        return time.perf_counter() - t, ptrs
+
+    def renew():
+        for p in params:
+            p.grad = torch.ones_like(p)
+
     ts, floor = [], []
     for step in range(1, steps + 1):
+        if fresh:  # the floor reads new tensors too: a tensor's first
+            # read from Python makes its Python object, which costs more
+            # than any later read
+            renew()
+            f, ptrs = floor_pass()
+            renew()
         t0 = time.perf_counter()
         ctl.step(step, wait_ms=5000)
-        t1 = time.perf_counter()
-        ptrs = [p.grad.data_ptr() for p in params]
-        t2 = time.perf_counter()
+        t = time.perf_counter() - t0
+        if not fresh:
+            f, ptrs = floor_pass()
         if step > 5:
-            ts.append(t1 - t0)
-            floor.append(t2 - t1)
+            ts.append(t)
+            floor.append(f)
     del ptrs
     ctl.close()
     ts.sort()

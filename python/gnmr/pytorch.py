@@ -113,6 +113,7 @@ such steps, and when most decisions come late, a warning (warnings and the
 "gnmr" logger) names the endpoint, job and rank.
 """
 import csv
+import ctypes
 import json
 import logging
 import math
@@ -186,6 +187,15 @@ def _private_endpoint(endpoint, daemon, data_dir, job):
            "a gnmrd of your own, daemon='never' for none")
     log.warning(msg)
     return got.agents, got
+
+
+def _flagged(names, flags):
+    """The names whose flag is nonzero. flags is a list or a ctypes array
+    (a host report's counts): an array of zeros, the common case, is told
+    by one scan of its bytes rather than 10,000 reads of its items."""
+    if isinstance(flags, ctypes.Array) and not bytes(flags).strip(b"\0"):
+        return []
+    return list(compress(names, flags))
 
 
 def _recovery_switch():
@@ -379,6 +389,7 @@ class Controller(Reduction):
         self.wait_ms, self.warn_after = wait_ms, warn_after
         self.high = [None] * len(self.units)
         self._names = [n for n, _ in self.units]
+        self._active = []       # the names of the units self.high routes
         self._table = bytearray(_TENSOR.size * 64)  # _walk_table()'s
         self._flat = None       # every parameter, for _cached_table()
         self._hcache = None     # its _HostTable
@@ -502,6 +513,7 @@ class Controller(Reduction):
                     if self.on_route:
                         self.on_route(name, module, high)
             self._applied = cur
+            self._active = list(compress(self._names, self.high))
             if not self._said_no_route and self._forced is None and \
                     any(self.high):
                 self._said_no_route = True
@@ -600,10 +612,10 @@ class Controller(Reduction):
         reported, but nonfinite and norms are this rank's gradients as
         they are now, so a NaN skip written after step() still fires."""
         r = StepResult(step, repeated=True, joined=self.agent.joined,
-                       active=compress(self._names, self.high))
+                       active=self._active)
         sumsq, nonfinite, nr = self._local_sums(self.reduce_threads)
         r._sums = (self._names, sumsq, nr)
-        r.nonfinite = list(compress(self._names, nonfinite))
+        r.nonfinite = _flagged(self._names, nonfinite)
         return r
 
     def _finish(self, step, wait_ms, grads_current=True):
@@ -636,7 +648,7 @@ class Controller(Reduction):
                       "raise wait_ms, or use report_async()/finish()")
         self.apply_routes()
         res = StepResult(step, on_time, joined,
-                         compress(self._names, self.high), self._changed,
+                         self._active, self._changed,
                          shadowed=[self.units[u][0] for u in self._shadowed])
         if joined and not self._said_run:
             res.run = self._tell_run(step)
@@ -666,7 +678,7 @@ class Controller(Reduction):
         if self._local is not None:
             sumsq, nonfinite, nr = self._local
             res._sums = (self._names, sumsq, nr)
-            res.nonfinite = list(compress(self._names, nonfinite))
+            res.nonfinite = _flagged(self._names, nonfinite)
         if job_nonfinite is not None:  # and this rank's own (a unit both
             # shadowed here and really non-finite is non-finite)
             bad = set(job_nonfinite) | set(res.nonfinite or ())
@@ -697,7 +709,7 @@ class Controller(Reduction):
             return []
         if self._local is None:
             return None
-        return list(compress(self._names, self._local[1]))
+        return _flagged(self._names, self._local[1])
 
     def read_local(self):
         """Makes local_nonfinite known after the CUDA kernel reduced the

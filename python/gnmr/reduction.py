@@ -7,7 +7,8 @@ the units, parameters, layout and agent that Controller.__init__ sets."""
 import ctypes
 import weakref
 from array import array
-from operator import attrgetter, is_
+from itertools import repeat
+from operator import attrgetter
 
 import torch
 
@@ -27,7 +28,6 @@ _DTYPE_CODES = {dt: _CODES_BY_NAME[name] for dt, name in _DTYPES.items()}
 _FLIP = bytes([1, 0]) + bytes(254)  # seen -> not reported
 _GRAD, _DTYPE = attrgetter("grad"), attrgetter("dtype")
 _IS_CPU = attrgetter("is_cpu")
-_DEREF = weakref.ref.__call__
 _T = torch.Tensor
 
 
@@ -36,9 +36,12 @@ class _HostTable:
     on the host (Reduction._cached_table): packed once while the
     gradients' dtypes and sizes stay, its pointers rewritten (one strided
     copy) when the gradients move, and left as it is while they are the
-    same tensors at the same addresses. Holds the gradients weakly: a
-    zero_grad(set_to_none=True) frees them as without GNMR."""
-    __slots__ = ("buf", "ptr_words", "refs", "dtypes", "numels", "ptrs")
+    same tensors at the same addresses. Holds the gradients weakly (a
+    zero_grad(set_to_none=True) frees them as without GNMR), each weak
+    reference with a callback that marks the table stale when its
+    gradient dies: while none has died, a step reads only the pointers."""
+    __slots__ = ("buf", "ptr_words", "refs", "dtypes", "numels", "ptrs",
+                 "died")
 
     def __init__(self, dtypes, numels, units):
         size = _TENSOR.size
@@ -48,8 +51,17 @@ class _HostTable:
             pack(self.buf, i * size, 0, numel, _DTYPE_CODES[dt], unit, 0.0)
         # the data pointers: word 0 of each 4-word entry
         self.ptr_words = memoryview(self.buf).cast("Q")[0::size // 8]
-        self.refs, self.ptrs = [], None
+        self.refs, self.ptrs, self.died = [], None, [True]
         self.dtypes, self.numels = dtypes, numels
+
+    def watch(self, grads):
+        """Holds grads weakly; self.died[0] turns True when one dies. The
+        callback holds the flag, not the table: no cycle."""
+        died = self.died = [False]
+
+        def dead(_ref):
+            died[0] = True
+        self.refs = list(map(weakref.ref, grads, repeat(dead, len(grads))))
 
 
 class Reduction:
@@ -120,10 +132,17 @@ class Reduction:
 
     def _cached_table(self):
         """_host_table() of plain p.grad gradients at the cost of reading
-        their pointers: the table is kept (_HostTable). Checks what can
-        change between steps: which tensors the gradients are (new ones
-        each step after zero_grad(set_to_none=True): their device,
-        contiguity, dtype and size), and where they are."""
+        their pointers: the table is kept (_HostTable). While every
+        gradient it was made from is alive and the pointers read now are
+        the ones it holds, it is used as it is: a tensor's dtype, size and
+        device are its parameter's, and a gradient replaced by another
+        tensor at the same address while the old one lives on (a view of
+        it) is read as the old one's memory, as the table says (docs/
+        python.md, "What a step costs"). Otherwise the gradients are read
+        again and checked (device, contiguity, dtype, size) before the
+        pointers are rewritten: after zero_grad(set_to_none=True) (new
+        tensors each step), a storage replaced in place (module.double()
+        with gradients present)."""
         flat = self._flat
         if flat is None:
             flat = self._flat = [p for ps in self._params for p in ps]
@@ -131,28 +150,31 @@ class Reduction:
                                 for _ in ps]
         if not flat:  # units without parameters: nothing to keep
             return self._walk_table()
+        c = self._hcache
+        if c is not None and not c.died[0]:
+            try:  # one C-level pass: each gradient and its pointer
+                ptrs = list(map(_T.data_ptr, map(_GRAD, flat)))
+            except TypeError:  # a parameter without a gradient
+                return self._walk_table()
+            if ptrs == c.ptrs:
+                return c.buf, len(ptrs), []
         grads = list(map(_GRAD, flat))
         try:
             ptrs = list(map(_T.data_ptr, grads))
         except TypeError:  # a parameter without a gradient
             return self._walk_table()
-        c = self._hcache
-        if c is None or len(c.refs) != len(grads) or \
-                not all(map(is_, grads, map(_DEREF, c.refs))):
-            if not all(map(_IS_CPU, grads)) or \
-                    not all(map(_T.is_contiguous, grads)):
-                return self._walk_table()  # a device, or copies to make
-            dtypes = list(map(_DTYPE, grads))
-            numels = list(map(_T.numel, grads))
-            if c is None or dtypes != c.dtypes or numels != c.numels:
-                if not all(dt in _DTYPE_CODES for dt in set(dtypes)):
-                    return self._walk_table()  # read as float32 copies
-                c = self._hcache = _HostTable(dtypes, numels,
-                                              self._flat_units)
-            c.refs = list(map(weakref.ref, grads))
-        if ptrs != c.ptrs:
-            c.ptr_words[:] = array("Q", ptrs)
-            c.ptrs = ptrs
+        if not all(map(_IS_CPU, grads)) or \
+                not all(map(_T.is_contiguous, grads)):
+            return self._walk_table()  # a device, or copies to make
+        dtypes = list(map(_DTYPE, grads))
+        numels = list(map(_T.numel, grads))
+        if c is None or dtypes != c.dtypes or numels != c.numels:
+            if not all(dt in _DTYPE_CODES for dt in set(dtypes)):
+                return self._walk_table()  # read as float32 copies
+            c = self._hcache = _HostTable(dtypes, numels, self._flat_units)
+        c.watch(grads)
+        c.ptr_words[:] = array("Q", ptrs)
+        c.ptrs = ptrs
         return c.buf, len(grads), []
 
     def _walk_table(self):

@@ -499,7 +499,9 @@ class ControllerTest(unittest.TestCase):
         _HostTable); each way the gradients can change under it gives the
         norms a fresh pass gives: values changed in place, new tensors
         (set_to_none), a gradient made non-contiguous, a missing one, the
-        model's dtype changed after the Controller was made."""
+        model's dtype changed after the Controller was made (with and
+        without gradients present), a gradient replaced while the old one
+        is still held."""
         torch.manual_seed(5)
         net = torch.nn.Sequential(torch.nn.Linear(6, 6),
                                   torch.nn.Linear(6, 3))
@@ -543,6 +545,22 @@ class ControllerTest(unittest.TestCase):
         res = ctl.step(7, wait_ms=5000)
         expect(res)
         self.assertEqual(res.norms[ctl.units[1][0]], None)
+        net(x.double()).pow(2).sum().backward()
+        expect(ctl.step(8, wait_ms=5000))
+        # the dtype changed with the gradients present: the same gradient
+        # tensors, each given new float32 storage in place
+        grads = [p.grad for p in net.parameters()]
+        net.float()
+        self.assertTrue(all(p.grad is g and g.dtype == torch.float32
+                            for p, g in zip(net.parameters(), grads)))
+        del grads
+        expect(ctl.step(9, wait_ms=5000))
+        # a gradient replaced while the old one lives on (held here): new
+        # memory, read from the new tensor
+        held = net[0].weight.grad
+        net[0].weight.grad = held * 5
+        expect(ctl.step(10, wait_ms=5000))
+        del held
         ctl.close()
 
     def test_nonfinite_gradient_is_selected_and_idle_unit_is_not(self):
