@@ -106,6 +106,24 @@ def _tensor_array(buffers, n_units):
     return (_lib.Tensor * max(n, 1)).from_buffer(buf), n
 
 
+def _array(ctype, values, n, what):
+    """values as a ctypes array of n ctype: as it is when it is one (a
+    host reduction's output), else copied (booleans as 0/1); None stays
+    None."""
+    if values is None:
+        return None
+    if isinstance(values, ctypes.Array):
+        if values._type_ is not ctype or len(values) != n:
+            raise ValueError(f"{what}: a ctypes array of {n} "
+                             f"{ctype.__name__}")
+        return values
+    if len(values) != n:
+        raise ValueError(f"{what} has {len(values)} values for {n} units")
+    if ctype is ctypes.c_uint8:
+        values = [1 if x else 0 for x in values]
+    return (ctype * n)(*values)
+
+
 class Agent:
     """One reporter (or observer) of a job.
 
@@ -206,17 +224,18 @@ class Agent:
         """Reports already-reduced values, one per unit: sums of squares
         (>= 0), counts of NaN/Inf elements, units with no value, and units
         whose low-cost path the recipe measured as damaged (scored as
-        non-finite by gnmrd, recorded as `shadowed`)."""
+        non-finite by gnmrd, recorded as `shadowed`). Each is a sequence
+        or a ctypes array of the library's type (c_double, c_uint64,
+        c_uint8, c_uint8), which is passed as it is."""
         n = self.n_units
         if len(sumsq) != n:
             raise ValueError(f"sumsq has {len(sumsq)} values for {n} units")
-        s = (ctypes.c_double * n)(*sumsq)
-        nf = (ctypes.c_uint64 * n)(*nonfinite) if nonfinite is not None \
-            else None
-        nr = (ctypes.c_uint8 * n)(*[1 if x else 0 for x in not_reported]) \
-            if not_reported is not None else None
-        sh = (ctypes.c_uint8 * n)(*[1 if x else 0 for x in shadowed]) \
-            if shadowed else None
+        s = _array(ctypes.c_double, sumsq, n, "sumsq")
+        nf = _array(ctypes.c_uint64, nonfinite, n, "nonfinite")
+        nr = _array(ctypes.c_uint8, not_reported, n, "not_reported")
+        sh = _array(ctypes.c_uint8, shadowed, n, "shadowed") \
+            if shadowed is not None and (isinstance(shadowed, ctypes.Array)
+                                         or any(shadowed)) else None
         self._check_report(lib().gnmr_agent_report_sums_shadowed(
             self._a, step, s, nf, nr, sh), step)
 

@@ -127,7 +127,7 @@ import torch
 from . import _layout
 from ._lib import default_endpoint
 from ._warn import warn as _warn
-from .agent import Agent, _TENSOR
+from .agent import Agent
 from .reduction import Reduction
 from .units import identity, select_units
 
@@ -297,7 +297,7 @@ class DecisionLog:
         self._f.close()
 
 
-class Controller(Reduction):
+class Controller:
     def __init__(self, model, endpoint=None, job=None,
                  select=(torch.nn.Linear,), pattern=None, on_route=None,
                  tp_size=None, tp_group=None, global_rank=None, wait_ms=50,
@@ -329,13 +329,6 @@ class Controller(Reduction):
         self.layout = lay = _layout.layout(named, global_rank, tp_size,
                                            tp_group)
         self.tp_rank, tp_size = lay.index, lay.reporters
-        # parameters whose local gradient another reporter counts: read
-        # for "has a gradient", not summed
-        self._skip = {id(p) for ps in self._params for p in ps
-                      if not lay.counts(p)}
-        # every gradient a plain p.grad counted here: the fast pass
-        self._simple = not self._skip and lay.mesh is None and not any(
-            hasattr(p, "main_grad") for ps in self._params for p in ps)
         frozen = [n for (n, _), ps in zip(self.units, self._params)
                   if not any(p.requires_grad for p in ps)]
         if frozen:
@@ -343,9 +336,6 @@ class Controller(Reduction):
                   f"requires a gradient and will never be reported: "
                   f"{', '.join(frozen[:8])}{', ...' if len(frozen) > 8 else ''}"
                   " (frozen layers: leave them out with select=/pattern=)")
-        self._never = set(range(len(self.units))) - {
-            u for u, (n, _) in enumerate(self.units) if n in frozen}
-        self._reports = 0
         explicit = bool(endpoint or os.environ.get("GNMR_ENDPOINT"))
         self.endpoint = endpoint or default_endpoint()
         if daemon == "private" or (daemon == "auto" and not explicit):
@@ -380,25 +370,20 @@ class Controller(Reduction):
         if shadow_low and shadow is None:
             raise ValueError("shadow_low=True asks shadow= of the units on "
                              "their low-cost path too: give shadow=")
-        self.shadow = shadow
-        self.shadow_low = bool(shadow_low)
-        self._shadowed = []     # units the last report marked non-finite
         if not isinstance(reduce_threads, int) or reduce_threads < 0:
             raise ValueError("reduce_threads is 0 (automatic) or more")
-        self.reduce_threads = reduce_threads
         self.wait_ms, self.warn_after = wait_ms, warn_after
+        # the gradients' reduction and what the last report sent
+        self._reduction = Reduction(
+            self.agent, self.units, self._params, lay, reduce_threads,
+            shadow, bool(shadow_low), warn_after, job,
+            frozen=[u for u, (n, _) in enumerate(self.units)
+                    if n in frozen])
         self.high = [None] * len(self.units)
         self._names = [n for n, _ in self.units]
         self._active = []       # the names of the units self.high routes
-        self._table = bytearray(_TENSOR.size * 64)  # _walk_table()'s
-        self._flat = None       # every parameter, for _cached_table()
-        self._hcache = None     # its _HostTable
         self._forced = None     # route_all()'s route
         self._applied = None    # the routes self.high holds, as bytes
-        self._cuda = None       # CudaReducer, opened at the first CUDA step
-        self._cuda_failed = None  # why the CUDA backend is not used
-        self._cuda_step = None  # (step, stream) of the last kernel report
-        self._keep = []         # copies the GPU may still read
         self._worker = None     # report_async's thread
         self._pending = None
         self._reported = None   # the step report() sent, not yet finished
@@ -412,9 +397,6 @@ class Controller(Reduction):
         self._not_joined = 0
         self._said_run = False  # what run gnmrd let this rank into
         self._late = []         # the last on-time flags, for the warning
-        self._local = None      # (norms, nonfinite) of the last report
-        self._clipping = False  # clip_grad_norm_() was called: keep
-        self._reduced = None    # what the last pass read, for it
         self._trace = None
         if trace is not None:
             if tp_size > 1:
@@ -422,6 +404,29 @@ class Controller(Reduction):
                                  "tp shards each rank has only its part")
             self._trace = open(trace, "w")
             self._trace.write("step,unit,norm\n")
+
+    # ---- the reduction ----------------------------------------------------
+
+    @property
+    def cuda_backend(self):
+        """'gnmr' when CUDA gradients go to the agent's kernel, else why
+        torch reduces them (None before the first CUDA step)."""
+        return self._reduction.cuda_backend
+
+    @property
+    def reduce_threads(self):
+        return self._reduction.threads
+
+    @property
+    def shadow(self):
+        return self._reduction.shadow
+
+    @property
+    def shadow_low(self):
+        return self._reduction.shadow_low
+
+    def _report(self, t, stream=None, threads=None):
+        self._reduction.report(t, self.high, stream, threads)
 
     # ---- steps ----------------------------------------------------------
 
@@ -557,8 +562,8 @@ class Controller(Reduction):
         # current_stream() is that thread's (the default stream), which
         # the backward that made the gradients never ran on
         # one thread: the pass overlaps the caller's own work
-        self._pending = (step, self._worker.submit(self._report, t,
-                                                   self._caller_stream(), 1))
+        self._pending = (step, self._worker.submit(
+            self._report, t, self._reduction.caller_stream(), 1))
 
     def finish(self, step, wait_ms=None):
         """Completes step, sent by report_async() (its errors are raised
@@ -613,13 +618,13 @@ class Controller(Reduction):
         they are now, so a NaN skip written after step() still fires."""
         r = StepResult(step, repeated=True, joined=self.agent.joined,
                        active=self._active)
-        sumsq, nonfinite, nr = self._local_sums(self.reduce_threads)
+        sumsq, nonfinite, nr = self._reduction.local_sums()
         r._sums = (self._names, sumsq, nr)
         r.nonfinite = _flagged(self._names, nonfinite)
         return r
 
     def _finish(self, step, wait_ms, grads_current=True):
-        t = self._last
+        t, red = self._last, self._reduction
         joined = self.agent.joined
         if joined:
             self._not_joined = 0
@@ -649,7 +654,7 @@ class Controller(Reduction):
         self.apply_routes()
         res = StepResult(step, on_time, joined,
                          self._active, self._changed,
-                         shadowed=[self.units[u][0] for u in self._shadowed])
+                         shadowed=[self.units[u][0] for u in red.shadowed])
         if joined and not self._said_run:
             res.run = self._tell_run(step)
         job_nonfinite = None
@@ -660,23 +665,19 @@ class Controller(Reduction):
                              for u, g, d, s in risky}
                 # +inf scores are non-finite norms, job-wide (every shard
                 # and replica), so every rank skips the same steps
-                mine = set(self._shadowed)
+                mine = set(red.shadowed)
                 job_nonfinite = [self.units[u][0] for u, _, _, s in risky
                                  if s == math.inf and u not in mine]
-        reported = self._local  # the sums this rank sent, if it did
-        if reported is None and self._trace is not None and \
-                self._cuda_step is not None and self._cuda_step[0] == t:
+        reported = red.local  # the sums this rank sent, if it did
+        if reported is None and self._trace is not None:
             # the kernel's own sums, read back for the trace (one
             # synchronisation a step, only with trace=)
-            sumsq, nonfinite, seen = self._cuda.read(
-                self._cuda_step[1].cuda_stream)
-            reported = self._local = (sumsq, nonfinite,
-                                      [not x for x in seen])
+            reported = red.read_kernel(t)
         if reported is None and job_nonfinite is None and grads_current:
             # an observer, or the CUDA kernel's sums: this rank's own view
-            self._local = self._local_sums(self.reduce_threads)
-        if self._local is not None:
-            sumsq, nonfinite, nr = self._local
+            red.local = red.local_sums()
+        if red.local is not None:
+            sumsq, nonfinite, nr = red.local
             res._sums = (self._names, sumsq, nr)
             res.nonfinite = _flagged(self._names, nonfinite)
         if job_nonfinite is not None:  # and this rank's own (a unit both
@@ -686,7 +687,7 @@ class Controller(Reduction):
                 else []
         if reported is not None and self._trace is not None:
             sumsq, nonfinite, nr = reported  # what gnmrd decided from:
-            shadowed = set(self._shadowed)  # shadowed units as NaN
+            shadowed = set(red.shadowed)  # shadowed units as NaN
             for u, ((n, _), s, c, skip) in enumerate(
                     zip(self.units, sumsq, nonfinite, nr)):
                 if not skip:
@@ -707,9 +708,10 @@ class Controller(Reduction):
         real non-finite units, `shadow`'s excluded."""
         if self.agent.observer:
             return []
-        if self._local is None:
+        local = self._reduction.local
+        if local is None:
             return None
-        return _flagged(self._names, self._local[1])
+        return _flagged(self._names, local[1])
 
     def read_local(self):
         """Makes local_nonfinite known after the CUDA kernel reduced the
@@ -717,12 +719,8 @@ class Controller(Reduction):
         the report ran on; no round trip to gnmrd). True when known."""
         if self.agent.observer:
             return True
-        if self._local is None and self._cuda_step is not None and \
-                self._cuda_step[0] == self._last:
-            sumsq, nonfinite, seen = self._cuda.read(
-                self._cuda_step[1].cuda_stream)
-            self._local = (sumsq, nonfinite, [not x for x in seen])
-        return self._local is not None
+        self._reduction.read_kernel(self._last)
+        return self._reduction.local is not None
 
     # ---- gradient clipping on the report's sums ----------------------------
 
@@ -756,8 +754,8 @@ class Controller(Reduction):
         if isinstance(parameters, torch.Tensor):
             parameters = [parameters]
         parameters = list(parameters)
-        first = not self._clipping
-        self._clipping = True
+        first = not self._reduction.clipping
+        self._reduction.clipping = True
         total = None
         if not first and norm_type == 2.0 and not error_if_nonfinite and \
                 foreach is None:
@@ -779,11 +777,12 @@ class Controller(Reduction):
         """The total 2-norm of the gradients of `parameters` from the last
         report's sums (units) and torch (the rest), or None where the
         report's sums do not stand in (clip_grad_norm_ says when)."""
-        if self._reduced is None or self._local is None or \
-                self._reduced[0] != self._last:
+        red = self._reduction
+        if red.reduced is None or red.local is None or \
+                red.reduced[0] != self._last:
             return None
-        sumsq, nonfinite, _ = self._local
-        reduced = {id(p): (u, g, v) for u, p, g, v in self._reduced[1]}
+        sumsq, nonfinite, _ = red.local
+        reduced = {id(p): (u, g, v) for u, p, g, v in red.reduced[1]}
         per_unit = [0] * len(self._params)
         for _, (u, _, _) in reduced.items():
             per_unit[u] += 1
@@ -846,9 +845,7 @@ class Controller(Reduction):
         if self._worker is not None:
             self._worker.shutdown()
             self._worker = None
-        if self._cuda is not None:
-            self._cuda.close()
-            self._cuda = None
+        self._reduction.close()
         if self._trace is not None:
             self._trace.close()
             self._trace = None

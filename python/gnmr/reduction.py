@@ -2,8 +2,9 @@
 """The reduction of a Controller's units (gnmr.pytorch): each unit's sum of
 squares and NaN/Inf count from its gradients, on the host (libgnmr-agent,
 one pass over a table of tensors), on CUDA (the agent's kernel) or by
-torch, and the report to gnmrd. Reduction is Controller's base: it reads
-the units, parameters, layout and agent that Controller.__init__ sets."""
+torch, and the report to gnmrd. A Controller holds one Reduction and
+reads what the last report sent from it (local, shadowed, reduced); the
+Reduction reaches the agent through its public calls only."""
 import ctypes
 import weakref
 from array import array
@@ -65,26 +66,80 @@ class _HostTable:
 
 
 class Reduction:
-    """Reports the units' gradients (see the module's docstring)."""
+    """One Controller's reduction (see the module's docstring): its
+    tables, its CUDA reducer and what its last report sent.
+
+    agent: the Controller's Agent; units: [(name, module)]; params: each
+    unit's parameters; layout: _layout.layout()'s answer for them;
+    threads: the host pass's threads (0: automatic); shadow, shadow_low:
+    the Controller's; warn_after, job, frozen (units never to expect a
+    gradient from): for the warning about units without gradients."""
+
+    def __init__(self, agent, units, params, layout, threads=0, shadow=None,
+                 shadow_low=False, warn_after=3, job="", frozen=()):
+        self.agent, self.units, self._params = agent, units, params
+        self.layout, self.threads = layout, threads
+        self.shadow, self.shadow_low = shadow, shadow_low
+        self.warn_after, self.job = warn_after, job
+        # parameters whose local gradient another reporter counts: read
+        # for "has a gradient", not summed
+        self._skip = {id(p) for ps in params for p in ps
+                      if not layout.counts(p)}
+        # every gradient a plain p.grad counted here: the fast pass
+        self._simple = not self._skip and layout.mesh is None and not any(
+            hasattr(p, "main_grad") for ps in params for p in ps)
+        self._never = set(range(len(units))) - set(frozen)
+        self._reports = 0
+        self._table = bytearray(_TENSOR.size * 64)  # _walk_table()'s
+        self._flat = None       # every parameter, for _cached_table()
+        self._hcache = None     # its _HostTable
+        self.cuda = None        # CudaReducer, opened at the first CUDA step
+        self._cuda_failed = None  # why the CUDA backend is not used
+        self._kernel = None     # (step, stream) of the last kernel report
+        self._keep = []         # copies the GPU may still read
+        # what the last report sent: (sumsq, nonfinite, not_reported) per
+        # unit, None when the kernel has them (read_kernel()) or nothing
+        # was sent (an observer)
+        self.local = None
+        self.shadowed = []      # the units it reported as shadowed
+        self.clipping = False   # keep `reduced` (clip_grad_norm_)
+        self.reduced = None     # (step, [(unit, p, grad, grad._version)])
+
+    def close(self):
+        if self.cuda is not None:
+            self.cuda.close()
+            self.cuda = None
+
+    def read_kernel(self, t):
+        """`local` of step t's report when the CUDA kernel reduced it: its
+        sums read back (one synchronisation of the report's stream); None
+        when step t was not a kernel report."""
+        if self.local is None and self._kernel is not None and \
+                self._kernel[0] == t:
+            sumsq, nonfinite, seen = self.cuda.read(
+                self._kernel[1].cuda_stream)
+            self.local = (sumsq, nonfinite, [not x for x in seen])
+            return self.local
+        return None
 
     def _cuda_reducer(self, device):
-        if self._cuda is None and self._cuda_failed is None:
+        if self.cuda is None and self._cuda_failed is None:
             if cuda_device_count() == 0:
                 self._cuda_failed = "libgnmr-agent sees no CUDA device " \
                                     "(or was built without nvcc)"
             else:
                 try:
-                    self._cuda = CudaReducer(self.agent, device=device.index
-                                             or 0)
+                    self.cuda = CudaReducer(self.agent, device=device.index
+                                            or 0)
                 except GnmrError as e:
                     self._cuda_failed = str(e)
-        return self._cuda
+        return self.cuda
 
     @property
     def cuda_backend(self):
         """'gnmr' when CUDA gradients go to the agent's kernel, else why
         torch reduces them."""
-        return "gnmr" if self._cuda is not None else self._cuda_failed
+        return "gnmr" if self.cuda is not None else self._cuda_failed
 
     @staticmethod
     def _buffers(grads):
@@ -106,7 +161,7 @@ class Reduction:
                 append((unit, g.data_ptr(), g.numel(), dt))
         return keep, buffers
 
-    def _caller_stream(self):
+    def caller_stream(self):
         """The current CUDA stream of the first CUDA parameter's device, on
         the calling thread; None without CUDA parameters."""
         for ps in self._params:
@@ -115,13 +170,16 @@ class Reduction:
                     return torch.cuda.current_stream(p.device)
         return None
 
-    def _report(self, t, stream=None, threads=None):
+    def report(self, t, high, stream=None, threads=None):
+        """Reduces and reports step t's gradients (high: the units' routes,
+        for `shadow`); stream: the caller's CUDA stream when this runs on a
+        worker thread; threads: the host pass's, else self.threads."""
         if threads is None:
-            threads = self.reduce_threads
+            threads = self.threads
         if stream is not None:  # a worker thread: the caller's stream
             with torch.cuda.stream(stream):
-                return self._report_on(t, stream, threads)
-        return self._report_on(t, None, threads)
+                return self._report_on(t, high, stream, threads)
+        return self._report_on(t, high, None, threads)
 
     def _host_table(self):
         """Every gradient on the host: (gnmr_tensor table, its length,
@@ -225,15 +283,15 @@ class Reduction:
                 "DeviceMesh and the parameters the model trains")
         return _local(g)
 
-    def _shadow_units(self):
+    def _shadow_units(self, high):
         """The units on their recovery path whose low-cost path `shadow`
         says would have been damaged at this step (with shadow_low, those
         on the low-cost path it says were)."""
         if self.shadow is None:
             return []
-        low = getattr(self, "shadow_low", False)
+        low = self.shadow_low
         return [u for u, (name, m) in enumerate(self.units)
-                if (self.high[u] or low) and self.shadow(name, m)]
+                if (high[u] or low) and self.shadow(name, m)]
 
     def _reduce_host(self, threads, table):
         """A _host_table() reduced: (sumsq, nonfinite, seen) as ctypes
@@ -273,9 +331,11 @@ class Reduction:
             has.append(any_g)
         return grads, has
 
-    def _local_sums(self, threads):
+    def local_sums(self, threads=None):
         """(sumsq, nonfinite, not_reported) of this rank's gradients, as
         lists, without reporting them: for a repeated step."""
+        if threads is None:
+            threads = self.threads
         table = self._host_table()
         if table is not None:
             sumsq, nonfinite, seen = self._reduce_host(threads, table)
@@ -329,34 +389,34 @@ class Reduction:
         nr = (ctypes.c_uint8 * n).from_buffer_copy(not_reported)
         # the arrays are kept: a list of 10,000 would cost more than the
         # reduction
-        self._shadowed = [u for u in shadowed if seen[u]]
+        self.shadowed = [u for u in shadowed if seen[u]]
         sh = None
-        if self._shadowed:  # scored as the low-cost path would have made
+        if self.shadowed:  # scored as the low-cost path would have made
             sh = (ctypes.c_uint8 * n)()  # it, recorded as shadowed
-            for u in self._shadowed:
+            for u in self.shadowed:
                 sh[u] = 1
-        self.agent._check_report(lib().gnmr_agent_report_sums_shadowed(
-            self.agent._a, t, sumsq, nonfinite, nr, sh), t)
-        self._local = (sumsq, nonfinite, not_reported)
+        self.agent.report_sums(t, sumsq, nonfinite, not_reported=nr,
+                               shadowed=sh)
+        self.local = (sumsq, nonfinite, not_reported)
 
-    def _report_on(self, t, stream, threads):
-        self._local = None
-        self._reduced = None
-        self._shadowed = []
+    def _report_on(self, t, high, stream, threads):
+        self.local = None
+        self.reduced = None
+        self.shadowed = []
         if self.agent.observer:  # another replica reports this shard
             self.agent.report_sums(t, [0.0] * len(self._params))
             return
-        shadowed = self._shadow_units()
+        shadowed = self._shadow_units(high)
         table = self._host_table()
         if table is not None:
             self._report_host(t, threads, table, shadowed)
-            self._note_gradients(self._local[2])
-            if self._clipping:  # the gradients these sums are of
-                self._reduced = (t, [(u, p, g, g._version)
-                                     for u, ps in enumerate(self._params)
-                                     for p in ps
-                                     for g in (self._grad(p),)
-                                     if g is not None])
+            self._note_gradients(self.local[2])
+            if self.clipping:  # the gradients these sums are of
+                self.reduced = (t, [(u, p, g, g._version)
+                                    for u, ps in enumerate(self._params)
+                                    for p in ps
+                                    for g in (self._grad(p),)
+                                    if g is not None])
             return
         grads, has = self._unit_grads()
         not_reported = [not h for h in has]
@@ -373,14 +433,14 @@ class Reduction:
             self._keep = (grads, keep)
             if stream is None:
                 stream = torch.cuda.current_stream(cuda[0].device)
-            self._cuda.report(t, buffers, stream.cuda_stream)
-            self._cuda_step = (t, stream)
+            self.cuda.report(t, buffers, stream.cuda_stream)
+            self._kernel = (t, stream)
             return
         sumsq, nonfinite = self._mixed_sums(grads, threads)
-        self._shadowed = [u for u in shadowed if not not_reported[u]]
-        mine = set(self._shadowed)  # scored as the low-cost path would
+        self.shadowed = [u for u in shadowed if not not_reported[u]]
+        mine = set(self.shadowed)  # scored as the low-cost path would
         self.agent.report_sums(t, sumsq, nonfinite,  # have made it
                                not_reported=not_reported,
                                shadowed=[u in mine for u in range(len(
                                    sumsq))] if mine else None)
-        self._local = (sumsq, nonfinite, not_reported)
+        self.local = (sumsq, nonfinite, not_reported)

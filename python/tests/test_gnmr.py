@@ -190,8 +190,9 @@ class CudaTest(unittest.TestCase):
                 net(torch.randn(4, 8, device="cuda")).pow(2).mean().backward()
                 self.assertTrue(ctl.step(step, wait_ms=5000))
             self.assertEqual(ctl.cuda_backend, "gnmr")
-            self.assertTrue(ctl._cuda.flush(5000))  # counts are final
-            st = ctl._cuda.stats()
+            # counts are final
+            self.assertTrue(ctl._reduction.cuda.flush(5000))
+            st = ctl._reduction.cuda.stats()
             self.assertEqual(st["launches"], 5)
             self.assertEqual(st["delivered"], 5)
             ctl.close()
@@ -212,17 +213,17 @@ class CudaTest(unittest.TestCase):
                 net(torch.randn(4, 8, device="cuda")).pow(2).mean() \
                     .backward()
                 self.assertTrue(ctl.step(step, wait_ms=5000))
-            self.assertEqual(ctl._cuda.stats()["uploads"], 1)
+            self.assertEqual(ctl._reduction.cuda.stats()["uploads"], 1)
             # one gradient moves to new memory: uploaded again, and the
             # kernel reads the new memory
             name, m = ctl.units[0]
             p = next(p for p in m.parameters() if p.grad is not None)
             p.grad = torch.full_like(p.grad, 3.0)
             self.assertTrue(ctl.step(5, wait_ms=5000))
-            self.assertEqual(ctl._cuda.stats()["uploads"], 2)
+            self.assertEqual(ctl._reduction.cuda.stats()["uploads"], 2)
             want = sum(q.grad.double().pow(2).sum().item()
                        for q in m.parameters() if q.grad is not None)
-            sumsq, _, _ = ctl._cuda.read(
+            sumsq, _, _ = ctl._reduction.cuda.read(
                 torch.cuda.current_stream().cuda_stream)
             self.assertAlmostEqual(sumsq[0], want, delta=1e-5 * want)
             ctl.close()
@@ -821,7 +822,7 @@ class ClipTest(unittest.TestCase):
                     change()
                     self.step += 1
                     self.ctl.step(self.step, wait_ms=5000)
-                    self.assertEqual(self.ctl._local[1][2], 1)
+                    self.assertEqual(self.ctl._reduction.local[1][2], 1)
                 else:
                     self.backward()
                     if change is not None:
