@@ -229,7 +229,7 @@ err:
   return rv;
 }
 
-void trace_free(trace *t) {
+void trace_clear(trace *t) {
   if (t == NULL)
     return;
   free(t->rows);

@@ -25,7 +25,7 @@ typedef struct trace_row {
 } trace_row;
 
 typedef struct trace {
-  trace_row *rows;      /* sorted by (step, unit); owned, trace_free() */
+  trace_row *rows;      /* sorted by (step, unit); owned, trace_clear() */
   size_t n_rows;
   uint64_t first_step;  /* 0 when the trace has no rows */
   uint64_t last_step;
@@ -37,12 +37,12 @@ typedef struct trace_error {
   char msg[200];
 } trace_error;
 
-/* Parses len bytes of buf. On success fills *out (free with trace_free) and
+/* Parses len bytes of buf. On success fills *out (free with trace_clear) and
  * returns 0. On failure returns GNMR_E_PARSE (or GNMR_E_NOMEM), leaves *out
  * empty and describes the first problem in *err. */
 int trace_parse(const char *buf, size_t len, trace *out, trace_error *err);
 
-void trace_free(trace *t);
+void trace_clear(trace *t);
 
 /* Reads a whole file ("-" = standard input) into a new buffer (free()).
  * Returns 0, GNMR_E_IO (errno kept) or GNMR_E_NOMEM. */

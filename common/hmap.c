@@ -136,7 +136,7 @@ int hmap_del(hmap *m, const void *key, size_t len) {
   return 1;
 }
 
-void hmap_free(hmap *m) {
+void hmap_clear(hmap *m) {
   int borrowed = m->borrowed;
   for (size_t i = 0; i < m->cap && !borrowed; i++)
     if (m->slots[i].key != NULL && m->slots[i].key != HMAP_TOMB)

@@ -39,7 +39,7 @@ int hmap_reserve(hmap *m, size_t n);
 uint64_t hmap_hash(const void *key, size_t len);
 /* Removes key if present; returns 1 when it was. */
 int hmap_del(hmap *m, const void *key, size_t len);
-void hmap_free(hmap *m);
+void hmap_clear(hmap *m);
 /* Iteration: start with *pos = 0; returns 1 with the next live entry (key
  * and len may be NULL), 0 at the end. The map must not change meanwhile. */
 int hmap_next(const hmap *m, size_t *pos, const void **key, size_t *len,

@@ -141,14 +141,14 @@ int gnmr__key_file_read(const char *path, char *pub, char *sec, char *err,
   return GNMR_OK;
 }
 
-void gnmr__allow_free(gnmr_allow *a) {
+void gnmr__allow_clear(gnmr_allow *a) {
   for (size_t i = 0; i < a->n; i++) {
     free(a->grants[i].jobs);
     free(a->grants[i].owns);
     free(a->grants[i].name);
   }
   free(a->grants);
-  hmap_free(&a->keys);
+  hmap_clear(&a->keys);
   memset(a, 0, sizeof *a);
 }
 
@@ -272,7 +272,7 @@ int gnmr__allow_load(const char *path, gnmr_allow *a, char *err,
   fclose(f);
   if (a->n == 0) {
     snprintf(err, errlen, "%s: no key listed: nobody could connect", path);
-    gnmr__allow_free(a);
+    gnmr__allow_clear(a);
     return GNMR_E_PARSE;
   }
   return GNMR_OK;
@@ -281,7 +281,7 @@ nomem:
   rv = GNMR_E_NOMEM;
 fail:
   fclose(f);
-  gnmr__allow_free(a);
+  gnmr__allow_clear(a);
   return rv;
 }
 

@@ -48,7 +48,7 @@ typedef struct gnmr_allow {
  * would let nobody in), as is an unknown role or an empty GLOB. */
 int gnmr__allow_load(const char *path, gnmr_allow *a, char *err,
                      size_t errlen);
-void gnmr__allow_free(gnmr_allow *a);
+void gnmr__allow_clear(gnmr_allow *a);
 /* The grant of a key (Z85), or NULL when it is not listed. */
 const gnmr_grant *gnmr__allow_find(const gnmr_allow *a, const char *key);
 /* Whether key may act on job as its owner would: no tenancy, an operator,

@@ -206,7 +206,7 @@ err_sync:
   pthread_mutex_destroy(&a->err_mu);
   pthread_cond_destroy(&a->cv);
 err_free:
-  gnmr__agent_scratch_free(a);
+  gnmr__agent_scratch_clear(a);
   if (a->names)
     for (uint32_t i = 0; i < cfg->n_units; i++)
       free(a->names[i]);
@@ -257,7 +257,7 @@ void gnmr_agent_close(gnmr_agent **pa) {
      * parent's; the buffers ZeroMQ held are the parent's to free */
     for (int i = 0; i < REPORT_POOL; i++)
       atomic_store(&a->pool[i].busy, 1);
-    gnmr__agent_scratch_free(a);
+    gnmr__agent_scratch_clear(a);
     gnmr__agent_free_config(a);
     free(a);
     *pa = NULL;
@@ -273,7 +273,7 @@ void gnmr_agent_close(gnmr_agent **pa) {
   pthread_mutex_destroy(&a->cpu_mu);
   pthread_mutex_destroy(&a->err_mu);
   pthread_cond_destroy(&a->cv);
-  gnmr__agent_scratch_free(a);
+  gnmr__agent_scratch_clear(a);
   gnmr__agent_free_config(a);
   free(a);
   *pa = NULL;

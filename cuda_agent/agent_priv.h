@@ -151,7 +151,7 @@ void *gnmr__agent_io_main(void *arg);
 
 /* agent_report.c */
 int gnmr__agent_scratch_init(gnmr_agent *a);
-void gnmr__agent_scratch_free(gnmr_agent *a);
+void gnmr__agent_scratch_clear(gnmr_agent *a);
 void gnmr__agent_mark_reported(gnmr_agent *a, uint64_t step);
 
 /* Writes pl->len bytes (gnmr__report_plan, proto/wire.h) to out, the

@@ -43,7 +43,7 @@ static void scratch_free(report_scratch *s) {
   memset(s, 0, sizeof *s);
 }
 
-void gnmr__agent_scratch_free(gnmr_agent *a) {
+void gnmr__agent_scratch_clear(gnmr_agent *a) {
   scratch_free(&a->enc);
   scratch_free(&a->cpu);
   /* ZeroMQ releases the buffers of dropped messages as it tears the

@@ -285,7 +285,7 @@ void gnmr_cuda_close(gnmr_cuda **pc) {
   if (c->agent != NULL && gnmr__agent_forked(c->agent)) {
     /* the copy in a forked child: the completion thread, streams and
      * device memory are the parent's (CUDA is not usable after fork) */
-    gnmr__plan_free(&c->plan);
+    gnmr__plan_clear(&c->plan);
     free(c->reg);
     free(c);
     *pc = NULL;
@@ -304,7 +304,7 @@ void gnmr_cuda_close(gnmr_cuda **pc) {
     free_buffers(c);
     dev_leave(c, &g);
   }
-  gnmr__plan_free(&c->plan);
+  gnmr__plan_clear(&c->plan);
   free(c->reg);
   pthread_mutex_destroy(&c->mu);
   pthread_mutex_destroy(&c->err_mu);
@@ -355,13 +355,13 @@ int gnmr_cuda_register(gnmr_cuda *c, const gnmr_tensor *t, size_t n) {
     return rv;
   gnmr_tensor *copy = malloc((n ? n : 1) * sizeof *copy);
   if (copy == NULL) {
-    gnmr__plan_free(&np);
+    gnmr__plan_clear(&np);
     return GNMR_E_NOMEM;
   }
   if (n)
     memcpy(copy, t, n * sizeof *t);
   if (c->plan.n_units != 0 && gnmr__plan_equal(&np, &c->plan)) {
-    gnmr__plan_free(&np); /* same tables (e.g. reordered units' lists) */
+    gnmr__plan_clear(&np); /* same tables (e.g. reordered units' lists) */
     free(c->reg);
     c->reg = copy;
     c->reg_n = n;
@@ -369,7 +369,7 @@ int gnmr_cuda_register(gnmr_cuda *c, const gnmr_tensor *t, size_t n) {
   }
   devguard g;
   if ((rv = dev_enter(c, &g)) != GNMR_OK) {
-    gnmr__plan_free(&np);
+    gnmr__plan_clear(&np);
     return rv;
   }
   size_t tsize = gnmr__plan_tables_size(&np, NULL);
@@ -404,13 +404,13 @@ int gnmr_cuda_register(gnmr_cuda *c, const gnmr_tensor *t, size_t n) {
 out:
   dev_leave(c, &g);
   if (rv == GNMR_OK) {
-    gnmr__plan_free(&c->plan);
+    gnmr__plan_clear(&c->plan);
     c->plan = np;
     free(c->reg);
     c->reg = copy;
     c->reg_n = n;
   } else {
-    gnmr__plan_free(&np);
+    gnmr__plan_clear(&np);
     free(copy);
   }
   return rv;

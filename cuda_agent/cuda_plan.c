@@ -8,7 +8,7 @@
 
 #include "cuda_plan.h"
 
-void gnmr__plan_free(gnmr__plan *p) {
+void gnmr__plan_clear(gnmr__plan *p) {
   free(p->segs);
   free(p->chunks);
   free(p->unit_begin);
@@ -50,7 +50,7 @@ int gnmr__plan_build(gnmr__plan *p, const gnmr_tensor *t, size_t n,
   uint32_t *next = calloc((size_t)n_units + 1, sizeof *next);
   if (!p->segs || !p->chunks || !p->unit_begin || !p->seen || !next) {
     free(next);
-    gnmr__plan_free(p);
+    gnmr__plan_clear(p);
     return GNMR_E_NOMEM;
   }
   /* counting sort by unit, stable in registration order */
@@ -67,7 +67,7 @@ int gnmr__plan_build(gnmr__plan *p, const gnmr_tensor *t, size_t n,
   uint32_t *cpos = malloc((size_t)n_units * sizeof *cpos);
   if (cpos == NULL) {
     free(next);
-    gnmr__plan_free(p);
+    gnmr__plan_clear(p);
     return GNMR_E_NOMEM;
   }
   memcpy(cpos, p->unit_begin, (size_t)n_units * sizeof *cpos);

@@ -70,7 +70,7 @@ typedef struct gnmr__plan {
  * empty. */
 int gnmr__plan_build(gnmr__plan *p, const gnmr_tensor *t, size_t n,
                      uint32_t n_units);
-void gnmr__plan_free(gnmr__plan *p);
+void gnmr__plan_clear(gnmr__plan *p);
 /* 1 when both plans would upload the same tables. */
 int gnmr__plan_equal(const gnmr__plan *a, const gnmr__plan *b);
 /* Size of the device tables and the offsets of their parts. */

@@ -410,7 +410,7 @@ static void query_work(uv_work_t *req) {
 }
 
 static void query_free(query *q) {
-  store_query_close(&q->sq);
+  store_query_clear(&q->sq);
   free(q->sq.chunk);
   json_decref(q->sq.result);
   free(q->text);
@@ -657,12 +657,12 @@ void admin_shutdown(gnmrd *d) {
   (void)d;
   while (hmap_next(&streams, &pos, NULL, NULL, &v))
     query_free((query *)(uintptr_t)v);
-  hmap_free(&streams);
+  hmap_clear(&streams);
   deferred_close();
   pos = 0; /* what ZeroMQ still holds keeps its connection's count */
   while (hmap_next(&unread_conns, &pos, NULL, NULL, &v))
     rconn_unref((rconn *)(uintptr_t)v);
-  hmap_free(&unread_conns);
+  hmap_clear(&unread_conns);
 }
 
 static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
@@ -765,8 +765,8 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
     break;
   case GNMR_CMD_SET: {
     char err[256];
-    int rv = jobs_set_params(d, c, r->settings, r->n_settings, err,
-                             sizeof err);
+    int rv =
+        lifecycle_set_params(d, c, r->settings, r->n_settings, err, sizeof err);
     if (rv != GNMR_OK)
       send_error(d, id, id_len, rv, err);
     else
@@ -776,7 +776,7 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
   case GNMR_CMD_FINISH: {
     json_t *v = views_status(c);
     json_object_set_new(v, "state", json_string("finished"));
-    jobs_finish(d, c);
+    lifecycle_finish(d, c);
     send_json(d, id, id_len, v);
     break;
   }

@@ -77,9 +77,11 @@ static void rank_free(core_rank *rr) {
   memset(rr, 0, sizeof *rr);
 }
 
-void core_job_free(core_registry *reg, core_job *j) {
+void core_job_free(core_registry *reg, core_job **jp) {
+  core_job *j = *jp;
   if (j == NULL)
     return;
+  *jp = NULL;
   if (reg != NULL) {
     uint64_t v;
     if (hmap_get(&reg->jobs, j->name, strlen(j->name), &v) &&
@@ -107,14 +109,14 @@ void core_job_free(core_registry *reg, core_job *j) {
   free(j->nrc);
   free(j->nfc);
   free(j->shd);
-  hmap_free(&j->unit_ids);
+  hmap_clear(&j->unit_ids);
   policy_destroy(&j->pol);
   free(j->name);
   free(j->owner);
   free(j);
 }
 
-void core_registry_free(core_registry *reg) {
+void core_registry_clear(core_registry *reg) {
   size_t pos = 0;
   core_job *j;
   /* core_job_free() deletes from the map: collect first */
@@ -123,9 +125,9 @@ void core_registry_free(core_registry *reg) {
   while (all != NULL && (j = core_next_job(reg, &pos)) != NULL)
     all[k++] = j;
   for (size_t i = 0; i < k; i++)
-    core_job_free(NULL, all[i]);
+    core_job_free(NULL, &all[i]);
   free(all);
-  hmap_free(&reg->jobs);
+  hmap_clear(&reg->jobs);
 }
 
 /* ---- units -------------------------------------------------------------------- */
@@ -412,7 +414,7 @@ void core_prepared_free(core_prepared **pp) {
   core_prepared *p = *pp;
   if (p == NULL)
     return;
-  hmap_free(&p->map);
+  hmap_clear(&p->map);
   for (uint32_t i = 0; p->names != NULL && i < p->n; i++)
     free(p->names[i]);
   free(p->names);
@@ -445,7 +447,7 @@ int core_register_prepared(core_job *j, core_rank *rr, core_prepared **pp,
     j->shards[i] = shards ? 1 : 0;
     ids[i] = slots[i] = i;
   }
-  hmap_free(&j->unit_ids); /* empty: the job had no units */
+  hmap_clear(&j->unit_ids); /* empty: the job had no units */
   j->unit_ids = p->map;    /* its keys are the names just taken */
   j->n_units = n;
   rr->ids = ids;

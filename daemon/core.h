@@ -127,12 +127,12 @@ core_job *core_job_new(core_registry *reg, const char *name,
                        uint32_t barrier_ms, void (*release)(void *owner));
 /* Unregisters and frees a job, releasing every held report and freeing
  * every registration (conn and user included). */
-void core_job_free(core_registry *reg, core_job *j);
+void core_job_free(core_registry *reg, core_job **jp);
 /* Iterates: *pos starts at 0; returns NULL at the end. */
 core_job *core_next_job(const core_registry *reg, size_t *pos);
 size_t core_count(const core_registry *reg);
 /* Frees every job, then the registry. */
-void core_registry_free(core_registry *reg);
+void core_registry_clear(core_registry *reg);
 
 /* ---- units -------------------------------------------------------------------- */
 
@@ -220,7 +220,7 @@ typedef struct core_outcome {
  * step (never down), dropping the reports of pending steps at or below it
  * (late now). Returns whether it moved. Not while a step is being decided
  * on another thread. */
-int core_adopt_decided(core_job *j, uint64_t step);
+int core_restart_adopt_decided(core_job *j, uint64_t step);
 
 /* Decides the oldest pending step when it, or any later one, is complete
  * or past its deadline. Returns 1 with *out filled (the step is gone from
@@ -274,10 +274,10 @@ void core_join(core_job *j, uint32_t rank, int returning);
  * dense jobs and of gnmrd before sparse ids are); units the snapshot does
  * not have start with no history. pol is the job's (or freed) whatever
  * the result. */
-int core_restore(core_job *j, policy *pol, const uint32_t *pol_ids,
-                 uint32_t n_units, const uint32_t *unit_ids,
-                 char *const *unit_names, uint32_t n_ranks,
-                 const uint32_t *rank_n, uint32_t *const *rank_ids);
+int core_restart_restore(core_job *j, policy *pol, const uint32_t *pol_ids,
+                         uint32_t n_units, const uint32_t *unit_ids,
+                         char *const *unit_names, uint32_t n_ranks,
+                         const uint32_t *rank_n, uint32_t *const *rank_ids);
 /* Whether slot s holds id s for every slot (then snapshots need no id
  * table). */
 int core_dense(const core_job *j);

@@ -10,7 +10,7 @@
 #include "core_priv.h"
 #include "gnmr/error.h"
 
-int core_adopt_decided(core_job *j, uint64_t step) {
+int core_restart_adopt_decided(core_job *j, uint64_t step) {
   if (step <= j->last_decided)
     return 0;
   uint32_t k = 0;
@@ -23,10 +23,10 @@ int core_adopt_decided(core_job *j, uint64_t step) {
   return 1;
 }
 
-int core_restore(core_job *j, policy *pol, const uint32_t *pol_ids,
-                 uint32_t n_units, const uint32_t *unit_ids,
-                 char *const *unit_names, uint32_t n_ranks,
-                 const uint32_t *rank_n, uint32_t *const *rank_ids) {
+int core_restart_restore(core_job *j, policy *pol, const uint32_t *pol_ids,
+                         uint32_t n_units, const uint32_t *unit_ids,
+                         char *const *unit_names, uint32_t n_ranks,
+                         const uint32_t *rank_n, uint32_t *const *rank_ids) {
   assert(j->n_units == 0 && n_ranks <= j->reporters);
   new_unit *add = malloc((n_units ? n_units : 1) * sizeof *add);
   uint32_t n_add = 0;

@@ -151,7 +151,7 @@ static void on_bye(gnmrd *d, const void *id, size_t id_len,
     records_event(d->st, c, STORE_EV_AGENT_LEFT, rank, detail);
   }
   if (core_bye(c, rank)) {
-    jobs__finish(j, FINISH_BYES);
+    lifecycle__finish(j, FINISH_BYES);
     return;
   }
   jobs__decide_ready(j); /* fewer reporters may complete a pending step */
@@ -275,8 +275,8 @@ static void hello_away_done(uv_work_t *req, int status) {
     jobs__reply_error(d, a->id, a->id_len, a->rv, "envelope", 0, "%s",
                       a->why);
   } else {
-    jobs__on_hello_checked(d, a->id, a->id_len, a->env->hello, a->user,
-                           &a->prm, a->barrier, &a->prep);
+    hello__on_hello_checked(d, a->id, a->id_len, a->env->hello, a->user,
+                            &a->prm, a->barrier, &a->prep);
   }
   if (uv_queue_work(d->loop, &a->req, hello_free_work, hello_free_done) != 0)
     hello_away_free(a);
@@ -327,9 +327,9 @@ static int hello_send_away(gnmrd *d, const void *id, size_t id_len,
   return 1;
 }
 
-void jobs_on_message(server *s, const void *id, size_t id_len,
-                     const void *data, size_t len, const char *user,
-                     void *ctx) {
+void dispatch_on_message(server *s, const void *id, size_t id_len,
+                         const void *data, size_t len, const char *user,
+                         void *ctx) {
   gnmrd *d = ctx;
   Gnmr__Envelope *env;
   char err[128];
@@ -405,7 +405,7 @@ void jobs_on_message(server *s, const void *id, size_t id_len,
   int kept = 0;
   switch (env->body_case) {
   case GNMR__ENVELOPE__BODY_HELLO:
-    jobs__on_hello(d, id, id_len, env->hello, user);
+    hello__on_hello(d, id, id_len, env->hello, user);
     break;
   case GNMR__ENVELOPE__BODY_REPORT:
     kept = on_report(d, id, id_len, env, len);
@@ -424,10 +424,9 @@ void jobs_on_message(server *s, const void *id, size_t id_len,
     gnmr__wire_free(&env);
 }
 
-void jobs_on_bad_frames(server *s, void *ctx) {
+void dispatch_on_bad_frames(server *s, void *ctx) {
   gnmrd *d = ctx;
   (void)s;
   d->c.messages_in++;
   d->c.bad_frames++;
 }
-

@@ -132,7 +132,7 @@ static void job_accepted(job *j) {
   assert(j->core->run > d->last_run);
   d->last_run = j->core->run;
   d->c.jobs_created++;
-  if (jobs_name_claim(d, j->core->name, j->core->owner) != GNMR_OK)
+  if (lifecycle_name_claim(d, j->core->name, j->core->owner) != GNMR_OK)
     LOG(ERROR, "JOB-CREATE", "job %s: out of memory; its name is reserved "
         "for its owner from gnmrd's next start (the store has it)",
         j->core->name);
@@ -298,17 +298,17 @@ static void log_second_agent(gnmrd *d, const char *job_name, uint32_t rank,
   quiet = 0;
 }
 
-#define REFUSE(code, ref, ...)                                   \
-  do {                                                           \
-    d->c.hellos_refused++;                                       \
-    jobs__reply_error(d, id, id_len, code, ref, 0, __VA_ARGS__);       \
-    if (created)                                                 \
-      jobs__free(j);                                               \
-    return;                                                      \
+#define REFUSE(code, ref, ...)                                                 \
+  do {                                                                         \
+    d->c.hellos_refused++;                                                     \
+    jobs__reply_error(d, id, id_len, code, ref, 0, __VA_ARGS__);               \
+    if (created)                                                               \
+      jobs__free(&j);                                                          \
+    return;                                                                    \
   } while (0)
 
-void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
-                    const char *user) {
+void hello__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
+                     const char *user) {
   policy_params prm;
   uint32_t barrier = 0;
   const char *ref = "";
@@ -322,13 +322,13 @@ void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
     jobs__reply_error(d, id, id_len, vrv, ref, 0, "%s", why);
     return;
   }
-  jobs__on_hello_checked(d, id, id_len, h, user, &prm, barrier, NULL);
+  hello__on_hello_checked(d, id, id_len, h, user, &prm, barrier, NULL);
 }
 
-void jobs__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
-                            Gnmr__Hello *h, const char *user,
-                            const policy_params *checked, uint32_t barrier,
-                            core_prepared **prep) {
+void hello__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
+                             Gnmr__Hello *h, const char *user,
+                             const policy_params *checked, uint32_t barrier,
+                             core_prepared **prep) {
   policy_params prm = *checked;
   job *j = NULL;
   int created = 0;
@@ -354,15 +354,15 @@ void jobs__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
      * did not finish and whose processes are gone: that run is over (its
      * state kept in the history), and this one begins a new run, never
      * the old run's statistics (docs/python.md, "Runs and resumes") */
-    jobs__finish(j, FINISH_FRESH);
+    lifecycle__finish(j, FINISH_FRESH);
     j = NULL;
   }
-  const char *name_owner = j == NULL ? jobs_name_owner(d, h->job) : NULL;
+  const char *name_owner = j == NULL ? lifecycle_name_owner(d, h->job) : NULL;
   if (j == NULL && pr == NULL && h->start == GNMR_START_RESUME &&
       !h->observer &&
       (d->allow == NULL ||
        gnmr__allow_may(d->allow, user, name_owner, h->job)) &&
-      jobs__reopen(d, h->job) == REOPEN_PENDING)
+      reopen__ask(d, h->job) == REOPEN_PENDING)
     /* a resume under a name whose run ended: read back first (reopen.c);
      * ref "run": the agent says Hello again soon */
     REFUSE(GNMR_E_BUSY, "run", "job %.64s has no live run: its newest run "
@@ -449,7 +449,7 @@ void jobs__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
   if (h->observer) {
     if (!observer_join(d, id, id_len, j, h, ids, pr, user)) {
       if (created)
-        jobs__free(j);
+        jobs__free(&j);
       return;
     }
     if (created)

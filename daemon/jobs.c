@@ -105,7 +105,9 @@ static void job_timer_closed(uv_handle_t *h) { free(h->data); }
 
 /* Frees a job: its peers' memberships, its core state, then (via the loop)
  * the struct itself. */
-void jobs__free(job *j) {
+void jobs__free(job **jp) {
+  job *j = *jp;
+  *jp = NULL;
   gnmrd *d = j->d;
   core_job *c = j->core;
   jobs__quiesce(j);
@@ -122,8 +124,7 @@ void jobs__free(job *j) {
   snapshots_forget(j);
   store_mark_free(&j->mark);
   free(j->hist);
-  core_job_free(&d->jobs, c);
-  j->core = NULL;
+  core_job_free(&d->jobs, &j->core);
   uv_timer_stop(&j->timer);
   uv_close((uv_handle_t *)&j->timer, job_timer_closed);
 }
@@ -141,7 +142,7 @@ job *jobs__create(gnmrd *d, const char *name, const policy_params *prm,
   }
   j->core->data = j;
   if ((j->mark = store_mark_new(0, 0)) == NULL) {
-    core_job_free(&d->jobs, j->core);
+    core_job_free(&d->jobs, &j->core);
     free(j);
     return NULL;
   }
@@ -313,7 +314,7 @@ void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
       first = h->step;
     pass = h->pass;
     last = h->step;
-    if (core_adopt_decided(c, h->step))
+    if (core_restart_adopt_decided(c, h->step))
       newest = h;
     else if (c->pub_pass == c->pass && h->step <= c->pub_step)
       refused++; /* decided again here before this agent came back */

@@ -83,7 +83,7 @@ job *jobs__create(gnmrd *d, const char *name, const policy_params *prm,
                   uint32_t reporters, uint32_t barrier_ms);
 /* Frees a job: its peers' memberships, its core state, then (via the
  * loop) the struct itself. */
-void jobs__free(job *j);
+void jobs__free(job **jp);
 /* Decides every ready step (a large one on a worker), then arms the
  * timer for the next deadline. */
 void jobs__decide_ready(job *j);
@@ -107,25 +107,25 @@ void jobs__held_refused(gnmrd *d, const char *name, size_t n,
                         const char *from, const char *why);
 
 /* hello.c */
-void jobs__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
-                    const char *user);
+void hello__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
+                     const char *user);
 /* A Hello that gnmr__validate_hello accepted (giving prm and barrier),
  * counted in hellos already: joins it (hello.c). The loop's part of a
  * Hello that was decoded and checked on the thread pool (dispatch.c),
  * with its unit table made there (prep, may be NULL: taken over when the
  * Hello creates its job, else left to the caller). */
-void jobs__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
-                            Gnmr__Hello *h, const char *user,
-                            const policy_params *prm, uint32_t barrier,
-                            core_prepared **prep);
+void hello__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
+                             Gnmr__Hello *h, const char *user,
+                             const policy_params *prm, uint32_t barrier,
+                             core_prepared **prep);
 
 /* lifecycle.c: how a job ends */
 enum { FINISH_BYES, FINISH_IDLE, FINISH_OPERATOR, FINISH_FRESH };
-void jobs__finish(job *j, int how);
+void lifecycle__finish(job *j, int how);
 /* A job made from the history's record of its run (sj), its statistics
  * from the run's last snapshot and a new pass; why: the history event's
  * words ("gnmrd restarted", ...). NULL when it cannot be (logged). */
-job *jobs__restore_as(gnmrd *d, const store_job *sj, const char *why);
+job *lifecycle__restore_as(gnmrd *d, const store_job *sj, const char *why);
 
 /* reopen.c: a run that ended, read back for a rank that resumes */
 enum { REOPEN_NONE, REOPEN_PENDING };
@@ -134,6 +134,6 @@ enum { REOPEN_NONE, REOPEN_PENDING };
  * is read back (answer BUSY "run": the agent says Hello again soon, and
  * then joins the run if it ended and was restored), REOPEN_NONE when there
  * is nothing to resume (a new run, as ever). */
-int jobs__reopen(gnmrd *d, const char *name);
+int reopen__ask(gnmrd *d, const char *name);
 
 #endif /* GNMRD_JOBS_PRIV_H */

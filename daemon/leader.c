@@ -145,7 +145,7 @@ int leader_take(const char *url, int wait, volatile sig_atomic_t *stop,
         break;
       if (got < 0) { /* the session broke: open another */
         snprintf(err, errlen, "%s", db_errmsg(l->db));
-        db_close(l->db);
+        db_close(&l->db);
         l->db = NULL;
         if (!wait)
           goto fail;
@@ -190,7 +190,7 @@ int leader_take(const char *url, int wait, volatile sig_atomic_t *stop,
 fail:
   rv = GNMR_E_STORE;
 out_fail:
-  db_close(l->db);
+  db_close(&l->db);
   free(l);
   return rv;
 }
@@ -208,7 +208,7 @@ void leader_release(leader **pl) {
   pthread_join(l->thread, NULL);
   pthread_mutex_destroy(&l->mu);
   pthread_cond_destroy(&l->cv);
-  db_close(l->db); /* the server releases the lock with the session */
+  db_close(&l->db); /* the server releases the lock with the session */
   free(l);
   *pl = NULL;
 }

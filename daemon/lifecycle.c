@@ -17,7 +17,7 @@
 #include "validate.h"
 
 /* Ends a job. Its history and final state stay in the store. */
-void jobs__finish(job *j, int how) {
+void lifecycle__finish(job *j, int how) {
   gnmrd *d = j->d;
   core_job *c = j->core;
   jobs__quiesce(j); /* its last step is recorded before it ends */
@@ -44,12 +44,12 @@ void jobs__finish(job *j, int how) {
     d->c.jobs_retired++;
   else
     d->c.jobs_finished++;
-  jobs__free(j);
+  jobs__free(&j);
 }
 
-void jobs_finish(gnmrd *d, core_job *c) {
+void lifecycle_finish(gnmrd *d, core_job *c) {
   assert(job_of(c)->d == d);
-  jobs__finish(job_of(c), FINISH_OPERATOR);
+  lifecycle__finish(job_of(c), FINISH_OPERATOR);
 }
 
 static void sweep_cb(uv_timer_t *t) {
@@ -61,12 +61,12 @@ static void sweep_cb(uv_timer_t *t) {
   while (old != NULL && (c = core_next_job(&d->jobs, &pos)) != NULL)
     if (now - job_of(c)->last_report_ms >= idle_ms)
       old[n++] = job_of(c);
-  for (size_t i = 0; i < n; i++) /* jobs__finish() edits d->jobs */
-    jobs__finish(old[i], FINISH_IDLE);
+  for (size_t i = 0; i < n; i++) /* lifecycle__finish() edits d->jobs */
+    lifecycle__finish(old[i], FINISH_IDLE);
   free(old);
 }
 
-void jobs_start(gnmrd *d) {
+void lifecycle_start(gnmrd *d) {
   uv_timer_init(d->loop, &d->lease_wait);
   d->lease_wait.data = d;
   uv_timer_init(d->loop, &d->sweep);
@@ -79,7 +79,7 @@ void jobs_start(gnmrd *d) {
   uv_unref((uv_handle_t *)&d->sweep);
 }
 
-void jobs_shutdown(gnmrd *d) {
+void lifecycle_shutdown(gnmrd *d) {
   size_t pos = 0;
   core_job *c;
   jobs_quiesce_all(d);
@@ -89,32 +89,32 @@ void jobs_shutdown(gnmrd *d) {
   while (all != NULL && (c = core_next_job(&d->jobs, &pos)) != NULL)
     all[n++] = job_of(c);
   for (size_t i = 0; i < n; i++) /* jobs__free() edits d->jobs */
-    jobs__free(all[i]);
+    jobs__free(&all[i]);
   free(all);
-  core_registry_free(&d->jobs);
+  core_registry_clear(&d->jobs);
   uint64_t v;
   pos = 0;
   while (hmap_next(&d->peers, &pos, NULL, NULL, &v))
     free((peer *)(uintptr_t)v);
-  hmap_free(&d->peers);
+  hmap_clear(&d->peers);
   pos = 0;
   while (hmap_next(&d->owners, &pos, NULL, NULL, &v))
     free((char *)(uintptr_t)v);
-  hmap_free(&d->owners);
-  hmap_free(&d->ended);
+  hmap_clear(&d->owners);
+  hmap_clear(&d->ended);
 }
 
 /* ---- names and owners ----------------------------------------------------- */
 
-const char *jobs_name_owner(const gnmrd *d, const char *name) {
+const char *lifecycle_name_owner(const gnmrd *d, const char *name) {
   uint64_t v;
   return hmap_get(&d->owners, name, strlen(name), &v)
              ? (const char *)(uintptr_t)v
              : NULL;
 }
 
-int jobs_name_claim(gnmrd *d, const char *name, const char *owner) {
-  if (owner == NULL || jobs_name_owner(d, name) != NULL)
+int lifecycle_name_claim(gnmrd *d, const char *name, const char *owner) {
+  if (owner == NULL || lifecycle_name_owner(d, name) != NULL)
     return GNMR_OK;
   char *o = strdup(owner);
   if (o == NULL ||
@@ -126,10 +126,10 @@ int jobs_name_claim(gnmrd *d, const char *name, const char *owner) {
   return GNMR_OK;
 }
 
-void jobs_owner_restore(const char *name, const char *owner, void *ctx) {
+void lifecycle_owner_restore(const char *name, const char *owner, void *ctx) {
   gnmrd *d = ctx;
   char esc[600];
-  if (jobs_name_claim(d, name, owner) != GNMR_OK)
+  if (lifecycle_name_claim(d, name, owner) != GNMR_OK)
     LOG(ERROR, "OWNER-RESTORE", "job %s: out of memory; its name is not "
         "reserved for its owner until gnmrd restarts",
         gnmr__escape(name, esc, sizeof esc));
@@ -137,11 +137,11 @@ void jobs_owner_restore(const char *name, const char *owner, void *ctx) {
 
 /* ---- restore, snapshots, retuning -------------------------------------------- */
 
-void jobs_restore(const store_job *sj, void *ctx) {
-  jobs__restore_as(ctx, sj, "gnmrd restarted");
+void lifecycle_restore(const store_job *sj, void *ctx) {
+  lifecycle__restore_as(ctx, sj, "gnmrd restarted");
 }
 
-job *jobs__restore_as(gnmrd *d, const store_job *sj, const char *cause) {
+job *lifecycle__restore_as(gnmrd *d, const store_job *sj, const char *cause) {
   char why[96], esc[600];
   /* names are checked where they enter; an older gnmrd did not check */
   int ok = gnmr__name_check(sj->name, GNMR_MAX_JOB_NAME, why, sizeof why);
@@ -179,19 +179,19 @@ job *jobs__restore_as(gnmrd *d, const store_job *sj, const char *cause) {
   }
   if (pol == NULL && policy_set_params(c->pol, &sj->params) == GNMR_OK)
     c->params = sj->params;
-  int rrv = core_restore(c, pol, pol_ids, sj->n_units, sj->unit_ids,
-                         sj->unit_names, sj->n_ranks, sj->rank_n,
-                         sj->rank_ids);
+  int rrv = core_restart_restore(c, pol, pol_ids, sj->n_units, sj->unit_ids,
+                                 sj->unit_names, sj->n_ranks, sj->rank_n,
+                                 sj->rank_ids);
   free(pol_ids);
   if (rrv != GNMR_OK) {
     LOG(ERROR, "JOB-RESTORE", "job %s: out of memory", sj->name);
-    jobs__free(j);
+    jobs__free(&j);
     return NULL;
   }
   /* steps the history holds past the snapshot stay decided: the job goes
    * on after the last of them, never deciding one again */
   uint64_t snap_step = c->last_decided;
-  core_adopt_decided(c, sj->last_step);
+  core_restart_adopt_decided(c, sj->last_step);
   j->first_pass = c->pass;
   /* what the history holds: its newest steps, not the job row's pass (a
    * restart killed after committing that row, and before the decisions it
@@ -219,7 +219,7 @@ job *jobs__restore_as(gnmrd *d, const store_job *sj, const char *cause) {
   return j;
 }
 
-void jobs_snapshot_all(gnmrd *d) {
+void lifecycle_snapshot_all(gnmrd *d) {
   size_t pos = 0;
   core_job *c;
   jobs_quiesce_all(d);
@@ -228,8 +228,8 @@ void jobs_snapshot_all(gnmrd *d) {
       records_snapshot(d->st, c);
 }
 
-int jobs_set_params(gnmrd *d, core_job *c, char **settings, size_t n,
-                    char *err, size_t errlen) {
+int lifecycle_set_params(gnmrd *d, core_job *c, char **settings, size_t n,
+                         char *err, size_t errlen) {
   policy_params p = c->params;
   if (gnmr__policy_settings_apply(&p, settings, n, err, errlen) != 0)
     return GNMR_E_INVAL;

@@ -459,12 +459,12 @@ static int open_endpoints(gnmrd *d, startup *s, char *bound_agents,
   server_opts ao = {.endpoint = cfg->agents,
                     .max_msg = (int64_t)cfg->max_msg,
                     .curve_secret = s->curve ? s->curve_sec : NULL,
-                    .on_msg = jobs_on_message,
-                    .on_bad = jobs_on_bad_frames,
-                    .on_handshake_failed = gnmrd_on_handshake_failed,
+                    .on_msg = dispatch_on_message,
+                    .on_bad = dispatch_on_bad_frames,
+                    .on_handshake_failed = refusals_on_handshake_failed,
                     .ctx = d,
                     .max_conns = s->max_conns,
-                    .on_over_cap = gnmrd_on_over_cap,
+                    .on_over_cap = refusals_on_over_cap,
                     .first_msg_ms = (uint32_t)cfg->first_message_ms,
                     /* with tenancy (CURVE, roles), an agent key holds at
                      * most a quarter of the places, agent keys together
@@ -472,8 +472,8 @@ static int open_endpoints(gnmrd *d, startup *s, char *bound_agents,
                      * silent connections cannot lock the others out */
                     .key_max = s->max_conns / 4 ? s->max_conns / 4 : 1,
                     .reserve = s->max_conns / 8,
-                    .privileged = gnmrd_is_operator,
-                    .on_key_cap = gnmrd_on_agent_key_cap};
+                    .privileged = refusals_is_operator,
+                    .on_key_cap = refusals_on_agent_key_cap};
   if (server_open(d->loop, d->zctx, &ao, bound_agents, cap, err, errlen,
                   &d->agents) != GNMR_OK) {
     LOG(ERROR, "BIND-AGENTS", "%s", err);
@@ -484,17 +484,17 @@ static int open_endpoints(gnmrd *d, startup *s, char *bound_agents,
                     .curve_secret = s->curve ? s->curve_sec : NULL,
                     .on_msg = admin_on_message,
                     .on_bad = admin_on_bad_frames,
-                    .on_handshake_failed = gnmrd_on_handshake_failed,
+                    .on_handshake_failed = refusals_on_handshake_failed,
                     .ctx = d,
                     .max_conns = ADMIN_MAX_CONNS,
-                    .on_over_cap = gnmrd_on_over_cap,
+                    .on_over_cap = refusals_on_over_cap,
                     .first_msg_ms = (uint32_t)cfg->first_message_ms,
                     .sndhwm = ADMIN_QUEUED_REPLIES,
                     .on_gone = admin_on_gone,
                     .key_max = ADMIN_KEY_PLACES,
                     .reserve = ADMIN_OPERATOR_RESERVE,
-                    .privileged = gnmrd_is_operator,
-                    .on_key_cap = gnmrd_on_key_cap};
+                    .privileged = refusals_is_operator,
+                    .on_key_cap = refusals_on_key_cap};
   if (server_open(d->loop, d->zctx, &mo, bound_admin, cap, err, errlen,
                   &d->admin) != GNMR_OK) {
     LOG(ERROR, "BIND-ADMIN", "%s", err);
@@ -536,14 +536,14 @@ static int serve(startup *s) {
   d.last_run = store_last_run(d.st);
   d.term = store_term(d.st);
   d.lead = s->lead;
-  if (store_restore(s->where, jobs_restore, &d, s->err, sizeof s->err) !=
+  if (store_restore(s->where, lifecycle_restore, &d, s->err, sizeof s->err) !=
           GNMR_OK ||
-      store_owners(s->where, jobs_owner_restore, &d, s->err,
+      store_owners(s->where, lifecycle_owner_restore, &d, s->err,
                    sizeof s->err) != GNMR_OK) {
     LOG(ERROR, "STORE-RESTORE", "%s", s->err);
     goto out;
   }
-  jobs_start(&d);
+  lifecycle_start(&d);
   if (open_endpoints(&d, s, bound_agents, bound_admin, sizeof bound_agents,
                      bound_metrics, sizeof bound_metrics) >= 0)
     goto out;
@@ -590,19 +590,19 @@ static int serve(startup *s) {
   code = s->watch.lost ? 3 : 0;
 out:
   if (!s->watch.lost) /* a standby may be serving these jobs already */
-    jobs_snapshot_all(&d);
-  jobs_shutdown(&d); /* no step is left on a worker */
-  jobs_reopen_shutdown();
-  workers_close(d.workers);
+    lifecycle_snapshot_all(&d);
+  lifecycle_shutdown(&d); /* no step is left on a worker */
+  reopen_shutdown();
+  workers_close(&d.workers);
   admin_shutdown(&d);
-  metrics_close(&d);
-  server_close(d.agents);
-  server_close(d.admin);
-  zap_close(d.zap);
+  metrics_stop(&d);
+  server_close(&d.agents);
+  server_close(&d.admin);
+  zap_close(&d.zap);
   uv_walk(&loop, close_walk, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);
-  metrics_free(&d);
+  metrics_clear(&d);
   store_close(&d.st); /* commits everything queued, snapshots included */
   zmq_ctx_term(d.zctx);
   return code;
@@ -652,7 +652,7 @@ int main(int argc, char **argv) {
     code = take_leadership(&s);
   if (code < 0)
     code = serve(&s);
-  gnmr__allow_free(&s.allowed);
+  gnmr__allow_clear(&s.allowed);
   leader_release(&s.lead); /* only now may a standby take over */
   if (s.lock_fd >= 0)
     close(s.lock_fd);

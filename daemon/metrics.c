@@ -485,7 +485,7 @@ int metrics_open(gnmrd *d, const char *addr, char *bound, size_t cap,
   return GNMR_OK;
 }
 
-void metrics_close(gnmrd *d) {
+void metrics_stop(gnmrd *d) {
   struct metrics *m = d->metrics;
   if (m == NULL || m->mhd == NULL)
     return;
@@ -497,7 +497,7 @@ void metrics_close(gnmrd *d) {
   m->mhd = NULL;
 }
 
-void metrics_free(gnmrd *d) {
+void metrics_clear(gnmrd *d) {
   free(d->metrics);
   d->metrics = NULL;
 }

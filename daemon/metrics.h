@@ -20,8 +20,8 @@ int metrics_addr_parse(const char *addr, struct sockaddr_in *sa,
 int metrics_open(gnmrd *d, const char *addr, char *bound, size_t cap,
                  char *err, size_t errlen);
 /* Stops serving and closes the loop handles (no-op when not started);
- * metrics_free() after the loop has run their close callbacks. */
-void metrics_close(gnmrd *d);
-void metrics_free(gnmrd *d);
+ * metrics_clear() after the loop has run their close callbacks. */
+void metrics_stop(gnmrd *d);
+void metrics_clear(gnmrd *d);
 
 #endif /* GNMRD_METRICS_H */

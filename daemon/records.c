@@ -20,7 +20,7 @@ static void put(store *st, store_rec *r) {
   if (r == NULL)
     return;
   if (st == NULL)
-    store_rec_free(r);
+    store_rec_free(&r);
   else
     store_put(st, r);
 }
@@ -101,8 +101,8 @@ void records_rank(store *st, const core_job *j, uint32_t rank) {
     return;
   }
   free(len);
-  store_rec_free(u);
-  store_rec_free(r);
+  store_rec_free(&u);
+  store_rec_free(&r);
 }
 
 /* A record that owes the job's state as of now: the store's writer
@@ -117,7 +117,7 @@ static store_rec *snapshot_rec(const core_job *j, int kind) {
   if (!core_dense(j)) { /* the engine's unit u is id unit_id[u] */
     if ((r->snap_ids = malloc((size_t)j->n_units * sizeof *r->snap_ids)) ==
         NULL) {
-      store_rec_free(r);
+      store_rec_free(&r);
       return NULL;
     }
     memcpy(r->snap_ids, j->unit_id, (size_t)j->n_units * sizeof *r->snap_ids);
@@ -130,7 +130,7 @@ static store_rec *snapshot_rec(const core_job *j, int kind) {
   size_t len = policy_export_size(j->pol);
   if ((r->snapshot = malloc(len)) == NULL ||
       policy_export(j->pol, r->snapshot, len, &r->snapshot_len) != GNMR_OK) {
-    store_rec_free(r);
+    store_rec_free(&r);
     return NULL;
   }
   return r;

@@ -18,7 +18,7 @@
 /* Counts a refused connection by kind and logs it, at most one line per
  * kind every REFUSAL_LOG_MS, saying how many were not logged since. */
 #define REFUSAL_LOG_MS 10000
-void gnmrd_on_handshake_failed(server *s, server_refusal why, void *ctx) {
+void refusals_on_handshake_failed(server *s, server_refusal why, void *ctx) {
   static const struct {
     const char *what;
     size_t counter; /* offset in gnmrd_counters */
@@ -74,7 +74,7 @@ void gnmrd_on_handshake_failed(server *s, server_refusal why, void *ctx) {
   quiet[why] = 0;
 }
 
-int gnmrd_is_operator(const char *user, void *ctx) {
+int refusals_is_operator(const char *user, void *ctx) {
   gnmrd *d = ctx;
   return gnmr__allow_operator(d->allow, user);
 }
@@ -103,14 +103,14 @@ static void key_cap(server *s, const void *id, size_t id_len,
   busy_connection(s, id, id_len, msg);
 }
 
-void gnmrd_on_key_cap(server *s, const void *id, size_t id_len,
-                      uint32_t key_max, void *ctx) {
+void refusals_on_key_cap(server *s, const void *id, size_t id_len,
+                         uint32_t key_max, void *ctx) {
   (void)ctx;
   key_cap(s, id, id_len, key_max, "admin", "");
 }
 
-void gnmrd_on_agent_key_cap(server *s, const void *id, size_t id_len,
-                            uint32_t key_max, void *ctx) {
+void refusals_on_agent_key_cap(server *s, const void *id, size_t id_len,
+                               uint32_t key_max, void *ctx) {
   (void)ctx;
   key_cap(s, id, id_len, key_max, "agent",
           " (a quarter of [limits] max_connections)");
@@ -118,8 +118,8 @@ void gnmrd_on_agent_key_cap(server *s, const void *id, size_t id_len,
 
 /* A message from a connection past the cap: the reason, as an Error the
  * agent library and gnmrctl show (GNMR_E_BUSY: try again later). */
-void gnmrd_on_over_cap(server *s, const void *id, size_t id_len,
-                       uint32_t max_conns, void *ctx) {
+void refusals_on_over_cap(server *s, const void *id, size_t id_len,
+                          uint32_t max_conns, void *ctx) {
   char msg[200];
   (void)ctx;
   snprintf(msg, sizeof msg,

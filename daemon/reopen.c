@@ -52,7 +52,7 @@ static reopen *reopens; /* loop thread */
 static unsigned n_reopens;
 
 static void reopen_free(reopen *r) {
-  store__job_free(&r->sj);
+  store__job_clear(&r->sj);
   free(r->name);
   free(r->where);
   free(r);
@@ -100,7 +100,7 @@ static void reopen_done(uv_work_t *req, int status) {
     char cause[80];
     snprintf(cause, sizeof cause, "resumed from a checkpoint after the run "
              "was %s", r->run_state);
-    if (jobs__restore_as(d, &r->sj, cause) != NULL) {
+    if (lifecycle__restore_as(d, &r->sj, cause) != NULL) {
       reopen_unlink(r); /* the next Hello joins the job */
       reopen_free(r);
       return;
@@ -108,11 +108,11 @@ static void reopen_done(uv_work_t *req, int status) {
   }
   r->state = R_NONE; /* the next Hello begins a new run */
   r->none_at = uv_now(d->loop);
-  store__job_free(&r->sj);
+  store__job_clear(&r->sj);
   memset(&r->sj, 0, sizeof r->sj);
 }
 
-int jobs__reopen(gnmrd *d, const char *name) {
+int reopen__ask(gnmrd *d, const char *name) {
   if (d->st == NULL || d->stopping)
     return REOPEN_NONE;
   uint64_t now = uv_now(d->loop);
@@ -157,7 +157,7 @@ int jobs__reopen(gnmrd *d, const char *name) {
   return REOPEN_PENDING;
 }
 
-void jobs_reopen_shutdown(void) {
+void reopen_shutdown(void) {
   /* reads still on the pool free themselves (reopen_done, stopping) */
   for (reopen **p = &reopens; *p != NULL;) {
     reopen *r = *p;

@@ -484,8 +484,8 @@ int server_open(uv_loop_t *loop, void *zctx, const server_opts *o,
   return GNMR_OK;
 err:
   snprintf(err, errlen, "%s: %s", o->endpoint, zmq_strerror(zmq_errno()));
-  zwatch_close(s->w);
-  zwatch_close(s->mw);
+  zwatch_close(&s->w);
+  zwatch_close(&s->mw);
   if (s->monitor)
     zmq_close(s->monitor);
   if (s->sock)
@@ -531,11 +531,13 @@ void server_kick(server *s) {
     zwatch_kick(s->w);
 }
 
-void server_close(server *s) {
+void server_close(server **sp) {
+  server *s = *sp;
   if (s == NULL)
     return;
-  zwatch_close(s->w);
-  zwatch_close(s->mw);
+  *sp = NULL;
+  zwatch_close(&s->w);
+  zwatch_close(&s->mw);
   /* monitoring stops first: libzmq leaks an event it cannot deliver, and
    * closing the socket disconnects every peer (one event each) */
   zmq_socket_monitor(s->sock, NULL, 0);
@@ -549,6 +551,6 @@ void server_close(server *s) {
   for (size_t fd = 0; fd < s->cap_key; fd++)
     free(s->key_by_fd[fd].key);
   free(s->key_by_fd);
-  hmap_free(&s->key_count);
+  hmap_clear(&s->key_count);
   free(s);
 }

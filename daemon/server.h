@@ -127,6 +127,6 @@ void server_kick(server *s);
 
 /* Stops watching and closes the sockets; memory goes with the loop's close
  * callbacks: run the loop afterwards. NULL-safe. */
-void server_close(server *s);
+void server_close(server **sp);
 
 #endif /* GNMRD_SERVER_H */

@@ -138,9 +138,11 @@ store_rec *store_rec_new(int kind, const char *job) {
   return r;
 }
 
-void store_rec_free(store_rec *r) {
+void store_rec_free(store_rec **rp) {
+  store_rec *r = *rp;
   if (r == NULL)
     return;
+  *rp = NULL;
   if (r->names && r->names_block == NULL)
     for (uint32_t i = 0; i < r->n; i++)
       free(r->names[i]);
@@ -326,7 +328,7 @@ static void *writer_main(void *arg) {
       pthread_mutex_unlock(&s->mu);
       while (batch) {
         store_rec *next = batch->next;
-        store_rec_free(batch);
+        store_rec_free(&batch);
         batch = next;
       }
       continue;
@@ -398,7 +400,7 @@ static void *writer_main(void *arg) {
       store_rec *next = batch->next;
       if (batch->kind == REC_STEP) /* committed: agents may forget it */
         store_mark_advance(batch->mark, batch->pass, batch->step);
-      store_rec_free(batch);
+      store_rec_free(&batch);
       batch = next;
     }
     if ((since_checkpoint += n) > 50000) {
@@ -409,7 +411,7 @@ static void *writer_main(void *arg) {
   /* anything left after a failed shutdown */
   while (s->head) {
     store_rec *next = s->head->next;
-    store_rec_free(s->head);
+    store_rec_free(&s->head);
     s->head = next;
   }
   return NULL;
@@ -477,7 +479,7 @@ int store_open(const char *where, uint32_t snapshot_every, uint64_t retain_steps
   return GNMR_OK;
 fail:
   db_fault_free(&s->fault);
-  db_close(s->sql.db);
+  db_close(&s->sql.db);
   free(s);
   return GNMR_E_STORE;
 }
@@ -493,14 +495,14 @@ void store_close(store **ps) {
   pthread_join(s->thread, NULL);
   store__stmts_finalize(&s->sql);
   db_checkpoint(s->sql.db, 1);
-  db_close(s->sql.db);
+  db_close(&s->sql.db);
   db_fault_free(&s->fault);
   for (size_t i = 0; i < s->n_gaps; i++)
     free(s->gaps[i].job);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
   memset(s->seal_key, 0, sizeof s->seal_key);
-  hmap_free(&s->run_bytes);
+  hmap_clear(&s->run_bytes);
   free(s);
   *ps = NULL;
 }
@@ -690,7 +692,7 @@ void store_put(store *s, store_rec *r) {
           "(store_dropped counts them)",
           (unsigned long long)q, (unsigned long long)(qb >> 20), r->job,
           over_share ? "(over its share of the queue)" : "and others");
-    store_rec_free(r);
+    store_rec_free(&r);
     return;
   }
   if (sheddable) /* room again for this run, not only for structure */

@@ -86,7 +86,7 @@ void store_put(store *s, store_rec *r);
 
 /* A new zeroed record of kind for job (copied). NULL on no memory. */
 store_rec *store_rec_new(int kind, const char *job);
-void store_rec_free(store_rec *r);
+void store_rec_free(store_rec **rp);
 
 /* The commit-time histogram: counts per bucket of latency.h's
  * LATENCY_BUCKETS (buckets has LATENCY_N_BUCKETS), total count and sum of

@@ -53,9 +53,10 @@ json_t *store_view_job(store_query *q, db_conn *db) {
     store_query_fail(q, GNMR_E_NOMEM, "out of memory");
     goto out;
   }
-  int rrv = core_restore(c, pol, pol_ids, sj.n_units, sj.unit_ids,
-                         sj.unit_names, sj.n_ranks, sj.rank_n, sj.rank_ids);
-  pol = NULL; /* core_restore took it */
+  int rrv =
+      core_restart_restore(c, pol, pol_ids, sj.n_units, sj.unit_ids,
+                           sj.unit_names, sj.n_ranks, sj.rank_n, sj.rank_ids);
+  pol = NULL; /* core_restart_restore took it */
   if (rrv != GNMR_OK) {
     store_query_fail(q, GNMR_E_NOMEM, "out of memory");
     goto out;
@@ -71,9 +72,9 @@ json_t *store_view_job(store_query *q, db_conn *db) {
                                                       : 0);
   }
 out:
-  core_registry_free(&reg); /* c with it */
+  core_registry_clear(&reg); /* c with it */
   policy_destroy(&pol);
   free(pol_ids);
-  store__job_free(&sj);
+  store__job_clear(&sj);
   return out;
 }

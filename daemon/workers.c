@@ -101,7 +101,7 @@ workers *workers_new(uv_loop_t *loop, unsigned n) {
     pthread_setname_np(w->th[w->n], name);
   }
   if (w->n == 0) {
-    workers_close(w);
+    workers_close(&w);
     return NULL;
   }
   return w;
@@ -146,9 +146,11 @@ static void closed_cb(uv_handle_t *h) {
   free(w);
 }
 
-void workers_close(workers *w) {
+void workers_close(workers **wp) {
+  workers *w = *wp;
   if (w == NULL)
     return;
+  *wp = NULL;
   pthread_mutex_lock(&w->mu);
   assert(w->head == NULL && w->finished == NULL);
   w->stop = 1;

@@ -36,6 +36,6 @@ int workers_busy(const workers_task *t);
 void workers_wait(workers *w, workers_task *t);
 /* Stops the threads and closes the async handle through the loop (the
  * pool is freed in its close callback). Call it with no task busy. */
-void workers_close(workers *w);
+void workers_close(workers **wp);
 
 #endif /* GNMRD_WORKERS_H */

@@ -102,10 +102,12 @@ int zap_open(uv_loop_t *loop, void *zctx, const gnmr_allow *allowed,
   return GNMR_OK;
 }
 
-void zap_close(zap *z) {
+void zap_close(zap **zp) {
+  zap *z = *zp;
   if (z == NULL)
     return;
-  zwatch_close(z->w);
+  *zp = NULL;
+  zwatch_close(&z->w);
   zmq_close(z->sock);
   free(z);
 }

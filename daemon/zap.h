@@ -19,6 +19,6 @@ typedef struct zap zap;
  * request. */
 int zap_open(uv_loop_t *loop, void *zctx, const gnmr_allow *allowed,
              uint64_t *denied, zap **out, char *err, size_t errlen);
-void zap_close(zap *z); /* NULL-safe; run the loop afterwards */
+void zap_close(zap **zp); /* NULL-safe, nulls *zp; run the loop afterwards */
 
 #endif /* GNMRD_ZAP_H */

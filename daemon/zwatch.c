@@ -79,8 +79,12 @@ static void close_cb(uv_handle_t *h) {
     free(w);
 }
 
-void zwatch_close(zwatch *w) {
-  if (w == NULL || w->closing)
+void zwatch_close(zwatch **wp) {
+  zwatch *w = *wp;
+  if (w == NULL)
+    return;
+  *wp = NULL;
+  if (w->closing)
     return;
   w->closing = 1;
   uv_poll_stop(&w->poll);

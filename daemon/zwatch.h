@@ -25,6 +25,6 @@ int zwatch_start(uv_loop_t *loop, void *sock, zwatch_cb cb, void *ctx,
 void zwatch_kick(zwatch *w);
 /* Stops watching; the struct is freed from the handles' close callbacks:
  * run the loop afterwards. NULL-safe. */
-void zwatch_close(zwatch *w);
+void zwatch_close(zwatch **wp);
 
 #endif /* GNMRD_ZWATCH_H */

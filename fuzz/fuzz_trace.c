@@ -21,6 +21,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     p.warmup_steps = 0;
     gnmr__replay(&t, &p, NULL, sink, sink);
   }
-  trace_free(&t);
+  trace_clear(&t);
   return 0;
 }

@@ -4,7 +4,14 @@
 file A "calls" file B when A calls a function that B defines (not
 static). Every set of files that reach each other through such calls (a
 strongly connected component of more than one file) is printed with the
-calls that close it, and the exit status is 1.
+calls that close it, and the exit status is 1. It also checks that each
+public function of daemon/ starts with its file's name (jobs_on_message
+belongs in jobs.c, not dispatch.c), and that every public destructor
+(a void function named *_free, *_close, *_destroy or *_release) takes
+the caller's pointer as T ** and nulls it, as czmq's do: one that does
+not is listed, and the exit status is 1. A function that releases what
+a struct holds while the struct stays the caller's is a *_clear; the
+library's C API (gnmr_*) keeps its published signatures.
 
     scripts/layers.py [DIR ...]     (default: the source folders)
 
@@ -131,10 +138,62 @@ def components(edges):
     return out
 
 
+# the folders whose public functions carry their file's name as prefix
+PREFIXED = ("daemon",)
+
+
+def misnamed(files):
+    """(file, function) for each public function of a PREFIXED folder
+    whose name does not start with its file's name and "_" (main
+    excepted)."""
+    out = []
+    for f, text in sorted(files.items()):
+        if not set(f.split(os.sep)[:-1]) & set(PREFIXED):
+            continue
+        stem = os.path.basename(f)[:-2]
+        for name in sorted(definitions(text)):
+            if name != "main" and not name.startswith(stem + "_"):
+                out.append((f, name))
+    return out
+
+
+DTOR = re.compile(r"^(?!static\b)[\w \t\*]*?\bvoid\s+"
+                  r"(\w+_(?:free|close|destroy|release))\s*\(([^)]*)\)",
+                  re.M)
+
+
+def dangling(files):
+    """(file, function) for each public destructor whose parameters have
+    no T ** (the pointer it frees, to be nulled); the C API's gnmr_*
+    functions excepted."""
+    out = []
+    for f, text in sorted(files.items()):
+        for m in DTOR.finditer(text):
+            name = m.group(1)
+            if not text[m.end():].lstrip().startswith("{"):
+                continue  # a declaration
+            if name.startswith("gnmr_") and not name.startswith("gnmr__"):
+                continue
+            if m.group(2).strip() in ("", "void"):
+                continue  # a reference count's release: no pointer
+            if "**" not in m.group(2):
+                out.append((f, name))
+    return out
+
+
 def main(argv):
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
     dirs = argv or DIRS
-    edges = graph(read(root, dirs))
+    files = read(root, dirs)
+    names = misnamed(files)
+    for f, name in names:
+        print(f"layers: {f} defines {name}(), whose prefix is not "
+              f"{os.path.basename(f)[:-2]}_")
+    dtors = dangling(files)
+    for f, name in dtors:
+        print(f"layers: {f} defines {name}(), a destructor that takes no "
+              "T ** to null (or a *_clear of what a struct holds)")
+    edges = graph(files)
     bad = components(edges)
     for comp in bad:
         print("layers: these files call each other in a circle:")
@@ -144,7 +203,13 @@ def main(argv):
                     print(f"  {f} -> {g} ({fn})")
     if not bad:
         print(f"layers: {len(edges)} files, no circle")
-    return 1 if bad else 0
+    if not names:
+        print("layers: every public function of "
+              f"{', '.join(d + '/' for d in PREFIXED)} is named after "
+              "its file")
+    if not dtors:
+        print("layers: every destructor takes T ** and nulls it")
+    return 1 if bad or names or dtors else 0
 
 
 if __name__ == "__main__":

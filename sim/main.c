@@ -351,7 +351,7 @@ int main(int argc, char **argv) {
   }
   if (write_path != NULL && sim_write_trace(write_path, &t) != 0) {
     fprintf(stderr, "gnmr-sim: %s: %s\n", write_path, strerror(errno));
-    trace_free(&t);
+    trace_clear(&t);
     free(want);
     free(delay);
     return 1;
@@ -359,7 +359,7 @@ int main(int argc, char **argv) {
   uint32_t K = (uint32_t)shards, U = t.n_units;
   if (U == 0) {
     fputs("step,active\n", stdout);
-    trace_free(&t);
+    trace_clear(&t);
     free(want);
     free(delay);
     return 0;
@@ -586,6 +586,6 @@ out:
   free(all_ids);
   free(want);
   free(delay);
-  trace_free(&t);
+  trace_clear(&t);
   return code;
 }

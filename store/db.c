@@ -20,9 +20,12 @@ int db_open(const char *target, unsigned flags, db_conn **out, char *err,
   return db__sqlite_open(target, flags, out, err, errlen);
 }
 
-void db_close(db_conn *d) {
-  if (d != NULL)
+void db_close(db_conn **dp) {
+  db_conn *d = *dp;
+  if (d != NULL) {
+    *dp = NULL;
     d->ops->close(d);
+  }
 }
 int db_kind(const db_conn *d) { return d->kind; }
 int db_exec(db_conn *d, const char *sql) { return d->ops->exec(d, sql); }

@@ -41,7 +41,8 @@ void db_target_display(const char *target, char *out, size_t cap);
  * the server's or SQLite's message), GNMR_E_NOMEM. */
 int db_open(const char *target, unsigned flags, db_conn **out, char *err,
             size_t errlen);
-void db_close(db_conn *d); /* NULL-safe; finalizes nothing (finalize first) */
+/* NULL-safe; nulls *dp. Finalizes nothing: finalize first. */
+void db_close(db_conn **dp);
 int db_kind(const db_conn *d);
 
 /* Runs one or more statements without results. 0 or GNMR_E_STORE. */

@@ -317,7 +317,7 @@ void store_query_run(const char *path, store_query *q) {
                               (json_int_t)q->resolved, "events", r);
     }
   }
-  db_close(db);
+  db_close(&db);
 }
 
 /* ---- export, streamed ------------------------------------------------------- */
@@ -365,11 +365,11 @@ static void put_row(text *t, db_stmt *st) {
   free(s);
 }
 
-void store_query_close(store_query *q) {
+void store_query_clear(store_query *q) {
   if (q->cursor != NULL)
     db_finalize(q->cursor);
   if (q->db != NULL)
-    db_close(q->db);
+    db_close(&q->db);
   q->cursor = NULL;
   q->db = NULL;
 }
@@ -400,14 +400,14 @@ static void export_next(const char *path, store_query *q) {
       return;
     }
     if (!store_query_resolve(q, q->db)) {
-      store_query_close(q);
+      store_query_clear(q);
       return;
     }
     if (db_prepare(q->db, "SELECT name, run, reporters, barrier_ms, "
                            "state, pass, last_step" PARAM_COLS ", created_at,"
                            " updated_at FROM jobs WHERE run=?", &st) != GNMR_OK) {
       qfail(q, GNMR_E_STORE, "%s", db_errmsg(q->db));
-      store_query_close(q);
+      store_query_clear(q);
       return;
     }
     db_bind_int64(st, 1, (int64_t)q->resolved);
@@ -431,7 +431,7 @@ static void export_next(const char *path, store_query *q) {
       if (db_prepare_stream(q->db, sql, &q->cursor) != GNMR_OK) {
         qfail(q, GNMR_E_STORE, "%s", db_errmsg(q->db));
         free(t.p);
-        store_query_close(q);
+        store_query_clear(q);
         return;
       }
       db_bind_int64(q->cursor, 1, (int64_t)q->resolved);
@@ -455,7 +455,7 @@ static void export_next(const char *path, store_query *q) {
     if (rc != DB_DONE) {
       qfail(q, GNMR_E_STORE, "%s", db_errmsg(q->db));
       free(t.p);
-      store_query_close(q);
+      store_query_clear(q);
       return;
     }
     db_finalize(q->cursor);
@@ -466,12 +466,12 @@ static void export_next(const char *path, store_query *q) {
   if (t.oom) {
     free(t.p);
     qfail(q, GNMR_E_NOMEM, "out of memory");
-    store_query_close(q);
+    store_query_clear(q);
     return;
   }
   if (q->section == N_EXPORT_SECTIONS) {
     puts_t(&t, "\n}\n");
-    store_query_close(q);
+    store_query_clear(q);
   } else {
     q->more = 1;
   }

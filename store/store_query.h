@@ -60,7 +60,7 @@ const char *store_query_decisions_sql(void);
 #define STORE_EXPORT_CHUNK (1u << 20)
 
 /* Ends an export stream early (its connection and cursor). */
-void store_query_close(store_query *q);
+void store_query_clear(store_query *q);
 
 /* Runs q against the database at path (a SQLite file or a PostgreSQL
  * URL: store_target). Any thread. An export answers in

@@ -24,7 +24,7 @@ void store__read_params(db_stmt *st, int at, policy_params *p) {
   }
 }
 
-void store__job_free(store_job *j) {
+void store__job_clear(store_job *j) {
   if (j->unit_names)
     for (uint32_t u = 0; u < j->n_units; u++)
       free(j->unit_names[u]);
@@ -208,7 +208,7 @@ int store_restore(const char *where, void (*fn)(const store_job *, void *),
   if (db_prepare(db, "SELECT name, reporters, barrier_ms, pass, owner"
                          PARAM_COLS ", run FROM jobs WHERE state='running'", &st) != GNMR_OK) {
     snprintf(err, errlen, "%s: %s", shown, db_errmsg(db));
-    db_close(db);
+    db_close(&db);
     return GNMR_E_STORE;
   }
   while (db_step(st) == DB_ROW) {
@@ -226,14 +226,14 @@ int store_restore(const char *where, void (*fn)(const store_job *, void *),
         store__load_job(db, &j) != GNMR_OK) {
       LOG(ERROR, "STORE-RESTORE", "job %s: cannot be restored, skipped",
           j.name ? j.name : "?");
-      store__job_free(&j);
+      store__job_clear(&j);
       continue;
     }
     fn(&j, ctx);
-    store__job_free(&j);
+    store__job_clear(&j);
   }
   db_finalize(st);
-  db_close(db);
+  db_close(&db);
   return rv;
 }
 
@@ -254,7 +254,7 @@ int store_load_newest(const char *target, const char *name, store_job *j,
   if (db_prepare(db, "SELECT run, owner FROM jobs WHERE name=? ORDER BY run "
                      "DESC LIMIT 1", &st) != GNMR_OK) {
     snprintf(err, errlen, "%s: %s", shown, db_errmsg(db));
-    db_close(db);
+    db_close(&db);
     return GNMR_E_STORE;
   }
   db_bind_text(st, 1, name);
@@ -265,7 +265,7 @@ int store_load_newest(const char *target, const char *name, store_job *j,
   }
   db_finalize(st);
   if (run <= 0) {
-    db_close(db);
+    db_close(&db);
     return GNMR_E_NOJOB;
   }
   if ((j->name = strdup(name)) == NULL)
@@ -279,7 +279,7 @@ int store_load_newest(const char *target, const char *name, store_job *j,
   if (rv == GNMR_E_STORE)
     snprintf(err, errlen, "%s: run %lld of job %s cannot be read", shown,
              (long long)run, name);
-  db_close(db);
+  db_close(&db);
   return rv;
 }
 
@@ -299,7 +299,7 @@ int store_owners(const char *where,
   if (db_prepare(db, "SELECT name, owner FROM jobs WHERE owner IS NOT NULL "
                      "ORDER BY run", &st) != GNMR_OK) {
     snprintf(err, errlen, "%s: %s", shown, db_errmsg(db));
-    db_close(db);
+    db_close(&db);
     return GNMR_E_STORE;
   }
   while ((rc = db_step(st)) == DB_ROW) {
@@ -310,6 +310,6 @@ int store_owners(const char *where,
   if (rc != DB_DONE)
     snprintf(err, errlen, "%s: %s", shown, db_errmsg(db));
   db_finalize(st);
-  db_close(db);
+  db_close(&db);
   return rc == DB_DONE ? GNMR_OK : GNMR_E_STORE;
 }

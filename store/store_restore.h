@@ -70,18 +70,18 @@ int store_newest_run(db_conn *db, uint64_t *run);
 int store_job_row(db_conn *db, uint64_t run, store_job *j, char *state,
                   size_t cap);
 /* The newest run of job `name` in the store at target (store_target's
- * path) into j (as store_restore gives it, name and owner included) and its state ("running", "finished", ...) into
- * state: GNMR_OK, GNMR_E_NOJOB (the history has no run of that name) or
- * GNMR_E_STORE (message in err). Opens its own reader: any thread (gnmrd
- * calls it on libuv's pool, for a resume after the run ended). Free j
- * with store__job_free. */
+ * path) into j (as store_restore gives it, name and owner included) and its
+ * state ("running", "finished", ...) into state: GNMR_OK, GNMR_E_NOJOB (the
+ * history has no run of that name) or GNMR_E_STORE (message in err). Opens its
+ * own reader: any thread (gnmrd calls it on libuv's pool, for a resume after
+ * the run ended). Free j with store__job_clear. */
 int store_load_newest(const char *target, const char *name, store_job *j,
                       char *state, size_t cap, char *err, size_t errlen);
 /* Loads a job's units, ranks, parameters in force and newest snapshot
  * into j (name, run, reporters and hello_params set by the caller); free
- * with store__job_free. */
+ * with store__job_clear. */
 int store__load_job(db_conn *db, store_job *j);
-void store__job_free(store_job *j);
+void store__job_clear(store_job *j);
 /* The parameter columns at at..at+GNMR_NPARAMS-1 (NULL: unset). */
 void store__read_params(db_stmt *st, int at, policy_params *p);
 

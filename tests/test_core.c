@@ -35,7 +35,7 @@ static void setup(void) {
   released = 0;
 }
 
-static void teardown(void) { core_registry_free(&reg); }
+static void teardown(void) { core_registry_clear(&reg); }
 
 static core_job *new_job(const char *name, uint32_t reporters,
                          uint32_t barrier_ms) {
@@ -167,12 +167,12 @@ START_TEST(adopted_steps_stay_decided) {
   ck_assert_int_eq(report(j, 0, 3, s, 0), CORE_ACCEPTED);
   ck_assert_int_eq(report(j, 0, 4, s, 0), CORE_ACCEPTED);
   ck_assert_int_eq(report(j, 0, 5, s, 0), CORE_ACCEPTED);
-  ck_assert_int_eq(core_adopt_decided(j, 4), 1);
+  ck_assert_int_eq(core_restart_adopt_decided(j, 4), 1);
   ck_assert_int_eq(released, 2); /* steps 3 and 4 */
   ck_assert_uint_eq(j->last_decided, 4);
   ck_assert_uint_eq(j->n_pend, 1);
   ck_assert(core_is_pending(j, 5) && !core_is_pending(j, 4));
-  ck_assert_int_eq(core_adopt_decided(j, 2), 0); /* never down */
+  ck_assert_int_eq(core_restart_adopt_decided(j, 2), 0); /* never down */
   ck_assert_uint_eq(j->last_decided, 4);
   ck_assert_int_eq(report(j, 1, 4, s, 0), CORE_LATE);
   ck_assert_int_eq(report(j, 1, 5, s, 0), CORE_ACCEPTED);
@@ -198,7 +198,7 @@ START_TEST(duplicate_far_and_full_reports_are_refused) {
   ck_assert_uint_eq(j->n_pend, CORE_MAX_PENDING);
   ck_assert_int_eq(report(j, 0, 2 + CORE_MAX_PENDING, s, 0), CORE_FULL);
   /* a job freed with reports held releases each of them */
-  core_job_free(&reg, j);
+  core_job_free(&reg, &j);
   ck_assert_ptr_null(core_find(&reg, "refuse"));
   ck_assert_int_eq(released, 2 + CORE_MAX_PENDING);
 }
@@ -219,7 +219,7 @@ START_TEST(one_rank_far_ahead_cannot_freeze_the_job) {
   ck_assert_int_eq(report(j, 0, far, s, 0), CORE_TOO_FAR);
   ck_assert_int_eq(report(j, 0, 1 + CORE_MAX_AHEAD, s, 0), CORE_ACCEPTED);
   ck_assert_int_eq(report(j, 0, 2 + CORE_MAX_AHEAD, s, 0), CORE_TOO_FAR);
-  core_job_free(&reg, j);
+  core_job_free(&reg, &j);
   ck_assert_int_eq(released, 2);
   /* the far report first, before any other rank's: taken, then dropped
    * when step 1 is decided; the job goes on */
@@ -261,7 +261,7 @@ START_TEST(one_rank_far_ahead_cannot_freeze_the_job) {
   ck_assert_int_eq(report(j3, 1, 2, s, 60000), CORE_ACCEPTED);
   ck_assert_int_eq(core_decide_next(j3, 60000, &o), 1);
   ck_assert_uint_eq(o.step, 2);
-  core_job_free(&reg, j3);
+  core_job_free(&reg, &j3);
 }
 END_TEST
 
@@ -270,7 +270,7 @@ START_TEST(layout_unknown_until_every_rank_joined) {
   core_job *j = new_job("layout", 2, 10);
   join(j, 0, two, 2);
   /* a job decided up to step 5 before (restored): its deadlines decide */
-  ck_assert_int_eq(core_adopt_decided(j, 5), 1);
+  ck_assert_int_eq(core_restart_adopt_decided(j, 5), 1);
   ck_assert_int_eq(report(j, 0, 6, s, 0), CORE_ACCEPTED);
   core_outcome o;
   ck_assert_int_eq(core_decide_next(j, 10, &o), 1);
@@ -502,8 +502,8 @@ START_TEST(restore_rebuilds_units_ranks_and_statistics) {
   char *names[] = {"a", "b"};
   uint32_t n[] = {2, 0}, ids0[] = {0, 1};
   uint32_t *ids[] = {ids0, NULL};
-  ck_assert_int_eq(core_restore(r, pol, NULL, 2, ids0, names, 2, n, ids),
-                   GNMR_OK);
+  ck_assert_int_eq(
+      core_restart_restore(r, pol, NULL, 2, ids0, names, 2, n, ids), GNMR_OK);
   ck_assert_uint_eq(r->last_decided, 3);
   ck_assert_uint_eq(r->n_units, 2);
   ck_assert_uint_eq(r->shards[0], 1); /* rank 1 never joined: no shard yet */
@@ -521,8 +521,9 @@ START_TEST(restore_rebuilds_units_ranks_and_statistics) {
   core_job *bad = new_job("bad", 1, 10);
   uint32_t n1[] = {1}, far[] = {9};
   uint32_t *fids[] = {far};
-  ck_assert_int_eq(core_restore(bad, NULL, NULL, 2, ids0, names, 1, n1, fids),
-                   GNMR_OK);
+  ck_assert_int_eq(
+      core_restart_restore(bad, NULL, NULL, 2, ids0, names, 1, n1, fids),
+      GNMR_OK);
   ck_assert_int_eq(bad->ranks[0].ever, 0);
 }
 END_TEST
@@ -597,8 +598,9 @@ START_TEST(sparse_ids_take_slots_in_id_order) {
   uint32_t uids[] = {4000000000u, 20, 10};
   uint32_t n[] = {2, 2}, r0[] = {4000000000u, 10}, r1[] = {4000000000u, 20};
   uint32_t *rids[] = {r0, r1};
-  ck_assert_int_eq(core_restore(r, pol, snap_ids, 3, uids, names, 2, n, rids),
-                   GNMR_OK);
+  ck_assert_int_eq(
+      core_restart_restore(r, pol, snap_ids, 3, uids, names, 2, n, rids),
+      GNMR_OK);
   ck_assert_uint_eq(r->n_units, 3);
   ck_assert_uint_eq(r->unit_id[1], 20);
   policy_unit_info ra, rb;
@@ -622,7 +624,9 @@ START_TEST(registry_finds_iterates_and_frees) {
   while (core_next_job(&reg, &pos) != NULL)
     n++;
   ck_assert_uint_eq(n, 2);
-  core_job_free(&reg, core_find(&reg, "x"));
+  core_job *x = core_find(&reg, "x");
+  core_job_free(&reg, &x);
+  ck_assert_ptr_null(x); /* the caller's pointer is nulled */
   ck_assert_uint_eq(core_count(&reg), 1);
 }
 END_TEST
@@ -715,7 +719,7 @@ START_TEST(unit_name_map_reserves_adds_and_borrows) {
   ck_assert_uint_eq(m.live, N);
   ck_assert(hmap_del(&m, names[5], strlen(names[5])));
   ck_assert(!hmap_get(&m, names[5], strlen(names[5]), NULL));
-  hmap_free(&m); /* the map's own copies of the keys */
+  hmap_clear(&m); /* the map's own copies of the keys */
   /* borrowed keys: the map holds the caller's pointers and frees none
    * (valgrind and ASan see a double free or a leak otherwise) */
   hmap b = {0};
@@ -729,7 +733,7 @@ START_TEST(unit_name_map_reserves_adds_and_borrows) {
   ck_assert_int_eq(ours, 1);
   ck_assert(hmap_get(&b, names[42], strlen(names[42]), &v) && v == 42);
   ck_assert(hmap_del(&b, names[42], strlen(names[42])));
-  hmap_free(&b);
+  hmap_clear(&b);
   ck_assert_int_eq(b.borrowed, 1); /* stays borrowed for reuse */
   for (int i = 0; i < N; i++)
     free(names[i]);
@@ -738,7 +742,7 @@ START_TEST(unit_name_map_reserves_adds_and_borrows) {
   hmap e = {0};
   ck_assert(!hmap_get(&e, "x", 1, NULL));
   ck_assert_int_eq(hmap_reserve(&e, 0), GNMR_OK);
-  hmap_free(&e);
+  hmap_clear(&e);
 }
 END_TEST
 

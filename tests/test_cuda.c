@@ -48,7 +48,7 @@ START_TEST(plan_orders_chunks_by_unit_then_registration) {
   ck_assert_int_eq(p.seen[1], 1); /* an empty tensor still reports 0 */
   ck_assert_int_eq(p.seen[2], 1);
   ck_assert_int_eq(p.seen[3], 0); /* no tensor: not reported */
-  gnmr__plan_free(&p);
+  gnmr__plan_clear(&p);
 }
 END_TEST
 
@@ -62,7 +62,7 @@ START_TEST(plan_marks_misaligned_segments) {
   ck_assert_uint_eq(p.segs[0].flags & GNMR_SEG_ALIGNED, GNMR_SEG_ALIGNED);
   ck_assert_uint_eq(p.segs[1].flags & GNMR_SEG_ALIGNED, 0);
   ck_assert_uint_eq(p.segs[2].flags & GNMR_SEG_ALIGNED, GNMR_SEG_ALIGNED);
-  gnmr__plan_free(&p);
+  gnmr__plan_clear(&p);
 }
 END_TEST
 
@@ -92,10 +92,10 @@ START_TEST(plan_rejects_malformed_tensors_and_stays_empty) {
   ck_assert_int_eq(gnmr__plan_build(&p, &empty, 1, 1), GNMR_OK);
   ck_assert_uint_eq(p.n_chunks, 0);
   ck_assert_int_eq(p.seen[0], 1);
-  gnmr__plan_free(&p);
+  gnmr__plan_clear(&p);
   ck_assert_int_eq(gnmr__plan_build(&p, NULL, 0, 2), GNMR_OK);
   ck_assert_int_eq(p.seen[0] | p.seen[1], 0);
-  gnmr__plan_free(&p);
+  gnmr__plan_clear(&p);
 }
 END_TEST
 
@@ -118,7 +118,7 @@ START_TEST(plan_equality_follows_every_field_the_kernel_reads) {
   ck_assert_int_eq(gnmr__plan_build(&a, t, 2, 2), GNMR_OK);
   ck_assert_int_eq(gnmr__plan_build(&b, t, 2, 2), GNMR_OK);
   ck_assert(gnmr__plan_equal(&a, &b));
-  gnmr__plan_free(&b);
+  gnmr__plan_clear(&b);
   gnmr_tensor v[5][2];
   for (int i = 0; i < 5; i++)
     memcpy(v[i], t, sizeof t);
@@ -130,9 +130,9 @@ START_TEST(plan_equality_follows_every_field_the_kernel_reads) {
   for (int i = 0; i < 5; i++) {
     ck_assert_int_eq(gnmr__plan_build(&b, v[i], 2, 2), GNMR_OK);
     ck_assert_msg(!gnmr__plan_equal(&a, &b), "change %d not seen", i);
-    gnmr__plan_free(&b);
+    gnmr__plan_clear(&b);
   }
-  gnmr__plan_free(&a);
+  gnmr__plan_clear(&a);
 }
 END_TEST
 
@@ -161,7 +161,7 @@ START_TEST(device_image_holds_the_tables_at_their_offsets) {
   ck_assert_mem_eq(img + h.seen_off, p.seen, 3);
   ck_assert_uint_le(h.seen_off + 3, size);
   free(img);
-  gnmr__plan_free(&p);
+  gnmr__plan_clear(&p);
   ck_assert_uint_eq(gnmr__result_size(3), 64); /* 51 rounded up */
 }
 END_TEST
@@ -236,7 +236,7 @@ static void model_vs_cpu(const gnmr_tensor *t, size_t n, uint32_t units,
   free(cs);
   free(mn);
   free(cn);
-  gnmr__plan_free(&p);
+  gnmr__plan_clear(&p);
 }
 
 static float frand(unsigned *seed) {
@@ -299,7 +299,7 @@ START_TEST(model_counts_nonfinite_exactly_at_chunk_edges) {
   ck_assert_uint_eq(nf[0], 7);
   ck_assert_uint_eq(nf[1], 7);
   ck_assert_uint_eq(nf[2], 6);
-  gnmr__plan_free(&p);
+  gnmr__plan_clear(&p);
   free(x);
   free(e5);
 }
@@ -347,7 +347,7 @@ START_TEST(model_keeps_the_digits_of_tiny_gradients) {
   gnmr__cuda_model(&p, s, nf);
   ck_assert(s[1] > 0 && s[2] > 0);
   ck_assert(s[3] == 0);
-  gnmr__plan_free(&p);
+  gnmr__plan_clear(&p);
   free(x);
   free(y);
   free(z);

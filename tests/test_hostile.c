@@ -957,7 +957,7 @@ START_TEST(key_files_others_can_read_or_change_are_refused) {
   ck_assert_msg(strstr(err, "others could change it"), "%s", err);
   ck_assert_int_eq(chmod(allow, 0644), 0);
   ck_assert_int_eq(gnmr__allow_load(allow, &al, err, sizeof err), GNMR_OK);
-  gnmr__allow_free(&al);
+  gnmr__allow_clear(&al);
   tu_rmrf(dir);
   free(dir);
 }

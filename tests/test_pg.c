@@ -928,8 +928,8 @@ START_TEST(both_backends_give_the_same_answers) {
   ck_assert_int_eq(db_error_class(pg), DB_ERR_CONNECTION);
   ck_assert_int_eq(db_reconnect(pg), GNMR_OK);
   ck_assert_int_eq(db_exec(pg, "SELECT 1"), GNMR_OK);
-  db_close(pg);
-  db_close(lite);
+  db_close(&pg);
+  db_close(&lite);
   tu_rmrf(dir);
   /* targets that cannot open: the reason, never a password */
   static const char *const bad[] = {

@@ -713,7 +713,7 @@ START_TEST(allow_list_mistakes_are_refused_with_their_line) {
   ck_assert(gnmr__allow_may(&al, a.pub, b.pub, "a-1") &&
             !gnmr__allow_may(&al, a.pub, b.pub, "b-1"));
   ck_assert_str_eq(gnmr__allow_find(&al, a.pub)->name, "a team");
-  gnmr__allow_free(&al);
+  gnmr__allow_clear(&al);
   tu_rmrf(dir);
 }
 END_TEST

@@ -60,7 +60,7 @@ START_TEST(rows_in_any_order_are_sorted_by_step_and_unit) {
   ck_assert(isinf(t.rows[3].norm));
   ck_assert(isinf(t.rows[5].norm) && t.rows[5].norm < 0);
   ck_assert_double_eq(t.rows[6].norm, 0);
-  trace_free(&t);
+  trace_clear(&t);
 }
 END_TEST
 
@@ -70,9 +70,9 @@ START_TEST(header_only_trace_has_no_rows) {
   ck_assert_int_eq(parse("step,unit,norm\n", &t, &e), 0);
   ck_assert_uint_eq(t.n_rows, 0);
   ck_assert_uint_eq(t.n_units, 0);
-  trace_free(&t);
+  trace_clear(&t);
   ck_assert_int_eq(parse("step,unit,norm", &t, &e), 0); /* no newline */
-  trace_free(&t);
+  trace_clear(&t);
 }
 END_TEST
 
@@ -90,7 +90,7 @@ START_TEST(a_trace_asks_no_more_work_than_its_rows_pay_for) {
   /* the limit itself: 2^28 unit-steps and 1024 per row */
   ck_assert_int_eq(parse("step,unit,norm\n1,0,1\n16,16777215,2\n", &t, &e),
                    0);
-  trace_free(&t);
+  trace_clear(&t);
   ck_assert_int_eq(parse("step,unit,norm\n1,0,1\n17,16777215,2\n", &t, &e),
                    GNMR_E_PARSE);
   /* 2.7e8 unit-steps (past 2^28) paid for by 300000 rows */
@@ -100,7 +100,7 @@ START_TEST(a_trace_asks_no_more_work_than_its_rows_pay_for) {
   for (int st = 1; st <= 300000; st++)
     n += (size_t)snprintf(big + n, cap - n, "%d,%d,1\n", st * 300, st % 3);
   ck_assert_int_eq(parse(big, &t, &e), 0);
-  trace_free(&t);
+  trace_clear(&t);
   free(big);
 }
 END_TEST
@@ -111,7 +111,7 @@ START_TEST(negative_zero_is_zero) {
   ck_assert_int_eq(parse("step,unit,norm\n1,0,-0.0\n", &t, &e), 0);
   ck_assert_double_eq(t.rows[0].norm, 0);
   ck_assert(!signbit(t.rows[0].norm));
-  trace_free(&t);
+  trace_clear(&t);
 }
 END_TEST
 
@@ -226,7 +226,7 @@ START_TEST(random_garbage_never_crashes) {
     int rv = trace_parse(buf, n, &t, &e);
     ck_assert(rv == 0 || rv == GNMR_E_PARSE);
     if (rv == 0)
-      trace_free(&t);
+      trace_clear(&t);
     else
       ck_assert(e.msg[0] != '\0');
   }

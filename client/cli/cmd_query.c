@@ -576,7 +576,7 @@ static int from_store(const char *where, const char *cmd, store_query *q,
     store_query_run(target, q);
     if (q->code != GNMR_OK) {
       fprintf(stderr, "gnmrctl %s: %s\n", cmd, q->err);
-      store_query_close(q);
+      store_query_clear(q);
       json_decref(q->result);
       return CLI_FAIL;
     }
@@ -587,7 +587,7 @@ static int from_store(const char *where, const char *cmd, store_query *q,
       q->chunk = NULL;
     }
   } while (q->more && code == CLI_OK);
-  store_query_close(q);
+  store_query_clear(q);
   if (q->result != NULL) {
     code = render(q->command, q->result, f);
     json_decref(q->result);

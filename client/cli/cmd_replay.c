@@ -125,7 +125,7 @@ out:
     fprintf(stderr, "gnmrctl replay: %s: %s\n", scores_path, strerror(errno));
     code = CLI_FAIL;
   }
-  trace_free(&t);
+  trace_clear(&t);
   free(buf);
   free(sched.e);
   return code;

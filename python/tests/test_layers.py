@@ -27,6 +27,12 @@ class LayersTest(unittest.TestCase):
                 f.write(text)
         return os.path.relpath(d, ROOT)
 
+    def failing_lines(self, d, word):
+        """The lines holding word of a run over d that must fail."""
+        r = run(d)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        return [line for line in r.stdout.splitlines() if word in line]
+
     def test_a_circle_is_found_with_its_calls(self):
         d = self.tree({
             "a.c": "int a_top(void) {\n  return b_mid();\n}\n",
@@ -56,6 +62,49 @@ class LayersTest(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stdout)
         self.assertIn(f"{d}/a.c -> {d}/b.c (b_mid)", r.stdout)
         self.assertIn(f"{d}/b.c -> {d}/a.c (a_top)", r.stdout)
+
+    def test_a_daemon_function_named_after_another_file_is_found(self):
+        """Issue 51: a public function of daemon/ carries its file's name
+        (jobs_on_message lived in dispatch.c); statics and main may be
+        named anything, and other folders are not held to it."""
+        d = self.tree({})
+        os.mkdir(os.path.join(ROOT, d, "daemon"))
+        files = {
+            "daemon/dispatch.c": "void dispatch_on_message(void) {}\n"
+                                 "void jobs_on_message(void)\n{\n}\n"
+                                 "static void helper(void) {}\n",
+            "daemon/main.c": "int main(void) { return 0; }\n",
+            "other.c": "void anything(void) {}\n",
+        }
+        for name, text in files.items():
+            with open(os.path.join(ROOT, d, name), "w") as f:
+                f.write(text)
+        self.assertEqual(
+            self.failing_lines(d, "prefix"),
+            [f"layers: {d}/daemon/dispatch.c defines jobs_on_message(), "
+             "whose prefix is not dispatch_"])
+        with open(os.path.join(ROOT, d, "daemon", "dispatch.c"), "w") as f:
+            f.write(files["daemon/dispatch.c"].replace("jobs_", "dispatch_x_"))
+        r = run(d)
+        self.assertEqual(r.returncode, 0, r.stdout)
+
+    def test_a_destructor_that_leaves_the_pointer_dangling_is_found(self):
+        """Issue 51: a destructor takes T ** and nulls it; statics,
+        declarations, the C API's gnmr_* and a reference count's
+        release(void) are not held to it."""
+        d = self.tree({
+            "a.c": "void thing_free(thing *t) {\n  free(t);\n}\n"
+                   "void list_close(list **lp)\n{\n  *lp = NULL;\n}\n"
+                   "void cell_destroy(cell *c);\n"
+                   "static void helper_free(x *p) { free(p); }\n"
+                   "void gnmr_agent_close(gnmr_agent *a) { free(a); }\n"
+                   "void ctx_release(void) { refs--; }\n"
+                   "int port_free(int p) { return p; }\n",
+        })
+        self.assertEqual(
+            self.failing_lines(d, "destructor"),
+            [f"layers: {d}/a.c defines thing_free(), a destructor that "
+             "takes no T ** to null (or a *_clear of what a struct holds)"])
 
     def test_layers_statics_and_alternatives_pass(self):
         d = self.tree({

@@ -93,7 +93,7 @@ static void check_tensors(gnmr_cuda *c, const gnmr_tensor *host,
   }
   if (out)
     memcpy(out, gs, units * 8);
-  gnmr__plan_free(&p);
+  gnmr__plan_clear(&p);
   free(gs), free(ms), free(cs), free(gn), free(mn), free(cn), free(seen);
 }
 
@@ -294,7 +294,7 @@ START_TEST(captured_graph_replays_stay_correct) {
       gnmr__plan p;
       gnmr__plan_build(&p, m.host, m.n, units);
       gnmr__cuda_model(&p, want, wn);
-      gnmr__plan_free(&p);
+      gnmr__plan_clear(&p);
     }
     CUDA_OK(cudaGraphLaunch(ge, s));
     ck_assert_int_eq(gnmr_cuda_read(c, s, got, gn, NULL), GNMR_OK);
@@ -375,7 +375,7 @@ START_TEST(bitwise_table_per_dtype_alignment_and_grid) {
       uint64_t wn;
       ck_assert_int_eq(gnmr__plan_build(&p, &host, 1, 1), GNMR_OK);
       ck_assert_int_eq(gnmr__cuda_model(&p, &want, &wn), GNMR_OK);
-      gnmr__plan_free(&p);
+      gnmr__plan_clear(&p);
       char line[256];
       int len = snprintf(line, sizeof line, "test_gpu: table %-4s +%zu:",
                          dtype_name(d), off);
@@ -416,7 +416,7 @@ START_TEST(counters_are_zero_after_replays_and_alternating_streams) {
   gnmr__plan p;
   gnmr__plan_build(&p, m.host, m.n, units);
   gnmr__cuda_model(&p, want, wn);
-  gnmr__plan_free(&p);
+  gnmr__plan_clear(&p);
   cudaStream_t s[2];
   CUDA_OK(cudaStreamCreateWithFlags(&s[0], cudaStreamNonBlocking));
   CUDA_OK(cudaStreamCreateWithFlags(&s[1], cudaStreamNonBlocking));
