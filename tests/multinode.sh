@@ -204,11 +204,12 @@ wait_sims
 # second a step, their timeout) instead of deciding 16 steps a second
 # without node 3; once it reports, the steps they reported ahead of it
 # are decided by their deadline, its shards missing and its reports for
-# them late: at most the 2-3 steps of that wait (before the rule: every
-# step of its 2 s delay)
+# them late: the 2-3 steps of that wait, or a few more when the machine
+# is loaded (6 once on a 2-CPU VM during make check); before the rule,
+# every step of its 2 s delay, about 100
 late_d=$(($(counter late_reports) - late_before))
-check "D: the late rank held the job's first decision: $late_d of its reports late, at most 4" \
-  test "$late_d" -le 4
+check "D: the late rank held the job's first decision: $late_d of its reports late, at most 10" \
+  test "$late_d" -le 10
 store_rows mn-d 300
 check "D: the history holds each of the 300 steps" \
   test "$(($(wc -l <"$T/mn-d.store.csv") - 1))" = 300
