@@ -527,7 +527,7 @@ void admin_on_gone(server *s, int fd, void *ctx) {
 
 static void start_query(gnmrd *d, const void *id, size_t id_len, int command,
                         const Gnmr__AdminRequest *r, const char *user) {
-  if (command == GNMR_CMD_EXPORT) {
+  if (gnmr_admin_commands[command].stream) {
     sweep_streams(d);
     if (streams.live >= MAX_STREAMS) {
       send_error(d, id, id_len, GNMR_E_BUSY, "too many exports in progress;"
@@ -565,7 +565,7 @@ static void start_query(gnmrd *d, const void *id, size_t id_len, int command,
   q->sq.limit = r->limit ? r->limit
                          : command == GNMR_CMD_TOP ? 10 : DEFAULT_LIMIT;
   q->sq.run = r->run;
-  if (command == GNMR_CMD_EXPORT) {
+  if (gnmr_admin_commands[command].stream) {
     q->stream = new_stream_id();
     snprintf(q->opener, sizeof q->opener, "%s", user ? user : "");
   }
@@ -665,6 +665,83 @@ void admin_shutdown(gnmrd *d) {
   hmap_clear(&unread_conns);
 }
 
+/* ---- the live commands' handlers (their rows in proto/commands.h) ----------
+ */
+
+typedef void live_fn(gnmrd *d, const void *id, size_t id_len,
+                     const Gnmr__AdminRequest *r, const char *user,
+                     core_job *c);
+
+static void live_status(gnmrd *d, const void *id, size_t id_len,
+                        const Gnmr__AdminRequest *r, const char *user,
+                        core_job *c) {
+  (void)r, (void)user;
+  send_json(d, id, id_len, views_status(c));
+}
+
+/* units and top: refused before they are built while too much is unread
+ * (their size, roughly) */
+static void live_units_of(gnmrd *d, const void *id, size_t id_len,
+                          const char *user, core_job *c, uint32_t top) {
+  uint64_t n = c->n_units;
+  if (top != 0 && n > top)
+    n = top;
+  if (unread_refuses(d, id, id_len, user, n * UNITS_REPLY_PER_UNIT))
+    return;
+  send_json(d, id, id_len, views_units(c, top));
+}
+
+static void live_units(gnmrd *d, const void *id, size_t id_len,
+                       const Gnmr__AdminRequest *r, const char *user,
+                       core_job *c) {
+  (void)r;
+  live_units_of(d, id, id_len, user, c, 0);
+}
+
+static void live_top(gnmrd *d, const void *id, size_t id_len,
+                     const Gnmr__AdminRequest *r, const char *user,
+                     core_job *c) {
+  live_units_of(d, id, id_len, user, c, r->limit ? r->limit : 10);
+}
+
+static void live_set(gnmrd *d, const void *id, size_t id_len,
+                     const Gnmr__AdminRequest *r, const char *user,
+                     core_job *c) {
+  char err[256];
+  (void)user;
+  int rv =
+      lifecycle_set_params(d, c, r->settings, r->n_settings, err, sizeof err);
+  if (rv != GNMR_OK)
+    send_error(d, id, id_len, rv, err);
+  else
+    send_json(d, id, id_len, views_status(c));
+}
+
+static void live_finish(gnmrd *d, const void *id, size_t id_len,
+                        const Gnmr__AdminRequest *r, const char *user,
+                        core_job *c) {
+  (void)r, (void)user;
+  json_t *v = views_status(c);
+  json_object_set_new(v, "state", json_string("finished"));
+  lifecycle_finish(d, c);
+  send_json(d, id, id_len, v);
+}
+
+#define LIVE_OF(id, name, where, job, csv, op, large, stream, opts, synopsis,  \
+                summary, help, live, query, render)                            \
+  [GNMR_CMD_##id] = live,
+static live_fn *const live_handlers[GNMR_CMD_COUNT] = {
+    GNMR_ADMIN_COMMANDS(LIVE_OF)};
+#undef LIVE_OF
+/* each command's store query by name ("0": none), for the live commands
+ * the store also answers when their job is not running */
+#define QUERY_NAME(id, name, where, job, csv, op, large, stream, opts,         \
+                   synopsis, summary, help, live, query, render)               \
+  [GNMR_CMD_##id] = #query,
+static const char *const query_names[GNMR_CMD_COUNT] = {
+    GNMR_ADMIN_COMMANDS(QUERY_NAME)};
+#undef QUERY_NAME
+
 static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
                              const Gnmr__AdminRequest *r, const char *user) {
   int k = gnmr__admin_command_find(r->command);
@@ -712,21 +789,18 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
   }
   /* the answers that can be large: refused before they are built while
    * the client, or every client, leaves too much unread */
-  int large = k == GNMR_CMD_UNITS || k == GNMR_CMD_TOP ||
-              k == GNMR_CMD_HISTORY || k == GNMR_CMD_DECISIONS ||
-              k == GNMR_CMD_EXPORT;
-  if (unread_refuses(d, id, id_len, user, large ? UNREAD_SMALL + 1 : 0))
+  const gnmr_admin_command *cmd = &gnmr_admin_commands[k];
+  if (unread_refuses(d, id, id_len, user, cmd->large ? UNREAD_SMALL + 1 : 0))
     return;
-  if (k == GNMR_CMD_EXPORT && r->stream != 0) {
+  if (cmd->stream && r->stream != 0) {
     go_on(d, id, id_len, r, user);
     return;
   }
-  if (gnmr_admin_commands[k].needs_job && r->job[0] == '\0' &&
-      gnmr_admin_commands[k].where == GNMR_AT_HISTORY) {
+  if (cmd->needs_job && r->job[0] == '\0' && cmd->where == GNMR_AT_HISTORY) {
     send_error(d, id, id_len, GNMR_E_INVAL, "a job name is needed");
     return;
   }
-  if (gnmr_admin_commands[k].where == GNMR_AT_HISTORY) {
+  if (cmd->where == GNMR_AT_HISTORY) {
     start_query(d, id, id_len, k, r, user);
     return;
   }
@@ -736,8 +810,7 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
     c = NULL; /* another tenant's job: as if it did not exist */
   if (c != NULL && r->run != 0 && r->run != c->run)
     c = NULL; /* an earlier run of the name: from the store */
-  if (c == NULL && d->st != NULL &&
-      (k == GNMR_CMD_STATUS || k == GNMR_CMD_UNITS || k == GNMR_CMD_TOP)) {
+  if (c == NULL && d->st != NULL && strcmp(query_names[k], "0") != 0) {
     start_query(d, id, id_len, k, r, user); /* not running: the store */
     return;
   }
@@ -746,43 +819,7 @@ static void on_admin_request(gnmrd *d, const void *id, size_t id_len,
     send_error(d, id, id_len, GNMR_E_NOJOB, msg);
     return;
   }
-  if (k == GNMR_CMD_UNITS || k == GNMR_CMD_TOP) { /* its size, roughly */
-    uint64_t n = c->n_units;
-    if (k == GNMR_CMD_TOP && n > (r->limit ? r->limit : 10))
-      n = r->limit ? r->limit : 10;
-    if (unread_refuses(d, id, id_len, user, n * UNITS_REPLY_PER_UNIT))
-      return;
-  }
-  switch (k) {
-  case GNMR_CMD_STATUS:
-    send_json(d, id, id_len, views_status(c));
-    break;
-  case GNMR_CMD_UNITS:
-    send_json(d, id, id_len, views_units(c, 0));
-    break;
-  case GNMR_CMD_TOP:
-    send_json(d, id, id_len, views_units(c, r->limit ? r->limit : 10));
-    break;
-  case GNMR_CMD_SET: {
-    char err[256];
-    int rv =
-        lifecycle_set_params(d, c, r->settings, r->n_settings, err, sizeof err);
-    if (rv != GNMR_OK)
-      send_error(d, id, id_len, rv, err);
-    else
-      send_json(d, id, id_len, views_status(c));
-    break;
-  }
-  case GNMR_CMD_FINISH: {
-    json_t *v = views_status(c);
-    json_object_set_new(v, "state", json_string("finished"));
-    lifecycle_finish(d, c);
-    send_json(d, id, id_len, v);
-    break;
-  }
-  default:
-    assert(!"an admin command served neither live nor from history");
-  }
+  live_handlers[k](d, id, id_len, r, user, c);
 }
 
 /* ---- large answers, one a loop turn ------------------------------------------- */
@@ -857,7 +894,8 @@ static void deferred_close(void) {
 static int defer(gnmrd *d, const void *id, size_t id_len, const char *user,
                  Gnmr__Envelope *env) {
   int k = gnmr__admin_command_find(env->admin_request->command);
-  if (k != GNMR_CMD_UNITS && k != GNMR_CMD_TOP)
+  if (k < 0 || !gnmr_admin_commands[k].large ||
+      gnmr_admin_commands[k].where != GNMR_AT_LIVE) /* built on the loop */
     return 0;
   if (defer_idle == NULL) {
     if ((defer_idle = malloc(sizeof *defer_idle)) == NULL)

@@ -229,94 +229,128 @@ static int name_active(store_query *q, db_conn *db, json_t *decisions) {
   return rv;
 }
 
+/* ---- the history's commands (their rows in proto/commands.h) --------------
+ */
+
+/* status, units and top of a job that is not running: gnmrd's view of
+ * its snapshot (q->view); gnmrctl --store has no policy engine */
+static void query_view(store_query *q, db_conn *db) {
+  if (q->view != NULL)
+    q->result = q->view(q, db);
+  else
+    qfail(q, GNMR_E_INVAL,
+          "status, units and top of a job come from "
+          "gnmrd (its policy engine), not from the store");
+}
+
+static void query_jobs(store_query *q, db_conn *db) {
+  q->result = rows(q, db,
+                   "SELECT name, run, state, pass, last_step, reporters, "
+                   "barrier_ms, created_at, updated_at, owner FROM jobs "
+                   "WHERE run IN (SELECT MAX(run) FROM jobs GROUP BY name)"
+                   " ORDER BY name",
+                   "");
+  if (q->result != NULL && q->who != NULL) { /* another tenant's: hidden */
+    for (size_t i = json_array_size(q->result); i-- > 0;) {
+      json_t *o = json_array_get(q->result, i);
+      if (!visible(q, json_string_value(json_object_get(o, "name")),
+                   json_string_value(json_object_get(o, "owner"))))
+        json_array_remove(q->result, i);
+    }
+  }
+}
+
+static void query_runs(store_query *q, db_conn *db) {
+  json_t *r = rows(q, db,
+                   "SELECT run, state, pass, last_step, reporters, "
+                   "barrier_ms, created_at, updated_at, owner FROM jobs "
+                   "WHERE name=? ORDER BY run",
+                   "t", q->job);
+  for (size_t i = r ? json_array_size(r) : 0; i-- > 0;)
+    if (!visible(
+            q, q->job,
+            json_string_value(json_object_get(json_array_get(r, i), "owner"))))
+      json_array_remove(r, i);
+  if (r != NULL && json_array_size(r) == 0) {
+    json_decref(r);
+    qfail(q, GNMR_E_NOJOB, "unknown job '%.128s'", q->job);
+  } else if (r != NULL) {
+    q->result = json_pack("{s:s,s:o}", "job", q->job, "runs", r);
+  }
+}
+
+static void query_decisions(store_query *q, db_conn *db) {
+  if (!store_query_resolve(q, db))
+    return; /* q->err set */
+  int64_t to = q->to ? (int64_t)q->to : INT64_MAX;
+  json_t *r = rows(q, db, decisions_sql, "iii", (int64_t)q->resolved,
+                   (int64_t)q->from, to);
+  if (r && name_active(q, db, r) != GNMR_OK) {
+    json_decref(r);
+    r = NULL;
+  }
+  if (r)
+    q->result = json_pack("{s:s,s:I,s:o}", "job", q->job, "run",
+                          (json_int_t)q->resolved, "decisions", r);
+}
+
+static void query_history(store_query *q, db_conn *db) {
+  char sql[1024];
+  int64_t uid = -1;
+  if (!store_query_resolve(q, db))
+    return; /* q->err set */
+  if (q->kind[0] != '\0' && !store_event_kind_known(q->kind)) {
+    qfail(q, GNMR_E_INVAL, "unknown event kind '%.64s' (%s)", q->kind,
+          store_event_kinds());
+    return;
+  }
+  if (q->unit[0] != '\0' && (uid = unit_id(q, db)) < 0) {
+    qfail(q, GNMR_E_NOUNIT, "job %.128s has no unit '%.128s'", q->job, q->unit);
+    return;
+  }
+  /* In step order, as the indexes (run, step) and (run, unit, step)
+   * read: SQLite walks one of them and stops at the limit, instead of
+   * sorting every event of the run first. A filter left out is left
+   * out of the SQL, so that the planner sees only what applies. */
+  store_query_history_sql(uid >= 0, q->kind[0] != '\0', sql, sizeof sql);
+  json_t *r = rows(q, db, sql, "iiiiti", (int64_t)q->resolved, (int64_t)q->from,
+                   q->to ? (int64_t)q->to : INT64_MAX, (int64_t)uid, q->kind,
+                   (int64_t)q->limit);
+  if (r)
+    q->result = json_pack("{s:s,s:I,s:o}", "job", q->job, "run",
+                          (json_int_t)q->resolved, "events", r);
+}
+
+typedef void query_fn(store_query *q, db_conn *db);
+static query_fn *const queries[GNMR_CMD_COUNT] = {
+#define QUERY_OF(id, name, where, job, csv, op, large, stream, opts, synopsis, \
+                 summary, help, live, query, render)                           \
+  [GNMR_CMD_##id] = query,
+    GNMR_ADMIN_COMMANDS(QUERY_OF)
+#undef QUERY_OF
+};
+
 void store_query_run(const char *path, store_query *q) {
   db_conn *db = NULL;
-  int64_t from = (int64_t)q->from,
-                to = q->to ? (int64_t)q->to : INT64_MAX;
   q->result = NULL;
   q->code = GNMR_OK;
   q->chunk = NULL;
   q->chunk_len = 0;
-  if (q->command == GNMR_CMD_EXPORT) {
-    export_next(path, q);
+  if (q->command < 0 || q->command >= GNMR_CMD_COUNT ||
+      (queries[q->command] == NULL &&
+       !gnmr_admin_commands[q->command].stream)) {
+    qfail(q, GNMR_E_INVAL, "not a command of the history");
+    return;
+  }
+  if (gnmr_admin_commands[q->command].stream) {
+    export_next(path, q); /* its own connection, kept between chunks */
     return;
   }
   if (store_open_reader(path, &db, q->err, sizeof q->err) != GNMR_OK) {
     q->code = GNMR_E_STORE;
     return;
   }
-  if (q->command == GNMR_CMD_STATUS || q->command == GNMR_CMD_UNITS ||
-      q->command == GNMR_CMD_TOP) {
-    if (q->view != NULL)
-      q->result = q->view(q, db);
-    else
-      qfail(q, GNMR_E_INVAL, "status, units and top of a job come from "
-            "gnmrd (its policy engine), not from the store");
-  } else if (q->command == GNMR_CMD_JOBS) {
-    q->result = rows(q, db,
-                     "SELECT name, run, state, pass, last_step, reporters, "
-                     "barrier_ms, created_at, updated_at, owner FROM jobs "
-                     "WHERE run IN (SELECT MAX(run) FROM jobs GROUP BY name)"
-                     " ORDER BY name",
-                     "");
-    if (q->result != NULL && q->who != NULL) { /* another tenant's: hidden */
-      for (size_t i = json_array_size(q->result); i-- > 0;) {
-        json_t *o = json_array_get(q->result, i);
-        if (!visible(q, json_string_value(json_object_get(o, "name")),
-                     json_string_value(json_object_get(o, "owner"))))
-          json_array_remove(q->result, i);
-      }
-    }
-  } else if (q->command == GNMR_CMD_RUNS) {
-    json_t *r = rows(q, db, "SELECT run, state, pass, last_step, reporters, "
-                     "barrier_ms, created_at, updated_at, owner FROM jobs "
-                     "WHERE name=? ORDER BY run", "t", q->job);
-    for (size_t i = r ? json_array_size(r) : 0; i-- > 0;)
-      if (!visible(q, q->job, json_string_value(json_object_get(
-                                  json_array_get(r, i), "owner"))))
-        json_array_remove(r, i);
-    if (r != NULL && json_array_size(r) == 0) {
-      json_decref(r);
-      qfail(q, GNMR_E_NOJOB, "unknown job '%.128s'", q->job);
-    } else if (r != NULL) {
-      q->result = json_pack("{s:s,s:o}", "job", q->job, "runs", r);
-    }
-  } else if (!store_query_resolve(q, db)) {
-    /* q->err set */
-  } else if (q->command == GNMR_CMD_DECISIONS) {
-    json_t *r = rows(q, db, decisions_sql, "iii", (int64_t)q->resolved,
-                     from, to);
-    if (r && name_active(q, db, r) != GNMR_OK) {
-      json_decref(r);
-      r = NULL;
-    }
-    if (r)
-      q->result = json_pack("{s:s,s:I,s:o}", "job", q->job, "run",
-                            (json_int_t)q->resolved, "decisions", r);
-  } else if (q->command == GNMR_CMD_HISTORY) {
-    char sql[1024];
-    int64_t uid = -1;
-    if (q->kind[0] != '\0' && !store_event_kind_known(q->kind)) {
-      qfail(q, GNMR_E_INVAL, "unknown event kind '%.64s' (%s)", q->kind,
-            store_event_kinds());
-    } else if (q->unit[0] != '\0' && (uid = unit_id(q, db)) < 0) {
-      qfail(q, GNMR_E_NOUNIT, "job %.128s has no unit '%.128s'", q->job,
-            q->unit);
-    } else {
-      /* In step order, as the indexes (run, step) and (run, unit, step)
-       * read: SQLite walks one of them and stops at the limit, instead of
-       * sorting every event of the run first. A filter left out is left
-       * out of the SQL, so that the planner sees only what applies. */
-      store_query_history_sql(uid >= 0, q->kind[0] != '\0', sql,
-                              sizeof sql);
-      json_t *r = rows(q, db, sql, "iiiiti", (int64_t)q->resolved,
-                       from, to, (int64_t)uid, q->kind,
-                       (int64_t)q->limit);
-      if (r)
-        q->result = json_pack("{s:s,s:I,s:o}", "job", q->job, "run",
-                              (json_int_t)q->resolved, "events", r);
-    }
-  }
+  queries[q->command](q, db);
   db_close(&db);
 }
 

@@ -154,8 +154,9 @@ static void render_params(const json_t *p) {
   }
 }
 
-static void render_status(const json_t *o) {
+static void render_status(const json_t *o, enum fmt f) {
   char buf[128], nb[1100];
+  (void)f; /* no CSV: a table */
   static const char *const keys[] = {"job",        "state",   "pass",
                                      "step",       "reporters", "joined",
                                      "units",      "pending_steps",
@@ -208,6 +209,31 @@ static void render_decisions(const json_t *o, enum fmt f) {
     putchar('\n');
   }
 }
+
+static void render_jobs(const json_t *v, enum fmt f) {
+  render_rows(v, job_cols, f);
+}
+
+static void render_units(const json_t *v, enum fmt f) {
+  render_rows(v, unit_cols, f);
+}
+
+static void render_history(const json_t *v, enum fmt f) {
+  render_rows(json_object_get(v, "events"), event_cols, f);
+}
+
+static void render_runs(const json_t *v, enum fmt f) {
+  render_rows(json_object_get(v, "runs"), run_cols, f);
+}
+
+/* each command's renderer, from its row (0: its JSON as it is) */
+typedef void render_fn(const json_t *v, enum fmt f);
+#define RENDER_OF(id, name, where, job, csv, op, large, stream, opts,          \
+                  synopsis, summary, help, live, query, render)                \
+  [GNMR_CMD_##id] = render,
+static render_fn *const renderers[GNMR_CMD_COUNT] = {
+    GNMR_ADMIN_COMMANDS(RENDER_OF)};
+#undef RENDER_OF
 
 static const char usage[] =
     "usage: gnmrctl [--admin ENDPOINT] jobs [--json|--csv]\n"
@@ -269,48 +295,9 @@ static int export_stream(const cli_globals *g, Gnmr__Envelope *req,
   return code;
 }
 
-/* Each command's own help: its synopsis, what it answers, and the
- * options it takes (one letter each, as in longopts: j json, c csv,
- * f from, t to, u unit, k kind, l limit, r run, T timeout-ms). */
-static const struct {
-  int cmd;
-  const char *opts, *synopsis, *text;
-} helps[] = {
-    {GNMR_CMD_JOBS, "jcT", "jobs [--json|--csv]",
-     "Every job name gnmrd knows, its latest run: live, finished or\n"
-     "retired, its pass, last decided step and reporters."},
-    {GNMR_CMD_STATUS, "jrT", "status JOB [--run ID] [--json]",
-     "A job's state, step, ranks joined, parameters and active units\n"
-     "(a finished job's from its last snapshot)."},
-    {GNMR_CMD_UNITS, "jcrT", "units JOB [--run ID] [--json|--csv]",
-     "A job's units: reports, historical mean, GNMR (G), delta-GNMR (D),\n"
-     "score (S), lock, whether active, promotions."},
-    {GNMR_CMD_TOP, "jclrT", "top JOB [--limit N] [--run ID] [--json|--csv]",
-     "A job's units with the highest scores (--limit, default 10)."},
-    {GNMR_CMD_HISTORY, "jcftuklrT",
-     "history JOB [--from S] [--to S] [--unit NAME] [--kind K]\n"
-     "                       [--limit N] [--run ID] [--json|--csv]",
-     "A job's events in step order: the policy's (promotions, locks,\n"
-     "nonfinite, missing...) and the operational ones (agents joining and\n"
-     "leaving, with their RANK; restarts; parameter changes)."},
-    {GNMR_CMD_DECISIONS, "jcftrT",
-     "decisions JOB [--from S] [--to S] [--run ID] [--json|--csv]",
-     "The active set of every step. The table names each unit next to its\n"
-     "id; --csv is the policy's decisions CSV (step,active with ids), as\n"
-     "'gnmrctl replay' prints it; --json has both."},
-    {GNMR_CMD_SET, "jT", "set JOB key=value... [--json]",
-     "Changes a running job's policy parameters from its next step (an\n"
-     "operator key under tenancy)."},
-    {GNMR_CMD_EXPORT, "rT", "export JOB [--run ID]",
-     "A run's whole history as one JSON document, streamed."},
-    {GNMR_CMD_FINISH, "jT", "finish JOB [--json]",
-     "Ends a running job whose processes are gone (an operator key under\n"
-     "tenancy)."},
-    {GNMR_CMD_RUNS, "jcT", "runs JOB [--json|--csv]",
-     "The runs of a job name, oldest first (tables show times in UTC,\n"
-     "ISO 8601; CSV and JSON in epoch milliseconds)."},
-};
-
+/* Each command's own help (its synopsis, what it answers, the options it
+ * takes: j json, c csv, f from, t to, u unit, k kind, l limit, r run,
+ * T timeout-ms) is its row in proto/commands.h; the options' own lines: */
 static const struct {
   char letter;
   const char *name, *text;
@@ -327,22 +314,15 @@ static const struct {
     {'T', "--timeout-ms MS", "how long to wait for gnmrd (default 3000)"},
 };
 
-static int help_of(int k) {
-  for (size_t i = 0; i < sizeof helps / sizeof helps[0]; i++)
-    if (helps[i].cmd == k)
-      return (int)i;
-  return -1;
-}
-
 static void command_help(int k, FILE *out) {
-  int h = help_of(k);
-  if (h < 0) {
+  if (k < 0) {
     fputs(usage, out);
     return;
   }
-  fprintf(out, "usage: gnmrctl %s\n\n%s\n\noptions:\n", helps[h].synopsis,
-          helps[h].text);
-  for (const char *o = helps[h].opts; *o; o++)
+  const gnmr_admin_command *cmd = &gnmr_admin_commands[k];
+  fprintf(out, "usage: gnmrctl %s\n\n%s\n\noptions:\n", cmd->synopsis,
+          cmd->help);
+  for (const char *o = cmd->opts; *o; o++)
     for (size_t i = 0; i < sizeof option_help / sizeof option_help[0]; i++)
       if (option_help[i].letter == *o) {
         fprintf(out, "  %-16s %s\n", option_help[i].name, option_help[i].text);
@@ -401,8 +381,9 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
       return CLI_USAGE;
     }
     { /* an option this command does not take is a mistake, said */
-      int hk = help_of(gnmr__admin_command_find(cmd));
-      if (hk >= 0 && c != 'c' && strchr(helps[hk].opts, c) == NULL) {
+      int hk = gnmr__admin_command_find(cmd);
+      if (hk >= 0 && c != 'c' &&
+          strchr(gnmr_admin_commands[hk].opts, c) == NULL) {
         const char *nm = "?";
         for (size_t i = 0; i < sizeof option_help / sizeof option_help[0]; i++)
           if (option_help[i].letter == c)
@@ -495,7 +476,7 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
     gnmr__wire_free(&env);
     return CLI_FAIL;
   }
-  if (k == GNMR_CMD_EXPORT) /* streamed: printed chunk by chunk */
+  if (gnmr_admin_commands[k].stream) /* printed chunk by chunk */
     return export_stream(g, &req, env, (int)timeout);
   json_error_t jerr;
   json_t *v = json_loads(env->admin_reply->json, 0, &jerr);
@@ -512,33 +493,11 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
 /* Prints an answer (v) of command k in format f. */
 static int render(int k, const json_t *v, enum fmt f) {
   int code = CLI_OK;
-  if (f == FMT_JSON || k == GNMR_CMD_EXPORT) {
+  if (f == FMT_JSON || renderers[k] == NULL) {
     json_dumpf(v, stdout, JSON_INDENT(2));
     putchar('\n');
   } else {
-    switch (k) {
-    case GNMR_CMD_JOBS:
-      render_rows(v, job_cols, f);
-      break;
-    case GNMR_CMD_STATUS:
-    case GNMR_CMD_SET:
-    case GNMR_CMD_FINISH:
-      render_status(v);
-      break;
-    case GNMR_CMD_UNITS:
-    case GNMR_CMD_TOP:
-      render_rows(v, unit_cols, f);
-      break;
-    case GNMR_CMD_HISTORY:
-      render_rows(json_object_get(v, "events"), event_cols, f);
-      break;
-    case GNMR_CMD_DECISIONS:
-      render_decisions(v, f);
-      break;
-    case GNMR_CMD_RUNS:
-      render_rows(json_object_get(v, "runs"), run_cols, f);
-      break;
-    }
+    renderers[k](v, f);
   }
   if (fflush(stdout) != 0)
     code = CLI_FAIL;
