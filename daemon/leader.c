@@ -146,7 +146,6 @@ int leader_take(const char *url, int wait, volatile sig_atomic_t *stop,
       if (got < 0) { /* the session broke: open another */
         snprintf(err, errlen, "%s", db_errmsg(l->db));
         db_close(&l->db);
-        l->db = NULL;
         if (!wait)
           goto fail;
       } else if (!wait && now_ms() >= until) {

@@ -117,10 +117,23 @@ static void on_leader_check(uv_timer_t *t) {
   }
 }
 
+/* Closes every handle at shutdown. A signal handle's close gives its
+ * signal back its default action (libuv), which for SIGTERM would end
+ * gnmrd half-way through committing: a private gnmrd gets one SIGTERM
+ * each time its parent's thread that started it, and then each thread it
+ * is handed to, dies (PR_SET_PDEATHSIG), so a killed trainer sends
+ * several. The stop is already under way: later ones are ignored (a hung
+ * stop takes SIGKILL). */
 static void close_walk(uv_handle_t *h, void *arg) {
   (void)arg;
-  if (!uv_is_closing(h))
-    uv_close(h, NULL);
+  if (uv_is_closing(h))
+    return;
+  int signum = h->type == UV_SIGNAL ? ((uv_signal_t *)h)->signum : 0;
+  uv_close(h, NULL);
+  if (signum == SIGTERM || signum == SIGINT) {
+    struct sigaction ign = {.sa_handler = SIG_IGN};
+    sigaction(signum, &ign, NULL);
+  }
 }
 
 /* A flag given on the command line, applied after the config file. */
