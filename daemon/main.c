@@ -90,18 +90,50 @@ static const char usage[] =
     "  Under systemd (Type=notify) it reports READY, STOPPING and pings\n"
     "  the watchdog from its loop.\n";
 
-static void on_signal(uv_signal_t *h, int signum) {
-  gnmrd *d = h->data;
-  LOG(INFO, "SIGNAL", "signal %d: stopping", signum);
-  d->stopping = 1;
-  uv_stop(h->loop);
+/* SIGTERM and SIGINT: gnmrd's own handler, installed before anything
+ * else and never removed. A uv_signal handle would give the signal its
+ * default action back when it closes during the stop, and a private gnmrd
+ * gets a burst of SIGTERMs (one each time a thread of its killed parent
+ * that it was handed to dies: PR_SET_PDEATHSIG), one of which then ended
+ * gnmrd half-way through committing. The handler sets a flag (read by a
+ * standby's wait and before the loop runs) and wakes the loop through a
+ * pipe. The pipe's write end stays open until the process exits, so a
+ * late signal never writes to a descriptor reused by the store. A hung
+ * stop takes SIGKILL. */
+static volatile sig_atomic_t stop_asked;
+static volatile sig_atomic_t stop_wfd = -1;
+static void on_stop_signal(int sig) {
+  int saved = errno;
+  stop_asked = sig;
+  if (stop_wfd >= 0) {
+    ssize_t n = write(stop_wfd, "", 1); /* full pipe: woken already */
+    (void)n;
+  }
+  errno = saved;
 }
 
-/* SIGTERM/SIGINT while a standby waits (before the loop runs). */
-static volatile sig_atomic_t standby_stop;
-static void on_standby_signal(int sig) {
-  (void)sig;
-  standby_stop = 1;
+static void stop_signals_install(void) {
+  struct sigaction sa = {0};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+}
+
+static void on_stop_readable(uv_poll_t *h, int status, int events) {
+  (void)status;
+  (void)events;
+  gnmrd *d = h->data;
+  char buf[64];
+  uv_os_fd_t fd;
+  if (uv_fileno((uv_handle_t *)h, &fd) == 0)
+    while (read(fd, buf, sizeof buf) > 0)
+      ;
+  if (!d->stopping)
+    LOG(INFO, "SIGNAL", "signal %d: stopping", (int)stop_asked);
+  d->stopping = 1;
+  uv_stop(h->loop);
 }
 
 /* The leadership's watch: a lost session stops this gnmrd (exit 3). */
@@ -117,23 +149,11 @@ static void on_leader_check(uv_timer_t *t) {
   }
 }
 
-/* Closes every handle at shutdown. A signal handle's close gives its
- * signal back its default action (libuv), which for SIGTERM would end
- * gnmrd half-way through committing: a private gnmrd gets one SIGTERM
- * each time its parent's thread that started it, and then each thread it
- * is handed to, dies (PR_SET_PDEATHSIG), so a killed trainer sends
- * several. The stop is already under way: later ones are ignored (a hung
- * stop takes SIGKILL). */
+/* Closes every handle at shutdown. */
 static void close_walk(uv_handle_t *h, void *arg) {
   (void)arg;
-  if (uv_is_closing(h))
-    return;
-  int signum = h->type == UV_SIGNAL ? ((uv_signal_t *)h)->signum : 0;
-  uv_close(h, NULL);
-  if (signum == SIGTERM || signum == SIGINT) {
-    struct sigaction ign = {.sa_handler = SIG_IGN};
-    sigaction(signum, &ign, NULL);
-  }
+  if (!uv_is_closing(h))
+    uv_close(h, NULL);
 }
 
 /* A flag given on the command line, applied after the config file. */
@@ -404,15 +424,11 @@ static int take_leadership(startup *s) {
   db_target_display(s->where, s->where_shown, sizeof s->where_shown);
   if (cfg->store[0] == '\0')
     return -1;
-  struct sigaction sa = {0};
-  sa.sa_handler = on_standby_signal;
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGINT, &sa, NULL);
   if (cfg->standby)
     LOG(INFO, "STANDBY", "%s: waiting for the store's leadership",
         s->where_shown);
-  int rv = leader_take(cfg->store, (int)cfg->standby, &standby_stop,
-                       &s->lead, s->err, sizeof s->err);
+  int rv = leader_take(cfg->store, (int)cfg->standby, &stop_asked, &s->lead,
+                       s->err, sizeof s->err);
   if (rv != GNMR_OK) {
     if (rv == GNMR_E_CLOSED)
       LOG(INFO, "STOP", "stopped while standing by");
@@ -420,7 +436,7 @@ static int take_leadership(startup *s) {
       LOG(ERROR, "LEADER", "%s", s->err);
     return rv == GNMR_E_CLOSED ? 0 : 1;
   }
-  if (standby_stop) { /* asked to stop while taking over: never serves */
+  if (stop_asked) { /* asked to stop while taking over: never serves */
     LOG(INFO, "STOP", "stopped while taking the leadership over");
     return 0;
   }
@@ -533,7 +549,8 @@ static int serve(startup *s) {
   gnmrd d = {0};
   s->served = 1;
   uv_loop_t loop;
-  uv_signal_t sigterm, sigint;
+  uv_poll_t stop_poll;
+  int stop_fds[2] = {-1, -1};
   uv_loop_init(&loop);
   d.loop = &loop;
   d.cfg = cfg;
@@ -563,11 +580,14 @@ static int serve(startup *s) {
   d.bound_agents = bound_agents;
   d.bound_admin = bound_admin;
   d.started_ms = uv_now(&loop);
-  uv_signal_init(&loop, &sigterm);
-  uv_signal_init(&loop, &sigint);
-  sigterm.data = sigint.data = &d;
-  uv_signal_start(&sigterm, on_signal, SIGTERM);
-  uv_signal_start(&sigint, on_signal, SIGINT);
+  if (pipe2(stop_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+    LOG(ERROR, "SIGNAL", "no pipe for SIGTERM: %s", strerror(errno));
+    goto out;
+  }
+  uv_poll_init(&loop, &stop_poll, stop_fds[0]);
+  stop_poll.data = &d;
+  uv_poll_start(&stop_poll, UV_READABLE, on_stop_readable);
+  stop_wfd = stop_fds[1]; /* never closed: see on_stop_signal */
   notify_start(&d);
   uv_timer_t leader_timer;
   if (s->lead != NULL) {
@@ -591,9 +611,8 @@ static int serve(startup *s) {
     printf("gnmrd: store %s\n", s->where_shown);
   fflush(stdout);
   notify_ready(&d, bound_agents);
-  /* a SIGTERM that came between the leadership and the loop's own signal
-   * handlers (the standby's handler took it) stops it now */
-  if (standby_stop) {
+  /* a SIGTERM that came before the loop could be woken stops it now */
+  if (stop_asked) {
     LOG(INFO, "SIGNAL", "a stop asked for while starting: stopping");
     d.stopping = 1;
   } else {
@@ -615,6 +634,8 @@ out:
   uv_walk(&loop, close_walk, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);
+  if (stop_fds[0] >= 0)
+    close(stop_fds[0]);
   metrics_clear(&d);
   store_close(&d.st); /* commits everything queued, snapshots included */
   zmq_ctx_term(d.zctx);
@@ -654,6 +675,7 @@ static int follow_parent(void) {
 int main(int argc, char **argv) {
   static startup s; /* large: kept off the stack */
   s.lock_fd = -1;
+  stop_signals_install();
   int code = follow_parent();
   if (code < 0)
     code = parse_command_line(&s, argc, argv);
