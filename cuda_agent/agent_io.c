@@ -326,6 +326,9 @@ static int on_decision(gnmr_agent *a, io_state *io, const Gnmr__Decision *d) {
   a->n_risky = nr;
   a->risky_step = d->step;
   pthread_mutex_unlock(&a->risky_mu);
+  /* a seqlock has one writer: readers (any thread) retry, writers would
+   * interleave */
+  GNMR_OWNED(&a->io_owner, "publishing a decision");
   atomic_fetch_add_explicit(&a->seq, 1, memory_order_acq_rel); /* odd */
   for (size_t i = 0; i < a->n_words; i++)
     atomic_store_explicit(&a->routes[i], words[i], memory_order_relaxed);
@@ -441,6 +444,7 @@ void *gnmr__agent_io_main(void *arg) {
   io_state io = {0};
   /* named, so that top -H and /proc/PID/task show what it costs */
   pthread_setname_np(pthread_self(), "gnmr-agent-io");
+  gnmr_owner_claim(&a->io_owner);
   io.dealer = a->dealer;
   io.pull = a->pull;
   io.monitor = a->monitor;

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "gnmr/agent.h"
+#include "owner.h"
 #include "params.h"
 #include "wire.h"
 
@@ -68,6 +69,7 @@ struct gnmr_agent {
                                     thread */
   char pipe_addr[64];
   pthread_t io;
+  gnmr_owner io_owner; /* the I/O thread, claimed as it starts */
   atomic_int stop;
   atomic_int joined;
   /* the first Welcome's run and last decided step (gnmr_agent_run) */

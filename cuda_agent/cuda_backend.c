@@ -17,6 +17,7 @@
 #include "cuda_backend.h"
 #include "cuda_plan.h"
 #include "gnmr/agent_cuda.h"
+#include "owner.h"
 
 #define RING_DEFAULT 4
 #define RING_MAX 64
@@ -71,6 +72,7 @@ struct gnmr_cuda {
   int stop;
   pthread_t thr;
   int thr_started;
+  gnmr_owner completion; /* the completion thread, claimed as it starts */
 
   atomic_uint_fast64_t launches, reports, delivered, skipped, uploads, errs;
   pthread_mutex_t err_mu;
@@ -127,7 +129,10 @@ int gnmr_cuda_device_count(void) {
   return n;
 }
 
+/* The completion thread alone reads a slot between tail and head without
+ * the lock (the training thread fills only slots past head). */
 static void deliver(gnmr_cuda *c, slot *s) {
+  GNMR_OWNED(&c->completion, "delivering a result slot");
   const double *sumsq = (const double *)s->host;
   const uint64_t *nf =
       (const uint64_t *)(s->host + GNMR_RESULT_NONFINITE_OFF(c->n_units));
@@ -143,6 +148,7 @@ static void deliver(gnmr_cuda *c, slot *s) {
  * sync, no spinning), then delivers the slot. */
 static void *completion_main(void *arg) {
   gnmr_cuda *c = arg;
+  gnmr_owner_claim(&c->completion);
   cudaSetDevice(c->device);
   /* this thread's synchronizations must not invalidate a graph that the
    * training thread captures meanwhile (torch.cuda.graph captures in

@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "gnmr/error.h"
+#include "history.h"
 #include "jobs_priv.h"
 #include "log.h"
-#include "records.h"
 #include "validate.h"
 #include "wire.h"
 
@@ -91,8 +91,8 @@ static int on_report(gnmrd *d, const void *id, size_t id_len,
     free(hd); /* the caller frees env */
   }
   if (resumed) {
-    records_job(d->st, c);
-    records_event(d->st, c, STORE_EV_JOB_RESUMED, UINT32_MAX, detail);
+    history_job(d->st, c);
+    history_event(d->st, c, STORE_EV_JOB_RESUMED, UINT32_MAX, detail);
     LOG(INFO, "JOB-RESUME", "job %s: %s", c->name, detail);
   }
   switch (rc) {
@@ -148,7 +148,7 @@ static void on_bye(gnmrd *d, const void *id, size_t id_len,
   if (was_joined) {
     char detail[32];
     snprintf(detail, sizeof detail, "rank %u", rank);
-    records_event(d->st, c, STORE_EV_AGENT_LEFT, rank, detail);
+    history_event(d->st, c, STORE_EV_AGENT_LEFT, rank, detail);
   }
   if (core_bye(c, rank)) {
     lifecycle__finish(j, FINISH_BYES);

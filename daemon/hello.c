@@ -9,10 +9,10 @@
 #include <string.h>
 
 #include "gnmr/error.h"
+#include "history.h"
 #include "jobs_priv.h"
 #include "keys.h"
 #include "log.h"
-#include "records.h"
 #include "text.h"
 #include "validate.h"
 
@@ -139,8 +139,8 @@ static void job_accepted(job *j) {
   LOG(INFO, "JOB-CREATE", "job %s run %llu: %u reporters, barrier %u ms",
       j->core->name, (unsigned long long)j->core->run, j->core->reporters,
       j->core->barrier_ms);
-  records_job(d->st, j->core);
-  records_event(d->st, j->core, STORE_EV_JOB_STARTED, UINT32_MAX, NULL);
+  history_job(d->st, j->core);
+  history_event(d->st, j->core, STORE_EV_JOB_STARTED, UINT32_MAX, NULL);
 }
 
 /* The Hello's requested ids as uint32_t (NULL: none), narrowed in place,
@@ -509,7 +509,7 @@ void hello__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
   if (created)
     job_accepted(j);
   if (registered)
-    records_rank(d->st, c, h->rank);
+    history_rank(d->st, c, h->rank);
   if (user != NULL && rr->user == NULL)
     rr->user = strdup(user);
   if (h->instance[0] != '\0') {
@@ -519,7 +519,7 @@ void hello__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
   if (!rr->joined) {
     char detail[32];
     snprintf(detail, sizeof detail, "rank %u", h->rank);
-    records_event(d->st, c, STORE_EV_AGENT_JOINED, h->rank, detail);
+    history_event(d->st, c, STORE_EV_AGENT_JOINED, h->rank, detail);
   }
   {
     char from[32];

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* jobs.c — the live jobs above the decision core (core.h): creating and
  * freeing them, connections bound to (job, rank), a job's barrier timer,
- * deciding its ready steps (large ones on a worker), and sending, storing
- * (records.h) and counting each step that the core decides: the same
- * encoded Decision to every rank and observer. The layers above call it:
+ * deciding its ready steps (large ones on a worker), and publishing each
+ * step that the core decides: its history handed to history.c (record
+ * and snapshot, queued before any send), its Decision encoded by
+ * decision.c and sent, the same bytes, to every rank and observer, and
+ * counted. The layers above call it:
  * dispatch.c (each message), hello.c (joining), lifecycle.c (endings,
  * restarts); it calls none of them. Loop thread only. */
 #include <assert.h>
@@ -13,15 +15,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decision.h"
 #include "gnmr/error.h"
+#include "history.h"
 #include "jobs_priv.h"
 #include "latency.h"
 #include "leader.h"
 #include "log.h"
-#include "records.h"
 #include "seal.h"
 #include "text.h"
-#include "snapshots.h"
 #include "validate.h"
 #include "wire.h"
 
@@ -121,7 +123,7 @@ void jobs__free(job **jp) {
       hmap_del(&d->peers, rr->conn, rr->conn_len);
     }
   }
-  snapshots_forget(j);
+  history_forget(j);
   store_mark_free(&j->mark);
   free(j->hist);
   core_job_free(&d->jobs, &j->core);
@@ -304,10 +306,10 @@ void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
       }
       c->pass = h->pass + 1; /* sealed: below UINT32_MAX (validate) */
       j->first_pass = c->pass;
-      records_job(d->st, c);
+      history_job(d->st, c);
     }
-    records_restored_step(d->st, c, h->pass, h->step, h->active,
-                          h->n_active, j->mark);
+    history_restored_step(d->st, c, h->pass, h->step, h->active, h->n_active,
+                          j->mark);
     j->known_pass = h->pass;
     j->known_step = h->step;
     if (adopted++ == 0 || h->pass != pass)
@@ -335,90 +337,17 @@ void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
            "restored from %s (acted on, not committed before gnmrd "
            "stopped)", pass, (unsigned long long)first,
            (unsigned long long)last, adopted, from);
-  records_event(d->st, c, STORE_EV_DECISIONS_RESTORED, UINT32_MAX, detail);
+  history_event(d->st, c, STORE_EV_DECISIONS_RESTORED, UINT32_MAX, detail);
   LOG(INFO, "HELD-RESTORE", "job %s: %s", c->name, detail);
   if (newest == NULL)
     return;
   /* the ranks still waiting for that step get what the others acted on */
-  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
-  Gnmr__Decision dec = *newest;
   uint8_t *buf;
   size_t len;
-  store_mark_get(j->mark, &dec.durable_pass, &dec.durable_step);
-  /* this gnmrd's term: agents drop a decision of an older one, and the
-   * seal does not cover the term */
-  dec.term = d->term;
-  env.body_case = GNMR__ENVELOPE__BODY_DECISION;
-  env.decision = &dec;
-  if (gnmr__wire_encode(&env, &buf, &len) == GNMR_OK) {
+  if (decision_encode_held(j, newest, &buf, &len) == GNMR_OK) {
     send_all(j, buf, len);
     free(buf);
   }
-}
-
-/* What a decided step's Decision carries besides the active set: the
- * risky units (their exceed events) with their g, d and s, in one
- * allocation (*mem, freed by the caller after encoding). */
-static void decision_risky(const core_outcome *o, Gnmr__Decision *dec,
-                           void **mem) {
-  uint32_t n_risky = 0;
-  *mem = NULL;
-  for (uint32_t i = 0; i < o->res.n_events; i++)
-    n_risky += o->res.events[i].kind == POLICY_EV_EXCEED &&
-               o->res.events[i].unit != UINT32_MAX;
-  if (n_risky == 0)
-    return;
-  double *gds = malloc(n_risky * (3 * sizeof *gds + sizeof(uint32_t)));
-  if (gds == NULL)
-    return; /* the Decision goes without them */
-  uint32_t *risky = (uint32_t *)(gds + 3 * (size_t)n_risky);
-  uint32_t k = 0;
-  for (uint32_t i = 0; i < o->res.n_events; i++) {
-    const policy_event *e = &o->res.events[i];
-    if (e->kind != POLICY_EV_EXCEED || e->unit == UINT32_MAX)
-      continue;
-    risky[k] = o->unit_id[e->unit]; /* e->unit is a slot */
-    gds[k] = o->res.g[e->unit];
-    gds[n_risky + k] = o->res.d[e->unit];
-    gds[2 * n_risky + k] = o->res.s[e->unit];
-    k++;
-  }
-  dec->n_risky = dec->n_g = dec->n_d = dec->n_s = n_risky;
-  dec->risky = risky;
-  dec->g = gds;
-  dec->d = gds + n_risky;
-  dec->s = gds + 2 * (size_t)n_risky;
-  *mem = gds;
-}
-
-/* The step's Decision, encoded (*buf malloc'd), to send to every rank. */
-static int encode_decision(job *j, const core_outcome *o, uint8_t **buf,
-                           size_t *len) {
-  core_job *c = j->core;
-  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
-  Gnmr__Decision dec = GNMR__DECISION__INIT;
-  void *mem;
-  dec.job = c->name;
-  dec.step = o->step;
-  dec.run = c->run;
-  dec.pass = c->pass;
-  store_mark_get(j->mark, &dec.durable_pass, &dec.durable_step);
-  dec.term = j->d->term;
-  dec.n_active = o->res.n_active;
-  dec.active = (uint32_t *)o->active_ids;
-  uint8_t tag[SEAL_TAG_BYTES];
-  if (j->d->st != NULL) { /* so that a held copy can be proven ours */
-    seal_make(store_seal_key(j->d->st), c->name, dec.run, dec.pass, dec.step,
-              dec.active, dec.n_active, tag);
-    dec.tag.data = tag;
-    dec.tag.len = sizeof tag;
-  }
-  decision_risky(o, &dec, &mem);
-  env.body_case = GNMR__ENVELOPE__BODY_DECISION;
-  env.decision = &dec;
-  int rv = gnmr__wire_encode(&env, buf, len);
-  free(mem);
-  return rv;
 }
 
 /* Whether a decided step is one to publish; counts and logs the others. */
@@ -459,14 +388,10 @@ static void publish(job *j, const core_outcome *o) {
   }
   /* the record is queued before any rank can act on the decision: a crash
    * after a send never leaves an acted-on decision out of the history */
-  int snap = snapshots_due(j, o->step);
-  snapshots_taken(j, snap, records_step(d->st, j->core, o,
-                                        (uv_now(d->loop) - o->first_ms) *
-                                            1000,
-                                        snap, j->mark));
+  history_step(j, o, (uv_now(d->loop) - o->first_ms) * 1000);
   uint8_t *buf;
   size_t len;
-  if (encode_decision(j, o, &buf, &len) == GNMR_OK) {
+  if (decision_encode(j, o, &buf, &len) == GNMR_OK) {
     send_all(j, buf, len);
     free(buf);
   }

@@ -9,10 +9,9 @@
 #include <string.h>
 
 #include "gnmr/error.h"
+#include "history.h"
 #include "jobs_priv.h"
 #include "log.h"
-#include "records.h"
-#include "snapshots.h"
 #include "text.h"
 #include "validate.h"
 
@@ -30,13 +29,14 @@ void lifecycle__finish(job *j, int how) {
                                           "name, its processes gone,"
                                         : "finished",
       (unsigned long long)c->last_decided);
-  records_event(d->st, c, retired ? STORE_EV_JOB_RETIRED
-                                  : STORE_EV_JOB_FINISHED, UINT32_MAX,
+  history_event(d->st, c,
+                retired ? STORE_EV_JOB_RETIRED : STORE_EV_JOB_FINISHED,
+                UINT32_MAX,
                 how == FINISH_OPERATOR ? "gnmrctl finish"
                 : how == FINISH_FRESH  ? "a fresh start under its name"
                                        : NULL);
-  records_snapshot(d->st, c);
-  records_state(d->st, c, retired ? "retired" : "finished");
+  history_snapshot(d->st, c);
+  history_state(d->st, c, retired ? "retired" : "finished");
   uint64_t was; /* the newest run of the name this gnmrd ended */
   if (!hmap_get(&d->ended, c->name, strlen(c->name), &was) || was < c->run)
     (void)hmap_put(&d->ended, c->name, strlen(c->name), c->run);
@@ -83,7 +83,7 @@ void lifecycle_shutdown(gnmrd *d) {
   size_t pos = 0;
   core_job *c;
   jobs_quiesce_all(d);
-  snapshots_wait(d);
+  history_wait(d);
   job **all = malloc((core_count(&d->jobs) + 1) * sizeof *all);
   size_t n = 0;
   while (all != NULL && (c = core_next_job(&d->jobs, &pos)) != NULL)
@@ -204,7 +204,7 @@ job *lifecycle__restore_as(gnmrd *d, const store_job *sj, const char *cause) {
     j->n_hist = sj->n_kept;
   }
   store_mark_advance(j->mark, sj->kept_pass, sj->kept_step);
-  records_job(d->st, c);
+  history_job(d->st, c);
   char detail[160];
   if (c->last_decided > snap_step)
     snprintf(detail, sizeof detail, "pass %u: %s; state from the snapshot "
@@ -214,7 +214,7 @@ job *lifecycle__restore_as(gnmrd *d, const store_job *sj, const char *cause) {
   else
     snprintf(detail, sizeof detail, "pass %u: %s; state from the snapshot "
              "at step %llu", c->pass, cause, (unsigned long long)snap_step);
-  records_event(d->st, c, STORE_EV_JOB_RESUMED, UINT32_MAX, detail);
+  history_event(d->st, c, STORE_EV_JOB_RESUMED, UINT32_MAX, detail);
   LOG(INFO, "JOB-RESTORE", "job %s: %s", c->name, detail);
   return j;
 }
@@ -225,7 +225,7 @@ void lifecycle_snapshot_all(gnmrd *d) {
   jobs_quiesce_all(d);
   while ((c = core_next_job(&d->jobs, &pos)) != NULL)
     if (policy_last_step(c->pol) > 0)
-      records_snapshot(d->st, c);
+      history_snapshot(d->st, c);
 }
 
 int lifecycle_set_params(gnmrd *d, core_job *c, char **settings, size_t n,
@@ -239,13 +239,13 @@ int lifecycle_set_params(gnmrd *d, core_job *c, char **settings, size_t n,
     return rv;
   }
   c->params = p;
-  records_params(d->st, c);
+  history_params(d->st, c);
   char detail[512];
   size_t off = 0;
   for (size_t i = 0; i < n && off < sizeof detail - 1; i++)
     off += (size_t)snprintf(detail + off, sizeof detail - off, "%s%s",
                             i ? " " : "", settings[i]);
-  records_event(d->st, c, STORE_EV_PARAMS_CHANGED, UINT32_MAX, detail);
+  history_event(d->st, c, STORE_EV_PARAMS_CHANGED, UINT32_MAX, detail);
   LOG(INFO, "JOB-RETUNE", "job %s: %s (from step %llu)", c->name, detail,
       (unsigned long long)c->last_decided + 1);
   return GNMR_OK;

@@ -159,32 +159,14 @@ void store_rec_free(store_rec **rp) {
                                          dropped */
     store_mark_release(r->mark);
   store_mark_free(&r->mark);
-  free(r->snap_ids);
   free(r->text);
   free(r->detail);
   free(r);
 }
 
-/* Appends r's id table to its snapshot bytes (policy_ids_write): in the
- * room the snapshot handle keeps after them (records.c), or by growing an
- * export's own buffer. */
-static int add_id_trailer(store_rec *r) {
-  size_t extra = policy_ids_size(r->n_snap_ids);
-  uint8_t *b = r->snapshot;
-  if (r->snap == NULL &&
-      (b = realloc(r->snapshot, r->snapshot_len + extra)) == NULL)
-    return GNMR_E_NOMEM;
-  policy_ids_write(b + r->snapshot_len, r->snap_ids, r->n_snap_ids);
-  r->snapshot = b;
-  r->snapshot_len += extra;
-  free(r->snap_ids);
-  r->snap_ids = NULL;
-  return GNMR_OK;
-}
-
 /* Serializes the snapshots the batch's records still owe (off the loop:
- * policy_snap_*), with their id tables; one that fails (no memory) is
- * logged and left out, the step's record kept. */
+ * policy_snap_take, which appends the id table); one that fails is logged
+ * and left out, the step's record kept. */
 static void take_snapshots(store_rec *batch) {
   for (store_rec *r = batch; r != NULL; r = r->next) {
     int rv = GNMR_OK;
@@ -194,11 +176,7 @@ static void take_snapshots(store_rec *batch) {
       /* the bytes stay the handle's, which the record keeps (and frees) */
       rv = policy_snap_take(r->snap, &r->snapshot, &r->snapshot_len);
     }
-    if (rv == GNMR_OK && r->snapshot != NULL && r->snap_ids != NULL)
-      rv = add_id_trailer(r);
     if (rv != GNMR_OK) {
-      if (r->snap == NULL)
-        free(r->snapshot);
       policy_snap_free(&r->snap);
       r->snapshot = NULL;
       r->snapshot_len = 0;
@@ -425,6 +403,7 @@ int store_open(const char *where, uint32_t snapshot_every, uint64_t retain_steps
     return GNMR_E_NOMEM;
   store_target(where, s->path, sizeof s->path);
   db_target_display(s->path, s->shown, sizeof s->shown);
+  gnmr_owner_claim(&s->loop);
   s->snapshot_every = snapshot_every ? snapshot_every : 1;
   s->sql.retain_steps = retain_steps;
   if (db_open(s->path, DB_CREATE, &s->sql.db, err, errlen) != GNMR_OK)
@@ -511,7 +490,6 @@ void store_close(store **ps) {
 static uint64_t rec_bytes(const store_rec *r) {
   uint64_t b = sizeof *r + strlen(r->job) + 1 + r->snapshot_len +
                (r->snap ? policy_snap_size(r->snap) : 0) +
-               (uint64_t)r->n_snap_ids * 4 +
                (uint64_t)r->n_events * sizeof *r->events +
                (r->ids ? (uint64_t)r->n * sizeof *r->ids : 0) +
                (r->active ? strlen(r->active) + 1 : 0) +
@@ -651,6 +629,9 @@ static void gap_flush_run(store *s, uint64_t run) {
 }
 
 void store_put(store *s, store_rec *r) {
+  /* one thread queues, so that records arrive in the order decided (the
+   * mark's rule, store_mark_*) */
+  GNMR_OWNED(&s->loop, "queueing a history record");
   if (r == NULL)
     return;
   r->next = NULL;

@@ -14,9 +14,10 @@
 #include <stdint.h>
 
 #include "db.h"
-#include "hmap.h"
 #include "gnmr/params.h"
+#include "hmap.h"
 #include "latency.h"
+#include "owner.h"
 #include "store.h"
 #include "store_apply.h"
 #include "store_migrate.h"
@@ -34,6 +35,7 @@ struct store {
   /* the writer thread's connection and statements, and retain_steps */
   store_stmts sql;
   pthread_t thread;
+  gnmr_owner loop; /* the thread that opened it: it alone queues */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   store_rec *head, *tail; /* queue, under mu */

@@ -150,14 +150,15 @@ int policy_ids_split(const void *blob, size_t len, size_t *pol_len,
  * bytes and serializes nothing (NULL on no memory: use policy_export).
  * Another thread then gets the policy_export() bytes with
  * policy_snap_take(): *buf stays the handle's, valid until
- * policy_snap_free(), writable, with policy_snap_begin_room()'s `room`
- * bytes free after *len for the caller's own trailer (a second take is
- * GNMR_E_INVAL). The engine's own thread keeps reading; its next change
- * (step, resize, set_params, destroy, another begin) first makes sure the
- * bytes exist: it serializes, alongside the other thread, whatever pieces
- * nobody has started. Only one thread may change the engine, as always;
- * take and free may run on another. policy_snap_free() releases the
- * consumer's reference (NULL-safe).
+ * policy_snap_free() (a second take is GNMR_E_INVAL).
+ * policy_snap_begin_ids() takes the units' ids too (n_ids must be the
+ * engine's unit count; copied): take then appends their table
+ * (policy_ids_write) to the bytes, what policy_ids_split() reads back. The
+ * engine's own thread keeps reading; its next change (step, resize, set_params,
+ * destroy, another begin) first makes sure the bytes exist: it serializes,
+ * alongside the other thread, whatever pieces nobody has started. Only one
+ * thread may change the engine, as always; take and free may run on another.
+ * policy_snap_free() releases the consumer's reference (NULL-safe).
  *
  * Buffers of 2 MiB or more are kept for the next snapshot (at most
  * POLICY_SNAP_SPARES of them, process-wide) rather than unmapped: a fresh
@@ -167,7 +168,8 @@ int policy_ids_split(const void *blob, size_t len, size_t *pol_len,
 #define POLICY_SNAP_SPARES 4
 typedef struct policy_snap policy_snap;
 policy_snap *policy_snap_begin(policy *p);
-policy_snap *policy_snap_begin_room(policy *p, size_t room);
+policy_snap *policy_snap_begin_ids(policy *p, const uint32_t *ids,
+                                   uint32_t n_ids);
 int policy_snap_take(policy_snap *s, void **buf, size_t *len);
 void policy_snap_free(policy_snap **s);
 /* Another reference to s, released with policy_snap_free (NULL-safe);
@@ -182,7 +184,8 @@ int policy_snap_unshared(const policy_snap *s);
  * thread that holds a reference; NULL-safe. */
 void policy_snap_fill(policy_snap *s);
 /* The engine's last step at begin, and the room the bytes take until
- * taken (every window full: at least policy_export_size()). */
+ * taken (every window full: at least policy_export_size(), and the id
+ * table's). */
 uint64_t policy_snap_step(const policy_snap *s);
 size_t policy_snap_size(const policy_snap *s);
 /* Process-wide: snapshots begun, and those whose engine changed before

@@ -33,8 +33,9 @@ struct policy_snap {
   const policy *p;       /* valid while a piece is unclaimed */
   uint64_t step;         /* the engine's last step at begin */
   uint8_t *buf;          /* buf_cap bytes, of which cap are the export's
-                            room and `room` the consumer's after it */
+                            room and `room` the id table's after it */
   size_t cap, room, buf_cap;
+  uint32_t *ids, n_ids;  /* the units' ids (a copy), or NULL: 0..n-1 */
   size_t *len;           /* n_pieces: the bytes each piece wrote */
   size_t head, unit_max;  /* header bytes; a unit's with its window full */
   uint32_t n, n_pieces;
@@ -205,6 +206,7 @@ static void unref(policy_snap *s) {
   pthread_cond_destroy(&s->cv);
   buf_put(s->buf, s->buf_cap);
   free(s->len);
+  free(s->ids);
   free(s);
 }
 
@@ -220,16 +222,27 @@ void policy__settle(policy *p) {
 }
 
 policy_snap *policy_snap_begin(policy *p) {
-  return policy_snap_begin_room(p, 0);
+  return policy_snap_begin_ids(p, NULL, 0);
 }
 
-policy_snap *policy_snap_begin_room(policy *p, size_t room) {
-  if (p == NULL)
+policy_snap *policy_snap_begin_ids(policy *p, const uint32_t *ids,
+                                   uint32_t n_ids) {
+  if (p == NULL || (ids != NULL && n_ids != p->n))
     return NULL;
   policy__settle(p); /* one owed snapshot at a time */
   policy_snap *s = calloc(1, sizeof *s);
   if (s == NULL)
     return NULL;
+  size_t room = 0;
+  if (ids != NULL) {
+    if ((s->ids = malloc((size_t)(n_ids ? n_ids : 1) * sizeof *ids)) == NULL) {
+      free(s);
+      return NULL;
+    }
+    memcpy(s->ids, ids, (size_t)n_ids * sizeof *ids);
+    s->n_ids = n_ids;
+    room = policy_ids_size(n_ids);
+  }
   s->n = p->n;
   s->n_pieces = (p->n + SNAP_PIECE - 1) / SNAP_PIECE;
   s->head = policy__export_head(p, NULL);
@@ -244,12 +257,14 @@ policy_snap *policy_snap_begin_room(policy *p, size_t room) {
   if (s->len == NULL || s->cap > SIZE_MAX - room ||
       (s->buf = buf_get(s->cap + room, &s->buf_cap)) == NULL) {
     free(s->len);
+    free(s->ids);
     free(s);
     return NULL;
   }
   if (pthread_mutex_init(&s->mu, NULL) != 0) {
     buf_put(s->buf, s->buf_cap);
     free(s->len);
+    free(s->ids);
     free(s);
     return NULL;
   }
@@ -257,6 +272,7 @@ policy_snap *policy_snap_begin_room(policy *p, size_t room) {
     pthread_mutex_destroy(&s->mu);
     buf_put(s->buf, s->buf_cap);
     free(s->len);
+    free(s->ids);
     free(s);
     return NULL;
   }
@@ -288,7 +304,7 @@ void policy_snap_fill(policy_snap *s) {
 }
 
 uint64_t policy_snap_step(const policy_snap *s) { return s->step; }
-size_t policy_snap_size(const policy_snap *s) { return s->cap; }
+size_t policy_snap_size(const policy_snap *s) { return s->cap + s->room; }
 
 int policy_snap_take(policy_snap *s, void **buf, size_t *len) {
   if (s == NULL || buf == NULL || len == NULL)
@@ -305,9 +321,11 @@ int policy_snap_take(policy_snap *s, void **buf, size_t *len) {
     at += s->len[k];
   }
   policy__export_seal(s->buf, at + 8);
+  if (s->ids != NULL) /* the table after the sealed bytes */
+    policy_ids_write(s->buf + at + 8, s->ids, s->n_ids);
   s->taken = 1;
   *buf = s->buf; /* still the handle's: returned at the last unref */
-  *len = at + 8;
+  *len = at + 8 + s->room;
   return GNMR_OK;
 }
 

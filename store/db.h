@@ -13,7 +13,10 @@
  * statement's text and blob columns stay valid until the next step, reset
  * or finalize; a bound text or blob must stay valid until the statement
  * is stepped (SQLite reads it in place). A connection belongs to one
- * thread at a time. */
+ * thread at a time: it may pass from thread to thread (opened on one,
+ * used by a writer thread, closed on a third), but a call through db.c
+ * while another thread is inside one on the same connection or one of its
+ * statements aborts, naming both threads (db.c). */
 #ifndef GNMRD_DB_H
 #define GNMRD_DB_H
 
@@ -115,10 +118,14 @@ struct db_ops {
   size_t (*column_bytes)(db_stmt *, int);
 };
 
-/* Every connection and statement starts with its backend's ops. */
+/* Every connection and statement starts with its backend's ops. user is
+ * the thread inside a call on the connection (0: none), depth its calls
+ * (db.c; zero from the backend's calloc). */
 struct db {
   const struct db_ops *ops;
   int kind;
+  _Atomic unsigned long user;
+  unsigned depth;
 };
 struct db_stmt {
   const struct db_ops *ops;

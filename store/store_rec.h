@@ -62,14 +62,12 @@ typedef struct store_rec {
   char *active;          /* "1 5 7": the decisions CSV's field */
   store_event *events;
   uint32_t n_events;
-  void *snapshot;        /* policy_export() bytes, or NULL */
+  void *snapshot; /* policy_export() bytes, then the units' id
+                     table when they are not 0..n-1
+                     (policy_ids_split), or NULL */
   size_t snapshot_len;
   policy_snap *snap;     /* or the snapshot still owed: the writer takes
                             it (policy_snap_take) before its batch */
-  uint32_t *snap_ids;    /* the engine's units' ids when they are not
-                            0..n-1: stored after the bytes (see
-                            policy_ids_split) */
-  uint32_t n_snap_ids;
   store_mark *mark;      /* REC_STEP: the run's mark, advanced once the
                             record is committed (a reference, or NULL) */
   int restored;          /* REC_STEP: a decision an agent handed back after

@@ -10,9 +10,10 @@
 #include <sys/wait.h>
 #include <zmq.h>
 
-#include "gnmr/agent.h"
 #include "agent_priv.h"
 #include "agentutil.h"
+#include "gnmr/agent.h"
+#include "owner.h"
 #include "reduce_cpu.h"
 #include "wire.h"
 
@@ -1620,12 +1621,56 @@ START_TEST(rejoining_agent_drops_reports_the_job_decided_without_it) {
 }
 END_TEST
 
+/* owner.h: a site owned by one thread passes on it (and while nobody has
+ * claimed it), and aborts on another thread, naming the site. The agent's
+ * decision publication and the CUDA backend's delivery are such sites. */
+static void *touch_owned(void *arg) {
+  GNMR_OWNED((gnmr_owner *)arg, "a test's owned site");
+  return NULL;
+}
+
+START_TEST(an_owned_site_aborts_on_another_thread) {
+  gnmr_owner o = {0};
+  char log[] = "/tmp/gnmr-owner-XXXXXX";
+  int fd = mkstemp(log);
+  ck_assert_int_ge(fd, 0);
+  pid_t pid = fork(); /* first: the child inherits no thread's stack */
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    dup2(fd, 2);
+    /* owned by a thread other than this one */
+    atomic_store(&o.tid, ~(unsigned long)pthread_self());
+    touch_owned(&o);
+    _exit(0);
+  }
+  int st;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  char text[512] = "";
+  ssize_t n = pread(fd, text, sizeof text - 1, 0);
+  close(fd);
+  unlink(log);
+  ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT,
+                "another thread passed an owned site (status %#x)", st);
+  ck_assert_int_gt(n, 0);
+  ck_assert_ptr_nonnull(strstr(text, "a test's owned site runs on thread"));
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, touch_owned, &o), 0);
+  pthread_join(t, NULL); /* unclaimed: anyone */
+  gnmr_owner_claim(&o);
+  touch_owned(&o); /* its owner */
+  gnmr_owner_drop(&o);
+  ck_assert_int_eq(pthread_create(&t, NULL, touch_owned, &o), 0);
+  pthread_join(t, NULL); /* dropped: anyone again */
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("agent");
   TCase *tc = tcase_create("reduce");
   tcase_add_loop_test(tc, fp32_sum_of_squares_matches_long_double_reference, 0, 3);
   tcase_add_loop_test(tc, half_precision_dtypes_are_widened_exactly, 0, 3);
   tcase_add_test(tc, fp8_values_decode_to_the_ocp_formats_and_scale_applies);
+  tcase_add_test(tc, an_owned_site_aborts_on_another_thread);
   tcase_add_loop_test(tc, nonfinite_elements_are_counted_exactly_and_excluded, 0, 3);
   tcase_add_loop_test(tc, several_tensors_of_one_unit_add_up_and_bad_input_is_refused, 0, 3);
   tcase_add_loop_test(tc, threaded_reduction_equals_the_serial_one_bit_for_bit, 0, 3);

@@ -13,7 +13,9 @@
  *     without PostgreSQL: clear errors; a read-only and a full database:
  *     logged, retried, nothing lost. */
 #include <jansson.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 
 #include "db.h"
 #include "gnmr/error.h"
@@ -976,6 +978,76 @@ START_TEST(urls_are_shown_without_their_password) {
 }
 END_TEST
 
+/* A connection belongs to one thread at a time (db.h): a call from a
+ * second thread while a first is inside one aborts, naming both, rather
+ * than interleaving two threads' statements on one connection. Each
+ * backend in a child process: a thread runs a slow query, the main
+ * thread calls meanwhile; a connection handed from thread to thread in
+ * turn (opened here, used by a thread, closed here) is not refused. */
+typedef struct slow_call {
+  db_conn *d;
+  const char *sql;
+  atomic_int done;
+} slow_call;
+
+static void *run_slow(void *arg) {
+  slow_call *c = arg;
+  (void)db_exec(c->d, c->sql);
+  atomic_store(&c->done, 1);
+  return NULL;
+}
+
+START_TEST(a_connection_used_by_two_threads_at_once_aborts) {
+  char url[256], err[512], path[128], log[160];
+  fresh_db("twothreads", url, sizeof url);
+  const char *dir = tu_tmpdir();
+  snprintf(path, sizeof path, "%s/t.db", dir);
+  snprintf(log, sizeof log, "%s/stderr", dir);
+  static const char *const slow[] = {
+      "SELECT pg_sleep(3)",
+      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c "
+      "WHERE x < 400000000) SELECT count(*) FROM c"};
+  for (int k = 0; k < 2; k++) {
+    const char *target = k == 0 ? url : path;
+    db_conn *d = NULL;
+    /* handed over in turn: fine */
+    ck_assert_int_eq(db_open(target, DB_CREATE, &d, err, sizeof err), GNMR_OK);
+    slow_call quick = {d, "SELECT 1", 0};
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, run_slow, &quick), 0);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(db_exec(d, "SELECT 1"), GNMR_OK);
+    db_close(&d);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+      if (freopen(log, "w", stderr) == NULL ||
+          db_open(target, DB_CREATE, &d, err, sizeof err) != GNMR_OK)
+        _exit(3);
+      slow_call c = {d, slow[k], 0};
+      if (pthread_create(&t, NULL, run_slow, &c) != 0)
+        _exit(4);
+      while (!atomic_load(&c.done)) { /* until one of the two is refused */
+        (void)db_exec(d, "SELECT 1");
+        usleep(1000);
+      }
+      _exit(0); /* never refused */
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    size_t text_len;
+    char *text = tu_read_file(log, &text_len);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT,
+                  "%s: the second thread was let in (status %#x): %s",
+                  k == 0 ? "PostgreSQL" : "SQLite", st, text ? text : "");
+    ck_assert_ptr_nonnull(text);
+    ck_assert_ptr_nonnull(strstr(text, "used by two threads at once"));
+    free(text);
+  }
+  tu_rmrf(dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("pg");
   TCase *tc = tcase_create("postgresql");
@@ -987,6 +1059,7 @@ static Suite *suite(void) {
   }
   tcase_add_test(tc, both_backends_give_the_same_answers);
   tcase_add_test(tc, urls_are_shown_without_their_password);
+  tcase_add_test(tc, a_connection_used_by_two_threads_at_once_aborts);
   tcase_add_test(tc, traces_give_the_same_decisions_and_history_as_sqlite);
   tcase_add_test(tc, server_killed_and_restarted_mid_job_loses_nothing);
   tcase_add_test(tc, standby_takes_over_with_the_decisions_of_a_restart);

@@ -1,12 +1,40 @@
 /* SPDX-License-Identifier: MIT */
-/* records.c — a job's history records (see records.h). */
+/* history.c — what a job leaves in the history (see history.h): its
+ * records, built from the core's state and outcomes and handed to the
+ * store (store_put never waits), and the whole life of its policy-state
+ * snapshots. Loop thread only, but for the snapshots serialized early on
+ * a worker.
+ *
+ * A snapshot is due every snapshot_every steps, at a phase set by the
+ * run id. Its bytes are owed from the step it is taken in (the policy's
+ * handle, policy_snap_*, which also appends the units' id table). Left to
+ * the store's writer, they are written when it comes to them, which is
+ * after the commit it is busy with: a large job's next step then finds
+ * them unwritten and writes them itself before the engine can change (a
+ * million units: about 20 ms on the step's path, and the step after every
+ * snapshot twice as long). A snapshot of SNAP_EARLY_MIN bytes or more is
+ * therefore written on a worker at once, beside the decision's send and
+ * the next report's arrival; the writer and the next step find it done.
+ * The task holds only a reference to the snapshot, so the job may end
+ * meanwhile.
+ *
+ * And a job whose snapshots are that large has at most one in the store's
+ * hands: a snapshot that comes due while the store has not yet written the
+ * job's last one (the job still shares that handle) is owed, and taken
+ * after the first step at which the store is done with it. A store slower
+ * than the job's snapshots (97 MB every 10 steps of 30 ms is more than
+ * some disks write) then spaces them out instead of queueing them: queued,
+ * each holds a fresh buffer of its size (a page fault per page to write
+ * it) and crowds step records out of the store's bounded queue. Smaller
+ * snapshots are taken when due, always. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gnmr/error.h"
-#include "records.h"
+#include "history.h"
 
 /* A record of job j's current run. */
 static store_rec *rec(int kind, const core_job *j) {
@@ -25,7 +53,7 @@ static void put(store *st, store_rec *r) {
     store_put(st, r);
 }
 
-void records_event(store *st, const core_job *j, int kind, uint32_t rank,
+void history_event(store *st, const core_job *j, int kind, uint32_t rank,
                    const char *detail) {
   if (st == NULL)
     return;
@@ -40,7 +68,7 @@ void records_event(store *st, const core_job *j, int kind, uint32_t rank,
   put(st, r);
 }
 
-void records_params(store *st, const core_job *j) {
+void history_params(store *st, const core_job *j) {
   if (st == NULL)
     return;
   store_rec *r = rec(REC_PARAMS, j);
@@ -52,7 +80,7 @@ void records_params(store *st, const core_job *j) {
   put(st, r);
 }
 
-void records_job(store *st, const core_job *j) {
+void history_job(store *st, const core_job *j) {
   if (st == NULL)
     return;
   store_rec *r = rec(REC_JOB, j);
@@ -66,10 +94,10 @@ void records_job(store *st, const core_job *j) {
   r->text = j->owner ? strdup(j->owner) : NULL;
   put(st, r);
   if (!policy_params_equal(&j->params, &j->hello_params))
-    records_params(st, j);
+    history_params(st, j);
 }
 
-void records_rank(store *st, const core_job *j, uint32_t rank) {
+void history_rank(store *st, const core_job *j, uint32_t rank) {
   if (st == NULL)
     return;
   const core_rank *rr = &j->ranks[rank];
@@ -106,42 +134,39 @@ void records_rank(store *st, const core_job *j, uint32_t rank) {
 }
 
 /* A record that owes the job's state as of now: the store's writer
- * serializes it off the loop (policy_snap_*); the loop does only when the
- * job changes first, or when no handle can be had. */
+ * serializes it off the loop (policy_snap_*), with the units' id table
+ * when ids are sparse; the loop does only when the job changes first, or
+ * when no handle can be had (then the export and its table here). */
 static store_rec *snapshot_rec(const core_job *j, int kind) {
   store_rec *r = rec(kind, j);
   if (r == NULL)
     return NULL;
   r->pass = j->pass;
   r->step = policy_last_step(j->pol);
-  if (!core_dense(j)) { /* the engine's unit u is id unit_id[u] */
-    if ((r->snap_ids = malloc((size_t)j->n_units * sizeof *r->snap_ids)) ==
-        NULL) {
-      store_rec_free(&r);
-      return NULL;
-    }
-    memcpy(r->snap_ids, j->unit_id, (size_t)j->n_units * sizeof *r->snap_ids);
-    r->n_snap_ids = j->n_units;
-  }
-  /* room for the id table that the writer appends (store.c) */
-  size_t room = r->snap_ids ? policy_ids_size(r->n_snap_ids) : 0;
-  if ((r->snap = policy_snap_begin_room(j->pol, room)) != NULL)
+  /* the engine's unit u is id unit_id[u] */
+  const uint32_t *ids = core_dense(j) ? NULL : j->unit_id;
+  if ((r->snap = policy_snap_begin_ids(j->pol, ids, j->n_units)) != NULL)
     return r;
   size_t len = policy_export_size(j->pol);
-  if ((r->snapshot = malloc(len)) == NULL ||
+  size_t extra = ids != NULL ? policy_ids_size(j->n_units) : 0;
+  if ((r->snapshot = malloc(len + extra)) == NULL ||
       policy_export(j->pol, r->snapshot, len, &r->snapshot_len) != GNMR_OK) {
     store_rec_free(&r);
     return NULL;
   }
+  if (ids != NULL) {
+    policy_ids_write((uint8_t *)r->snapshot + r->snapshot_len, ids, j->n_units);
+    r->snapshot_len += extra;
+  }
   return r;
 }
 
-void records_snapshot(store *st, const core_job *j) {
+void history_snapshot(store *st, const core_job *j) {
   if (st != NULL)
     put(st, snapshot_rec(j, REC_SNAPSHOT));
 }
 
-void records_state(store *st, const core_job *j, const char *state) {
+void history_state(store *st, const core_job *j, const char *state) {
   if (st == NULL)
     return;
   store_rec *r = rec(REC_STATE, j);
@@ -151,7 +176,7 @@ void records_state(store *st, const core_job *j, const char *state) {
   put(st, r);
 }
 
-int records_snapshot_due(store *st, const core_job *j, uint64_t step) {
+static int snapshot_due_now(store *st, const core_job *j, uint64_t step) {
   if (st == NULL)
     return 0;
   /* every `every` steps, at a phase set by the run id: jobs in lockstep
@@ -174,7 +199,7 @@ static char *active_text(const uint32_t *ids, size_t n) {
   return t;
 }
 
-void records_restored_step(store *st, const core_job *j, uint32_t pass,
+void history_restored_step(store *st, const core_job *j, uint32_t pass,
                            uint64_t step, const uint32_t *active,
                            size_t n_active, store_mark *mark) {
   if (st == NULL)
@@ -194,14 +219,13 @@ void records_restored_step(store *st, const core_job *j, uint32_t pass,
   put(st, r);
 }
 
-policy_snap *records_step(store *st, const core_job *j,
-                          const core_outcome *o, uint64_t latency_us,
-                          int snap, store_mark *mark) {
+static policy_snap *step_rec(store *st, const core_job *j,
+                             const core_outcome *o, uint64_t latency_us,
+                             int snap, store_mark *mark) {
   const policy_result *res = &o->res;
   if (st == NULL)
     return NULL;
-  store_rec *r = snap ? snapshot_rec(j, REC_STEP)
-                      : rec(REC_STEP, j);
+  store_rec *r = snap ? snapshot_rec(j, REC_STEP) : rec(REC_STEP, j);
   if (r == NULL)
     return NULL;
   r->kind = REC_STEP;
@@ -244,3 +268,98 @@ policy_snap *records_step(store *st, const core_job *j,
   put(st, r);
   return early;
 }
+
+/* ---- snapshots -------------------------------------------------------- */
+
+#define SNAP_EARLY_MIN ((size_t)1 << 20)
+
+typedef struct snap_fill {
+  workers_task task;
+  policy_snap *snap;
+  gnmrd *d;
+  struct snap_fill *next;
+} snap_fill;
+
+static void fill_run(workers_task *t) {
+  snap_fill *f = (snap_fill *)((char *)t - offsetof(snap_fill, task));
+  policy_snap_fill(f->snap);
+}
+
+static void fill_done(workers_task *t) {
+  snap_fill *f = (snap_fill *)((char *)t - offsetof(snap_fill, task));
+  snap_fill **p = &f->d->fills;
+  while (*p != f)
+    p = &(*p)->next;
+  *p = f->next;
+  policy_snap_free(&f->snap);
+  free(f);
+}
+
+/* Takes snap (a reference): serialized on a worker when it is large and
+ * there are workers, else left to the writer. */
+static void fill_early(gnmrd *d, policy_snap *snap) {
+  if (snap == NULL)
+    return;
+  snap_fill *f = NULL;
+  if (d->workers == NULL || (f = calloc(1, sizeof *f)) == NULL) {
+    policy_snap_free(&snap);
+    return;
+  }
+  d->c.snapshots_early++;
+  f->snap = snap;
+  f->d = d;
+  f->task.run = fill_run;
+  f->task.done = fill_done;
+  f->next = d->fills;
+  d->fills = f;
+  workers_submit(d->workers, &f->task);
+}
+
+void history_wait(gnmrd *d) {
+  while (d->fills != NULL)
+    workers_wait(d->workers, &d->fills->task); /* its done unlinks it */
+}
+
+/* Whether step's record takes a snapshot: due now or owed from before,
+ * unless the store still holds the job's last large one (deferred,
+ * counted). */
+static int snapshot_due(job *j, uint64_t step) {
+  gnmrd *d = j->d;
+  if (snapshot_due_now(d->st, j->core, step))
+    j->snap_owed = 1;
+  if (!j->snap_owed)
+    return 0;
+  if (j->snap_last != NULL) {
+    if (!policy_snap_unshared(j->snap_last)) {
+      d->c.snapshots_deferred++; /* the store is still writing the last */
+      return 0;
+    }
+    policy_snap_free(&j->snap_last);
+  }
+  return 1;
+}
+
+/* After the record: snap as snapshot_due() said, s the snapshot it took
+ * (a reference, or NULL), kept while the store writes it if it is large
+ * and serialized on a worker at once. */
+static void snapshot_taken(job *j, int snap, policy_snap *s) {
+  if (snap)
+    j->snap_owed = 0; /* taken, or failed (the next due one will try) */
+  if (s != NULL && policy_snap_size(s) >= SNAP_EARLY_MIN) {
+    j->snap_last = policy_snap_ref(s);
+    fill_early(j->d, s);
+  } else {
+    policy_snap_free(&s);
+  }
+}
+
+void history_step(job *j, const core_outcome *o, uint64_t latency_us) {
+  gnmrd *d = j->d;
+  if (d->st == NULL)
+    return;
+  int snap = snapshot_due(j, o->step);
+  snapshot_taken(j, snap,
+                 step_rec(d->st, j->core, o, latency_us, snap, j->mark));
+}
+
+void history_forget(job *j) { policy_snap_free(&j->snap_last); }
