@@ -143,14 +143,37 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-int main(int argc, char **argv) {
-  { /* every agent is a few descriptors: take what the hard limit allows */
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-      rl.rlim_cur = rl.rlim_max;
-      setrlimit(RLIMIT_NOFILE, &rl);
-    }
-  }
+/* What main()'s phases share: the command line, which ranks run here,
+ * the trace, the layout and each step's buffers, and the run's figures. */
+typedef struct sim {
+  gnmr_agent_config base; /* the environment, then the flags */
+  policy_params prm;
+  const char *trace_path, *write_path, *local_list, *skey, *key_file;
+  uint64_t ranks, shards, units, steps, seed, barrier, timeout, one_rank,
+      step_ms;
+  int have_rank;
+  char *delays[64];
+  int n_delays;
+  char spub[41], cpub[41], csec[41];
+  int *want;       /* [R]: runs here */
+  uint64_t *delay; /* [R]: opens this many ms late */
+  int all_local;
+  trace t;
+  uint32_t R, K, U;
+  sim_rank *rk;
+  uint32_t *local_of; /* [u][j]: shard j of unit u's local index */
+  double *parts, *norm, *lat;
+  uint8_t *present, *active;
+  uint32_t *all_ids;
+  gnmr_agent *obs; /* reads every unit when some ranks run elsewhere */
+  double t_start;
+  size_t nsteps;
+  uint64_t late, disagree;
+} sim;
+
+/* Phase 1: the environment, then the flags. -1 to go on, else the exit
+ * status. */
+static int parse_command_line(sim *m, int argc, char **argv) {
   struct option longopts[GNMR_POLICY_NOPTS + 19] = {
       {"agents", required_argument, NULL, OPT_AGENTS},
       {"job", required_argument, NULL, OPT_JOB},
@@ -171,58 +194,97 @@ int main(int argc, char **argv) {
       {"key-file", required_argument, NULL, OPT_KEYFILE},
       {"step-ms", required_argument, NULL, OPT_STEPMS},
   };
-  /* the environment first (as for any agent), then the flags */
-  gnmr_agent_config base = {0};
+  gnmr_agent_config *base = &m->base;
   const char *bad_var = NULL;
-  base.barrier_ms = 2000;
-  gnmr_params_default(&base.params);
-  if (gnmr_agent_config_from_env(&base, &bad_var) != GNMR_OK) {
+  base->barrier_ms = 2000;
+  gnmr_params_default(&base->params);
+  if (gnmr_agent_config_from_env(base, &bad_var) != GNMR_OK) {
     fprintf(stderr, "gnmr-sim: %s: not a valid value\n", bad_var);
     return 2;
   }
-  const char *endpoint = base.endpoint, *job = base.job, *trace_path = NULL,
-             *write_path = NULL, *local_list = NULL, *skey = NULL,
-             *key_file = NULL;
-  uint64_t ranks = base.reporters, shards = 1, units = 64, steps = 300,
-           seed = 1, barrier = base.barrier_ms, timeout = 5000, one_rank = 0,
-           step_ms = 0;
-  int have_rank = getenv("GNMR_RANK") != NULL;
-  one_rank = base.rank;
-  char *delays[64];
-  int n_delays = 0;
-  policy_params prm;
+  m->ranks = base->reporters;
+  m->shards = 1;
+  m->units = 64;
+  m->steps = 300;
+  m->seed = 1;
+  m->barrier = base->barrier_ms;
+  m->timeout = 5000;
+  m->have_rank = getenv("GNMR_RANK") != NULL;
+  m->one_rank = base->rank;
   char msg[256];
   int c;
-  policy_params_from_public(&base.params, &prm);
+  policy_params_from_public(&base->params, &m->prm);
   gnmr__policy_opts_longopts(&longopts[18], OPT_POLICY_BASE);
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     uint64_t *num = NULL, max = 0;
     switch (c) {
-    case OPT_AGENTS: endpoint = optarg; break;
-    case OPT_JOB: job = optarg; break;
-    case OPT_TRACE: trace_path = optarg; break;
-    case OPT_WRITE: write_path = optarg; break;
-    case OPT_LOCAL: local_list = optarg; break;
-    case OPT_SKEY: skey = optarg; break;
-    case OPT_KEYFILE: key_file = optarg; break;
-    case OPT_DELAY:
-      if (n_delays == 64)
-        return die_usage("at most 64 --start-delay");
-      delays[n_delays++] = optarg;
+    case OPT_AGENTS:
+      base->endpoint = optarg;
       break;
-    case OPT_RANK: num = &one_rank; max = 1023; have_rank = 1; break;
-    case OPT_RANKS: num = &ranks; max = 1024; break;
-    case OPT_SHARDS: num = &shards; max = 1024; break;
-    case OPT_UNITS: num = &units; max = 1u << 20; break;
-    case OPT_STEPS: num = &steps; max = 10000000; break;
-    case OPT_SEED: num = &seed; max = UINT32_MAX; break;
-    case OPT_BARRIER: num = &barrier; max = 600000; break;
-    case OPT_TIMEOUT: num = &timeout; max = 600000; break;
-    case OPT_STEPMS: num = &step_ms; max = 600000; break;
+    case OPT_JOB:
+      base->job = optarg;
+      break;
+    case OPT_TRACE:
+      m->trace_path = optarg;
+      break;
+    case OPT_WRITE:
+      m->write_path = optarg;
+      break;
+    case OPT_LOCAL:
+      m->local_list = optarg;
+      break;
+    case OPT_SKEY:
+      m->skey = optarg;
+      break;
+    case OPT_KEYFILE:
+      m->key_file = optarg;
+      break;
+    case OPT_DELAY:
+      if (m->n_delays == 64)
+        return die_usage("at most 64 --start-delay");
+      m->delays[m->n_delays++] = optarg;
+      break;
+    case OPT_RANK:
+      num = &m->one_rank;
+      max = 1023;
+      m->have_rank = 1;
+      break;
+    case OPT_RANKS:
+      num = &m->ranks;
+      max = 1024;
+      break;
+    case OPT_SHARDS:
+      num = &m->shards;
+      max = 1024;
+      break;
+    case OPT_UNITS:
+      num = &m->units;
+      max = 1u << 20;
+      break;
+    case OPT_STEPS:
+      num = &m->steps;
+      max = 10000000;
+      break;
+    case OPT_SEED:
+      num = &m->seed;
+      max = UINT32_MAX;
+      break;
+    case OPT_BARRIER:
+      num = &m->barrier;
+      max = 600000;
+      break;
+    case OPT_TIMEOUT:
+      num = &m->timeout;
+      max = 600000;
+      break;
+    case OPT_STEPMS:
+      num = &m->step_ms;
+      max = 600000;
+      break;
     case OPT_HELP: case 'h': fputs(usage, stdout); return 0;
     default:
       if (c >= OPT_POLICY_BASE && c < OPT_POLICY_BASE + GNMR_POLICY_NOPTS) {
-        if (gnmr__policy_opts_apply(&prm, c - OPT_POLICY_BASE, optarg, msg,
+        if (gnmr__policy_opts_apply(&m->prm, c - OPT_POLICY_BASE, optarg, msg,
                                     sizeof msg) != 0)
           return die_usage(msg);
         break;
@@ -242,350 +304,410 @@ int main(int argc, char **argv) {
   }
   if (optind != argc)
     return die_usage("unexpected argument");
-  if (endpoint == NULL || job == NULL || ranks == 0)
+  return -1;
+}
+
+/* Phase 2: what the flags say together, and CURVE (flags over the
+ * environment; a server key may be its .pub file). */
+static int check_settings(sim *m) {
+  char msg[256];
+  if (m->base.endpoint == NULL || m->base.job == NULL || m->ranks == 0)
     return die_usage("--agents, --job and --ranks (>= 1) are required "
                      "(or GNMR_ENDPOINT, GNMR_JOB, GNMR_REPORTERS)");
-  if (shards == 0 || shards > ranks)
+  if (m->shards == 0 || m->shards > m->ranks)
     return die_usage("--shards must be from 1 to --ranks");
-  if (barrier == 0 || units == 0 || steps == 0)
+  if (m->barrier == 0 || m->units == 0 || m->steps == 0)
     return die_usage("--barrier-ms, --units and --steps must be >= 1");
-  if (gnmr__policy_opts_check(&prm, msg, sizeof msg) != 0)
+  if (gnmr__policy_opts_check(&m->prm, msg, sizeof msg) != 0)
     return die_usage(msg);
-
-  /* CURVE: flags over the environment; a server key may be its .pub file */
-  static char spub[41], cpub[41], csec[41];
-  if (skey != NULL) {
-    if (gnmr__key_valid(skey))
-      snprintf(spub, sizeof spub, "%s", skey);
-    else if (gnmr__key_file_read(skey, spub, NULL, msg, sizeof msg) != 0)
+  if (m->skey != NULL) {
+    if (gnmr__key_valid(m->skey))
+      snprintf(m->spub, sizeof m->spub, "%s", m->skey);
+    else if (gnmr__key_file_read(m->skey, m->spub, NULL, msg, sizeof msg) != 0)
       return die_usage(msg);
-    base.curve_server_key = spub;
+    m->base.curve_server_key = m->spub;
   }
-  if (key_file != NULL) {
-    if (gnmr__key_file_read(key_file, cpub, csec, msg, sizeof msg) != 0)
+  if (m->key_file != NULL) {
+    if (gnmr__key_file_read(m->key_file, m->cpub, m->csec, msg, sizeof msg) !=
+        0)
       return die_usage(msg);
-    base.curve_public_key = cpub;
-    base.curve_secret_key = csec;
+    m->base.curve_public_key = m->cpub;
+    m->base.curve_secret_key = m->csec;
   }
-  if ((skey != NULL) != (key_file != NULL))
+  if ((m->skey != NULL) != (m->key_file != NULL))
     return die_usage("--curve-server-key and --key-file go together");
+  return -1;
+}
 
-  uint32_t R = (uint32_t)ranks;
-  int *want = calloc(R, sizeof *want);
-  uint64_t *delay = calloc(R, sizeof *delay);
-  if (want == NULL || delay == NULL) {
-    free(want);
-    free(delay);
+/* Phase 3: which ranks run here (want), and how late each opens. */
+static int choose_ranks(sim *m) {
+  char msg[256];
+  uint32_t R = m->R = (uint32_t)m->ranks;
+  m->want = calloc(R, sizeof *m->want);
+  m->delay = calloc(R, sizeof *m->delay);
+  if (m->want == NULL || m->delay == NULL) {
     fprintf(stderr, "gnmr-sim: out of memory\n");
     return 1;
   }
-  if (local_list != NULL && have_rank) {
-    free(want);
-    free(delay);
+  if (m->local_list != NULL && m->have_rank)
     return die_usage("--local-ranks and --rank (or GNMR_RANK) exclude each "
                      "other");
-  }
-  if (local_list != NULL) {
-    if (parse_ranks(local_list, R, want) != GNMR_OK) {
-      snprintf(msg, sizeof msg, "--local-ranks '%s': expected ranks below "
-               "%u like 0,2-3", local_list, R);
-      free(want);
-      free(delay);
+  if (m->local_list != NULL) {
+    if (parse_ranks(m->local_list, R, m->want) != GNMR_OK) {
+      snprintf(msg, sizeof msg,
+               "--local-ranks '%s': expected ranks below "
+               "%u like 0,2-3",
+               m->local_list, R);
       return die_usage(msg);
     }
-  } else if (have_rank) {
-    if (one_rank >= R) {
+  } else if (m->have_rank) {
+    if (m->one_rank >= R) {
       snprintf(msg, sizeof msg, "rank %llu is not below --ranks %u",
-               (unsigned long long)one_rank, R);
-      free(want);
-      free(delay);
+               (unsigned long long)m->one_rank, R);
       return die_usage(msg);
     }
-    want[one_rank] = 1;
+    m->want[m->one_rank] = 1;
   } else {
     for (uint32_t r = 0; r < R; r++)
-      want[r] = 1;
+      m->want[r] = 1;
   }
-  for (int i = 0; i < n_delays; i++) {
+  for (int i = 0; i < m->n_delays; i++) {
     unsigned long long r, ms;
     int end = 0;
-    if (sscanf(delays[i], "%llu:%llu%n", &r, &ms, &end) != 2 ||
-        delays[i][end] != '\0' || r >= R || ms > 3600000) {
-      snprintf(msg, sizeof msg, "--start-delay '%s': expected RANK:MS with "
-               "RANK below %u and MS up to 3600000", delays[i], R);
-      free(want);
-      free(delay);
+    const char *d = m->delays[i];
+    if (sscanf(d, "%llu:%llu%n", &r, &ms, &end) != 2 || d[end] != '\0' ||
+        r >= R || ms > 3600000) {
+      snprintf(msg, sizeof msg,
+               "--start-delay '%s': expected RANK:MS with "
+               "RANK below %u and MS up to 3600000",
+               d, R);
       return die_usage(msg);
     }
-    delay[r] = ms;
+    m->delay[r] = ms;
   }
-  int all_local = 1;
+  m->all_local = 1;
   for (uint32_t r = 0; r < R; r++)
-    all_local &= want[r];
+    m->all_local &= m->want[r];
+  return -1;
+}
 
-  trace t = {0};
+/* Phase 4: the trace, read or made (and saved with --write-trace). */
+static int load_trace(sim *m) {
   char *buf = NULL;
   size_t len;
-  if (trace_path != NULL) {
+  if (m->trace_path != NULL) {
     trace_error terr;
-    if (trace_read_file(trace_path, &buf, &len) != 0) {
-      fprintf(stderr, "gnmr-sim: %s: %s\n", trace_path, strerror(errno));
-      free(want);
-      free(delay);
+    if (trace_read_file(m->trace_path, &buf, &len) != 0) {
+      fprintf(stderr, "gnmr-sim: %s: %s\n", m->trace_path, strerror(errno));
       return 1;
     }
-    if (trace_parse(buf, len, &t, &terr) != 0) {
-      fprintf(stderr, "gnmr-sim: %s:%zu: %s\n", trace_path, terr.line,
-              terr.msg);
-      free(buf);
-      free(want);
-      free(delay);
-      return 1;
-    }
+    int bad = trace_parse(buf, len, &m->t, &terr);
     free(buf);
-  } else if (sim_synth(&t, (uint32_t)units, steps, (unsigned)seed) != 0) {
+    if (bad != 0) {
+      fprintf(stderr, "gnmr-sim: %s:%zu: %s\n", m->trace_path, terr.line,
+              terr.msg);
+      return 1;
+    }
+  } else if (sim_synth(&m->t, (uint32_t)m->units, m->steps,
+                       (unsigned)m->seed) != 0) {
     fprintf(stderr, "gnmr-sim: out of memory\n");
-    free(want);
-    free(delay);
     return 1;
   }
-  if (write_path != NULL && sim_write_trace(write_path, &t) != 0) {
-    fprintf(stderr, "gnmr-sim: %s: %s\n", write_path, strerror(errno));
-    trace_clear(&t);
-    free(want);
-    free(delay);
+  if (m->write_path != NULL && sim_write_trace(m->write_path, &m->t) != 0) {
+    fprintf(stderr, "gnmr-sim: %s: %s\n", m->write_path, strerror(errno));
     return 1;
   }
-  uint32_t K = (uint32_t)shards, U = t.n_units;
-  if (U == 0) {
-    fputs("step,active\n", stdout);
-    trace_clear(&t);
-    free(want);
-    free(delay);
-    return 0;
-  }
+  m->K = (uint32_t)m->shards;
+  m->U = m->t.n_units;
+  return -1;
+}
 
-  /* Layout: rank r holds unit u when (r - u) mod R < K. */
-  sim_rank *rk = calloc(R, sizeof *rk);
-  uint32_t *local_of = malloc((size_t)U * K * sizeof *local_of); /* [u][j] */
-  double *parts = malloc(K * sizeof *parts);
-  double *norm = malloc(U * sizeof *norm);
-  uint8_t *present = malloc(U);
-  uint8_t *active = malloc(U);
-  double *lat = malloc((t.last_step - t.first_step + 1) * sizeof *lat);
-  uint32_t *all_ids = malloc(U * sizeof *all_ids);
-  gnmr_agent *obs = NULL; /* reads every unit when some ranks run elsewhere */
-  int code = 1;
-  base.endpoint = endpoint;
-  base.job = job;
-  base.reporters = R;
-  base.barrier_ms = (uint32_t)barrier;
-  policy_params_to_public(&prm, &base.params);
-  if (!rk || !local_of || !parts || !norm || !present || !active || !lat ||
-      !all_ids) {
+/* Phase 5: the layout, rank r holding unit u when (r - u) mod R < K, and
+ * each step's buffers. */
+static int lay_out(sim *m) {
+  uint32_t R = m->R, K = m->K, U = m->U;
+  m->rk = calloc(R, sizeof *m->rk);
+  m->local_of = malloc((size_t)U * K * sizeof *m->local_of);
+  m->parts = malloc(K * sizeof *m->parts);
+  m->norm = malloc(U * sizeof *m->norm);
+  m->present = malloc(U);
+  m->active = malloc(U);
+  m->lat = malloc((m->t.last_step - m->t.first_step + 1) * sizeof *m->lat);
+  m->all_ids = malloc(U * sizeof *m->all_ids);
+  m->base.reporters = R;
+  m->base.barrier_ms = (uint32_t)m->barrier;
+  policy_params_to_public(&m->prm, &m->base.params);
+  if (!m->rk || !m->local_of || !m->parts || !m->norm || !m->present ||
+      !m->active || !m->lat || !m->all_ids) {
     fprintf(stderr, "gnmr-sim: out of memory\n");
-    goto out;
+    return 1;
   }
   for (uint32_t r = 0; r < R; r++) {
+    sim_rank *k = &m->rk[r];
     uint32_t n = 0;
-    rk[r].local = want[r];
-    rk[r].delay_ms = delay[r];
-    rk[r].units = malloc(((size_t)U * K / R + K + 1) * sizeof(uint32_t));
-    if (rk[r].units == NULL)
-      goto out;
+    k->local = m->want[r];
+    k->delay_ms = m->delay[r];
+    k->units = malloc(((size_t)U * K / R + K + 1) * sizeof(uint32_t));
+    if (k->units == NULL)
+      return 1;
     for (uint32_t u = 0; u < U; u++) {
       uint32_t j = (r + R - u % R) % R;
       if (j < K) {
-        local_of[(size_t)u * K + j] = n;
-        rk[r].units[n++] = u;
+        m->local_of[(size_t)u * K + j] = n;
+        k->units[n++] = u;
       }
     }
-    rk[r].n_local = n;
+    k->n_local = n;
   }
   /* The ranks with no units (K < R with few units) do not join: the job
    * expects every rank, so refuse that layout up front. */
   for (uint32_t r = 0; r < R; r++)
-    if (rk[r].n_local == 0) {
+    if (m->rk[r].n_local == 0) {
       fprintf(stderr, "gnmr-sim: rank %u would hold no unit: use fewer "
                       "--ranks or more units\n", r);
-      goto out;
+      return 1;
     }
   for (uint32_t r = 0; r < R; r++) {
-    uint32_t n = rk[r].n_local;
-    rk[r].sumsq = malloc(n * sizeof(double));
-    rk[r].nonfinite = malloc(n * sizeof(uint64_t));
-    rk[r].nr = malloc(n);
-    if (!rk[r].sumsq || !rk[r].nonfinite || !rk[r].nr)
-      goto out;
+    sim_rank *k = &m->rk[r];
+    k->sumsq = malloc(k->n_local * sizeof(double));
+    k->nonfinite = malloc(k->n_local * sizeof(uint64_t));
+    k->nr = malloc(k->n_local);
+    if (!k->sumsq || !k->nonfinite || !k->nr)
+      return 1;
   }
-  double t_start = now_s();
-  /* opens the local ranks that are due; returns 0 or an error */
-#define OPEN_DUE()                                                            \
-  do {                                                                        \
-    for (uint32_t r = 0; r < R; r++) {                                        \
-      if (!rk[r].local || rk[r].agent != NULL ||                              \
-          (now_s() - t_start) * 1e3 < (double)rk[r].delay_ms)                 \
-        continue;                                                             \
-      char **names = unit_names(rk[r].units, rk[r].n_local);                  \
-      int orv = names ? open_agent(&base, r, names, rk[r].n_local,            \
-                                   rk[r].units, 0, &rk[r].agent)              \
-                      : GNMR_E_NOMEM;                                         \
-      free_names(names, rk[r].n_local);                                       \
-      if (orv != GNMR_OK) {                                                   \
-        fprintf(stderr, "gnmr-sim: rank %u: %s\n", r, gnmr_strerror(orv));   \
-        goto out;                                                             \
-      }                                                                       \
-    }                                                                         \
-  } while (0)
-  OPEN_DUE();
-  if (!all_local) {
-    for (uint32_t u = 0; u < U; u++)
-      all_ids[u] = u;
-    char **names = unit_names(all_ids, U);
-    int orv = names ? open_agent(&base, 0, names, U, all_ids, 1, &obs)
+  return -1;
+}
+
+/* Opens the local ranks that are due. 0, or -1 after saying why. */
+static int open_due(sim *m) {
+  for (uint32_t r = 0; r < m->R; r++) {
+    sim_rank *k = &m->rk[r];
+    if (!k->local || k->agent != NULL ||
+        (now_s() - m->t_start) * 1e3 < (double)k->delay_ms)
+      continue;
+    char **names = unit_names(k->units, k->n_local);
+    int orv = names ? open_agent(&m->base, r, names, k->n_local, k->units, 0,
+                                 &k->agent)
                     : GNMR_E_NOMEM;
-    free_names(names, U);
+    free_names(names, k->n_local);
     if (orv != GNMR_OK) {
-      fprintf(stderr, "gnmr-sim: observer: %s\n", gnmr_strerror(orv));
-      goto out;
+      fprintf(stderr, "gnmr-sim: rank %u: %s\n", r, gnmr_strerror(orv));
+      return -1;
     }
   }
+  return 0;
+}
 
-  /* Start once this process's agents have joined (bounded by the
-   * timeout): an observer that joins after a step was decided would never
-   * get that step's decision. */
-  for (double t_join = now_s(); now_s() - t_join < (double)timeout * 1e-3;) {
-    int all = obs == NULL || gnmr_agent_joined(obs);
-    for (uint32_t r = 0; r < R && all; r++)
-      all = rk[r].agent == NULL || gnmr_agent_joined(rk[r].agent);
+/* Phase 6: the ranks due now, the observer when some ranks run
+ * elsewhere; then waits (bounded by the timeout) until this process's
+ * agents have joined: an observer that joins after a step was decided
+ * would never get that step's decision. */
+static int join(sim *m) {
+  m->t_start = now_s();
+  if (open_due(m) != 0)
+    return 1;
+  if (!m->all_local) {
+    for (uint32_t u = 0; u < m->U; u++)
+      m->all_ids[u] = u;
+    char **names = unit_names(m->all_ids, m->U);
+    int orv = names
+                  ? open_agent(&m->base, 0, names, m->U, m->all_ids, 1, &m->obs)
+                  : GNMR_E_NOMEM;
+    free_names(names, m->U);
+    if (orv != GNMR_OK) {
+      fprintf(stderr, "gnmr-sim: observer: %s\n", gnmr_strerror(orv));
+      return 1;
+    }
+  }
+  for (double t0 = now_s(); now_s() - t0 < (double)m->timeout * 1e-3;) {
+    int all = m->obs == NULL || gnmr_agent_joined(m->obs);
+    for (uint32_t r = 0; r < m->R && all; r++)
+      all = m->rk[r].agent == NULL || gnmr_agent_joined(m->rk[r].agent);
     if (all)
       break;
     struct timespec ts = {0, 2000000};
     nanosleep(&ts, NULL);
   }
+  return -1;
+}
+
+/* A step's norms (*row: the trace's next row), split into each rank's
+ * shard partials. */
+static void split_step(sim *m, uint64_t step, size_t *row) {
+  uint32_t R = m->R, K = m->K, U = m->U;
+  memset(m->present, 0, U);
+  for (; *row < m->t.n_rows && m->t.rows[*row].step == step; (*row)++) {
+    m->norm[m->t.rows[*row].unit] = m->t.rows[*row].norm;
+    m->present[m->t.rows[*row].unit] = 1;
+  }
+  for (uint32_t u = 0; u < U; u++) {
+    double n = m->norm[u];
+    int present = m->present[u], nonfinite = present && !isfinite(n);
+    if (present && !nonfinite)
+      sim_split_norm(n, K, m->parts);
+    /* shard j of u lives on rank (u + j) % R; partials go in rank order */
+    uint32_t first = u % R;
+    for (uint32_t j = 0; j < K; j++) {
+      uint32_t r = (first + j) % R;
+      /* index of this shard among u's shards sorted by rank */
+      uint32_t order = 0;
+      for (uint32_t q = 0; q < K; q++)
+        order += (first + q) % R < r;
+      uint32_t i = m->local_of[(size_t)u * K + j];
+      m->rk[r].nr[i] = !present;
+      m->rk[r].nonfinite[i] = nonfinite ? 1 : 0;
+      m->rk[r].sumsq[i] = present && !nonfinite ? m->parts[order] : 0;
+    }
+  }
+}
+
+/* The step's decision as the routes say it: a unit is active when they
+ * say HIGH (all shards here must agree); with ranks elsewhere, the
+ * observer's route is the answer. Printed as a CSV row. 0 or -1. */
+static int print_decision(sim *m, uint64_t step) {
+  uint32_t R = m->R, K = m->K, U = m->U, n_act = 0;
+  for (uint32_t u = 0; u < U; u++) {
+    int high = -1;
+    for (uint32_t j = 0; j < K; j++) {
+      uint32_t r = (u % R + j) % R;
+      if (m->rk[r].agent == NULL)
+        continue;
+      int h =
+          gnmr_agent_route(m->rk[r].agent, m->local_of[(size_t)u * K + j]) ==
+          GNMR_ROUTE_HIGH;
+      if (high >= 0 && h != high)
+        m->disagree++;
+      high = h;
+    }
+    if (m->obs != NULL) {
+      int h = gnmr_agent_route(m->obs, u) == GNMR_ROUTE_HIGH;
+      if (high >= 0 && h != high)
+        m->disagree++;
+      high = h;
+    }
+    m->active[u] = (uint8_t)(high > 0);
+    n_act += m->active[u];
+  }
+  uint32_t *ids = malloc((n_act ? n_act : 1) * sizeof *ids), k = 0;
+  if (ids == NULL)
+    return -1;
+  for (uint32_t u = 0; u < U; u++)
+    if (m->active[u])
+      ids[k++] = u;
+  gnmr__write_decision_row(stdout, step, ids, k);
+  free(ids);
+  return 0;
+}
+
+/* Phase 7: every step in lockstep: report, wait for the decision, print
+ * it, and (--step-ms) take the training step's own time. */
+static int run_steps(sim *m) {
+  size_t row = 0;
   fputs("step,active\n", stdout);
-  size_t row = 0, nsteps = 0;
-  uint64_t late = 0, disagree = 0;
-  for (uint64_t step = t.first_step; step <= t.last_step; step++) {
+  for (uint64_t step = m->t.first_step; step <= m->t.last_step; step++) {
     double step_t0 = now_s();
-    OPEN_DUE();
-    memset(present, 0, U);
-    for (; row < t.n_rows && t.rows[row].step == step; row++) {
-      norm[t.rows[row].unit] = t.rows[row].norm;
-      present[t.rows[row].unit] = 1;
-    }
-    for (uint32_t u = 0; u < U; u++) {
-      double n = norm[u];
-      int nonfinite = present[u] && !isfinite(n);
-      if (present[u] && !nonfinite)
-        sim_split_norm(n, K, parts);
-      /* shard j of u lives on rank (u + j) % R; partials go in rank order */
-      uint32_t first = u % R;
-      for (uint32_t j = 0; j < K; j++) {
-        uint32_t r = (first + j) % R;
-        /* index of this shard among u's shards sorted by rank */
-        uint32_t order = 0;
-        for (uint32_t q = 0; q < K; q++)
-          order += (first + q) % R < r;
-        uint32_t i = local_of[(size_t)u * K + j];
-        rk[r].nr[i] = !present[u];
-        rk[r].nonfinite[i] = nonfinite ? 1 : 0;
-        rk[r].sumsq[i] = present[u] && !nonfinite ? parts[order] : 0;
-      }
-    }
+    if (open_due(m) != 0)
+      return 1;
+    split_step(m, step, &row);
     double t0 = now_s();
-    for (uint32_t r = 0; r < R; r++)
-      if (rk[r].agent != NULL)
-        gnmr_agent_report_sums(rk[r].agent, step, rk[r].sumsq,
-                               rk[r].nonfinite, rk[r].nr);
-    for (uint32_t r = 0; r < R; r++)
-      if (rk[r].agent != NULL &&
-          gnmr_agent_wait(rk[r].agent, step, (int)timeout) != GNMR_OK)
-        late++;
-    if (obs != NULL && gnmr_agent_wait(obs, step, (int)timeout) != GNMR_OK)
-      late++;
-    lat[nsteps++] = now_s() - t0;
-    /* A unit is active when its routes say HIGH (all shards here must
-     * agree); with ranks elsewhere, the observer's route is the answer. */
-    uint32_t n_act = 0;
-    for (uint32_t u = 0; u < U; u++) {
-      int high = -1;
-      for (uint32_t j = 0; j < K; j++) {
-        uint32_t r = (u % R + j) % R;
-        if (rk[r].agent == NULL)
-          continue;
-        int h = gnmr_agent_route(rk[r].agent, local_of[(size_t)u * K + j]) ==
-                GNMR_ROUTE_HIGH;
-        if (high >= 0 && h != high)
-          disagree++;
-        high = h;
-      }
-      if (obs != NULL) {
-        int h = gnmr_agent_route(obs, u) == GNMR_ROUTE_HIGH;
-        if (high >= 0 && h != high)
-          disagree++;
-        high = h;
-      }
-      active[u] = (uint8_t)(high > 0);
-      n_act += active[u];
-    }
-    uint32_t *ids = malloc((n_act ? n_act : 1) * sizeof *ids), k = 0;
-    if (ids == NULL)
-      goto out;
-    for (uint32_t u = 0; u < U; u++)
-      if (active[u])
-        ids[k++] = u;
-    gnmr__write_decision_row(stdout, step, ids, k);
-    free(ids);
-    /* --step-ms: the training step's own time (the compute) */
-    double left = (double)step_ms * 1e-3 - (now_s() - step_t0);
+    for (uint32_t r = 0; r < m->R; r++)
+      if (m->rk[r].agent != NULL)
+        gnmr_agent_report_sums(m->rk[r].agent, step, m->rk[r].sumsq,
+                               m->rk[r].nonfinite, m->rk[r].nr);
+    for (uint32_t r = 0; r < m->R; r++)
+      if (m->rk[r].agent != NULL &&
+          gnmr_agent_wait(m->rk[r].agent, step, (int)m->timeout) != GNMR_OK)
+        m->late++;
+    if (m->obs != NULL &&
+        gnmr_agent_wait(m->obs, step, (int)m->timeout) != GNMR_OK)
+      m->late++;
+    m->lat[m->nsteps++] = now_s() - t0;
+    if (print_decision(m, step) != 0)
+      return 1;
+    double left = (double)m->step_ms * 1e-3 - (now_s() - step_t0);
     if (left > 0) {
       struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) *
                                                  1e9)};
       nanosleep(&ts, NULL);
     }
   }
-#undef OPEN_DUE
   fflush(stdout);
-  qsort(lat, nsteps, sizeof *lat, cmp_double);
+  return -1;
+}
+
+/* Phase 8: the round trips and what went wrong, on stderr. */
+static int summarize(sim *m) {
+  size_t n = m->nsteps;
+  qsort(m->lat, n, sizeof *m->lat, cmp_double);
   uint32_t here = 0;
-  for (uint32_t r = 0; r < R; r++)
-    here += rk[r].local;
+  for (uint32_t r = 0; r < m->R; r++)
+    here += m->rk[r].local;
   char who[48] = "";
-  if (here < R)
+  if (here < m->R)
     snprintf(who, sizeof who, "%u of ", here);
   fprintf(stderr,
           "gnmr-sim: %s%u ranks x %u units (%u shards each), %zu "
           "steps: round trip p50 %.1f us, p99 %.1f us, max %.1f us; "
           "late decisions %llu\n",
-          who, R, U, K, nsteps, lat[nsteps / 2] * 1e6,
-          lat[(size_t)((double)(nsteps - 1) * 0.99)] * 1e6,
-          lat[nsteps - 1] * 1e6, (unsigned long long)late);
-  if (disagree)
+          who, m->R, m->U, m->K, n, m->lat[n / 2] * 1e6,
+          m->lat[(size_t)((double)(n - 1) * 0.99)] * 1e6, m->lat[n - 1] * 1e6,
+          (unsigned long long)m->late);
+  if (m->disagree)
     fprintf(stderr, "gnmr-sim: %llu unit-steps where shards disagreed\n",
-            (unsigned long long)disagree);
-  code = late || disagree ? 1 : 0;
-out:
-  gnmr_agent_close(&obs);
-  if (rk != NULL) {
-    for (uint32_t r = 0; r < R; r++) {
-      gnmr_agent_close(&rk[r].agent);
-      free(rk[r].units);
-      free(rk[r].sumsq);
-      free(rk[r].nonfinite);
-      free(rk[r].nr);
+            (unsigned long long)m->disagree);
+  return m->late || m->disagree ? 1 : 0;
+}
+
+static void sim_clear(sim *m) {
+  gnmr_agent_close(&m->obs);
+  for (uint32_t r = 0; m->rk != NULL && r < m->R; r++) {
+    gnmr_agent_close(&m->rk[r].agent);
+    free(m->rk[r].units);
+    free(m->rk[r].sumsq);
+    free(m->rk[r].nonfinite);
+    free(m->rk[r].nr);
+  }
+  free(m->rk);
+  free(m->local_of);
+  free(m->parts);
+  free(m->norm);
+  free(m->present);
+  free(m->active);
+  free(m->lat);
+  free(m->all_ids);
+  free(m->want);
+  free(m->delay);
+  trace_clear(&m->t);
+}
+
+int main(int argc, char **argv) {
+  static sim m; /* large: kept off the stack */
+  { /* every agent is a few descriptors: take what the hard limit allows */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &rl);
     }
   }
-  free(rk);
-  free(local_of);
-  free(parts);
-  free(norm);
-  free(present);
-  free(active);
-  free(lat);
-  free(all_ids);
-  free(want);
-  free(delay);
-  trace_clear(&t);
+  int code = parse_command_line(&m, argc, argv);
+  if (code < 0)
+    code = check_settings(&m);
+  if (code < 0)
+    code = choose_ranks(&m);
+  if (code < 0)
+    code = load_trace(&m);
+  if (code < 0 && m.U == 0) { /* nothing to report */
+    fputs("step,active\n", stdout);
+    code = 0;
+  }
+  if (code < 0)
+    code = lay_out(&m);
+  if (code < 0)
+    code = join(&m);
+  if (code < 0)
+    code = run_steps(&m);
+  if (code < 0)
+    code = summarize(&m);
+  sim_clear(&m);
   return code;
 }
