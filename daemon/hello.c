@@ -298,13 +298,33 @@ static void log_second_agent(gnmrd *d, const char *job_name, uint32_t rank,
   quiet = 0;
 }
 
+/* One Hello on its way to a Welcome or a refusal: what its phases
+ * share. */
+typedef struct hello_ctx {
+  gnmrd *d;
+  const void *id;
+  size_t id_len;
+  Gnmr__Hello *h;
+  const char *user;
+  policy_params prm;
+  uint32_t barrier;
+  core_prepared **prep;
+  const uint32_t *ids;    /* the units' job-wide ids */
+  peer *pr;               /* this connection's (job, rank), if joined */
+  job *j;                 /* the job joined, once found or made */
+  int created;            /* j made by this Hello: freed if refused */
+  const char *name_owner; /* the owner of the name's earlier runs */
+} hello_ctx;
+
+/* Counts and answers a refusal, frees a job this Hello made, and leaves
+ * the phase (-1: the Hello is done with). */
 #define REFUSE(code, ref, ...)                                                 \
   do {                                                                         \
-    d->c.hellos_refused++;                                                     \
-    jobs__reply_error(d, id, id_len, code, ref, 0, __VA_ARGS__);               \
-    if (created)                                                               \
-      jobs__free(&j);                                                          \
-    return;                                                                    \
+    hc->d->c.hellos_refused++;                                                 \
+    jobs__reply_error(hc->d, hc->id, hc->id_len, code, ref, 0, __VA_ARGS__);   \
+    if (hc->created)                                                           \
+      jobs__free(&hc->j);                                                      \
+    return -1;                                                                 \
   } while (0)
 
 void hello__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
@@ -325,19 +345,16 @@ void hello__on_hello(gnmrd *d, const void *id, size_t id_len, Gnmr__Hello *h,
   hello__on_hello_checked(d, id, id_len, h, user, &prm, barrier, NULL);
 }
 
-void hello__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
-                             Gnmr__Hello *h, const char *user,
-                             const policy_params *checked, uint32_t barrier,
-                             core_prepared **prep) {
-  policy_params prm = *checked;
-  job *j = NULL;
-  int created = 0;
-  const uint32_t *ids = narrow_ids(h);
-  uint64_t kjobs = 0, kunits = 0; /* a tenant's live jobs and units */
+/* Phase 1: the job the Hello names, if it is live: a connection that
+ * joined as something else is refused; a fresh start under the name of a
+ * run whose processes are gone ends that run; a resume of an ended run is
+ * read back first. 0 to go on. */
+static int find_job(hello_ctx *hc) {
+  gnmrd *d = hc->d;
+  Gnmr__Hello *h = hc->h;
   uint64_t v;
-  peer *pr = NULL;
-  if (hmap_get(&d->peers, id, id_len, &v)) {
-    pr = (peer *)(uintptr_t)v;
+  if (hmap_get(&d->peers, hc->id, hc->id_len, &v)) {
+    peer *pr = hc->pr = (peer *)(uintptr_t)v;
     if (strcmp(pr->j->core->name, h->job) != 0 ||
         pr->observer != h->observer || (!pr->observer && pr->rank != h->rank))
       REFUSE(GNMR_E_MISMATCH, "rank",
@@ -345,11 +362,11 @@ void hello__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
              pr->j->core->name, pr->observer ? "observer" : "rank",
              pr->rank);
   }
-  j = job_of(core_find(&d->jobs, h->job));
-  if (j != NULL && pr == NULL && h->start == GNMR_START_FRESH &&
+  job *j = job_of(core_find(&d->jobs, h->job));
+  if (j != NULL && hc->pr == NULL && h->start == GNMR_START_FRESH &&
       !h->observer && ends_for_fresh_start(d, j) &&
       (d->allow == NULL ||
-       gnmr__allow_may(d->allow, user, j->core->owner, h->job))) {
+       gnmr__allow_may(d->allow, hc->user, j->core->owner, h->job))) {
     /* a training run from its first step under the name of a run that
      * did not finish and whose processes are gone: that run is over (its
      * state kept in the history), and this one begins a new run, never
@@ -357,11 +374,11 @@ void hello__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
     lifecycle__finish(j, FINISH_FRESH);
     j = NULL;
   }
-  const char *name_owner = j == NULL ? lifecycle_name_owner(d, h->job) : NULL;
-  if (j == NULL && pr == NULL && h->start == GNMR_START_RESUME &&
+  hc->name_owner = j == NULL ? lifecycle_name_owner(d, h->job) : NULL;
+  if (j == NULL && hc->pr == NULL && h->start == GNMR_START_RESUME &&
       !h->observer &&
       (d->allow == NULL ||
-       gnmr__allow_may(d->allow, user, name_owner, h->job)) &&
+       gnmr__allow_may(d->allow, hc->user, hc->name_owner, h->job)) &&
       reopen__ask(d, h->job) == REOPEN_PENDING)
     /* a resume under a name whose run ended: read back first (reopen.c);
      * ref "run": the agent says Hello again soon */
@@ -371,111 +388,127 @@ void hello__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
   if (j != NULL)
     jobs__quiesce(j); /* registration changes the engine and the units */
   if (j != NULL && d->allow != NULL &&
-      !gnmr__allow_may(d->allow, user, j->core->owner, h->job))
+      !gnmr__allow_may(d->allow, hc->user, j->core->owner, h->job))
     REFUSE(GNMR_E_DENIED, "job", "job %.64s belongs to another key, and "
            "the allow list grants this one no jobs= pattern that matches",
            h->job);
-  if (j != NULL) {
-    core_job *c = j->core;
-    if (c->reporters != h->reporters)
-      REFUSE(GNMR_E_MISMATCH, "reporters",
-             "job %.64s has %u reporters, this agent says %u", c->name,
-             c->reporters, h->reporters);
-    if (!policy_params_equal(&c->hello_params, &prm))
-      REFUSE(GNMR_E_MISMATCH, "params",
-             "job %.64s runs with other policy parameters", c->name);
-    if (c->barrier_ms != barrier)
-      REFUSE(GNMR_E_MISMATCH, "barrier_ms",
-             "job %.64s has a %u ms barrier, this agent says %u", c->name,
-             c->barrier_ms, barrier);
-  } else if (d->allow != NULL && name_owner != NULL &&
-             !gnmr__allow_may(d->allow, user, name_owner, h->job)) {
+  hc->j = j;
+  return 0;
+}
+
+/* Phase 2a: a live job's settings must be the Hello's. */
+static int match_job(hello_ctx *hc) {
+  core_job *c = hc->j->core;
+  Gnmr__Hello *h = hc->h;
+  if (c->reporters != h->reporters)
+    REFUSE(GNMR_E_MISMATCH, "reporters",
+           "job %.64s has %u reporters, this agent says %u", c->name,
+           c->reporters, h->reporters);
+  if (!policy_params_equal(&c->hello_params, &hc->prm))
+    REFUSE(GNMR_E_MISMATCH, "params",
+           "job %.64s runs with other policy parameters", c->name);
+  if (c->barrier_ms != hc->barrier)
+    REFUSE(GNMR_E_MISMATCH, "barrier_ms",
+           "job %.64s has a %u ms barrier, this agent says %u", c->name,
+           c->barrier_ms, hc->barrier);
+  return 0;
+}
+
+/* Phase 2b: a new job, if the allow list, the name's owner and the
+ * limits let this key start it. */
+static int create_job(hello_ctx *hc) {
+  gnmrd *d = hc->d;
+  Gnmr__Hello *h = hc->h;
+  const char *user = hc->user, *name_owner = hc->name_owner;
+  const char *owner = name_owner != NULL ? name_owner : user;
+  uint64_t kjobs = 0, kunits = 0; /* a tenant's live jobs and units */
+  if (d->allow != NULL && name_owner != NULL &&
+      !gnmr__allow_may(d->allow, user, name_owner, h->job))
     REFUSE(GNMR_E_DENIED, "job", "job %.64s belongs to another key (its "
            "earlier runs), and the allow list grants this one no jobs= "
            "pattern that matches", h->job);
-  } else if (d->allow != NULL && name_owner == NULL &&
-             gnmr__allow_reserved(d->allow, user, h->job) != NULL) {
-    const gnmr_grant *g = gnmr__allow_reserved(d->allow, user, h->job);
+  const gnmr_grant *g = d->allow != NULL && name_owner == NULL
+                            ? gnmr__allow_reserved(d->allow, user, h->job)
+                            : NULL;
+  if (g != NULL)
     REFUSE(GNMR_E_DENIED, "job", "job name %.64s is reserved for another "
            "key (%.40s, owns=%.64s in the allow list)", h->job,
            g->name ? g->name : "no name", g->owns);
-  } else if (d->cfg != NULL && core_count(&d->jobs) >= d->cfg->max_jobs) {
+  if (d->cfg != NULL && core_count(&d->jobs) >= d->cfg->max_jobs) {
     d->c.refused_max_jobs++;
     REFUSE(GNMR_E_BUSY, "job", "gnmrd serves %zu jobs already ([limits] "
            "max_jobs)", core_count(&d->jobs));
-  } else if (key_quota(d, name_owner ? name_owner : user) &&
-             d->cfg->max_jobs_per_key != 0 &&
-             (owner_usage(d, name_owner ? name_owner : user, &kjobs,
-                          &kunits),
-              kjobs >= d->cfg->max_jobs_per_key)) {
+  }
+  if (key_quota(d, owner) && d->cfg->max_jobs_per_key != 0 &&
+      (owner_usage(d, owner, &kjobs, &kunits),
+       kjobs >= d->cfg->max_jobs_per_key)) {
     d->c.refused_key_jobs++;
-    REFUSE(GNMR_E_BUSY, "job", "%.64s owns %llu live jobs already ([limits] "
-           "max_jobs_per_key)", owner_name(d, name_owner ? name_owner : user),
-           (unsigned long long)kjobs);
-  } else if ((j = jobs__create(d, h->job, &prm, h->reporters, barrier)) ==
-             NULL) {
+    REFUSE(GNMR_E_BUSY, "job",
+           "%.64s owns %llu live jobs already ([limits] "
+           "max_jobs_per_key)",
+           owner_name(d, owner), (unsigned long long)kjobs);
+  }
+  if ((hc->j = jobs__create(d, h->job, &hc->prm, h->reporters, hc->barrier)) ==
+      NULL)
     REFUSE(GNMR_E_NOMEM, "job", "out of memory");
-  } else {
-    created = 1;
-    j->core->run = d->last_run + 1; /* taken when the Hello is accepted */
-    /* decisions of a run the history never recorded (gnmrd killed before
-     * its first commit, or with its disk full): the run goes on under its
-     * id, and those decisions are adopted as a restored job's. Only a
-     * rank's, and only sealed ones: the run id is then one a gnmrd of
-     * this store gave out (after every run it stored), never a peer's
-     * choice. */
-    size_t unsealed = 0;
-    for (size_t i = 0; i < h->n_held && !h->observer; i++) {
-      const Gnmr__Decision *hd = h->held[i];
-      if (hd->run < j->core->run)
-        continue; /* a run this store recorded: not this new job's */
-      if (!jobs__held_sealed(d, h->job, hd)) {
-        unsealed++;
-        continue;
-      }
-      j->core->run = hd->run;
-      j->first_pass = 1;
+  hc->created = 1;
+  job *j = hc->j;
+  j->core->run = d->last_run + 1; /* taken when the Hello is accepted */
+  /* decisions of a run the history never recorded (gnmrd killed before
+   * its first commit, or with its disk full): the run goes on under its
+   * id, and those decisions are adopted as a restored job's. Only a
+   * rank's, and only sealed ones: the run id is then one a gnmrd of this
+   * store gave out (after every run it stored), never a peer's choice. */
+  size_t unsealed = 0;
+  for (size_t i = 0; i < h->n_held && !h->observer; i++) {
+    const Gnmr__Decision *hd = h->held[i];
+    if (hd->run < j->core->run)
+      continue; /* a run this store recorded: not this new job's */
+    if (!jobs__held_sealed(d, h->job, hd)) {
+      unsealed++;
+      continue;
     }
-    if (unsealed > 0)
-      jobs__held_refused(d, h->job, unsealed, "the job's first Hello",
-                         "not sealed by a gnmrd of this store (a forged or "
-                         "altered decision, or one from another database)");
-    /* a new run of a name keeps the name's owner, whoever starts it (an
-     * operator, a key whose grant matches) */
-    const char *owner = name_owner != NULL ? name_owner : user;
-    if (owner != NULL && (j->core->owner = strdup(owner)) == NULL)
-      REFUSE(GNMR_E_NOMEM, "job", "out of memory");
+    j->core->run = hd->run;
+    j->first_pass = 1;
   }
-  if (h->observer) {
-    if (!observer_join(d, id, id_len, j, h, ids, pr, user)) {
-      if (created)
-        jobs__free(&j);
-      return;
-    }
-    if (created)
-      job_accepted(j);
-    return;
-  }
+  if (unsealed > 0)
+    jobs__held_refused(d, h->job, unsealed, "the job's first Hello",
+                       "not sealed by a gnmrd of this store (a forged or "
+                       "altered decision, or one from another database)");
+  /* a new run of a name keeps the name's owner, whoever starts it (an
+   * operator, a key whose grant matches) */
+  if (owner != NULL && (j->core->owner = strdup(owner)) == NULL)
+    REFUSE(GNMR_E_NOMEM, "job", "out of memory");
+  return 0;
+}
+
+/* Phase 3: the rank's checks (its key, its units, a live agent already
+ * holding it), its units registered on its first join, and this
+ * connection bound to it. *registered: the units are new. */
+static int bind_rank(hello_ctx *hc, int *registered) {
+  gnmrd *d = hc->d;
+  Gnmr__Hello *h = hc->h;
+  job *j = hc->j;
   core_job *c = j->core;
   core_rank *rr = &c->ranks[h->rank];
-  int returning = rr->ever && !rr->joined; /* said Bye before */
   const char *const *names = (const char *const *)h->units;
+  uint64_t v;
   /* under CURVE a rank belongs to the key it first joined with */
-  if (user != NULL && rr->user != NULL && strcmp(user, rr->user) != 0)
+  if (hc->user != NULL && rr->user != NULL && strcmp(hc->user, rr->user) != 0)
     REFUSE(GNMR_E_MISMATCH, "rank",
            "rank %u of job %.64s joined with another key", h->rank, c->name);
-  if (rr->ever && !core_same_units(c, rr, names, h->n_units, ids))
+  if (rr->ever && !core_same_units(c, rr, names, h->n_units, hc->ids))
     REFUSE(GNMR_E_MISMATCH, "units",
            "rank %u of job %.64s joined before with other units", h->rank,
            c->name);
-  int registered = 0;
+  *registered = 0;
   if (!rr->ever) {
     char why[256];
-    int urv = register_capped(d, c, rr, names, h->n_units, ids, 1, prep,
+    int urv = register_capped(d, c, rr, names, h->n_units, hc->ids, 1, hc->prep,
                               why, sizeof why);
     if (urv != GNMR_OK)
       REFUSE(urv, "unit_ids", "%s", why);
-    registered = 1;
+    *registered = 1;
   }
   /* A rank is one agent: another live agent asking for a joined rank is
    * refused, naming both (the same job name run twice, or two processes
@@ -484,7 +517,7 @@ void hello__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
    * repeat. The same agent reconnecting replaces its connection. */
   /* A Hello that says no instance is never the same agent as one that
    * did: leaving it out must not take over a joined rank. */
-  if (pr == NULL && rr->joined && rr->conn != NULL &&
+  if (hc->pr == NULL && rr->joined && rr->conn != NULL &&
       rr->instance != NULL &&
       (h->instance[0] == '\0' || strcmp(rr->instance, h->instance) != 0) &&
       probe_live(d, j, rr, h->rank)) {
@@ -498,38 +531,79 @@ void hello__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
            rr->instance, other);
   }
   /* Bind this connection to (job, rank), replacing an older connection. */
-  if (pr == NULL) {
+  if (hc->pr == NULL) {
     if (rr->conn != NULL && hmap_get(&d->peers, rr->conn, rr->conn_len, &v)) {
       free((peer *)(uintptr_t)v);
       hmap_del(&d->peers, rr->conn, rr->conn_len);
     }
-    if (jobs__bind_connection(d, j, rr, h->rank, 0, id, id_len) != GNMR_OK)
+    if (jobs__bind_connection(d, j, rr, h->rank, 0, hc->id, hc->id_len) !=
+        GNMR_OK)
       REFUSE(GNMR_E_NOMEM, "rank", "out of memory");
   }
-  if (created)
-    job_accepted(j);
+  return 0;
+}
+
+/* Phase 4: the rank joined: what the history keeps of it, the decisions
+ * its agent held, and its Welcome. returning: it had said Bye. */
+static void rank_joined(hello_ctx *hc, int registered, int returning) {
+  gnmrd *d = hc->d;
+  Gnmr__Hello *h = hc->h;
+  core_job *c = hc->j->core;
+  core_rank *rr = &c->ranks[h->rank];
+  char rank_text[32];
+  snprintf(rank_text, sizeof rank_text, "rank %u", h->rank);
+  if (hc->created)
+    job_accepted(hc->j);
   if (registered)
     history_rank(d->st, c, h->rank);
-  if (user != NULL && rr->user == NULL)
-    rr->user = strdup(user);
+  if (hc->user != NULL && rr->user == NULL)
+    rr->user = strdup(hc->user);
   if (h->instance[0] != '\0') {
     free(rr->instance);
     rr->instance = strdup(h->instance);
   }
-  if (!rr->joined) {
-    char detail[32];
-    snprintf(detail, sizeof detail, "rank %u", h->rank);
-    history_event(d->st, c, STORE_EV_AGENT_JOINED, h->rank, detail);
-  }
-  {
-    char from[32];
-    snprintf(from, sizeof from, "rank %u", h->rank);
-    jobs__adopt_held(j, h->held, h->n_held, from);
-  }
+  if (!rr->joined)
+    history_event(d->st, c, STORE_EV_AGENT_JOINED, h->rank, rank_text);
+  jobs__adopt_held(hc->j, h->held, h->n_held, rank_text);
   core_join(c, h->rank, returning);
   LOG(INFO, "AGENT-JOIN", "job %s rank %u/%u joined with %zu units", c->name,
       h->rank, c->reporters, h->n_units);
-  welcome(d, id, id_len, c, rr, h->rank);
+  welcome(d, hc->id, hc->id_len, c, rr, h->rank);
+}
+
+void hello__on_hello_checked(gnmrd *d, const void *id, size_t id_len,
+                             Gnmr__Hello *h, const char *user,
+                             const policy_params *checked, uint32_t barrier,
+                             core_prepared **prep) {
+  hello_ctx hc = {.d = d,
+                  .id = id,
+                  .id_len = id_len,
+                  .h = h,
+                  .user = user,
+                  .prm = *checked,
+                  .barrier = barrier,
+                  .prep = prep,
+                  .ids = narrow_ids(h)};
+  int registered = 0;
+  if (find_job(&hc) != 0)
+    return;
+  if ((hc.j != NULL ? match_job(&hc) : create_job(&hc)) != 0)
+    return;
+  if (h->observer) {
+    if (!observer_join(d, id, id_len, hc.j, h, hc.ids, hc.pr, user)) {
+      if (hc.created)
+        jobs__free(&hc.j);
+      return;
+    }
+    if (hc.created)
+      job_accepted(hc.j);
+    return;
+  }
+  const core_rank *rr = &hc.j->core->ranks[h->rank];
+  int returning = rr->ever && !rr->joined; /* said Bye before */
+  if (bind_rank(&hc, &registered) != 0)
+    return;
+  rank_joined(&hc, registered, returning);
 }
 #undef REFUSE
 

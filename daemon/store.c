@@ -225,6 +225,138 @@ static int file_still_ours(store *s, char *err, size_t errlen) {
   return GNMR_E_STORE;
 }
 
+/* What the writer took from the queue. */
+typedef struct wbatch {
+  store_rec *head;
+  uint64_t n, bytes;
+  int stop; /* gnmrd stops: this is the last of the queue */
+} wbatch;
+
+/* Waits for records (or the stop), then takes the queue: all of it, or its
+ * first `limit` records after a failure (0: all). */
+static void take_batch(store *s, uint64_t limit, wbatch *w) {
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    /* the queue is down to half its cap (or gnmrd stops): what was shed
+     * becomes the runs' history_gap events */
+    if (s->n_gaps > 0 && (s->queue_cap_bytes == 0 || s->stop ||
+                          s->queued_bytes <= s->queue_cap_bytes / 2))
+      gap_flush(s);
+    if (s->head != NULL || s->stop)
+      break;
+    pthread_cond_wait(&s->cv, &s->mu);
+  }
+  w->head = s->head;
+  w->n = s->queued;
+  w->bytes = s->queued_bytes;
+  if (limit == 0 || w->n <= limit) {
+    s->head = s->tail = NULL;
+    s->queued = 0;
+    s->queued_bytes = 0;
+  } else { /* the first `limit` records; the rest stay queued */
+    store_rec *last = w->head;
+    uint64_t b = last->held, n;
+    for (n = 1; n < limit; n++) {
+      last = last->next;
+      b += last->held;
+    }
+    s->head = last->next;
+    last->next = NULL;
+    w->n = n;
+    w->bytes = b < s->queued_bytes ? b : s->queued_bytes;
+    s->queued -= n;
+    s->queued_bytes -= w->bytes;
+  }
+  s->batch_bytes = w->bytes; /* still held, while the writer has them */
+  w->stop = s->stop;
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* One transaction: every record of the batch, and the retention of each
+ * step's run. GNMR_OK, or the error with its text in err. */
+static int commit_batch(store *s, store_rec *batch, char *err, size_t errlen) {
+  int rv = file_still_ours(s, err, errlen);
+  if (rv == GNMR_OK && (rv = db_begin(s->sql.db)) != GNMR_OK)
+    snprintf(err, errlen, "%s", db_errmsg(s->sql.db));
+  for (store_rec *r = batch; rv == GNMR_OK && r; r = r->next) {
+    rv = store__apply(&s->sql, r);
+    if (rv == GNMR_OK && r->kind == REC_STEP)
+      rv = store__retain(&s->sql, r->run, r->step);
+    if (rv != GNMR_OK)
+      snprintf(err, errlen, "%s", db_errmsg(s->sql.db));
+  }
+  if (rv == GNMR_OK)
+    rv = store__exec(s->sql.db, "COMMIT", err, errlen);
+  return rv;
+}
+
+/* The batch leaves the store's hands: its runs' bytes given back, each
+ * step's mark advanced when it was committed, the records freed. */
+static void release_batch(store *s, store_rec *batch, int committed) {
+  pthread_mutex_lock(&s->mu);
+  s->batch_bytes = 0;
+  if (committed)
+    s->dropping = 0;
+  for (store_rec *r = batch; r != NULL; r = r->next)
+    run_account(s, r, 0);
+  pthread_mutex_unlock(&s->mu);
+  while (batch) {
+    store_rec *next = batch->next;
+    if (committed && batch->kind == REC_STEP) /* agents may forget it */
+      store_mark_advance(batch->mark, batch->pass, batch->step);
+    store_rec_free(&batch);
+    batch = next;
+  }
+}
+
+/* A damaged file: retrying cannot help, so the history stops here,
+ * loudly; decisions go on (they never wait on the store). */
+static void drop_damaged(store *s, const wbatch *w, const char *err) {
+  store__exec(s->sql.db, "ROLLBACK", NULL, 0);
+  atomic_fetch_add(&s->errors, 1);
+  atomic_fetch_add(&s->dropped, w->n);
+  if (!s->corrupt)
+    LOG(ERROR, "STORE-CORRUPT",
+        "%s: %s: the database is damaged; no "
+        "more history is written (restore it from a backup, or move it "
+        "away and restart gnmrd)",
+        s->shown, err);
+  s->corrupt = 1;
+  release_batch(s, w->head, 0);
+}
+
+/* A failed batch goes back in front of anything queued since. */
+static void requeue(store *s, const wbatch *w) {
+  pthread_mutex_lock(&s->mu);
+  store_rec *last = w->head;
+  while (last && last->next)
+    last = last->next;
+  if (last) {
+    last->next = s->head;
+    if (s->tail == NULL)
+      s->tail = last;
+    s->head = w->head;
+    s->queued += w->n;
+    s->queued_bytes += w->bytes;
+    s->batch_bytes = 0;
+  }
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* A committed batch: its time and counts. */
+static void count_commit(store *s, uint64_t n, const struct timespec *c0) {
+  struct timespec c1;
+  clock_gettime(CLOCK_MONOTONIC, &c1);
+  uint64_t ns = (uint64_t)(c1.tv_sec - c0->tv_sec) * 1000000000u +
+                (uint64_t)(c1.tv_nsec - c0->tv_nsec);
+  int b = latency_bucket((double)ns * 1e-9);
+  if (b < LATENCY_N_BUCKETS)
+    atomic_fetch_add(&s->commit_buckets[b], 1);
+  atomic_fetch_add(&s->commit_ns, ns);
+  atomic_fetch_add(&s->batches, 1);
+  atomic_fetch_add(&s->records, n);
+}
+
 /* The writer thread: takes the whole queue, commits it in one
  * transaction, retries a failed batch (see the top of the file). */
 static void *writer_main(void *arg) {
@@ -233,82 +365,19 @@ static void *writer_main(void *arg) {
   uint32_t backoff_ms = 0;
   uint64_t since_checkpoint = 0, limit = 0; /* 0: the whole queue */
   for (;;) {
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-      /* the queue is down to half its cap (or gnmrd stops): what was shed
-       * becomes the runs' history_gap events */
-      if (s->n_gaps > 0 &&
-          (s->queue_cap_bytes == 0 || s->stop ||
-           s->queued_bytes <= s->queue_cap_bytes / 2))
-        gap_flush(s);
-      if (s->head != NULL || s->stop)
-        break;
-      pthread_cond_wait(&s->cv, &s->mu);
-    }
-    store_rec *batch = s->head;
-    uint64_t n = s->queued, nbytes = s->queued_bytes;
-    if (limit == 0 || n <= limit) {
-      s->head = s->tail = NULL;
-      s->queued = 0;
-      s->queued_bytes = 0;
-    } else { /* the first `limit` records; the rest stay queued */
-      store_rec *last = batch;
-      uint64_t b = batch->held;
-      for (n = 1; n < limit; n++) {
-        last = last->next;
-        b += last->held;
-      }
-      s->head = last->next;
-      last->next = NULL;
-      nbytes = b < s->queued_bytes ? b : s->queued_bytes;
-      s->queued -= n;
-      s->queued_bytes -= nbytes;
-    }
-    s->batch_bytes = nbytes; /* still held, while the writer has them */
-    int stop = s->stop;
-    pthread_mutex_unlock(&s->mu);
-    if (batch == NULL && stop)
+    wbatch w;
+    take_batch(s, limit, &w);
+    if (w.head == NULL && w.stop)
       break;
-
     db_fault_tick(s->fault, s->sql.db); /* tests: GNMR_STORE_FAULT */
-    take_snapshots(batch);
+    take_snapshots(w.head);
     char err[256] = "";
-    struct timespec c0, c1;
+    struct timespec c0;
     clock_gettime(CLOCK_MONOTONIC, &c0);
-    int rv = file_still_ours(s, err, sizeof err);
-    if (rv == GNMR_OK && (rv = db_begin(s->sql.db)) != GNMR_OK)
-      snprintf(err, sizeof err, "%s", db_errmsg(s->sql.db));
-    for (store_rec *r = batch; rv == GNMR_OK && r; r = r->next) {
-      rv = store__apply(&s->sql, r);
-      if (rv == GNMR_OK && r->kind == REC_STEP)
-        rv = store__retain(&s->sql, r->run, r->step);
-      if (rv != GNMR_OK)
-        snprintf(err, sizeof err, "%s", db_errmsg(s->sql.db));
-    }
-    if (rv == GNMR_OK)
-      rv = store__exec(s->sql.db, "COMMIT", err, sizeof err);
+    int rv = commit_batch(s, w.head, err, sizeof err);
     int ec = rv != GNMR_OK ? db_error_class(s->sql.db) : 0;
     if (ec == DB_ERR_DAMAGED) {
-      /* retrying cannot help: the history stops here, loudly; decisions
-       * go on (they never wait on the store) */
-      store__exec(s->sql.db, "ROLLBACK", NULL, 0);
-      atomic_fetch_add(&s->errors, 1);
-      atomic_fetch_add(&s->dropped, n);
-      if (!s->corrupt)
-        LOG(ERROR, "STORE-CORRUPT", "%s: %s: the database is damaged; no "
-            "more history is written (restore it from a backup, or move it "
-            "away and restart gnmrd)", s->shown, err);
-      s->corrupt = 1;
-      pthread_mutex_lock(&s->mu);
-      s->batch_bytes = 0;
-      for (store_rec *r = batch; r != NULL; r = r->next)
-        run_account(s, r, 0);
-      pthread_mutex_unlock(&s->mu);
-      while (batch) {
-        store_rec *next = batch->next;
-        store_rec_free(&batch);
-        batch = next;
-      }
+      drop_damaged(s, &w, err);
       continue;
     }
     if (rv != GNMR_OK) {
@@ -316,31 +385,17 @@ static void *writer_main(void *arg) {
         db_rollback(s->sql.db);
       atomic_fetch_add(&s->errors, 1);
       LOG(ERROR, "STORE-COMMIT", "%s: %s (%llu records kept, retrying)",
-          s->shown, err, (unsigned long long)n);
-      /* put the batch back in front of anything queued since */
-      pthread_mutex_lock(&s->mu);
-      store_rec *last = batch;
-      while (last && last->next)
-        last = last->next;
-      if (last) {
-        last->next = s->head;
-        if (s->tail == NULL)
-          s->tail = last;
-        s->head = batch;
-        s->queued += n;
-        s->queued_bytes += nbytes;
-        s->batch_bytes = 0;
-      }
-      pthread_mutex_unlock(&s->mu);
-      limit = n > 1 ? n / 2 : 1;
+          s->shown, err, (unsigned long long)w.n);
+      requeue(s, &w);
+      limit = w.n > 1 ? w.n / 2 : 1;
       backoff_ms = backoff_ms ? backoff_ms * 2 : 100;
       if (backoff_ms > RETRY_MAX_MS)
         backoff_ms = RETRY_MAX_MS;
-      if (stop && backoff_ms >= RETRY_MAX_MS) {
+      if (w.stop && backoff_ms >= RETRY_MAX_MS) {
         LOG(ERROR, "STORE-LOST",
             "giving up at shutdown: %llu records not "
             "committed",
-            (unsigned long long)n);
+            (unsigned long long)w.n);
         break;
       }
       usleep(backoff_ms * 1000);
@@ -348,40 +403,17 @@ static void *writer_main(void *arg) {
         if (db_reconnect(s->sql.db) == GNMR_OK)
           LOG(INFO, "STORE-RECONNECT", "%s: connected again", s->shown);
         else
-          LOG(WARN, "STORE-RECONNECT", "%s: %s", s->shown, db_errmsg(s->sql.db));
+          LOG(WARN, "STORE-RECONNECT", "%s: %s", s->shown,
+              db_errmsg(s->sql.db));
       }
       continue;
     }
     backoff_ms = 0;
     if (limit != 0 && (limit *= 2) > RETRY_WHOLE)
       limit = 0;
-    pthread_mutex_lock(&s->mu);
-    s->dropping = 0;
-    s->batch_bytes = 0;
-    pthread_mutex_unlock(&s->mu);
-    clock_gettime(CLOCK_MONOTONIC, &c1);
-    {
-      uint64_t ns = (uint64_t)(c1.tv_sec - c0.tv_sec) * 1000000000u +
-                    (uint64_t)(c1.tv_nsec - c0.tv_nsec);
-      int b = latency_bucket((double)ns * 1e-9);
-      if (b < LATENCY_N_BUCKETS)
-        atomic_fetch_add(&s->commit_buckets[b], 1);
-      atomic_fetch_add(&s->commit_ns, ns);
-    }
-    atomic_fetch_add(&s->batches, 1);
-    atomic_fetch_add(&s->records, n);
-    pthread_mutex_lock(&s->mu);
-    for (store_rec *r = batch; r != NULL; r = r->next)
-      run_account(s, r, 0);
-    pthread_mutex_unlock(&s->mu);
-    while (batch) {
-      store_rec *next = batch->next;
-      if (batch->kind == REC_STEP) /* committed: agents may forget it */
-        store_mark_advance(batch->mark, batch->pass, batch->step);
-      store_rec_free(&batch);
-      batch = next;
-    }
-    if ((since_checkpoint += n) > 50000) {
+    count_commit(s, w.n, &c0);
+    release_batch(s, w.head, 1);
+    if ((since_checkpoint += w.n) > 50000) {
       db_checkpoint(s->sql.db, 0);
       since_checkpoint = 0;
     }
