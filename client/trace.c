@@ -121,9 +121,95 @@ static int parse_row(const char *s, size_t n, size_t line, trace_row *row,
   return 0;
 }
 
+/* The rows after the header, in file order (t->rows grown as they come).
+ * *line: the last line read. 0 or the error. */
+static int read_rows(const char *buf, size_t len, trace *t, trace_error *err,
+                     size_t *line) {
+  size_t cap = 0, pos = 0;
+  int have_header = 0, rv;
+  while (pos < len) {
+    const char *s = buf + pos;
+    const char *nl = memchr(s, '\n', len - pos);
+    size_t n = nl ? (size_t)(nl - s) : len - pos;
+    pos += n + (nl != NULL);
+    (*line)++;
+    trim(&s, &n);
+    if (n == 0 || s[0] == '#')
+      continue;
+    if (!have_header) {
+      char shown[40];
+      if (n != 14 || memcmp(s, "step,unit,norm", 14) != 0)
+        return fail(err, *line,
+                    "expected the header 'step,unit,norm', got "
+                    "'%s'",
+                    show(s, n, shown, sizeof shown));
+      have_header = 1;
+      continue;
+    }
+    if (t->n_rows == cap) {
+      size_t ncap = cap ? cap * 2 : 1024;
+      trace_row *r = realloc(t->rows, ncap * sizeof *r);
+      if (r == NULL)
+        return GNMR_E_NOMEM;
+      t->rows = r;
+      cap = ncap;
+    }
+    if ((rv = parse_row(s, n, *line, &t->rows[t->n_rows], err)) != 0)
+      return rv;
+    t->n_rows++;
+  }
+  if (!have_header)
+    return fail(err, 0, "empty trace: expected the header 'step,unit,norm'");
+  return 0;
+}
+
+/* The rows sorted, each (step, unit) once, and what replaying them costs
+ * bounded: sets the span and the unit count. 0 or the error. */
+static int check_rows(trace *t, trace_error *err) {
+  if (t->n_rows == 0)
+    return 0;
+  qsort(t->rows, t->n_rows, sizeof *t->rows, row_cmp);
+  for (size_t i = 1; i < t->n_rows; i++) {
+    const trace_row *a = &t->rows[i - 1], *b = &t->rows[i];
+    if (a->step == b->step && a->unit == b->unit)
+      return fail(err, b->line,
+                  "duplicate (step %llu, unit %u), first given on line %u",
+                  (unsigned long long)b->step, b->unit, a->line);
+  }
+  t->first_step = t->rows[0].step;
+  t->last_step = t->rows[t->n_rows - 1].step;
+  if (t->last_step - t->first_step >= TRACE_MAX_SPAN)
+    return fail(err, 0, "steps %llu..%llu span more than %llu steps",
+                (unsigned long long)t->first_step,
+                (unsigned long long)t->last_step,
+                (unsigned long long)TRACE_MAX_SPAN);
+  for (size_t i = 0; i < t->n_rows; i++)
+    if (t->rows[i].unit >= t->n_units)
+      t->n_units = t->rows[i].unit + 1;
+  /* what replaying costs is every unit at every step of the span, rows or
+   * not: a trace of two rows far apart (steps and unit ids) made `gnmrctl
+   * replay` run for minutes. The work a trace asks for is bounded by what
+   * it says: TRACE_MAX_WORK, and TRACE_WORK_PER_ROW unit-steps more per
+   * row */
+  uint64_t span = t->last_step - t->first_step + 1, work;
+  if (__builtin_mul_overflow(span, (uint64_t)t->n_units, &work) ||
+      work > TRACE_MAX_WORK + TRACE_WORK_PER_ROW * (uint64_t)t->n_rows)
+    return fail(err, 0,
+                "%zu rows over steps %llu..%llu and unit ids "
+                "0..%u: %llu unit-steps to replay, more than %llu per row "
+                "(beyond the first %llu): a trace lists the steps and units "
+                "it replays",
+                t->n_rows, (unsigned long long)t->first_step,
+                (unsigned long long)t->last_step, t->n_units - 1,
+                (unsigned long long)(work ? work : UINT64_MAX),
+                (unsigned long long)TRACE_WORK_PER_ROW,
+                (unsigned long long)TRACE_MAX_WORK);
+  return 0;
+}
+
 int trace_parse(const char *buf, size_t len, trace *out, trace_error *err) {
-  size_t cap = 0, line = 0, pos = 0;
-  int have_header = 0, rv = 0;
+  size_t line = 0;
+  int rv;
   trace t = {0};
   if (err != NULL) {
     err->line = 0;
@@ -139,88 +225,11 @@ int trace_parse(const char *buf, size_t len, trace *out, trace_error *err) {
       l += *q == '\n';
     return fail(err, l, "NUL byte: not a text file");
   }
-  while (pos < len) {
-    const char *s = buf + pos;
-    const char *nl = memchr(s, '\n', len - pos);
-    size_t n = nl ? (size_t)(nl - s) : len - pos;
-    pos += n + (nl != NULL);
-    line++;
-    trim(&s, &n);
-    if (n == 0 || s[0] == '#')
-      continue;
-    if (!have_header) {
-      char shown[40];
-      if (n != 14 || memcmp(s, "step,unit,norm", 14) != 0) {
-        rv = fail(err, line, "expected the header 'step,unit,norm', got '%s'",
-                  show(s, n, shown, sizeof shown));
-        goto err;
-      }
-      have_header = 1;
-      continue;
-    }
-    if (t.n_rows == cap) {
-      size_t ncap = cap ? cap * 2 : 1024;
-      trace_row *r = realloc(t.rows, ncap * sizeof *r);
-      if (r == NULL) {
-        rv = GNMR_E_NOMEM;
-        goto err;
-      }
-      t.rows = r;
-      cap = ncap;
-    }
-    if ((rv = parse_row(s, n, line, &t.rows[t.n_rows], err)) != 0)
-      goto err;
-    t.n_rows++;
+  if ((rv = read_rows(buf, len, &t, err, &line)) == 0 &&
+      (rv = check_rows(&t, err)) == 0) {
+    *out = t;
+    return 0;
   }
-  if (!have_header) {
-    rv = fail(err, 0, "empty trace: expected the header 'step,unit,norm'");
-    goto err;
-  }
-  if (t.n_rows > 0) {
-    qsort(t.rows, t.n_rows, sizeof *t.rows, row_cmp);
-    for (size_t i = 1; i < t.n_rows; i++) {
-      const trace_row *a = &t.rows[i - 1], *b = &t.rows[i];
-      if (a->step == b->step && a->unit == b->unit) {
-        rv = fail(err, b->line,
-                  "duplicate (step %llu, unit %u), first given on line %u",
-                  (unsigned long long)b->step, b->unit, a->line);
-        goto err;
-      }
-    }
-    t.first_step = t.rows[0].step;
-    t.last_step = t.rows[t.n_rows - 1].step;
-    if (t.last_step - t.first_step >= TRACE_MAX_SPAN) {
-      rv = fail(err, 0, "steps %llu..%llu span more than %llu steps",
-                (unsigned long long)t.first_step,
-                (unsigned long long)t.last_step,
-                (unsigned long long)TRACE_MAX_SPAN);
-      goto err;
-    }
-    for (size_t i = 0; i < t.n_rows; i++)
-      if (t.rows[i].unit >= t.n_units)
-        t.n_units = t.rows[i].unit + 1;
-    /* what replaying costs is every unit at every step of the span, rows
-     * or not: a trace of two rows far apart (steps and unit ids) made
-     * `gnmrctl replay` run for minutes. The work a trace asks for is
-     * bounded by what it says: TRACE_MAX_WORK, and TRACE_WORK_PER_ROW
-     * unit-steps more per row */
-    uint64_t span = t.last_step - t.first_step + 1, work;
-    if (__builtin_mul_overflow(span, (uint64_t)t.n_units, &work) ||
-        work > TRACE_MAX_WORK + TRACE_WORK_PER_ROW * (uint64_t)t.n_rows) {
-      rv = fail(err, 0, "%zu rows over steps %llu..%llu and unit ids "
-                "0..%u: %llu unit-steps to replay, more than %llu per row "
-                "(beyond the first %llu): a trace lists the steps and units "
-                "it replays", t.n_rows, (unsigned long long)t.first_step,
-                (unsigned long long)t.last_step, t.n_units - 1,
-                (unsigned long long)(work ? work : UINT64_MAX),
-                (unsigned long long)TRACE_WORK_PER_ROW,
-                (unsigned long long)TRACE_MAX_WORK);
-      goto err;
-    }
-  }
-  *out = t;
-  return 0;
-err:
   free(t.rows);
   if (rv == GNMR_E_NOMEM && err != NULL) {
     err->line = line;

@@ -95,18 +95,10 @@ static void reg_remove(gnmr_agent *a) {
   pthread_mutex_unlock(&reg_mu);
 }
 
-int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
-  static atomic_uint pipe_counter;
-  int rv = GNMR_E_NOMEM, zero = 0;
-  gnmr_agent *a;
-  if (out == NULL)
-    return GNMR_E_INVAL;
-  *out = NULL;
-  if ((rv = gnmr__agent_check_config(cfg)) != GNMR_OK)
-    return rv == GNMR_E_DENIED ? rv : GNMR_E_INVAL;
-  if ((a = calloc(1, sizeof *a)) == NULL)
-    return GNMR_E_NOMEM;
-  rv = GNMR_E_NOMEM;
+/* The agent's own copy of cfg: its settings, unit names and ids, the
+ * route bitmap and the report scratch. GNMR_OK or GNMR_E_NOMEM (what was
+ * copied stays, for free_copy). */
+static int copy_config(gnmr_agent *a, const gnmr_agent_config *cfg) {
   a->rank = cfg->rank;
   a->reporters = cfg->reporters;
   a->n_units = cfg->n_units;
@@ -133,82 +125,26 @@ int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
   a->risky_gds = calloc(3 * (size_t)cfg->n_units, sizeof *a->risky_gds);
   if (!a->endpoint || !a->job || !a->names || !a->routes ||
       !a->risky_units || !a->risky_gds)
-    goto err_free;
+    return GNMR_E_NOMEM;
   for (uint32_t i = 0; i < cfg->n_units; i++)
     if ((a->names[i] = strdup(cfg->unit_names[i])) == NULL)
-      goto err_free;
+      return GNMR_E_NOMEM;
   if (cfg->unit_ids != NULL) {
     if ((a->req_ids = malloc(cfg->n_units * sizeof *a->req_ids)) == NULL)
-      goto err_free;
+      return GNMR_E_NOMEM;
     for (uint32_t i = 0; i < cfg->n_units; i++)
       a->req_ids[i] = cfg->unit_ids[i];
   }
-  if (gnmr__agent_scratch_init(a) != GNMR_OK)
-    goto err_free;
-  pthread_mutex_init(&a->mu, NULL);
-  pthread_mutex_init(&a->risky_mu, NULL);
-  pthread_mutex_init(&a->push_mu, NULL);
-  pthread_mutex_init(&a->cpu_mu, NULL);
-  pthread_mutex_init(&a->err_mu, NULL);
-  {
-    static atomic_uint agent_counter;
-    char host[64] = "?";
-    gethostname(host, sizeof host - 1);
-    host[sizeof host - 1] = '\0';
-    snprintf(a->instance, sizeof a->instance, "%s pid %ld agent %u", host,
-             (long)getpid(), atomic_fetch_add(&agent_counter, 1));
-  }
-  {
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&a->cv, &ca);
-    pthread_condattr_destroy(&ca);
-  }
-  rv = GNMR_E_IO;
-  if ((a->zctx = gnmr__ctx_acquire()) == NULL)
-    goto err_sync;
-  snprintf(a->pipe_addr, sizeof a->pipe_addr, "inproc://gnmr-agent-%p-%u",
-           (void *)a, atomic_fetch_add(&pipe_counter, 1));
-  if ((a->push = zmq_socket(a->zctx, ZMQ_PUSH)) == NULL)
-    goto err_ctx;
-  zmq_setsockopt(a->push, ZMQ_LINGER, &zero, sizeof zero);
-  if (zmq_bind(a->push, a->pipe_addr) != 0)
-    goto err_push;
-  /* The I/O thread's sockets are made and connected here, so that a report
-   * queued right after open() already has its pipe; pthread_create() is the
-   * full barrier ZeroMQ asks for when a socket changes threads. */
-  if (gnmr__agent_open_io_sockets(a) != GNMR_OK)
-    goto err_push;
-  if (reg_add(a) != GNMR_OK) { /* before a fork can copy it */
-    rv = GNMR_E_INTERNAL;
-    goto err_io;
-  }
-  if (pthread_create(&a->io, NULL, gnmr__agent_io_main, a) != 0) {
-    reg_remove(a);
-    goto err_io;
-  }
-  *out = a;
-  return GNMR_OK;
-err_io:
-  zmq_close(a->monitor);
-  zmq_close(a->dealer);
-  zmq_close(a->pull);
-err_push:
-  zmq_close(a->push);
-err_ctx:
-  gnmr__ctx_release();
-err_sync:
-  pthread_mutex_destroy(&a->mu);
-  pthread_mutex_destroy(&a->risky_mu);
-  pthread_mutex_destroy(&a->push_mu);
-  pthread_mutex_destroy(&a->cpu_mu);
-  pthread_mutex_destroy(&a->err_mu);
-  pthread_cond_destroy(&a->cv);
-err_free:
+  return gnmr__agent_scratch_init(a);
+}
+
+/* What copy_config made, and the agent. */
+static void free_copy(gnmr_agent **ap) {
+  gnmr_agent *a = *ap;
+  *ap = NULL;
   gnmr__agent_scratch_clear(a);
   if (a->names)
-    for (uint32_t i = 0; i < cfg->n_units; i++)
+    for (uint32_t i = 0; i < a->n_units; i++)
       free(a->names[i]);
   free(a->names);
   free(a->req_ids);
@@ -218,7 +154,97 @@ err_free:
   free(a->endpoint);
   free(a->job);
   free(a);
+}
+
+/* The locks and the decision's condition (on the monotonic clock), and
+ * the instance a Hello names ("HOST pid N agent K"). */
+static void sync_init(gnmr_agent *a) {
+  static atomic_uint agent_counter;
+  pthread_mutex_init(&a->mu, NULL);
+  pthread_mutex_init(&a->risky_mu, NULL);
+  pthread_mutex_init(&a->push_mu, NULL);
+  pthread_mutex_init(&a->cpu_mu, NULL);
+  pthread_mutex_init(&a->err_mu, NULL);
+  char host[64] = "?";
+  gethostname(host, sizeof host - 1);
+  host[sizeof host - 1] = '\0';
+  snprintf(a->instance, sizeof a->instance, "%s pid %ld agent %u", host,
+           (long)getpid(), atomic_fetch_add(&agent_counter, 1));
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&a->cv, &ca);
+  pthread_condattr_destroy(&ca);
+}
+
+static void sync_clear(gnmr_agent *a) {
+  pthread_mutex_destroy(&a->mu);
+  pthread_mutex_destroy(&a->risky_mu);
+  pthread_mutex_destroy(&a->push_mu);
+  pthread_mutex_destroy(&a->cpu_mu);
+  pthread_mutex_destroy(&a->err_mu);
+  pthread_cond_destroy(&a->cv);
+}
+
+/* The report pipe, the I/O thread's sockets (made and connected here, so
+ * that a report queued right after open() already has its pipe;
+ * pthread_create() is the full barrier ZeroMQ asks for when a socket
+ * changes threads), then the thread. On failure, nothing of it is left. */
+static int start_io(gnmr_agent *a) {
+  static atomic_uint pipe_counter;
+  int zero = 0, rv = GNMR_E_IO;
+  if ((a->zctx = gnmr__ctx_acquire()) == NULL)
+    return GNMR_E_IO;
+  snprintf(a->pipe_addr, sizeof a->pipe_addr, "inproc://gnmr-agent-%p-%u",
+           (void *)a, atomic_fetch_add(&pipe_counter, 1));
+  if ((a->push = zmq_socket(a->zctx, ZMQ_PUSH)) == NULL)
+    goto err_ctx;
+  zmq_setsockopt(a->push, ZMQ_LINGER, &zero, sizeof zero);
+  if (zmq_bind(a->push, a->pipe_addr) != 0 ||
+      gnmr__agent_open_io_sockets(a) != GNMR_OK)
+    goto err_push;
+  if (reg_add(a) != GNMR_OK) { /* before a fork can copy it */
+    rv = GNMR_E_INTERNAL;
+    goto err_io;
+  }
+  if (pthread_create(&a->io, NULL, gnmr__agent_io_main, a) != 0) {
+    reg_remove(a);
+    goto err_io;
+  }
+  return GNMR_OK;
+err_io:
+  zmq_close(a->monitor);
+  zmq_close(a->dealer);
+  zmq_close(a->pull);
+err_push:
+  zmq_close(a->push);
+err_ctx:
+  gnmr__ctx_release();
   return rv;
+}
+
+int gnmr_agent_open(const gnmr_agent_config *cfg, gnmr_agent **out) {
+  int rv;
+  gnmr_agent *a;
+  if (out == NULL)
+    return GNMR_E_INVAL;
+  *out = NULL;
+  if ((rv = gnmr__agent_check_config(cfg)) != GNMR_OK)
+    return rv == GNMR_E_DENIED ? rv : GNMR_E_INVAL;
+  if ((a = calloc(1, sizeof *a)) == NULL)
+    return GNMR_E_NOMEM;
+  if (copy_config(a, cfg) != GNMR_OK) {
+    free_copy(&a);
+    return GNMR_E_NOMEM;
+  }
+  sync_init(a);
+  if ((rv = start_io(a)) != GNMR_OK) {
+    sync_clear(a);
+    free_copy(&a);
+    return rv;
+  }
+  *out = a;
+  return GNMR_OK;
 }
 
 uint64_t gnmr_agent_risky(gnmr_agent *a, uint32_t *units, double *g,

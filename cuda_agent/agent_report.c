@@ -93,25 +93,17 @@ int gnmr__report_pack(gnmr__report_layout *pl, const uint8_t *skip, int check,
  * not_reported[i] != 0 or seen[i] == 0 (either array may be NULL). Packs
  * into a->enc and sends under push_mu: the pipe sees reports whole and in
  * the order they were packed. */
-static int queue_values(gnmr_agent *a, uint64_t step, const double *sumsq,
-                        const uint64_t *nonfinite,
+/* The step's Report, straight from the caller's arrays; the flags a unit
+ * without a value needs are built (in a->enc) only when some unit has
+ * none. gnmrd ignores the sum and the count of a unit marked not
+ * reported. Under push_mu. */
+static void fill_report(gnmr_agent *a, Gnmr__Report *r, uint64_t step,
+                        const double *sumsq, const uint64_t *nonfinite,
                         const uint8_t *not_reported, const uint8_t *seen,
-                        const uint8_t *shadowed, int check) {
-  if (atomic_load(&a->forked))
-    return gnmr__agent_refuse_forked(a);
-  if (a->observer) { /* another replica reports this shard */
-    gnmr__agent_mark_reported(a, step);
-    return GNMR_OK;
-  }
-  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
-  Gnmr__Report r = GNMR__REPORT__INIT;
+                        const uint8_t *shadowed) {
   report_scratch *e = &a->enc;
   const uint32_t n = a->n_units;
-  int any_nf = 0, any_nr = 0, rv = GNMR_OK;
-  pthread_mutex_lock(&a->push_mu);
-  /* Packed straight from the caller's arrays; the flags a unit without a
-   * value needs are built only when some unit has none. gnmrd ignores the
-   * sum and the count of a unit marked not reported. */
+  int any_nf = 0, any_nr = 0, any_sh = 0;
   uint8_t nr_any = 0;
   if (not_reported != NULL)
     for (uint32_t i = 0; i < n; i++)
@@ -131,90 +123,116 @@ static int queue_values(gnmr_agent *a, uint64_t step, const double *sumsq,
       acc |= nonfinite[i];
     any_nf = acc != 0;
   }
-  int any_sh = 0;
   if (shadowed != NULL)
     for (uint32_t i = 0; i < n; i++)
       any_sh |= (e->shadowed[i] = shadowed[i] != 0);
-  r.job = a->job;
-  r.rank = a->rank;
-  r.step = step;
-  r.n_sumsq = n;
-  r.sumsq = (double *)sumsq;
-  r.n_nonfinite = any_nf ? n : 0;
-  r.nonfinite = (uint64_t *)nonfinite;
-  r.n_not_reported = any_nr ? n : 0;
-  r.not_reported = e->not_reported;
-  r.n_shadowed = any_sh ? n : 0;
-  r.shadowed = e->shadowed;
-  env.body_case = GNMR__ENVELOPE__BODY_REPORT;
-  env.report = &r;
-  (void)env; /* packed by gnmr__report_pack, as protobuf-c would */
-  gnmr__report_layout pl;
-  gnmr__report_plan(&pl, &r);
-  size_t len = pl.len;
-  int sent;
+  r->job = a->job;
+  r->rank = a->rank;
+  r->step = step;
+  r->n_sumsq = n;
+  r->sumsq = (double *)sumsq;
+  r->n_nonfinite = any_nf ? n : 0;
+  r->nonfinite = (uint64_t *)nonfinite;
+  r->n_not_reported = any_nr ? n : 0;
+  r->not_reported = e->not_reported;
+  r->n_shadowed = any_sh ? n : 0;
+  r->shadowed = e->shadowed;
+}
+
+/* A free pool buffer that holds len bytes, or NULL (all in flight, or no
+ * memory: the copying path). The first report, or a larger one, grows
+ * every free buffer (with room for longer varints), the copying path's
+ * too, so that the steady state allocates nothing whichever buffer it
+ * gets. Under push_mu. */
+static pool_buf *pool_take(gnmr_agent *a, size_t len) {
+  report_scratch *e = &a->enc;
   pool_buf *b = NULL;
   for (int i = 0; i < REPORT_POOL && b == NULL; i++)
     if (!atomic_load(&a->pool[i].busy))
       b = &a->pool[i];
-  if (b != NULL && len > b->cap) {
-    /* the first report, or a larger one: every free buffer takes the new
-     * size now (with room for longer varints), the copying path's too, so
-     * that the steady state allocates nothing whichever buffer it gets */
-    size_t cap = len + len / 8 + 64;
-    for (int i = 0; i < REPORT_POOL; i++) {
-      pool_buf *o = &a->pool[i];
-      uint8_t *p;
-      if (o->cap < cap && !atomic_load(&o->busy) &&
-          (p = realloc(o->p, cap)) != NULL) {
-        o->p = p;
-        o->cap = cap;
-      }
-    }
+  if (b == NULL || len <= b->cap)
+    return b;
+  size_t cap = len + len / 8 + 64;
+  for (int i = 0; i < REPORT_POOL; i++) {
+    pool_buf *o = &a->pool[i];
     uint8_t *p;
-    if (cap > e->pack_cap && (p = realloc(e->pack, cap)) != NULL) {
-      e->pack = p;
-      e->pack_cap = cap;
+    if (o->cap < cap && !atomic_load(&o->busy) &&
+        (p = realloc(o->p, cap)) != NULL) {
+      o->p = p;
+      o->cap = cap;
     }
-    if (len > b->cap)
-      b = NULL; /* out of memory: the copying path below */
   }
-  if (b != NULL) { /* zero-copy: ZeroMQ takes the buffer until sent */
-    zmq_msg_t m;
-    if (gnmr__report_pack(&pl, not_reported, check, b->p)) {
-      rv = GNMR_E_INVAL; /* the buffer stays free */
-      goto out;
-    }
-    atomic_store(&b->busy, 1);
-    if (zmq_msg_init_data(&m, b->p, len, pool_release, b) != 0) {
-      atomic_store(&b->busy, 0);
-      rv = GNMR_E_NOMEM;
-      goto out;
-    }
-    gnmr__agent_mark_reported(a, step);
-    sent = zmq_msg_send(&m, a->push, ZMQ_DONTWAIT) >= 0;
-    if (!sent)
-      zmq_msg_close(&m); /* releases b */
-  } else { /* every pool buffer still in flight: one copy */
-    if (len > e->pack_cap) {
-      size_t cap = len + len / 8 + 64;
-      uint8_t *p = realloc(e->pack, cap);
-      if (p == NULL) {
-        rv = GNMR_E_NOMEM;
-        goto out;
-      }
-      e->pack = p;
-      e->pack_cap = cap;
-    }
-    if (gnmr__report_pack(&pl, not_reported, check, e->pack)) {
-      rv = GNMR_E_INVAL;
-      goto out;
-    }
-    gnmr__agent_mark_reported(a, step);
-    sent = zmq_send(a->push, e->pack, len, ZMQ_DONTWAIT) >= 0;
+  uint8_t *p;
+  if (cap > e->pack_cap && (p = realloc(e->pack, cap)) != NULL) {
+    e->pack = p;
+    e->pack_cap = cap;
   }
-  atomic_fetch_add(sent ? &a->reports_sent : &a->reports_dropped, 1);
-out:
+  return len > b->cap ? NULL : b;
+}
+
+/* Packs into b and hands it to ZeroMQ, which holds it until sent (zero
+ * copy). *sent: the pipe took it. Under push_mu. */
+static int send_pooled(gnmr_agent *a, pool_buf *b, gnmr__report_layout *pl,
+                       const uint8_t *not_reported, int check, uint64_t step,
+                       int *sent) {
+  zmq_msg_t m;
+  if (gnmr__report_pack(pl, not_reported, check, b->p))
+    return GNMR_E_INVAL; /* the buffer stays free */
+  atomic_store(&b->busy, 1);
+  if (zmq_msg_init_data(&m, b->p, pl->len, pool_release, b) != 0) {
+    atomic_store(&b->busy, 0);
+    return GNMR_E_NOMEM;
+  }
+  gnmr__agent_mark_reported(a, step);
+  *sent = zmq_msg_send(&m, a->push, ZMQ_DONTWAIT) >= 0;
+  if (!*sent)
+    zmq_msg_close(&m); /* releases b */
+  return GNMR_OK;
+}
+
+/* Every pool buffer still in flight: packs into a->enc and ZeroMQ copies
+ * it. Under push_mu. */
+static int send_copied(gnmr_agent *a, gnmr__report_layout *pl,
+                       const uint8_t *not_reported, int check, uint64_t step,
+                       int *sent) {
+  report_scratch *e = &a->enc;
+  if (pl->len > e->pack_cap) {
+    size_t cap = pl->len + pl->len / 8 + 64;
+    uint8_t *p = realloc(e->pack, cap);
+    if (p == NULL)
+      return GNMR_E_NOMEM;
+    e->pack = p;
+    e->pack_cap = cap;
+  }
+  if (gnmr__report_pack(pl, not_reported, check, e->pack))
+    return GNMR_E_INVAL;
+  gnmr__agent_mark_reported(a, step);
+  *sent = zmq_send(a->push, e->pack, pl->len, ZMQ_DONTWAIT) >= 0;
+  return GNMR_OK;
+}
+
+static int queue_values(gnmr_agent *a, uint64_t step, const double *sumsq,
+                        const uint64_t *nonfinite, const uint8_t *not_reported,
+                        const uint8_t *seen, const uint8_t *shadowed,
+                        int check) {
+  if (atomic_load(&a->forked))
+    return gnmr__agent_refuse_forked(a);
+  if (a->observer) { /* another replica reports this shard */
+    gnmr__agent_mark_reported(a, step);
+    return GNMR_OK;
+  }
+  Gnmr__Report r = GNMR__REPORT__INIT; /* packed by gnmr__report_pack, as
+                                          protobuf-c would pack it */
+  int sent = 0, rv;
+  pthread_mutex_lock(&a->push_mu);
+  fill_report(a, &r, step, sumsq, nonfinite, not_reported, seen, shadowed);
+  gnmr__report_layout pl;
+  gnmr__report_plan(&pl, &r);
+  pool_buf *b = pool_take(a, pl.len);
+  rv = b != NULL ? send_pooled(a, b, &pl, not_reported, check, step, &sent)
+                 : send_copied(a, &pl, not_reported, check, step, &sent);
+  if (rv == GNMR_OK)
+    atomic_fetch_add(sent ? &a->reports_sent : &a->reports_dropped, 1);
   pthread_mutex_unlock(&a->push_mu);
   return rv;
 }

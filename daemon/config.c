@@ -35,13 +35,14 @@ enum kind {
  * defaults from here; `gnmrd --config-keys` prints the table, and
  * test_ops checks deploy/gnmrd.conf and gnmrd(8) against that output. */
 #define F(field) offsetof(gnmrd_config, field)
-static const struct {
+typedef struct config_key {
   const char *section, *key;
   enum kind kind;
   size_t off;
   uint64_t min, max;
   const char *def, *help;
-} keys[] = {
+} config_key;
+static const config_key keys[] = {
     {"gnmrd", "data_dir", K_PATH, F(data_dir), 0, 0, "",
      "where the history (gnmr.db) and the lock live"},
     {"gnmrd", "store", K_STORE, F(store), 0, 0, "",
@@ -58,8 +59,8 @@ static const struct {
      "error, warn, info or debug"},
     {"gnmrd", "max_msg", K_U64, F(max_msg), 1024, INT64_MAX, "268435456",
      "largest message accepted, in bytes"},
-    {"gnmrd", "snapshot_every", K_U64, F(snapshot_every), 1, 1000000000,
-     "10", "steps between policy-state snapshots of each job"},
+    {"gnmrd", "snapshot_every", K_U64, F(snapshot_every), 1, 1000000000, "10",
+     "steps between policy-state snapshots of each job"},
     {"gnmrd", "retain_steps", K_U64, F(retain_steps), 0, UINT64_MAX, "0",
      "steps of history kept per job (0: all)"},
     {"gnmrd", "workers", K_U64, F(workers), 0, 256, "0",
@@ -72,27 +73,27 @@ static const struct {
      "the public keys allowed in, one per line"},
     {"security", "insecure", K_BOOL, F(insecure), 0, 1, "false",
      "allow non-loopback TCP without CURVE"},
-    {"limits", "max_jobs", K_U64, F(max_jobs), 1, 1000000, "1024",
-     "live jobs"},
-    {"limits", "max_units", K_U64, F(max_units), 1, POLICY_MAX_UNITS,
-     "1048576", "units of one job"},
+    {"limits", "max_jobs", K_U64, F(max_jobs), 1, 1000000, "1024", "live jobs"},
+    {"limits", "max_units", K_U64, F(max_units), 1, POLICY_MAX_UNITS, "1048576",
+     "units of one job"},
     {"limits", "max_total_units", K_U64, F(max_total_units), 1, UINT32_MAX,
      "16777216", "units summed over every job"},
     {"limits", "max_jobs_per_key", K_U64, F(max_jobs_per_key), 0, 1000000,
      "256", "with tenancy: live jobs one agent key owns (0: no limit)"},
-    {"limits", "max_units_per_key", K_U64, F(max_units_per_key), 0,
-     UINT32_MAX, "4194304", "with tenancy: their units summed (0: no limit)"},
+    {"limits", "max_units_per_key", K_U64, F(max_units_per_key), 0, UINT32_MAX,
+     "4194304", "with tenancy: their units summed (0: no limit)"},
     {"limits", "max_held_mb", K_U64, F(max_held_mb), 1, 1u << 20, "1024",
      "reports held for undecided steps, all jobs (MB)"},
     {"limits", "job_idle_s", K_U64, F(job_idle_s), 0, UINT32_MAX, "86400",
      "a job with no report for this long is retired (0: never)"},
-    {"limits", "store_queue_mb", K_U64, F(store_queue_mb), 1, 1u << 20,
-     "1024", "history records waiting while the database is away (MB)"},
+    {"limits", "store_queue_mb", K_U64, F(store_queue_mb), 1, 1u << 20, "1024",
+     "history records waiting while the database is away (MB)"},
     {"limits", "first_message_ms", K_U64, F(first_message_ms), 0, 600000,
-     "10000", "a connection silent this long after it is accepted is "
+     "10000",
+     "a connection silent this long after it is accepted is "
      "closed (0: never)"},
-    {"limits", "max_connections", K_U64, F(max_connections), 0, 1u << 24,
-     "", "agent connections at once (0: the descriptor limit less 320)"},
+    {"limits", "max_connections", K_U64, F(max_connections), 0, 1u << 24, "",
+     "agent connections at once (0: the descriptor limit less 320)"},
     /* every policy parameter, by the names of policy_opts */
     {"policy", "*", K_POLICY, 0, 0, 0, "", "the policy's parameters"},
 };
@@ -136,6 +137,118 @@ void config_print_keys(FILE *f) {
   }
 }
 
+/* A [policy] key, read as `gnmrctl set` reads key=value; its refusal
+ * reworded to name the key and the value. */
+static int set_policy(gnmrd_config *c, const char *key, const char *value,
+                      char *err, size_t errlen) {
+  char setting[512];
+  char *one[1] = {setting};
+  snprintf(setting, sizeof setting, "%s=%s", key, value);
+  if (gnmr__policy_settings_apply(&c->policy, one, 1, err, errlen) == 0)
+    return GNMR_OK;
+  /* "alpha=0: expected ..." or "window must be ..." (a setting's
+   * refusals) -> "key 'alpha': '0': expected ..." /
+   * "key 'window': '0': must be ..." */
+  const char *why = strstr(err, ": ");
+  size_t kl = strlen(key);
+  if (why != NULL)
+    why += 2;
+  else if (strncmp(err, key, kl) == 0 && err[kl] == ' ')
+    why = err + kl + 1;
+  char tmp[256];
+  snprintf(tmp, sizeof tmp, "%s", why ? why : err);
+  snprintf(err, errlen, "key '%s': '%s': %s", key, value, tmp);
+  return GNMR_E_PARSE;
+}
+
+/* One key of the table into its field. GNMR_OK or GNMR_E_PARSE with
+ * err. */
+static int set_key(const config_key *k, char *field, const char *key,
+                   const char *value, char *err, size_t errlen) {
+  uint64_t v;
+  switch (k->kind) {
+  case K_PATH:
+  case K_ENDPOINT:
+    if (value[0] == '\0' || strlen(value) >= 1024) {
+      snprintf(err, errlen, "key '%s': expected 1..1023 characters", key);
+      return GNMR_E_PARSE;
+    }
+    if (k->kind == K_ENDPOINT && strstr(value, "://") == NULL) {
+      snprintf(err, errlen,
+               "key '%s': '%s' is not a ZeroMQ endpoint "
+               "(ipc:///path or tcp://host:port)",
+               key, value);
+      return GNMR_E_PARSE;
+    }
+    snprintf(field, 1024, "%s", value);
+    return GNMR_OK;
+  case K_STORE:
+    /* SQLite lives in data_dir; store names a PostgreSQL database */
+    if (value[0] != '\0' &&
+        (strlen(value) >= 1024 || (strncmp(value, "postgresql://", 13) != 0 &&
+                                   strncmp(value, "postgres://", 11) != 0))) {
+      /* the value may hold a password: shown only up to its "://" */
+      const char *sep = strstr(value, "://");
+      int shown = sep != NULL && sep - value < 32 ? (int)(sep - value) + 3 : 0;
+      snprintf(err, errlen,
+               "key '%s': '%.*s%s' is not a postgresql:// URL (SQLite, the "
+               "default, needs no store: it lives in data_dir)",
+               key, shown, value, shown ? "..." : "(not shown)");
+      return GNMR_E_PARSE;
+    }
+    snprintf(field, 1024, "%s", value);
+    return GNMR_OK;
+  case K_ADDR: {
+    unsigned port;
+    const char *colon = strrchr(value, ':');
+    if (strlen(value) >= 256 || colon == NULL || colon == value ||
+        sscanf(colon + 1, "%u", &port) != 1 || port > 65535) {
+      snprintf(err, errlen, "key '%s': '%s' is not HOST:PORT", key, value);
+      return GNMR_E_PARSE;
+    }
+    snprintf(field, 256, "%s", value);
+    return GNMR_OK;
+  }
+  case K_LEVEL:
+    if (gnmr__log_parse_level(value, (int *)(void *)field) != GNMR_OK) {
+      snprintf(err, errlen,
+               "key '%s': '%s' is not error, warn, info or "
+               "debug",
+               key, value);
+      return GNMR_E_PARSE;
+    }
+    return GNMR_OK;
+  case K_U64:
+    if (gnmr__parse_u64(value, k->max, &v) != 0 || v < k->min) {
+      snprintf(err, errlen,
+               "key '%s': '%s' is not an integer from %llu to "
+               "%llu",
+               key, value, (unsigned long long)k->min,
+               (unsigned long long)k->max);
+      return GNMR_E_PARSE;
+    }
+    memcpy(field, &v, sizeof v);
+    return GNMR_OK;
+  case K_BOOL:
+    if (strcmp(value, "true") == 0 || strcmp(value, "yes") == 0 ||
+        strcmp(value, "1") == 0)
+      v = 1;
+    else if (strcmp(value, "false") == 0 || strcmp(value, "no") == 0 ||
+             strcmp(value, "0") == 0)
+      v = 0;
+    else {
+      snprintf(err, errlen, "key '%s': '%s' is not true or false", key, value);
+      return GNMR_E_PARSE;
+    }
+    memcpy(field, &v, sizeof v);
+    return GNMR_OK;
+  default:
+    break;
+  }
+  snprintf(err, errlen, "key '%s': no such kind", key);
+  return GNMR_E_PARSE;
+}
+
 int config_set(gnmrd_config *c, const char *section, const char *key,
                const char *value, char *err, size_t errlen) {
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
@@ -144,106 +257,11 @@ int config_set(gnmrd_config *c, const char *section, const char *key,
     if (keys[i].kind == K_POLICY) {
       if (gnmr__policy_opts_find(key) < 0)
         break; /* an unknown key, said below */
-      char setting[512];
-      char *one[1] = {setting};
-      snprintf(setting, sizeof setting, "%s=%s", key, value);
-      if (gnmr__policy_settings_apply(&c->policy, one, 1, err, errlen) == 0)
-        return GNMR_OK;
-      /* "alpha=0: expected ..." or "window must be ..." (a setting's
-       * refusals) -> "key 'alpha': '0': expected ..." /
-       * "key 'window': '0': must be ..." */
-      const char *why = strstr(err, ": ");
-      size_t kl = strlen(key);
-      if (why != NULL)
-        why += 2;
-      else if (strncmp(err, key, kl) == 0 && err[kl] == ' ')
-        why = err + kl + 1;
-      char tmp[256];
-      snprintf(tmp, sizeof tmp, "%s", why ? why : err);
-      snprintf(err, errlen, "key '%s': '%s': %s", key, value, tmp);
-      return GNMR_E_PARSE;
+      return set_policy(c, key, value, err, errlen);
     }
-    if (strcmp(key, keys[i].key) != 0)
-      continue;
-    char *field = (char *)c + keys[i].off;
-    uint64_t v;
-    switch (keys[i].kind) {
-    case K_PATH:
-    case K_ENDPOINT:
-      if (value[0] == '\0' || strlen(value) >= 1024) {
-        snprintf(err, errlen, "key '%s': expected 1..1023 characters", key);
-        return GNMR_E_PARSE;
-      }
-      if (keys[i].kind == K_ENDPOINT && strstr(value, "://") == NULL) {
-        snprintf(err, errlen, "key '%s': '%s' is not a ZeroMQ endpoint "
-                              "(ipc:///path or tcp://host:port)", key, value);
-        return GNMR_E_PARSE;
-      }
-      snprintf(field, 1024, "%s", value);
-      return GNMR_OK;
-    case K_STORE:
-      /* SQLite lives in data_dir; store names a PostgreSQL database */
-      if (value[0] != '\0' &&
-          (strlen(value) >= 1024 ||
-           (strncmp(value, "postgresql://", 13) != 0 &&
-            strncmp(value, "postgres://", 11) != 0))) {
-        /* the value may hold a password: shown only up to its "://" */
-        const char *sep = strstr(value, "://");
-        int shown = sep != NULL && sep - value < 32 ? (int)(sep - value) + 3
-                                                    : 0;
-        snprintf(err, errlen,
-                 "key '%s': '%.*s%s' is not a postgresql:// URL (SQLite, the "
-                 "default, needs no store: it lives in data_dir)",
-                 key, shown, value, shown ? "..." : "(not shown)");
-        return GNMR_E_PARSE;
-      }
-      snprintf(field, 1024, "%s", value);
-      return GNMR_OK;
-    case K_ADDR: {
-      unsigned port;
-      const char *colon = strrchr(value, ':');
-      if (strlen(value) >= 256 || colon == NULL || colon == value ||
-          sscanf(colon + 1, "%u", &port) != 1 || port > 65535) {
-        snprintf(err, errlen, "key '%s': '%s' is not HOST:PORT", key, value);
-        return GNMR_E_PARSE;
-      }
-      snprintf(field, 256, "%s", value);
-      return GNMR_OK;
-    }
-    case K_LEVEL:
-      if (gnmr__log_parse_level(value, (int *)(void *)field) != GNMR_OK) {
-        snprintf(err, errlen, "key '%s': '%s' is not error, warn, info or "
-                              "debug", key, value);
-        return GNMR_E_PARSE;
-      }
-      return GNMR_OK;
-    case K_U64:
-      if (gnmr__parse_u64(value, keys[i].max, &v) != 0 || v < keys[i].min) {
-        snprintf(err, errlen, "key '%s': '%s' is not an integer from %llu to "
-                              "%llu", key, value,
-                 (unsigned long long)keys[i].min,
-                 (unsigned long long)keys[i].max);
-        return GNMR_E_PARSE;
-      }
-      memcpy(field, &v, sizeof v);
-      return GNMR_OK;
-    case K_BOOL:
-      if (strcmp(value, "true") == 0 || strcmp(value, "yes") == 0 ||
-          strcmp(value, "1") == 0)
-        v = 1;
-      else if (strcmp(value, "false") == 0 || strcmp(value, "no") == 0 ||
-               strcmp(value, "0") == 0)
-        v = 0;
-      else {
-        snprintf(err, errlen, "key '%s': '%s' is not true or false", key,
-                 value);
-        return GNMR_E_PARSE;
-      }
-      memcpy(field, &v, sizeof v);
-      return GNMR_OK;
-    default:
-      break;
-    }
+    if (strcmp(key, keys[i].key) == 0)
+      return set_key(&keys[i], (char *)c + keys[i].off, key, value, err,
+                     errlen);
   }
   if (strcmp(section, "policy") == 0)
     snprintf(err, errlen, "unknown key '%s' in section [policy] (%s, "

@@ -268,23 +268,20 @@ nomem:
   return GNMR_E_NOMEM;
 }
 
-int core_register_units(core_job *j, core_rank *rr, const char *const *names,
-                        size_t n, const uint32_t *req_ids, int shards,
-                        char *why, size_t whylen) {
-  uint32_t *ids = malloc((n ? n : 1) * sizeof *ids);
-  uint32_t *slots = malloc((n ? n : 1) * sizeof *slots);
-  new_unit *add = malloc((n ? n : 1) * sizeof *add);
-  unsigned char *known = calloc(n ? n : 1, 1); /* the job has the name */
+/* Pass 1 and 2 of a registration: each name's id (the job's, the one
+ * asked for, or the next free one after every requested id), known[i]
+ * when the job has the name, changing nothing in the job. *n_add: the
+ * new names. GNMR_OK, or the error with why. */
+static int decide_ids(const core_job *j, const char *const *names, size_t n,
+                      const uint32_t *req_ids, uint32_t *ids,
+                      unsigned char *known, uint32_t *n_add, char *why,
+                      size_t whylen) {
   /* names in one call are distinct (validate_hello checks it); requested
    * ids are checked against each other once sorted */
-  uint32_t n_add = 0, n_auto = 0;
+  uint32_t n_auto = 0;
   uint64_t next = j->n_units ? (uint64_t)j->unit_id[j->n_units - 1] + 1 : 0;
-  int rv = GNMR_E_NOMEM;
-  assert(rr->ids == NULL);
-  snprintf(why, whylen, "out of memory");
-  if (ids == NULL || slots == NULL || add == NULL || known == NULL)
-    goto out;
-  for (size_t i = 0; i < n; i++) { /* pass 1: decide, change nothing */
+  *n_add = 0;
+  for (size_t i = 0; i < n; i++) {
     uint64_t v;
     const char *nm = names[i];
     uint32_t req = req_ids ? req_ids[i] : 0;
@@ -292,8 +289,7 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
       if (req_ids && req != v) {
         snprintf(why, whylen, "unit '%.64s' has id %u in this job, not %u",
                  nm, (uint32_t)v, req);
-        rv = GNMR_E_MISMATCH;
-        goto out;
+        return GNMR_E_MISMATCH;
       }
       ids[i] = (uint32_t)v;
       known[i] = 1;
@@ -302,14 +298,12 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
     if (req_ids) {
       if (req == UINT32_MAX) {
         snprintf(why, whylen, "unit id %u is reserved", req);
-        rv = GNMR_E_RANGE;
-        goto out;
+        return GNMR_E_RANGE;
       }
       if (core_slot(j, req) != UINT32_MAX) {
         snprintf(why, whylen, "unit id %u is already taken (asked for "
                               "'%.64s')", req, nm);
-        rv = GNMR_E_MISMATCH;
-        goto out;
+        return GNMR_E_MISMATCH;
       }
       ids[i] = req;
       if ((uint64_t)req + 1 > next)
@@ -318,51 +312,84 @@ int core_register_units(core_job *j, core_rank *rr, const char *const *names,
       ids[i] = UINT32_MAX; /* numbered after every requested id */
       n_auto++;
     }
-    n_add++;
+    (*n_add)++;
   }
-  if ((uint64_t)j->n_units + n_add > j->max_units) {
+  if ((uint64_t)j->n_units + *n_add > j->max_units) {
     snprintf(why, whylen, "a job has at most %u units", j->max_units);
-    rv = GNMR_E_RANGE;
-    goto out;
+    return GNMR_E_RANGE;
   }
   if (next + n_auto > UINT32_MAX) {
     snprintf(why, whylen, "no unit ids left after %llu",
              (unsigned long long)next - 1);
-    rv = GNMR_E_RANGE;
-    goto out;
+    return GNMR_E_RANGE;
   }
   for (size_t i = 0; i < n; i++) /* pass 2: the new units, numbered */
     if (!known[i] && ids[i] == UINT32_MAX)
       ids[i] = (uint32_t)next++;
-  n_add = 0;
+  return GNMR_OK;
+}
+
+/* The new units (names copied) in ascending id order in add[0..*n_add);
+ * two new names asking for one id are refused. On an error nothing is
+ * left allocated. */
+static int new_units(const char *const *names, size_t n, const uint32_t *ids,
+                     const unsigned char *known, new_unit *add, uint32_t *n_add,
+                     char *why, size_t whylen) {
+  uint32_t k = 0;
   for (size_t i = 0; i < n; i++) {
-    const char *nm = names[i];
     if (known[i])
       continue;
-    if ((add[n_add].name = strdup(nm)) == NULL) {
-      for (uint32_t k = 0; k < n_add; k++)
-        free(add[k].name);
-      goto out;
+    if ((add[k].name = strdup(names[i])) == NULL) {
+      while (k > 0)
+        free(add[--k].name);
+      return GNMR_E_NOMEM;
     }
-    add[n_add++].id = ids[i];
+    add[k++].id = ids[i];
   }
+  *n_add = k;
   int sorted = 1; /* numbered in order, as a first Hello's units are */
-  for (uint32_t k = 1; k < n_add && sorted; k++)
-    sorted = add[k - 1].id < add[k].id;
+  for (uint32_t m = 1; m < k && sorted; m++)
+    sorted = add[m - 1].id < add[m].id;
   if (!sorted)
-    qsort(add, n_add, sizeof *add, core__by_id);
-  for (uint32_t k = 1; k < n_add; k++)
-    if (add[k].id == add[k - 1].id) { /* two new names asked for one id */
-      snprintf(why, whylen, "unit id %u is already taken (asked for "
-                            "'%.64s')", add[k].id, add[k].name);
-      rv = GNMR_E_MISMATCH;
-      for (uint32_t m = 0; m < n_add; m++)
-        free(add[m].name);
-      goto out;
+    qsort(add, k, sizeof *add, core__by_id);
+  for (uint32_t m = 1; m < k; m++)
+    if (add[m].id == add[m - 1].id) { /* two new names asked for one id */
+      snprintf(why, whylen,
+               "unit id %u is already taken (asked for "
+               "'%.64s')",
+               add[m].id, add[m].name);
+      for (uint32_t q = 0; q < k; q++)
+        free(add[q].name);
+      return GNMR_E_MISMATCH;
     }
+  return GNMR_OK;
+}
+
+int core_register_units(core_job *j, core_rank *rr, const char *const *names,
+                        size_t n, const uint32_t *req_ids, int shards,
+                        char *why, size_t whylen) {
+  uint32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+  uint32_t *slots = malloc((n ? n : 1) * sizeof *slots);
+  new_unit *add = malloc((n ? n : 1) * sizeof *add);
+  unsigned char *known = calloc(n ? n : 1, 1); /* the job has the name */
+  uint32_t n_add = 0;
+  int rv = GNMR_E_NOMEM;
+  assert(rr->ids == NULL);
+  snprintf(why, whylen, "out of memory");
+  if (ids == NULL || slots == NULL || add == NULL || known == NULL)
+    goto out;
+  if ((rv = decide_ids(j, names, n, req_ids, ids, known, &n_add, why,
+                       whylen)) != GNMR_OK ||
+      (rv = new_units(names, n, ids, known, add, &n_add, why, whylen)) !=
+          GNMR_OK) {
+    if (rv == GNMR_E_NOMEM)
+      snprintf(why, whylen, "out of memory");
+    goto out;
+  }
   if (core__add_units(j, add, n_add) != GNMR_OK) {
     for (uint32_t k = 0; k < n_add; k++)
       free(add[k].name);
+    rv = GNMR_E_NOMEM;
     goto out;
   }
   for (size_t i = 0; i < n; i++) {

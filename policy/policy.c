@@ -484,6 +484,79 @@ static uint32_t relative_pool(policy *p, policy_result *res, double a,
 /* Event bound: per unit at most one of MISSING, or NONFINITE + EXCEED, or
  * EXCEED (2 per unit); promote + demote together at most one per unit;
  * one BUDGET_SATURATED: 3n + 1 in all, the size of p->ev. */
+/* Selection: the whole pool when it fits, else the top K by a bounded
+ * min-heap over the pool (already in ascending id order); the chosen
+ * units are marked in p->chosen. */
+static void select_top(policy *p, uint32_t n_pool) {
+  uint32_t k = heap_cap(p->prm.max_active, n_pool);
+  if (k == n_pool) {
+    for (uint32_t i = 0; i < n_pool; i++)
+      p->chosen[p->pool[i]] = 1;
+  } else if (k > 0) {
+    memcpy(p->heap, p->pool, k * sizeof *p->heap);
+    for (uint32_t i = k / 2; i-- > 0;)
+      heap_sift_down(p->heap, k, i, p->s);
+    for (uint32_t i = k; i < n_pool; i++) {
+      if (ranks_above(p->s, p->pool[i], p->heap[0])) {
+        p->heap[0] = p->pool[i];
+        heap_sift_down(p->heap, k, 0, p->s);
+      }
+    }
+    for (uint32_t i = 0; i < k; i++)
+      p->chosen[p->heap[i]] = 1;
+  }
+}
+
+/* A_t in ascending order, exceed outcomes, and the lock rule. Every unit
+ * the lock rule can change (in A_t, or lock > 0) is in the pool. */
+static void apply_locks(policy *p, policy_result *res, uint32_t n_pool,
+                        uint64_t t, int warm) {
+  uint32_t *prev = p->act; /* A_t is written into the old prev buffer */
+  p->act = p->prev_act;
+  p->prev_act = prev;
+  p->n_prev = p->n_act;
+  p->n_act = 0;
+  for (uint32_t i = 0; i < n_pool; i++) {
+    uint32_t u = p->pool[i];
+    int risky = risky_at(p, u, t), in_a = p->chosen[u];
+    if (in_a)
+      p->act[p->n_act++] = u;
+    if (risky)
+      emit(p, res, POLICY_EV_EXCEED, u,
+           in_a ? POLICY_OUT_SELECTED : POLICY_OUT_DROPPED, 0);
+    if (in_a && risky)
+      p->lock[u] = p->prm.lock_steps;
+    else if (p->lock[u] > 0 && !risky)
+      p->lock[u]--;
+    p->chosen[u] = 0;
+  }
+  if (!warm && n_pool > p->prm.max_active)
+    emit(p, res, POLICY_EV_BUDGET_SATURATED, UINT32_MAX, POLICY_OUT_NONE,
+         n_pool);
+}
+
+/* Promote/demote by merging the sorted A_{t-1} and A_t. */
+static void promote_demote(policy *p, policy_result *res) {
+  uint32_t i = 0, j = 0;
+  while (i < p->n_prev || j < p->n_act) {
+    uint32_t pu = i < p->n_prev ? p->prev_act[i] : UINT32_MAX;
+    uint32_t au = j < p->n_act ? p->act[j] : UINT32_MAX;
+    if (pu == au) {
+      i++;
+      j++;
+    } else if (pu < au) {
+      emit(p, res, POLICY_EV_DEMOTE, pu, POLICY_OUT_NONE, 0);
+      p->active[pu] = 0;
+      i++;
+    } else {
+      emit(p, res, POLICY_EV_PROMOTE, au, POLICY_OUT_NONE, 0);
+      p->active[au] = 1;
+      p->promotions[au]++;
+      j++;
+    }
+  }
+}
+
 int policy_step(policy *p, uint64_t t, const double *norm,
                 const uint8_t *input, policy_result *res) {
   if (p == NULL || res == NULL || t == 0 || (norm == NULL && p->n > 0))
@@ -554,70 +627,9 @@ int policy_step(policy *p, uint64_t t, const double *norm,
   if (rel)
     n_pool = relative_pool(p, res, a, b, warm, n_pool, &n_risky, before, t);
 
-  /* Selection: the whole pool when it fits, else the top K by a bounded
-   * min-heap over the pool (already in ascending id order). */
-  uint32_t k = heap_cap(prm->max_active, n_pool);
-  if (k == n_pool) {
-    for (uint32_t i = 0; i < n_pool; i++)
-      p->chosen[p->pool[i]] = 1;
-  } else if (k > 0) {
-    memcpy(p->heap, p->pool, k * sizeof *p->heap);
-    for (uint32_t i = k / 2; i-- > 0;)
-      heap_sift_down(p->heap, k, i, p->s);
-    for (uint32_t i = k; i < n_pool; i++) {
-      if (ranks_above(p->s, p->pool[i], p->heap[0])) {
-        p->heap[0] = p->pool[i];
-        heap_sift_down(p->heap, k, 0, p->s);
-      }
-    }
-    for (uint32_t i = 0; i < k; i++)
-      p->chosen[p->heap[i]] = 1;
-  }
-
-  /* A_t in ascending order, exceed outcomes, and the lock rule. Every unit
-   * the lock rule can change (in A_t, or lock > 0) is in the pool. */
-  uint32_t *prev = p->act; /* A_t is written into the old prev buffer */
-  p->act = p->prev_act;
-  p->prev_act = prev;
-  p->n_prev = p->n_act;
-  p->n_act = 0;
-  for (uint32_t i = 0; i < n_pool; i++) {
-    uint32_t u = p->pool[i];
-    int risky = risky_at(p, u, t), in_a = p->chosen[u];
-    if (in_a)
-      p->act[p->n_act++] = u;
-    if (risky)
-      emit(p, res, POLICY_EV_EXCEED, u,
-           in_a ? POLICY_OUT_SELECTED : POLICY_OUT_DROPPED, 0);
-    if (in_a && risky)
-      p->lock[u] = prm->lock_steps;
-    else if (p->lock[u] > 0 && !risky)
-      p->lock[u]--;
-    p->chosen[u] = 0;
-  }
-  if (!warm && n_pool > prm->max_active)
-    emit(p, res, POLICY_EV_BUDGET_SATURATED, UINT32_MAX, POLICY_OUT_NONE,
-         n_pool);
-
-  /* Promote/demote by merging the sorted A_{t-1} and A_t. */
-  uint32_t i = 0, j = 0;
-  while (i < p->n_prev || j < p->n_act) {
-    uint32_t pu = i < p->n_prev ? p->prev_act[i] : UINT32_MAX;
-    uint32_t au = j < p->n_act ? p->act[j] : UINT32_MAX;
-    if (pu == au) {
-      i++;
-      j++;
-    } else if (pu < au) {
-      emit(p, res, POLICY_EV_DEMOTE, pu, POLICY_OUT_NONE, 0);
-      p->active[pu] = 0;
-      i++;
-    } else {
-      emit(p, res, POLICY_EV_PROMOTE, au, POLICY_OUT_NONE, 0);
-      p->active[au] = 1;
-      p->promotions[au]++;
-      j++;
-    }
-  }
+  select_top(p, n_pool);
+  apply_locks(p, res, n_pool, t, warm);
+  promote_demote(p, res);
   assert(res->n_events <= 3 * (size_t)p->n + 1);
 
   p->last_step = t;

@@ -11,7 +11,9 @@ belongs in jobs.c, not dispatch.c), and that every public destructor
 the caller's pointer as T ** and nulls it, as czmq's do: one that does
 not is listed, and the exit status is 1. A function that releases what
 a struct holds while the struct stays the caller's is a *_clear; the
-library's C API (gnmr_*) keeps its published signatures.
+library's C API (gnmr_*) keeps its published signatures. And no
+function is longer than MAX_LINES lines (signature to closing brace):
+a longer one is split into named phases.
 
     scripts/layers.py [DIR ...]     (default: the source folders)
 
@@ -181,6 +183,41 @@ def dangling(files):
     return out
 
 
+MAX_LINES = 100
+ANY_DEF = re.compile(r"^(?!typedef\b)(?!extern\b)(?!return\b)"
+                     r"[A-Za-z_][\w \t\*]*?\b([A-Za-z_]\w*)\s*\(")
+
+
+def long_functions(files, limit=MAX_LINES):
+    """(file, function, lines) for each function, static or not, whose
+    definition (from its first line to the "}" at column 0 that ends it)
+    is longer than limit lines."""
+    out = []
+    for f, text in sorted(files.items()):
+        lines = text.split("\n")
+        i = 0
+        while i < len(lines):
+            m = ANY_DEF.match(lines[i])
+            if not m:
+                i += 1
+                continue
+            j = i  # the line that opens the body, before any ";"
+            while j < len(lines) and "{" not in lines[j] and \
+                    ";" not in lines[j]:
+                j += 1
+            if j >= len(lines) or "{" not in lines[j] or \
+                    ";" in lines[j].split("{")[0]:
+                i += 1
+                continue
+            k = j
+            while k < len(lines) and lines[k].rstrip() != "}":
+                k += 1
+            if k - i + 1 > limit:
+                out.append((f, m.group(1), k - i + 1))
+            i = k + 1
+    return out
+
+
 def main(argv):
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
     dirs = argv or DIRS
@@ -193,6 +230,10 @@ def main(argv):
     for f, name in dtors:
         print(f"layers: {f} defines {name}(), a destructor that takes no "
               "T ** to null (or a *_clear of what a struct holds)")
+    longs = long_functions(files)
+    for f, name, n in longs:
+        print(f"layers: {f} defines {name}() in {n} lines, more than "
+              f"{MAX_LINES}: split it into named phases")
     edges = graph(files)
     bad = components(edges)
     for comp in bad:
@@ -209,7 +250,9 @@ def main(argv):
               "its file")
     if not dtors:
         print("layers: every destructor takes T ** and nulls it")
-    return 1 if bad or names or dtors else 0
+    if not longs:
+        print(f"layers: no function is longer than {MAX_LINES} lines")
+    return 1 if bad or names or dtors or longs else 0
 
 
 if __name__ == "__main__":

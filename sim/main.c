@@ -171,6 +171,30 @@ typedef struct sim {
   uint64_t late, disagree;
 } sim;
 
+/* The settings an agent takes from its GNMR_* environment, and the
+ * simulator's own defaults. -1 to go on, else the exit status. */
+static int settings_from_env(sim *m) {
+  gnmr_agent_config *base = &m->base;
+  const char *bad_var = NULL;
+  base->barrier_ms = 2000;
+  gnmr_params_default(&base->params);
+  if (gnmr_agent_config_from_env(base, &bad_var) != GNMR_OK) {
+    fprintf(stderr, "gnmr-sim: %s: not a valid value\n", bad_var);
+    return 2;
+  }
+  m->ranks = base->reporters;
+  m->shards = 1;
+  m->units = 64;
+  m->steps = 300;
+  m->seed = 1;
+  m->barrier = base->barrier_ms;
+  m->timeout = 5000;
+  m->have_rank = getenv("GNMR_RANK") != NULL;
+  m->one_rank = base->rank;
+  policy_params_from_public(&base->params, &m->prm);
+  return -1;
+}
+
 /* Phase 1: the environment, then the flags. -1 to go on, else the exit
  * status. */
 static int parse_command_line(sim *m, int argc, char **argv) {
@@ -195,111 +219,68 @@ static int parse_command_line(sim *m, int argc, char **argv) {
       {"step-ms", required_argument, NULL, OPT_STEPMS},
   };
   gnmr_agent_config *base = &m->base;
-  const char *bad_var = NULL;
-  base->barrier_ms = 2000;
-  gnmr_params_default(&base->params);
-  if (gnmr_agent_config_from_env(base, &bad_var) != GNMR_OK) {
-    fprintf(stderr, "gnmr-sim: %s: not a valid value\n", bad_var);
-    return 2;
-  }
-  m->ranks = base->reporters;
-  m->shards = 1;
-  m->units = 64;
-  m->steps = 300;
-  m->seed = 1;
-  m->barrier = base->barrier_ms;
-  m->timeout = 5000;
-  m->have_rank = getenv("GNMR_RANK") != NULL;
-  m->one_rank = base->rank;
+  int rv = settings_from_env(m);
+  if (rv >= 0)
+    return rv;
   char msg[256];
   int c;
-  policy_params_from_public(&base->params, &m->prm);
   gnmr__policy_opts_longopts(&longopts[18], OPT_POLICY_BASE);
+  /* the integer options and their largest values */
+  const struct {
+    int opt;
+    uint64_t *num, max;
+  } nums[] = {
+      {OPT_RANK, &m->one_rank, 1023},     {OPT_RANKS, &m->ranks, 1024},
+      {OPT_SHARDS, &m->shards, 1024},     {OPT_UNITS, &m->units, 1u << 20},
+      {OPT_STEPS, &m->steps, 10000000},   {OPT_SEED, &m->seed, UINT32_MAX},
+      {OPT_BARRIER, &m->barrier, 600000}, {OPT_TIMEOUT, &m->timeout, 600000},
+      {OPT_STEPMS, &m->step_ms, 600000}};
+  /* the text options */
+  const struct {
+    int opt;
+    const char **at;
+  } texts[] = {{OPT_AGENTS, &base->endpoint}, {OPT_JOB, &base->job},
+               {OPT_TRACE, &m->trace_path},   {OPT_WRITE, &m->write_path},
+               {OPT_LOCAL, &m->local_list},   {OPT_SKEY, &m->skey},
+               {OPT_KEYFILE, &m->key_file}};
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-    uint64_t *num = NULL, max = 0;
-    switch (c) {
-    case OPT_AGENTS:
-      base->endpoint = optarg;
-      break;
-    case OPT_JOB:
-      base->job = optarg;
-      break;
-    case OPT_TRACE:
-      m->trace_path = optarg;
-      break;
-    case OPT_WRITE:
-      m->write_path = optarg;
-      break;
-    case OPT_LOCAL:
-      m->local_list = optarg;
-      break;
-    case OPT_SKEY:
-      m->skey = optarg;
-      break;
-    case OPT_KEYFILE:
-      m->key_file = optarg;
-      break;
-    case OPT_DELAY:
+    size_t i, nn = sizeof nums / sizeof nums[0];
+    size_t nt = sizeof texts / sizeof texts[0];
+    for (i = 0; i < nt && texts[i].opt != c; i++)
+      ;
+    if (i < nt) {
+      *texts[i].at = optarg;
+      continue;
+    }
+    for (i = 0; i < nn && nums[i].opt != c; i++)
+      ;
+    if (i < nn) {
+      m->have_rank |= c == OPT_RANK;
+      if (gnmr__parse_u64(optarg, nums[i].max, nums[i].num) == 0)
+        continue;
+      const char *name = "?";
+      for (int o = 0; longopts[o].name; o++)
+        if (longopts[o].val == c)
+          name = longopts[o].name;
+      snprintf(msg, sizeof msg, "--%s '%s': expected an integer from 0 to %llu",
+               name, optarg, (unsigned long long)nums[i].max);
+      return die_usage(msg);
+    }
+    if (c == OPT_DELAY) {
       if (m->n_delays == 64)
         return die_usage("at most 64 --start-delay");
       m->delays[m->n_delays++] = optarg;
-      break;
-    case OPT_RANK:
-      num = &m->one_rank;
-      max = 1023;
-      m->have_rank = 1;
-      break;
-    case OPT_RANKS:
-      num = &m->ranks;
-      max = 1024;
-      break;
-    case OPT_SHARDS:
-      num = &m->shards;
-      max = 1024;
-      break;
-    case OPT_UNITS:
-      num = &m->units;
-      max = 1u << 20;
-      break;
-    case OPT_STEPS:
-      num = &m->steps;
-      max = 10000000;
-      break;
-    case OPT_SEED:
-      num = &m->seed;
-      max = UINT32_MAX;
-      break;
-    case OPT_BARRIER:
-      num = &m->barrier;
-      max = 600000;
-      break;
-    case OPT_TIMEOUT:
-      num = &m->timeout;
-      max = 600000;
-      break;
-    case OPT_STEPMS:
-      num = &m->step_ms;
-      max = 600000;
-      break;
-    case OPT_HELP: case 'h': fputs(usage, stdout); return 0;
-    default:
-      if (c >= OPT_POLICY_BASE && c < OPT_POLICY_BASE + GNMR_POLICY_NOPTS) {
-        if (gnmr__policy_opts_apply(&m->prm, c - OPT_POLICY_BASE, optarg, msg,
-                                    sizeof msg) != 0)
-          return die_usage(msg);
-        break;
-      }
+    } else if (c == OPT_HELP || c == 'h') {
+      fputs(usage, stdout);
+      return 0;
+    } else if (c >= OPT_POLICY_BASE &&
+               c < OPT_POLICY_BASE + GNMR_POLICY_NOPTS) {
+      if (gnmr__policy_opts_apply(&m->prm, c - OPT_POLICY_BASE, optarg, msg,
+                                  sizeof msg) != 0)
+        return die_usage(msg);
+    } else {
       fputs(usage, stderr);
       return 2;
-    }
-    if (num != NULL && gnmr__parse_u64(optarg, max, num) != 0) {
-      const char *name = "?";
-      for (int i = 0; longopts[i].name; i++)
-        if (longopts[i].val == c)
-          name = longopts[i].name;
-      snprintf(msg, sizeof msg, "--%s '%s': expected an integer from 0 to %llu",
-               name, optarg, (unsigned long long)max);
-      return die_usage(msg);
     }
   }
   if (optind != argc)

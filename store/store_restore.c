@@ -41,10 +41,10 @@ void store__job_clear(store_job *j) {
   free(j->kept);
 }
 
-int store__load_job(db_conn *db, store_job *j) {
+/* The run's units: (id, name). */
+static int load_units(db_conn *db, store_job *j) {
   db_stmt *st;
   int rc;
-  /* units */
   if (db_prepare(db, "SELECT COUNT(*) FROM units WHERE run=?", &st) !=
       GNMR_OK)
     return GNMR_E_STORE;
@@ -75,7 +75,13 @@ int store__load_job(db_conn *db, store_job *j) {
     j->unit_ids[j->n_units++] = (uint32_t)id;
   }
   db_finalize(st);
-  /* ranks */
+  return GNMR_OK;
+}
+
+/* Each rank's unit ids, in its order. */
+static int load_ranks(db_conn *db, store_job *j) {
+  db_stmt *st;
+  int rc;
   if (db_prepare(db, "SELECT rank, idx, unit FROM rank_units WHERE run=? "
                          "ORDER BY rank, idx", &st) != GNMR_OK)
     return GNMR_E_STORE;
@@ -93,7 +99,12 @@ int store__load_job(db_conn *db, store_job *j) {
     j->rank_ids[r] = ids;
   }
   db_finalize(st);
-  /* parameters in force: the last row of the params table */
+  return GNMR_OK;
+}
+
+/* The parameters in force: the last row of the params table. */
+static int load_params(db_conn *db, store_job *j) {
+  db_stmt *st;
   if (db_prepare(db, "SELECT 0" PARAM_COLS " FROM params WHERE run=? "
                          "ORDER BY rowid DESC LIMIT 1", &st) != GNMR_OK)
     return GNMR_E_STORE;
@@ -102,8 +113,13 @@ int store__load_job(db_conn *db, store_job *j) {
   if (db_step(st) == DB_ROW)
     store__read_params(st, 1, &j->params);
   db_finalize(st);
-  /* the newest committed step of the job's pass: decided, so never
-   * decided again after the restart (the snapshot may be behind it) */
+  return GNMR_OK;
+}
+
+/* The newest committed step of the job's pass: decided, so never
+ * decided again after the restart (the snapshot may be behind it). */
+static int load_last_step(db_conn *db, store_job *j) {
+  db_stmt *st;
   if (db_prepare(db, "SELECT MAX(step) FROM steps WHERE run=? AND pass=?",
                  &st) != GNMR_OK)
     return GNMR_E_STORE;
@@ -114,9 +130,15 @@ int store__load_job(db_conn *db, store_job *j) {
     j->last_step = last > 0 ? (uint64_t)last : 0;
   }
   db_finalize(st);
-  /* the newest steps held, whatever their pass (the job row's pass says
-   * only that a restart began one, maybe with nothing committed since):
-   * which of the decisions agents hand back the history has already */
+  return GNMR_OK;
+}
+
+/* The newest steps held, whatever their pass (the job row's pass says
+ * only that a restart began one, maybe with nothing committed since):
+ * which of the decisions agents hand back the history has already;
+ * ascending. */
+static int load_kept(db_conn *db, store_job *j) {
+  db_stmt *st;
   if (db_prepare(db, "SELECT pass, step FROM steps WHERE run=? ORDER BY "
                      "pass DESC, step DESC LIMIT ?", &st) != GNMR_OK)
     return GNMR_E_STORE;
@@ -141,7 +163,12 @@ int store__load_job(db_conn *db, store_job *j) {
     j->kept[a] = j->kept[b - 1];
     j->kept[b - 1] = t;
   }
-  /* newest snapshot */
+  return GNMR_OK;
+}
+
+/* The newest snapshot. */
+static int load_snapshot(db_conn *db, store_job *j) {
+  db_stmt *st;
   if (db_prepare(db, "SELECT state FROM snapshots WHERE run=? ORDER BY "
                          "pass DESC, step DESC LIMIT 1", &st) != GNMR_OK)
     return GNMR_E_STORE;
@@ -156,6 +183,21 @@ int store__load_job(db_conn *db, store_job *j) {
   }
   db_finalize(st);
   return GNMR_OK;
+}
+
+int store__load_job(db_conn *db, store_job *j) {
+  int rv = load_units(db, j);
+  if (rv == GNMR_OK)
+    rv = load_ranks(db, j);
+  if (rv == GNMR_OK)
+    rv = load_params(db, j);
+  if (rv == GNMR_OK)
+    rv = load_last_step(db, j);
+  if (rv == GNMR_OK)
+    rv = load_kept(db, j);
+  if (rv == GNMR_OK)
+    rv = load_snapshot(db, j);
+  return rv;
 }
 
 int store_newest_run(db_conn *db, uint64_t *run) {

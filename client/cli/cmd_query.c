@@ -340,7 +340,20 @@ static int render(int k, const json_t *v, enum fmt f);
 static int from_store(const char *where, const char *cmd, store_query *q,
                       enum fmt f);
 
-int cmd_query(const cli_globals *g, int argc, char **argv) {
+/* A query's command line. */
+typedef struct query_args {
+  const char *cmd;
+  int k; /* its row in gnmr_admin_commands */
+  enum fmt f;
+  uint64_t from, to, limit, timeout, run;
+  const char *unit, *kind, *job;
+  size_t n_settings; /* set: key=value arguments */
+  char **settings;
+} query_args;
+
+/* The options, each checked against what the command takes. -1 to go
+ * on, else the exit status. */
+static int parse_query_options(query_args *a, int argc, char **argv) {
   static const struct option longopts[] = {
       {"json", no_argument, NULL, 'j'},
       {"csv", no_argument, NULL, 'c'},
@@ -354,44 +367,62 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
       {"help", no_argument, NULL, 'h'},
       {0},
   };
-  const char *cmd = argv[0];
-  enum fmt f = FMT_TABLE;
-  uint64_t from = 0, to = 0, limit = 0, timeout = 3000, run = 0;
-  const char *unit = "", *kind = "";
-  int c;
+  const char *cmd = a->cmd;
+  int hk = gnmr__admin_command_find(cmd), c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     uint64_t *num = NULL, max = 0;
     switch (c) {
-    case 'j': f = FMT_JSON; break;
-    case 'c': f = FMT_CSV; break;
-    case 'u': unit = optarg; break;
-    case 'k': kind = optarg; break;
-    case 'f': num = &from; max = UINT64_MAX; break;
-    case 't': num = &to; max = UINT64_MAX; break;
-    case 'l': num = &limit; max = 1000000; break;
-    case 'r': num = &run; max = INT64_MAX; break;
-    case 'T': num = &timeout; max = 600000; break;
-    case 'h': {
-      int hk = gnmr__admin_command_find(cmd);
+    case 'j':
+      a->f = FMT_JSON;
+      break;
+    case 'c':
+      a->f = FMT_CSV;
+      break;
+    case 'u':
+      a->unit = optarg;
+      break;
+    case 'k':
+      a->kind = optarg;
+      break;
+    case 'f':
+      num = &a->from;
+      max = UINT64_MAX;
+      break;
+    case 't':
+      num = &a->to;
+      max = UINT64_MAX;
+      break;
+    case 'l':
+      num = &a->limit;
+      max = 1000000;
+      break;
+    case 'r':
+      num = &a->run;
+      max = INT64_MAX;
+      break;
+    case 'T':
+      num = &a->timeout;
+      max = 600000;
+      break;
+    case 'h':
       command_help(hk, stdout);
       return CLI_OK;
-    }
     default:
       fprintf(stderr, "(gnmrctl %s --help: its options)\n", cmd);
       return CLI_USAGE;
     }
-    { /* an option this command does not take is a mistake, said */
-      int hk = gnmr__admin_command_find(cmd);
-      if (hk >= 0 && c != 'c' &&
-          strchr(gnmr_admin_commands[hk].opts, c) == NULL) {
-        const char *nm = "?";
-        for (size_t i = 0; i < sizeof option_help / sizeof option_help[0]; i++)
-          if (option_help[i].letter == c)
-            nm = option_help[i].name;
-        fprintf(stderr, "gnmrctl %s: %.*s is not an option of %s (gnmrctl "
-                "%s --help)\n", cmd, (int)strcspn(nm, " "), nm, cmd, cmd);
-        return CLI_USAGE;
-      }
+    /* an option this command does not take is a mistake, said */
+    if (hk >= 0 && c != 'c' &&
+        strchr(gnmr_admin_commands[hk].opts, c) == NULL) {
+      const char *nm = "?";
+      for (size_t i = 0; i < sizeof option_help / sizeof option_help[0]; i++)
+        if (option_help[i].letter == c)
+          nm = option_help[i].name;
+      fprintf(stderr,
+              "gnmrctl %s: %.*s is not an option of %s (gnmrctl "
+              "%s --help)\n",
+              cmd, (int)strcspn(nm, " "), nm, cmd, cmd);
+      return CLI_USAGE;
     }
     if (num != NULL && (gnmr__parse_u64(optarg, max, num) != 0 ||
                         ((c == 'T' || c == 'r') && *num == 0))) {
@@ -400,7 +431,14 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
       return CLI_USAGE;
     }
   }
-  int k = gnmr__admin_command_find(cmd);
+  return -1;
+}
+
+/* The command and its arguments (a job, set's key=value pairs), and the
+ * options together. -1 to go on, else the exit status. */
+static int check_query_args(query_args *a, int argc, char **argv) {
+  const char *cmd = a->cmd;
+  int k = a->k = gnmr__admin_command_find(cmd);
   if (k < 0) {
     fprintf(stderr, "gnmrctl: '%s' is not an admin command\n", cmd);
     return CLI_USAGE;
@@ -409,7 +447,7 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
   int rest = argc - optind;
   if (needs_job && rest < 1) {
     fprintf(stderr, "gnmrctl %s: missing JOB\n", cmd);
-    command_help(gnmr__admin_command_find(cmd), stderr);
+    command_help(k, stderr);
     return CLI_USAGE;
   }
   if ((!needs_job && rest > 0) ||
@@ -423,49 +461,58 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
     command_help(GNMR_CMD_SET, stderr);
     return CLI_USAGE;
   }
-  if (to != 0 && to < from) {
+  if (a->to != 0 && a->to < a->from) {
     fprintf(stderr, "gnmrctl %s: --to %llu is below --from %llu\n", cmd,
-            (unsigned long long)to, (unsigned long long)from);
+            (unsigned long long)a->to, (unsigned long long)a->from);
     return CLI_USAGE;
   }
-  if (f == FMT_CSV && !gnmr_admin_commands[k].csv) {
+  if (a->f == FMT_CSV && !gnmr_admin_commands[k].csv) {
     fprintf(stderr, "gnmrctl %s: --csv is not available; use --json\n", cmd);
     return CLI_USAGE;
   }
+  a->job = needs_job ? argv[optind] : "";
+  if (k == GNMR_CMD_SET) {
+    a->n_settings = (size_t)(rest - 1);
+    a->settings = argv + optind + 1;
+  }
+  return -1;
+}
 
+/* The query answered from the store (--store). */
+static int ask_store(const cli_globals *g, const query_args *a) {
+  store_query q = {0};
+  q.command = a->k;
+  q.job = a->job;
+  q.unit = a->unit;
+  q.kind = a->kind;
+  q.from = a->from;
+  q.to = a->to;
+  q.limit = a->limit ? (uint32_t)a->limit : 1000; /* gnmrd's default */
+  q.run = a->run;
+  return from_store(g->store, a->cmd, &q, a->f);
+}
+
+/* The query answered by gnmrd, rendered (or streamed, for a command that
+ * streams). */
+static int ask_gnmrd(const cli_globals *g, const query_args *a) {
+  const char *cmd = a->cmd;
   Gnmr__Envelope req = GNMR__ENVELOPE__INIT;
   Gnmr__AdminRequest ar = GNMR__ADMIN_REQUEST__INIT;
   ar.command = (char *)cmd;
-  ar.job = needs_job ? argv[optind] : "";
-  ar.from_step = from;
-  ar.to_step = to;
-  ar.unit = (char *)unit;
-  ar.kind = (char *)kind;
-  ar.limit = (uint32_t)limit;
-  ar.run = run;
-  if (k == GNMR_CMD_SET) {
-    ar.n_settings = (size_t)(rest - 1);
-    ar.settings = argv + optind + 1;
-  }
+  ar.job = (char *)a->job;
+  ar.from_step = a->from;
+  ar.to_step = a->to;
+  ar.unit = (char *)a->unit;
+  ar.kind = (char *)a->kind;
+  ar.limit = (uint32_t)a->limit;
+  ar.run = a->run;
+  ar.n_settings = a->n_settings;
+  ar.settings = a->settings;
   req.body_case = GNMR__ENVELOPE__BODY_ADMIN_REQUEST;
   req.admin_request = &ar;
-  if (g->store != NULL && g->store[0] != '\0') {
-    store_query q = {0};
-    q.command = k;
-    q.job = ar.job;
-    q.unit = unit;
-    q.kind = kind;
-    q.from = from;
-    q.to = to;
-    q.limit = limit ? (uint32_t)limit : 1000; /* gnmrd's default */
-    q.run = run;
-    return from_store(g->store, cmd, &q, f);
-  }
-  Gnmr__Envelope *env =
-      cli_admin_call(g, &req, (int)timeout);
+  Gnmr__Envelope *env = cli_admin_call(g, &req, (int)a->timeout);
   if (env == NULL)
     return CLI_FAIL;
-  int code = CLI_OK;
   if (env->body_case == GNMR__ENVELOPE__BODY_ERROR) {
     fprintf(stderr, "gnmrctl %s: %s\n", cmd, env->error->message);
     gnmr__wire_free(&env);
@@ -476,8 +523,8 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
     gnmr__wire_free(&env);
     return CLI_FAIL;
   }
-  if (gnmr_admin_commands[k].stream) /* printed chunk by chunk */
-    return export_stream(g, &req, env, (int)timeout);
+  if (gnmr_admin_commands[a->k].stream) /* printed chunk by chunk */
+    return export_stream(g, &req, env, (int)a->timeout);
   json_error_t jerr;
   json_t *v = json_loads(env->admin_reply->json, 0, &jerr);
   gnmr__wire_free(&env);
@@ -485,9 +532,22 @@ int cmd_query(const cli_globals *g, int argc, char **argv) {
     fprintf(stderr, "gnmrctl %s: bad JSON from gnmrd: %s\n", cmd, jerr.text);
     return CLI_FAIL;
   }
-  code = render(k, v, f);
+  int code = render(a->k, v, a->f);
   json_decref(v);
   return code;
+}
+
+int cmd_query(const cli_globals *g, int argc, char **argv) {
+  query_args a = {
+      .cmd = argv[0], .f = FMT_TABLE, .timeout = 3000, .unit = "", .kind = ""};
+  int code = parse_query_options(&a, argc, argv);
+  if (code < 0)
+    code = check_query_args(&a, argc, argv);
+  if (code >= 0)
+    return code;
+  if (g->store != NULL && g->store[0] != '\0')
+    return ask_store(g, &a);
+  return ask_gnmrd(g, &a);
 }
 
 /* Prints an answer (v) of command k in format f. */

@@ -28,22 +28,19 @@ static const char usage[] =
 /* Above 255 so that no value collides with a short option character. */
 enum { OPT_SCORES = 256, OPT_HELP, OPT_SCHEDULE, OPT_POLICY_BASE = 512 };
 
-int cmd_replay(const cli_globals *g, int argc, char **argv) {
-  struct option longopts[GNMR_POLICY_NOPTS + 4];
-  const char *schedule_path = NULL;
-  gnmr_schedule sched = {0};
+/* What `gnmrctl replay` was asked for. */
+typedef struct replay_args {
   policy_params prm;
-  const char *scores_path = NULL;
-  int want_scores = 0, c, rv, code = CLI_FAIL;
-  char msg[256];
-  char *buf = NULL;
-  size_t len = 0;
-  trace t = {0};
-  trace_error terr;
-  FILE *scores = NULL;
-  (void)g;
+  const char *schedule_path, *scores_path, *path;
+  int want_scores;
+} replay_args;
 
-  policy_params_default(&prm);
+/* The options and the one TRACE. -1 to go on, else the exit status. */
+static int parse_replay_args(replay_args *a, int argc, char **argv) {
+  struct option longopts[GNMR_POLICY_NOPTS + 4];
+  char msg[256];
+  int c;
+  policy_params_default(&a->prm);
   gnmr__policy_opts_longopts(longopts, OPT_POLICY_BASE);
   longopts[GNMR_POLICY_NOPTS] =
       (struct option){"scores", optional_argument, NULL, OPT_SCORES};
@@ -52,19 +49,18 @@ int cmd_replay(const cli_globals *g, int argc, char **argv) {
   longopts[GNMR_POLICY_NOPTS + 2] =
       (struct option){"schedule", required_argument, NULL, OPT_SCHEDULE};
   longopts[GNMR_POLICY_NOPTS + 3] = (struct option){0};
-
   while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
     if (c == OPT_SCORES) {
-      want_scores = 1;
-      scores_path = optarg;
+      a->want_scores = 1;
+      a->scores_path = optarg;
     } else if (c == OPT_SCHEDULE) {
-      schedule_path = optarg;
+      a->schedule_path = optarg;
     } else if (c == OPT_HELP || c == 'h') {
       fputs(usage, stdout);
       return CLI_OK;
     } else if (c >= OPT_POLICY_BASE &&
                c < OPT_POLICY_BASE + GNMR_POLICY_NOPTS) {
-      if (gnmr__policy_opts_apply(&prm, c - OPT_POLICY_BASE, optarg, msg,
+      if (gnmr__policy_opts_apply(&a->prm, c - OPT_POLICY_BASE, optarg, msg,
                                   sizeof msg) != 0) {
         fprintf(stderr, "gnmrctl replay: %s\n", msg);
         return CLI_USAGE;
@@ -80,40 +76,64 @@ int cmd_replay(const cli_globals *g, int argc, char **argv) {
             usage);
     return CLI_USAGE;
   }
-  if (gnmr__policy_opts_check(&prm, msg, sizeof msg) != 0) {
+  if (gnmr__policy_opts_check(&a->prm, msg, sizeof msg) != 0) {
     fprintf(stderr, "gnmrctl replay: %s\n", msg);
     return CLI_USAGE;
   }
-  if (schedule_path != NULL &&
-      cli_schedule_load(schedule_path, &prm, &sched, msg, sizeof msg) != 0) {
-    fprintf(stderr, "gnmrctl replay: %s\n", msg);
-    return CLI_FAIL;
-  }
-  const char *path = argv[optind];
-  if ((rv = trace_read_file(path, &buf, &len)) != 0) {
+  a->path = argv[optind];
+  return -1;
+}
+
+/* The trace read and parsed, errors said with the path (and line). */
+static int load_replay_trace(const char *path, char **buf, trace *t) {
+  size_t len = 0;
+  trace_error terr;
+  int rv;
+  if ((rv = trace_read_file(path, buf, &len)) != 0) {
     fprintf(stderr, "gnmrctl replay: %s: %s\n",
             strcmp(path, "-") == 0 ? "standard input" : path,
             rv == GNMR_E_IO ? strerror(errno) : gnmr_strerror(rv));
-    goto out;
+    return rv;
   }
-  if ((rv = trace_parse(buf, len, &t, &terr)) != 0) {
+  if ((rv = trace_parse(*buf, len, t, &terr)) != 0) {
     if (terr.line > 0)
       fprintf(stderr, "gnmrctl replay: %s:%zu: %s\n", path, terr.line,
               terr.msg);
     else
       fprintf(stderr, "gnmrctl replay: %s: %s\n", path, terr.msg);
-    goto out;
   }
-  if (want_scores) {
-    if (scores_path == NULL || strcmp(scores_path, "-") == 0) {
+  return rv;
+}
+
+int cmd_replay(const cli_globals *g, int argc, char **argv) {
+  replay_args a = {0};
+  gnmr_schedule sched = {0};
+  char msg[256], *buf = NULL;
+  trace t = {0};
+  FILE *scores = NULL;
+  int rv, code = parse_replay_args(&a, argc, argv);
+  (void)g;
+  if (code >= 0)
+    return code;
+  code = CLI_FAIL;
+  if (a.schedule_path != NULL &&
+      cli_schedule_load(a.schedule_path, &a.prm, &sched, msg, sizeof msg) !=
+          0) {
+    fprintf(stderr, "gnmrctl replay: %s\n", msg);
+    return CLI_FAIL;
+  }
+  if (load_replay_trace(a.path, &buf, &t) != 0)
+    goto out;
+  if (a.want_scores) {
+    if (a.scores_path == NULL || strcmp(a.scores_path, "-") == 0) {
       scores = stderr;
-    } else if ((scores = fopen(scores_path, "w")) == NULL) {
-      fprintf(stderr, "gnmrctl replay: %s: %s\n", scores_path,
+    } else if ((scores = fopen(a.scores_path, "w")) == NULL) {
+      fprintf(stderr, "gnmrctl replay: %s: %s\n", a.scores_path,
               strerror(errno));
       goto out;
     }
   }
-  if ((rv = gnmr__replay(&t, &prm, schedule_path ? &sched : NULL, stdout,
+  if ((rv = gnmr__replay(&t, &a.prm, a.schedule_path ? &sched : NULL, stdout,
                          scores)) != 0) {
     fprintf(stderr, "gnmrctl replay: %s\n", gnmr_strerror(rv));
     goto out;
@@ -122,7 +142,7 @@ int cmd_replay(const cli_globals *g, int argc, char **argv) {
 out:
   if (scores != NULL && scores != stderr && fclose(scores) != 0 &&
       code == CLI_OK) {
-    fprintf(stderr, "gnmrctl replay: %s: %s\n", scores_path, strerror(errno));
+    fprintf(stderr, "gnmrctl replay: %s: %s\n", a.scores_path, strerror(errno));
     code = CLI_FAIL;
   }
   trace_clear(&t);

@@ -106,6 +106,22 @@ class LayersTest(unittest.TestCase):
             [f"layers: {d}/a.c defines thing_free(), a destructor that "
              "takes no T ** to null (or a *_clear of what a struct holds)"])
 
+    def test_a_function_over_100_lines_is_found(self):
+        """Issue 51: a function, static or not, of more than 100 lines
+        (signature to closing brace) is listed; one of 100 is not, nor a
+        long initializer or comment."""
+        body = "  x++;\n"
+        d = self.tree({
+            "a.c": "static int long_one(int x)\n{\n" + body * 98 + "}\n"
+                   "int ok_one(int x) {\n" + body * 98 + "}\n"
+                   "static const int table[] = {\n" + "  1,\n" * 200 +
+                   "};\n/*\n" + "int fake(void) {\n" * 200 + "*/\n",
+        })
+        self.assertEqual(
+            self.failing_lines(d, "lines"),
+            [f"layers: {d}/a.c defines long_one() in 101 lines, more than "
+             "100: split it into named phases"])
+
     def test_layers_statics_and_alternatives_pass(self):
         d = self.tree({
             "top.c": "int top(void) {\n  return low() + alt();\n}\n",
