@@ -143,16 +143,7 @@ static void free_copy(gnmr_agent **ap) {
   gnmr_agent *a = *ap;
   *ap = NULL;
   gnmr__agent_scratch_clear(a);
-  if (a->names)
-    for (uint32_t i = 0; i < a->n_units; i++)
-      free(a->names[i]);
-  free(a->names);
-  free(a->req_ids);
-  free(a->routes);
-  free(a->risky_units);
-  free(a->risky_gds);
-  free(a->endpoint);
-  free(a->job);
+  gnmr__agent_free_config(a);
   free(a);
 }
 
@@ -283,26 +274,17 @@ void gnmr_agent_close(gnmr_agent **pa) {
      * parent's; the buffers ZeroMQ held are the parent's to free */
     for (int i = 0; i < REPORT_POOL; i++)
       atomic_store(&a->pool[i].busy, 1);
-    gnmr__agent_scratch_clear(a);
-    gnmr__agent_free_config(a);
-    free(a);
     *pa = NULL;
+    free_copy(&a);
     return;
   }
   atomic_store(&a->stop, 1);
   pthread_join(a->io, NULL);
   zmq_close(a->push);
   gnmr__ctx_release();
-  pthread_mutex_destroy(&a->mu);
-  pthread_mutex_destroy(&a->risky_mu);
-  pthread_mutex_destroy(&a->push_mu);
-  pthread_mutex_destroy(&a->cpu_mu);
-  pthread_mutex_destroy(&a->err_mu);
-  pthread_cond_destroy(&a->cv);
-  gnmr__agent_scratch_clear(a);
-  gnmr__agent_free_config(a);
-  free(a);
+  sync_clear(a);
   *pa = NULL;
+  free_copy(&a);
 }
 
 

@@ -60,9 +60,10 @@ int gnmr__agent_check_config(const gnmr_agent_config *c) {
   return policy_params_validate(&p, NULL);
 }
 
-/* Frees the copied configuration and the route bitmap. */
+/* Frees the copied configuration and the route bitmap (any part of it
+ * may be missing: an open that ran out of memory). */
 void gnmr__agent_free_config(gnmr_agent *a) {
-  for (uint32_t i = 0; i < a->n_units; i++)
+  for (uint32_t i = 0; a->names != NULL && i < a->n_units; i++)
     free(a->names[i]);
   free(a->names);
   free(a->req_ids);
