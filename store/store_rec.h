@@ -2,7 +2,7 @@
 /* store_rec.h — one record of the history as gnmrd hands it to the store:
  * a job, its units and ranks, a decided step with its events and
  * snapshot, an operational event, a state change, parameters, a snapshot.
- * gnmrd builds them (daemon/records.c) and queues them (daemon/store.c);
+ * gnmrd builds them (daemon/history.c) and queues them (daemon/store.c);
  * store_apply.c writes them to the schema. */
 #ifndef GNMR_STORE_REC_H
 #define GNMR_STORE_REC_H
