@@ -34,7 +34,9 @@ def main():
     torch.set_num_threads(1)
     runs = [("", torch_overhead.many_units(ep)),
             (", new gradient tensors each step",
-             torch_overhead.many_units(ep, fresh=True))]
+             torch_overhead.many_units(ep, fresh=True)),
+            (", main_grad views of one flat buffer",
+             torch_overhead.many_units(ep, main_grad=True))]
     d.send_signal(signal.SIGTERM)
     d.wait()
     d.stdout.close()

@@ -234,22 +234,32 @@ def paired(ctl_factory, steps=STEPS, overlap=False, clip=None, cpu=None):
     return base[n // 2], diff[n // 2], diff[n // 4], diff[3 * n // 4]
 
 
-def many_units(ep, n=10000, steps=30, fresh=False):
+def many_units(ep, n=10000, steps=30, fresh=False, main_grad=False):
     """Controller.step on a model of n units (Linear(4, 4) each, gradients
     set, no training), against the floor of any controller written in
     Python: one pass reading every parameter's gradient pointer. With
     fresh, every step's gradients are new tensors (as after
     zero_grad(set_to_none=True) and a backward), made outside the timing.
+    With main_grad, the gradients are Megatron-style main_grad views of one
+    flat fp32 buffer (and the floor reads those).
     Returns (median step, median floor) in seconds."""
     net = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(n)])
     params = list(net.parameters())
     for p in params:
         p.grad = torch.ones_like(p)
-    ctl = Controller(net, ep, f"units-{n}{'-fresh' if fresh else ''}",
+    if main_grad:
+        buf, off = torch.ones(sum(p.numel() for p in params)), 0
+        for p in params:
+            p.main_grad = buf[off:off + p.numel()].view_as(p)
+            off += p.numel()
+    tag = "-fresh" if fresh else "-main" if main_grad else ""
+    ctl = Controller(net, ep, f"units-{n}{tag}",
                      params=gnmr.default_params(warmup_steps=5))
+
     def floor_pass():
         t = time.perf_counter()
-        ptrs = [p.grad.data_ptr() for p in params]
+        ptrs = [p.main_grad.data_ptr() for p in params] if main_grad else \
+            [p.grad.data_ptr() for p in params]
         return time.perf_counter() - t, ptrs
 
     def renew():

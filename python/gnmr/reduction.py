@@ -28,6 +28,7 @@ for _name in ("float8_e4m3fn", "float8_e5m2"):
 _DTYPE_CODES = {dt: _CODES_BY_NAME[name] for dt, name in _DTYPES.items()}
 _FLIP = bytes([1, 0]) + bytes(254)  # seen -> not reported
 _GRAD, _DTYPE = attrgetter("grad"), attrgetter("dtype")
+_MAIN = attrgetter("main_grad")
 _IS_CPU = attrgetter("is_cpu")
 _T = torch.Tensor
 
@@ -85,9 +86,15 @@ class Reduction:
         # for "has a gradient", not summed
         self._skip = {id(p) for ps in params for p in ps
                       if not layout.counts(p)}
-        # every gradient a plain p.grad counted here: the fast pass
-        self._simple = not self._skip and layout.mesh is None and not any(
-            hasattr(p, "main_grad") for ps in params for p in ps)
+        # every gradient a plain p.grad counted here: the fast pass; and
+        # the gradient the kept table reads (_cached_table): p.grad, or
+        # main_grad when every parameter has one (Megatron-style buffers,
+        # whose views stay put), else None (_walk_table every step)
+        plain = not self._skip and layout.mesh is None
+        mains = [hasattr(p, "main_grad") for ps in params for p in ps]
+        self._simple = plain and not any(mains)
+        self._kept = _GRAD if self._simple else \
+            _MAIN if plain and mains and all(mains) else None
         self._never = set(range(len(units))) - set(frozen)
         self._reports = 0
         self._table = bytearray(_TENSOR.size * 64)  # _walk_table()'s
@@ -184,13 +191,15 @@ class Reduction:
     def _host_table(self):
         """Every gradient on the host: (gnmr_tensor table, its length,
         copies to keep alive), or None when some gradient is on a device."""
-        if self._simple:
+        if self._kept is not None:
             return self._cached_table()
         return self._walk_table()
 
     def _cached_table(self):
-        """_host_table() of plain p.grad gradients at the cost of reading
-        their pointers: the table is kept (_HostTable). While every
+        """_host_table() of plain p.grad gradients (or every parameter's
+        main_grad) at the cost of reading their pointers: the table is
+        kept (_HostTable). A main_grad that is None reads the parameters
+        again (_walk_table), as a missing p.grad does. While every
         gradient it was made from is alive and the pointers read now are
         the ones it holds, it is used as it is: a tensor's dtype, size and
         device are its parameter's, and a gradient replaced by another
@@ -211,12 +220,12 @@ class Reduction:
         c = self._hcache
         if c is not None and not c.died[0]:
             try:  # one C-level pass: each gradient and its pointer
-                ptrs = list(map(_T.data_ptr, map(_GRAD, flat)))
+                ptrs = list(map(_T.data_ptr, map(self._kept, flat)))
             except TypeError:  # a parameter without a gradient
                 return self._walk_table()
             if ptrs == c.ptrs:
                 return c.buf, len(ptrs), []
-        grads = list(map(_GRAD, flat))
+        grads = list(map(self._kept, flat))
         try:
             ptrs = list(map(_T.data_ptr, grads))
         except TypeError:  # a parameter without a gradient

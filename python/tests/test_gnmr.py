@@ -564,6 +564,56 @@ class ControllerTest(unittest.TestCase):
         del held
         ctl.close()
 
+    def test_main_grad_views_of_one_buffer_are_read_from_a_kept_table(self):
+        """Megatron-style: every parameter's main_grad a view of one flat
+        fp32 buffer. The host pass keeps its table for them too (issue
+        49): each change gives the norms a fresh pass gives (the buffer
+        written in place, a main_grad moved to a new buffer, one None and
+        its p.grad read instead), and p.grad is never read while main_grad
+        is set."""
+        torch.manual_seed(6)
+        net = torch.nn.Sequential(torch.nn.Linear(6, 6),
+                                  torch.nn.Linear(6, 3))
+        params = list(net.parameters())
+
+        def attach(buf):
+            off = 0
+            for p in params:
+                p.main_grad = buf[off:off + p.numel()].view_as(p)
+                off += p.numel()
+        total = sum(p.numel() for p in params)
+        attach(torch.zeros(total))
+        ctl = Controller(net, self.d.agents, "main-grad-kept",
+                         params=gnmr.default_params(warmup_steps=0))
+        self.assertIsNotNone(ctl._reduction._kept)  # not walked each step
+
+        def expect(res):
+            for name, module in ctl.units:
+                gs = [p.main_grad if p.main_grad is not None else p.grad
+                      for p in module.parameters()]
+                want = sum(float(g.double().pow(2).sum()) for g in gs
+                           if g is not None)
+                self.assertAlmostEqual(res.norms[name], want ** 0.5,
+                                       delta=1e-6 * want ** 0.5)
+
+        for p in params:  # a p.grad that must not be read
+            p.grad = torch.full_like(p, 1e6)
+        tables = []
+        for step, scale in ((1, 1.0), (2, 3.0)):
+            for p in params:  # accumulated in place into the buffer
+                p.main_grad.copy_(torch.randn_like(p) * scale)
+            expect(ctl.step(step, wait_ms=5000))
+            tables.append(ctl._reduction._hcache)
+        self.assertIsNotNone(tables[0])
+        self.assertIs(tables[0], tables[1])  # kept, not made again
+        attach(torch.randn(total))  # a new buffer: every view moved
+        expect(ctl.step(3, wait_ms=5000))
+        params[1].main_grad = None  # read from p.grad instead
+        expect(ctl.step(4, wait_ms=5000))
+        attach(torch.randn(total, dtype=torch.float64))  # another dtype
+        expect(ctl.step(5, wait_ms=5000))
+        ctl.close()
+
     def test_nonfinite_gradient_is_selected_and_idle_unit_is_not(self):
         net = Net()
         ctl = Controller(net, self.d.agents, "nan-job",
