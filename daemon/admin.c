@@ -727,16 +727,16 @@ static void live_finish(gnmrd *d, const void *id, size_t id_len,
   send_json(d, id, id_len, v);
 }
 
-#define LIVE_OF(id, name, where, job, csv, op, large, stream, opts, synopsis,  \
-                summary, help, live, query, render)                            \
+#define LIVE_OF(id, name, where, job, csv, op, changes, large, stream, opts,   \
+                synopsis, summary, help, live, query, render)                  \
   [GNMR_CMD_##id] = live,
 static live_fn *const live_handlers[GNMR_CMD_COUNT] = {
     GNMR_ADMIN_COMMANDS(LIVE_OF)};
 #undef LIVE_OF
 /* each command's store query by name ("0": none), for the live commands
  * the store also answers when their job is not running */
-#define QUERY_NAME(id, name, where, job, csv, op, large, stream, opts,         \
-                   synopsis, summary, help, live, query, render)               \
+#define QUERY_NAME(id, name, where, job, csv, op, changes, large, stream,      \
+                   opts, synopsis, summary, help, live, query, render)         \
   [GNMR_CMD_##id] = #query,
 static const char *const query_names[GNMR_CMD_COUNT] = {
     GNMR_ADMIN_COMMANDS(QUERY_NAME)};

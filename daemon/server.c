@@ -39,6 +39,9 @@ struct server {
   uint64_t *first_by_fd;
   size_t cap_first, n_first;
   int msg_fd; /* the connection of the message on_msg has */
+  /* the connection of the message on_readable holds while it drains the
+   * monitor: it spoke, so evict_idle must not take it (-1: none) */
+  int spoke_fd;
   /* descriptors of connections accepted and not yet gone */
   uint8_t *live_by_fd;
   size_t cap_live;
@@ -209,7 +212,7 @@ static void first_add(server *s, int fd) {
 static int evict_idle(server *s) {
   size_t oldest = SIZE_MAX;
   for (size_t fd = 0; s->n_first > 0 && fd < s->cap_first; fd++)
-    if (s->first_by_fd[fd] != 0 &&
+    if (s->first_by_fd[fd] != 0 && (int)fd != s->spoke_fd &&
         (oldest == SIZE_MAX || s->first_by_fd[fd] < s->first_by_fd[oldest]))
       oldest = fd;
   if (oldest == SIZE_MAX)
@@ -287,10 +290,17 @@ static void on_readable(void *sock, void *ctx) {
   }
   if (s->o.first_msg_ms != 0) {
     /* ZeroMQ queues a connection's ACCEPTED before its first message can
-     * be read: drained here, the deadline is never set after it spoke */
+     * be read: drained here, the deadline is never set after it spoke.
+     * The ACCEPTEDs of others drained meanwhile may each evict the oldest
+     * silent connection; this one has spoken, and evicted now its message
+     * would be answered into a closed connection (its sender waiting out
+     * its timeout), so the drain passes it over. */
+    int fd = zmq_msg_get(frames == 2 ? &body : &id, ZMQ_SRCFD);
+    s->spoke_fd = fd;
     on_monitor(s->monitor, s);
+    s->spoke_fd = -1;
     if (s->n_first > 0)
-      first_del(s, zmq_msg_get(frames == 2 ? &body : &id, ZMQ_SRCFD));
+      first_del(s, fd);
   }
   if (oc != NULL) { /* past the cap: answered, then closed */
     if (s->o.on_over_cap)
@@ -433,6 +443,7 @@ int server_open(uv_loop_t *loop, void *zctx, const server_opts *o,
     return GNMR_E_NOMEM;
   s->o = *o;
   s->loop = loop;
+  s->spoke_fd = -1;
   if ((s->timer = malloc(sizeof *s->timer)) == NULL) {
     free(s);
     return GNMR_E_NOMEM;

@@ -5,10 +5,10 @@
 #include <string.h>
 
 const gnmr_admin_command gnmr_admin_commands[GNMR_CMD_COUNT] = {
-#define GNMR__CMD_ROW(id, name, where, job, csv, op, large, stream, opts,      \
-                      synopsis, summary, help, live, query, render)            \
-  [GNMR_CMD_##id] = {name, GNMR_AT_##where, job,     csv, op, large, stream,   \
-                     opts, synopsis,        summary, help},
+#define GNMR__CMD_ROW(id, name, where, job, csv, op, changes, large, stream,   \
+                      opts, synopsis, summary, help, live, query, render)      \
+  [GNMR_CMD_##id] = {name,  GNMR_AT_##where, job,  csv,      op,      changes, \
+                     large, stream,          opts, synopsis, summary, help},
     GNMR_ADMIN_COMMANDS(GNMR__CMD_ROW)
 #undef GNMR__CMD_ROW
 };

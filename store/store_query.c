@@ -323,8 +323,8 @@ static void query_history(store_query *q, db_conn *db) {
 
 typedef void query_fn(store_query *q, db_conn *db);
 static query_fn *const queries[GNMR_CMD_COUNT] = {
-#define QUERY_OF(id, name, where, job, csv, op, large, stream, opts, synopsis, \
-                 summary, help, live, query, render)                           \
+#define QUERY_OF(id, name, where, job, csv, op, changes, large, stream, opts,  \
+                 synopsis, summary, help, live, query, render)                 \
   [GNMR_CMD_##id] = query,
     GNMR_ADMIN_COMMANDS(QUERY_OF)
 #undef QUERY_OF

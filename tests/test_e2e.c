@@ -261,6 +261,113 @@ START_TEST(daemon_prints_endpoints_and_stops_cleanly_on_sigterm) {
 }
 END_TEST
 
+/* A gnmrd that read a request and died before it answered: a ROUTER on
+ * endpoint takes one request, checks it is of kind `body` (and command
+ * cmd, for an admin request), then closes, dropping the connection. */
+static void take_one_and_go(const char *endpoint, Gnmr__Envelope__BodyCase body,
+                            const char *cmd) {
+  void *ctx = zmq_ctx_new(), *r = zmq_socket(ctx, ZMQ_ROUTER);
+  int zero = 0, wait = 20000 * tu_slow();
+  zmq_setsockopt(r, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(r, ZMQ_RCVTIMEO, &wait, sizeof wait);
+  ck_assert_int_eq(zmq_bind(r, endpoint), 0);
+  zmq_msg_t id, m;
+  zmq_msg_init(&id);
+  zmq_msg_init(&m);
+  ck_assert_int_ge(zmq_msg_recv(&id, r, 0), 0);
+  ck_assert_int_ge(zmq_msg_recv(&m, r, 0), 0);
+  Gnmr__Envelope *env = NULL;
+  char err[128];
+  ck_assert_int_eq(gnmr__wire_decode(zmq_msg_data(&m), zmq_msg_size(&m), &env,
+                                     err, sizeof err),
+                   GNMR_OK);
+  ck_assert_int_eq(env->body_case, body);
+  if (cmd != NULL)
+    ck_assert_str_eq(env->admin_request->command, cmd);
+  gnmr__wire_free(&env);
+  zmq_msg_close(&id);
+  zmq_msg_close(&m);
+  zmq_close(r);
+  zmq_ctx_term(ctx);
+}
+
+/* Starts gnmrctl with argv in the background, its output into
+ * dir/ctl.out and dir/ctl.err. */
+static pid_t ctl_start(const char *dir, char *const argv[]) {
+  char out[300], err[300];
+  snprintf(out, sizeof out, "%s/ctl.out", dir);
+  snprintf(err, sizeof err, "%s/ctl.err", dir);
+  int ifd = open("/dev/null", O_RDONLY);
+  int ofd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  int efd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ck_assert(ifd >= 0 && ofd >= 0 && efd >= 0);
+  pid_t pid = tu_spawn("gnmrctl", argv, ifd, ofd, efd);
+  close(ifd);
+  close(ofd);
+  close(efd);
+  return pid;
+}
+
+static int ctl_wait(pid_t pid) {
+  int st;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* A request written to a connection that drops is gone with it (gnmrd
+ * restarted, a standby took over, gnmrd closed a connection it took for
+ * a silent one): gnmrctl sends a read again on the next connection, and
+ * never a command that changes a job. */
+START_TEST(gnmrctl_asks_again_when_its_connection_drops) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  char adm[200], opt[220], path[300];
+  snprintf(adm, sizeof adm, "ipc://%s/admin.sock", d.dir);
+  snprintf(opt, sizeof opt, "--admin=%s", adm);
+  char *stats[] = {"gnmrctl",
+                   opt,
+                   "stats",
+                   "--timeout-ms",
+                   tu_slow() > 1 ? "120000" : "20000",
+                   NULL};
+  pid_t ctl = ctl_start(d.dir, stats);
+  take_one_and_go(adm, GNMR__ENVELOPE__BODY_STATS_REQUEST, NULL);
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, NULL);
+  ck_assert_int_eq(ctl_wait(ctl), 0);
+  snprintf(path, sizeof path, "%s/ctl.out", d.dir);
+  char *out = tu_read_file(path, NULL);
+  ck_assert_ptr_nonnull(out);
+  ck_assert_msg(strstr(out, "messages_in ") != NULL, "stats said: %s", out);
+  free(out);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  /* `set` is not sent twice: it waits out its time, with gnmrd up for
+   * most of it (a second send would have had its answer: no such job) */
+  char *set[] = {"gnmrctl",
+                 opt,
+                 "set",
+                 "no-such-job",
+                 "budget=2",
+                 "--timeout-ms",
+                 tu_slow() > 1 ? "30000" : "3000",
+                 NULL};
+  ctl = ctl_start(d.dir, set);
+  take_one_and_go(adm, GNMR__ENVELOPE__BODY_ADMIN_REQUEST, "set");
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, NULL);
+  ck_assert_msg(waitpid(ctl, NULL, WNOHANG) == 0,
+                "gnmrctl set ended before gnmrd was back: the test shows "
+                "nothing");
+  ck_assert_int_eq(ctl_wait(ctl), 1);
+  snprintf(path, sizeof path, "%s/ctl.err", d.dir);
+  char *err = tu_read_file(path, NULL);
+  ck_assert_ptr_nonnull(err);
+  ck_assert_msg(strstr(err, "no answer from gnmrd") != NULL, "set said: %s",
+                err);
+  free(err);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(second_daemon_on_the_same_data_dir_is_refused) {
   tu_daemon d = {0};
   tu_daemon_start(&d);
@@ -469,6 +576,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, synthetic_job_decisions_equal_replay_of_its_trace);
   tcase_add_test(tc, daemon_prints_endpoints_and_stops_cleanly_on_sigterm);
   tcase_add_test(tc, second_daemon_on_the_same_data_dir_is_refused);
+  tcase_add_test(tc, gnmrctl_asks_again_when_its_connection_drops);
   tcase_add_test(tc, bad_command_lines_exit_2_with_a_message);
   suite_add_tcase(s, tc);
   return s;

@@ -97,25 +97,19 @@ static inline const char *tu_tmpdir(void) {
   return dir;
 }
 
-/* Runs bin_dir/prog with argv (argv[0] = prog), stdin from in_path (NULL =
- * /dev/null). Output goes through temporary files (no pipe deadlocks). */
-static inline run_result tu_run(const char *prog, char *const argv[],
-                                const char *in_path) {
-  run_result r = {0};
-  char path[512], out_p[] = "/tmp/gnmr-out-XXXXXX",
-                  err_p[] = "/tmp/gnmr-err-XXXXXX";
-  int ofd = mkstemp(out_p), efd = mkstemp(err_p);
-  ck_assert(ofd >= 0 && efd >= 0);
-  int ifd = open(in_path ? in_path : "/dev/null", O_RDONLY);
-  ck_assert_msg(ifd >= 0, "open %s", in_path ? in_path : "/dev/null");
+/* Starts bin_dir/prog with argv (argv[0] = prog) on the descriptors
+ * given for its stdin, stdout and stderr, and returns its pid. Under
+ * `make test-valgrind` (GNMR_VALGRIND set) the child runs under valgrind
+ * too; its errors and leaks make it exit 99. */
+static inline pid_t tu_spawn(const char *prog, char *const argv[], int ifd,
+                             int ofd, int efd) {
+  char path[512];
   snprintf(path, sizeof path, "%s/%s", tu_bin_dir(), prog);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, ifd, 0);
   posix_spawn_file_actions_adddup2(&fa, ofd, 1);
   posix_spawn_file_actions_adddup2(&fa, efd, 2);
-  /* Under `make test-valgrind` (GNMR_VALGRIND set) the child runs under
-   * valgrind too; its errors and leaks make it exit 99. */
   char *vargv[72];
   char *const *av = argv;
   const char *exe = path;
@@ -137,6 +131,20 @@ static inline run_result tu_run(const char *prog, char *const argv[],
   int rv = posix_spawn(&pid, exe, &fa, NULL, av, environ);
   ck_assert_msg(rv == 0, "spawn %s: %s", path, strerror(rv));
   posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+/* Runs bin_dir/prog with argv (argv[0] = prog), stdin from in_path (NULL =
+ * /dev/null). Output goes through temporary files (no pipe deadlocks). */
+static inline run_result tu_run(const char *prog, char *const argv[],
+                                const char *in_path) {
+  run_result r = {0};
+  char out_p[] = "/tmp/gnmr-out-XXXXXX", err_p[] = "/tmp/gnmr-err-XXXXXX";
+  int ofd = mkstemp(out_p), efd = mkstemp(err_p);
+  ck_assert(ofd >= 0 && efd >= 0);
+  int ifd = open(in_path ? in_path : "/dev/null", O_RDONLY);
+  ck_assert_msg(ifd >= 0, "open %s", in_path ? in_path : "/dev/null");
+  pid_t pid = tu_spawn(prog, argv, ifd, ofd, efd);
   int st;
   ck_assert_int_eq(waitpid(pid, &st, 0), pid);
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);

@@ -228,7 +228,7 @@ static void render_runs(const json_t *v, enum fmt f) {
 
 /* each command's renderer, from its row (0: its JSON as it is) */
 typedef void render_fn(const json_t *v, enum fmt f);
-#define RENDER_OF(id, name, where, job, csv, op, large, stream, opts,          \
+#define RENDER_OF(id, name, where, job, csv, op, changes, large, stream, opts, \
                   synopsis, summary, help, live, query, render)                \
   [GNMR_CMD_##id] = render,
 static render_fn *const renderers[GNMR_CMD_COUNT] = {
