@@ -367,13 +367,13 @@ PY_TEST_ENV = GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BUILD=$(BUILD) \
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1
 test-python: all $(if $(filter $(VENV)/bin/python,$(PYTHON)),venv)
 	@echo "== python tests ($(PYTHON): $$($(PYTHON) -c 'import torch; print("torch", torch.__version__)'))"
-	@cd python && $(PY_TEST_ENV) $(if $(PY_TESTS),PYTHONPATH=tests) $(abspath $(PYTHON)) -m unittest \
-	  $(if $(PY_TESTS),$(PY_TESTS),discover -s tests) -v 2>&1 | tail -n 40; \
-	  exit $${PIPESTATUS[0]}
+	@$(PY_TEST_ENV) $(abspath $(PYTHON)) scripts/pytests.py --jobs $(CHECK_JOBS) $(PY_TESTS)
 # The newest torch runs every suite but those whose subject is not torch
 # (the documentation, the man pages, the pictures: matplotlib and the
-# programs, pinned alike in both venvs), to keep `make check` in its time.
-PY_TORCH_FREE := test_docs test_plot
+# programs, pinned alike in both venvs; the layering of the C sources; the
+# policy's Python reference), to keep `make check` in its time. Each
+# suite's modules run CHECK_JOBS at a time (scripts/pytests.py).
+PY_TORCH_FREE := test_docs test_plot test_layers test_policy_ref
 test-python-newest: all venv-newest
 	@$(MAKE) --no-print-directory test-python PYTHON=$(VENV_NEWEST)/bin/python \
 	  PY_TESTS="$(filter-out $(PY_TORCH_FREE),$(basename $(notdir $(wildcard python/tests/test_*.py))))"

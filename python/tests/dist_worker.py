@@ -157,7 +157,11 @@ def main():
     elif kind == "megatron":
         model = net = MegatronNet(net, rank, world)
     elif kind == "compile":
-        model = torch.compile(net)
+        # aot_eager: dynamo's graph (the wrapper whose names GNMR reads
+        # through) and AOTAutograd's backward, without inductor's code
+        # generation (40 s of this test on a 2-CPU VM); inductor runs in
+        # bench/compile_routes.py and scripts/gpu_check.sh
+        model = torch.compile(net, backend="aot_eager")
     else:
         raise SystemExit(f"unknown kind {kind}")
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: MIT
 """Tests of the gnmr Python package against a real gnmrd.
 
-Run by `make check` as `build/venv/bin/python -m unittest discover -s
-python/tests` with GNMR_AGENT_LIB and GNMR_BIN_DIR set by the Makefile.
+Run by `make check` (scripts/pytests.py: each module of python/tests in
+its own process, as `python -m unittest -v MODULE` from python/ with tests/
+on the path) with GNMR_AGENT_LIB and GNMR_BIN_DIR set by the Makefile.
 """
 import csv
 import ctypes
