@@ -40,9 +40,10 @@ def main():
     d.send_signal(signal.SIGTERM)
     d.wait()
     d.stdout.close()
-    for what, (t, floor) in runs:
+    for what, (t, floor, wait) in runs:
         print(f"python_units {os.path.relpath(gnmr.pytorch.__file__)}: "
-              f"10000 units{what}, Controller.step {t * 1e3:.2f} ms; one "
+              f"10000 units{what}, Controller.step {t * 1e3:.2f} ms "
+              f"(waiting for gnmrd's decision {wait * 1e3:.2f} ms); one "
               f"Python pass over the gradients' pointers "
               f"{floor * 1e3:.2f} ms: {t / floor:.2f}x")
 

@@ -242,7 +242,8 @@ def many_units(ep, n=10000, steps=30, fresh=False, main_grad=False):
     zero_grad(set_to_none=True) and a backward), made outside the timing.
     With main_grad, the gradients are Megatron-style main_grad views of one
     flat fp32 buffer (and the floor reads those).
-    Returns (median step, median floor) in seconds."""
+    Returns (median step, median floor, median time of the step waiting
+    for gnmrd's decision) in seconds."""
     net = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(n)])
     params = list(net.parameters())
     for p in params:
@@ -255,6 +256,15 @@ def many_units(ep, n=10000, steps=30, fresh=False, main_grad=False):
     tag = "-fresh" if fresh else "-main" if main_grad else ""
     ctl = Controller(net, ep, f"units-{n}{tag}",
                      params=gnmr.default_params(warmup_steps=5))
+    waits, agent_wait = [], ctl.agent.wait
+
+    def timed_wait(step, timeout_ms):
+        t = time.perf_counter()
+        try:
+            return agent_wait(step, timeout_ms)
+        finally:
+            waits.append(time.perf_counter() - t)
+    ctl.agent.wait = timed_wait
 
     def floor_pass():
         t = time.perf_counter()
@@ -266,7 +276,7 @@ def many_units(ep, n=10000, steps=30, fresh=False, main_grad=False):
         for p in params:
             p.grad = torch.ones_like(p)
 
-    ts, floor = [], []
+    ts, floor, waited = [], [], []
     for step in range(1, steps + 1):
         if fresh:  # the floor reads new tensors too: a tensor's first
             # read from Python makes its Python object, which costs more
@@ -282,11 +292,14 @@ def many_units(ep, n=10000, steps=30, fresh=False, main_grad=False):
         if step > 5:
             ts.append(t)
             floor.append(f)
+            waited.append(sum(waits))
+        waits.clear()
     del ptrs
     ctl.close()
     ts.sort()
     floor.sort()
-    return ts[len(ts) // 2], floor[len(floor) // 2]
+    waited.sort()
+    return ts[len(ts) // 2], floor[len(floor) // 2], waited[len(waited) // 2]
 
 
 def blas_threads():
@@ -342,7 +355,7 @@ def main():
     clipped = paired(lambda net: Controller(
         net, ep, "paired-clip", params=gnmr.default_params(warmup_steps=5)),
         2 * STEPS, clip=CLIP)
-    units_t, units_floor = many_units(ep)
+    units_t, units_floor, _ = many_units(ep)
     echo.close()
     d.send_signal(signal.SIGTERM)
     d.wait()

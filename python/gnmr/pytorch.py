@@ -192,9 +192,12 @@ def _private_endpoint(endpoint, daemon, data_dir, job):
 def _flagged(names, flags):
     """The names whose flag is nonzero. flags is a list or a ctypes array
     (a host report's counts): an array of zeros, the common case, is told
-    by one scan of its bytes rather than 10,000 reads of its items."""
-    if isinstance(flags, ctypes.Array) and not bytes(flags).strip(b"\0"):
-        return []
+    by one comparison of its bytes (a memcmp; bytes.strip reads them one
+    at a time) rather than 10,000 reads of its items."""
+    if isinstance(flags, ctypes.Array):
+        raw = bytes(flags)
+        if raw == bytes(len(raw)):
+            return []
     return list(compress(names, flags))
 
 

@@ -9,7 +9,7 @@ import ctypes
 import weakref
 from array import array
 from itertools import repeat
-from operator import attrgetter
+from operator import attrgetter, is_
 
 import torch
 
@@ -31,6 +31,12 @@ _GRAD, _DTYPE = attrgetter("grad"), attrgetter("dtype")
 _MAIN = attrgetter("main_grad")
 _IS_CPU = attrgetter("is_cpu")
 _T = torch.Tensor
+_DEREF = weakref.ref.__call__
+_STORAGE_PTR = torch.UntypedStorage.data_ptr
+# main_grad views of a few buffers (_HostTable.storages): the most
+# buffers, and the views checked a step
+_STATIC_STORAGES = 8
+_SPOT = 256
 
 
 class _HostTable:
@@ -43,7 +49,7 @@ class _HostTable:
     reference with a callback that marks the table stale when its
     gradient dies: while none has died, a step reads only the pointers."""
     __slots__ = ("buf", "ptr_words", "refs", "dtypes", "numels", "ptrs",
-                 "died")
+                 "died", "storages", "spot")
 
     def __init__(self, dtypes, numels, units):
         size = _TENSOR.size
@@ -55,6 +61,11 @@ class _HostTable:
         self.ptr_words = memoryview(self.buf).cast("Q")[0::size // 8]
         self.refs, self.ptrs, self.died = [], None, [True]
         self.dtypes, self.numels = dtypes, numels
+        # main_grad views of at most _STATIC_STORAGES buffers: [(storage,
+        # its pointer, its size)], held (what the table points into stays
+        # allocated), each checked every step, the views _SPOT a step in
+        # turn from self.spot (Reduction._static); else None
+        self.storages, self.spot = None, 0
 
     def watch(self, grads):
         """Holds grads weakly; self.died[0] turns True when one dies. The
@@ -100,6 +111,10 @@ class Reduction:
         self._table = bytearray(_TENSOR.size * 64)  # _walk_table()'s
         self._flat = None       # every parameter, for _cached_table()
         self._hcache = None     # its _HostTable
+        # main_grad views checked a step when they are views of a few
+        # buffers (_static); 0: every view every step. Turned to 0 after
+        # 3 steps in a row whose check failed
+        self.spot, self._misses = _SPOT, 0
         self.cuda = None        # CudaReducer, opened at the first CUDA step
         self._cuda_failed = None  # why the CUDA backend is not used
         self._kernel = None     # (step, stream) of the last kernel report
@@ -219,16 +234,24 @@ class Reduction:
             return self._walk_table()
         c = self._hcache
         if c is not None and not c.died[0]:
-            try:  # one C-level pass: each gradient and its pointer
-                ptrs = list(map(_T.data_ptr, map(self._kept, flat)))
-            except TypeError:  # a parameter without a gradient
-                return self._walk_table()
-            if ptrs == c.ptrs:
-                return c.buf, len(ptrs), []
-        grads = list(map(self._kept, flat))
+            if c.storages is not None:
+                if self._static(c, flat):
+                    self._misses = 0
+                    return c.buf, len(flat), []
+                self._misses += 1
+                if self._misses >= 3:  # moved step after step: exact
+                    self.spot = 0
+            else:
+                try:  # one C-level pass: each gradient and its pointer
+                    ptrs = list(map(_T.data_ptr, map(self._kept, flat)))
+                except (TypeError, AttributeError):  # one without
+                    return self._walk_table()
+                if ptrs == c.ptrs:
+                    return c.buf, len(ptrs), []
         try:
+            grads = list(map(self._kept, flat))
             ptrs = list(map(_T.data_ptr, grads))
-        except TypeError:  # a parameter without a gradient
+        except (TypeError, AttributeError):  # a parameter without one
             return self._walk_table()
         if not all(map(_IS_CPU, grads)) or \
                 not all(map(_T.is_contiguous, grads)):
@@ -242,7 +265,38 @@ class Reduction:
         c.watch(grads)
         c.ptr_words[:] = array("Q", ptrs)
         c.ptrs = ptrs
+        c.storages, c.spot = None, 0
+        if self._kept is _MAIN and self.spot > 0:
+            sts = list(map(_T.untyped_storage, grads))
+            by_ptr = dict(zip(map(_STORAGE_PTR, sts), sts))
+            if len(by_ptr) <= _STATIC_STORAGES:
+                c.storages = [(st, ptr, st.nbytes())
+                              for ptr, st in by_ptr.items()]
         return c.buf, len(grads), []
+
+    def _static(self, c, flat):
+        """Whether c, a table of main_grad views of a few buffers, still
+        holds: each buffer at the pointer and size it had (one check a
+        buffer), and self.spot of the views, in turn, the same tensors at
+        the same pointers. A view replaced by another tensor or moved in
+        place is found within len(flat) / self.spot steps (or at once,
+        when its old tensor dies: c.died); until then its unit is read
+        from the memory the view had, which the table keeps allocated
+        (docs/python.md, "What a step costs")."""
+        for st, ptr, nbytes in c.storages:
+            if st.data_ptr() != ptr or st.nbytes() != nbytes:
+                return False
+        i = c.spot
+        j = min(i + self.spot, len(flat))
+        try:
+            views = list(map(self._kept, flat[i:j]))
+            if not all(map(is_, views, map(_DEREF, c.refs[i:j]))) or \
+                    list(map(_T.data_ptr, views)) != c.ptrs[i:j]:
+                return False
+        except (TypeError, AttributeError):  # a main_grad None or gone
+            return False
+        c.spot = j if j < len(flat) else 0
+        return True
 
     def _walk_table(self):
         """_host_table() in one pass over the parameters, packing the

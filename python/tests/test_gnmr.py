@@ -615,6 +615,95 @@ class ControllerTest(unittest.TestCase):
         expect(ctl.step(5, wait_ms=5000))
         ctl.close()
 
+    def test_main_grad_buffers_are_checked_each_step_and_views_in_turn(
+            self):
+        """Issue 49: main_grad views of a few buffers are checked by each
+        buffer's pointer and size every step and `spot` views a step in
+        turn (reduction.py, _static): a buffer given new memory in place
+        is read from it at the next step; a view moved in place is read
+        from its buffer's memory (kept allocated) for at most
+        len(views) / spot steps, then from where it went; views that are
+        not of a few buffers are checked one by one every step."""
+        torch.manual_seed(7)
+        net = torch.nn.Sequential(torch.nn.Linear(6, 6),
+                                  torch.nn.Linear(6, 3),
+                                  torch.nn.Linear(3, 3))
+        params = list(net.parameters())  # 6 views
+        total = sum(p.numel() for p in params)
+        buf = torch.randn(total)
+        off = 0
+        for p in params:
+            p.main_grad = buf[off:off + p.numel()].view_as(p)
+            off += p.numel()
+        ctl = Controller(net, self.d.agents, "main-grad-static",
+                         params=gnmr.default_params(warmup_steps=0))
+        red = ctl._reduction
+        red.spot = 2
+
+        def norms_of(gs):
+            return [sum(float(g.double().pow(2).sum()) for g in u) ** 0.5
+                    for u in gs]
+
+        def got(res):  # rounded: the library sums in its own order
+            return [round(res.norms[name], 9) for name, _ in ctl.units]
+
+        def want():
+            return [round(x, 9) for x in norms_of(
+                [[p.main_grad for p in m.parameters()]
+                 for _, m in ctl.units])]
+
+        self.assertEqual(got(ctl.step(1, wait_ms=5000)), want())
+        self.assertEqual(len(red._hcache.storages), 1)
+        # the buffer's storage given new memory in place (as an offload
+        # and reload does): every view moved with it
+        st = buf.untyped_storage()
+        nbytes = st.nbytes()
+        old_ptr = buf.data_ptr()
+        st.resize_(0)
+        st.resize_(nbytes)
+        self.assertNotEqual(buf.data_ptr(), old_ptr)
+        buf.copy_(torch.randn(total) * 3)
+        self.assertEqual(got(ctl.step(2, wait_ms=5000)), want())
+        # the last view moved in place to memory of its own
+        region = params[5].main_grad.clone()  # what its buffer holds
+        params[5].main_grad.set_(torch.full((3,), 7.0))
+        stale = round(norms_of([[params[4].main_grad, region]])[0], 9)
+        last = ctl.units[2][0]
+        seen = []
+        for step in range(3, 7):
+            res = ctl.step(step, wait_ms=5000)
+            self.assertEqual(got(res)[:2], want()[:2])
+            seen.append(round(res.norms[last], 9))
+        self.assertIn(seen[0], (stale, want()[2]))
+        k = seen.index(want()[2])  # found within 6 / 2 steps
+        self.assertLessEqual(k, 2, seen)
+        self.assertEqual(seen[:k], [stale] * k)
+        self.assertEqual(seen[k:], [want()[2]] * (4 - k))
+        self.assertEqual(len(red._hcache.storages), 2)
+        for step in range(7, 10):  # moved at every step: from the third,
+            st.resize_(0)  # every view is checked every step
+            st.resize_(nbytes)
+            buf.copy_(torch.randn(total))
+            self.assertEqual(got(ctl.step(step, wait_ms=5000)), want())
+        self.assertEqual(red.spot, 0)
+        self.assertIsNone(red._hcache.storages)
+        ctl.close()
+
+        # main_grads of their own: no buffers to check, each view checked
+        # every step
+        net = torch.nn.Sequential(*[torch.nn.Linear(2, 2)
+                                    for _ in range(6)])
+        for p in net.parameters():
+            p.main_grad = torch.randn_like(p)
+        ctl = Controller(net, self.d.agents, "main-grad-own",
+                         params=gnmr.default_params(warmup_steps=0))
+        ctl._reduction.spot = 1
+        self.assertEqual(got(ctl.step(1, wait_ms=5000)), want())
+        self.assertIsNone(ctl._reduction._hcache.storages)
+        net[3].bias.main_grad.set_(torch.full((2,), 5.0))
+        self.assertEqual(got(ctl.step(2, wait_ms=5000)), want())
+        ctl.close()
+
     def test_nonfinite_gradient_is_selected_and_idle_unit_is_not(self):
         net = Net()
         ctl = Controller(net, self.d.agents, "nan-job",
