@@ -377,6 +377,18 @@ class CudaReducer:
         self._call(lib().gnmr_cuda_report(self._c, step, stream),
                    f"report of step {step}")
 
+    def report_table(self, step, table, n, stream=0):
+        """report() of a table already packed as n gnmr_tensor entries (a
+        bytearray or another writable buffer; Reduction's kept table):
+        registered every call (the library compares it with the last one
+        and uploads it only when it changed), then one launch."""
+        arr = (_lib.Tensor * max(n, 1)).from_buffer(table)
+        self._registered = None  # report()'s list no longer registered
+        self._call(lib().gnmr_cuda_register(self._c, arr, n), "register")
+        del arr
+        self._call(lib().gnmr_cuda_report(self._c, step, stream),
+                   f"report of step {step}")
+
     def read(self, stream=0):
         """(sumsq, nonfinite, seen) of the last reduction, as lists, copied
         to the host after the work queued on stream (it waits for it: one

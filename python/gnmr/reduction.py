@@ -30,6 +30,7 @@ _FLIP = bytes([1, 0]) + bytes(254)  # seen -> not reported
 _GRAD, _DTYPE = attrgetter("grad"), attrgetter("dtype")
 _MAIN = attrgetter("main_grad")
 _IS_CPU = attrgetter("is_cpu")
+_DEVICE = attrgetter("device")
 _T = torch.Tensor
 _DEREF = weakref.ref.__call__
 _STORAGE_PTR = torch.UntypedStorage.data_ptr
@@ -41,15 +42,17 @@ _SPOT = 256
 
 class _HostTable:
     """The gnmr_tensor table of a layout whose gradients are plain p.grad
-    on the host (Reduction._cached_table): packed once while the
-    gradients' dtypes and sizes stay, its pointers rewritten (one strided
-    copy) when the gradients move, and left as it is while they are the
-    same tensors at the same addresses. Holds the gradients weakly (a
+    (or main_grad), on the host or on one CUDA device
+    (Reduction._cached_table): packed once while the gradients' dtypes
+    and sizes stay, its pointers rewritten (one strided copy) when the
+    gradients move, and left as it is while they are the same tensors at
+    the same addresses. Holds the gradients weakly (a
     zero_grad(set_to_none=True) frees them as without GNMR), each weak
     reference with a callback that marks the table stale when its
-    gradient dies: while none has died, a step reads only the pointers."""
+    gradient dies: while none has died, a step reads only the pointers.
+    device: None on the host, else the CUDA device they are on."""
     __slots__ = ("buf", "ptr_words", "refs", "dtypes", "numels", "ptrs",
-                 "died", "storages", "spot")
+                 "died", "storages", "spot", "device")
 
     def __init__(self, dtypes, numels, units):
         size = _TENSOR.size
@@ -66,6 +69,7 @@ class _HostTable:
         # allocated), each checked every step, the views _SPOT a step in
         # turn from self.spot (Reduction._static); else None
         self.storages, self.spot = None, 0
+        self.device = None
 
     def watch(self, grads):
         """Holds grads weakly; self.died[0] turns True when one dies. The
@@ -110,6 +114,8 @@ class Reduction:
         self._reports = 0
         self._table = bytearray(_TENSOR.size * 64)  # _walk_table()'s
         self._flat = None       # every parameter, for _cached_table()
+        # per unit, whether it has no parameter (never a gradient)
+        self._bare = [not ps for ps in params]
         self._hcache = None     # its _HostTable
         # main_grad views checked a step when they are views of a few
         # buffers (_static); 0: every view every step. Turned to 0 after
@@ -203,17 +209,26 @@ class Reduction:
                 return self._report_on(t, high, stream, threads)
         return self._report_on(t, high, None, threads)
 
-    def _host_table(self):
-        """Every gradient on the host: (gnmr_tensor table, its length,
-        copies to keep alive), or None when some gradient is on a device."""
+    def _any_table(self):
+        """(gnmr_tensor table, its length, tensors to keep alive while it
+        is read, device): device None when every gradient is on the host;
+        a CUDA device when every gradient is a plain p.grad (or main_grad)
+        on it, readable as it is (the kept table); None when neither."""
         if self._kept is not None:
             return self._cached_table()
         return self._walk_table()
 
+    def _host_table(self):
+        """_any_table() when every gradient is on the host, else None."""
+        table = self._any_table()
+        return table if table is not None and table[3] is None else None
+
     def _cached_table(self):
-        """_host_table() of plain p.grad gradients (or every parameter's
+        """_any_table() of plain p.grad gradients (or every parameter's
         main_grad) at the cost of reading their pointers: the table is
-        kept (_HostTable). A main_grad that is None reads the parameters
+        kept (_HostTable), on the host and for gradients all on one CUDA
+        device (the kernel's table, which the library uploads only when
+        it changed). A main_grad that is None reads the parameters
         again (_walk_table), as a missing p.grad does. While every
         gradient it was made from is alive and the pointers read now are
         the ones it holds, it is used as it is: a tensor's dtype, size and
@@ -237,25 +252,38 @@ class Reduction:
             if c.storages is not None:
                 if self._static(c, flat):
                     self._misses = 0
-                    return c.buf, len(flat), []
+                    # the buffers, held by the table, are what a kernel
+                    # reads
+                    return c.buf, len(flat), [], c.device
                 self._misses += 1
                 if self._misses >= 3:  # moved step after step: exact
                     self.spot = 0
             else:
                 try:  # one C-level pass: each gradient and its pointer
-                    ptrs = list(map(_T.data_ptr, map(self._kept, flat)))
+                    if c.device is None:
+                        grads = []
+                        ptrs = list(map(_T.data_ptr, map(self._kept, flat)))
+                    else:  # a kernel reads them after this returns:
+                        # held until the next report, as the walk's are
+                        grads = list(map(self._kept, flat))
+                        ptrs = list(map(_T.data_ptr, grads))
                 except (TypeError, AttributeError):  # one without
                     return self._walk_table()
                 if ptrs == c.ptrs:
-                    return c.buf, len(ptrs), []
+                    return c.buf, len(ptrs), grads, c.device
         try:
             grads = list(map(self._kept, flat))
             ptrs = list(map(_T.data_ptr, grads))
         except (TypeError, AttributeError):  # a parameter without one
             return self._walk_table()
-        if not all(map(_IS_CPU, grads)) or \
-                not all(map(_T.is_contiguous, grads)):
-            return self._walk_table()  # a device, or copies to make
+        device = None
+        if not all(map(_IS_CPU, grads)):
+            devices = set(map(_DEVICE, grads))
+            device = devices.pop()
+            if devices or device.type != "cuda":
+                return self._walk_table()  # several devices, or not CUDA
+        if not all(map(_T.is_contiguous, grads)):
+            return self._walk_table()  # copies to make
         dtypes = list(map(_DTYPE, grads))
         numels = list(map(_T.numel, grads))
         if c is None or dtypes != c.dtypes or numels != c.numels:
@@ -264,7 +292,7 @@ class Reduction:
             c = self._hcache = _HostTable(dtypes, numels, self._flat_units)
         c.watch(grads)
         c.ptr_words[:] = array("Q", ptrs)
-        c.ptrs = ptrs
+        c.ptrs, c.device = ptrs, device
         c.storages, c.spot = None, 0
         if self._kept is _MAIN and self.spot > 0:
             sts = list(map(_T.untyped_storage, grads))
@@ -272,7 +300,8 @@ class Reduction:
             if len(by_ptr) <= _STATIC_STORAGES:
                 c.storages = [(st, ptr, st.nbytes())
                               for ptr, st in by_ptr.items()]
-        return c.buf, len(grads), []
+        return c.buf, len(grads), grads if device is not None else [], \
+            device
 
     def _static(self, c, flat):
         """Whether c, a table of main_grad views of a few buffers, still
@@ -299,10 +328,10 @@ class Reduction:
         return True
 
     def _walk_table(self):
-        """_host_table() in one pass over the parameters, packing the
-        table as it goes: any layout (shards, main_grad, parameters
-        without a gradient, copies of gradients the library cannot read
-        as they are)."""
+        """_any_table() of host gradients in one pass over the parameters,
+        packing the table as it goes: any layout (shards, main_grad,
+        parameters without a gradient, copies of gradients the library
+        cannot read as they are); None when one is on a device."""
         buf, size, pack = self._table, _TENSOR.size, _TENSOR.pack_into
         keep, i = [], 0
         simple, skip, read = self._simple, self._skip, self._grad
@@ -331,7 +360,7 @@ class Reduction:
                     keep.append(g)  # a copy: alive until reduced
                 pack(buf, i * size, g.data_ptr(), g.numel(), code, unit, 0.0)
                 i += 1
-        return buf, i, keep
+        return buf, i, keep, None
 
     def _grad(self, p):
         """p's gradient as a plain tensor of this rank's elements."""
@@ -359,7 +388,7 @@ class Reduction:
     def _reduce_host(self, threads, table):
         """A _host_table() reduced: (sumsq, nonfinite, seen) as ctypes
         arrays, the sums straight into the arrays a report is sent from."""
-        buf, count, keep = table
+        buf, count, keep, _ = table
         n = len(self._params)
         sumsq = (ctypes.c_double * n)()
         nonfinite = (ctypes.c_uint64 * n)()
@@ -470,7 +499,21 @@ class Reduction:
             self.agent.report_sums(t, [0.0] * len(self._params))
             return
         shadowed = self._shadow_units(high)
-        table = self._host_table()
+        table = self._any_table()
+        if table is not None and table[3] is not None:  # one CUDA device
+            if not shadowed and self._cuda_reducer(table[3]) is not None:
+                # the kept table, read by the kernel on the current stream
+                # (no per-unit Python a step; the library uploads it only
+                # when it changed); the gradients kept one step, as below
+                buf, count, keep, device = table
+                self._keep = keep
+                self._note_gradients(self._bare)
+                if stream is None:
+                    stream = torch.cuda.current_stream(device)
+                self.cuda.report_table(t, buf, count, stream.cuda_stream)
+                self._kernel = (t, stream)
+                return
+            table = None
         if table is not None:
             self._report_host(t, threads, table, shadowed)
             self._note_gradients(self.local[2])

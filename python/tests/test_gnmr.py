@@ -234,6 +234,64 @@ class CudaTest(unittest.TestCase):
     @unittest.skipUnless(torch.cuda.is_available() and
                          gnmr.cuda_device_count() > 0,
                          "no CUDA device for torch and libgnmr-agent")
+    def test_cuda_gradients_are_read_from_the_kept_table(self):
+        """Issue 49: gradients all on one CUDA device go to the kernel
+        from the kept table (no per-unit Python a step): the same table
+        while they stay, rewritten when they move (set_to_none), and
+        main_grad views of one CUDA buffer checked by the buffer; the
+        kernel's sums are torch's each time."""
+        d = Daemon()
+        try:
+            torch.manual_seed(8)
+            net = torch.nn.Sequential(torch.nn.Linear(8, 8),
+                                      torch.nn.Linear(8, 4)).cuda()
+            ctl = Controller(net, d.agents, "cuda-kept",
+                             select=(torch.nn.Linear,))
+            red = ctl._reduction
+            stream = torch.cuda.current_stream().cuda_stream
+
+            def check(grad_of):
+                sumsq, _, _ = red.cuda.read(stream)
+                for u, (_, m) in enumerate(ctl.units):
+                    want = sum(grad_of(p).double().pow(2).sum().item()
+                               for p in m.parameters())
+                    self.assertAlmostEqual(sumsq[u], want,
+                                           delta=1e-5 * want)
+            x = torch.randn(4, 8, device="cuda")
+            tables = []
+            for step, none in ((1, False), (2, False), (3, True)):
+                net.zero_grad(set_to_none=none)
+                net(x * step).pow(2).sum().backward()
+                self.assertTrue(ctl.step(step, wait_ms=5000))
+                self.assertEqual(ctl.cuda_backend, "gnmr")
+                self.assertEqual(red._hcache.device.type, "cuda")
+                tables.append(red._hcache)
+                check(lambda p: p.grad)
+            self.assertIs(tables[0], tables[2])  # kept; pointers rewritten
+            ctl.close()
+
+            params = list(net.parameters())
+            buf = torch.randn(sum(p.numel() for p in params),
+                              device="cuda")
+            off = 0
+            for p in params:
+                p.main_grad = buf[off:off + p.numel()].view_as(p)
+                off += p.numel()
+            ctl = Controller(net, d.agents, "cuda-kept-main",
+                             select=(torch.nn.Linear,))
+            red = ctl._reduction
+            for step in (1, 2):
+                buf.mul_(2.0)
+                self.assertTrue(ctl.step(step, wait_ms=5000))
+                self.assertEqual(len(red._hcache.storages), 1)
+                check(lambda p: p.main_grad)
+            ctl.close()
+        finally:
+            self.assertEqual(d.stop(), 0)
+
+    @unittest.skipUnless(torch.cuda.is_available() and
+                         gnmr.cuda_device_count() > 0,
+                         "no CUDA device for torch and libgnmr-agent")
     def test_a_trace_of_cuda_gradients_holds_the_kernels_sums(self):
         d = Daemon()
         try:
