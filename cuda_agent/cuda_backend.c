@@ -137,11 +137,14 @@ static void deliver(gnmr_cuda *c, slot *s) {
   const uint64_t *nf =
       (const uint64_t *)(s->host + GNMR_RESULT_NONFINITE_OFF(c->n_units));
   const uint8_t *seen = s->host + GNMR_RESULT_SEEN_OFF(c->n_units);
+  /* counted first: whoever sees what this result leads to (gnmrd's
+   * decision of the step) sees the kernel done, and may free what it
+   * read (gnmr.reduction's Reduction.release) */
+  atomic_fetch_add(&c->delivered, 1);
   if (c->agent != NULL)
     gnmr__agent_queue_seen(c->agent, s->step, sumsq, nf, seen);
   else
     c->on_result(c->on_result_ctx, s->step, sumsq, nf, seen, c->n_units);
-  atomic_fetch_add(&c->delivered, 1);
 }
 
 /* The completion thread: waits on each slot's event in order (blocking

@@ -77,7 +77,8 @@ typedef struct gnmr_cuda_config {
 typedef struct gnmr_cuda_stats {
   uint64_t launches;      /* kernel launches */
   uint64_t reports;       /* results put in the ring */
-  uint64_t delivered;     /* results handed to the agent or callback */
+  uint64_t delivered;     /* results read back (the kernel done), counted
+                             as they are handed to the agent or callback */
   uint64_t skipped_steps; /* ring full: step not reduced */
   uint64_t uploads;       /* table uploads (registrations that changed) */
   uint64_t cuda_errors;   /* CUDA calls that failed */

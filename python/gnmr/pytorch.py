@@ -633,6 +633,7 @@ class Controller:
             self._not_joined = 0
             on_time = self.agent.wait(t, self.wait_ms if wait_ms is None
                                       else wait_ms)
+            red.release()  # the kernel's gradients, once it read them
         else:  # nothing to wait for: routes fall back at once
             on_time = False
             self._not_joined += 1

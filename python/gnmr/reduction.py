@@ -138,6 +138,18 @@ class Reduction:
             self.cuda.close()
             self.cuda = None
 
+    def release(self):
+        """Drops the gradients kept for the kernel (_keep) once it has
+        read them: every report's result delivered (the library counts a
+        result before it hands it on, so after this rank's decision is in,
+        they are). Else they are dropped at the next report. Without it,
+        gradients freed by zero_grad(set_to_none=True) stayed allocated
+        through the next forward and backward."""
+        if self._keep and self.cuda is not None:
+            st = self.cuda.stats()
+            if st["delivered"] >= st["reports"]:
+                self._keep = []
+
     def read_kernel(self, t):
         """`local` of step t's report when the CUDA kernel reduced it: its
         sums read back (one synchronisation of the report's stream); None

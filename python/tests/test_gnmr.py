@@ -265,6 +265,9 @@ class CudaTest(unittest.TestCase):
                 self.assertTrue(ctl.step(step, wait_ms=5000))
                 self.assertEqual(ctl.cuda_backend, "gnmr")
                 self.assertEqual(red._hcache.device.type, "cuda")
+                # read by the kernel: no longer held (released once the
+                # decision is in, not at the next report)
+                self.assertEqual(red._keep, [])
                 tables.append(red._hcache)
                 check(lambda p: p.grad)
             self.assertIs(tables[0], tables[2])  # kept; pointers rewritten
