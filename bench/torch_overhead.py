@@ -243,7 +243,7 @@ def many_units(ep, n=10000, steps=30, fresh=False, main_grad=False):
     With main_grad, the gradients are Megatron-style main_grad views of one
     flat fp32 buffer (and the floor reads those).
     Returns (median step, median floor, median time of the step waiting
-    for gnmrd's decision) in seconds."""
+    for gnmrd's decision, slowest step) in seconds."""
     net = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(n)])
     params = list(net.parameters())
     for p in params:
@@ -299,7 +299,8 @@ def many_units(ep, n=10000, steps=30, fresh=False, main_grad=False):
     ts.sort()
     floor.sort()
     waited.sort()
-    return ts[len(ts) // 2], floor[len(floor) // 2], waited[len(waited) // 2]
+    return ts[len(ts) // 2], floor[len(floor) // 2], \
+        waited[len(waited) // 2], ts[-1]
 
 
 def blas_threads():
@@ -355,7 +356,7 @@ def main():
     clipped = paired(lambda net: Controller(
         net, ep, "paired-clip", params=gnmr.default_params(warmup_steps=5)),
         2 * STEPS, clip=CLIP)
-    units_t, units_floor, _ = many_units(ep)
+    units_t, units_floor, _, _ = many_units(ep)
     echo.close()
     d.send_signal(signal.SIGTERM)
     d.wait()

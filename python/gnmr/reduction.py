@@ -121,6 +121,9 @@ class Reduction:
         # buffers (_static); 0: every view every step. Turned to 0 after
         # 3 steps in a row whose check failed
         self.spot, self._misses = _SPOT, 0
+        # steps in a row whose gradients were new tensors; from 2, they are
+        # not watched (weak references), but on one step in `rewatch`
+        self._fresh, self.rewatch = 0, 64
         self.cuda = None        # CudaReducer, opened at the first CUDA step
         self._cuda_failed = None  # why the CUDA backend is not used
         self._kernel = None     # (step, stream) of the last kernel report
@@ -260,10 +263,12 @@ class Reduction:
         if not flat:  # units without parameters: nothing to keep
             return self._walk_table()
         c = self._hcache
-        if c is not None and not c.died[0]:
+        if c is not None and c.died[0]:
+            self._fresh += 1  # new gradient tensors (set_to_none)
+        elif c is not None:
             if c.storages is not None:
                 if self._static(c, flat):
-                    self._misses = 0
+                    self._misses = self._fresh = 0
                     # the buffers, held by the table, are what a kernel
                     # reads
                     return c.buf, len(flat), [], c.device
@@ -282,6 +287,7 @@ class Reduction:
                 except (TypeError, AttributeError):  # one without
                     return self._walk_table()
                 if ptrs == c.ptrs:
+                    self._fresh = 0
                     return c.buf, len(ptrs), grads, c.device
         try:
             grads = list(map(self._kept, flat))
@@ -302,10 +308,19 @@ class Reduction:
             if not all(dt in _DTYPE_CODES for dt in set(dtypes)):
                 return self._walk_table()  # read as float32 copies
             c = self._hcache = _HostTable(dtypes, numels, self._flat_units)
-        c.watch(grads)
         c.ptr_words[:] = array("Q", ptrs)
         c.ptrs, c.device = ptrs, device
         c.storages, c.spot = None, 0
+        if self._fresh >= 2 and self._fresh % self.rewatch:
+            # new tensors step after step: weak references would die
+            # unused, and 20,000 of them a step bring the garbage
+            # collector's full passes (200 ms stalls at 10,000 units); the
+            # next step reads and checks the gradients again, and one step
+            # in `rewatch` watches them, to find them kept again
+            c.refs, c.died = [], [True]
+            return c.buf, len(grads), grads if device is not None else [], \
+                device
+        c.watch(grads)
         if self._kept is _MAIN and self.spot > 0:
             sts = list(map(_T.untyped_storage, grads))
             by_ptr = dict(zip(map(_STORAGE_PTR, sts), sts))

@@ -624,6 +624,24 @@ class ControllerTest(unittest.TestCase):
         net[0].weight.grad = held * 5
         expect(ctl.step(10, wait_ms=5000))
         del held
+        # new tensors step after step: no longer watched (weak references
+        # by the thousand bring the garbage collector's full passes), each
+        # read and checked; kept ones again: watched again within
+        # `rewatch` steps, then read by their pointers alone
+        red = ctl._reduction
+        red.rewatch = 4
+        for step in range(11, 14):
+            net.zero_grad(set_to_none=True)
+            net(x * step).pow(2).sum().backward()
+            expect(ctl.step(step, wait_ms=5000))
+        self.assertGreaterEqual(red._fresh, 2)
+        self.assertEqual(red._hcache.refs, [])
+        for step in range(14, 20):
+            for p in net.parameters():
+                p.grad.mul_(0.5)
+            expect(ctl.step(step, wait_ms=5000))
+        self.assertEqual(red._fresh, 0)
+        self.assertEqual(len(red._hcache.refs), 4)
         ctl.close()
 
     def test_main_grad_views_of_one_buffer_are_read_from_a_kept_table(self):
