@@ -29,6 +29,7 @@ _DTYPE_CODES = {dt: _CODES_BY_NAME[name] for dt, name in _DTYPES.items()}
 _FLIP = bytes([1, 0]) + bytes(254)  # seen -> not reported
 _GRAD, _DTYPE = attrgetter("grad"), attrgetter("dtype")
 _MAIN = attrgetter("main_grad")
+_LOCAL_GRAD = attrgetter("grad._local_tensor")  # a DTensor gradient's
 _IS_CPU = attrgetter("is_cpu")
 _DEVICE = attrgetter("device")
 _T = torch.Tensor
@@ -110,6 +111,16 @@ class Reduction:
         self._simple = plain and not any(mains)
         self._kept = _GRAD if self._simple else \
             _MAIN if plain and mains and all(mains) else None
+        if self._kept is None and not self._skip and not any(mains) and \
+                _layout.DTensor is not None and mains and \
+                all(isinstance(p, _layout.DTensor)
+                    for ps in params for p in ps):
+            # DTensor parameters on a mesh (FSDP2's shards, a tensor-
+            # parallel model), each rank's local gradient counted here:
+            # the kept table reads the local tensors (a gradient that is
+            # not a DTensor walks, as a missing one does)
+            self._kept = _LOCAL_GRAD
+        self.walks = 0  # steps the table was walked (_walk_table)
         self._never = set(range(len(units))) - set(frozen)
         self._reports = 0
         self._table = bytearray(_TENSOR.size * 64)  # _walk_table()'s
@@ -359,6 +370,7 @@ class Reduction:
         packing the table as it goes: any layout (shards, main_grad,
         parameters without a gradient, copies of gradients the library
         cannot read as they are); None when one is on a device."""
+        self.walks += 1
         buf, size, pack = self._table, _TENSOR.size, _TENSOR.pack_into
         keep, i = [], 0
         simple, skip, read = self._simple, self._skip, self._grad

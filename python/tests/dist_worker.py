@@ -207,7 +207,8 @@ def main():
                 ref_f.write(f"{step},{u},{ref[u]!r}\n")
         res_f.write(json.dumps({"step": step, "on_time": bool(res.on_time),
                                 "active": res.active,
-                                "nonfinite": res.nonfinite}) + "\n")
+                                "nonfinite": res.nonfinite,
+                                "walks": ctl._reduction.walks}) + "\n")
         if not res.nonfinite:
             if kind == "megatron":
                 for p in net.parameters():
