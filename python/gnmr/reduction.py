@@ -124,8 +124,9 @@ class Reduction:
         self._never = set(range(len(units))) - set(frozen)
         self._reports = 0
         self._table = bytearray(_TENSOR.size * 64)  # _walk_table()'s
-        self._flat = None       # every parameter, for _cached_table()
-        # per unit, whether it has no parameter (never a gradient)
+        self._flat = None       # the parameters _cached_table() reads
+        self._frozen = []       # and those it leaves out (no gradient)
+        # per unit, whether _flat has none of its parameters
         self._bare = [not ps for ps in params]
         self._hcache = None     # its _HostTable
         # main_grad views checked a step when they are views of a few
@@ -268,10 +269,25 @@ class Reduction:
         with gradients present)."""
         flat = self._flat
         if flat is None:
-            flat = self._flat = [p for ps in self._params for p in ps]
-            self._flat_units = [u for u, ps in enumerate(self._params)
-                                for _ in ps]
-        if not flat:  # units without parameters: nothing to keep
+            pairs = [(u, p) for u, ps in enumerate(self._params) for p in ps]
+            self._frozen = []
+            if self._kept is not _MAIN:  # parameters without a gradient
+                # now (LoRA's frozen base weights, a unit out of the
+                # loss) left out while they have none
+                self._frozen = [p for _, p in pairs if p.grad is None]
+                pairs = [(u, p) for u, p in pairs if p.grad is not None]
+            flat = self._flat = [p for _, p in pairs]
+            self._flat_units = [u for u, _ in pairs]
+            units = set(self._flat_units)
+            self._bare = [u not in units for u in range(len(self._params))]
+            self._hcache = None  # made for another list
+        if self._frozen and not all(map(is_, map(_GRAD, self._frozen),
+                                        repeat(None))):
+            # one of them has a gradient now: counted as the walk counts
+            # it; the lists are made again at the next step
+            self._flat = None
+            return self._walk_table()
+        if not flat:  # no parameter to keep
             return self._walk_table()
         c = self._hcache
         if c is not None and c.died[0]:
@@ -296,6 +312,7 @@ class Reduction:
                         grads = list(map(self._kept, flat))
                         ptrs = list(map(_T.data_ptr, grads))
                 except (TypeError, AttributeError):  # one without
+                    self._flat = None  # the lists made again next step
                     return self._walk_table()
                 if ptrs == c.ptrs:
                     self._fresh = 0
@@ -304,6 +321,8 @@ class Reduction:
             grads = list(map(self._kept, flat))
             ptrs = list(map(_T.data_ptr, grads))
         except (TypeError, AttributeError):  # a parameter without one
+            if self._kept is not _MAIN:
+                self._flat = None  # the lists made again next step
             return self._walk_table()
         device = None
         if not all(map(_IS_CPU, grads)):

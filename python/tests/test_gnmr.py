@@ -644,6 +644,62 @@ class ControllerTest(unittest.TestCase):
         self.assertEqual(len(red._hcache.refs), 4)
         ctl.close()
 
+    def test_parameters_without_gradients_are_left_out_of_the_kept_table(
+            self):
+        """Issue 49: frozen parameters (LoRA's base weights) and units out
+        of the loss no longer make every step walk the parameters: they
+        are left out of the kept table while their gradient is None, and
+        one that gets a gradient (unfrozen, or set by hand) is counted
+        from that step on, as the walk counts it."""
+        torch.manual_seed(9)
+        net = torch.nn.Sequential(torch.nn.Linear(5, 5),
+                                  torch.nn.Linear(5, 5),
+                                  torch.nn.Linear(5, 2))
+        net[0].weight.requires_grad_(False)  # an adapter's frozen base
+        for p in net[1].parameters():  # a frozen unit
+            p.requires_grad_(False)
+        ctl = Controller(net, self.d.agents, "kept-frozen",
+                         params=gnmr.default_params(warmup_steps=0))
+        red = ctl._reduction
+        x = torch.randn(4, 5)
+
+        def expect(res):
+            for name, module in ctl.units:
+                gs = [p.grad for p in module.parameters()
+                      if p.grad is not None]
+                if not gs:
+                    self.assertIsNone(res.norms[name])
+                    continue
+                want = sum(float(g.double().pow(2).sum()) for g in gs)
+                self.assertAlmostEqual(res.norms[name], want ** 0.5,
+                                       delta=1e-6 * want ** 0.5)
+
+        def step(t, after_backward=lambda: None):
+            net.zero_grad(set_to_none=False)
+            net(x * t).pow(2).sum().backward()
+            after_backward()
+            res = ctl.step(t, wait_ms=5000)
+            expect(res)
+            return res
+
+        for t in (1, 2, 3):
+            step(t)
+        self.assertEqual(red.walks, 0)  # never walked
+        self.assertEqual(len(red._flat), 3)  # bias 0, weight and bias 2
+        net[0].weight.requires_grad_(True)  # unfrozen: counted at once
+        step(4)
+        self.assertEqual(red.walks, 1)
+        step(5)
+        step(6)
+        self.assertEqual(red.walks, 1)  # kept again, with it
+        self.assertEqual(len(red._flat), 4)
+        # a gradient set by hand while frozen
+        res = step(7, lambda: setattr(net[1].weight, "grad",
+                                      torch.ones(5, 5)))
+        self.assertEqual(res.norms[ctl.units[1][0]], 5.0)
+        self.assertEqual(red.walks, 2)
+        ctl.close()
+
     def test_main_grad_views_of_one_buffer_are_read_from_a_kept_table(self):
         """Megatron-style: every parameter's main_grad a view of one flat
         fp32 buffer. The host pass keeps its table for them too (issue
