@@ -459,6 +459,18 @@ class ControllerTest(unittest.TestCase):
     def tearDown(self):
         self.assertEqual(self.d.stop(), 0)
 
+    def expect_grad_norms(self, ctl, res):
+        """res.norms are the fp64 norms of each unit's p.grad (None for a
+        unit without one)."""
+        for name, module in ctl.units:
+            gs = [p.grad for p in module.parameters() if p.grad is not None]
+            if not gs:
+                self.assertIsNone(res.norms[name])
+                continue
+            want = sum(float(g.double().pow(2).sum()) for g in gs)
+            self.assertAlmostEqual(res.norms[name], want ** 0.5,
+                                   delta=1e-6 * want ** 0.5)
+
     def train_step(self, net, x, step, ctl, scale=None):
         net.zero_grad()
         net(x).pow(2).mean().backward()
@@ -573,15 +585,7 @@ class ControllerTest(unittest.TestCase):
         x = torch.randn(5, 6)
 
         def expect(res):
-            for name, module in ctl.units:
-                gs = [p.grad for p in module.parameters()
-                      if p.grad is not None]
-                if not gs:
-                    self.assertIsNone(res.norms[name])
-                    continue
-                want = sum(float(g.double().pow(2).sum()) for g in gs)
-                self.assertAlmostEqual(res.norms[name], want ** 0.5,
-                                       delta=1e-6 * want ** 0.5)
+            self.expect_grad_norms(ctl, res)
             self.assertEqual(res.as_dict()["norms"], res.norms)
 
         net(x).pow(2).sum().backward()
@@ -663,23 +667,12 @@ class ControllerTest(unittest.TestCase):
         red = ctl._reduction
         x = torch.randn(4, 5)
 
-        def expect(res):
-            for name, module in ctl.units:
-                gs = [p.grad for p in module.parameters()
-                      if p.grad is not None]
-                if not gs:
-                    self.assertIsNone(res.norms[name])
-                    continue
-                want = sum(float(g.double().pow(2).sum()) for g in gs)
-                self.assertAlmostEqual(res.norms[name], want ** 0.5,
-                                       delta=1e-6 * want ** 0.5)
-
         def step(t, after_backward=lambda: None):
             net.zero_grad(set_to_none=False)
             net(x * t).pow(2).sum().backward()
             after_backward()
             res = ctl.step(t, wait_ms=5000)
-            expect(res)
+            self.expect_grad_norms(ctl, res)
             return res
 
         for t in (1, 2, 3):
