@@ -31,7 +31,7 @@ static void put_num(FILE *f, double v, int empty_if_nan) {
 /* norm is printed only for units reported at this step (a lock-held unit
  * may have no report; its norm field is then empty). */
 static void write_scores(FILE *f, const policy_result *r, const double *norm,
-                         const uint8_t *input) {
+                         const uint8_t *input, const double *measure) {
   /* Risky units come from the EXCEED events (ascending unit order);
    * lock-held units are active ones with s <= 1. Merge both by unit. */
   const policy_event *ev = r->events;
@@ -57,7 +57,18 @@ static void write_scores(FILE *f, const policy_result *r, const double *norm,
     put_num(f, r->d[u], 1);
     fputc(',', f);
     put_num(f, r->s[u], 0);
-    fprintf(f, ",%s\n", outcome);
+    fprintf(f, ",%s", outcome);
+    if (measure != NULL) { /* a measured trace: the measure's part */
+      fputc(',', f);
+      if (!isnan(measure[u]))
+        put_num(f, measure[u], 0);
+      fputc(',', f);
+      put_num(f, r->gm ? r->gm[u] : NAN, 1);
+      fputc(',', f);
+      put_num(f, r->dm ? r->dm[u] : NAN, 1);
+      fprintf(f, ",%s", eu < au ? policy_signal_name(ev[ei].signal) : "");
+    }
+    fputc('\n', f);
     if (eu < au)
       ei++;
     else
@@ -70,7 +81,7 @@ int gnmr__replay(const trace *t, const policy_params *prm,
   size_t next = 0;
   int rv;
   policy *p = NULL;
-  double *norm = NULL;
+  double *norm = NULL, *measure = NULL;
   uint8_t *input = NULL;
   uint32_t n = t->n_units;
 
@@ -78,36 +89,45 @@ int gnmr__replay(const trace *t, const policy_params *prm,
     return rv;
   norm = calloc(n ? n : 1, sizeof *norm);
   input = malloc(n ? n : 1);
-  if (norm == NULL || input == NULL) {
+  if (t->measured)
+    measure = calloc(n ? n : 1, sizeof *measure);
+  if (norm == NULL || input == NULL || (t->measured && measure == NULL)) {
     rv = GNMR_E_NOMEM;
     goto out;
   }
   fputs("step,active\n", decisions);
   if (scores != NULL)
-    fputs(GNMR_SCORES_HEADER "\n", scores);
+    fputs(t->measured ? GNMR_SCORES_HEADER GNMR_SCORES_MEASURED "\n"
+                      : GNMR_SCORES_HEADER "\n",
+          scores);
   size_t row = 0;
   for (uint64_t step = t->first_step; t->n_rows > 0 && step <= t->last_step;
        step++) {
     policy_result res;
     memset(input, POLICY_NOT_REPORTED, n);
+    for (uint32_t u = 0; measure != NULL && u < n; u++)
+      measure[u] = NAN;
     for (; row < t->n_rows && t->rows[row].step == step; row++) {
       norm[t->rows[row].unit] = t->rows[row].norm;
       input[t->rows[row].unit] = POLICY_REPORTED;
+      if (measure != NULL)
+        measure[t->rows[row].unit] = t->rows[row].measure;
     }
     while (sched != NULL && next < sched->n && sched->e[next].step <= step)
       if ((rv = policy_set_params(p, &sched->e[next++].prm)) != 0)
         goto out;
-    if ((rv = policy_step(p, step, norm, input, &res)) != 0)
+    if ((rv = policy_step_measured(p, step, norm, input, measure, &res)) != 0)
       goto out;
     gnmr__write_decision_row(decisions, step, res.active, res.n_active);
     if (scores != NULL)
-      write_scores(scores, &res, norm, input);
+      write_scores(scores, &res, norm, input, measure);
   }
   if (fflush(decisions) != 0 || ferror(decisions) ||
       (scores != NULL && (fflush(scores) != 0 || ferror(scores))))
     rv = GNMR_E_IO;
 out:
   free(norm);
+  free(measure);
   free(input);
   policy_destroy(&p);
   return rv;

@@ -14,6 +14,9 @@
  * (outcome selected, dropped or warmup) and every unit kept in the active
  * set by its lock alone (outcome held). */
 #define GNMR_SCORES_HEADER "step,unit,norm,g,d,s,outcome"
+/* the columns a measured trace adds: the unit's measure, its ratio and
+ * Delta ratio, and which signal made it risky (docs/policy.md) */
+#define GNMR_SCORES_MEASURED ",measure,gm,dm,signal"
 
 /* Parameter changes during a replay: from step `step` on, `prm` (as
  * `gnmrctl set` made them live: a change recorded with from_step S

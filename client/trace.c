@@ -62,17 +62,42 @@ static const char *show(const char *s, size_t n, char *buf, size_t cap) {
   return buf;
 }
 
-static int parse_row(const char *s, size_t n, size_t line, trace_row *row,
-                     trace_error *err) {
-  const char *f[3];
-  size_t fl[3], nf = 0;
+/* The measure column's field (empty or nan: none). 0 or the error. */
+static int parse_measure(const char *f, size_t fl, size_t line,
+                         trace_row *row, trace_error *err) {
+  char shown[40];
+  double x;
+  row->measure = NAN;
+  if (fl == 0)
+    return 0;
+  int rv = gnmr__parse_doublen(f, fl, 1, &x);
+  if (rv == GNMR_E_RANGE)
+    return fail(err, line, "measure '%s' overflows a double",
+                show(f, fl, shown, sizeof shown));
+  if (rv != 0)
+    return fail(err, line,
+                "measure '%s' is not a number (decimal, inf, nan or empty)",
+                show(f, fl, shown, sizeof shown));
+  if (x < 0)
+    return fail(err, line, "measure %s is negative",
+                show(f, fl, shown, sizeof shown));
+  row->measure = x == 0 ? 0.0 : x;
+  return 0;
+}
+
+static int parse_row(const char *s, size_t n, size_t line, int measured,
+                     trace_row *row, trace_error *err) {
+  const char *f[4];
+  size_t fl[4], nf = 0, want = measured ? 4 : 3;
+  const char *cols = measured ? "step,unit,norm,measure" : "step,unit,norm";
   char shown[40];
   const char *p = s, *end = s + n;
   for (;;) {
     const char *c = memchr(p, ',', (size_t)(end - p));
     const char *fe = c ? c : end;
-    if (nf == 3)
-      return fail(err, line, "expected 3 columns (step,unit,norm), got more");
+    if (nf == want)
+      return fail(err, line, "expected %zu columns (%s), got more", want,
+                  cols);
     f[nf] = p;
     fl[nf] = (size_t)(fe - p);
     trim(&f[nf], &fl[nf]);
@@ -81,8 +106,8 @@ static int parse_row(const char *s, size_t n, size_t line, trace_row *row,
       break;
     p = c + 1;
   }
-  if (nf != 3)
-    return fail(err, line, "expected 3 columns (step,unit,norm), got %zu",
+  if (nf != want)
+    return fail(err, line, "expected %zu columns (%s), got %zu", want, cols,
                 nf);
   uint64_t v;
   int rv = gnmr__parse_u64n(f[0], fl[0], TRACE_MAX_STEP, &v);
@@ -118,6 +143,9 @@ static int parse_row(const char *s, size_t n, size_t line, trace_row *row,
                 show(f[2], fl[2], shown, sizeof shown));
   row->norm = x == 0 ? 0.0 : x; /* -0 is 0 */
   row->line = line > UINT32_MAX ? UINT32_MAX : (uint32_t)line;
+  if (measured)
+    return parse_measure(f[3], fl[3], line, row, err);
+  row->measure = NAN;
   return 0;
 }
 
@@ -138,10 +166,12 @@ static int read_rows(const char *buf, size_t len, trace *t, trace_error *err,
       continue;
     if (!have_header) {
       char shown[40];
-      if (n != 14 || memcmp(s, "step,unit,norm", 14) != 0)
+      if (n == 22 && memcmp(s, "step,unit,norm,measure", 22) == 0)
+        t->measured = 1;
+      else if (n != 14 || memcmp(s, "step,unit,norm", 14) != 0)
         return fail(err, *line,
-                    "expected the header 'step,unit,norm', got "
-                    "'%s'",
+                    "expected the header 'step,unit,norm' (or "
+                    "'step,unit,norm,measure'), got '%s'",
                     show(s, n, shown, sizeof shown));
       have_header = 1;
       continue;
@@ -154,7 +184,8 @@ static int read_rows(const char *buf, size_t len, trace *t, trace_error *err,
       t->rows = r;
       cap = ncap;
     }
-    if ((rv = parse_row(s, n, *line, &t->rows[t->n_rows], err)) != 0)
+    if ((rv = parse_row(s, n, *line, t->measured, &t->rows[t->n_rows],
+                        err)) != 0)
       return rv;
     t->n_rows++;
   }

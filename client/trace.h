@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* trace.h — the offline trace format of docs/policy.md: CSV with header
- * `step,unit,norm`, '#' comments, rows in any order. Parsing works on a
- * memory buffer (no I/O) and reports the first problem with its line. */
+ * `step,unit,norm` (or `step,unit,norm,measure`: each row adds the unit's
+ * measure, empty or nan for none), '#' comments, rows in any order.
+ * Parsing works on a memory buffer (no I/O) and reports the first problem
+ * with its line. */
 #ifndef GNMR_TRACE_H
 #define GNMR_TRACE_H
 
@@ -20,6 +22,7 @@
 typedef struct trace_row {
   uint64_t step;
   double norm;  /* >= 0, NaN, +Inf or -Inf */
+  double measure; /* >= 0 or +Inf; NaN: none */
   uint32_t unit;
   uint32_t line;
 } trace_row;
@@ -30,6 +33,7 @@ typedef struct trace {
   uint64_t first_step;  /* 0 when the trace has no rows */
   uint64_t last_step;
   uint32_t n_units;     /* largest unit id + 1 (0 when no rows) */
+  int measured;         /* the header has the measure column */
 } trace;
 
 typedef struct trace_error {

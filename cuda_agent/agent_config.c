@@ -92,6 +92,7 @@ int gnmr_agent_config_from_env(gnmr_agent_config *cfg, const char **bad_var) {
 #define ENV_KIND_U32 1
 #define ENV_KIND_U64 2
 #define ENV_KIND_FLAG 1
+#define ENV_KIND_SIGNAL 5
 #define GNMR__PARAM_ENV(name, ctype, kind, opt, env, def, inh)               \
   {env, offsetof(gnmr_agent_config, params.name), ENV_KIND_##kind},
       GNMR_PARAMS_MAP(GNMR__PARAM_ENV)
@@ -133,7 +134,9 @@ int gnmr_agent_config_from_env(gnmr_agent_config *cfg, const char **bad_var) {
         memcpy(field, &u, sizeof u);
       break;
     case 3:
-      ok = gnmr__parse_double(v, 0, &dv) == 0 && dv > 0;
+    case 5: /* a threshold (> 0), a signal's (>= 0, 0: off) */
+      ok = gnmr__parse_double(v, 0, &dv) == 0 &&
+           (vars[i].kind == 5 ? dv >= 0 : dv > 0);
       if (ok)
         memcpy(field, &dv, sizeof dv);
       break;

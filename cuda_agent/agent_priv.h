@@ -33,6 +33,8 @@ typedef struct report_scratch {
   uint64_t *nonfinite;
   protobuf_c_boolean *not_reported;
   protobuf_c_boolean *shadowed;
+  double *measure;      /* enc: gnmr_agent_measure's values */
+  uint64_t measure_step;/* enc: their step (0: none) */
   uint8_t *seen;
   uint8_t *pack;
   size_t pack_cap;

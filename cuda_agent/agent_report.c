@@ -23,11 +23,12 @@ int gnmr__agent_scratch_init(gnmr_agent *a) {
   e->nonfinite = malloc(n * sizeof *e->nonfinite);
   e->not_reported = malloc(n * sizeof *e->not_reported);
   e->shadowed = malloc(n * sizeof *e->shadowed);
+  e->measure = malloc(n * sizeof *e->measure);
   c->sumsq = malloc(n * sizeof *c->sumsq);
   c->nonfinite = malloc(n * sizeof *c->nonfinite);
   c->seen = malloc(n);
   if (!e->sumsq || !e->nonfinite || !e->not_reported || !e->shadowed ||
-      !c->sumsq ||
+      !e->measure || !c->sumsq ||
       !c->nonfinite || !c->seen)
     return GNMR_E_NOMEM;
   return GNMR_OK;
@@ -38,6 +39,7 @@ static void scratch_free(report_scratch *s) {
   free(s->nonfinite);
   free(s->not_reported);
   free(s->shadowed);
+  free(s->measure);
   free(s->seen);
   free(s->pack);
   memset(s, 0, sizeof *s);
@@ -137,6 +139,10 @@ static void fill_report(gnmr_agent *a, Gnmr__Report *r, uint64_t step,
   r->not_reported = e->not_reported;
   r->n_shadowed = any_sh ? n : 0;
   r->shadowed = e->shadowed;
+  /* the measures given for this step (gnmr_agent_measure), whichever
+   * path reports it */
+  r->n_measure = e->measure_step == step ? n : 0;
+  r->measure = e->measure;
 }
 
 /* A free pool buffer that holds len bytes, or NULL (all in flight, or no
@@ -235,6 +241,20 @@ static int queue_values(gnmr_agent *a, uint64_t step, const double *sumsq,
     atomic_fetch_add(sent ? &a->reports_sent : &a->reports_dropped, 1);
   pthread_mutex_unlock(&a->push_mu);
   return rv;
+}
+
+int gnmr_agent_measure(gnmr_agent *a, uint64_t step, const double *measure) {
+  if (a == NULL || measure == NULL || step == 0 ||
+      step <= atomic_load(&a->last_reported))
+    return GNMR_E_INVAL;
+  for (uint32_t i = 0; i < a->n_units; i++)
+    if (measure[i] < 0) /* NaN: not measured; +inf: not finite */
+      return GNMR_E_INVAL;
+  pthread_mutex_lock(&a->push_mu);
+  memcpy(a->enc.measure, measure, a->n_units * sizeof *measure);
+  a->enc.measure_step = step;
+  pthread_mutex_unlock(&a->push_mu);
+  return GNMR_OK;
 }
 
 int gnmr_agent_report_sums(gnmr_agent *a, uint64_t step, const double *sumsq,

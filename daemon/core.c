@@ -109,6 +109,7 @@ void core_job_free(core_registry *reg, core_job **jp) {
   free(j->nrc);
   free(j->nfc);
   free(j->shd);
+  free(j->meas);
   hmap_clear(&j->unit_ids);
   policy_destroy(&j->pol);
   free(j->name);
@@ -157,6 +158,7 @@ static int reserve_units(core_job *j, uint32_t n) {
   GROW(nrc);
   GROW(nfc);
   GROW(shd);
+  GROW(meas);
 #undef GROW
   j->cap_units = cap;
   return GNMR_OK;
@@ -630,6 +632,8 @@ static uint32_t sum_shards(core_job *j, const core_pending *p) {
   memset(j->nrc, 0, n * sizeof *j->nrc);
   memset(j->nfc, 0, n * sizeof *j->nfc);
   memset(j->shd, 0, n * sizeof *j->shd);
+  for (uint32_t u = 0; u < n; u++)
+    j->meas[u] = NAN;
   for (uint32_t r = 0; r < j->reporters; r++) { /* rank order */
     const core_report *h = &p->by_rank[r];
     const core_rank *rr = &j->ranks[r];
@@ -647,6 +651,10 @@ static uint32_t sum_shards(core_job *j, const core_pending *p) {
         j->nfc[id] += h->nonfinite[i];
       if (h->shadowed && h->shadowed[i])
         j->shd[id] = 1;
+      /* a sharded unit's measure: its largest shard's (docs/policy.md) */
+      if (h->measure && !isnan(h->measure[i]) &&
+          !(h->measure[i] <= j->meas[id]))
+        j->meas[id] = h->measure[i];
     }
   }
   /* The job's layout is known once every rank has said Hello: before
@@ -663,10 +671,12 @@ static uint32_t sum_shards(core_job *j, const core_pending *p) {
         (j->nrc[u] > 0 && j->nrc[u] < j->got[u])) {
       j->input[u] = POLICY_MISSING;
       j->shd[u] = 0;
+      j->meas[u] = NAN;
       missing++;
     } else if (j->nrc[u] == j->got[u]) {
       j->input[u] = POLICY_NOT_REPORTED;
       j->shd[u] = 0;
+      j->meas[u] = NAN;
     } else {
       j->input[u] = POLICY_REPORTED;
       j->norm[u] = j->nfc[u] > 0 || j->shd[u] ? NAN : sqrt(j->acc[u]);
@@ -742,10 +752,12 @@ void core_decide_run(core_job *j, const core_decision *dd,
   out->unit_id = j->unit_id;
   out->active_ids = j->act_ids;
   out->shadowed = j->shd;
+  out->measure = j->meas;
   out->republish = dd->republish;
-  out->rv = out->republish ? GNMR_OK
-                           : policy_step(j->pol, p->step, j->norm, j->input,
-                                         &out->res);
+  out->rv = out->republish
+                ? GNMR_OK
+                : policy_step_measured(j->pol, p->step, j->norm, j->input,
+                                       j->meas, &out->res);
   if (!out->republish && out->rv == GNMR_OK)
     for (uint32_t i = 0; i < out->res.n_active; i++)
       j->act_ids[i] = j->unit_id[out->res.active[i]];

@@ -47,6 +47,7 @@ typedef struct core_report {
   const uint64_t *nonfinite; /* NULL: all zero */
   const int *not_reported;   /* NULL: all reported */
   const int *shadowed;       /* NULL: none (Report.shadowed) */
+  const double *measure;     /* NULL: none measured (Report.measure) */
 } core_report;
 
 typedef struct core_pending {
@@ -103,6 +104,7 @@ typedef struct core_job {
   uint32_t *got, *nrc;
   uint64_t *nfc;
   uint8_t *shd; /* by slot: shadowed by a rank, with no NaN/Inf of its own */
+  double *meas; /* by slot: the largest measure of its shards (NaN: none) */
   uint32_t *act_ids;         /* the decision's active set, as ids */
 } core_job;
 
@@ -213,6 +215,7 @@ typedef struct core_outcome {
   const uint32_t *active_ids; /* res.active as ids (ascending) */
   const uint8_t *shadowed;    /* by slot: its non-finite score is only a
                                  rank's Report.shadowed */
+  const double *measure;      /* by slot: its measure (NaN: none) */
 } core_outcome;
 
 /* A step decided before gnmrd restarted (its history, or an agent that

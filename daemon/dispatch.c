@@ -78,7 +78,8 @@ static int on_report(gnmrd *d, const void *id, size_t id_len,
   *hd = (held){env, len, d};
   core_report rep = {hd, r->sumsq, r->n_nonfinite ? r->nonfinite : NULL,
                      r->n_not_reported ? (const int *)r->not_reported : NULL,
-                     r->n_shadowed ? (const int *)r->shadowed : NULL};
+                     r->n_shadowed ? (const int *)r->shadowed : NULL,
+                     r->n_measure ? r->measure : NULL};
   core_clock now = {uv_now(d->loop), uv_hrtime()};
   char detail[128];
   int resumed;

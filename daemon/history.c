@@ -262,6 +262,10 @@ static policy_snap *step_rec(store *st, const core_job *j,
       ev->g = has_unit ? res->g[e->unit] : NAN;
       ev->d = has_unit ? res->d[e->unit] : NAN;
       ev->s = has_unit ? res->s[e->unit] : NAN;
+      ev->signal = e->signal;
+      ev->x = has_unit && o->measure ? o->measure[e->unit] : NAN;
+      ev->gm = has_unit && res->gm ? res->gm[e->unit] : NAN;
+      ev->dm = has_unit && res->dm ? res->dm[e->unit] : NAN;
     }
   }
   policy_snap *early = policy_snap_ref(r->snap); /* NULL when none */

@@ -185,6 +185,17 @@ class Setting:
     def reset(self, units):
         """Before each step's forward (a unit may not run every step)."""
 
+    def measures(self, units, args):
+        """Per unit, the recipe's own measure of its low path's error at
+        this step (what a variant may use as a signal), or None where the
+        setting has none."""
+        return None
+
+    def damage_values(self, units, args):
+        """Per unit, the value damage() compares with its bound (for the
+        traces), or None."""
+        return None
+
     def set_latent(self, built, current):
         """--episode-mode latent: the units in `current` ({u: (positions,
         scale)}) get a latent outlier of that scale at those input
@@ -327,6 +338,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
         for u, m in enumerate(b.inject):
             m.register_forward_pre_hook(_inject(setting, current, u))
     trace = [] if args.trace_dir else None
+    errors = []                   # (step, unit, damage value), for traces
 
     ctl = None
     if variant in CONTROLLED:
@@ -393,6 +405,9 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
         damage = [False] * len(units) if variant == "fp" else \
             setting.damage(units, args)
         damage_log.append(damage)
+        if trace is not None and variant != "fp":
+            meas = setting.measures(units, args)
+            dval = setting.damage_values(units, args)
         rec_steps += len(active)
         damage_steps += sum(damage)
         hits += sum(damage[u] for u in active)
@@ -414,7 +429,13 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
                 opt.zero_grad()
                 loss.backward()
         if trace is not None:
-            trace.extend((step, u, n) for u, n in enumerate(norms))
+            if variant == "fp" or meas is None:
+                trace.extend((step, u, n) for u, n in enumerate(norms))
+            else:
+                trace.extend((step, u, n, meas[u])
+                             for u, n in enumerate(norms))
+            if variant != "fp" and dval is not None:
+                errors.extend((step, u, v) for u, v in enumerate(dval))
         rule.step(step, dict(enumerate(norms)))
         for u, n in enumerate(norms):
             risky = rule.s[u] > 1
@@ -445,7 +466,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
         write_trace(os.path.join(args.trace_dir, f"{setting.name}-{variant}"
                                  f"-{seed}.csv"), trace, names,
                     [(t, u) for t in range(1, args.steps + 1)
-                     for u in sorted(sched[t])])
+                     for u in sorted(sched[t])], errors)
     unit_steps = len(units) * args.steps
     eligible = len(units) * max(1, args.steps - args.warmup)
     out = {"val": curve[-1][1]["val"],
@@ -467,21 +488,27 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
     return out
 
 
-def write_trace(path, rows, names, episodes=()):
+def write_trace(path, rows, names, episodes=(), errors=()):
     """The run's per-unit gradient norms as a trace of docs/policy.md
-    (step,unit,norm; repr round-trips every double), the units' names and
-    the (step, unit) pairs in an episode in comment lines: `gnmrctl
-    replay` and gnmr.policy read it, experiments/defaults.py the
-    episodes."""
+    (step,unit,norm; repr round-trips every double; rows of four values
+    add the recipe's measure: step,unit,norm,measure), the units' names,
+    the (step, unit) pairs in an episode and the damage values (`#
+    damage STEP UNIT VALUE`) in comment lines: `gnmrctl replay` and
+    gnmr.policy read it, experiments/defaults.py the episodes."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    measured = any(len(r) == 4 for r in rows)
     with open(path + ".tmp", "w") as f:
         for u, n in enumerate(names):
             f.write(f"# unit {u} {n}\n")
         for t, u in episodes:
             f.write(f"# episode {t} {u}\n")
-        f.write("step,unit,norm\n")
-        for t, u, n in rows:
-            f.write(f"{t},{u},{n!r}\n")
+        for t, u, v in errors:
+            f.write(f"# damage {t} {u} {v!r}\n")
+        f.write("step,unit,norm,measure\n" if measured else
+                "step,unit,norm\n")
+        for r in rows:
+            f.write(",".join(repr(v) if isinstance(v, float) else str(v)
+                             for v in r) + "\n")
     os.replace(path + ".tmp", path)
 
 

@@ -72,6 +72,13 @@ DEFAULTS = {
                 damage_error=0.1),
     "lora": dict(model="llama", low="int8-row", high="bf16",
                  damage_error=0.05),
+    # 4-bit pre-training: every linear NVFP4 in all three GEMMs on the low
+    # path, BF16 on the recovery path; a deeper model (NVIDIA's static
+    # choice keeps its last block in BF16) on real text; no stress: the
+    # harm is FP4's own. Damage: the weight gradient's NVFP4 error.
+    "fp4": dict(model="llama", low="nvfp4", high="bf16", damage_error=0.2,
+                damage_measure="grad", d=192, ffn=512, layers=6, heads=6,
+                corpus="stdlib"),
 }
 
 
@@ -175,20 +182,28 @@ class Paper(harness.Setting):
                        help="the recovery path's recipe (gnmr.quant)")
         p.add_argument("--damage-error", type=float,
                        default=d["damage_error"],
-                       help="a unit-step is damaged when the low path's "
-                       "copy of its input has a mean per-feature relative "
-                       "error above this")
-        p.add_argument("--d", type=int, default=128)
-        p.add_argument("--ffn", type=int, default=256)
-        p.add_argument("--layers", type=int, default=2)
-        p.add_argument("--heads", type=int, default=4)
+                       help="a unit-step is damaged when its --damage-measure "
+                       "is above this")
+        p.add_argument("--damage-measure", choices=("act", "grad"),
+                       default=d.get("damage_measure", "act"),
+                       help="act: the low path's copy of the unit's input, "
+                       "its mean per-feature relative error "
+                       "(QuantLinear.low_error); grad: the relative error of "
+                       "the weight gradient the low recipe computes against "
+                       "the exact product of the same operands "
+                       "(QuantLinear.grad_error; nvfp4 and mxfp4 only), a "
+                       "measure no variant's signal reads")
+        p.add_argument("--d", type=int, default=d.get("d", 128))
+        p.add_argument("--ffn", type=int, default=d.get("ffn", 256))
+        p.add_argument("--layers", type=int, default=d.get("layers", 2))
+        p.add_argument("--heads", type=int, default=d.get("heads", 4))
         p.add_argument("--experts", type=int, default=4)
         p.add_argument("--ctx", type=int, default=64)
         p.add_argument("--base-steps", type=int, default=600,
                        help="lora: the base model's pre-training steps")
         p.add_argument("--lora-rank", type=int, default=8)
         p.add_argument("--corpus", choices=("licences", "stdlib"),
-                       default="licences",
+                       default=d.get("corpus", "licences"),
                        help="the text: the licences Debian ships "
                        "(default), or the Python standard library's sources "
                        "(experiments/corpus.py: the GPU machine's text)")
@@ -207,6 +222,9 @@ class Paper(harness.Setting):
                 Recipe(r)
             except ValueError as e:
                 p.error(str(e))
+        if args.damage_measure == "grad" and Recipe(args.low).rows is None:
+            p.error(f"--damage-measure grad: the low recipe {args.low!r} "
+                    "does not quantize the weight gradient (nvfp4, mxfp4)")
         if args.setting == "lora" and args.model != "llama":
             p.error("--setting lora trains a Llama (--model llama)")
         if args.corpus == "stdlib":
@@ -274,6 +292,9 @@ class Paper(harness.Setting):
             raise ValueError(f"--keep-high {args.keep_high!r} leaves no "
                              f"unit")
         units = [model.get_submodule(n) for n in names]
+        if args.damage_measure == "grad":
+            for q in _quantized(model):
+                q.track_grad_error = True
         select = tuple({type(m) for m in units})
         return harness.Built(model, names, units, list(model.parameters()),
                              select, _switch, pattern=keep and
@@ -318,15 +339,26 @@ class Paper(harness.Setting):
         for m in units:
             for q in _quantized(m):
                 q._err = 0.0
+                q.grad_error = 0.0
+
+    def _errors(self, units, args):
+        key = "grad_error" if args.damage_measure == "grad" else "low_error"
+        return [max((getattr(q, key) for q in _quantized(m)), default=0.0)
+                for m in units]
 
     def damage(self, units, args):
-        return [max((q.low_error for q in _quantized(m)), default=0.0) >
-                args.damage_error for m in units]
+        return [e > args.damage_error for e in self._errors(units, args)]
+
+    def damage_values(self, units, args):
+        return self._errors(units, args)
+
+    def measures(self, units, args):
+        return [max((q.low_error for q in _quantized(m)), default=0.0)
+                for m in units]
 
     def probe(self, units, args):
-        return [e if e > args.damage_error else 0.0 for e in
-                (max((q.low_error for q in _quantized(m)), default=0.0)
-                 for m in units)]
+        return [e if e > args.damage_error else 0.0
+                for e in self._errors(units, args)]
 
     def set_route(self, unit, high):
         _switch("", unit, high)
@@ -404,7 +436,8 @@ def pretrained_base(args, base):
 
 def defaults_for(name):
     """The harness defaults a setting changes."""
-    d = {"lora": dict(lr=2e-3, steps=300)}.get(name, {})
+    d = {"lora": dict(lr=2e-3, steps=300),
+         "fp4": dict(steps=600, batch=16, episode_rate=0.0)}.get(name, {})
     d.setdefault("episode_scales", "4,8,16,32,64")
     d.setdefault("clip", 1.0)   # as LLM recipes clip
     return d

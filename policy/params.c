@@ -50,6 +50,8 @@ static int index_of(const char *name) {
   _Static_assert(sizeof(ctype) == (POLICY_PK_##kind == POLICY_PK_U64 ? 8     \
                                    : POLICY_PK_##kind == POLICY_PK_THRESHOLD \
                                        ? sizeof(double)                      \
+                                   : POLICY_PK_##kind == POLICY_PK_SIGNAL    \
+                                       ? sizeof(double)                      \
                                        : 4),                                 \
                  "parameter " #name ": C type does not match its kind");
 GNMR_PARAMS_MAP(GNMR__PARAM_TYPECHECK)
@@ -64,6 +66,7 @@ uint64_t policy_param_u64(const policy_params *p, int i) {
   case POLICY_PK_U64:
     return *CFIELD(p, i, uint64_t);
   case POLICY_PK_THRESHOLD:
+  case POLICY_PK_SIGNAL:
     return 0;
   default:
     return *CFIELD(p, i, uint32_t);
@@ -71,7 +74,7 @@ uint64_t policy_param_u64(const policy_params *p, int i) {
 }
 
 void policy_param_set_f64(policy_params *p, int i, double v) {
-  if (policy_param_table[i].kind == POLICY_PK_THRESHOLD)
+  if (policy_param_is_f64(i))
     *FIELD(p, i, double) = v;
 }
 
@@ -81,6 +84,7 @@ void policy_param_set_u64(policy_params *p, int i, uint64_t v) {
     *FIELD(p, i, uint64_t) = v;
     break;
   case POLICY_PK_THRESHOLD:
+  case POLICY_PK_SIGNAL:
     break;
   default:
     *FIELD(p, i, uint32_t) = (uint32_t)v;
@@ -99,7 +103,7 @@ double policy_param_value(const policy_params *p, int i) {
 void policy_params_default(policy_params *p) {
   for (int i = 0; i < GNMR_NPARAMS; i++) {
     const policy_param *d = &policy_param_table[i];
-    if (d->kind == POLICY_PK_THRESHOLD)
+    if (policy_param_is_f64(i))
       policy_param_set_f64(p, i, inherits(i) >= 0 ? NAN : d->deflt);
     else
       policy_param_set_u64(p, i, (uint64_t)d->deflt);
@@ -118,6 +122,10 @@ int policy_params_validate(const policy_params *p, const char **what) {
     if (d->kind == POLICY_PK_THRESHOLD) {
       double v = policy_param_f64(p, i);
       if (!(inherits(i) >= 0 && isnan(v)) && !threshold_ok(v))
+        bad = d->name;
+    } else if (d->kind == POLICY_PK_SIGNAL) {
+      double v = policy_param_f64(p, i);
+      if (!(isfinite(v) && v >= 0))
         bad = d->name;
     } else if (d->kind == POLICY_PK_FLAG) {
       if (policy_param_u64(p, i) > 1)
@@ -202,13 +210,15 @@ static int apply_as(policy_params *p, int i, const char *arg, const char *key,
     snprintf(said, sizeof said, "%s=%.64s", key, arg);
   else
     snprintf(said, sizeof said, "--%s '%.64s'", d->option, arg);
-  if (d->kind == POLICY_PK_THRESHOLD) {
+  if (policy_param_is_f64(i)) {
     double v;
+    int sig = d->kind == POLICY_PK_SIGNAL;
     rv = gnmr__parse_double(arg, 0, &v);
-    if (rv == 0 && !(v > 0))
+    if (rv == 0 && !(sig ? v >= 0 : v > 0))
       rv = GNMR_E_RANGE;
     if (rv != 0) {
-      snprintf(err, errlen, "%s: expected a finite number > 0", said);
+      snprintf(err, errlen, "%s: expected a finite number %s", said,
+               sig ? ">= 0 (0: off)" : "> 0");
       return rv;
     }
     policy_param_set_f64(p, i, v);
@@ -305,23 +315,28 @@ int policy_params_python(char *buf, size_t cap) {
   static const char *const ctypes_of[] = {
       [POLICY_PK_THRESHOLD] = "c_double", [POLICY_PK_WINDOW] = "c_uint32",
       [POLICY_PK_U32] = "c_uint32", [POLICY_PK_U64] = "c_uint64",
-      [POLICY_PK_FLAG] = "c_uint32"};
+      [POLICY_PK_FLAG] = "c_uint32", [POLICY_PK_SIGNAL] = "c_double"};
+  static const char *const kinds[] = {
+      [POLICY_PK_THRESHOLD] = "threshold", [POLICY_PK_WINDOW] = "window",
+      [POLICY_PK_U32] = "u32", [POLICY_PK_U64] = "u64",
+      [POLICY_PK_FLAG] = "flag", [POLICY_PK_SIGNAL] = "signal"};
   size_t off = 0;
   int n = snprintf(buf, cap,
                    "# SPDX-License-Identifier: MIT\n"
                    "# Generated from include/gnmr/params.h by `make "
                    "python-params`; do not edit.\n"
-                   "# (name, ctypes type, default, inherits): gnmr_params in "
-                   "its C order.\n"
+                   "# (name, ctypes type, default, inherits, kind): "
+                   "gnmr_params in its C order.\n"
                    "PARAMS = [\n");
   for (int i = 0; n >= 0 && i < GNMR_NPARAMS; i++) {
     off += (size_t)n;
     const policy_param *d = &policy_param_table[i];
     n = snprintf(off < cap ? buf + off : NULL, off < cap ? cap - off : 0,
-                 d->kind == POLICY_PK_THRESHOLD
-                     ? "    (\"%s\", \"%s\", %.1f, \"%s\"),\n"
-                     : "    (\"%s\", \"%s\", %.0f, \"%s\"),\n",
-                 d->name, ctypes_of[d->kind], d->deflt, inherits_of[i]);
+                 policy_param_is_f64(i)
+                     ? "    (\"%s\", \"%s\", %.1f, \"%s\", \"%s\"),\n"
+                     : "    (\"%s\", \"%s\", %.0f, \"%s\", \"%s\"),\n",
+                 d->name, ctypes_of[d->kind], d->deflt, inherits_of[i],
+                 kinds[d->kind]);
   }
   if (n < 0)
     return n;

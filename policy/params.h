@@ -27,7 +27,7 @@ typedef struct policy_params {
 
 enum policy_param_kind {
   POLICY_PK_THRESHOLD, POLICY_PK_WINDOW, POLICY_PK_U32, POLICY_PK_U64,
-  POLICY_PK_FLAG
+  POLICY_PK_FLAG, POLICY_PK_SIGNAL
 };
 
 /* One row of the table, at run time. */
@@ -47,7 +47,8 @@ int policy_param_inherits(int i);
 
 /* The defaults in force (docs/policy.md, "Defaults"): alpha 6, beta 8,
  * window 8, max_active 4, lock_steps 4, warmup 20, early_* = alpha/beta
- * (NAN), early_steps 0, mean_horizon 20, job_relative 1. The first
+ * (NAN), early_steps 0, mean_horizon 20, job_relative 1, confirm_steps
+ * 2, measure_alpha and measure_beta as the table says. The first
  * defaults were alpha = beta = 2 with the optional rules off. */
 void policy_params_default(policy_params *p);
 
@@ -70,7 +71,14 @@ uint64_t policy_param_u64(const policy_params *p, int i);
 void policy_param_set_f64(policy_params *p, int i, double v);
 void policy_param_set_u64(policy_params *p, int i, uint64_t v);
 static inline int policy_param_is_f64(int i) {
-  return policy_param_table[i].kind == POLICY_PK_THRESHOLD;
+  return policy_param_table[i].kind == POLICY_PK_THRESHOLD ||
+         policy_param_table[i].kind == POLICY_PK_SIGNAL;
+}
+
+/* Whether the measured signal's rule is on (docs/policy.md: either of its
+ * thresholds above 0). */
+static inline int policy_params_measured(const policy_params *p) {
+  return p->measure_alpha > 0 || p->measure_beta > 0;
 }
 
 /* gnmr_params (0 = unset) <-> policy_params (NAN = unset). */
@@ -113,6 +121,7 @@ const char *policy_param_names(void);
 #define GNMR__PARAM_METAVAR_U32 "N"
 #define GNMR__PARAM_METAVAR_U64 "N"
 #define GNMR__PARAM_METAVAR_FLAG "0|1"
+#define GNMR__PARAM_METAVAR_SIGNAL "X"
 #define GNMR_POLICY_OPTS_USAGE GNMR_PARAMS_MAP(GNMR__PARAM_USAGE)
 
 /* Writes python/gnmr/_params.py's text (the table for the ctypes

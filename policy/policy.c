@@ -23,9 +23,25 @@ typedef struct bufs {
   uint32_t n; /* units: the stride of win */
   uint8_t *active, *chosen;
   policy_event *ev;
+  /* the measured signal's, NULL while its rule is off */
+  uint64_t *mcnt;
+  double *msum, *mwin, *gm, *dm, *sm, *sn;
+  uint32_t *mwin_len;
 } bufs;
 
+static void bufs_free_measure(bufs *b) {
+  free(b->mcnt);
+  free(b->msum);
+  free(b->mwin);
+  free(b->mwin_len);
+  free(b->gm);
+  free(b->dm);
+  free(b->sm);
+  free(b->sn);
+}
+
 static void bufs_free(bufs *b) {
+  bufs_free_measure(b);
   free(b->cnt);
   free(b->promotions);
   free(b->xend);
@@ -78,15 +94,30 @@ static int bufs_alloc(bufs *b, uint32_t n, const policy_params *prm) {
   b->active = zalloc(n, sizeof *b->active);
   b->chosen = zalloc(n, sizeof *b->chosen);
   b->ev = zalloc(3 * (size_t)n + 1, sizeof *b->ev);
+  int meas = policy_params_measured(prm), mok = 1;
+  if (meas) {
+    b->mcnt = zalloc(n, sizeof *b->mcnt);
+    b->msum = zalloc(n, sizeof *b->msum);
+    b->mwin = zalloc(wn, sizeof *b->mwin);
+    b->mwin_len = zalloc(n, sizeof *b->mwin_len);
+    b->gm = zalloc(n, sizeof *b->gm);
+    b->dm = zalloc(n, sizeof *b->dm);
+    b->sm = zalloc(n, sizeof *b->sm);
+    b->sn = zalloc(n, sizeof *b->sn);
+    mok = b->mcnt && b->msum && b->mwin && b->mwin_len && b->gm && b->dm &&
+          b->sm && b->sn;
+  }
   if (!b->cnt || !b->promotions || !b->xend || !b->xlen || !b->sum || !b->win || !b->g || !b->d ||
       !b->s || !b->med || !b->win_len || !b->lock || !b->pool ||
       !b->heap || !b->act || !b->prev_act || !b->active || !b->chosen ||
-      !b->ev) {
+      !b->ev || !mok) {
     bufs_free(b);
     return GNMR_E_NOMEM;
   }
   for (uint32_t u = 0; u < n; u++)
     b->g[u] = b->d[u] = NAN;
+  for (uint32_t u = 0; meas && u < n; u++)
+    b->gm[u] = b->dm[u] = NAN;
   return GNMR_OK;
 }
 
@@ -110,6 +141,14 @@ static void bufs_take(policy *p, bufs *b) {
   p->active = b->active;
   p->chosen = b->chosen;
   p->ev = b->ev;
+  p->mcnt = b->mcnt;
+  p->msum = b->msum;
+  p->mwin = b->mwin;
+  p->mwin_len = b->mwin_len;
+  p->gm = b->gm;
+  p->dm = b->dm;
+  p->sm = b->sm;
+  p->sn = b->sn;
 }
 
 static bufs bufs_of(policy *p) {
@@ -134,6 +173,14 @@ static bufs bufs_of(policy *p) {
   b.active = p->active;
   b.chosen = p->chosen;
   b.ev = p->ev;
+  b.mcnt = p->mcnt;
+  b.msum = p->msum;
+  b.mwin = p->mwin;
+  b.mwin_len = p->mwin_len;
+  b.gm = p->gm;
+  b.dm = p->dm;
+  b.sm = p->sm;
+  b.sn = p->sn;
   return b;
 }
 
@@ -158,6 +205,19 @@ static void copy_unit(bufs *b, uint32_t v, const policy *p, uint32_t u,
   for (uint32_t i = 0; i < len; i++)
     b->win[(size_t)i * b->n + v] = *win_at(p, from + i, u);
   b->win_len[v] = len;
+  if (b->mcnt == NULL || p->mcnt == NULL)
+    return; /* the rule turned on starts with no history; off drops it */
+  b->mcnt[v] = p->mcnt[u];
+  b->msum[v] = p->msum[u];
+  b->gm[v] = p->gm[u];
+  b->dm[v] = p->dm[u];
+  b->sm[v] = p->sm[u];
+  b->sn[v] = p->sn[u];
+  len = p->mwin_len[u] < nw ? p->mwin_len[u] : nw;
+  from = p->mwin_len[u] - len;
+  for (uint32_t i = 0; i < len; i++)
+    b->mwin[(size_t)i * b->n + v] = p->mwin[(size_t)(from + i) * p->n + u];
+  b->mwin_len[v] = len;
 }
 
 /* Moves the state of p's first min(p->n, n) units into b (sized for n units
@@ -299,6 +359,11 @@ int policy_unit(const policy *p, uint32_t u, policy_unit_info *info) {
   info->lock = p->lock[u];
   info->active = p->active[u];
   info->promotions = p->promotions[u];
+  info->mcnt = p->mcnt ? p->mcnt[u] : 0;
+  info->mmean = info->mcnt ? p->msum[u] / (double)info->mcnt : NAN;
+  info->last_gm = p->gm ? p->gm[u] : NAN;
+  info->last_dm = p->dm ? p->dm[u] : NAN;
+  info->last_sm = p->sm ? p->sm[u] : 0;
   return GNMR_OK;
 }
 
@@ -346,6 +411,32 @@ double policy__exact_recip(double x) {
   return r;
 }
 
+/* g over the mean of unit u's len window values (stored by age at c + u,
+ * stride n), summed oldest to newest: the spec's Delta ratio. */
+static double delta_of(double g, const double *c, uint32_t len, uint32_t n) {
+  if (len == 0)
+    return 1;
+  double acc = 0;
+  for (uint32_t k = 0; k < len; k++)
+    acc += c[(size_t)k * n];
+  /* x / 2^k and x * 2^-k round the same exact value: identical bits
+   * (subnormals too), without a division */
+  return g / ((len & (len - 1)) == 0 ? acc * inv_pow2(len) : acc / len);
+}
+
+/* Adds a finite value x > 0 to a mean of *cnt values summing to *sum, as
+ * the mean horizon says (docs/policy.md). */
+static void mean_add(uint64_t *cnt, double *sum, double x, uint64_t h) {
+  if (h != 0 && *cnt >= h) {
+    /* the mean's weight stays at cnt: the newest value replaces 1/cnt of
+     * the sum (docs/policy.md, mean_horizon) */
+    *sum = (*sum - *sum / (double)*cnt) + x;
+  } else {
+    *sum += x;
+    *cnt += 1;
+  }
+}
+
 /* Scores unit u for step t with thresholds (a, b); updates its statistics
  * as steps 1-3 of the spec say. Returns the score. */
 static double score_unit(policy *p, uint32_t u, double n, double a,
@@ -358,33 +449,57 @@ static double score_unit(policy *p, uint32_t u, double n, double a,
   double s = 0;
   if (p->cnt[u] > 0) {
     double m = p->sum[u] / (double)p->cnt[u];
-    double g = n / m, d = 1;
-    uint32_t len = p->win_len[u];
-    if (len > 0) {
-      double acc = 0;
-      const double *c = p->win + u; /* oldest to newest */
-      for (uint32_t k = 0; k < len; k++)
-        acc += c[(size_t)k * p->n];
-      /* x / 2^k and x * 2^-k round the same exact value: identical bits
-       * (subnormals too), without a division */
-      d = g / ((len & (len - 1)) == 0 ? acc * inv_pow2(len) : acc / len);
-    }
+    double g = n / m, d = delta_of(g, p->win + u, p->win_len[u], p->n);
     /* fmax: a NaN d (only from inf/inf after float overflow) yields g/a. */
     s = fmax(g / a, d / b);
     win_push(p, u, g);
     p->g[u] = g;
     p->d[u] = d;
   }
-  uint64_t h = p->prm.mean_horizon;
-  if (h != 0 && p->cnt[u] >= h) {
-    /* the mean's weight stays at cnt: the newest norm replaces 1/cnt of
-     * the sum (docs/policy.md, mean_horizon) */
-    p->sum[u] = (p->sum[u] - p->sum[u] / (double)p->cnt[u]) + n;
-  } else {
-    p->sum[u] += n;
-    p->cnt[u] += 1;
-  }
+  mean_add(&p->cnt[u], &p->sum[u], n, p->prm.mean_horizon);
   return s;
+}
+
+/* The measured signal's score of ratios gm, dm under thresholds a, b, a
+ * zero threshold leaving its term out; a NaN dm yields gm's term. */
+static double measure_terms(double gm, double dm, double a, double b) {
+  return fmax(a > 0 ? gm / a : 0, b > 0 ? dm / b : 0);
+}
+
+/* Scores unit u's measure x at step t (docs/policy.md, "Measured signal")
+ * and updates its statistics; the measure's state is as the norm's. */
+static double score_measure(policy *p, uint32_t u, double x) {
+  p->gm[u] = p->dm[u] = NAN;
+  if (isnan(x) || x == 0)
+    return 0; /* not measured, or exact: no update */
+  if (isinf(x))
+    return INFINITY;
+  double s = 0;
+  if (p->mcnt[u] > 0) {
+    double g = x / (p->msum[u] / (double)p->mcnt[u]);
+    double d = delta_of(g, p->mwin + u, p->mwin_len[u], p->n);
+    s = measure_terms(g, d, p->prm.measure_alpha, p->prm.measure_beta);
+    ring_push(p, p->mwin, p->mwin_len, u, g);
+    p->gm[u] = g;
+    p->dm[u] = d;
+  }
+  mean_add(&p->mcnt[u], &p->msum[u], x, p->prm.mean_horizon);
+  return s;
+}
+
+double policy_measure_bound(const policy *p, uint32_t u) {
+  if (p == NULL || u >= p->n || p->mcnt == NULL || p->mcnt[u] == 0)
+    return INFINITY;
+  double m = p->msum[u] / (double)p->mcnt[u], am = p->prm.measure_alpha,
+         bm = p->prm.measure_beta, ba = am > 0 ? m * am : INFINITY;
+  uint32_t len = p->mwin_len[u];
+  if (bm > 0) { /* d = (x / m) / mean(win) > bm */
+    double mw = len ? 1 / delta_of(1, p->mwin + u, len, p->n) : 1;
+    double bb = m * mw * bm;
+    if (bb < ba)
+      ba = bb;
+  }
+  return ba;
 }
 
 /* Unit u's final score s at step t (prev: the step decided before it, 0
@@ -415,7 +530,32 @@ static void emit(policy *p, policy_result *res, uint8_t kind, uint32_t unit,
   e->unit = unit;
   e->kind = kind;
   e->outcome = outcome;
+  e->signal = 0;
   e->count = count;
+}
+
+/* An EXCEED event of unit u, with the signal(s) whose final score is
+ * above 1 (the norm's alone while the measured rule is off). */
+static void emit_exceed(policy *p, policy_result *res, uint32_t u,
+                        uint8_t outcome) {
+  emit(p, res, POLICY_EV_EXCEED, u, outcome, 0);
+  p->ev[res->n_events - 1].signal =
+      p->sm == NULL ? POLICY_SIGNAL_NORM
+                    : (uint8_t)((p->sn[u] > 1 ? POLICY_SIGNAL_NORM : 0) |
+                                (p->sm[u] > 1 ? POLICY_SIGNAL_MEASURE : 0));
+}
+
+const char *policy_signal_name(int signal) {
+  switch (signal) {
+  case POLICY_SIGNAL_NORM:
+    return "norm";
+  case POLICY_SIGNAL_MEASURE:
+    return "measure";
+  case POLICY_SIGNAL_NORM | POLICY_SIGNAL_MEASURE:
+    return "norm+measure";
+  default:
+    return "";
+  }
 }
 
 /* The job-relative rule (docs/policy.md): every unit's step is scored, its
@@ -425,17 +565,16 @@ static void emit(policy *p, policy_result *res, uint8_t kind, uint32_t unit,
  * when either is above 1, and keeps those still risky or locked; returns
  * the pool's size. No candidate, or both medians at or below 1: the
  * scores are the plain rule's. */
-static uint32_t relative_pool(policy *p, policy_result *res, double a,
-                              double b, int warm, uint32_t n_cand,
-                              uint32_t *n_risky, uint64_t prev, uint64_t t) {
-  if (n_cand == 0)
-    return 0; /* nothing the medians could change */
-  /* max(1, lower median) is 1 exactly when at least k + 1 of the values
-   * (k = (count - 1) / 2, the median's 0-based rank) are <= 1: one
-   * counting pass, and a selection only on a step where the job rose */
+/* max(1, the lower median) of a step's ratios g (NaN: none) and of the
+ * non-NaN d beside them, into *mg and *md (docs/policy.md, J = 1).
+ * max(1, lower median) is 1 exactly when at least k + 1 of the values
+ * (k = (count - 1) / 2, the median's 0-based rank) are <= 1: one counting
+ * pass, and a selection only on a step where the job rose. */
+static void step_medians(policy *p, const double *gv, const double *dv,
+                         double *mg, double *md) {
   size_t ng = 0, nd = 0, lg = 0, ld = 0;
   for (uint32_t u = 0; u < p->n; u++) {
-    double g = p->g[u], d = p->d[u];
+    double g = gv[u], d = dv[u];
     int has_g = !isnan(g), has_d = has_g && !isnan(d);
     ng += has_g;
     lg += has_g && g <= 1;
@@ -443,27 +582,47 @@ static uint32_t relative_pool(policy *p, policy_result *res, double a,
     ld += has_d && d <= 1;
   }
   /* one value is its own median: a job of one unit keeps the plain rule */
-  double mg = 1, md = 1;
+  *mg = *md = 1;
   if (ng > 1 && lg < (ng - 1) / 2 + 1) {
     size_t k = 0;
     for (uint32_t u = 0; u < p->n; u++)
-      if (!isnan(p->g[u]))
-        p->med[k++] = p->g[u];
-    mg = policy__lower_median(p->med, k); /* > 1 here */
+      if (!isnan(gv[u]))
+        p->med[k++] = gv[u];
+    *mg = policy__lower_median(p->med, k); /* > 1 here */
   }
   if (nd > 1 && ld < (nd - 1) / 2 + 1) {
     size_t k = 0;
     for (uint32_t u = 0; u < p->n; u++)
-      if (!isnan(p->g[u]) && !isnan(p->d[u]))
-        p->med[k++] = p->d[u];
-    md = policy__lower_median(p->med, k);
+      if (!isnan(gv[u]) && !isnan(dv[u]))
+        p->med[k++] = dv[u];
+    *md = policy__lower_median(p->med, k);
   }
-  if (mg > 1 || md > 1) {
+}
+
+static uint32_t relative_pool(policy *p, policy_result *res, double a,
+                              double b, int warm, uint32_t n_cand,
+                              uint32_t *n_risky, uint64_t prev, uint64_t t) {
+  if (n_cand == 0)
+    return 0; /* nothing the medians could change */
+  double mg, md, mgm = 1, mdm = 1;
+  step_medians(p, p->g, p->d, &mg, &md);
+  if (p->sm != NULL)
+    step_medians(p, p->gm, p->dm, &mgm, &mdm);
+  if (mg > 1 || md > 1 || mgm > 1 || mdm > 1) {
     double ta = a * mg, tb = b * md;
+    double tam = p->prm.measure_alpha * mgm, tbm = p->prm.measure_beta * mdm;
     for (uint32_t i = 0; i < n_cand; i++) {
       uint32_t u = p->pool[i];
+      if (p->sm == NULL) {
+        if (!isnan(p->g[u]))
+          p->s[u] = fmax(p->g[u] / ta, p->d[u] / tb);
+        continue;
+      }
       if (!isnan(p->g[u]))
-        p->s[u] = fmax(p->g[u] / ta, p->d[u] / tb);
+        p->sn[u] = fmax(p->g[u] / ta, p->d[u] / tb);
+      if (!isnan(p->gm[u]))
+        p->sm[u] = measure_terms(p->gm[u], p->dm[u], tam, tbm);
+      p->s[u] = fmax(p->sn[u], p->sm[u]);
     }
   }
   uint32_t n_pool = 0;
@@ -473,7 +632,7 @@ static uint32_t relative_pool(policy *p, policy_result *res, double a,
     *n_risky += risky;
     if (warm) {
       if (risky)
-        emit(p, res, POLICY_EV_EXCEED, u, POLICY_OUT_WARMUP, 0);
+        emit_exceed(p, res, u, POLICY_OUT_WARMUP);
     } else if (risky || p->lock[u] > 0) {
       p->pool[n_pool++] = u;
     }
@@ -522,8 +681,7 @@ static void apply_locks(policy *p, policy_result *res, uint32_t n_pool,
     if (in_a)
       p->act[p->n_act++] = u;
     if (risky)
-      emit(p, res, POLICY_EV_EXCEED, u,
-           in_a ? POLICY_OUT_SELECTED : POLICY_OUT_DROPPED, 0);
+      emit_exceed(p, res, u, in_a ? POLICY_OUT_SELECTED : POLICY_OUT_DROPPED);
     if (in_a && risky)
       p->lock[u] = p->prm.lock_steps;
     else if (p->lock[u] > 0 && !risky)
@@ -559,13 +717,23 @@ static void promote_demote(policy *p, policy_result *res) {
 
 int policy_step(policy *p, uint64_t t, const double *norm,
                 const uint8_t *input, policy_result *res) {
+  return policy_step_measured(p, t, norm, input, NULL, res);
+}
+
+int policy_step_measured(policy *p, uint64_t t, const double *norm,
+                         const uint8_t *input, const double *measure,
+                         policy_result *res) {
   if (p == NULL || res == NULL || t == 0 || (norm == NULL && p->n > 0))
     return GNMR_E_INVAL;
   /* a negative finite norm, or an unknown input kind (several units at a
    * time, policy_simd.c) */
   int bad = policy__bad_norms(norm, input, p->n);
+  for (uint32_t u = 0; measure != NULL && !bad && u < p->n; u++)
+    bad = measure[u] < 0;
   if (bad)
     return GNMR_E_INVAL;
+  if (p->sm == NULL)
+    measure = NULL; /* the rule is off */
 
   policy__settle_owed(p); /* a snapshot still owed is of the state before t */
   const policy_params *prm = &p->prm;
@@ -580,7 +748,9 @@ int policy_step(policy *p, uint64_t t, const double *norm,
   memset(res, 0, sizeof *res);
   res->step = t;
   uint32_t w = prm->window, simd_start = 0, simd_end = 0, simd_done = 0;
-  int simd = policy_simd_get() != POLICY_SIMD_OFF; /* policy_simd.c */
+  /* policy_simd.c; its blocks know nothing of a measure: off with the
+   * measured rule (docs/benchmarks.md has the cost) */
+  int simd = policy_simd_get() != POLICY_SIMD_OFF && p->sm == NULL;
   policy__consts kc = {a, b, (w & (w - 1)) == 0 ? inv_pow2(w) : 0,
                        policy__exact_recip(a), policy__exact_recip(b)};
   for (uint32_t u = 0; u < p->n; u++) {
@@ -609,6 +779,13 @@ int policy_step(policy *p, uint64_t t, const double *norm,
       if (isinf(s))
         emit(p, res, POLICY_EV_NONFINITE, u, POLICY_OUT_NONE, 0);
     }
+    if (p->sm != NULL) { /* the measured signal: s the larger score */
+      p->sn[u] = s;
+      p->sm[u] = in == POLICY_REPORTED
+                     ? score_measure(p, u, measure ? measure[u] : NAN)
+                     : (p->gm[u] = p->dm[u] = NAN, 0);
+      s = fmax(s, p->sm[u]);
+    }
     p->s[u] = s;
     if (rel) { /* decided after the medians: s can only go down */
       if (s > 1 || p->lock[u] > 0)
@@ -619,7 +796,7 @@ int policy_step(policy *p, uint64_t t, const double *norm,
     n_risky += risky;
     if (warm) {
       if (risky)
-        emit(p, res, POLICY_EV_EXCEED, u, POLICY_OUT_WARMUP, 0);
+        emit_exceed(p, res, u, POLICY_OUT_WARMUP);
     } else if (risky || p->lock[u] > 0) {
       p->pool[n_pool++] = u;
     }
@@ -640,6 +817,9 @@ int policy_step(policy *p, uint64_t t, const double *norm,
   res->g = p->g;
   res->d = p->d;
   res->s = p->s;
+  res->gm = p->gm;
+  res->dm = p->dm;
+  res->sm = p->sm;
   res->events = p->ev;
   return GNMR_OK;
 }

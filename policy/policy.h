@@ -50,12 +50,25 @@ enum policy_outcome {
 
 /* One event of a step. Scores of an EXCEED event are read from the step's
  * result arrays (g[unit], d[unit], s[unit]); the norm is the caller's. */
+/* Which signal made an EXCEED event's unit risky (bits; both when both
+ * scores are above 1): its gradient norm, or its recipe's measure
+ * (docs/policy.md, "Measured signal"). */
+enum policy_signal {
+  POLICY_SIGNAL_NORM = 1,
+  POLICY_SIGNAL_MEASURE = 2,
+};
+
 typedef struct policy_event {
   uint32_t unit;   /* unit id, UINT32_MAX for job-wide events */
   uint8_t kind;    /* enum policy_event_kind */
   uint8_t outcome; /* enum policy_outcome, for EXCEED */
+  uint8_t signal;  /* enum policy_signal bits, for EXCEED; otherwise 0 */
   uint32_t count;  /* BUDGET_SATURATED: |P_t|; otherwise 0 */
 } policy_event;
+
+/* "norm", "measure" or "norm+measure" for an EXCEED event's signal bits
+ * ("" for 0). */
+const char *policy_signal_name(int signal);
 
 /* The result of one step. Every pointer is owned by the engine and stays
  * valid until the next policy_step(), policy_set_params(), policy_resize()
@@ -69,6 +82,10 @@ typedef struct policy_result {
   const double *g; /* per unit; NAN where not computed this step */
   const double *d; /* per unit; NAN where not computed this step */
   const double *s; /* per unit score; 0 when no usable report */
+  /* The measured signal (NULL while its rule is off): per unit its ratio
+   * gm, delta-ratio dm (NAN where not computed) and score sm, s being the
+   * larger of sm and the norm's score. */
+  const double *gm, *dm, *sm;
   const policy_event *events;
   uint32_t n_events;
 } policy_result;
@@ -90,6 +107,20 @@ void policy_destroy(policy **pp);
  * No allocation, no I/O. Errors: GNMR_E_INVAL (t == 0, NULL arrays). */
 int policy_step(policy *p, uint64_t t, const double *norm,
                 const uint8_t *input, policy_result *res);
+
+/* policy_step() with each unit's measure (docs/policy.md, "Measured
+ * signal"): measure (may be NULL: nothing measured) has n_units entries,
+ * each a finite number >= 0, +inf, or NaN (not measured); ignored while
+ * the rule is off. A negative measure is GNMR_E_INVAL. */
+int policy_step_measured(policy *p, uint64_t t, const double *norm,
+                         const uint8_t *input, const double *measure,
+                         policy_result *res);
+
+/* The same-step bound of unit u (docs/policy.md, "Same-step mode"): the
+ * measure above which u's measure alone would score it above 1 at the
+ * next step by the plain thresholds; +inf when its measure has no history
+ * yet or the rule is off. */
+double policy_measure_bound(const policy *p, uint32_t u);
 
 /* Replaces the parameters, effective from the next step. The window ring
  * keeps its newest min(len, new window) values; statistics and locks are
@@ -121,6 +152,10 @@ typedef struct policy_unit_info {
   uint32_t lock;
   int active;   /* in the last step's active set */
   uint64_t promotions;
+  /* the measured signal's (mcnt 0, NAN, while its rule is off) */
+  uint64_t mcnt;
+  double mmean;
+  double last_gm, last_dm, last_sm;
 } policy_unit_info;
 int policy_unit(const policy *p, uint32_t u, policy_unit_info *info);
 

@@ -28,6 +28,13 @@ struct policy {
    * exceeded (a run that ended shows as xend below the last step) */
   uint64_t *xend;
   uint32_t *xlen;
+  /* the measured signal (docs/policy.md): allocated while its rule is on
+   * (policy_params_measured), else NULL. Its statistics and window as the
+   * norm's (mwin by age, as win); sn holds the norm's part of s. */
+  uint64_t *mcnt;
+  double *msum, *mwin;
+  uint32_t *mwin_len;
+  double *gm, *dm, *sm, *sn;
 
   /* per-step outputs and scratch */
   double *g, *d, *s;
@@ -51,19 +58,25 @@ static inline double *win_at(const policy *p, uint32_t k, uint32_t u) {
   return p->win + (size_t)k * p->n + u;
 }
 
-/* Appends g as unit u's newest value; a full window drops its oldest. */
-static inline void win_push(policy *p, uint32_t u, double g) {
-  uint32_t len = p->win_len[u], w = p->prm.window;
+/* Appends g as unit u's newest value of a window stored by age (win, its
+ * lengths win_len); a full window drops its oldest. */
+static inline void ring_push(policy *p, double *win, uint32_t *win_len,
+                             uint32_t u, double g) {
+  uint32_t len = win_len[u], w = p->prm.window;
   size_t st = p->n;
-  double *c = p->win + u;
+  double *c = win + u;
   if (len < w) {
     c[len * st] = g;
-    p->win_len[u] = len + 1;
+    win_len[u] = len + 1;
     return;
   }
   for (uint32_t k = 0; k + 1 < w; k++)
     c[k * st] = c[(k + 1) * st];
   c[(w - 1) * st] = g;
+}
+
+static inline void win_push(policy *p, uint32_t u, double g) {
+  ring_push(p, p->win, p->win_len, u, g);
 }
 
 /* Before any change of p's state: serializes a snapshot still owed. */

@@ -15,20 +15,25 @@
  * f64 alpha, beta, early_alpha, early_beta, u32 window, max_active,
  * lock_steps, u64 warmup_steps, early_steps, last_step, from version 3
  * on u64 mean_horizon, u32 job_relative (versions 1 and 2 read as 0),
- * from version 4 on u32 confirm_steps (earlier ones read as 0); then per
- * unit u64 cnt, f64 sum, u64 promotions, u32 lock, u8 active, u32 win_len,
- * win_len x f64 (oldest first), and from version 4 on u64 xend, u32 xlen
- * (its run of exceedances); then a u64 checksum of everything before:
+ * from version 4 on u32 confirm_steps (earlier ones read as 0), from
+ * version 5 on f64 measure_alpha, measure_beta (earlier: 0, the measured
+ * rule off); then per unit u64 cnt, f64 sum, u64 promotions, u32 lock, u8
+ * active, u32 win_len, win_len x f64 (oldest first), from version 4 on u64
+ * xend, u32 xlen (its run of exceedances), and, while the measured rule
+ * is on, u64 mcnt, f64 msum, u32 mwin_len, mwin_len x f64 (the measure's
+ * statistics and window); then a u64 checksum of everything before:
  * version 1, FNV-1a over bytes; from version 2 on, FNV-1a over 64-bit
- * words in four interleaved lanes, folded (sum64 below). Version 4 is
- * written; import reads all four. */
+ * words in four interleaved lanes, folded (sum64 below). Version 5 is
+ * written; import reads all five. */
 #define SNAP_MAGIC "GNMRPOL1"
-#define SNAP_VERSION 4u
+#define SNAP_VERSION 5u
 #define SNAP_HEAD2 (8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8)
 #define SNAP_HEAD3 (SNAP_HEAD2 + 8 + 4)
-#define SNAP_HEAD (SNAP_HEAD3 + 4)
+#define SNAP_HEAD4 (SNAP_HEAD3 + 4)
+#define SNAP_HEAD (SNAP_HEAD4 + 2 * 8)
 #define SNAP_UNIT3 (8 + 8 + 8 + 4 + 1 + 4)
 #define SNAP_UNIT (SNAP_UNIT3 + 8 + 4)
+#define SNAP_MUNIT (8 + 8 + 4) /* the measure's, before its window */
 
 typedef struct wbuf {
   uint8_t *p;
@@ -139,11 +144,17 @@ size_t policy_export_size(const policy *p) {
   size_t n = SNAP_HEAD + (size_t)p->n * SNAP_UNIT + 8;
   for (uint32_t u = 0; u < p->n; u++)
     n += (size_t)p->win_len[u] * 8;
+  if (p->mcnt != NULL) {
+    n += (size_t)p->n * SNAP_MUNIT;
+    for (uint32_t u = 0; u < p->n; u++)
+      n += (size_t)p->mwin_len[u] * 8;
+  }
   return n;
 }
 
 size_t policy__export_units_max(const policy *p) {
-  return SNAP_UNIT + 8 * (size_t)p->prm.window;
+  return SNAP_UNIT + 8 * (size_t)p->prm.window +
+         (p->mcnt != NULL ? SNAP_MUNIT + 8 * (size_t)p->prm.window : 0);
 }
 
 size_t policy__export_head(const policy *p, uint8_t *out) {
@@ -168,6 +179,8 @@ size_t policy__export_head(const policy *p, uint8_t *out) {
   put_u64(&w, prm->mean_horizon);
   put_u32(&w, prm->job_relative);
   put_u32(&w, prm->confirm_steps);
+  put_f64(&w, prm->measure_alpha);
+  put_f64(&w, prm->measure_beta);
   assert(w.len == SNAP_HEAD);
   return w.len;
 }
@@ -187,6 +200,14 @@ size_t policy__export_units(const policy *p, uint32_t u0, uint32_t u1,
       put_f64(&w, *win_at(p, k, u));
     put_u64(&w, p->xend[u]);
     put_u32(&w, p->xlen[u]);
+    if (p->mcnt == NULL)
+      continue;
+    wl = p->mwin_len[u];
+    put_u64(&w, p->mcnt[u]);
+    put_f64(&w, p->msum[u]);
+    put_u32(&w, wl);
+    for (uint32_t k = 0; k < wl; k++)
+      put_f64(&w, p->mwin[(size_t)k * p->n + u]);
   }
   return w.len;
 }
@@ -210,6 +231,24 @@ int policy_export(const policy *p, void *buf, size_t cap, size_t *len) {
   if (len != NULL)
     *len = need;
   return GNMR_OK;
+}
+
+/* Unit u's measured-signal state from r; whether it holds together. */
+static int import_measure(policy *p, rbuf *r, uint32_t u) {
+  p->mcnt[u] = get_u64(r);
+  p->msum[u] = get_f64(r);
+  uint32_t wl = get_u32(r);
+  if (r->bad || wl > p->prm.window || !(p->msum[u] >= 0) ||
+      (p->mcnt[u] == 0 && p->msum[u] != 0))
+    return 0;
+  for (uint32_t k = 0; k < wl; k++) {
+    double v = get_f64(r);
+    if (!(v >= 0))
+      return 0;
+    p->mwin[(size_t)k * p->n + u] = v;
+  }
+  p->mwin_len[u] = wl;
+  return !r->bad;
 }
 
 int policy_import(const void *buf, size_t len, policy **out) {
@@ -247,7 +286,11 @@ int policy_import(const void *buf, size_t len, policy **out) {
   prm.mean_horizon = version >= 3 ? get_u64(&r) : 0;
   prm.job_relative = version >= 3 ? get_u32(&r) : 0;
   prm.confirm_steps = version >= 4 ? get_u32(&r) : 0;
+  prm.measure_alpha = version >= 5 ? get_f64(&r) : 0;
+  prm.measure_beta = version >= 5 ? get_f64(&r) : 0;
   size_t unit_min = version >= 4 ? SNAP_UNIT : SNAP_UNIT3;
+  if (policy_params_measured(&prm))
+    unit_min += SNAP_MUNIT;
   if (r.bad || n > POLICY_MAX_UNITS ||
       (r.len - r.off) / unit_min < n)
     return GNMR_E_PARSE;
@@ -281,6 +324,8 @@ int policy_import(const void *buf, size_t len, policy **out) {
           p->xlen[u] > p->xend[u])
         r.bad = 1;
     }
+    if (p->mcnt != NULL && !r.bad)
+      r.bad = !import_measure(p, &r, u);
   }
   if (r.bad || r.off != r.len) {
     policy_destroy(&p);

@@ -172,6 +172,15 @@ int gnmr__validate_report(const Gnmr__Report *r, uint32_t n_units,
     FAIL(GNMR_E_PROTO, "shadowed",
          "shadowed has %zu entries: expected 0 or %u", r->n_shadowed,
          n_units);
+  if (r->n_measure != 0 && r->n_measure != n_units)
+    FAIL(GNMR_E_PROTO, "measure",
+         "measure has %zu entries: expected 0 or %u", r->n_measure,
+         n_units);
+  for (size_t i = 0; i < r->n_measure; i++)
+    if (r->measure[i] < 0) /* NaN: not measured; +inf: not finite */
+      FAIL(GNMR_E_RANGE, "measure",
+           "measure[%zu] is negative (a measure is >= 0, inf, or NaN for "
+           "none)", i);
   for (size_t i = 0; i < r->n_sumsq; i++)
     if (!(r->sumsq[i] >= 0))
       FAIL(GNMR_E_RANGE, "sumsq",

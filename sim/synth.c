@@ -66,7 +66,8 @@ int sim_synth(trace *t, uint32_t units, uint64_t steps, unsigned seed) {
       } else if (rand_r(&seed) % 1000 < 2) {
         x = 0; /* idle */
       }
-      t->rows[k++] = (trace_row){s, x, u, 0};
+      t->rows[k++] = (trace_row){.step = s, .norm = x, .measure = NAN,
+                                 .unit = u, .line = 0};
     }
   }
   t->n_rows = k;

@@ -174,16 +174,17 @@ static int apply_snapshot(db_conn *db, const store_rec *r) {
  * PostgreSQL, one parse in SQLite; a statement per row count, prepared
  * when first needed. */
 #define EVENT_ROWS STORE_EVENT_ROWS
-#define EVENT_COLS 13
+#define EVENT_COLS 14
 
 /* INSERT INTO events ... VALUES(...) with rows rows. */
 static const char *events_sql(int rows, char *buf, size_t cap) {
   size_t n = (size_t)snprintf(buf, cap,
                               "INSERT INTO events(job, pass, step, kind, "
-                              "unit, outcome, norm, g, d, s, count, at, run)"
+                              "unit, outcome, norm, g, d, s, count, at, run,"
+                              " detail)"
                               " VALUES");
   for (int r = 0; r < rows && n < cap; r++)
-    n += (size_t)snprintf(buf + n, cap - n, "%s(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+    n += (size_t)snprintf(buf + n, cap - n, "%s(?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                           r ? "," : "");
   return buf;
 }
@@ -208,6 +209,16 @@ static void bind_event(db_stmt *st, int row, const store_rec *r,
   db_bind_int64(st, c + 11, e->count);
   db_bind_int64(st, c + 12, t);
   db_bind_int64(st, c + 13, (int64_t)r->run);
+  /* which signal made an exceed risky, when the measure had a part
+   * (docs/policy.md, "Measured signal"); none for the norm's alone */
+  if (e->kind == POLICY_EV_EXCEED && (e->signal & POLICY_SIGNAL_MEASURE)) {
+    char why[160];
+    snprintf(why, sizeof why, "signal=%s measure=%.9g gm=%.9g dm=%.9g",
+             policy_signal_name(e->signal), e->x, e->gm, e->dm);
+    db_bind_text(st, c + 14, why);
+  } else {
+    db_bind_null(st, c + 14);
+  }
 }
 
 /* Prepares the step path's statements once per connection. */
@@ -278,7 +289,7 @@ static int apply_step(store_stmts *s, const store_rec *r) {
     int rows = r->n_events - i >= EVENT_ROWS ? EVENT_ROWS
                                              : (int)(r->n_events - i);
     if (s->st_events[rows] == NULL) { /* each size prepared once */
-      char sql[EVENT_ROWS * 32 + 160];
+      char sql[EVENT_ROWS * 34 + 160];
       if (db_prepare(s->db, events_sql(rows, sql, sizeof sql),
                      &s->st_events[rows]) != GNMR_OK)
         return GNMR_E_STORE;

@@ -137,6 +137,20 @@ static const char *const pg_schema_v7 =
     "ALTER TABLE jobs ADD COLUMN confirm_steps BIGINT;"
     "ALTER TABLE params ADD COLUMN confirm_steps BIGINT;";
 
+/* Schema version 8: the measured signal's thresholds measure_alpha and
+ * measure_beta (docs/policy.md), columns of jobs and params; rows before
+ * it read as 0 (the rule off). */
+static const char *const schema_v8 =
+    "ALTER TABLE jobs ADD COLUMN measure_alpha REAL;"
+    "ALTER TABLE params ADD COLUMN measure_alpha REAL;"
+    "ALTER TABLE jobs ADD COLUMN measure_beta REAL;"
+    "ALTER TABLE params ADD COLUMN measure_beta REAL;";
+static const char *const pg_schema_v8 =
+    "ALTER TABLE jobs ADD COLUMN measure_alpha DOUBLE PRECISION;"
+    "ALTER TABLE params ADD COLUMN measure_alpha DOUBLE PRECISION;"
+    "ALTER TABLE jobs ADD COLUMN measure_beta DOUBLE PRECISION;"
+    "ALTER TABLE params ADD COLUMN measure_beta DOUBLE PRECISION;";
+
 /* The parameter columns as of PostgreSQL's version 4 (frozen: a parameter
  * added later comes with a migration of its own). */
 #define PG_PARAM_DEFS_V4                                                      \
@@ -272,7 +286,7 @@ int store__migrate(db_conn *db, char *err, size_t errlen) {
       int version;
       const char *const *sql;
     } pg_steps[] = {{4, &pg_schema_v4}, {5, &schema_v5}, {6, &pg_schema_v6},
-                    {7, &pg_schema_v7}};
+                    {7, &pg_schema_v7}, {8, &pg_schema_v8}};
     for (size_t i = 0; i < sizeof pg_steps / sizeof pg_steps[0]; i++)
       if (version < pg_steps[i].version &&
           migrate_to(db, pg_steps[i].version, *pg_steps[i].sql, err, errlen))
@@ -283,7 +297,7 @@ int store__migrate(db_conn *db, char *err, size_t errlen) {
       const char *const *sql;
     } steps[] = {{1, &schema_v1}, {2, &schema_v2}, {3, &schema_v3},
                  {4, &schema_v4}, {5, &schema_v5}, {6, &schema_v6},
-                 {7, &schema_v7}};
+                 {7, &schema_v7}, {8, &schema_v8}};
     for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
       if (version < steps[i].version &&
           migrate_to(db, steps[i].version, *steps[i].sql, err, errlen))

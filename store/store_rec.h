@@ -32,8 +32,11 @@ typedef struct store_event {
   uint32_t unit; /* UINT32_MAX: job-wide */
   uint8_t kind;  /* enum policy_event_kind */
   uint8_t outcome;
+  uint8_t signal; /* EXCEED: enum policy_signal bits (0: none) */
   uint32_t count;
   double norm, g, d, s;
+  double x, gm, dm; /* EXCEED with the measured rule on: the unit's measure,
+                       its ratio and Delta ratio (NaN: none) */
 } store_event;
 
 /* A record: built on the loop thread, owned by the store once put. Fields

@@ -17,9 +17,10 @@ void store__read_params(db_stmt *st, int at, policy_params *p) {
   for (int i = 0; i < GNMR_NPARAMS; i++) {
     if (!policy_param_is_f64(i))
       policy_param_set_u64(p, i, (uint64_t)db_column_int64(st, at + i));
-    else
+    else /* NULL: an unset threshold, or a signal's before its column (off) */
       policy_param_set_f64(p, i, db_column_type(st, at + i) == DB_NULL
-                                     ? NAN
+                                     ? (policy_param_inherits(i) >= 0 ? NAN
+                                                                      : 0)
                                      : db_column_double(st, at + i));
   }
 }

@@ -12,7 +12,7 @@
 
 #include "gnmr/params.h"
 
-#define STORE_SCHEMA_VERSION 7
+#define STORE_SCHEMA_VERSION 8
 
 /* The operational events of the history (besides the policy's events,
  * POLICY_EVENTS): XX(ID, name), the name being the events table's kind. */
@@ -50,6 +50,7 @@ const char *store_event_kinds(void);
 #define STORE__PGTYPE_U32 " BIGINT"
 #define STORE__PGTYPE_U64 " BIGINT"
 #define STORE__PGTYPE_FLAG " BIGINT"
+#define STORE__PGTYPE_SIGNAL " DOUBLE PRECISION"
 #define STORE__PGDEF(name, ctype, kind, opt, env, def, inh)                  \
   ", \"" #name "\"" STORE__PGTYPE_##kind
 /* ", "alpha", "beta", ...", ",?,?,...", ", "alpha"=excluded."alpha", ...",

@@ -29,6 +29,8 @@ static inline policy_params params(double a, double b, uint32_t w, uint32_t k,
   p.mean_horizon = 0; /* the normative rule: the optional rules off */
   p.job_relative = 0;
   p.confirm_steps = 0;
+  p.measure_alpha = 0;
+  p.measure_beta = 0;
   return p;
 }
 
@@ -50,6 +52,20 @@ static inline const char *step(policy *e, uint64_t t, const double *n,
   for (uint32_t i = 0; i < r->n_active; i++) {
     size_t l = strlen(buf);
     snprintf(buf + l, sizeof buf - l, i ? " %u" : "%u", r->active[i]);
+  }
+  return buf;
+}
+
+/* step() with each unit's measure. */
+static inline const char *step_m(policy *e, uint64_t t, const double *n,
+                          const uint8_t *in, const double *x,
+                          policy_result *res) {
+  static char buf[256];
+  ck_assert_int_eq(policy_step_measured(e, t, n, in, x, res), GNMR_OK);
+  buf[0] = '\0';
+  for (uint32_t i = 0; i < res->n_active; i++) {
+    size_t l = strlen(buf);
+    snprintf(buf + l, sizeof buf - l, i ? " %u" : "%u", res->active[i]);
   }
   return buf;
 }

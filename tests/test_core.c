@@ -58,7 +58,7 @@ static int report(core_job *j, uint32_t rank, uint64_t step,
                   const double *sumsq, uint64_t now) {
   int resumed;
   char detail[128];
-  core_report rep = {malloc(1), sumsq, NULL, NULL, NULL};
+  core_report rep = {malloc(1), sumsq, NULL, NULL, NULL, NULL};
   int rc = core_report_step(j, rank, step, &rep, (core_clock){now, now * 1000},
                             &resumed, detail, sizeof detail);
   if (rc != CORE_ACCEPTED)
@@ -296,8 +296,8 @@ START_TEST(not_reported_nonfinite_and_partial) {
   join(j, 1, two, 2);
   int resumed;
   char d[64];
-  core_report r0 = {malloc(1), s0, NULL, nr0, NULL},
-              r1 = {malloc(1), s1, nf, nr1, NULL};
+  core_report r0 = {malloc(1), s0, NULL, nr0, NULL, NULL},
+              r1 = {malloc(1), s1, nf, nr1, NULL, NULL};
   core_clock t = {0, 0};
   ck_assert_int_eq(core_report_step(j, 0, 1, &r0, t, &resumed, d, sizeof d),
                    CORE_ACCEPTED);
@@ -310,8 +310,8 @@ START_TEST(not_reported_nonfinite_and_partial) {
   ck_assert(isnan(o.norm[1])); /* one shard was not finite */
   /* one shard reported, the other not: the unit is missing */
   static const int nr_half[] = {0, 0};
-  core_report h0 = {malloc(1), s0, NULL, nr_half, NULL},
-              h1 = {malloc(1), s1, NULL, nr1, NULL};
+  core_report h0 = {malloc(1), s0, NULL, nr_half, NULL, NULL},
+              h1 = {malloc(1), s1, NULL, nr1, NULL, NULL};
   ck_assert_int_eq(core_report_step(j, 0, 2, &h0, t, &resumed, d, sizeof d),
                    CORE_ACCEPTED);
   ck_assert_int_eq(core_report_step(j, 1, 2, &h1, t, &resumed, d, sizeof d),
@@ -320,6 +320,45 @@ START_TEST(not_reported_nonfinite_and_partial) {
   ck_assert_int_eq(o.input[0], POLICY_MISSING);
   ck_assert_int_eq(o.input[1], POLICY_REPORTED);
   ck_assert(o.norm[1] == 3.0);
+}
+END_TEST
+
+/* A sharded unit's measure is its largest shard's; a shard with none
+ * (NaN) adds nothing; a unit with a missing shard has none either. */
+START_TEST(a_sharded_units_measure_is_its_largest_shards) {
+  static const double s0[] = {1.0, 4.0}, s1[] = {3.0, 5.0};
+  static const double m0[] = {0.2, NAN}, m1[] = {0.5, NAN};
+  static const double m2[] = {NAN, 0.3};
+  core_job *j = new_job("measure", 2, 10);
+  join(j, 0, two, 2);
+  join(j, 1, two, 2);
+  int resumed;
+  char d[64];
+  core_clock t = {0, 0};
+  core_report r0 = {malloc(1), s0, NULL, NULL, NULL, m0},
+              r1 = {malloc(1), s1, NULL, NULL, NULL, m1};
+  ck_assert_int_eq(core_report_step(j, 0, 1, &r0, t, &resumed, d, sizeof d),
+                   CORE_ACCEPTED);
+  ck_assert_int_eq(core_report_step(j, 1, 1, &r1, t, &resumed, d, sizeof d),
+                   CORE_ACCEPTED);
+  core_outcome o;
+  ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
+  ck_assert(o.measure[0] == 0.5 && isnan(o.measure[1]));
+  /* rank 1 without measures: rank 0's alone; then rank 1 missing */
+  core_report h0 = {malloc(1), s0, NULL, NULL, NULL, m2},
+              h1 = {malloc(1), s1, NULL, NULL, NULL, NULL};
+  ck_assert_int_eq(core_report_step(j, 0, 2, &h0, t, &resumed, d, sizeof d),
+                   CORE_ACCEPTED);
+  ck_assert_int_eq(core_report_step(j, 1, 2, &h1, t, &resumed, d, sizeof d),
+                   CORE_ACCEPTED);
+  ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
+  ck_assert(isnan(o.measure[0]) && o.measure[1] == 0.3);
+  core_report g0 = {malloc(1), s0, NULL, NULL, NULL, m0};
+  ck_assert_int_eq(core_report_step(j, 0, 3, &g0, t, &resumed, d, sizeof d),
+                   CORE_ACCEPTED);
+  ck_assert_int_eq(core_decide_next(j, 100, &o), 1); /* by its deadline */
+  ck_assert_int_eq(o.input[0], POLICY_MISSING);
+  ck_assert(isnan(o.measure[0]));
 }
 END_TEST
 
@@ -460,7 +499,7 @@ START_TEST(a_rank_back_below_its_step_starts_a_new_pass) {
   core_join(j, 0, 0);
   int resumed;
   char detail[128];
-  core_report rep = {malloc(1), s, NULL, NULL, NULL};
+  core_report rep = {malloc(1), s, NULL, NULL, NULL, NULL};
   ck_assert_int_eq(core_report_step(j, 0, 3, &rep, (core_clock){7, 7},
                                     &resumed, detail, sizeof detail),
                    CORE_ACCEPTED);
@@ -760,6 +799,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, layout_unknown_until_every_rank_joined);
   tcase_add_test(tc, not_reported_nonfinite_and_partial);
   tcase_add_test(tc, byes_lower_the_barrier_and_finish_the_job);
+  tcase_add_test(tc, a_sharded_units_measure_is_its_largest_shards);
   tcase_add_test(tc, registration_is_all_or_nothing);
   tcase_add_test(tc, observers_add_no_shard_and_slots_are_reused);
   tcase_add_test(tc, a_rank_back_below_its_step_starts_a_new_pass);

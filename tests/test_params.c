@@ -15,6 +15,10 @@
 #include "params.h"
 #include "wire.h"
 
+/* docs/policy.md, "Defaults": the measured signal's thresholds */
+#define MEASURE_ALPHA_DEFAULT 0.0
+#define MEASURE_BETA_DEFAULT 0.0
+
 START_TEST(defaults_are_the_specs) {
   policy_params p;
   policy_params_default(&p);
@@ -28,11 +32,13 @@ START_TEST(defaults_are_the_specs) {
   ck_assert_uint_eq(p.mean_horizon, 20);
   ck_assert_uint_eq(p.job_relative, 1);
   ck_assert_uint_eq(p.confirm_steps, 2);
+  ck_assert(p.measure_alpha == MEASURE_ALPHA_DEFAULT &&
+            p.measure_beta == MEASURE_BETA_DEFAULT);
   ck_assert_int_eq(policy_params_validate(&p, NULL), GNMR_OK);
   gnmr_params g;
   gnmr_params_default(&g);
   ck_assert(g.early_alpha == 0 && g.alpha == 6 && g.window == 8);
-  ck_assert_int_eq(GNMR_NPARAMS, 12);
+  ck_assert_int_eq(GNMR_NPARAMS, 14);
 }
 END_TEST
 
@@ -49,6 +55,10 @@ START_TEST(validation_follows_each_kind) {
       int rv = policy_params_validate(&p, &what);
       if (isnan(bad[k]) && policy_param_inherits(i) >= 0) {
         ck_assert_int_eq(rv, GNMR_OK); /* unset: inherits */
+        continue;
+      }
+      if (bad[k] == 0 && policy_param_table[i].kind == POLICY_PK_SIGNAL) {
+        ck_assert_int_eq(rv, GNMR_OK); /* a signal's 0: off */
         continue;
       }
       ck_assert_int_eq(rv, GNMR_E_INVAL);
@@ -157,7 +167,7 @@ START_TEST(options_settings_and_messages) {
   ck_assert_str_eq(err, "unknown parameter 'gamma' (alpha, beta, window, "
                         "max_active, lock_steps, warmup_steps, early_alpha, "
                         "early_beta, early_steps, mean_horizon, "
-                        "job_relative, confirm_steps)");
+                        "job_relative, confirm_steps, measure_alpha, measure_beta)");
   char s4[] = "window=0", s5[] = "alpha=-1", s6[] = "lock_steps=4294967296";
   char *w0[] = {s4}, *neg[] = {s5}, *big[] = {s6};
   ck_assert_int_ne(gnmr__policy_settings_apply(&p, w0, 1, err, sizeof err),

@@ -623,6 +623,117 @@ START_TEST(bad_step_input_is_rejected_without_changing_state) {
 }
 END_TEST
 
+/* The measured signal (docs/policy.md): each unit's measure against its
+ * own mean and window, whatever its level; the event says which signal;
+ * no measure, an exact one (0) and a not-finite one; the rule off. */
+START_TEST(measured_signal_judges_each_unit_against_its_own_measure) {
+  policy_params p = params(2, 2, 4, 4, 1, 0);
+  p.measure_alpha = 2;
+  policy *e = make(&p, 3);
+  policy_result r;
+  double n[3] = {1, 1, 1};
+  /* unit 0 fine (1%), unit 1 coarse (50%: any single bound's maker),
+   * unit 2 fine */
+  double x[3] = {0.01, 0.5, 0.01};
+  for (uint64_t t = 1; t <= 5; t++)
+    ck_assert_int_eq(policy_step_measured(e, t, n, NULL, x, &r), GNMR_OK);
+  ck_assert_uint_eq(r.n_risky, 0);
+  ck_assert(r.gm != NULL && fabs(r.gm[1] - 1) < 1e-12);
+  policy_unit_info info;
+  ck_assert_int_eq(policy_unit(e, 1, &info), GNMR_OK);
+  ck_assert_uint_eq(info.mcnt, 5);
+  ck_assert(fabs(info.mmean - 0.5) < 1e-12);
+  /* unit 0 trebles (3% < unit 1's everyday 50%); unit 1 goes to 60% */
+  double y[3] = {0.03, 0.6, 0.01};
+  ck_assert_str_eq(step_m(e, 6, n, NULL, y, &r), "0");
+  const policy_event *ev = find_event(&r, POLICY_EV_EXCEED, 0);
+  ck_assert_ptr_nonnull(ev);
+  ck_assert_uint_eq(ev->signal, POLICY_SIGNAL_MEASURE);
+  ck_assert_str_eq(policy_signal_name(ev->signal), "measure");
+  ck_assert(fabs(r.gm[0] - 3) < 1e-12 && fabs(r.sm[0] - 1.5) < 1e-12);
+  ck_assert(r.s[0] == r.sm[0]);
+  ck_assert_ptr_null(find_event(&r, POLICY_EV_EXCEED, 1));
+  /* the norm and the measure at once: both named */
+  double nn[3] = {1, 1, 9}, z[3] = {0.01, 0.5, 0.05};
+  step_m(e, 7, nn, NULL, z, &r);
+  ev = find_event(&r, POLICY_EV_EXCEED, 2);
+  ck_assert_ptr_nonnull(ev);
+  ck_assert_uint_eq(ev->signal, POLICY_SIGNAL_NORM | POLICY_SIGNAL_MEASURE);
+  /* no measure (NaN) and an exact one (0): scored 0, nothing learnt */
+  double none[3] = {NAN, 0, 0.01};
+  ck_assert_int_eq(policy_unit(e, 0, &info), GNMR_OK);
+  uint64_t c0 = info.mcnt;
+  step_m(e, 8, n, NULL, none, &r);
+  ck_assert(r.sm[0] == 0 && r.sm[1] == 0 && isnan(r.gm[0]));
+  ck_assert_int_eq(policy_unit(e, 0, &info), GNMR_OK);
+  ck_assert_uint_eq(info.mcnt, c0);
+  /* a low path that would not be finite: risky at once, by the measure */
+  double bad[3] = {0.01, INFINITY, 0.01};
+  step_m(e, 9, n, NULL, bad, &r);
+  ev = find_event(&r, POLICY_EV_EXCEED, 1);
+  ck_assert(ev != NULL && ev->signal == POLICY_SIGNAL_MEASURE &&
+            isinf(r.s[1]));
+  ck_assert_int_eq(count_events(&r, POLICY_EV_NONFINITE, 1), 0);
+  /* a unit not reported has no measure either */
+  uint8_t in[3] = {NR, R, R};
+  double jump[3] = {1, 0.5, 0.01};
+  step_m(e, 10, n, in, jump, &r);
+  ck_assert(r.sm[0] == 0 && isnan(r.gm[0]));
+  /* a negative measure is refused, nothing changed */
+  double neg[3] = {0.01, -1, 0.01};
+  ck_assert_int_eq(policy_step_measured(e, 11, n, NULL, neg, &r),
+                   GNMR_E_INVAL);
+  ck_assert_uint_eq(policy_last_step(e), 10);
+  policy_destroy(&e);
+  /* the rule off: a measure changes nothing, and none is kept */
+  policy_params off = params(2, 2, 4, 4, 1, 0);
+  policy *a = make(&off, 3), *b = make(&off, 3);
+  for (uint64_t t = 1; t <= 7; t++) {
+    policy_result ra, rb;
+    const double *m = t == 6 ? y : x;
+    ck_assert_str_eq(step_m(a, t, n, NULL, m, &ra), step(b, t, n, NULL, &rb));
+    ck_assert_ptr_null(ra.sm);
+  }
+  policy_destroy(&a);
+  policy_destroy(&b);
+}
+END_TEST
+
+/* The same-step bound: a measure just above it scores above 1 at the
+ * next step, one just below does not (docs/policy.md, "Same-step mode"). */
+START_TEST(measure_bound_is_where_the_next_step_turns_risky) {
+  for (int beta_on = 0; beta_on <= 1; beta_on++) {
+    policy_params p = params(1e9, 1e9, 3, 4, 1, 0);
+    p.measure_alpha = 2.5;
+    p.measure_beta = beta_on ? 1.5 : 0;
+    double n[1] = {1}, x[1];
+    for (int side = 0; side <= 1; side++) {
+      policy *e = make(&p, 1);
+      policy_result r;
+      ck_assert(isinf(policy_measure_bound(e, 0)));
+      static const double lv[] = {0.2, 0.25, 0.22, 0.3, 0.2};
+      for (uint64_t t = 1; t <= 5; t++) {
+        x[0] = lv[t - 1];
+        step_m(e, t, n, NULL, x, &r);
+      }
+      double bound = policy_measure_bound(e, 0);
+      ck_assert(bound > 0.2 && isfinite(bound));
+      if (!beta_on)
+        ck_assert(fabs(bound - 2.5 * 0.234) < 1e-12);
+      x[0] = side ? bound * (1 + 1e-9) : bound * (1 - 1e-9);
+      step_m(e, 6, n, NULL, x, &r);
+      ck_assert_int_eq(r.sm[0] > 1, side);
+      policy_destroy(&e);
+    }
+  }
+  policy_params off = params(2, 2, 3, 4, 1, 0);
+  policy *e = make(&off, 1);
+  ck_assert(isinf(policy_measure_bound(e, 0)));
+  ck_assert(isinf(policy_measure_bound(e, 5)));
+  policy_destroy(&e);
+}
+END_TEST
+
 START_TEST(zero_units_steps_cleanly) {
   policy_params p = params(2, 2, 8, 4, 4, 0);
   policy *e = make(&p, 0);
@@ -668,6 +779,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, bad_parameters_are_error_codes);
   tcase_add_test(tc, bad_step_input_is_rejected_without_changing_state);
   tcase_add_test(tc, zero_units_steps_cleanly);
+  tcase_add_test(tc, measured_signal_judges_each_unit_against_its_own_measure);
+  tcase_add_test(tc, measure_bound_is_where_the_next_step_turns_risky);
   tcase_add_test(tc, confirm_steps_waits_for_exceedances_in_a_row);
   suite_add_tcase(s, tc);
   return s;

@@ -55,6 +55,114 @@ START_TEST(export_import_continues_identically) {
 }
 END_TEST
 
+/* The measured signal's statistics and windows are part of the state: a
+ * job restored from a snapshot scores the measures as the one that went
+ * on; a snapshot whose measure state does not hold together is refused;
+ * turning the rule on starts it fresh, off drops it, both keeping the
+ * norms' statistics. */
+static void fill_measures(double *x, uint32_t n, uint64_t t) {
+  for (uint32_t i = 0; i < n; i++) {
+    x[i] = 0.01 * (1 + i) * (1.0 + 0.05 * (double)((t * 5 + i * 3) % 7));
+    if ((t + 2 * i) % 13 == 0)
+      x[i] *= 4;
+    if ((t + i) % 11 == 0)
+      x[i] = NAN;
+  }
+}
+
+/* Seals len bytes of a snapshot as snapshot.c's layout comment says
+ * (version 2 on): FNV-1a over little-endian 64-bit words in four lanes,
+ * the tail zero-padded, the lanes and the length folded; little-endian
+ * hosts. */
+static void reseal(unsigned char *buf, size_t len) {
+  const uint64_t off = 1469598103934665603ull, prime = 1099511628211ull;
+  uint64_t h[4] = {off, off ^ 1, off ^ 2, off ^ 3}, w;
+  size_t n = len - 8, i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int l = 0; l < 4; l++) {
+      memcpy(&w, buf + i + 8 * l, 8);
+      h[l] = (h[l] ^ w) * prime;
+    }
+  for (int l = 0; i < n; i += 8, l++) {
+    w = 0;
+    memcpy(&w, buf + i, n - i < 8 ? n - i : 8);
+    h[l] = (h[l] ^ w) * prime;
+  }
+  uint64_t f = off;
+  for (int l = 0; l < 4; l++)
+    f = (f ^ h[l]) * prime;
+  f = (f ^ (uint64_t)n) * prime;
+  memcpy(buf + n, &f, 8);
+}
+
+START_TEST(measured_state_survives_a_snapshot) {
+  policy_params p = params(1.8, 1.6, 4, 3, 2, 5);
+  p.measure_alpha = 2;
+  p.measure_beta = 2.5;
+  p.mean_horizon = 6;
+  p.job_relative = 1;
+  policy *a = make(&p, 12), *b = NULL, *c = NULL;
+  double norm[12], x[12];
+  policy_result ra, rb;
+  for (uint64_t t = 1; t <= 30; t++) {
+    fill_norms(norm, 12, t);
+    fill_measures(x, 12, t);
+    step_m(a, t, norm, NULL, x, &ra);
+  }
+  size_t need = policy_export_size(a), len = 0;
+  unsigned char *buf = malloc(need);
+  ck_assert_int_eq(policy_export(a, buf, need, &len), GNMR_OK);
+  ck_assert_int_eq(policy_import(buf, len, &b), GNMR_OK);
+  ck_assert(policy_get_params(b)->measure_beta == 2.5);
+  int measured_risky = 0;
+  for (uint64_t t = 31; t <= 90; t++) {
+    fill_norms(norm, 12, t);
+    fill_measures(x, 12, t);
+    char sa[256];
+    strcpy(sa, step_m(a, t, norm, NULL, x, &ra));
+    ck_assert_str_eq(step_m(b, t, norm, NULL, x, &rb), sa);
+    ck_assert_uint_eq(ra.n_events, rb.n_events);
+    ck_assert(memcmp(ra.events, rb.events,
+                     ra.n_events * sizeof *ra.events) == 0);
+    for (uint32_t i = 0; i < ra.n_events; i++)
+      measured_risky += ra.events[i].kind == POLICY_EV_EXCEED &&
+                        (ra.events[i].signal & POLICY_SIGNAL_MEASURE);
+  }
+  ck_assert_int_gt(measured_risky, 0);
+  /* resealed as it was, it imports; a window value that is not a ratio
+   * (negative), resealed, does not; nor does any cut */
+  ck_assert_int_eq(policy_export(a, buf, need, &len), GNMR_OK);
+  reseal(buf, len);
+  ck_assert_int_eq(policy_import(buf, len, &c), GNMR_OK);
+  policy_destroy(&c);
+  size_t at = len - 8 - 8; /* the last unit's newest measure ratio */
+  double neg = -1;
+  memcpy(buf + at, &neg, 8);
+  reseal(buf, len);
+  ck_assert_int_eq(policy_import(buf, len, &c), GNMR_E_PARSE);
+  ck_assert_ptr_null(c);
+  for (size_t cut = 0; cut < len; cut += 7)
+    ck_assert_int_ne(policy_import(buf, cut, &c), GNMR_OK);
+  /* off: the measure's state goes, the norms' stays */
+  policy_unit_info before, after;
+  policy_unit(a, 3, &before);
+  policy_params q = p;
+  q.measure_alpha = q.measure_beta = 0;
+  ck_assert_int_eq(policy_set_params(a, &q), GNMR_OK);
+  policy_unit(a, 3, &after);
+  ck_assert_uint_eq(after.cnt, before.cnt);
+  ck_assert_uint_eq(after.mcnt, 0);
+  ck_assert_uint_lt(policy_export_size(a), need);
+  /* on again: fresh, no history */
+  ck_assert_int_eq(policy_set_params(a, &p), GNMR_OK);
+  policy_unit(a, 3, &after);
+  ck_assert(after.mcnt == 0 && isnan(after.mmean));
+  free(buf);
+  policy_destroy(&a);
+  policy_destroy(&b);
+}
+END_TEST
+
 /* A version-1 snapshot (written by gnmrd before version 2: the bytes of
  * version 4 without the optional rules' parameters in the header and each
  * unit's run of exceedances, a byte-wise FNV-1a checksum) still imports,
@@ -67,11 +175,11 @@ static uint64_t fnv1a_bytes(const unsigned char *p, size_t n) {
   return h;
 }
 
-/* The bytes of a version-4 snapshot of n units in version 1's layout,
- * without the checksum: returns their length. */
+/* The bytes of a version-5 snapshot of n units (the measured rule off) in
+ * version 1's layout, without the checksum: returns their length. */
 static size_t v4_to_v1(const unsigned char *v4, uint32_t n,
                        unsigned char *out) {
-  enum { HEAD2 = 8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8, RULES = 8 + 4 + 4,
+  enum { HEAD2 = 8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8, RULES = 8 + 4 + 4 + 16,
          UNIT = 8 + 8 + 8 + 4 + 1 + 4, RUN = 8 + 4 };
   size_t at = HEAD2 + RULES, len = HEAD2;
   memcpy(out, v4, HEAD2);
@@ -99,7 +207,7 @@ START_TEST(version_1_snapshots_still_import) {
   unsigned char *v4 = malloc(len), *v1 = malloc(len), *again = malloc(len),
                 *again1 = malloc(len);
   ck_assert_int_eq(policy_export(a, v4, len, &len), GNMR_OK);
-  ck_assert_uint_eq(v4[8], 4); /* version 4 is written */
+  ck_assert_uint_eq(v4[8], 5); /* version 5 is written */
   size_t body = v4_to_v1(v4, 5, v1), len1 = body + 8;
   uint64_t h = fnv1a_bytes(v1, body);
   for (int i = 0; i < 8; i++)
@@ -115,7 +223,7 @@ START_TEST(version_1_snapshots_still_import) {
   v1[len1 - 1] ^= 1; /* a version-1 checksum is checked too */
   ck_assert_int_eq(policy_import(v1, len1, &c), GNMR_E_PARSE);
   memcpy(v1, v4, len);
-  v1[8] = 5; /* a future version, its checksum intact */
+  v1[8] = 6; /* a future version, its checksum intact */
   h = fnv1a_bytes(v1, len - 8);
   for (int i = 0; i < 8; i++)
     v1[len - 8 + i] = (unsigned char)(h >> (8 * i));
@@ -515,6 +623,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, import_rejects_truncated_and_corrupt_state);
   tcase_add_test(tc, version_1_snapshots_still_import);
   tcase_add_test(tc, a_run_of_exceedances_survives_a_snapshot);
+  tcase_add_test(tc, measured_state_survives_a_snapshot);
   tcase_add_test(tc, set_params_keeps_newest_window_values_and_statistics);
   tcase_add_test(tc, set_params_changes_budget_from_next_step);
   tcase_add_test(tc, resize_adds_units_without_history);

@@ -159,6 +159,29 @@ START_TEST(hostile_input_gets_errors_or_counted_drops_and_good_agent_is_served) 
     raw_send_env(&p, &env);
     expect_error(&p, GNMR_E_PROTO, "shadowed has 3 entries");
   }
+  { /* measure: empty or one per unit, each >= 0, inf or NaN (none) */
+    Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+    Gnmr__Report r = GNMR__REPORT__INIT;
+    double m1[1] = {0.5}, mneg[2] = {0.5, -0.25}, mninf[2] = {-INFINITY, 1};
+    r.job = "raw-job";
+    r.rank = 0;
+    r.step = 1;
+    r.n_sumsq = 2;
+    r.sumsq = s2;
+    r.n_measure = 1;
+    r.measure = m1;
+    env.body_case = GNMR__ENVELOPE__BODY_REPORT;
+    env.report = &r;
+    raw_send_env(&p, &env);
+    expect_error(&p, GNMR_E_PROTO, "measure has 1 entries");
+    r.n_measure = 2;
+    r.measure = mneg;
+    raw_send_env(&p, &env);
+    expect_error(&p, GNMR_E_RANGE, "measure[1] is negative");
+    r.measure = mninf;
+    raw_send_env(&p, &env);
+    expect_error(&p, GNMR_E_RANGE, "measure[0] is negative");
+  }
   double neg[2] = {1, -4};
   report(&p, "raw-job", 0, 1, neg, 2, NULL, 0);
   expect_error(&p, GNMR_E_RANGE, "negative or NaN");

@@ -133,6 +133,46 @@ START_TEST(wrong_column_count_names_the_line) {
 }
 END_TEST
 
+/* A measured trace (docs/policy.md): four columns, the measure empty or
+ * nan for none, >= 0 or inf; anything else names its line. */
+START_TEST(a_measured_trace_has_a_fourth_column) {
+  trace t;
+  trace_error e;
+  const char *text = "step,unit,norm,measure\n"
+                     "1,0,1.5,0.25\n"
+                     "1,1,2,\n"
+                     "2,0,1, nan \n"
+                     "2,1,1,inf\n"
+                     "3,0,1,-0\n";
+  ck_assert_int_eq(parse(text, &t, &e), 0);
+  ck_assert_int_eq(t.measured, 1);
+  ck_assert_uint_eq(t.n_rows, 5);
+  ck_assert(t.rows[0].measure == 0.25 && isnan(t.rows[1].measure));
+  ck_assert(isnan(t.rows[2].measure) && isinf(t.rows[3].measure));
+  ck_assert(t.rows[4].measure == 0 && !signbit(t.rows[4].measure));
+  trace_clear(&t);
+  ck_assert_int_eq(parse("step,unit,norm\n1,0,1\n", &t, &e), 0);
+  ck_assert(t.measured == 0 && isnan(t.rows[0].measure));
+  trace_clear(&t);
+  const char *h = "step,unit,norm,measure\n";
+  char buf[128];
+#define M(row, line, part)                                                  \
+  do {                                                                      \
+    snprintf(buf, sizeof buf, "%s%s", h, row);                              \
+    expect_error(buf, line, part);                                          \
+  } while (0)
+  M("1,0,1\n", 2, "expected 4 columns (step,unit,norm,measure), got 3");
+  M("1,0,1,2,3\n", 2, "got more");
+  M("1,0,1,-0.5\n", 2, "measure -0.5 is negative");
+  M("1,0,1,-inf\n", 2, "measure -inf is negative");
+  M("1,0,1,abc\n", 2, "measure 'abc' is not a number");
+  M("1,0,1,1e999\n", 2, "measure '1e999' overflows");
+  M("1,0,1,\x1b[31m\n", 2, "measure '?[31m' is not a number");
+#undef M
+  expect_error("step,unit,norm,measure,x\n", 1, "expected the header");
+}
+END_TEST
+
 START_TEST(bad_numbers_name_the_line) {
   expect_error("step,unit,norm\n1,0,abc\n", 2, "norm 'abc' is not a number");
   expect_error("step,unit,norm\n1,0,0x10\n", 2, "not a number");
@@ -243,6 +283,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, wrong_or_missing_header_names_the_line);
   tcase_add_test(tc, wrong_column_count_names_the_line);
   tcase_add_test(tc, bad_numbers_name_the_line);
+  tcase_add_test(tc, a_measured_trace_has_a_fourth_column);
   tcase_add_test(tc, negative_norm_is_an_error);
   tcase_add_test(tc, duplicate_step_unit_names_both_lines);
   tcase_add_test(tc, binary_and_control_bytes_are_refused_and_not_echoed);

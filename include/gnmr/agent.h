@@ -197,6 +197,16 @@ GNMR_EXPORT int gnmr_agent_report_sums_shadowed(gnmr_agent *a, uint64_t step,
                                                 const uint8_t *not_reported,
                                                 const uint8_t *shadowed);
 
+/* The recipe's own measure of each unit's low-cost path error at `step`
+ * (docs/policy.md, "Measured signal"): measure[i] for each of the agent's
+ * units, a finite number >= 0, +inf (the low path's result would not be
+ * finite) or NaN (not measured). Copied; sent with that step's report,
+ * whichever call reports it (a later measure for another step replaces
+ * it). Call before the step's report. Errors: GNMR_E_INVAL (NULL, a
+ * negative value, step 0 or not above the last reported step). */
+GNMR_EXPORT int gnmr_agent_measure(gnmr_agent *a, uint64_t step,
+                                   const double *measure);
+
 /* Waits up to timeout_ms for the decision of `step`. Returns 0 when it (or
  * a later one) is in, GNMR_E_TIMEDOUT otherwise (counted as late). It
  * first spins, yielding its CPU to any thread that wants it, for up to

@@ -11,7 +11,8 @@
  *   XX(name, ctype, kind, option, env, default, inherits)
  *
  * kind      THRESHOLD: a finite number > 0; WINDOW: 1..POLICY_MAX_WINDOW;
- *           U32 / U64: any count; FLAG: 0 (off) or 1 (on), a uint32_t.
+ *           U32 / U64: any count; FLAG: 0 (off) or 1 (on), a uint32_t;
+ *           SIGNAL: a finite number >= 0, 0 meaning off (a double).
  * default   the default in force (docs/policy.md, "Defaults": the first
  *           ones were alpha = beta = 2 with the optional rules off).
  * inherits  for an optional threshold, the parameter it takes while unset
@@ -40,6 +41,10 @@
   XX(job_relative, uint32_t, FLAG, "job-relative", "GNMR_JOB_RELATIVE", 1,   \
      "")                                                                      \
   XX(confirm_steps, uint32_t, U32, "confirm-steps", "GNMR_CONFIRM_STEPS", 2, \
+     "")                                                                      \
+  XX(measure_alpha, double, SIGNAL, "measure-alpha", "GNMR_MEASURE_ALPHA",    \
+     0, "")                                                                   \
+  XX(measure_beta, double, SIGNAL, "measure-beta", "GNMR_MEASURE_BETA", 0,    \
      "")
 
 #define GNMR__PARAM_FIELD(name, ctype, kind, opt, env, def, inh) ctype name;

@@ -21,7 +21,7 @@ class Params(ctypes.Structure):
     """gnmr_params: the job's policy parameters (docs/policy.md), laid out
     from the parameter table (_params.py, generated from gnmr/params.h)."""
     _fields_ = [(name, getattr(ctypes, ctype))
-                for name, ctype, _default, _inherits in PARAMS]
+                for name, ctype, *_rest in PARAMS]
 
 
 class AgentConfig(ctypes.Structure):
@@ -202,6 +202,8 @@ def _signatures():
             ctypes.c_int, [agent_p, ctypes.c_uint64, P(ctypes.c_double),
                            P(ctypes.c_uint64), P(ctypes.c_uint8),
                            P(ctypes.c_uint8)]),
+        "gnmr_agent_measure": (ctypes.c_int, [agent_p, ctypes.c_uint64,
+                                              P(ctypes.c_double)]),
         "gnmr_agent_wait": (ctypes.c_int, [agent_p, ctypes.c_uint64,
                                            ctypes.c_int]),
         "gnmr_agent_route": (ctypes.c_int, [agent_p, ctypes.c_uint32]),

@@ -8,6 +8,7 @@ are GnmrError exceptions carrying the library's error code. Nothing here
 waits on the network beyond the timeout a call is given.
 """
 import ctypes
+import math
 import os
 import struct
 
@@ -238,6 +239,27 @@ class Agent:
                                          or any(shadowed)) else None
         self._check_report(lib().gnmr_agent_report_sums_shadowed(
             self._a, step, s, nf, nr, sh), step)
+
+    def measure(self, step, values):
+        """The recipe's measure of each unit's low-cost path error at
+        `step` (docs/policy.md, "Measured signal"), sent with that step's
+        report whichever call makes it: one value a unit, a number >= 0,
+        inf (the low path's result would not be finite) or NaN/None (not
+        measured). Call before the step's report."""
+        n = self.n_units
+        if len(values) != n:
+            raise ValueError(f"measure has {len(values)} values for {n} "
+                             "units")
+        arr = values if isinstance(values, ctypes.Array) else \
+            (ctypes.c_double * n)(*[math.nan if v is None else v
+                                    for v in values])
+        rv = lib().gnmr_agent_measure(self._a, step, arr)
+        if rv != 0:
+            bad = [i for i in range(n) if arr[i] < 0]
+            raise GnmrError(rv, f"measure for step {step}: " + (
+                f"unit {bad[0]}'s value {arr[bad[0]]!r} is negative (a "
+                "measure is >= 0, inf, or NaN for none)" if bad else
+                "the step must be above the last reported one"))
 
     def report_buffers(self, step, buffers):
         """Reports host buffers: (unit, data pointer, element count, dtype

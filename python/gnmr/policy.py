@@ -10,8 +10,13 @@ exceedance rate a job would see. The training side never runs it; gnmrd
 decides.
 
     from gnmr.policy import Policy, read_trace, replay
-    trace = read_trace("trace.csv")       # {step: {unit: norm}}
+    trace, units = read_trace("trace.csv")   # {step: {unit: norm}}
     decisions = replay(trace, alpha=4, beta=4)   # [(step, [units])]
+
+A measured trace (header step,unit,norm,measure) gives the measures too:
+`read_trace(path, measures=True)` returns (trace, units, measures) with
+measures {step: {unit: value}}, and `replay(trace, measures=measures,
+measure_alpha=...)` scores them (docs/policy.md, "Measured signal").
 
 Arithmetic follows the engine's: IEEE doubles, the window summed oldest
 to newest, max(g / a, d / b) with a NaN d giving g / a.
@@ -21,7 +26,8 @@ import math
 from ._params import PARAMS
 
 _DEFAULTS = {p[0]: p[2] for p in PARAMS}
-_THRESHOLDS = {p[0] for p in PARAMS if p[1] == "c_double"}
+_THRESHOLDS = {p[0] for p in PARAMS if p[4] == "threshold"}
+_SIGNALS = {p[0] for p in PARAMS if p[4] == "signal"}
 _INHERITS = {p[0]: p[3] for p in PARAMS if p[3]}
 
 
@@ -48,6 +54,12 @@ def params(**kw):
                 raise ValueError(f"{name} must be a finite number > 0, "
                                  f"not {v!r}")
             out[name] = float(v)
+        elif name in _SIGNALS:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or \
+                    not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite number >= 0 "
+                                 f"(0: off), not {v!r}")
+            out[name] = float(v)
         else:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0 or \
                     v >= 2 ** 64:
@@ -61,18 +73,72 @@ def params(**kw):
     return out
 
 
+class _Stats:
+    """A signal's per-unit statistics: the long-horizon mean (count and
+    sum, with the mean horizon) and the window of its ratios."""
+
+    def __init__(self, n, p):
+        self.p = p
+        self.cnt = [0] * n
+        self.sum = [0.0] * n
+        self.win = [[] for _ in range(n)]
+
+    def ratios(self, u, x):
+        """(g, d) of a finite x > 0 against u's history (None before it
+        has one), then x added: steps 1-3 of the spec."""
+        out = None
+        if self.cnt[u] > 0:
+            g = x / (self.sum[u] / self.cnt[u])
+            d = 1.0
+            w = self.win[u]
+            if w:
+                acc = 0.0
+                for v in w:
+                    acc += v
+                d = g / (acc / len(w))
+            out = (g, d)
+            w.append(g)
+            if len(w) > self.p["window"]:
+                del w[0]
+        h = self.p["mean_horizon"]
+        if h and self.cnt[u] >= h:
+            self.sum[u] = (self.sum[u] - self.sum[u] / h) + x
+        else:
+            self.sum[u] += x
+            self.cnt[u] += 1
+        return out
+
+
+def _terms(g, d, a, b):
+    """max(g / a, d / b), a zero threshold leaving its term out (the
+    measured signal's), a NaN d giving g / a."""
+    ga = g / a if a > 0 else 0.0
+    db = d / b if b > 0 else 0.0
+    return ga if math.isnan(db) else max(ga, db)
+
+
 class Policy:
-    """One job's policy over units 0..n-1. step(t, norms) takes {unit:
-    norm} (a unit absent: not reported; 0.0: idle; NaN/inf: non-finite)
-    and returns A_t as a sorted list. After a step, .s[u] holds u's score
-    and .risky the risky units."""
+    """One job's policy over units 0..n-1. step(t, norms, measures=None)
+    takes {unit: norm} (a unit absent: not reported; 0.0: idle; NaN/inf:
+    non-finite) and, with the measured rule on, {unit: measure} (absent or
+    NaN: none) and returns A_t as a sorted list. After a step, .s[u] holds
+    u's score, .risky the risky units and .signal[u] which signal made a
+    risky unit risky ("norm", "measure" or "norm+measure")."""
 
     def __init__(self, n, **kw):
         self.p = params(**kw)
         self.n = n
-        self.cnt = [0] * n
-        self.sum = [0.0] * n
-        self.win = [[] for _ in range(n)]
+        self._norms = _Stats(n, self.p)
+        self.cnt, self.sum, self.win = (self._norms.cnt, self._norms.sum,
+                                        self._norms.win)
+        self.measured = self.p["measure_alpha"] > 0 or \
+            self.p["measure_beta"] > 0
+        self._meas = _Stats(n, self.p)
+        self.gm = [math.nan] * n
+        self.dm = [math.nan] * n
+        self.sm = [0.0] * n
+        self.sn = [0.0] * n
+        self.signal = {}
         self.lock = [0] * n
         self.s = [0.0] * n
         self.g = [math.nan] * n   # this step's GNMR (NaN: none)
@@ -98,49 +164,60 @@ class Policy:
             return 0.0
         if not math.isfinite(n):
             return math.inf
-        s = 0.0
-        if self.cnt[u] > 0:
-            g = n / (self.sum[u] / self.cnt[u])
-            d = 1.0
-            w = self.win[u]
-            if w:
-                acc = 0.0
-                for x in w:
-                    acc += x
-                d = g / (acc / len(w))
-            ga, db = g / a, d / b
-            s = ga if math.isnan(db) else max(ga, db)
-            self.g[u], self.d[u] = g, d
-            w.append(g)
-            if len(w) > self.p["window"]:
-                del w[0]
-        h = self.p["mean_horizon"]
-        if h and self.cnt[u] >= h:
-            self.sum[u] = (self.sum[u] - self.sum[u] / h) + n
-        else:
-            self.sum[u] += n
-            self.cnt[u] += 1
-        return s
+        r = self._norms.ratios(u, n)
+        if r is None:
+            return 0.0
+        self.g[u], self.d[u] = r
+        return _terms(r[0], r[1], a, b)
+
+    def score_measure(self, u, x):
+        """The measured signal's score of unit u's measure x (None or NaN:
+        none; 0: exact), its statistics updated."""
+        self.gm[u] = self.dm[u] = math.nan
+        if x is None or math.isnan(x) or x == 0:
+            return 0.0
+        if math.isinf(x):
+            return math.inf
+        r = self._meas.ratios(u, x)
+        if r is None:
+            return 0.0
+        self.gm[u], self.dm[u] = r
+        return _terms(r[0], r[1], self.p["measure_alpha"],
+                      self.p["measure_beta"])
+
+    @staticmethod
+    def _medians(gv, dv):
+        """max(1, lower median) of the step's g and of the non-NaN d."""
+        gs = sorted(x for x in gv if not math.isnan(x))
+        ds = sorted(d for x, d in zip(gv, dv)
+                    if not math.isnan(x) and not math.isnan(d))
+        mg = max(1.0, gs[(len(gs) - 1) // 2]) if len(gs) > 1 else 1.0
+        md = max(1.0, ds[(len(ds) - 1) // 2]) if len(ds) > 1 else 1.0
+        return mg, md
 
     def relative(self, a, b):
         """The job-relative rule: the candidates' scores (s > 1 by the
         plain thresholds, or locked) over the thresholds times the step's
-        lower medians of g and d, where either is above 1."""
+        lower medians of g and d (and of the measure's gm and dm), where
+        any is above 1."""
         cand = [u for u in range(self.n) if self.s[u] > 1 or self.lock[u]]
         if not cand:
             return
-        gs = sorted(x for x in self.g if not math.isnan(x))
-        ds = sorted(d for x, d in zip(self.g, self.d)
-                    if not math.isnan(x) and not math.isnan(d))
-        mg = max(1.0, gs[(len(gs) - 1) // 2]) if len(gs) > 1 else 1.0
-        md = max(1.0, ds[(len(ds) - 1) // 2]) if len(ds) > 1 else 1.0
-        if mg > 1 or md > 1:
+        mg, md = self._medians(self.g, self.d)
+        mgm, mdm = self._medians(self.gm, self.dm) if self.measured \
+            else (1.0, 1.0)
+        if mg > 1 or md > 1 or mgm > 1 or mdm > 1:
             ta, tb = a * mg, b * md
+            tam = self.p["measure_alpha"] * mgm
+            tbm = self.p["measure_beta"] * mdm
             for u in cand:
                 g = self.g[u]
                 if not math.isnan(g):
-                    ga, db = g / ta, self.d[u] / tb
-                    self.s[u] = ga if math.isnan(db) else max(ga, db)
+                    self.sn[u] = _terms(g, self.d[u], ta, tb)
+                if self.measured and not math.isnan(self.gm[u]):
+                    self.sm[u] = _terms(self.gm[u], self.dm[u], tam, tbm)
+                self.s[u] = max(self.sn[u], self.sm[u]) if self.measured \
+                    else self.sn[u]
 
     def exceed(self, u, prev, t):
         """The final score of u at t: an exceedance extends its run of
@@ -154,12 +231,13 @@ class Policy:
         self.xend[u] = t
         return s == math.inf or self.xlen[u] >= self.p["confirm_steps"]
 
-    def step(self, t, norms):
+    def step(self, t, norms, measures=None):
         if t <= self.last:
             raise ValueError(f"step {t} after step {self.last}")
         prev, self.last = self.last, t
         a, b = self.thresholds(t)
         s = self.s
+        meas = measures if self.measured and measures is not None else {}
         for u in range(self.n):
             n = norms.get(u)
             if n is None:
@@ -167,9 +245,20 @@ class Policy:
                 s[u] = 0.0
             else:
                 s[u] = self.score(u, n, a, b)
+            self.sn[u] = s[u]
+            if self.measured:
+                self.sm[u] = 0.0
+                self.gm[u] = self.dm[u] = math.nan
+                if n is not None:
+                    self.sm[u] = self.score_measure(u, meas.get(u))
+                s[u] = max(s[u], self.sm[u])
         if self.p["job_relative"]:
             self.relative(a, b)
         self.risky = {u for u in range(self.n) if self.exceed(u, prev, t)}
+        self.signal = {u: "+".join(k for k, v in (
+            ("norm", self.sn[u]), ("measure", self.sm[u]))
+            if v > 1 and (k == "norm" or self.measured))
+            for u in self.risky}
         if t <= self.p["warmup_steps"]:
             return []
         pool = self.risky | {u for u in range(self.n) if self.lock[u] > 0}
@@ -185,51 +274,65 @@ class Policy:
         return act
 
 
-def read_trace(path):
+_HEADERS = {"step,unit,norm": 3, "step,unit,norm,measure": 4}
+
+
+def read_trace(path, measures=False):
     """({step: {unit: norm}}, units) from a trace CSV (docs/policy.md);
-    ValueError with the line on a malformed one."""
-    out, units = {}, 0
+    with measures=True, (trace, units, {step: {unit: measure}}) (a unit
+    whose measure field is empty or nan has none). ValueError with the
+    line on a malformed one."""
+    out, meas, units = {}, {}, 0
     with open(path) as f:
-        header = None
+        cols = None
         for i, line in enumerate(f, 1):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
-            if header is None:
-                if line != "step,unit,norm":
+            if cols is None:
+                if line not in _HEADERS:
                     raise ValueError(f"{path}:{i}: the header must be "
-                                     "step,unit,norm")
-                header = line
+                                     "step,unit,norm or "
+                                     "step,unit,norm,measure")
+                cols = _HEADERS[line]
                 continue
             parts = line.split(",")
             try:
-                if len(parts) != 3:
-                    raise ValueError("three fields")
+                if len(parts) != cols:
+                    raise ValueError(f"{cols} fields")
                 t, u = int(parts[0]), int(parts[1])
                 n = float(parts[2])
                 if t < 1 or u < 0 or (n < 0 and n != -math.inf):
                     raise ValueError("a step >= 1, a unit >= 0, a norm >= 0")
+                x = float(parts[3]) if cols == 4 and parts[3].strip() \
+                    else math.nan
+                if x < 0:
+                    raise ValueError("a measure >= 0")
             except ValueError as e:
                 raise ValueError(f"{path}:{i}: {line!r}: {e}") from None
             row = out.setdefault(t, {})
             if u in row:
                 raise ValueError(f"{path}:{i}: step {t} unit {u} twice")
             row[u] = n
+            if not math.isnan(x):
+                meas.setdefault(t, {})[u] = x
             units = max(units, u + 1)
-    if header is None:
+    if cols is None:
         raise ValueError(f"{path}: no header line")
-    return out, units
+    return (out, units, meas) if measures else (out, units)
 
 
-def replay(trace, units=None, **kw):
+def replay(trace, units=None, measures=None, **kw):
     """[(step, A_t)] for every step from the trace's first to its last,
-    as `gnmrctl replay` prints them. trace: {step: {unit: norm}}."""
+    as `gnmrctl replay` prints them. trace: {step: {unit: norm}};
+    measures: {step: {unit: measure}} (the measured signal's)."""
     if units is None:
         units = 1 + max((u for r in trace.values() for u in r), default=-1)
     if not trace:
         return []
     pol = Policy(units, **kw)
-    return [(t, pol.step(t, trace.get(t, {})))
+    measures = measures or {}
+    return [(t, pol.step(t, trace.get(t, {}), measures.get(t)))
             for t in range(min(trace), max(trace) + 1)]
 
 

@@ -23,6 +23,23 @@ name:
   activation per token, the weight per output channel, absmax int8, in
   the forward GEMM and in backward as above.
 - `bf16`: activation and weight rounded to bfloat16 in all three GEMMs.
+- `nvfp4`: NVIDIA's NVFP4 in all three GEMMs: every operand in blocks of
+  16 along the GEMM's inner dimension, FP4 E2M1 values (round to nearest
+  even, saturating at 6), each block's scale an E4M3 number under one
+  FP32 scale per tensor (its amax over 448 x 6, current scaling): the
+  forward reads the activation and the weight blocked along the input
+  features, the input gradient the output gradient and the weight
+  blocked along the output features, the weight gradient the output
+  gradient and the activation blocked along the tokens (NVIDIA's recipe
+  also applies a random Hadamard transform and stochastic rounding to the
+  weight gradient's operands; this one rounds to nearest everywhere).
+- `mxfp4`: OCP's MXFP4 in all three GEMMs: blocks of 32, E2M1 values,
+  each block's scale a power of two (E8M0), 2^(floor(log2 amax) - 2) as
+  torchao's default (FLOOR) computes it, so a block's largest values
+  saturate at 6.
+  The two are bit for bit what torchao's `mx_formats` quantize and
+  dequantize (NVFP4Tensor.to_nvfp4 with a per-tensor scale,
+  MXTensor.to_mx; tests check it), computed here in a few float32 passes.
 - `exact`: the layer as torch.nn.Linear computes it.
 
 `QuantLinear(in, out, low="e3m2-tile", high="e4m3-tile")` takes the
@@ -48,6 +65,7 @@ loses the precision of that feature's neighbours (and, for a weight
 grid, of the feature's own small column). Tests and experiments set it;
 the training side never does.
 """
+import math
 import re
 
 import torch
@@ -55,8 +73,11 @@ import torch.nn.functional as F
 
 # (mantissa bits, smallest normal exponent, largest finite value)
 FLOAT_FORMATS = {"e4m3": (3, -6, 448.0), "e5m2": (2, -14, 57344.0),
-                 "e3m2": (2, -2, 28.0), "e2m3": (3, 0, 7.5)}
+                 "e3m2": (2, -2, 28.0), "e2m3": (3, 0, 7.5),
+                 "e2m1": (1, 0, 6.0)}
 TILE = 128
+E4M3_TINY = 2.0 ** -6    # the smallest normal E4M3 (NVFP4's least scale)
+F32_MIN_NORMAL = 2.0 ** -126
 
 
 def round_magnitude(a, mbits, emin):
@@ -145,15 +166,68 @@ def float_blocks(w, fmt, block=TILE):
     return (fake_float(b / s, fmt) * s).reshape(o, i)
 
 
+def nvfp4(x):
+    """x (2-D) through NVFP4 along its last dimension (blocks of 16), in
+    float32: the module doc's `nvfp4`."""
+    xf = x.float()
+    n = xf.shape[-1]
+    if n % 16:
+        raise ValueError(f"nvfp4: {n} values a row do not split into "
+                         "blocks of 16")
+    amax = xf.abs().amax()
+    if not amax > 0:        # all zero (or NaN: NaN everywhere, as torchao)
+        return xf * 0 if amax == 0 else torch.full_like(xf, math.nan)
+    ts = amax / (448.0 * 6.0)
+    g = xf.reshape(-1, n // 16, 16)
+    bs = (g.abs().amax(-1, keepdim=True) / 6.0 / ts).clamp(
+        E4M3_TINY, 448.0).to(torch.float8_e4m3fn).float()
+    v = fake_float((g * ((1.0 / ts) / bs)).clamp(-6.0, 6.0), "e2m1")
+    return (v * (bs * ts)).reshape(xf.shape)
+
+
+def mxfp4(x):
+    """x (2-D) through MXFP4 along its last dimension (blocks of 32), in
+    float32: the module doc's `mxfp4`."""
+    xf = x.float()
+    n = xf.shape[-1]
+    if n % 32:
+        raise ValueError(f"mxfp4: {n} values a row do not split into "
+                         "blocks of 32")
+    g = xf.reshape(-1, n // 32, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    e = ((amax.view(torch.int32) >> 23) & 0xFF) - 127 - 2
+    scale = torch.ldexp(torch.ones_like(amax), e.clamp(-127, 128)).clamp(
+        min=F32_MIN_NORMAL)
+    v = fake_float(g / scale, "e2m1")
+    return torch.where(torch.isnan(amax), amax, v * scale).reshape(xf.shape)
+
+
+FP4 = {"nvfp4": nvfp4, "mxfp4": mxfp4}
+
+
+def _plain(t):
+    """`exact` beside a rows recipe: a GEMM operand as it is (float32)."""
+    return t.float()
+
+
+def _bf16_rows(t):
+    """`bf16` beside a rows recipe: a GEMM operand rounded to bfloat16."""
+    return t.to(torch.bfloat16).float()
+
+
+_AS_ROWS = {"exact": _plain, "bf16": _bf16_rows}
+
 _RECIPE = re.compile(r"^(?:int([2-8])-(?:g(\d+)|(tok))|(e4m3|e5m2|e3m2|e2m3)"
-                     r"-tile|(int8-row)|(bf16)|(exact))$")
+                     r"-tile|(int8-row)|(bf16)|(exact)|(nvfp4|mxfp4))$")
 
 
 class Recipe:
     """What one path does to a linear layer's GEMM inputs (see the module
     doc for the names). `act(x)`: the activation the weight gradient
     reads (and the forward GEMM, unless `storage_only`); `weight(w)`: the
-    weight the GEMMs read."""
+    weight the GEMMs read. A recipe with `rows` (nvfp4, mxfp4) quantizes
+    every operand of all three GEMMs, each blocked along that GEMM's inner
+    dimension: `rows(t)` quantizes a 2-D t along its last dimension."""
 
     def __init__(self, name):
         m = _RECIPE.fullmatch(name) if isinstance(name, str) else None
@@ -161,11 +235,14 @@ class Recipe:
             raise ValueError(
                 f"unknown recipe {name!r}: int<2-8>-g<group>, int<2-8>-tok, "
                 "e4m3-tile, e5m2-tile, e3m2-tile, e2m3-tile, int8-row, "
-                "bf16 or exact")
+                "bf16, nvfp4, mxfp4 or exact")
         self.name = name
-        bits, group, tok, fmt, row, bf16, exact = m.groups()
+        bits, group, tok, fmt, row, bf16, exact, fp4 = m.groups()
         self.storage_only = bits is not None
-        if bits is not None:
+        self.rows = FP4[fp4] if fp4 else None
+        if fp4:
+            self._act = self._w = self.rows
+        elif bits is not None:
             b = int(bits)
             if tok:
                 self._act = lambda x: int_grouped(x, b, x.shape[-1])
@@ -218,6 +295,48 @@ class _QuantGemm(torch.autograd.Function):
         return gx, gw, gb, None, None, None
 
 
+class _RowsGemm(torch.autograd.Function):
+    """y = fx wq^T + b for a recipe that quantizes every GEMM operand
+    (Recipe.rows): fx and wq are the forward's copies (blocked along the
+    input features); backward quantizes the output gradient and the weight
+    along the output features for the input gradient, the output gradient
+    and the activation along the tokens for the weight gradient. `probe`
+    (None, or a QuantLinear) receives `grad_error`: the relative error of
+    the weight gradient its low recipe computes against the exact product
+    of the same output gradient and activation (an experiment's damage,
+    measured on either path)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, fx, wq, rows, probe):
+        ctx.has_bias = b is not None
+        ctx.rows, ctx.probe = rows, probe
+        ctx.save_for_backward(x.detach(), w.detach())
+        ctx.dtypes = (x.dtype, w.dtype)
+        return F.linear(fx, wq, b)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w = ctx.saved_tensors
+        q = ctx.rows
+        g2 = gy.reshape(-1, gy.shape[-1]).float()
+        x2 = x.reshape(-1, x.shape[-1]).float()
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = (q(g2) @ q(w.float().t().contiguous()).t()).reshape(
+                *gy.shape[:-1], w.shape[1]).to(ctx.dtypes[0])
+        gt, xt = g2.t().contiguous(), x2.t().contiguous()
+        if ctx.needs_input_grad[1]:
+            gw = q(gt) @ q(xt).t()
+        if ctx.probe is not None:
+            ctx.probe._grad_error(gt, xt, gw if q is ctx.probe.low.rows
+                                  else None)
+        if gw is not None:
+            gw = gw.to(ctx.dtypes[1])
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g2.sum(0).to(gy.dtype)
+        return gx, gw, gb, None, None, None, None
+
+
 class QuantLinear(torch.nn.Linear):
     """torch.nn.Linear computed by the `low` recipe, or by `high` while
     `recovery` is set (see the module doc)."""
@@ -229,6 +348,9 @@ class QuantLinear(torch.nn.Linear):
         self.recovery = False
         self.latent = None
         self._err = 0.0
+        # experiments: the low recipe's weight-gradient error (rows recipes)
+        self.track_grad_error = False
+        self.grad_error = 0.0
 
     def _scales(self):
         """The latent outlier's per-feature scale (None: no latent)."""
@@ -246,6 +368,18 @@ class QuantLinear(torch.nn.Linear):
         recipe's copy of that feature, at the last training-mode forward
         (probes without grad included), on either path (a host read)."""
         return float(self._err)
+
+    def _grad_error(self, gt, xt, low_gw):
+        """grad_error (see _RowsGemm): the low (rows) recipe's weight
+        gradient (low_gw when the low path computed it) against the exact
+        product of the same operands."""
+        exact = gt @ xt.t()
+        if low_gw is None:
+            q = self.low.rows
+            low_gw = q(gt) @ q(xt).t()
+        n = exact.norm()
+        self.grad_error = float((low_gw - exact).norm() / n) if n > 0 \
+            else 0.0
 
     @torch.compiler.disable
     def forward(self, x):
@@ -272,6 +406,9 @@ class QuantLinear(torch.nn.Linear):
             self._err = torch.where(n > 0, e / _safe(n), 0.0).mean()
             if torch.is_grad_enabled():
                 saved = low if r is self.low else act(r, xd)
+        rows = r.rows or (self.low.rows and _AS_ROWS.get(r.name))
+        if rows is not None:
+            return self._rows_forward(x, xd, r, rows, act, weight, saved)
         if r._act is None and r._w is None:
             return F.linear(x, self.weight, self.bias)
         fx = x if r.storage_only else (
@@ -280,6 +417,20 @@ class QuantLinear(torch.nn.Linear):
         if saved is None or not torch.is_grad_enabled():
             return F.linear(fx, wq, self.bias)
         return _QuantGemm.apply(x, self.weight, self.bias, fx, wq, saved)
+
+    def _rows_forward(self, x, xd, r, rows, act, weight, saved):
+        """The forward of a recipe that quantizes all three GEMMs with
+        `rows` (its own, or, beside a low recipe that does, `bf16` and
+        `exact` as every operand rounded to bfloat16 or kept): _RowsGemm.
+        With track_grad_error, grad_error is measured on either path."""
+        fx = saved if saved is not None else act(r, xd)
+        wq = weight(r, self.weight.detach()) if r._w is not None else \
+            self.weight.detach()
+        if not torch.is_grad_enabled():
+            return F.linear(fx.to(x.dtype), wq.to(x.dtype), self.bias)
+        probe = self if self.track_grad_error and self.low.rows else None
+        return _RowsGemm.apply(x, self.weight, self.bias, fx.to(x.dtype),
+                               wq.to(x.dtype), rows, probe)
 
     def extra_repr(self):
         return (super().extra_repr() + f", low={self.low}, high={self.high}"

@@ -66,6 +66,40 @@ def write(rows, path):
             f.write(f"{t},{u},{n!r}\n")
 
 
+def measured(rng, rows):
+    """rows with a measure each: a unit's own level over three orders of
+    magnitude (a coarse unit and a fine one), noise, episodes of 2-6
+    steps at 2-20x, none (empty or nan), exact (0) and not finite."""
+    level, ep = {}, {}
+    out = []
+    for t, u, n in rows:
+        lv = level.setdefault(u, 10 ** rng.uniform(-3, 0))
+        if ep.get(u, (0, 0))[0] <= 0 and rng.random() < 0.03:
+            ep[u] = (rng.randint(2, 6), rng.uniform(2, 20))
+        left, mag = ep.get(u, (0, 1.0))
+        x = lv * rng.uniform(0.85, 1.15) * (mag if left > 0 else 1.0)
+        ep[u] = (left - 1, mag)
+        r = rng.random()
+        if r < 0.03:
+            x = ""
+        elif r < 0.05:
+            x = "nan"
+        elif r < 0.06:
+            x = 0.0
+        elif r < 0.065:
+            x = math.inf
+        out.append((t, u, n, x))
+    return out
+
+
+def write_measured(rows, path):
+    with open(path, "w") as f:
+        f.write("# a random measured trace\nstep,unit,norm,measure\n")
+        for t, u, n, x in rows:
+            f.write(f"{t},{u},{n!r},{x if isinstance(x, str) else repr(x)}"
+                    "\n")
+
+
 OFF = dict(mean_horizon=0, job_relative=0, confirm_steps=0)
 RULES = [OFF, dict(OFF, mean_horizon=7),
          dict(OFF, job_relative=1), dict(OFF, confirm_steps=3),
@@ -99,6 +133,39 @@ class ReferenceTest(unittest.TestCase):
                     plain = got
                 differ += got != plain
         self.assertGreater(differ, 0, "the rules changed no decision")
+
+    def test_measured_traces_decide_as_gnmrctl_replay(self):
+        """The measured signal (docs/policy.md): its thresholds alone, with
+        the optional rules, with the norm's; and the signals named."""
+        rng = random.Random(61)
+        on = [dict(measure_alpha=2.0, measure_beta=0.0),
+              dict(measure_alpha=0.0, measure_beta=1.7),
+              dict(OFF, measure_alpha=2.5, measure_beta=2.0),
+              dict(measure_alpha=1.5, measure_beta=3.0, mean_horizon=4,
+                   confirm_steps=0, window=3, max_active=2),
+              dict(alpha=1e9, beta=1e9, measure_alpha=3.0,
+                   measure_beta=3.0)]
+        seen = set()
+        for trial in range(5):
+            path = os.path.join(self.tmp, f"m{trial}.csv")
+            write_measured(measured(rng, random_trace(
+                rng, rng.randint(1, 30), 150)), path)
+            trace, n, meas = read_trace(path, measures=True)
+            base = as_csv(replay(trace, n))
+            self.assertEqual(base, gnmrctl_replay(path),
+                             "a measured trace with the rule off")
+            changed = 0
+            for kw in on:
+                want = gnmrctl_replay(path, **kw)
+                got = as_csv(replay(trace, n, meas, **kw))
+                self.assertEqual(got, want, f"{path} {kw}")
+                changed += got != base
+                pol = Policy(n, **kw)
+                for t in range(min(trace), max(trace) + 1):
+                    pol.step(t, trace.get(t, {}), meas.get(t))
+                    seen.update(pol.signal.values())
+            self.assertGreater(changed, 0, "the measure changed nothing")
+        self.assertLessEqual({"measure", "norm"}, seen)
 
     def test_the_shared_traces_decide_as_gnmrctl_replay(self):
         names = ["small", "burst", "moe_idle"]
