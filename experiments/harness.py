@@ -60,6 +60,16 @@ Variants, from the same seeds, data and episode schedule:
               recovery path at every step, the others never: a fixed
               per-unit assignment, for damage that is persistent. Not in
               the default variants.
+  static_best static with --static-best-pattern (a second fixed set: the
+              best one a search on tuning seeds found).
+  measure_alone  the recipe's measure and nothing else: a unit whose
+              measure at step t was above its own bound (--measure-bounds,
+              fixed on tuning seeds) takes its recovery path at t+1; no
+              budget, lock, confirmation or ratio (a per-GEMM switch).
+  gnmr_measure   GNMR with the recipe's measure as a signal of its own
+              (Controller's measure=, the policy's measure_alpha and
+              measure_beta: --measure-alpha, --measure-beta): each unit's
+              measure judged against its own history, no bound chosen.
 
 Validation loss is measured clean: the episode scaling is off while the
 setting evaluates (the model as training left it). Exceedances: for
@@ -117,8 +127,10 @@ DEFAULT_VARIANTS = ("fp", "high", "low", "gnmr", "random", "oracle",
                     "oracle_now", "rawnorm", "global", "nanonly",
                     "nanonly_random")
 ALL_VARIANTS = DEFAULT_VARIANTS + ("gnmr_shadow", "gnmr_measured",
-                                   "gnmr_rerun", "static")
-CONTROLLED = {"gnmr", "gnmr_shadow", "gnmr_measured", "gnmr_rerun"}
+                                   "gnmr_rerun", "static", "static_best",
+                                   "measure_alone", "gnmr_measure")
+CONTROLLED = {"gnmr", "gnmr_shadow", "gnmr_measured", "gnmr_rerun",
+              "gnmr_measure"}
 MEASURED = {"gnmr_measured", "gnmr_rerun"}  # shadow_low
 # GNMR's share / per-step counts
 NEEDS_GNMR = {"random", "rawnorm", "nanonly_random"}
@@ -349,12 +361,19 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
             def shadow(name, m):
                 return setting.damage([m], args)[0] if id(m) in index \
                     else False
+        measure = None
+        if variant == "gnmr_measure":
+            index = {id(m): u for u, m in enumerate(units)}
+
+            def measure(name, m):
+                return setting.measures([m], args)[0] if id(m) in index \
+                    else None
         ctl = Controller(model, endpoint, f"{setting.job}-{seed}-"
                          f"{os.getpid()}", select=b.select,
                          pattern=b.pattern,
                          on_route=b.on_route, shadow=shadow,
                          shadow_low=variant in MEASURED,
-                         experts=b.experts,
+                         experts=b.experts, measure=measure,
                          params=gnmr.default_params(
                              alpha=args.alpha, beta=args.beta,
                              window=args.window,
@@ -363,7 +382,11 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
                              warmup_steps=args.warmup,
                              mean_horizon=args.mean_horizon,
                              job_relative=args.job_relative,
-                             confirm_steps=args.confirm_steps))
+                             confirm_steps=args.confirm_steps,
+                             measure_alpha=args.measure_alpha
+                             if variant == "gnmr_measure" else 0.0,
+                             measure_beta=args.measure_beta
+                             if variant == "gnmr_measure" else 0.0))
         if [n for n, _ in ctl.units] != names:
             raise RuntimeError("the controller's units are not the model's")
     chooser = Chooser(variant, len(units), args, seed, gnmr_rec, names)
@@ -405,8 +428,8 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
         damage = [False] * len(units) if variant == "fp" else \
             setting.damage(units, args)
         damage_log.append(damage)
+        meas = None if variant == "fp" else setting.measures(units, args)
         if trace is not None and variant != "fp":
-            meas = setting.measures(units, args)
             dval = setting.damage_values(units, args)
         rec_steps += len(active)
         damage_steps += sum(damage)
@@ -445,7 +468,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
                     exceed_ep += u in sched[step]
                 else:
                     nonfinite += 1
-        chooser.after(step, damage, norms)
+        chooser.after(step, damage, norms, meas)
         finite = all_finite(b.params)
         if finite and args.clip > 0:   # after GNMR saw the norms
             torch.nn.utils.clip_grad_norm_(b.params, args.clip)
@@ -640,11 +663,22 @@ def common_args(p, setting, defaults):
                    "the recorded results ran; the product's default is 2)")
     p.add_argument("--eval-every", type=int, default=d["eval_every"])
     p.add_argument("--eval-batches", type=int, default=d["eval_batches"])
-    p.add_argument("--static-pattern", default="",
+    p.add_argument("--static-pattern", default=d.get("static_pattern", ""),
                    help="the static variant: a regular expression on unit "
                    "names; those units take their recovery path always")
-    p.add_argument("--share-of", default="gnmr",
-                   choices=sorted(CONTROLLED),
+    p.add_argument("--static-best-pattern",
+                   default=d.get("static_best_pattern", ""),
+                   help="the static_best variant's regular expression")
+    p.add_argument("--measure-bounds", default="",
+                   help="measure_alone: a JSON file {unit name: bound}")
+    p.add_argument("--measure-alpha", type=float,
+                   default=d.get("measure_alpha", 0.0),
+                   help="gnmr_measure: the policy's measure_alpha")
+    p.add_argument("--measure-beta", type=float,
+                   default=d.get("measure_beta", 0.0),
+                   help="gnmr_measure: the policy's measure_beta")
+    p.add_argument("--share-of", default=d.get("share_of", "gnmr"),
+                   choices=sorted(CONTROLLED | {"static"}),
                    help="the GNMR variant whose recovery share random and "
                    "nanonly_random take, and whose per-step counts rawnorm "
                    "takes (default gnmr)")
@@ -686,13 +720,23 @@ def parse_args(setting, argv, defaults=None, doc=""):
             s > 0 and math.isfinite(s) for s in args.episode_scales):
         p.error("--episode-rate must be in [0, 1] and --episode-scales "
                 "positive")
-    if "static" in variants:
+    for v, opt in (("static", "static_pattern"),
+                   ("static_best", "static_best_pattern")):
+        if v not in variants:
+            continue
+        flag = "--" + opt.replace("_", "-")
         try:
-            if not args.static_pattern or not re.compile(
-                    args.static_pattern).pattern:
-                p.error("the static variant needs --static-pattern")
+            if not getattr(args, opt) or not re.compile(
+                    getattr(args, opt)).pattern:
+                p.error(f"the {v} variant needs {flag}")
         except re.error as e:
-            p.error(f"--static-pattern: {e}")
+            p.error(f"{flag}: {e}")
+    args.measure_bounds = read_bounds(p, args.measure_bounds) \
+        if "measure_alone" in variants else {}
+    if "gnmr_measure" in variants and not (
+            args.measure_alpha > 0 or args.measure_beta > 0):
+        p.error("gnmr_measure needs --measure-alpha or --measure-beta "
+                "above 0")
     if not args.clip >= 0:
         p.error("--clip must be >= 0")
     if args.episode_tokens < 1:
@@ -704,6 +748,23 @@ def parse_args(setting, argv, defaults=None, doc=""):
 
 
 _DATA = {}
+
+
+def read_bounds(p, path):
+    """measure_alone's {unit name: bound} from a JSON file."""
+    if not path:
+        p.error("measure_alone needs --measure-bounds FILE")
+    try:
+        with open(path) as f:
+            got = json.load(f)
+        bounds = got.get("bounds", got) if isinstance(got, dict) else None
+        if not isinstance(bounds, dict) or not all(
+                isinstance(v, (int, float)) and v >= 0
+                for v in bounds.values()):
+            raise ValueError("expected {unit name: bound >= 0}")
+    except (OSError, ValueError) as e:
+        p.error(f"--measure-bounds {path}: {e}")
+    return {str(k): float(v) for k, v in bounds.items()}
 
 
 def _one_blas_thread():

@@ -163,6 +163,13 @@ def _quantized(m):
     return [q for q in m.modules() if isinstance(q, QuantLinear)]
 
 
+def track(model, args):
+    """The quantized linears measure the damage --damage-measure names."""
+    for q in _quantized(model):
+        q.track_grad_error = args.damage_measure == "grad"
+        q.track_out_error = args.damage_measure == "out"
+
+
 class Paper(harness.Setting):
     episode_kind = "channels"
     script = "experiments/paper.py"
@@ -184,15 +191,18 @@ class Paper(harness.Setting):
                        default=d["damage_error"],
                        help="a unit-step is damaged when its --damage-measure "
                        "is above this")
-        p.add_argument("--damage-measure", choices=("act", "grad"),
+        p.add_argument("--damage-measure", choices=("act", "out", "grad"),
                        default=d.get("damage_measure", "act"),
                        help="act: the low path's copy of the unit's input, "
                        "its mean per-feature relative error "
-                       "(QuantLinear.low_error); grad: the relative error of "
-                       "the weight gradient the low recipe computes against "
-                       "the exact product of the same operands "
-                       "(QuantLinear.grad_error; nvfp4 and mxfp4 only), a "
-                       "measure no variant's signal reads")
+                       "(QuantLinear.low_error, what the measured variants "
+                       "read); out: the relative error of the low recipe's "
+                       "output against the exact product "
+                       "(QuantLinear.out_error); grad: that of the weight "
+                       "gradient the low recipe computes against the exact "
+                       "product of the same operands (QuantLinear.grad_error; "
+                       "nvfp4 and mxfp4 only). out and grad are measures no "
+                       "variant's signal reads")
         p.add_argument("--d", type=int, default=d.get("d", 128))
         p.add_argument("--ffn", type=int, default=d.get("ffn", 256))
         p.add_argument("--layers", type=int, default=d.get("layers", 2))
@@ -292,9 +302,7 @@ class Paper(harness.Setting):
             raise ValueError(f"--keep-high {args.keep_high!r} leaves no "
                              f"unit")
         units = [model.get_submodule(n) for n in names]
-        if args.damage_measure == "grad":
-            for q in _quantized(model):
-                q.track_grad_error = True
+        track(model, args)
         select = tuple({type(m) for m in units})
         return harness.Built(model, names, units, list(model.parameters()),
                              select, _switch, pattern=keep and
@@ -311,6 +319,7 @@ class Paper(harness.Setting):
         model = peft.get_peft_model(model, peft.LoraConfig(
             r=args.lora_rank, lora_alpha=2 * args.lora_rank,
             lora_dropout=0.0, target_modules=list(PROJ)))
+        track(model, args)
         lora_cls = peft.tuners.lora.Linear
         names = [n for n, m in model.named_modules()
                  if isinstance(m, lora_cls)]
@@ -339,10 +348,11 @@ class Paper(harness.Setting):
         for m in units:
             for q in _quantized(m):
                 q._err = 0.0
-                q.grad_error = 0.0
+                q.grad_error = q.out_error = 0.0
 
     def _errors(self, units, args):
-        key = "grad_error" if args.damage_measure == "grad" else "low_error"
+        key = {"grad": "grad_error", "out": "out_error"}.get(
+            args.damage_measure, "low_error")
         return [max((getattr(q, key) for q in _quantized(m)), default=0.0)
                 for m in units]
 

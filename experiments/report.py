@@ -36,7 +36,15 @@ COMPARISONS = [("low", "high"), ("oracle", "random"), ("gnmr", "random"),
                ("gnmr_rerun", "low"), ("gnmr_rerun", "random"),
                ("gnmr_rerun", "rawnorm"), ("gnmr_rerun", "global"),
                ("gnmr_rerun", "nanonly"), ("gnmr_rerun", "oracle"),
-               ("gnmr_rerun", "high")]
+               ("gnmr_rerun", "high"),
+               # the fp4 setting: GNMR on the measure against the static
+               # recipe, the best static set, random, the measure alone
+               ("gnmr_measure", "static"), ("gnmr_measure", "static_best"),
+               ("gnmr_measure", "random"), ("gnmr_measure", "measure_alone"),
+               ("gnmr_measure", "low"), ("gnmr_measure", "gnmr"),
+               ("static_best", "static"), ("static_best", "low"),
+               ("measure_alone", "static"), ("measure_alone", "low"),
+               ("random", "static"), ("random", "low")]
 
 
 def _round(p):

@@ -39,8 +39,14 @@ class Chooser:
 
     def __init__(self, variant, n_units, args, seed, gnmr_rec, names=()):
         self.v, self.n, self.args = variant, n_units, args
-        rx = re.compile(args.static_pattern) if args.static_pattern else None
+        pat = getattr(args, "static_best_pattern", "") \
+            if variant == "static_best" else args.static_pattern
+        rx = re.compile(pat) if pat else None
         self.static = {u for u, n in enumerate(names) if rx and rx.search(n)}
+        # measure_alone: each unit's bound, fixed on tuning seeds
+        self.bounds = [getattr(args, "measure_bounds", {}).get(n, math.inf)
+                       for n in names] if variant == "measure_alone" else []
+        self.prev_measures = None
         self.rng = random.Random(seed * 31 + 7)
         self.gnmr = gnmr_rec
         self.last_damage = [-10 ** 9] * n_units
@@ -56,8 +62,13 @@ class Chooser:
             return set(range(n))
         if self.v in ("low", "fp"):
             return set()
-        if self.v == "static":
+        if self.v in ("static", "static_best"):
             return set(self.static)
+        if self.v == "measure_alone":
+            m = self.prev_measures
+            return set() if m is None else {
+                u for u in range(n) if m[u] is not None and
+                m[u] > self.bounds[u]}
         if self.v == "random":
             return {u for u in range(n) if self.rng.random() <
                     self.gnmr["share"]}
@@ -97,9 +108,11 @@ class Chooser:
             return picked
         raise ValueError(self.v)
 
-    def after(self, step, damage, norms):
+    def after(self, step, damage, norms, measures=None):
         """What the variant learns from step `step`: its damage flags
-        (oracle) or gradient norms (rawnorm, global)."""
+        (oracle), gradient norms (rawnorm, global) or the recipe's
+        measures (measure_alone)."""
+        self.prev_measures = measures
         for u in range(self.n):
             if damage[u]:
                 self.last_damage[u] = step

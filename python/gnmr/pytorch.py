@@ -102,11 +102,19 @@ such steps apart). StepResult's
 `nonfinite` still lists only real NaN/Inf gradients; `shadowed` lists
 these units. `shadow_low=True` asks `shadow` of the units on their
 low-cost path too: there it says whether the low-cost path damaged the
-unit at this step (a measured error, as QuantLinear.low_error measures
-it), and such a unit is reported the same way, so GNMR recovers it from
-the next step on, within the budget and with its locks: the recipe's
-own measure of harm as the signal, where the recipe can measure it
-(docs/experiments.md, the latent stresses).
+unit at this step (a measured error against a bound the caller chose),
+and such a unit is reported the same way, so GNMR recovers it from the
+next step on, within the budget and with its locks.
+
+The measured signal: `measure=fn`, fn(name, module) -> a number >= 0,
+inf or None, asked of every unit after backward, gives gnmrd the
+recipe's own measure of the unit's low-cost path error at this step
+(QuantLinear.low_error: gnmr.recipes' `measure`), whichever path the
+unit took. gnmrd judges each unit's measure against its own history, as
+it judges norms (docs/policy.md, "Measured signal": the job's
+measure_alpha and measure_beta, in params=), so nobody picks a bound and
+a unit whose low path is always coarse is judged against itself; its
+`exceed` events say which signal made a unit risky.
 
 Nothing waits while the agent has not joined gnmrd; after `warn_after`
 such steps, and when most decisions come late, a warning (warnings and the
@@ -307,11 +315,15 @@ class Controller:
                  on_decision=None, trace=None, warn_after=3,
                  join_wait_ms=1000, reduce_threads=0, shadow=None,
                  shadow_low=False, accumulate=1, experts=False,
-                 daemon="auto", data_dir=None, **agent_kwargs):
+                 daemon="auto", data_dir=None, measure=None,
+                 **agent_kwargs):
         job = job or os.environ.get("GNMR_JOB")
         if not job:
             raise ValueError("give job= (or set GNMR_JOB): the name that "
                              "ties this run's ranks together in gnmrd")
+        if measure is not None and not callable(measure):
+            raise ValueError("measure is a function (name, module) -> a "
+                             "number >= 0, inf, or None (not measured)")
         if daemon not in _DAEMONS:
             raise ValueError(f"daemon={daemon!r}: 'auto' (a private gnmrd "
                              "when none is configured or listening), "
@@ -381,7 +393,7 @@ class Controller:
             self.agent, self.units, self._params, lay, reduce_threads,
             shadow, bool(shadow_low), warn_after, job,
             frozen=[u for u, (n, _) in enumerate(self.units)
-                    if n in frozen])
+                    if n in frozen], measure=measure)
         self.high = [None] * len(self.units)
         self._names = [n for n, _ in self.units]
         self._active = []       # the names of the units self.high routes

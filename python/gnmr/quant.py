@@ -295,6 +295,17 @@ class _QuantGemm(torch.autograd.Function):
         return gx, gw, gb, None, None, None
 
 
+def _latent_rows(q, t, sv, sign):
+    """q(t) for a 2-D t whose rows are input features, as the quantizer
+    sees them under a latent outlier (QuantLinear.latent): each row scaled
+    by sv^sign (the activation's features up, the weight's columns down)
+    before q, and back after; t itself when sv is None."""
+    if sv is None:
+        return q(t.contiguous())
+    f = (sv if sign > 0 else 1 / sv)[:, None]
+    return q((t * f).contiguous()) / f
+
+
 class _RowsGemm(torch.autograd.Function):
     """y = fx wq^T + b for a recipe that quantizes every GEMM operand
     (Recipe.rows): fx and wq are the forward's copies (blocked along the
@@ -307,9 +318,9 @@ class _RowsGemm(torch.autograd.Function):
     measured on either path)."""
 
     @staticmethod
-    def forward(ctx, x, w, b, fx, wq, rows, probe):
+    def forward(ctx, x, w, b, fx, wq, rows, probe, sv):
         ctx.has_bias = b is not None
-        ctx.rows, ctx.probe = rows, probe
+        ctx.rows, ctx.probe, ctx.sv = rows, probe, sv
         ctx.save_for_backward(x.detach(), w.detach())
         ctx.dtypes = (x.dtype, w.dtype)
         return F.linear(fx, wq, b)
@@ -317,24 +328,24 @@ class _RowsGemm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         x, w = ctx.saved_tensors
-        q = ctx.rows
+        q, sv = ctx.rows, ctx.sv
         g2 = gy.reshape(-1, gy.shape[-1]).float()
         x2 = x.reshape(-1, x.shape[-1]).float()
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            gx = (q(g2) @ q(w.float().t().contiguous()).t()).reshape(
-                *gy.shape[:-1], w.shape[1]).to(ctx.dtypes[0])
+            gx = (q(g2) @ _latent_rows(q, w.float().t(), sv, -1).t()
+                  ).reshape(*gy.shape[:-1], w.shape[1]).to(ctx.dtypes[0])
         gt, xt = g2.t().contiguous(), x2.t().contiguous()
         if ctx.needs_input_grad[1]:
-            gw = q(gt) @ q(xt).t()
+            gw = q(gt) @ _latent_rows(q, xt, sv, 1).t()
         if ctx.probe is not None:
             ctx.probe._grad_error(gt, xt, gw if q is ctx.probe.low.rows
-                                  else None)
+                                  else None, sv)
         if gw is not None:
             gw = gw.to(ctx.dtypes[1])
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.sum(0).to(gy.dtype)
-        return gx, gw, gb, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None
 
 
 class QuantLinear(torch.nn.Linear):
@@ -349,8 +360,11 @@ class QuantLinear(torch.nn.Linear):
         self.latent = None
         self._err = 0.0
         # experiments: the low recipe's weight-gradient error (rows recipes)
+        # and its output's error, measured on either path
         self.track_grad_error = False
         self.grad_error = 0.0
+        self.track_out_error = False
+        self.out_error = 0.0
 
     def _scales(self):
         """The latent outlier's per-feature scale (None: no latent)."""
@@ -369,17 +383,29 @@ class QuantLinear(torch.nn.Linear):
         (probes without grad included), on either path (a host read)."""
         return float(self._err)
 
-    def _grad_error(self, gt, xt, low_gw):
+    def _grad_error(self, gt, xt, low_gw, sv=None):
         """grad_error (see _RowsGemm): the low (rows) recipe's weight
         gradient (low_gw when the low path computed it) against the exact
         product of the same operands."""
         exact = gt @ xt.t()
         if low_gw is None:
             q = self.low.rows
-            low_gw = q(gt) @ q(xt).t()
+            low_gw = q(gt) @ _latent_rows(q, xt, sv, 1).t()
         n = exact.norm()
         self.grad_error = float((low_gw - exact).norm() / n) if n > 0 \
             else 0.0
+
+    def _out_error(self, xd, low, weight):
+        """out_error: the relative L2 error of the low recipe's output
+        (bias left out) against the exact product, for this input (an
+        experiment's damage, measured on either path; 0 for a recipe
+        that keeps the forward exact)."""
+        w = self.weight.detach()
+        exact = F.linear(xd.float(), w.float())
+        fx = xd if self.low.storage_only else low
+        got = F.linear(fx.float(), weight(self.low, w).float())
+        n = exact.norm()
+        self.out_error = float((got - exact).norm() / n) if n > 0 else 0.0
 
     @torch.compiler.disable
     def forward(self, x):
@@ -404,11 +430,14 @@ class QuantLinear(torch.nn.Linear):
             n = xf.norm(dim=0)
             e = (low.float().reshape(-1, xd.shape[-1]) - xf).norm(dim=0)
             self._err = torch.where(n > 0, e / _safe(n), 0.0).mean()
+            if self.track_out_error:
+                self._out_error(xd, low, weight)
             if torch.is_grad_enabled():
                 saved = low if r is self.low else act(r, xd)
         rows = r.rows or (self.low.rows and _AS_ROWS.get(r.name))
         if rows is not None:
-            return self._rows_forward(x, xd, r, rows, act, weight, saved)
+            return self._rows_forward(x, xd, r, rows, act, weight, saved,
+                                      sv)
         if r._act is None and r._w is None:
             return F.linear(x, self.weight, self.bias)
         fx = x if r.storage_only else (
@@ -418,7 +447,7 @@ class QuantLinear(torch.nn.Linear):
             return F.linear(fx, wq, self.bias)
         return _QuantGemm.apply(x, self.weight, self.bias, fx, wq, saved)
 
-    def _rows_forward(self, x, xd, r, rows, act, weight, saved):
+    def _rows_forward(self, x, xd, r, rows, act, weight, saved, sv):
         """The forward of a recipe that quantizes all three GEMMs with
         `rows` (its own, or, beside a low recipe that does, `bf16` and
         `exact` as every operand rounded to bfloat16 or kept): _RowsGemm.
@@ -430,7 +459,7 @@ class QuantLinear(torch.nn.Linear):
             return F.linear(fx.to(x.dtype), wq.to(x.dtype), self.bias)
         probe = self if self.track_grad_error and self.low.rows else None
         return _RowsGemm.apply(x, self.weight, self.bias, fx.to(x.dtype),
-                               wq.to(x.dtype), rows, probe)
+                               wq.to(x.dtype), rows, probe, sv)
 
     def extra_repr(self):
         return (super().extra_repr() + f", low={self.low}, high={self.high}"

@@ -93,10 +93,13 @@ class Reduction:
     gradient from): for the warning about units without gradients."""
 
     def __init__(self, agent, units, params, layout, threads=0, shadow=None,
-                 shadow_low=False, warn_after=3, job="", frozen=()):
+                 shadow_low=False, warn_after=3, job="", frozen=(),
+                 measure=None):
         self.agent, self.units, self._params = agent, units, params
         self.layout, self.threads = layout, threads
         self.shadow, self.shadow_low = shadow, shadow_low
+        self.measure = measure  # fn(name, module) -> float or None
+        self.measured = None    # what the last report sent of it
         self.warn_after, self.job = warn_after, job
         # parameters whose local gradient another reporter counts: read
         # for "has a gradient", not summed
@@ -553,10 +556,14 @@ class Reduction:
         self.local = None
         self.reduced = None
         self.shadowed = []
+        self.measured = None
         if self.agent.observer:  # another replica reports this shard
             self.agent.report_sums(t, [0.0] * len(self._params))
             return
         shadowed = self._shadow_units(high)
+        if self.measure is not None:  # sent with this step's report
+            self.measured = [self.measure(name, m) for name, m in self.units]
+            self.agent.measure(t, self.measured)
         table = self._any_table()
         if table is not None and table[3] is not None:  # one CUDA device
             if not shadowed and self._cuda_reducer(table[3]) is not None:

@@ -941,6 +941,42 @@ class ControllerTest(unittest.TestCase):
         self.assertEqual(active, [["c"], ["c"], ["c"], [], []])
         ctl.close()
 
+    def test_measure_judges_each_unit_against_its_own_measure(self):
+        """measure= (docs/policy.md, "Measured signal"): a unit whose
+        measure trebles is promoted though its gradient is calm; a unit
+        whose measure is always coarse is not; the history's exceed says
+        which signal; a bad measure is a clear error."""
+        with self.assertRaisesRegex(ValueError, "measure is a function"):
+            Controller(Net(), self.d.agents, "measure-bad", measure=0.5)
+        x = torch.randn(16, 8)
+        level = {"a": 0.01, "b": 0.02, "c": 0.4}  # c: always coarse
+        net = Net()
+        ctl = Controller(net, self.d.agents, "measure-job",
+                         measure=lambda n, m: level.get(n),
+                         params=gnmr.default_params(
+                             warmup_steps=0, max_active=1, lock_steps=1,
+                             confirm_steps=1, measure_alpha=2.0))
+        for step in range(1, 5):
+            res = self.train_step(net, x, step, ctl)
+            self.assertEqual(res.active, [])
+        # a x3; c x1.25 (still far above a): the step's median ratio is
+        # c's 1.25 (job-relative), so a scores 3 / (2 x 1.25) = 1.2
+        level["a"], level["c"] = 0.03, 0.5
+        res = self.train_step(net, x, 5, ctl)
+        self.assertEqual((res.active, res.nonfinite), (["a"], []))
+        level["a"] = -1.0
+        with self.assertRaisesRegex(Exception, "negative"):
+            self.train_step(net, x, 6, ctl)
+        ctl.close()
+        r = subprocess.run([os.path.join(BIN, "gnmrctl"), "--admin",
+                            f"ipc://{self.d.dir}/admin.sock", "history",
+                            "measure-job", "--kind", "exceed"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = [ln for ln in r.stdout.splitlines() if "exceed" in ln]
+        self.assertEqual(len(rows), 1, r.stdout)
+        self.assertIn("signal=measure measure=0.03 gm=3", rows[0])
+
     def test_observer_replicas_get_the_same_routes(self):
         net = Net()
         p = gnmr.default_params(warmup_steps=0, max_active=1, lock_steps=3,

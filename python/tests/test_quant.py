@@ -13,7 +13,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from gnmr.quant import (FLOAT_FORMATS, QuantLinear, Recipe,  # noqa: E402
-                        fake_float, float_blocks, float_tiles, int_grouped)
+                        fake_float, float_blocks, float_tiles, int_grouped,
+                        mxfp4, nvfp4)
 from gnmr.recovery import switch  # noqa: E402
 
 
@@ -113,6 +114,60 @@ class TilesTest(unittest.TestCase):
                                  x[0, 6:128].norm()), 0.9)
 
 
+class Fp4Test(unittest.TestCase):
+    """NVFP4 and MXFP4: the E2M1 grid, the block scales, and torchao's
+    mx_formats quantize-dequantize, bit for bit."""
+
+    def test_e2m1_keeps_its_values_and_rounds_midpoints_to_even(self):
+        vals = format_values(2, 1, 1)   # E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6
+        self.assertEqual(max(vals), 6.0)
+        t = torch.tensor(vals)
+        self.assertTrue(torch.equal(fake_float(t, "e2m1"), t))
+        mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0])
+        self.assertEqual(fake_float(mids, "e2m1").tolist(),
+                         [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0])
+
+    def test_blocks_have_their_own_scales(self):
+        torch.manual_seed(7)
+        x = torch.randn(8, 64)
+        x[0, 3] = 40.0   # an outlier: its block of 16 (NVFP4) or 32 (MX)
+        for q, block in ((nvfp4, 16), (mxfp4, 32)):
+            got = q(x)
+            err = lambda a, b: float((a - b).norm() / b.norm())  # noqa
+            near = [i for i in range(block) if i != 3]  # its neighbours
+            self.assertGreater(err(got[0, near], x[0, near]),
+                               2 * err(got[0, block:], x[0, block:]))
+            self.assertLess(err(got[1:], x[1:]), 0.15)
+            # at most 8 magnitudes a block, from one scale
+            vals = {abs(v) for v in got[1, :block].tolist()}
+            self.assertLessEqual(len(vals), 8)
+        self.assertTrue(torch.equal(nvfp4(torch.zeros(2, 16)),
+                                    torch.zeros(2, 16)))
+        with self.assertRaisesRegex(ValueError, "blocks of 16"):
+            nvfp4(torch.ones(2, 24))
+        with self.assertRaisesRegex(ValueError, "blocks of 32"):
+            mxfp4(torch.ones(2, 48))
+
+    def test_nvfp4_and_mxfp4_are_torchaos_bit_for_bit(self):
+        try:
+            from torchao.prototype.mx_formats.mx_tensor import MXTensor
+            from torchao.prototype.mx_formats.nvfp4_tensor import (
+                NVFP4Tensor, per_tensor_amax_to_scale)
+        except ImportError as e:  # the pinned torchao is in both venvs
+            self.fail(f"torchao's mx_formats: {e}")
+        torch.manual_seed(8)
+        for trial in range(4):
+            x = torch.randn(64, 128) * torch.exp(3 * torch.randn(128))
+            x[trial, :20] = 0
+            want = NVFP4Tensor.to_nvfp4(
+                x, per_tensor_scale=per_tensor_amax_to_scale(
+                    x.abs().amax())).dequantize(torch.float32)
+            self.assertTrue(torch.equal(nvfp4(x), want), trial)
+            want = MXTensor.to_mx(x, torch.float4_e2m1fn_x2,
+                                  32).dequantize(torch.float32)
+            self.assertTrue(torch.equal(mxfp4(x), want), trial)
+
+
 class QuantLinearTest(unittest.TestCase):
     def grads(self, lin, x):
         x = x.clone().requires_grad_(True)
@@ -162,6 +217,52 @@ class QuantLinearTest(unittest.TestCase):
         ry, rgx, rgw, _ = self.grads(ref, x)
         self.assertTrue(torch.equal(y2, ry))
         self.assertTrue(torch.equal(gx2, rgx) and torch.equal(gw2, rgw))
+
+    def test_fp4_recipes_quantize_all_three_gemms(self):
+        """nvfp4: the forward reads the activation and weight blocked
+        along the input features, the input gradient the output gradient
+        and the weight along the output features, the weight gradient the
+        output gradient and activation along the tokens; bf16 beside it
+        rounds every operand; the damage figures on either path."""
+        torch.manual_seed(9)
+        lin = QuantLinear(64, 32, bias=True, low="nvfp4",
+                          high="bf16").train()
+        lin.track_grad_error = lin.track_out_error = True
+        x = torch.randn(16, 64)
+        y, gx, gw, gy = self.grads(lin, x)
+        w = lin.weight.detach()
+        self.assertTrue(torch.allclose(y, F.linear(nvfp4(x), nvfp4(w),
+                                                   lin.bias), atol=1e-5))
+        self.assertTrue(torch.allclose(
+            gx, nvfp4(gy) @ nvfp4(w.t().contiguous()).t(), atol=1e-5))
+        self.assertTrue(torch.allclose(
+            gw, nvfp4(gy.t().contiguous()) @ nvfp4(x.t().contiguous()).t(),
+            atol=1e-5))
+        self.assertTrue(torch.allclose(lin.bias.grad, gy.sum(0)))
+        exact = gy.t() @ x
+        self.assertAlmostEqual(lin.grad_error, float(
+            (gw - exact).norm() / exact.norm()), places=5)
+        self.assertAlmostEqual(lin.out_error, float(
+            (F.linear(nvfp4(x), nvfp4(w)) - F.linear(x, w)).norm() /
+            F.linear(x, w).norm()), places=5)
+        low_grad, low_out = lin.grad_error, lin.out_error
+        self.assertTrue(0.02 < low_grad < 0.3 and 0.02 < low_out < 0.3)
+        lin.recovery = True
+        lin.weight.grad = lin.bias.grad = None
+        y2, gx2, gw2, _ = self.grads(lin, x)
+        bf = lambda t: t.bfloat16().float()  # noqa: E731
+        self.assertTrue(torch.allclose(y2, F.linear(bf(x), bf(w), lin.bias),
+                                       atol=1e-5))
+        self.assertTrue(torch.allclose(gw2, bf(gy).t() @ bf(x), atol=1e-4))
+        self.assertTrue(torch.allclose(gx2, bf(gy) @ bf(w), atol=1e-4))
+        # measured on the recovery path too: the low recipe's figures
+        self.assertAlmostEqual(lin.out_error, low_out, places=6)
+        self.assertGreater(lin.grad_error, 0.02)
+        # a latent outlier: the low path's damage grows, the product holds
+        lin.latent = ([5], 4096.0)
+        self.grads(lin, x)
+        self.assertGreater(lin.out_error, 2 * low_out)
+        self.assertGreater(lin.low_error, 2 * low_grad)
 
     def test_int8_rows_and_bf16(self):
         torch.manual_seed(4)
