@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -123,9 +124,12 @@ static int copy_config(gnmr_agent *a, const gnmr_agent_config *cfg) {
   a->routes = calloc(a->n_words, sizeof *a->routes);
   a->risky_units = calloc(cfg->n_units, sizeof *a->risky_units);
   a->risky_gds = calloc(3 * (size_t)cfg->n_units, sizeof *a->risky_gds);
+  a->bounds = malloc((cfg->n_units ? cfg->n_units : 1) * sizeof *a->bounds);
   if (!a->endpoint || !a->job || !a->names || !a->routes ||
-      !a->risky_units || !a->risky_gds)
+      !a->risky_units || !a->risky_gds || !a->bounds)
     return GNMR_E_NOMEM;
+  for (uint32_t i = 0; i < cfg->n_units; i++)
+    a->bounds[i] = INFINITY;
   for (uint32_t i = 0; i < cfg->n_units; i++)
     if ((a->names[i] = strdup(cfg->unit_names[i])) == NULL)
       return GNMR_E_NOMEM;
@@ -260,6 +264,24 @@ uint64_t gnmr_agent_risky(gnmr_agent *a, uint32_t *units, double *g,
   }
   if (n != NULL)
     *n = a->n_risky;
+  pthread_mutex_unlock(&a->risky_mu);
+  return step;
+}
+
+uint64_t gnmr_agent_bounds(gnmr_agent *a, float *bounds, uint32_t cap,
+                           uint32_t *spare) {
+  if (a == NULL) {
+    if (spare != NULL)
+      *spare = 0;
+    return 0;
+  }
+  pthread_mutex_lock(&a->risky_mu);
+  uint64_t step = a->risky_step;
+  uint32_t k = a->n_units < cap ? a->n_units : cap;
+  if (bounds != NULL)
+    memcpy(bounds, a->bounds, k * sizeof *bounds);
+  if (spare != NULL)
+    *spare = a->spare;
   pthread_mutex_unlock(&a->risky_mu);
   return step;
 }

@@ -70,6 +70,7 @@ void gnmr__agent_free_config(gnmr_agent *a) {
   free(a->routes);
   free(a->risky_units);
   free(a->risky_gds);
+  free(a->bounds);
   free(a->endpoint);
   free(a->job);
 }

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
@@ -88,7 +89,7 @@ static int hold_decision(io_state *io, Gnmr__Envelope *env) {
   }
   /* gnmrd needs the step's active set, not why: the scores stay here */
   env->decision->n_risky = env->decision->n_g = env->decision->n_d =
-      env->decision->n_s = 0;
+      env->decision->n_s = env->decision->n_bound = 0;
   io->hdec[io->n_hdec++] = env;
   return 1;
 }
@@ -325,6 +326,12 @@ static int on_decision(gnmr_agent *a, io_state *io, const Gnmr__Decision *d) {
   }
   a->n_risky = nr;
   a->risky_step = d->step;
+  /* the same-step mode's bounds, by id (none: +inf, no spare) */
+  for (uint32_t u = 0; u < nu; u++)
+    a->bounds[u] = io->ids[u] < d->n_bound && d->bound[io->ids[u]] >= 0
+                       ? d->bound[io->ids[u]]
+                       : INFINITY;
+  a->spare = d->n_bound == 0 ? 0 : d->spare < nu ? d->spare : nu;
   pthread_mutex_unlock(&a->risky_mu);
   /* a seqlock has one writer: readers (any thread) retry, writers would
    * interleave */

@@ -93,6 +93,10 @@ struct gnmr_agent {
   uint32_t n_risky;
   uint32_t *risky_units;
   double *risky_gds; /* g[0..n_units), d[...], s[...] */
+  /* the same-step mode's (Decision.bound, spare), also under risky_mu:
+   * each unit's bound (+inf: none) and the spare budget of that step */
+  float *bounds;
+  uint32_t spare;
 
   atomic_uint_fast64_t last_reported; /* written by the training thread */
 

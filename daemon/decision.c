@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* decision.c — a decided step's Decision message (see decision.h). Loop
  * thread only. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "decision.h"
@@ -43,6 +44,30 @@ static void decision_risky(const core_outcome *o, Gnmr__Decision *dec,
   *mem = gds;
 }
 
+/* The same-step mode's bound for every job-wide id up to the largest
+ * (+inf where no unit has that id) and the budget left, when the job
+ * asks for them (docs/policy.md, "Same-step mode"); *mem freed by the
+ * caller after encoding. No memory: the Decision goes without them. */
+static void decision_bounds(const core_job *c, const core_outcome *o,
+                            Gnmr__Decision *dec, float **mem) {
+  *mem = NULL;
+  if (!c->params.same_step || c->n_units == 0)
+    return;
+  size_t n = (size_t)c->unit_id[c->n_units - 1] + 1; /* ids ascend */
+  float *b = malloc(n * sizeof *b);
+  if (b == NULL)
+    return;
+  for (size_t i = 0; i < n; i++)
+    b[i] = INFINITY;
+  for (uint32_t u = 0; u < c->n_units; u++)
+    b[c->unit_id[u]] = (float)policy_measure_bound(c->pol, u);
+  dec->n_bound = n;
+  dec->bound = b;
+  uint32_t k = c->params.max_active;
+  dec->spare = o->res.n_active < k ? k - o->res.n_active : 0;
+  *mem = b;
+}
+
 int decision_encode(job *j, const core_outcome *o, uint8_t **buf, size_t *len) {
   core_job *c = j->core;
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
@@ -64,10 +89,13 @@ int decision_encode(job *j, const core_outcome *o, uint8_t **buf, size_t *len) {
     dec.tag.len = sizeof tag;
   }
   decision_risky(o, &dec, &mem);
+  float *bounds;
+  decision_bounds(c, o, &dec, &bounds);
   env.body_case = GNMR__ENVELOPE__BODY_DECISION;
   env.decision = &dec;
   int rv = gnmr__wire_encode(&env, buf, len);
   free(mem);
+  free(bounds);
   return rv;
 }
 

@@ -70,6 +70,11 @@ Variants, from the same seeds, data and episode schedule:
               (Controller's measure=, the policy's measure_alpha and
               measure_beta: --measure-alpha, --measure-beta): each unit's
               measure judged against its own history, no bound chosen.
+  gnmr_measure_now  gnmr_measure in the same-step mode (Controller's
+              same_step=True): a unit whose measure, taken in the forward
+              before its GEMM, is above the bound of gnmrd's latest
+              decision takes its recovery path within that step, at most
+              the budget gnmrd left (`same_steps` counts them).
 
 Validation loss is measured clean: the episode scaling is off while the
 setting evaluates (the model as training left it). Exceedances: for
@@ -128,9 +133,11 @@ DEFAULT_VARIANTS = ("fp", "high", "low", "gnmr", "random", "oracle",
                     "nanonly_random")
 ALL_VARIANTS = DEFAULT_VARIANTS + ("gnmr_shadow", "gnmr_measured",
                                    "gnmr_rerun", "static", "static_best",
-                                   "measure_alone", "gnmr_measure")
+                                   "measure_alone", "gnmr_measure",
+                                   "gnmr_measure_now")
 CONTROLLED = {"gnmr", "gnmr_shadow", "gnmr_measured", "gnmr_rerun",
-              "gnmr_measure"}
+              "gnmr_measure", "gnmr_measure_now"}
+MEASURE_SIGNAL = {"gnmr_measure", "gnmr_measure_now"}  # measure=
 MEASURED = {"gnmr_measured", "gnmr_rerun"}  # shadow_low
 # GNMR's share / per-step counts
 NEEDS_GNMR = {"random", "rawnorm", "nanonly_random"}
@@ -362,7 +369,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
                 return setting.damage([m], args)[0] if id(m) in index \
                     else False
         measure = None
-        if variant == "gnmr_measure":
+        if variant in MEASURE_SIGNAL:
             index = {id(m): u for u, m in enumerate(units)}
 
             def measure(name, m):
@@ -374,6 +381,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
                          on_route=b.on_route, shadow=shadow,
                          shadow_low=variant in MEASURED,
                          experts=b.experts, measure=measure,
+                         same_step=variant == "gnmr_measure_now",
                          params=gnmr.default_params(
                              alpha=args.alpha, beta=args.beta,
                              window=args.window,
@@ -384,9 +392,10 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
                              job_relative=args.job_relative,
                              confirm_steps=args.confirm_steps,
                              measure_alpha=args.measure_alpha
-                             if variant == "gnmr_measure" else 0.0,
+                             if variant in MEASURE_SIGNAL else 0.0,
                              measure_beta=args.measure_beta
-                             if variant == "gnmr_measure" else 0.0))
+                             if variant in MEASURE_SIGNAL else 0.0,
+                             same_step=int(variant == "gnmr_measure_now")))
         if [n for n, _ in ctl.units] != names:
             raise RuntimeError("the controller's units are not the model's")
     chooser = Chooser(variant, len(units), args, seed, gnmr_rec, names)
@@ -399,6 +408,8 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
     exceed = nonfinite = 0
     exceed_ep = 0                 # of them, in an episode of that unit
     reruns = 0                    # gnmr_rerun: steps run twice
+    same_steps = 0                # gnmr_measure_now: units moved within
+                                  # their step
     for step, (x, y) in enumerate(setting.batches(data, args, gen), 1):
         t0 = time.perf_counter()
         x, y = x.to(dev), y.to(dev)  # the same batches on any device
@@ -435,9 +446,16 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
         damage_steps += sum(damage)
         hits += sum(damage[u] for u in active)
         if ctl is not None:
-            if not ctl.step(step, wait_ms=30000):
+            res = ctl.step(step, wait_ms=30000)
+            if not res:
                 raise RuntimeError(f"gnmrd's decision for step {step} was "
                                    f"late: the run would not reproduce")
+            moved = {names.index(n) for n in res.same_step} - active
+            if moved:   # the same-step mode moved them within the step
+                same_steps += len(moved)
+                active |= moved
+                rec_steps += len(moved)
+                hits += sum(damage[u] for u in moved)
         norms = unit_norms(units)
         if variant == "gnmr_rerun":
             now = {u for u, m in enumerate(units) if setting.on_recovery(m)}
@@ -500,7 +518,7 @@ def run(setting, variant, seed, args, data, endpoint=None, gnmr_rec=None):
            "coverage": hits / damage_steps if damage_steps else 0.0,
            "damage": damage_steps / unit_steps,
            "skipped": skipped, "active": [sorted(a) for a in active_log],
-           "reruns": reruns,
+           "reruns": reruns, "same_steps": same_steps,
            "misses": misses_by_cause(damage_log, active_log, args),
            "damage_steps": damage_steps,
            "step_ms": 1e3 * t_steps / args.steps}
@@ -733,10 +751,10 @@ def parse_args(setting, argv, defaults=None, doc=""):
             p.error(f"{flag}: {e}")
     args.measure_bounds = read_bounds(p, args.measure_bounds) \
         if "measure_alone" in variants else {}
-    if "gnmr_measure" in variants and not (
+    if MEASURE_SIGNAL & set(variants) and not (
             args.measure_alpha > 0 or args.measure_beta > 0):
-        p.error("gnmr_measure needs --measure-alpha or --measure-beta "
-                "above 0")
+        p.error("gnmr_measure and gnmr_measure_now need --measure-alpha "
+                "or --measure-beta above 0")
     if not args.clip >= 0:
         p.error("--clip must be >= 0")
     if args.episode_tokens < 1:

@@ -44,7 +44,13 @@ COMPARISONS = [("low", "high"), ("oracle", "random"), ("gnmr", "random"),
                ("gnmr_measure", "low"), ("gnmr_measure", "gnmr"),
                ("static_best", "static"), ("static_best", "low"),
                ("measure_alone", "static"), ("measure_alone", "low"),
-               ("random", "static"), ("random", "low")]
+               ("random", "static"), ("random", "low"),
+               ("gnmr_measure_now", "static"), ("gnmr_measure_now", "random"),
+               ("gnmr_measure_now", "measure_alone"),
+               ("gnmr_measure_now", "gnmr_measure"),
+               ("gnmr_measure_now", "low"), ("gnmr_measure_now", "high"),
+               ("gnmr_measure", "high"), ("gnmr_measure", "oracle"),
+               ("gnmr_measure", "nanonly"), ("gnmr_measure", "rawnorm")]
 
 
 def _round(p):
@@ -80,6 +86,7 @@ def summarise(setting, results, args, seeds, argv, commit):
             "damage": [round(r["damage"], 6) for r in rs],
             "skipped": [r["skipped"] for r in rs],
             "reruns": [r.get("reruns", 0) for r in rs],
+            "same_steps": [r.get("same_steps", 0) for r in rs],
             "exceed": [round(r["exceed"], 6) for r in rs],
             "nonfinite": [round(r["nonfinite"], 6) for r in rs],
             "damage_unit_steps": [r["damage_steps"] for r in rs],

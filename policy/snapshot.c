@@ -16,8 +16,8 @@
  * lock_steps, u64 warmup_steps, early_steps, last_step, from version 3
  * on u64 mean_horizon, u32 job_relative (versions 1 and 2 read as 0),
  * from version 4 on u32 confirm_steps (earlier ones read as 0), from
- * version 5 on f64 measure_alpha, measure_beta (earlier: 0, the measured
- * rule off); then per unit u64 cnt, f64 sum, u64 promotions, u32 lock, u8
+ * version 5 on f64 measure_alpha, measure_beta, u32 same_step (earlier:
+ * 0, the measured rule and the same-step mode off); then per unit u64 cnt, f64 sum, u64 promotions, u32 lock, u8
  * active, u32 win_len, win_len x f64 (oldest first), from version 4 on u64
  * xend, u32 xlen (its run of exceedances), and, while the measured rule
  * is on, u64 mcnt, f64 msum, u32 mwin_len, mwin_len x f64 (the measure's
@@ -30,7 +30,7 @@
 #define SNAP_HEAD2 (8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8)
 #define SNAP_HEAD3 (SNAP_HEAD2 + 8 + 4)
 #define SNAP_HEAD4 (SNAP_HEAD3 + 4)
-#define SNAP_HEAD (SNAP_HEAD4 + 2 * 8)
+#define SNAP_HEAD (SNAP_HEAD4 + 2 * 8 + 4)
 #define SNAP_UNIT3 (8 + 8 + 8 + 4 + 1 + 4)
 #define SNAP_UNIT (SNAP_UNIT3 + 8 + 4)
 #define SNAP_MUNIT (8 + 8 + 4) /* the measure's, before its window */
@@ -181,6 +181,7 @@ size_t policy__export_head(const policy *p, uint8_t *out) {
   put_u32(&w, prm->confirm_steps);
   put_f64(&w, prm->measure_alpha);
   put_f64(&w, prm->measure_beta);
+  put_u32(&w, prm->same_step);
   assert(w.len == SNAP_HEAD);
   return w.len;
 }
@@ -255,6 +256,7 @@ int policy_import(const void *buf, size_t len, policy **out) {
   int rv;
   policy_params prm;
   policy *p = NULL;
+  memset(&prm, 0, sizeof prm); /* every field is read below */
   if (out == NULL)
     return GNMR_E_INVAL;
   *out = NULL;
@@ -288,6 +290,7 @@ int policy_import(const void *buf, size_t len, policy **out) {
   prm.confirm_steps = version >= 4 ? get_u32(&r) : 0;
   prm.measure_alpha = version >= 5 ? get_f64(&r) : 0;
   prm.measure_beta = version >= 5 ? get_f64(&r) : 0;
+  prm.same_step = version >= 5 ? get_u32(&r) : 0;
   size_t unit_min = version >= 4 ? SNAP_UNIT : SNAP_UNIT3;
   if (policy_params_measured(&prm))
     unit_min += SNAP_MUNIT;

@@ -138,18 +138,22 @@ static const char *const pg_schema_v7 =
     "ALTER TABLE params ADD COLUMN confirm_steps BIGINT;";
 
 /* Schema version 8: the measured signal's thresholds measure_alpha and
- * measure_beta (docs/policy.md), columns of jobs and params; rows before
- * it read as 0 (the rule off). */
+ * measure_beta and the same-step mode's flag same_step (docs/policy.md),
+ * columns of jobs and params; rows before it read as 0 (off). */
 static const char *const schema_v8 =
     "ALTER TABLE jobs ADD COLUMN measure_alpha REAL;"
     "ALTER TABLE params ADD COLUMN measure_alpha REAL;"
     "ALTER TABLE jobs ADD COLUMN measure_beta REAL;"
-    "ALTER TABLE params ADD COLUMN measure_beta REAL;";
+    "ALTER TABLE params ADD COLUMN measure_beta REAL;"
+    "ALTER TABLE jobs ADD COLUMN same_step INTEGER;"
+    "ALTER TABLE params ADD COLUMN same_step INTEGER;";
 static const char *const pg_schema_v8 =
     "ALTER TABLE jobs ADD COLUMN measure_alpha DOUBLE PRECISION;"
     "ALTER TABLE params ADD COLUMN measure_alpha DOUBLE PRECISION;"
     "ALTER TABLE jobs ADD COLUMN measure_beta DOUBLE PRECISION;"
-    "ALTER TABLE params ADD COLUMN measure_beta DOUBLE PRECISION;";
+    "ALTER TABLE params ADD COLUMN measure_beta DOUBLE PRECISION;"
+    "ALTER TABLE jobs ADD COLUMN same_step BIGINT;"
+    "ALTER TABLE params ADD COLUMN same_step BIGINT;";
 
 /* The parameter columns as of PostgreSQL's version 4 (frozen: a parameter
  * added later comes with a migration of its own). */

@@ -38,7 +38,8 @@ START_TEST(defaults_are_the_specs) {
   gnmr_params g;
   gnmr_params_default(&g);
   ck_assert(g.early_alpha == 0 && g.alpha == 6 && g.window == 8);
-  ck_assert_int_eq(GNMR_NPARAMS, 14);
+  ck_assert_int_eq(GNMR_NPARAMS, 15);
+  ck_assert_uint_eq(p.same_step, 0);
 }
 END_TEST
 
@@ -167,7 +168,8 @@ START_TEST(options_settings_and_messages) {
   ck_assert_str_eq(err, "unknown parameter 'gamma' (alpha, beta, window, "
                         "max_active, lock_steps, warmup_steps, early_alpha, "
                         "early_beta, early_steps, mean_horizon, "
-                        "job_relative, confirm_steps, measure_alpha, measure_beta)");
+                        "job_relative, confirm_steps, measure_alpha, measure_beta, "
+                   "same_step)");
   char s4[] = "window=0", s5[] = "alpha=-1", s6[] = "lock_steps=4294967296";
   char *w0[] = {s4}, *neg[] = {s5}, *big[] = {s6};
   ck_assert_int_ne(gnmr__policy_settings_apply(&p, w0, 1, err, sizeof err),

@@ -101,6 +101,7 @@ START_TEST(measured_state_survives_a_snapshot) {
   p.measure_beta = 2.5;
   p.mean_horizon = 6;
   p.job_relative = 1;
+  p.same_step = 1;
   policy *a = make(&p, 12), *b = NULL, *c = NULL;
   double norm[12], x[12];
   policy_result ra, rb;
@@ -113,7 +114,7 @@ START_TEST(measured_state_survives_a_snapshot) {
   unsigned char *buf = malloc(need);
   ck_assert_int_eq(policy_export(a, buf, need, &len), GNMR_OK);
   ck_assert_int_eq(policy_import(buf, len, &b), GNMR_OK);
-  ck_assert(policy_get_params(b)->measure_beta == 2.5);
+  ck_assert(policy_params_equal(policy_get_params(b), &p));
   int measured_risky = 0;
   for (uint64_t t = 31; t <= 90; t++) {
     fill_norms(norm, 12, t);
@@ -179,7 +180,7 @@ static uint64_t fnv1a_bytes(const unsigned char *p, size_t n) {
  * version 1's layout, without the checksum: returns their length. */
 static size_t v4_to_v1(const unsigned char *v4, uint32_t n,
                        unsigned char *out) {
-  enum { HEAD2 = 8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8, RULES = 8 + 4 + 4 + 16,
+  enum { HEAD2 = 8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8, RULES = 8 + 4 + 4 + 16 + 4,
          UNIT = 8 + 8 + 8 + 4 + 1 + 4, RUN = 8 + 4 };
   size_t at = HEAD2 + RULES, len = HEAD2;
   memcpy(out, v4, HEAD2);

@@ -245,6 +245,17 @@ GNMR_EXPORT uint64_t gnmr_agent_risky(gnmr_agent *a, uint32_t *units,
                                       double *g, double *d, double *s,
                                       uint32_t cap, uint32_t *n);
 
+/* The same-step mode (docs/policy.md, "Same-step mode"; the job's
+ * same_step parameter): the latest decision's bound for each of this
+ * agent's units, into bounds (up to cap; +inf where the unit's measure
+ * has no history, or the decision carried none), the measure above which
+ * the unit's measure alone would make it risky at the next step; and in
+ * *spare the units this rank may move to their recovery path within that
+ * step (0 when the decision carried none). Returns that decision's step
+ * (0: none yet). Any thread. */
+GNMR_EXPORT uint64_t gnmr_agent_bounds(gnmr_agent *a, float *bounds,
+                                       uint32_t cap, uint32_t *spare);
+
 /* Whether the daemon has accepted this agent (Welcome received). */
 GNMR_EXPORT int gnmr_agent_joined(const gnmr_agent *a);
 

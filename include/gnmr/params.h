@@ -45,7 +45,8 @@
   XX(measure_alpha, double, SIGNAL, "measure-alpha", "GNMR_MEASURE_ALPHA",    \
      0, "")                                                                   \
   XX(measure_beta, double, SIGNAL, "measure-beta", "GNMR_MEASURE_BETA", 0,    \
-     "")
+     "")                                                                      \
+  XX(same_step, uint32_t, FLAG, "same-step", "GNMR_SAME_STEP", 0, "")
 
 #define GNMR__PARAM_FIELD(name, ctype, kind, opt, env, def, inh) ctype name;
 #define GNMR__PARAM_COUNT(name, ctype, kind, opt, env, def, inh) +1

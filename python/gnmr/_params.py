@@ -16,4 +16,5 @@ PARAMS = [
     ("confirm_steps", "c_uint32", 2, "", "u32"),
     ("measure_alpha", "c_double", 0.0, "", "signal"),
     ("measure_beta", "c_double", 0.0, "", "signal"),
+    ("same_step", "c_uint32", 0, "", "flag"),
 ]

@@ -261,6 +261,16 @@ class Agent:
                 "measure is >= 0, inf, or NaN for none)" if bad else
                 "the step must be above the last reported one"))
 
+    def bounds(self):
+        """The same-step mode's (step, spare, [bound per unit]) of the
+        latest decision (gnmr_agent_bounds: step 0 before any; bounds inf
+        where none)."""
+        n = self.n_units
+        arr = (ctypes.c_float * max(n, 1))()
+        spare = ctypes.c_uint32()
+        step = lib().gnmr_agent_bounds(self._a, arr, n, ctypes.byref(spare))
+        return step, spare.value, list(arr[:n])
+
     def report_buffers(self, step, buffers):
         """Reports host buffers: (unit, data pointer, element count, dtype
         name) tuples; the library reduces them in fp64 on this thread.

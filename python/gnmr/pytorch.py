@@ -233,16 +233,20 @@ class StepResult:
     damaged, reported to gnmrd as non-finite ([] without `shadow`); run:
     on the first result after this rank joined gnmrd, {"run": the job's
     run, "continued_after": the step gnmrd had decided up to, 0 for a new
-    run} (docs/python.md, "Runs and resumes"), else None."""
+    run} (docs/python.md, "Runs and resumes"), else None; same_step: the
+    units the same-step mode moved to their recovery path within this
+    step ([] without it)."""
 
     FIELDS = ("step", "on_time", "joined", "active", "changed",
-              "nonfinite", "norms", "risky", "repeated", "shadowed", "run")
+              "nonfinite", "norms", "risky", "repeated", "shadowed", "run",
+              "same_step")
     __slots__ = tuple(f for f in FIELDS if f != "norms") + ("_norms", "_sums")
 
     def __init__(self, step, on_time=False, joined=False, active=(),
                  changed=(), nonfinite=None, norms=None, repeated=False,
-                 risky=None, shadowed=(), run=None):
+                 risky=None, shadowed=(), run=None, same_step=()):
         self.step, self.on_time, self.joined = step, on_time, joined
+        self.same_step = list(same_step)
         self.run = run
         self.active, self.changed = list(active), list(changed)
         self.nonfinite, self._norms, self._sums = nonfinite, norms, None
@@ -316,7 +320,7 @@ class Controller:
                  join_wait_ms=1000, reduce_threads=0, shadow=None,
                  shadow_low=False, accumulate=1, experts=False,
                  daemon="auto", data_dir=None, measure=None,
-                 **agent_kwargs):
+                 same_step=False, **agent_kwargs):
         job = job or os.environ.get("GNMR_JOB")
         if not job:
             raise ValueError("give job= (or set GNMR_JOB): the name that "
@@ -324,6 +328,9 @@ class Controller:
         if measure is not None and not callable(measure):
             raise ValueError("measure is a function (name, module) -> a "
                              "number >= 0, inf, or None (not measured)")
+        if same_step and measure is None:
+            raise ValueError("same_step=True switches units by their "
+                             "measure: give measure= too")
         if daemon not in _DAEMONS:
             raise ValueError(f"daemon={daemon!r}: 'auto' (a private gnmrd "
                              "when none is configured or listening), "
@@ -341,6 +348,7 @@ class Controller:
             self.units.append((name, m))
             self._params.append(params)
             named.extend((name, p) for p in params)
+        self._gates = self._same_step_gates() if same_step else None
         self.layout = lay = _layout.layout(named, global_rank, tp_size,
                                            tp_group)
         self.tp_rank, tp_size = lay.index, lay.reporters
@@ -419,6 +427,34 @@ class Controller:
                                  "tp shards each rank has only its part")
             self._trace = open(trace, "w")
             self._trace.write("step,unit,norm\n")
+
+    def _same_step_gates(self):
+        """The same-step mode's gates (gnmr.samestep), one a unit, set on
+        its modules that take one (same_step_gate); ValueError when no
+        unit has such a module."""
+        from .samestep import Budget, Gate
+        self._budget = Budget()
+        gates, any_module = [], False
+        for name, m in self.units:
+            g = Gate(name, self._budget)
+            for q in m.modules():
+                if hasattr(q, "same_step_gate"):
+                    q.same_step_gate = g
+                    any_module = True
+            gates.append(g)
+        if not any_module:
+            raise ValueError("same_step=True: no unit has a module that "
+                             "measures before its GEMM (same_step_gate: "
+                             "gnmr.quant.QuantLinear)")
+        return gates
+
+    def _arm_same_step(self):
+        """The latest decision's bounds and spare budget on the gates, for
+        the next step (none: every bound inf)."""
+        _, spare, bounds = self.agent.bounds()
+        self._budget.arm(spare)
+        for g, b, high in zip(self._gates, bounds, self.high):
+            g.bound = math.inf if high else b
 
     # ---- the reduction ----------------------------------------------------
 
@@ -667,10 +703,15 @@ class Controller:
                 _warn(f"gnmr: {late} of the last 20 decisions of job "
                       f"{self.job!r} came after wait_ms={self.wait_ms}: "
                       "raise wait_ms, or use report_async()/finish()")
+        switched = [g.name for g in self._gates if g.switched] \
+            if self._gates is not None else []
         self.apply_routes()
+        if self._gates is not None:
+            self._arm_same_step()
         res = StepResult(step, on_time, joined,
                          self._active, self._changed,
-                         shadowed=[self.units[u][0] for u in red.shadowed])
+                         shadowed=[self.units[u][0] for u in red.shadowed],
+                         same_step=switched)
         if joined and not self._said_run:
             res.run = self._tell_run(step)
         job_nonfinite = None

@@ -365,6 +365,9 @@ class QuantLinear(torch.nn.Linear):
         self.grad_error = 0.0
         self.track_out_error = False
         self.out_error = 0.0
+        # the same-step mode's gate (gnmr.samestep.Gate, set by the
+        # Controller): asked with low_error before the GEMM
+        self.same_step_gate = None
 
     def _scales(self):
         """The latent outlier's per-feature scale (None: no latent)."""
@@ -409,7 +412,7 @@ class QuantLinear(torch.nn.Linear):
 
     @torch.compiler.disable
     def forward(self, x):
-        r = self.high if self.recovery else self.low
+        high = self.recovery
         xd = x.detach()
         sv = self._scales()
 
@@ -432,8 +435,12 @@ class QuantLinear(torch.nn.Linear):
             self._err = torch.where(n > 0, e / _safe(n), 0.0).mean()
             if self.track_out_error:
                 self._out_error(xd, low, weight)
-            if torch.is_grad_enabled():
-                saved = low if r is self.low else act(r, xd)
+            if not high and self.same_step_gate is not None and \
+                    torch.is_grad_enabled():  # the same-step mode
+                high = self.same_step_gate(float(self._err))
+        r = self.high if high else self.low
+        if self.training and torch.is_grad_enabled():
+            saved = low if r is self.low else act(r, xd)
         rows = r.rows or (self.low.rows and _AS_ROWS.get(r.name))
         if rows is not None:
             return self._rows_forward(x, xd, r, rows, act, weight, saved,

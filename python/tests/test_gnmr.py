@@ -977,6 +977,58 @@ class ControllerTest(unittest.TestCase):
         self.assertEqual(len(rows), 1, r.stdout)
         self.assertIn("signal=measure measure=0.03 gm=3", rows[0])
 
+    def test_same_step_moves_a_unit_within_the_step_its_measure_jumps(self):
+        """same_step=True (docs/policy.md, "Same-step mode"): a unit whose
+        low path's measure, taken before its GEMM, is above the bound of
+        gnmrd's latest decision takes its recovery path in that very step,
+        within the spare budget; gnmrd then promotes it as usual."""
+        from gnmr.quant import QuantLinear
+        from gnmr.recovery import switch
+        with self.assertRaisesRegex(ValueError, "give measure="):
+            Controller(Net(), self.d.agents, "same-bad", same_step=True)
+        with self.assertRaisesRegex(ValueError, "same_step_gate"):
+            Controller(Net(), self.d.agents, "same-bad2", same_step=True,
+                       measure=lambda n, m: 0.1)
+
+        class QNet(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                torch.manual_seed(1)
+                self.a = QuantLinear(32, 32, low="int8-row", high="exact")
+                self.b = QuantLinear(32, 32, low="int8-row", high="exact")
+
+            def forward(self, x):
+                return self.b(torch.relu(self.a(x)))
+
+        for budget in (2, 0):
+            net = QNet().train()
+            ctl = Controller(
+                net, self.d.agents, f"same-step-{budget}",
+                select=(QuantLinear,), on_route=switch, same_step=True,
+                measure=lambda n, m: m.low_error,
+                params=gnmr.default_params(
+                    warmup_steps=0, max_active=budget, lock_steps=1,
+                    confirm_steps=1, measure_alpha=3.0, same_step=1))
+            x = torch.randn(64, 32)
+            for step in range(1, 6):
+                res = self.train_step(net, x, step, ctl)
+                self.assertEqual((res.active, res.same_step), ([], []))
+            step, spare, bounds = ctl.agent.bounds()
+            self.assertEqual((step, spare), (5, budget))
+            self.assertTrue(all(0 < b < 1 for b in bounds), bounds)
+            net.a.latent = ([3], 512.0)   # a's low path loses its rows
+            res = self.train_step(net, x, 6, ctl)
+            if budget:
+                # switched at step 6 itself, and promoted for step 7 on
+                self.assertEqual(res.same_step, ["a"])
+                self.assertEqual(res.active, ["a"])
+            else:  # no spare budget: nobody moves within a step
+                self.assertEqual((res.same_step, res.active), ([], []))
+            net.a.latent = None
+            res = self.train_step(net, x, 7, ctl)
+            self.assertEqual(res.same_step, [])
+            ctl.close()
+
     def test_observer_replicas_get_the_same_routes(self):
         net = Net()
         p = gnmr.default_params(warmup_steps=0, max_active=1, lock_steps=3,
