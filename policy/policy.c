@@ -502,11 +502,18 @@ double policy_measure_bound(const policy *p, uint32_t u) {
   return ba;
 }
 
+/* Whether an exceedance of u needs no confirmation: a non-finite score,
+ * or the measured signal's score above 1 (docs/policy.md). */
+static int at_once(const policy *p, uint32_t u, double s) {
+  return isinf(s) || (p->sm != NULL && p->sm[u] > 1);
+}
+
 /* Unit u's final score s at step t (prev: the step decided before it, 0
  * before the first): an exceedance (s > 1) extends its run of steps in a
- * row that exceeded; returns whether u is risky: s > 1 and, for a finite
- * s, the run has lasted confirm_steps steps (docs/policy.md; 0 and 1: at
- * once, the plain rule). Once per unit and step. */
+ * row that exceeded; returns whether u is risky: s > 1 and, unless it
+ * needs no confirmation (at_once), the run has lasted confirm_steps steps
+ * (docs/policy.md; 0 and 1: at once, the plain rule). Once per unit and
+ * step. */
 static int exceed(policy *p, uint32_t u, uint64_t prev, uint64_t t,
                   double s) {
   if (!(s > 1))
@@ -514,14 +521,14 @@ static int exceed(policy *p, uint32_t u, uint64_t prev, uint64_t t,
   uint32_t len = p->xend[u] == prev && prev != 0 ? p->xlen[u] : 0;
   p->xlen[u] = len < UINT32_MAX ? len + 1 : len;
   p->xend[u] = t;
-  return isinf(s) || p->xlen[u] >= p->prm.confirm_steps;
+  return at_once(p, u, s) || p->xlen[u] >= p->prm.confirm_steps;
 }
 
 /* Whether u is risky at step t, after exceed() took its score. */
 static int risky_at(const policy *p, uint32_t u, uint64_t t) {
   double s = p->s[u];
   return s > 1 && p->xend[u] == t &&
-         (isinf(s) || p->xlen[u] >= p->prm.confirm_steps);
+         (at_once(p, u, s) || p->xlen[u] >= p->prm.confirm_steps);
 }
 
 static void emit(policy *p, policy_result *res, uint8_t kind, uint32_t unit,

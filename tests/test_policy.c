@@ -699,6 +699,27 @@ START_TEST(measured_signal_judges_each_unit_against_its_own_measure) {
 }
 END_TEST
 
+/* Confirmed exceedances hold back a norm's, not the measure's: with
+ * C = 3, a unit whose measure trebles is risky at once, one whose norm
+ * does waits for its third step in a row. */
+START_TEST(the_measure_needs_no_confirmation) {
+  policy_params p = params(2, 1e9, 4, 4, 1, 0);
+  p.measure_alpha = 2;
+  p.confirm_steps = 3;
+  policy *e = make(&p, 2);
+  policy_result r;
+  double n[2] = {1, 1}, x[2] = {0.1, 0.1};
+  for (uint64_t t = 1; t <= 4; t++)
+    step_m(e, t, n, NULL, x, &r);
+  double hn[2] = {1, 9}, hx[2] = {0.5, 0.1};
+  ck_assert_str_eq(step_m(e, 5, hn, NULL, hx, &r), "0");
+  ck_assert_uint_eq(r.n_risky, 1);
+  ck_assert(r.s[1] > 1); /* unit 1 exceeds by its norm: not yet risky */
+  ck_assert_ptr_null(find_event(&r, POLICY_EV_EXCEED, 1));
+  policy_destroy(&e);
+}
+END_TEST
+
 /* The same-step bound: a measure just above it scores above 1 at the
  * next step, one just below does not (docs/policy.md, "Same-step mode"). */
 START_TEST(measure_bound_is_where_the_next_step_turns_risky) {
@@ -781,6 +802,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, zero_units_steps_cleanly);
   tcase_add_test(tc, measured_signal_judges_each_unit_against_its_own_measure);
   tcase_add_test(tc, measure_bound_is_where_the_next_step_turns_risky);
+  tcase_add_test(tc, the_measure_needs_no_confirmation);
   tcase_add_test(tc, confirm_steps_waits_for_exceedances_in_a_row);
   suite_add_tcase(s, tc);
   return s;

@@ -221,15 +221,16 @@ class Policy:
 
     def exceed(self, u, prev, t):
         """The final score of u at t: an exceedance extends its run of
-        steps in a row; risky when s > 1 and, for a finite s, the run has
-        lasted confirm_steps steps."""
+        steps in a row; risky when s > 1 and, for a finite s not the
+        measure's, the run has lasted confirm_steps steps."""
         s = self.s[u]
         if not s > 1:
             return False
         n = self.xlen[u] if prev and self.xend[u] == prev else 0
         self.xlen[u] = min(n + 1, 2 ** 32 - 1)
         self.xend[u] = t
-        return s == math.inf or self.xlen[u] >= self.p["confirm_steps"]
+        return s == math.inf or (self.measured and self.sm[u] > 1) or \
+            self.xlen[u] >= self.p["confirm_steps"]
 
     def step(self, t, norms, measures=None):
         if t <= self.last:
