@@ -114,6 +114,30 @@ class Session:
         return (torch.nn.Linear,), \
             "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
 
+    def _fused_left_out(self, model):
+        """Whether fused MoE experts (3-D weights: transformers' Mixtral
+        and Qwen experts) are left out of the units: a recipe that
+        switches converted nn.Linear cannot switch them, so as units
+        they would hold places of the budget while nothing switched
+        (issue 61). Said once, with their names."""
+        if self._recipe is None or self._recipe.switch is None:
+            return False   # observing: each expert is a unit
+        from .._layout import fused_experts
+        fused = [(n, fused_experts(m)) for n, m in model.named_modules()
+                 if fused_experts(m)]
+        if fused and not getattr(self, "_said_fused", False):
+            self._said_fused = True
+            log.warning(
+                "gnmr: recipe=%r switches converted nn.Linear; the fused "
+                "experts of %d module(s) (%s) have no recovery path it can "
+                "switch, so they are not units (they take no place in the "
+                "budget and are not watched). recipe=None watches each "
+                "expert; a model with one nn.Linear an expert is switched "
+                "expert by expert", self.recipe, len(fused),
+                ", ".join(f"{n} ({k} experts)" for n, k in fused[:4]) +
+                (", ..." if len(fused) > 4 else ""))
+        return bool(fused)
+
     def prepare(self, model):
         """Converts the selected linears to the recipe's two-path modules
         (their parameters kept: the optimizer's stay valid)."""
@@ -147,7 +171,8 @@ class Session:
         kw = dict(self.kw)
         if default_data_dir and not os.environ.get("GNMR_DATA_DIR"):
             kw.setdefault("data_dir", default_data_dir)
-        kw.setdefault("experts", self.units == "auto")
+        kw.setdefault("experts", self.units == "auto" and
+                      not self._fused_left_out(model))
         if resumed is not None:
             kw.setdefault("resume", bool(resumed))
         if self._recipe is not None and self._recipe.shadow is not None:
