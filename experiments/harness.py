@@ -122,6 +122,7 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import torch  # noqa: E402
 
 import gnmr  # noqa: E402
+import gnmr.policy  # noqa: E402
 from gnmr.pytorch import Controller  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -689,12 +690,15 @@ def common_args(p, setting, defaults):
                    help="the static_best variant's regular expression")
     p.add_argument("--measure-bounds", default="",
                    help="measure_alone: a JSON file {unit name: bound}")
+    deflt = gnmr.policy.params()   # the product's defaults in force
     p.add_argument("--measure-alpha", type=float,
-                   default=d.get("measure_alpha", 0.0),
-                   help="gnmr_measure: the policy's measure_alpha")
+                   default=d.get("measure_alpha", deflt["measure_alpha"]),
+                   help="gnmr_measure: the policy's measure_alpha "
+                   "(default: the product's)")
     p.add_argument("--measure-beta", type=float,
-                   default=d.get("measure_beta", 0.0),
-                   help="gnmr_measure: the policy's measure_beta")
+                   default=d.get("measure_beta", deflt["measure_beta"]),
+                   help="gnmr_measure: the policy's measure_beta "
+                   "(default: the product's)")
     p.add_argument("--share-of", default=d.get("share_of", "gnmr"),
                    choices=sorted(CONTROLLED | {"static"}),
                    help="the GNMR variant whose recovery share random and "

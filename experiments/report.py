@@ -153,10 +153,17 @@ def machine():
 
 
 def git_commit():
+    """HEAD, with "-dirty" when a tracked file differs from it (the code
+    that ran is then not HEAD's)."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], check=True,
+        head = subprocess.run(["git", "rev-parse", "HEAD"], check=True,
                               capture_output=True, text=True,
                               cwd=ROOT).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain",
+                                "--untracked-files=no"], check=True,
+                               capture_output=True, text=True,
+                               cwd=ROOT).stdout.strip()
+        return head + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 

@@ -71,7 +71,9 @@ static uint32_t heap_cap(uint32_t max_active, uint32_t n) {
 /* calloc with at least one element so that n == 0 still gives a pointer. */
 static void *zalloc(size_t n, size_t size) { return calloc(n ? n : 1, size); }
 
-static int bufs_alloc(bufs *b, uint32_t n, const policy_params *prm) {
+/* meas: with the measured signal's state (policy__measure_on). */
+static int bufs_alloc(bufs *b, uint32_t n, const policy_params *prm,
+                      int meas) {
   memset(b, 0, sizeof *b);
   size_t wn = (size_t)n * prm->window;
   b->cnt = zalloc(n, sizeof *b->cnt);
@@ -94,7 +96,7 @@ static int bufs_alloc(bufs *b, uint32_t n, const policy_params *prm) {
   b->active = zalloc(n, sizeof *b->active);
   b->chosen = zalloc(n, sizeof *b->chosen);
   b->ev = zalloc(3 * (size_t)n + 1, sizeof *b->ev);
-  int meas = policy_params_measured(prm), mok = 1;
+  int mok = 1;
   if (meas) {
     b->mcnt = zalloc(n, sizeof *b->mcnt);
     b->msum = zalloc(n, sizeof *b->msum);
@@ -252,7 +254,7 @@ int policy_create(const policy_params *params, uint32_t n_units,
     return GNMR_E_RANGE;
   if ((p = calloc(1, sizeof *p)) == NULL)
     return GNMR_E_NOMEM;
-  if ((rv = bufs_alloc(&b, n_units, params)) != GNMR_OK) {
+  if ((rv = bufs_alloc(&b, n_units, params, 0)) != GNMR_OK) {
     free(p);
     return rv;
   }
@@ -276,7 +278,10 @@ void policy_destroy(policy **pp) {
 static int reshape(policy *p, const policy_params *prm, uint32_t n) {
   bufs nb, ob;
   policy__settle_owed(p);
-  int rv = bufs_alloc(&nb, n, prm);
+  /* the measure's state goes with its rule; a rule turned on starts
+   * with none, made at its first measure */
+  int rv = bufs_alloc(&nb, n, prm,
+                      p->sm != NULL && policy_params_measured(prm));
   if (rv != GNMR_OK)
     return rv;
   bufs_copy_state(&nb, p, prm, n);
@@ -328,7 +333,7 @@ int policy_remap(policy *p, uint32_t n_units, const uint32_t *to) {
   free(taken);
   policy__settle_owed(p);
   bufs nb, ob;
-  int rv = bufs_alloc(&nb, n_units, &p->prm);
+  int rv = bufs_alloc(&nb, n_units, &p->prm, p->sm != NULL);
   if (rv != GNMR_OK)
     return rv;
   for (uint32_t u = 0; u < p->n; u++)
@@ -485,6 +490,24 @@ static double score_measure(policy *p, uint32_t u, double x) {
   }
   mean_add(&p->mcnt[u], &p->msum[u], x, p->prm.mean_horizon);
   return s;
+}
+
+int policy__measure_on(policy *p) {
+  if (p->sm != NULL)
+    return GNMR_OK;
+  bufs nb, ob;
+  policy__settle_owed(p);
+  int rv = bufs_alloc(&nb, p->n, &p->prm, 1);
+  if (rv != GNMR_OK)
+    return rv;
+  bufs_copy_state(&nb, p, &p->prm, p->n); /* the norms' state; no measure */
+  ob = bufs_of(p);
+  bufs_free(&ob);
+  bufs_take(p, &nb);
+  for (uint32_t u = 0; u < p->n; u++)
+    p->sn[u] = p->s[u];
+  policy__rebuild_act(p);
+  return GNMR_OK;
 }
 
 double policy_measure_bound(const policy *p, uint32_t u) {
@@ -739,8 +762,15 @@ int policy_step_measured(policy *p, uint64_t t, const double *norm,
     bad = measure[u] < 0;
   if (bad)
     return GNMR_E_INVAL;
-  if (p->sm == NULL)
+  if (!policy_params_measured(&p->prm))
     measure = NULL; /* the rule is off */
+  else if (measure != NULL && p->sm == NULL) {
+    /* the first measure: the rule's state is made now (an engine that is
+     * never given one keeps the norms' cost, its SIMD path included) */
+    int rv = policy__measure_on(p);
+    if (rv != GNMR_OK)
+      return rv;
+  }
 
   policy__settle_owed(p); /* a snapshot still owed is of the state before t */
   const policy_params *prm = &p->prm;

@@ -28,8 +28,9 @@ struct policy {
    * exceeded (a run that ended shows as xend below the last step) */
   uint64_t *xend;
   uint32_t *xlen;
-  /* the measured signal (docs/policy.md): allocated while its rule is on
-   * (policy_params_measured), else NULL. Its statistics and window as the
+  /* the measured signal (docs/policy.md): made at the first measure the
+   * engine is given while its rule is on (policy_params_measured), NULL
+   * before and while the rule is off. Its statistics and window as the
    * norm's (mwin by age, as win); sn holds the norm's part of s. */
   uint64_t *mcnt;
   double *msum, *mwin;
@@ -127,6 +128,11 @@ double policy__exact_recip(double x);
 uint32_t policy__score_blocks(policy *p, uint32_t u, const double *norm,
                               const uint8_t *input, const policy__consts *k,
                               uint32_t *len, uint32_t *done);
+
+/* Makes the measured signal's state (no history; policy.c) if it has
+ * none: at an engine's first measure, or an import that has some. Nothing
+ * changes on error (GNMR_E_NOMEM). */
+int policy__measure_on(policy *p);
 
 /* Rebuilds the last active set (p->act, ascending) from the flags. */
 void policy__rebuild_act(policy *p);

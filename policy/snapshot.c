@@ -17,11 +17,13 @@
  * on u64 mean_horizon, u32 job_relative (versions 1 and 2 read as 0),
  * from version 4 on u32 confirm_steps (earlier ones read as 0), from
  * version 5 on f64 measure_alpha, measure_beta, u32 same_step (earlier:
- * 0, the measured rule and the same-step mode off); then per unit u64 cnt, f64 sum, u64 promotions, u32 lock, u8
+ * 0, the measured rule and the same-step mode off), u32 measured (1: the
+ * units' measure state follows; an engine makes it at its first measure);
+ * then per unit u64 cnt, f64 sum, u64 promotions, u32 lock, u8
  * active, u32 win_len, win_len x f64 (oldest first), from version 4 on u64
- * xend, u32 xlen (its run of exceedances), and, while the measured rule
- * is on, u64 mcnt, f64 msum, u32 mwin_len, mwin_len x f64 (the measure's
- * statistics and window); then a u64 checksum of everything before:
+ * xend, u32 xlen (its run of exceedances), and, when measured is 1, u64
+ * mcnt, f64 msum, u32 mwin_len, mwin_len x f64 (the measure's statistics
+ * and window); then a u64 checksum of everything before:
  * version 1, FNV-1a over bytes; from version 2 on, FNV-1a over 64-bit
  * words in four interleaved lanes, folded (sum64 below). Version 5 is
  * written; import reads all five. */
@@ -30,7 +32,7 @@
 #define SNAP_HEAD2 (8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8)
 #define SNAP_HEAD3 (SNAP_HEAD2 + 8 + 4)
 #define SNAP_HEAD4 (SNAP_HEAD3 + 4)
-#define SNAP_HEAD (SNAP_HEAD4 + 2 * 8 + 4)
+#define SNAP_HEAD (SNAP_HEAD4 + 2 * 8 + 4 + 4)
 #define SNAP_UNIT3 (8 + 8 + 8 + 4 + 1 + 4)
 #define SNAP_UNIT (SNAP_UNIT3 + 8 + 4)
 #define SNAP_MUNIT (8 + 8 + 4) /* the measure's, before its window */
@@ -182,6 +184,7 @@ size_t policy__export_head(const policy *p, uint8_t *out) {
   put_f64(&w, prm->measure_alpha);
   put_f64(&w, prm->measure_beta);
   put_u32(&w, prm->same_step);
+  put_u32(&w, p->mcnt != NULL);
   assert(w.len == SNAP_HEAD);
   return w.len;
 }
@@ -291,14 +294,21 @@ int policy_import(const void *buf, size_t len, policy **out) {
   prm.measure_alpha = version >= 5 ? get_f64(&r) : 0;
   prm.measure_beta = version >= 5 ? get_f64(&r) : 0;
   prm.same_step = version >= 5 ? get_u32(&r) : 0;
+  uint32_t measured = version >= 5 ? get_u32(&r) : 0;
   size_t unit_min = version >= 4 ? SNAP_UNIT : SNAP_UNIT3;
-  if (policy_params_measured(&prm))
+  if (measured > 1 || (measured && !policy_params_measured(&prm)))
+    return GNMR_E_PARSE; /* a measure's state without its rule */
+  if (measured)
     unit_min += SNAP_MUNIT;
   if (r.bad || n > POLICY_MAX_UNITS ||
       (r.len - r.off) / unit_min < n)
     return GNMR_E_PARSE;
   if ((rv = policy_create(&prm, n, &p)) != GNMR_OK)
     return rv;
+  if (measured && (rv = policy__measure_on(p)) != GNMR_OK) {
+    policy_destroy(&p);
+    return rv;
+  }
   p->last_step = last;
   for (uint32_t u = 0; u < n && !r.bad; u++) {
     p->cnt[u] = get_u64(&r);

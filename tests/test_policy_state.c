@@ -180,7 +180,7 @@ static uint64_t fnv1a_bytes(const unsigned char *p, size_t n) {
  * version 1's layout, without the checksum: returns their length. */
 static size_t v4_to_v1(const unsigned char *v4, uint32_t n,
                        unsigned char *out) {
-  enum { HEAD2 = 8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8, RULES = 8 + 4 + 4 + 16 + 4,
+  enum { HEAD2 = 8 + 4 + 4 + 4 * 8 + 3 * 4 + 3 * 8, RULES = 8 + 4 + 4 + 16 + 4 + 4,
          UNIT = 8 + 8 + 8 + 4 + 1 + 4, RUN = 8 + 4 };
   size_t at = HEAD2 + RULES, len = HEAD2;
   memcpy(out, v4, HEAD2);

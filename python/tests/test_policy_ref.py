@@ -151,9 +151,14 @@ class ReferenceTest(unittest.TestCase):
             write_measured(measured(rng, random_trace(
                 rng, rng.randint(1, 30), 150)), path)
             trace, n, meas = read_trace(path, measures=True)
-            base = as_csv(replay(trace, n))
-            self.assertEqual(base, gnmrctl_replay(path),
+            off = dict(measure_alpha=0, measure_beta=0)
+            base = as_csv(replay(trace, n, meas, **off))
+            self.assertEqual(base, gnmrctl_replay(path, **off),
                              "a measured trace with the rule off")
+            self.assertEqual(base, as_csv(replay(trace, n)),
+                             "the rule off, or no measure given")
+            self.assertEqual(as_csv(replay(trace, n, meas)),
+                             gnmrctl_replay(path), "the defaults")
             changed = 0
             for kw in on:
                 want = gnmrctl_replay(path, **kw)
