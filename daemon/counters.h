@@ -58,6 +58,9 @@
      "Times deciding paused: the store's leadership lease ran out.")          \
   XX(lease_unsent, "lease_unsent", "",                                         \
      "Decisions not sent: finished after the leadership lease ran out.")       \
+  XX(durable_waits, "durable_waits", "",                                       \
+     "Times a job's next step waited because as many of its decisions as "    \
+     "its agents hold were sent and not yet committed.")                       \
   XX(deadline_decisions, "deadline_decisions", "",                             \
      "Steps decided by the barrier deadline.")                                 \
   XX(missing_units, "missing_unit_steps", "",                                  \

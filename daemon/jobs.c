@@ -126,6 +126,7 @@ void jobs__free(job **jp) {
   history_forget(j);
   store_mark_free(&j->mark);
   free(j->hist);
+  free(j->undur);
   core_job_free(&d->jobs, &j->core);
   uv_timer_stop(&j->timer);
   uv_close((uv_handle_t *)&j->timer, job_timer_closed);
@@ -143,7 +144,9 @@ job *jobs__create(gnmrd *d, const char *name, const policy_params *prm,
     return NULL;
   }
   j->core->data = j;
-  if ((j->mark = store_mark_new(0, 0)) == NULL) {
+  if ((j->mark = store_mark_new(0, 0)) == NULL ||
+      (j->undur = malloc(GNMR_MAX_HELD * sizeof *j->undur)) == NULL) {
+    store_mark_free(&j->mark);
     core_job_free(&d->jobs, &j->core);
     free(j);
     return NULL;
@@ -266,6 +269,53 @@ static int in_history(const job *j, uint32_t pass, uint64_t step) {
          j->hist[lo].step == step;
 }
 
+/* ---- durability: no more sent and uncommitted than agents hold ---------- */
+
+/* Forgets the sent decisions the store has committed (at or before its
+ * mark: store_mark_get says how far every one is, in order). */
+static void undurable_trim(job *j) {
+  uint32_t mp;
+  uint64_t ms;
+  store_mark_get(j->mark, &mp, &ms);
+  while (j->undur_n > 0) {
+    const struct undurable *u = &j->undur[j->undur_head];
+    if (u->pass > mp || (u->pass == mp && u->step > ms))
+      break;
+    j->undur_head = (j->undur_head + 1) % GNMR_MAX_HELD;
+    j->undur_n--;
+  }
+}
+
+/* Whether j may decide a step now: with a store, while fewer than
+ * GNMR_MAX_HELD of its decisions are sent and not committed. An agent
+ * holds that many (the newest) past the mark its Decisions carry and
+ * hands them to a restarted gnmrd, so nothing it acted on is lost;
+ * beyond, the step waits for the store (its ranks take their fallback
+ * route, as for a late decision) rather than being acted on where a
+ * SIGKILL could lose it (docs/reliability.md). */
+static int durable_room(job *j) {
+  if (j->d->st == NULL)
+    return 1;
+  if (j->undur_n >= GNMR_MAX_HELD)
+    undurable_trim(j);
+  return j->undur_n < GNMR_MAX_HELD;
+}
+
+static void undurable_push(job *j, uint32_t pass, uint64_t step) {
+  if (j->d->st == NULL)
+    return;
+  if (j->undur_n == GNMR_MAX_HELD) /* decided before any trim: trim now */
+    undurable_trim(j);
+  if (j->undur_n == GNMR_MAX_HELD) { /* never: durable_room came first */
+    j->undur_head = (j->undur_head + 1) % GNMR_MAX_HELD;
+    j->undur_n--;
+  }
+  uint32_t at = (j->undur_head + j->undur_n) % GNMR_MAX_HELD;
+  j->undur[at].pass = pass;
+  j->undur[at].step = step;
+  j->undur_n++;
+}
+
 void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
                       const char *from) {
   gnmrd *d = j->d;
@@ -310,6 +360,7 @@ void jobs__adopt_held(job *j, Gnmr__Decision *const *hd, size_t n,
     }
     history_restored_step(d->st, c, h->pass, h->step, h->active, h->n_active,
                           j->mark);
+    undurable_push(j, h->pass, h->step); /* held again until committed */
     j->known_pass = h->pass;
     j->known_step = h->step;
     if (adopted++ == 0 || h->pass != pass)
@@ -395,6 +446,7 @@ static void publish(job *j, const core_outcome *o) {
     send_all(j, buf, len);
     free(buf);
   }
+  undurable_push(j, j->core->pass, o->step);
   d->c.steps_decided++;
   if (o->by_deadline)
     d->c.deadline_decisions++;
@@ -403,6 +455,7 @@ static void publish(job *j, const core_outcome *o) {
 }
 
 static void deadline_cb(uv_timer_t *t);
+#define DURABLE_RETRY_MS 2
 
 /* On a worker: the step's arithmetic. */
 static void decide_run(workers_task *t) {
@@ -471,7 +524,9 @@ void jobs__decide_ready(job *j) {
     }
     return;
   }
-  while (core_decide_begin(j->core, uv_now(d->loop), &j->dd)) {
+  int room;
+  while ((room = durable_room(j)) &&
+         core_decide_begin(j->core, uv_now(d->loop), &j->dd)) {
     if (j->core->far_dropped > 0) {
       d->c.future_reports += j->core->far_dropped;
       LOG(WARN, "FAR-DROPPED", "job %s: %llu reports taken before the first "
@@ -492,6 +547,26 @@ void jobs__decide_ready(job *j) {
   }
   server_kick(d->agents);
   uv_timer_stop(&j->timer);
+  if (!room && j->core->n_pend > 0) {
+    /* the store is behind: look again soon (the mark moves as the
+     * writer commits) */
+    if (!j->durable_waiting) {
+      j->durable_waiting = 1;
+      d->c.durable_waits++;
+      LOG(WARN, "DURABLE-WAIT", "job %s: %u of its decisions are sent and "
+          "not yet committed, as many as its agents hold: step %llu waits "
+          "for the store (its ranks take their fallback route meanwhile)",
+          j->core->name, GNMR_MAX_HELD,
+          (unsigned long long)j->core->pend[0].step);
+    }
+    uv_timer_start(&j->timer, deadline_cb, DURABLE_RETRY_MS, 0);
+    return;
+  }
+  if (room && j->durable_waiting) {
+    j->durable_waiting = 0;
+    LOG(INFO, "DURABLE-GO", "job %s: the store caught up; deciding again",
+        j->core->name);
+  }
   uint64_t first = core_next_deadline(j->core), now = uv_now(j->d->loop);
   if (first != UINT64_MAX)
     uv_timer_start(&j->timer, deadline_cb, first > now ? first - now : 0, 0);

@@ -34,6 +34,17 @@ typedef struct job {
   int snap_owed;
   /* How far its history is committed (store.h), sent in every Decision. */
   store_mark *mark;
+  /* The decisions sent and not yet committed, oldest first (a ring of
+   * GNMR_MAX_HELD: what its agents hold for a restarted gnmrd): with a
+   * store, a step is decided only while fewer are (jobs.c, durable_room),
+   * so that a SIGKILL loses no decision a rank acted on, whatever else
+   * keeps the store busy. */
+  struct undurable {
+    uint32_t pass;
+    uint64_t step;
+  } *undur;
+  uint32_t undur_head, undur_n;
+  int durable_waiting; /* a step waits for the store: said once */
   /* A restored job (lifecycle.c): the pass it resumed in (0 for a job
    * this gnmrd started, which made every decision of its run itself), the
    * newest (pass, step) adopted from an agent's held decisions (they come

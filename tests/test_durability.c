@@ -8,6 +8,7 @@
 #include <sqlite3.h>
 
 #include "storeutil.h"
+#include "validate.h" /* GNMR_MAX_HELD */
 
 /* The steps table of a store: "pass step active" per row, in step order. */
 typedef struct rows {
@@ -431,6 +432,73 @@ START_TEST(twenty_sigkills_at_4k_units_lose_no_acted_on_decision) {
 }
 END_TEST
 
+/* With the store failing every commit, gnmrd sends at most GNMR_MAX_HELD
+ * (1024) decisions past its durable mark, the most an agent holds: the
+ * steps after wait for the store (the agent's waits time out, its routes
+ * fall back) instead of being acted on where a kill loses them. Before,
+ * it decided on, the agent held its newest 1024, and a kill lost every
+ * older one it had acted on (the noisy neighbour's finding, issue 62:
+ * there another job's records kept the store behind). After the kill,
+ * every decision the agent received is in the history. */
+START_TEST(no_more_decisions_go_undurable_than_agents_hold) {
+  tu_daemon d = {0};
+  char ep[160];
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
+  setenv("GNMR_STORE_FAULT", "readonly:600000", 1);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, NULL);
+  unsetenv("GNMR_STORE_FAULT");
+  gnmr_agent *a = open_agent(ep, "held-cap");
+  enum { N = GNMR_MAX_HELD + 6 };
+  char **seen = calloc(N + 11, sizeof *seen);
+  uint64_t got = 0;
+  for (uint64_t t = 1; t <= N; t++) {
+    double sq[4];
+    sums(t, sq);
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, sq, NULL, NULL), GNMR_OK);
+    int ms = t <= GNMR_MAX_HELD ? (getenv("GNMR_VALGRIND") ? 60000 : 10000)
+                                : 300;
+    if (gnmr_agent_wait(a, t, ms) == GNMR_OK) {
+      got++;
+      seen[t] = acted(a, 4, 0);
+    }
+  }
+  ck_assert_uint_eq(got, GNMR_MAX_HELD); /* then the steps waited */
+  ck_assert_uint_eq(gnmr_agent_decided_step(a), GNMR_MAX_HELD);
+  char opt[300];
+  snprintf(opt, sizeof opt, "--admin=%s", d.admin);
+  run_result st = tu_run("gnmrctl", (char *[]){"gnmrctl", opt, "stats",
+                                               NULL}, NULL);
+  const char *w = strstr(st.out, "durable_waits ");
+  ck_assert_msg(st.code == 0 && w != NULL && atoll(w + 14) >= 1,
+                "gnmrctl stats: exit %d\n%s%s", st.code, st.out, st.err);
+  tu_run_free(&st);
+  tu_daemon_stop(&d, SIGKILL);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, NULL);
+  for (uint64_t t = N + 1; t <= N + 10; t++) { /* gnmrd is back */
+    step_agent(a, t);
+    seen[t] = acted(a, 4, 0);
+  }
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  rows h;
+  rows_read(d.dir, 1, &h);
+  ck_assert_uint_eq(h.restored, GNMR_MAX_HELD); /* all from the agent */
+  for (uint64_t t = 1; t <= N + 10; t++) {
+    if (seen[t] == NULL)
+      continue; /* no decision came: the agent acted on its fallback */
+    int count;
+    ck_assert_msg(rows_have(&h, t, seen[t], &count) && count == 1,
+                  "step %llu: acted on {%s}, the history has %d rows of it",
+                  (unsigned long long)t, seen[t], count);
+    free(seen[t]);
+  }
+  free(seen);
+  rows_free(&h);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("durability");
   TCase *tc = tcase_create("sigkill");
@@ -440,6 +508,7 @@ static Suite *suite(void) {
       tc,
       held_decisions_of_an_older_pass_survive_a_restart_that_committed_only_the_job);
   tcase_add_test(tc, twenty_sigkills_at_4k_units_lose_no_acted_on_decision);
+  tcase_add_test(tc, no_more_decisions_go_undurable_than_agents_hold);
   suite_add_tcase(s, tc);
   return s;
 }
