@@ -34,11 +34,12 @@ DEFAULTS = dict(alpha=6, beta=8, mean_horizon=20, job_relative=1,
                 confirm_steps=2, warmup_steps=5)
 SETS = [("measure off", dict(measure_alpha=0, measure_beta=0))]
 SETS += [(f"am={a:g} bm={b:g}", dict(measure_alpha=a, measure_beta=b))
-         for a, b in ((1.5, 0), (2, 0), (3, 0), (0, 1.5), (0, 2), (0, 3),
-                      (1.5, 1.5), (2, 2), (3, 3), (2, 1.5), (1.5, 2))]
+         for a, b in ((2, 0), (3, 0), (4, 0), (0, 2), (0, 3), (0, 4),
+                      (1.5, 1.5), (2, 2), (2.5, 2.5), (3, 3), (3, 4), (4, 3),
+                      (4, 4), (5, 5))]
 SETS += [(f"am={a:g} bm={b:g} C={c}",
           dict(measure_alpha=a, measure_beta=b, confirm_steps=c))
-         for a, b, c in ((2, 2, 0), (1.5, 1.5, 0), (3, 3, 0))]
+         for a, b, c in ((2, 2, 0), (3, 3, 0))]
 
 
 def read_damage(path, bound):

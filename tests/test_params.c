@@ -16,8 +16,8 @@
 #include "wire.h"
 
 /* docs/policy.md, "Defaults": the measured signal's thresholds */
-#define MEASURE_ALPHA_DEFAULT 2.0
-#define MEASURE_BETA_DEFAULT 2.0
+#define MEASURE_ALPHA_DEFAULT 4.0
+#define MEASURE_BETA_DEFAULT 3.0
 
 START_TEST(defaults_are_the_specs) {
   policy_params p;

@@ -43,8 +43,8 @@
   XX(confirm_steps, uint32_t, U32, "confirm-steps", "GNMR_CONFIRM_STEPS", 2, \
      "")                                                                      \
   XX(measure_alpha, double, SIGNAL, "measure-alpha", "GNMR_MEASURE_ALPHA",    \
-     2.0, "")                                                                 \
-  XX(measure_beta, double, SIGNAL, "measure-beta", "GNMR_MEASURE_BETA", 2.0,  \
+     4.0, "")                                                                 \
+  XX(measure_beta, double, SIGNAL, "measure-beta", "GNMR_MEASURE_BETA", 3.0,  \
      "")                                                                      \
   XX(same_step, uint32_t, FLAG, "same-step", "GNMR_SAME_STEP", 0, "")
 

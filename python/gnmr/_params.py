@@ -14,7 +14,7 @@ PARAMS = [
     ("mean_horizon", "c_uint64", 20, "", "u64"),
     ("job_relative", "c_uint32", 1, "", "flag"),
     ("confirm_steps", "c_uint32", 2, "", "u32"),
-    ("measure_alpha", "c_double", 2.0, "", "signal"),
-    ("measure_beta", "c_double", 2.0, "", "signal"),
+    ("measure_alpha", "c_double", 4.0, "", "signal"),
+    ("measure_beta", "c_double", 3.0, "", "signal"),
     ("same_step", "c_uint32", 0, "", "flag"),
 ]
