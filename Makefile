@@ -541,7 +541,8 @@ demo: deps-demo all venv
 # oneDNN's with ONEDNN_MAX_CPU_ISA: on a host with AVX-512 it otherwise
 # picks other kernels, and the stress figures differ in the fourth digit)
 # so that a rerun on another x86-64 gives the same figures.
-SETTINGS := stress stress_saturate act4 fp8 lora lora_latent lora_latent_w5 fp8_latent fp8_latent_mixed
+SETTINGS := stress stress_saturate act4 fp8 lora lora_latent lora_latent_w5 fp8_latent fp8_latent_mixed \
+  lora_latent_measure fp8_latent_mixed_measure fp4 fp4_latent
 SETTING ?= $(SETTINGS)
 EXPERIMENT_SEEDS ?= --seed-list 21,22,23,24,25 --steps 300 --jobs 2
 PAPER_VARIANTS := fp,high,low,gnmr,random,oracle,rawnorm,global,nanonly,nanonly_random
@@ -572,6 +573,39 @@ EXPERIMENT_fp8_latent := experiments/paper.py --setting fp8 --model llama --epis
 # always and not units; GNMR for the other twelve projections, at every
 # default of the policy (confirmed exceedances, the warm-up of 5).
 EXPERIMENT_fp8_latent_mixed := $(EXPERIMENT_fp8_latent) --keep-high down_proj --confirm-steps 2 --warmup 5
+# The measured signal (docs/policy.md, "Measured signal"), at every
+# default of the policy in force (its measure thresholds the product's):
+# GNMR on the recipe's measure, judged against each unit's own history,
+# lagged and in the same-step mode, against the measure alone with each
+# unit's bound fixed on the tuning seeds (experiments/tuned.py: the 99.9%
+# quantile of its clean runs' measure, docs/results/tuned_*.json), random
+# at its share and the lagged oracle; damage is the low recipe's output
+# error (--damage-measure out), which no variant's signal reads.
+MEASURE_VARIANTS := high,low,gnmr,gnmr_measure,gnmr_measure_now,measure_alone,random,oracle
+MEASURE_POLICY := --alpha 6 --beta 8 --mean-horizon 20 --job-relative 1 --confirm-steps 2 \
+  --warmup 5 --share-of gnmr_measure --damage-measure out --damage-error 0.05
+EXPERIMENT_lora_latent_measure := experiments/paper.py --setting lora --episode-mode latent \
+  --episode-scales 128,256,512,512,256 --variants $(MEASURE_VARIANTS) $(MEASURE_POLICY) \
+  --tuned docs/results/tuned_lora_latent.json
+EXPERIMENT_fp8_latent_mixed_measure := experiments/paper.py --setting fp8 --model llama \
+  --episode-mode latent --episode-scales 16,64,256,256,64 --keep-high down_proj \
+  --variants $(MEASURE_VARIANTS) $(MEASURE_POLICY) \
+  --tuned docs/results/tuned_fp8_latent_mixed.json
+# 4-bit pre-training (experiments/paper.py --setting fp4: a 2.75M Llama,
+# every linear NVFP4 in its three GEMMs, BF16 to recover; 600 steps):
+# FP4's own harm (fp4) and with latent outliers (fp4_latent), GNMR on the
+# measure at NVIDIA's static recipe's budget (its last block: 7 of 42
+# units) against that recipe, the best static set of the tuning seeds,
+# random at the static share and the measure alone.
+FP4_POLICY := --alpha 6 --beta 8 --mean-horizon 20 --job-relative 1 --confirm-steps 2 \
+  --warmup 5 --max-active 7 --lock-steps 2 --static-pattern layers[.]5[.] --share-of static \
+  --tuned docs/results/tuned_fp4.json
+EXPERIMENT_fp4 := experiments/paper.py --setting fp4 \
+  --variants high,low,static,static_best,random,gnmr,gnmr_measure,measure_alone $(FP4_POLICY)
+EXPERIMENT_fp4_latent := experiments/paper.py --setting fp4 --episode-mode latent \
+  --episode-scales 16,64,256,256,64 --episode-rate 0.015 \
+  --variants high,low,static,random,gnmr_measure,gnmr_measure_now,measure_alone $(FP4_POLICY)
+EXPERIMENT_SEEDS_FP4 ?= --seed-list 21,22,23,24,25 --steps 600 --jobs 2
 # The clean-training evidence for the policy's parameters: clean runs (no
 # stress, no quantization) of each paper setting and the quickstart's
 # model on seeds 21-25, their norms as traces, and the exceedance table
@@ -606,10 +640,16 @@ experiment: deps-demo all venv
 	    lora_latent) cmd="$(EXPERIMENT_lora_latent)";; \
 	    lora_latent_w5) cmd="$(EXPERIMENT_lora_latent_w5)";; \
 	    fp8_latent) cmd="$(EXPERIMENT_fp8_latent)";; \
-	    fp8_latent_mixed) cmd="$(EXPERIMENT_fp8_latent_mixed)";; esac; \
+	    fp8_latent_mixed) cmd="$(EXPERIMENT_fp8_latent_mixed)";; \
+	    lora_latent_measure) cmd="$(EXPERIMENT_lora_latent_measure)";; \
+	    fp8_latent_mixed_measure) cmd="$(EXPERIMENT_fp8_latent_mixed_measure)";; \
+	    fp4) cmd="$(EXPERIMENT_fp4)";; \
+	    fp4_latent) cmd="$(EXPERIMENT_fp4_latent)";; esac; \
+	  case $$s in fp4*) seeds="$(EXPERIMENT_SEEDS_FP4)";; \
+	    *) seeds="$(EXPERIMENT_SEEDS)";; esac; \
 	  GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BIN_DIR=$(abspath $(BUILD)/bin) \
 	    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PYTHON) $$cmd \
-	    $(EXPERIMENT_SEEDS) --json docs/results/$$s.json || exit 1; \
+	    $$seeds --json docs/results/$$s.json || exit 1; \
 	done
 
 bench: deps $(BENCHES) all venv

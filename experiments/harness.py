@@ -688,8 +688,10 @@ def common_args(p, setting, defaults):
     p.add_argument("--static-best-pattern",
                    default=d.get("static_best_pattern", ""),
                    help="the static_best variant's regular expression")
-    p.add_argument("--measure-bounds", default="",
-                   help="measure_alone: a JSON file {unit name: bound}")
+    p.add_argument("--tuned", default="",
+                   help="what the tuning seeds fixed (experiments/tuned.py's "
+                   "JSON): measure_alone's per-unit bounds and, unless "
+                   "--static-best-pattern is given, static_best's units")
     deflt = gnmr.policy.params()   # the product's defaults in force
     p.add_argument("--measure-alpha", type=float,
                    default=d.get("measure_alpha", deflt["measure_alpha"]),
@@ -742,6 +744,10 @@ def parse_args(setting, argv, defaults=None, doc=""):
             s > 0 and math.isfinite(s) for s in args.episode_scales):
         p.error("--episode-rate must be in [0, 1] and --episode-scales "
                 "positive")
+    tuned = read_tuned(p, args.tuned) if args.tuned else {}
+    if not args.static_best_pattern:
+        args.static_best_pattern = tuned.get("static_best", {}).get(
+            "pattern", "")
     for v, opt in (("static", "static_pattern"),
                    ("static_best", "static_best_pattern")):
         if v not in variants:
@@ -753,8 +759,9 @@ def parse_args(setting, argv, defaults=None, doc=""):
                 p.error(f"the {v} variant needs {flag}")
         except re.error as e:
             p.error(f"{flag}: {e}")
-    args.measure_bounds = read_bounds(p, args.measure_bounds) \
-        if "measure_alone" in variants else {}
+    if "measure_alone" in variants and not tuned.get("bounds"):
+        p.error("measure_alone needs --tuned FILE with its bounds")
+    args.measure_bounds = tuned.get("bounds", {})
     if MEASURE_SIGNAL & set(variants) and not (
             args.measure_alpha > 0 or args.measure_beta > 0):
         p.error("gnmr_measure and gnmr_measure_now need --measure-alpha "
@@ -772,21 +779,27 @@ def parse_args(setting, argv, defaults=None, doc=""):
 _DATA = {}
 
 
-def read_bounds(p, path):
-    """measure_alone's {unit name: bound} from a JSON file."""
-    if not path:
-        p.error("measure_alone needs --measure-bounds FILE")
+def read_tuned(p, path):
+    """experiments/tuned.py's JSON: {"bounds": {unit name: bound >= 0},
+    "static_best": {"pattern": REGEX, ...}} (either may be absent)."""
     try:
         with open(path) as f:
             got = json.load(f)
-        bounds = got.get("bounds", got) if isinstance(got, dict) else None
+        if not isinstance(got, dict):
+            raise ValueError("expected a JSON object")
+        bounds = got.get("bounds", {})
         if not isinstance(bounds, dict) or not all(
                 isinstance(v, (int, float)) and v >= 0
                 for v in bounds.values()):
-            raise ValueError("expected {unit name: bound >= 0}")
+            raise ValueError("bounds: expected {unit name: bound >= 0}")
+        best = got.get("static_best", {})
+        if not isinstance(best, dict) or not isinstance(
+                best.get("pattern", ""), str):
+            raise ValueError("static_best: expected {\"pattern\": REGEX}")
     except (OSError, ValueError) as e:
-        p.error(f"--measure-bounds {path}: {e}")
-    return {str(k): float(v) for k, v in bounds.items()}
+        p.error(f"--tuned {path}: {e}")
+    return {"bounds": {str(k): float(v) for k, v in bounds.items()},
+            "static_best": best}
 
 
 def _one_blas_thread():
