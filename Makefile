@@ -606,6 +606,10 @@ EXPERIMENT_fp4_latent := experiments/paper.py --setting fp4 --episode-mode laten
   --episode-scales 16,64,256,256,64 --episode-rate 0.015 \
   --variants high,low,static,random,gnmr_measure,gnmr_measure_now,measure_alone $(FP4_POLICY)
 EXPERIMENT_SEEDS_FP4 ?= --seed-list 21,22,23,24,25 --steps 600 --jobs 2
+# the gnmrd and agent library the runs use (a copy keeps a long sweep on
+# one build while the tree changes)
+EXPERIMENT_BIN ?= $(abspath $(BUILD)/bin)
+EXPERIMENT_LIB ?= $(abspath $(SO_AGENT))
 # The clean-training evidence for the policy's parameters: clean runs (no
 # stress, no quantization) of each paper setting and the quickstart's
 # model on seeds 21-25, their norms as traces, and the exceedance table
@@ -647,7 +651,7 @@ experiment: deps-demo all venv
 	    fp4_latent) cmd="$(EXPERIMENT_fp4_latent)";; esac; \
 	  case $$s in fp4*) seeds="$(EXPERIMENT_SEEDS_FP4)";; \
 	    *) seeds="$(EXPERIMENT_SEEDS)";; esac; \
-	  GNMR_AGENT_LIB=$(abspath $(SO_AGENT)) GNMR_BIN_DIR=$(abspath $(BUILD)/bin) \
+	  GNMR_AGENT_LIB=$(EXPERIMENT_LIB) GNMR_BIN_DIR=$(EXPERIMENT_BIN) \
 	    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PYTHON) $$cmd \
 	    $$seeds --json docs/results/$$s.json || exit 1; \
 	done
