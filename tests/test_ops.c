@@ -412,16 +412,26 @@ END_TEST
 
 /* Issue 48: no shell completion. deploy/completion/gnmrctl.bash completes
  * gnmrctl's commands and a command's options (from gnmrctl's own --help)
- * and job names (from the gnmrd the command line names). */
+ * and job names (from the gnmrd the command line names). Issue 62: a
+ * peer's job name never runs as the operator: names that hold $(...),
+ * backticks or ; are neither expanded nor offered. */
 START_TEST(bash_completes_commands_options_and_job_names) {
   tu_daemon d = {0};
   tu_daemon_start(&d);
-  char *argv[] = {"gnmr-sim", "--agents", d.agents, "--job",
-                  "completed-job", "--ranks", "1", "--units", "2", "--steps",
-                  "3", NULL};
-  run_result r = tu_run("gnmr-sim", argv, NULL);
-  ck_assert_msg(r.code == 0, "%s", r.err);
-  tu_run_free(&r);
+  char mark[300], hostile[3][400];
+  snprintf(mark, sizeof mark, "%s/pwned", d.dir);
+  snprintf(hostile[0], sizeof hostile[0], "comp$(touch${IFS}%s)", mark);
+  snprintf(hostile[1], sizeof hostile[1], "comp`touch %s`", mark);
+  snprintf(hostile[2], sizeof hostile[2], "comp;touch %s", mark);
+  const char *jobs[] = {"completed-job", hostile[0], hostile[1], hostile[2]};
+  for (size_t k = 0; k < 4; k++) {
+    char *argv[] = {"gnmr-sim", "--agents", d.agents, "--job",
+                    (char *)jobs[k], "--ranks", "1", "--units", "2",
+                    "--steps", "3", NULL};
+    run_result r = tu_run("gnmr-sim", argv, NULL);
+    ck_assert_msg(r.code == 0, "%s: %s", jobs[k], r.err);
+    tu_run_free(&r);
+  }
   char script[2048];
   snprintf(script, sizeof script,
            "source '%s/deploy/completion/gnmrctl.bash'; "
@@ -444,6 +454,8 @@ START_TEST(bash_completes_commands_options_and_job_names) {
   ck_assert_int_eq(pclose(p), 0);
   ck_assert_msg(strstr(out, "[history]\n[--unit]\n[completed-job]\n") != NULL,
                 "%s", out);
+  ck_assert_msg(access(mark, F_OK) != 0, "a job name ran as the operator: "
+                "%s exists", mark);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
   tu_rmrf(d.dir);
 }

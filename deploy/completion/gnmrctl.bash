@@ -2,7 +2,12 @@
 # bash completion for gnmrctl: its commands, each command's options (both
 # read from gnmrctl's own --help, so they follow the program), and job
 # names from `gnmrctl jobs --csv` where a command takes a JOB (asked of
-# the gnmrd the command line names, with a short timeout).
+# the gnmrd the command line names, with a short timeout). A job's name
+# is chosen by whoever runs the job (a peer): it is never given to
+# compgen -W (which expands $(...) and `...`) or to eval; it is matched
+# as a literal prefix and offered only when it holds nothing a shell reads
+# (letters, digits, and . _ - : @ + = , /), so that pressing TAB cannot put
+# code on the operator's command line.
 # Installed by `make install` into share/bash-completion/completions/.
 _gnmrctl() {
   local cur=${COMP_WORDS[COMP_CWORD]} prog=${COMP_WORDS[0]} cmd= i
@@ -41,8 +46,13 @@ _gnmrctl() {
     replay|keygen) COMPREPLY=($(compgen -f -- "$cur")) ;;
     status|units|top|history|decisions|set|export|finish|runs|watch|plot)
       if ((COMP_CWORD == i + 1)); then
-        COMPREPLY=($(compgen -W "$("$prog" "${glob[@]}" jobs --csv \
-          2>/dev/null | sed -n '2,$s/,.*//p')" -- "$cur"))
+        local name
+        COMPREPLY=()
+        while IFS= read -r name; do
+          [[ $name == "$cur"* && $name =~ ^[A-Za-z0-9._:@+=,/-]+$ ]] &&
+            COMPREPLY+=("$name")
+        done < <("$prog" "${glob[@]}" jobs --csv 2>/dev/null |
+          sed -n '2,$s/,.*//p')
       fi ;;
   esac
 }
