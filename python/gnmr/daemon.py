@@ -82,6 +82,62 @@ def listening(endpoint):
         s.close()
 
 
+def foreign(endpoint):
+    """For the default ipc:// endpoint (a per-user path: /tmp/gnmr-UID,
+    $XDG_RUNTIME_DIR/gnmr): None when its directory is absent or this
+    user's own (owned by this user, not a symbolic link, no access for
+    group or others); else a few words saying whose it is. Whoever else
+    made it (another user, a system account) could serve a gnmrd there
+    that decides this trainer's steps and keeps its history (issue 62):
+    the default is joined only when it is the user's own."""
+    if not endpoint.startswith("ipc://"):
+        return None
+    d = os.path.dirname(endpoint[len("ipc://"):]) or "."
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"{d} cannot be read ({e.strerror})"
+    import stat as _stat
+    if _stat.S_ISLNK(st.st_mode):
+        return f"{d} is a symbolic link"
+    if not _stat.S_ISDIR(st.st_mode):
+        return f"{d} is not a directory"
+    if st.st_uid != os.geteuid():
+        return f"{d} belongs to uid {st.st_uid}"
+    if st.st_mode & 0o077:
+        return f"{d} is open to others (mode {st.st_mode & 0o7777:04o})"
+    return None
+
+
+def own_dir(path, what):
+    """Makes (0700) or checks a directory this user's trainer keeps its
+    own things in: never one reached through a symbolic link, nor one
+    another user owns (in a shared directory such as /tmp or a 1777 work
+    area, whoever made it first could read or replace what goes in).
+    PermissionError naming the directory, its owner and the fix."""
+    path = os.path.abspath(path)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as e:
+        raise PermissionError(f"gnmr: {what} {path}: {e.strerror}") from None
+    import stat as _stat
+    if _stat.S_ISLNK(st.st_mode) or not _stat.S_ISDIR(st.st_mode):
+        raise PermissionError(
+            f"gnmr: {what} {path} is {'a symbolic link' if _stat.S_ISLNK(st.st_mode) else 'not a directory'}: "
+            "refusing to keep the history where it can point anywhere; "
+            "give data_dir= (or GNMR_DATA_DIR) a directory of your own")
+    if st.st_uid != os.geteuid():
+        raise PermissionError(
+            f"gnmr: {what} {path} belongs to uid {st.st_uid}, not to you "
+            f"(uid {os.geteuid()}): refusing to keep the history where "
+            "another user can read or replace it; give data_dir= (or "
+            "GNMR_DATA_DIR) a directory of your own")
+    return path
+
+
 class Private:
     """A gnmrd started for one job, when none is configured or listening
     (the training side's daemon="auto", docs/python.md "A private
@@ -100,8 +156,8 @@ class Private:
                 "a private one: install the gnmr wheel (it bundles gnmrd), "
                 "build it (make), set GNMR_GNMRD, or start gnmrd and give "
                 "its endpoint (GNMR_ENDPOINT)")
-        self.data_dir = os.path.abspath(data_dir)
-        os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
+        self.data_dir = own_dir(data_dir, "the private gnmrd's data "
+                                "directory")
         base = os.environ.get("XDG_RUNTIME_DIR")
         if not base or not os.path.isdir(base):
             base = None
@@ -110,11 +166,16 @@ class Private:
         self.admin = f"ipc://{self.run_dir}/admin.sock"
         self.log_path = os.path.join(self.data_dir, "gnmrd.log")
         env = dict(os.environ, GNMRD_PARENT_PID=str(os.getpid()))
-        with open(self.log_path, "ab") as log:
+        # what it creates is the user's alone: the log 0600, and gnmrd's
+        # files (the history, its snapshots) under umask 077
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND |
+                     os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "ab") as log:
             self.proc = subprocess.Popen(
                 [exe, "--data-dir", self.data_dir, "--agents", self.agents,
                  "--admin", self.admin], stdin=subprocess.DEVNULL,
-                stdout=log, stderr=log, env=env, close_fds=True)
+                stdout=log, stderr=log, env=env, close_fds=True,
+                umask=0o077)
         atexit.register(self.stop)
         deadline = time.monotonic() + wait_s
         sock = os.path.join(self.run_dir, "admin.sock")

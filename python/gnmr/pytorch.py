@@ -147,6 +147,11 @@ log = logging.getLogger("gnmr")
 _DAEMONS = ("auto", "private", "never")
 
 
+def _foreign_default(endpoint):
+    from . import daemon as _daemon
+    return _daemon.foreign(endpoint)
+
+
 def _private_endpoint(endpoint, daemon, data_dir, job):
     """(the endpoint to use, the Private gnmrd started or None): where
     daemon= and the world say to start one, global rank 0 starts it and
@@ -361,6 +366,18 @@ class Controller:
                   " (frozen layers: leave them out with select=/pattern=)")
         explicit = bool(endpoint or os.environ.get("GNMR_ENDPOINT"))
         self.endpoint = endpoint or default_endpoint()
+        whose = None if explicit else _foreign_default(self.endpoint)
+        if whose is not None:
+            if daemon == "never":
+                raise PermissionError(
+                    f"gnmr: the default endpoint {self.endpoint} is not "
+                    f"yours ({whose}): whatever listens there could decide "
+                    "this trainer's steps; give endpoint= (or "
+                    "GNMR_ENDPOINT) a gnmrd you trust, or daemon='auto'")
+            _warn(f"gnmr: the default endpoint {self.endpoint} is not "
+                  f"yours ({whose}): not joining whatever listens there; "
+                  "a private gnmrd on a path of its own serves this job")
+            daemon = "private"
         if daemon == "private" or (daemon == "auto" and not explicit):
             self.endpoint, self._private = _private_endpoint(
                 self.endpoint, daemon, data_dir, job)

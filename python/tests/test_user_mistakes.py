@@ -130,6 +130,77 @@ class PrivateDaemonTest(unittest.TestCase):
         r = self.ctl("--store", data, "jobs")
         self.assertRegex(r.stdout, r"private-job\s+finished")
 
+    def test_a_default_endpoint_another_account_made_is_never_joined(self):
+        """Issue 62: another account (a system one, uid < 1000, or an
+        ordinary user) that makes this user's default socket directory
+        first and listens there is never joined: a private gnmrd on a path
+        of its own serves the job, said at WARNING with the squatter's
+        uid; with daemon='never' it is an error, not a join."""
+        if os.geteuid() != 0:
+            self.skipTest("not root: it makes directories other accounts "
+                          "own")
+        import socket
+        for uid in (100, 12345):   # a system account, another user
+            squat = os.path.join(self.tmp, "gnmr")
+            os.makedirs(squat, 0o755)
+            path = os.path.join(squat, "agents.sock")
+            lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            lst.bind(path)
+            lst.listen(8)
+            for q in (squat, path):
+                os.chown(q, uid, uid)
+            try:
+                net = Net()
+                with self.assertLogs("gnmr", "WARNING") as logs:
+                    ctl = Controller(net, job=f"squat-{uid}",
+                                     data_dir=os.path.join(self.tmp,
+                                                           f"d{uid}"),
+                                     params=params(), on_route=False)
+                said = " ".join(logs.output)
+                self.assertIn(f"belongs to uid {uid}", said)
+                self.assertIn("not joining whatever listens there", said)
+                self.assertNotEqual(ctl.endpoint, "ipc://" + path)
+                self.assertTrue(ctl.endpoint.startswith(
+                    "ipc://" + ctl._private.run_dir))
+                backward(net, torch.randn(4, 8))
+                self.assertTrue(ctl.step(1, wait_ms=5000).joined)
+                ctl.close()
+                with self.assertRaisesRegex(PermissionError,
+                                            f"uid {uid}"):
+                    Controller(Net(), job="squat-never", daemon="never")
+            finally:
+                lst.close()
+                shutil.rmtree(squat, ignore_errors=True)
+
+    def test_a_data_directory_another_user_made_is_refused(self):
+        """Issue 62: in a shared (1777) directory, ./gnmr made first by
+        another user, or a symbolic link there, never receives the private
+        gnmrd's history; what it makes itself is the user's alone."""
+        shared = os.path.join(self.tmp, "shared")
+        os.makedirs(shared)
+        os.chmod(shared, 0o1777)
+        data = os.path.join(shared, "gnmr")
+        os.symlink(self.tmp, data)
+        with self.assertRaisesRegex(PermissionError, "symbolic link"):
+            Controller(Net(), job="link-data", data_dir=data,
+                       params=params(), on_route=False)
+        os.unlink(data)
+        if os.geteuid() == 0:   # another user's directory
+            os.mkdir(data, 0o777)
+            os.chown(data, 12345, 12345)
+            with self.assertRaisesRegex(PermissionError,
+                                        "belongs to uid 12345"):
+                Controller(Net(), job="their-data", data_dir=data,
+                           params=params(), on_route=False)
+            os.rmdir(data)
+        ctl = Controller(Net(), job="own-data", data_dir=data,
+                         params=params(), on_route=False)
+        ctl.close()
+        self.assertEqual(os.stat(data).st_mode & 0o777, 0o700)
+        for f in ("gnmrd.log", "gnmr.db"):
+            self.assertEqual(os.stat(os.path.join(data, f)).st_mode & 0o077,
+                             0, f)
+
     def test_an_endpoint_given_is_never_replaced(self):
         net = Net()
         for kw, env in (({"endpoint": "tcp://127.0.0.1:9"}, None),
