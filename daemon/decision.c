@@ -102,7 +102,18 @@ int decision_encode(job *j, const core_outcome *o, uint8_t **buf, size_t *len) {
 int decision_encode_held(job *j, const Gnmr__Decision *kept, uint8_t **buf,
                          size_t *len) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
-  Gnmr__Decision dec = *kept;
+  Gnmr__Decision dec = GNMR__DECISION__INIT;
+  /* what the seal covers (job, run, pass, step, active) and the seal,
+   * nothing else of the agent's copy: its other fields (risky, g, d, s,
+   * bound, spare) are not sealed, and whatever a forger put in them is
+   * not passed on to the other ranks (issue 62) */
+  dec.job = kept->job;
+  dec.run = kept->run;
+  dec.pass = kept->pass;
+  dec.step = kept->step;
+  dec.n_active = kept->n_active;
+  dec.active = kept->active;
+  dec.tag = kept->tag;
   store_mark_get(j->mark, &dec.durable_pass, &dec.durable_step);
   /* this gnmrd's term: agents drop a decision of an older one, and the
    * seal does not cover the term */

@@ -236,6 +236,75 @@ START_TEST(a_sealed_decision_is_taken_and_an_altered_one_refused) {
 }
 END_TEST
 
+/* Medium before (issue 62): a held decision's fields outside the seal
+ * (risky, g, d, s) went on to the job's ranks as the forger wrote them,
+ * when gnmrd sent the restored step on. Now only what the seal covers
+ * goes on: the sealed decision, with a risky unit and scores made up, is
+ * taken (its active set is sealed) and sent on without them. */
+START_TEST(a_held_decision_goes_on_as_sealed_and_no_more) {
+  tu_daemon d = {0};
+  start(&d, "readonly:600000");
+  raw_peer p0 = raw_open(d.agents), p1 = raw_open(d.agents);
+  hello_rank(&p0, "w", 0, 2, 0, NULL, 0, one_unit, 1);
+  welcomed(&p0);
+  hello_rank(&p1, "w", 1, 2, 0, NULL, 0, one_unit, 1);
+  welcomed(&p1);
+  Gnmr__Envelope *last = NULL, *mid = NULL;
+  for (uint64_t t = 1; t <= 3; t++) {
+    double s0 = 1.0, s1 = 2.0;
+    report(&p0, "w", 0, t, &s0, 1, NULL, 0);
+    report(&p1, "w", 1, t, &s1, 1, NULL, 0);
+    if (last)
+      gnmr__wire_free(&last);
+    last = expect_body(&p0, GNMR__ENVELOPE__BODY_DECISION);
+    Gnmr__Envelope *other = expect_body(&p1, GNMR__ENVELOPE__BODY_DECISION);
+    if (t == 2)
+      mid = other;
+    else
+      gnmr__wire_free(&other);
+  }
+  raw_close(&p0);
+  raw_close(&p1);
+  tu_daemon_stop(&d, SIGKILL);
+  start(&d, NULL);
+  /* rank 1 back first, handing back step 2 as it came: the run goes on */
+  Gnmr__Decision *h1[] = {mid->decision};
+  p1 = raw_open(d.agents);
+  hello_rank(&p1, "w", 1, 2, 0, h1, 1, one_unit, 1);
+  ck_assert_uint_eq(welcomed(&p1), 2);
+  Gnmr__Decision alt = *last->decision; /* sealed as it came */
+  uint32_t risky[] = {0};
+  double g[] = {99}, dd[] = {98}, sc[] = {97};
+  alt.n_risky = alt.n_g = alt.n_d = alt.n_s = 1;
+  alt.risky = risky;
+  alt.g = g;
+  alt.d = dd;
+  alt.s = sc;
+  alt.durable_pass = 0;
+  alt.durable_step = 0;
+  Gnmr__Decision *held[] = {&alt};
+  p0 = raw_open(d.agents);
+  hello_rank(&p0, "w", 0, 2, 0, held, 1, one_unit, 1);
+  ck_assert_uint_eq(welcomed(&p0), 3);
+  ck_assert_int_eq(tu_counter(&d, "decisions_restored"), 2);
+  /* the restored step goes on to the job's joined ranks: rank 1 */
+  Gnmr__Envelope *got = expect_body(&p1, GNMR__ENVELOPE__BODY_DECISION);
+  ck_assert_uint_eq(got->decision->step, 3);
+  ck_assert_uint_eq(got->decision->n_active, last->decision->n_active);
+  ck_assert_uint_eq(got->decision->n_risky, 0);
+  ck_assert_uint_eq(got->decision->n_g, 0);
+  ck_assert_uint_eq(got->decision->n_s, 0);
+  ck_assert_uint_eq(got->decision->tag.len, 16);
+  gnmr__wire_free(&got);
+  gnmr__wire_free(&last);
+  gnmr__wire_free(&mid);
+  raw_close(&p0);
+  raw_close(&p1);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 /* High before: an observer's Hello to a restored job had its held
  * decisions stored as decided steps and the newest pushed to the ranks.
  * Here even a decision gnmrd sealed (the observer got it as every rank
@@ -581,6 +650,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, a_peer_cannot_choose_a_new_jobs_run);
   tcase_add_test(tc, a_forged_held_step_or_pass_cannot_freeze_a_job);
   tcase_add_test(tc, a_sealed_decision_is_taken_and_an_altered_one_refused);
+  tcase_add_test(tc, a_held_decision_goes_on_as_sealed_and_no_more);
   tcase_add_test(tc, an_observer_cannot_write_history_or_steer_ranks);
   tcase_add_test(tc, held_decisions_are_bounded);
   tcase_add_test(tc, a_rank_far_ahead_is_refused_and_the_job_goes_on);
