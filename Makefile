@@ -137,7 +137,7 @@ endif
 BENCH_SRC := $(filter-out $(if $(filter 1,$(CUDA)),,bench/norm_cuda.c),$(wildcard bench/*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: deps-gpu-pack all check layers test python-params test-gpu gpu-pack test-gpu-pack test-valgrind test-python test-python-newest venv venv-newest wheel test-multinode demo experiment experiment-defaults bench bench-charts install clean deps \
+.PHONY: deps-gpu-pack all check layers test python-params test-gpu gpu-pack test-gpu-pack test-valgrind test-python test-python-newest venv venv-newest wheel test-multinode demo experiment experiment-defaults bench bench-run bench-charts install clean deps \
         deps-check deps-demo deps-fuzz buildinfo fuzz fuzz-merge fuzz-seeds soak
 .DEFAULT_GOAL := all
 
@@ -392,7 +392,7 @@ test-python: all $(if $(filter $(VENV)/bin/python,$(PYTHON)),venv)
 # programs, pinned alike in both venvs; the layering of the C sources; the
 # policy's Python reference), to keep `make check` in its time. Each
 # suite's modules run CHECK_JOBS at a time (scripts/pytests.py).
-PY_TORCH_FREE := test_docs test_plot test_layers test_policy_ref
+PY_TORCH_FREE := test_docs test_plot test_layers test_policy_ref test_bench_summary
 test-python-newest: all venv-newest
 	@$(MAKE) --no-print-directory test-python PYTHON=$(VENV_NEWEST)/bin/python \
 	  PY_TESTS="$(filter-out $(PY_TORCH_FREE),$(basename $(notdir $(wildcard python/tests/test_*.py))))"
@@ -656,7 +656,18 @@ experiment: deps-demo all venv
 	    $$seeds --json docs/results/$$s.json || exit 1; \
 	done
 
+# `make bench` ends with what falls short of its target (every figure's
+# target as the benchmark prints it: scripts/bench_summary.py), also in
+# docs/results/bench_summary_DATE.txt; speed is not a test: a shortfall
+# does not fail the run, a benchmark that fails does.
 bench: deps $(BENCHES) all venv
+	@mkdir -p $(BUILD); \
+	( $(MAKE) --no-print-directory bench-run; echo $$? > $(BUILD)/bench.rc ) 2>&1 | \
+	  tee $(BUILD)/bench.log; \
+	python3 scripts/bench_summary.py $(BUILD)/bench.log \
+	  docs/results/bench_summary_$$(date +%F).txt; \
+	exit $$(cat $(BUILD)/bench.rc)
+bench-run:
 	@for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done
 	@echo "== bench/torch_overhead.py"
 	@if $(PYTHON) -c 'import torch' 2>/dev/null; then \
