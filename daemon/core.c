@@ -634,6 +634,7 @@ static uint32_t sum_shards(core_job *j, const core_pending *p) {
   memset(j->shd, 0, n * sizeof *j->shd);
   for (uint32_t u = 0; u < n; u++)
     j->meas[u] = NAN;
+  j->measured = 0;
   for (uint32_t r = 0; r < j->reporters; r++) { /* rank order */
     const core_report *h = &p->by_rank[r];
     const core_rank *rr = &j->ranks[r];
@@ -653,8 +654,10 @@ static uint32_t sum_shards(core_job *j, const core_pending *p) {
         j->shd[id] = 1;
       /* a sharded unit's measure: its largest shard's (docs/policy.md) */
       if (h->measure && !isnan(h->measure[i]) &&
-          !(h->measure[i] <= j->meas[id]))
+          !(h->measure[i] <= j->meas[id])) {
         j->meas[id] = h->measure[i];
+        j->measured = 1;
+      }
     }
   }
   /* The job's layout is known once every rank has said Hello: before
@@ -752,12 +755,14 @@ void core_decide_run(core_job *j, const core_decision *dd,
   out->unit_id = j->unit_id;
   out->active_ids = j->act_ids;
   out->shadowed = j->shd;
-  out->measure = j->meas;
+  /* no measure at all: none given (the engine makes the measure's state
+   * at its first one only) */
+  out->measure = j->measured ? j->meas : NULL;
   out->republish = dd->republish;
   out->rv = out->republish
                 ? GNMR_OK
                 : policy_step_measured(j->pol, p->step, j->norm, j->input,
-                                       j->meas, &out->res);
+                                       out->measure, &out->res);
   if (!out->republish && out->rv == GNMR_OK)
     for (uint32_t i = 0; i < out->res.n_active; i++)
       j->act_ids[i] = j->unit_id[out->res.active[i]];

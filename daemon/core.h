@@ -105,6 +105,7 @@ typedef struct core_job {
   uint64_t *nfc;
   uint8_t *shd; /* by slot: shadowed by a rank, with no NaN/Inf of its own */
   double *meas; /* by slot: the largest measure of its shards (NaN: none) */
+  int measured; /* some unit had a measure at the step decided */
   uint32_t *act_ids;         /* the decision's active set, as ids */
 } core_job;
 
@@ -215,7 +216,8 @@ typedef struct core_outcome {
   const uint32_t *active_ids; /* res.active as ids (ascending) */
   const uint8_t *shadowed;    /* by slot: its non-finite score is only a
                                  rank's Report.shadowed */
-  const double *measure;      /* by slot: its measure (NaN: none) */
+  const double *measure;      /* by slot: its measure (NaN: none); NULL
+                                 when no unit had one */
 } core_outcome;
 
 /* A step decided before gnmrd restarted (its history, or an agent that

@@ -353,8 +353,17 @@ START_TEST(a_sharded_units_measure_is_its_largest_shards) {
                    CORE_ACCEPTED);
   ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
   ck_assert(isnan(o.measure[0]) && o.measure[1] == 0.3);
+  /* no rank with a measure: none given to the engine */
+  core_report n0 = {malloc(1), s0, NULL, NULL, NULL, NULL},
+              n1 = {malloc(1), s1, NULL, NULL, NULL, NULL};
+  ck_assert_int_eq(core_report_step(j, 0, 3, &n0, t, &resumed, d, sizeof d),
+                   CORE_ACCEPTED);
+  ck_assert_int_eq(core_report_step(j, 1, 3, &n1, t, &resumed, d, sizeof d),
+                   CORE_ACCEPTED);
+  ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
+  ck_assert_ptr_null(o.measure);
   core_report g0 = {malloc(1), s0, NULL, NULL, NULL, m0};
-  ck_assert_int_eq(core_report_step(j, 0, 3, &g0, t, &resumed, d, sizeof d),
+  ck_assert_int_eq(core_report_step(j, 0, 4, &g0, t, &resumed, d, sizeof d),
                    CORE_ACCEPTED);
   ck_assert_int_eq(core_decide_next(j, 100, &o), 1); /* by its deadline */
   ck_assert_int_eq(o.input[0], POLICY_MISSING);

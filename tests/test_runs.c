@@ -254,14 +254,16 @@ START_TEST(a_version_2_database_migrates_to_runs) {
                                           "key='schema'", -1, &st, NULL),
                    SQLITE_OK);
   ck_assert_int_eq(sqlite3_step(st), SQLITE_ROW);
-  ck_assert_str_eq((const char *)sqlite3_column_text(st, 0), "7");
+  ck_assert_str_eq((const char *)sqlite3_column_text(st, 0), "8");
   sqlite3_finalize(st);
-  /* the jobs of before versions 6 and 7 have no optional-rule columns'
-   * values: they read as 0, the rules off, as those jobs ran */
+  /* the jobs of before versions 6, 7 and 8 have no optional-rule
+   * columns' values: they read as 0, the rules off, as those jobs ran */
   ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT count(*) FROM jobs WHERE "
                                           "mean_horizon IS NULL AND "
                                           "job_relative IS NULL AND "
-                                          "confirm_steps IS NULL", -1, &st,
+                                          "confirm_steps IS NULL AND "
+                                          "measure_alpha IS NULL AND "
+                                          "same_step IS NULL", -1, &st,
                                       NULL),
                    SQLITE_OK);
   ck_assert_int_eq(sqlite3_step(st), SQLITE_ROW);
