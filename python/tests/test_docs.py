@@ -151,7 +151,8 @@ class DocsTest(unittest.TestCase):
         blocks = [(page, lang, code) for page in DOCS
                   for lang, code in fenced(page)]
         langs = sorted(lang for _, lang, _ in blocks)
-        self.assertEqual(langs, ["c", "c", "python", "python", "python"],
+        self.assertEqual(langs, ["c", "c", "python", "python", "python",
+                                 "python"],
                          "a new runnable block: run it here")
         sys.path.insert(0, HERE)
         from test_gnmr import Daemon
@@ -197,7 +198,8 @@ class DocsTest(unittest.TestCase):
                                    f"--admin=ipc://{d.dir}/admin.sock",
                                    "jobs", "--csv"], capture_output=True,
                                   text=True).stdout
-            for job in ("my-job", "my-fp8-job", "my-recipe-job", "c-example"):
+            for job in ("my-job", "my-fp8-job", "my-recipe-job", "c-example",
+                        "my-measure-job"):
                 self.assertIn(f"\n{job},", jobs)
         finally:
             d.stop()
