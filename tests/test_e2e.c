@@ -314,6 +314,50 @@ static int ctl_wait(pid_t pid) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/* Issue 62: a poll gnmrd does not answer in time (here it is stopped, as
+ * a flood or a restart would hold it) no longer ends `gnmrctl watch`: it
+ * says so and asks again, and shows the job once gnmrd answers; a job
+ * gnmrd refuses (unknown) still ends it, with exit 1. */
+START_TEST(watch_goes_on_when_a_poll_is_not_answered) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, NULL);
+  raw_peer p = raw_open(d.agents);
+  static char *units[] = {"a", "b"};
+  hello(&p, "watched", 0, 1, units, 2, 2.0);
+  Gnmr__Envelope *e = expect_body(&p, GNMR__ENVELOPE__BODY_WELCOME);
+  gnmr__wire_free(&e);
+  char adm[300];
+  snprintf(adm, sizeof adm, "--admin=%s", d.admin);
+  char *argv[] = {"gnmrctl", adm, "watch", "watched", "--count", "3",
+                  "--interval-ms", "100", NULL};
+  ck_assert_int_eq(kill(d.pid, SIGSTOP), 0);
+  pid_t ctl = ctl_start(d.dir, argv);
+  tu_sleep_ms(2600 * tu_slow()); /* past the first poll's 2 s */
+  ck_assert_int_eq(kill(d.pid, SIGCONT), 0);
+  ck_assert_int_eq(ctl_wait(ctl), 0);
+  char path[400];
+  snprintf(path, sizeof path, "%s/ctl.err", d.dir);
+  char *err = tu_read_file(path, NULL);
+  snprintf(path, sizeof path, "%s/ctl.out", d.dir);
+  char *out = tu_read_file(path, NULL);
+  ck_assert_msg(err && strstr(err, "no answer this time; asking again"),
+                "stderr: %s", err ? err : "(none)");
+  ck_assert_msg(out && strstr(out, "gnmr job watched"), "stdout: %s",
+                out ? out : "(none)");
+  free(err);
+  free(out);
+  char *unknown[] = {"gnmrctl", adm, "watch", "no-such-job", "--count",
+                     "2", NULL};
+  run_result r = tu_run("gnmrctl", unknown, NULL);
+  ck_assert_int_eq(r.code, 1);
+  tu_run_free(&r);
+  raw_close(&p);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 /* A request written to a connection that drops is gone with it (gnmrd
  * restarted, a standby took over, gnmrd closed a connection it took for
  * a silent one): gnmrctl sends a read again on the next connection, and
@@ -571,6 +615,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, decisions_equal_replay_over_tcp_with_ranks_and_shards);
   tcase_add_test(tc, decisions_equal_replay_over_ipc);
   tcase_add_test(tc, watch_shows_unit_names_that_tell_units_apart);
+  tcase_add_test(tc, watch_goes_on_when_a_poll_is_not_answered);
   tcase_add_test(tc, two_jobs_at_once_stay_independent);
   tcase_add_test(tc, steps_on_worker_threads_decide_exactly_as_replay);
   tcase_add_test(tc, synthetic_job_decisions_equal_replay_of_its_trace);

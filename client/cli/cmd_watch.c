@@ -21,10 +21,14 @@ static const char usage[] =
     "usage: gnmrctl [--admin ENDPOINT] watch JOB [--interval-ms MS] "
     "[--count N] [--top N]\n"
     "  Refreshes in place every MS (default 1000) until interrupted, or N\n"
-    "  times with --count.\n";
+    "  times with --count. A poll that gnmrd does not answer within 2 s\n"
+    "  (busy, flooded, restarting) is said on stderr and asked again;\n"
+    "  a refusal (no such job) ends it; exit 1 when nothing was answered.\n";
 
+/* The answer to cmd, or NULL: *silent says whether gnmrd did not answer
+ * in time (a flood, a restart: watch goes on) rather than refuse. */
 static json_t *ask(const cli_globals *g, const char *cmd, const char *job,
-                   uint32_t limit) {
+                   uint32_t limit, int *silent) {
   Gnmr__Envelope req = GNMR__ENVELOPE__INIT;
   Gnmr__AdminRequest ar = GNMR__ADMIN_REQUEST__INIT;
   ar.command = (char *)cmd;
@@ -34,6 +38,7 @@ static json_t *ask(const cli_globals *g, const char *cmd, const char *job,
   req.admin_request = &ar;
   Gnmr__Envelope *env = cli_admin_call(g, &req, 2000);
   json_t *v = NULL;
+  *silent = env == NULL;
   if (env == NULL)
     return NULL;
   if (env->body_case == GNMR__ENVELOPE__BODY_ERROR)
@@ -81,17 +86,25 @@ int cmd_watch(const cli_globals *g, int argc, char **argv) {
     return CLI_USAGE;
   }
   const char *job = argv[optind];
-  int tty = isatty(1);
+  int tty = isatty(1), answered = 0;
   double last_t = 0, last_step = -1;
   for (uint64_t k = 0; count == 0 || k < count; k++) {
-    json_t *st = ask(g, "status", job, 0);
-    if (st == NULL)
-      return CLI_FAIL;
-    json_t *tp = ask(g, "top", job, (uint32_t)top);
+    int silent = 0;
+    json_t *st = ask(g, "status", job, 0, &silent), *tp = NULL;
+    if (st != NULL)
+      tp = ask(g, "top", job, (uint32_t)top, &silent);
     if (tp == NULL) {
       json_decref(st);
-      return CLI_FAIL;
+      if (!silent)
+        return CLI_FAIL; /* refused: no such job, not allowed */
+      /* no answer in time (gnmrd busy, flooded or restarting): the view
+       * stays and is asked again, as agents ask again (issue 62) */
+      fprintf(stderr, "gnmrctl watch: no answer this time; asking again\n");
+      if (count == 0 || k + 1 < count)
+        usleep((useconds_t)interval * 1000);
+      continue;
     }
+    answered = 1;
     double t = now_s(), step = num(json_object_get(st, "step"));
     double rate = last_step >= 0 && t > last_t
                       ? (step - last_step) / (t - last_t)
@@ -146,5 +159,5 @@ int cmd_watch(const cli_globals *g, int argc, char **argv) {
     if (count == 0 || k + 1 < count)
       usleep((useconds_t)interval * 1000);
   }
-  return CLI_OK;
+  return answered ? CLI_OK : CLI_FAIL;
 }
