@@ -59,6 +59,52 @@ static double num(const json_t *v) {
   return json_is_number(v) ? json_number_value(v) : 0;
 }
 
+/* One view of the job: its status (st) and top units (tp). */
+static void show(const char *job, const json_t *st, const json_t *tp,
+                 double rate) {
+  double step = num(json_object_get(st, "step"));
+  printf("gnmr job %s  pass %.0f  step %.0f  (%.1f steps/s)  reporters "
+         "%.0f/%.0f  units %.0f\n",
+         job, num(json_object_get(st, "pass")), step, rate,
+         num(json_object_get(st, "joined")),
+         num(json_object_get(st, "reporters")),
+         num(json_object_get(st, "units")));
+  json_t *act = json_object_get(st, "active");
+  printf("recovery path (%zu of max %.0f):", json_array_size(act),
+         num(json_object_get(json_object_get(st, "params"), "max_active")));
+  size_t i;
+  json_t *u;
+  json_array_foreach(act, i, u) printf(
+      " %s", json_string_value(json_object_get(u, "name")));
+  /* the column as wide as the longest name shown, up to NAME_MAX_COLS;
+   * a longer name keeps its end ("...layers.0.self_attn.q_proj"), where
+   * the units of one layer differ (issue 48: cut to its first 24
+   * characters, q, k and v of a layer looked the same) */
+  int w = 9;
+  json_array_foreach(tp, i, u) {
+    const char *nm = json_string_value(json_object_get(u, "name"));
+    int len = nm ? (int)strlen(nm) : 0;
+    w = len > w ? len : w;
+  }
+  w = w > NAME_MAX_COLS ? NAME_MAX_COLS : w;
+  printf("\n\n%-*s %9s %9s %9s %4s %s\n", w, "TOP UNITS", "S", "G", "D",
+         "LOCK", "ACTIVE");
+  json_array_foreach(tp, i, u) {
+    const char *nm = json_string_value(json_object_get(u, "name"));
+    size_t len = nm ? strlen(nm) : 0;
+    if (nm == NULL)
+      nm = "";
+    if ((int)len > w)
+      printf("...%-*s", w - 3, nm + len - (size_t)(w - 3));
+    else
+      printf("%-*s", w, nm);
+    printf(" %9.3g %9.3g %9.3g %4.0f %s\n",
+           num(json_object_get(u, "s")), num(json_object_get(u, "g")),
+           num(json_object_get(u, "d")), num(json_object_get(u, "lock")),
+           json_is_true(json_object_get(u, "active")) ? "yes" : "");
+  }
+}
+
 int cmd_watch(const cli_globals *g, int argc, char **argv) {
   static const struct option longopts[] = {
       {"interval-ms", required_argument, NULL, 'i'},
@@ -113,46 +159,7 @@ int cmd_watch(const cli_globals *g, int argc, char **argv) {
     last_step = step;
     if (tty)
       fputs("\033[H\033[2J", stdout); /* home, clear */
-    printf("gnmr job %s  pass %.0f  step %.0f  (%.1f steps/s)  reporters "
-           "%.0f/%.0f  units %.0f\n",
-           job, num(json_object_get(st, "pass")), step, rate,
-           num(json_object_get(st, "joined")),
-           num(json_object_get(st, "reporters")),
-           num(json_object_get(st, "units")));
-    json_t *act = json_object_get(st, "active");
-    printf("recovery path (%zu of max %.0f):", json_array_size(act),
-           num(json_object_get(json_object_get(st, "params"), "max_active")));
-    size_t i;
-    json_t *u;
-    json_array_foreach(act, i, u) printf(
-        " %s", json_string_value(json_object_get(u, "name")));
-    /* the column as wide as the longest name shown, up to NAME_MAX_COLS;
-     * a longer name keeps its end ("...layers.0.self_attn.q_proj"), where
-     * the units of one layer differ (issue 48: cut to its first 24
-     * characters, q, k and v of a layer looked the same) */
-    int w = 9;
-    json_array_foreach(tp, i, u) {
-      const char *nm = json_string_value(json_object_get(u, "name"));
-      int len = nm ? (int)strlen(nm) : 0;
-      w = len > w ? len : w;
-    }
-    w = w > NAME_MAX_COLS ? NAME_MAX_COLS : w;
-    printf("\n\n%-*s %9s %9s %9s %4s %s\n", w, "TOP UNITS", "S", "G", "D",
-           "LOCK", "ACTIVE");
-    json_array_foreach(tp, i, u) {
-      const char *nm = json_string_value(json_object_get(u, "name"));
-      size_t len = nm ? strlen(nm) : 0;
-      if (nm == NULL)
-        nm = "";
-      if ((int)len > w)
-        printf("...%-*s", w - 3, nm + len - (size_t)(w - 3));
-      else
-        printf("%-*s", w, nm);
-      printf(" %9.3g %9.3g %9.3g %4.0f %s\n",
-             num(json_object_get(u, "s")), num(json_object_get(u, "g")),
-             num(json_object_get(u, "d")), num(json_object_get(u, "lock")),
-             json_is_true(json_object_get(u, "active")) ? "yes" : "");
-    }
+    show(job, st, tp, rate);
     fflush(stdout);
     json_decref(st);
     json_decref(tp);
