@@ -750,46 +750,47 @@ int policy_step(policy *p, uint64_t t, const double *norm,
   return policy_step_measured(p, t, norm, input, NULL, res);
 }
 
-int policy_step_measured(policy *p, uint64_t t, const double *norm,
-                         const uint8_t *input, const double *measure,
-                         policy_result *res) {
-  if (p == NULL || res == NULL || t == 0 || (norm == NULL && p->n > 0))
-    return GNMR_E_INVAL;
+/* The step's input checked (a negative norm or measure, an unknown input
+ * kind: GNMR_E_INVAL) and, at the measured rule's first measure, its state
+ * made; *measure NULL while the rule is off. */
+static int step_input(policy *p, const double *norm, const uint8_t *input,
+                      const double **measure) {
   /* a negative finite norm, or an unknown input kind (several units at a
    * time, policy_simd.c) */
   int bad = policy__bad_norms(norm, input, p->n);
-  for (uint32_t u = 0; measure != NULL && !bad && u < p->n; u++)
-    bad = measure[u] < 0;
+  for (uint32_t u = 0; *measure != NULL && !bad && u < p->n; u++)
+    bad = (*measure)[u] < 0;
   if (bad)
     return GNMR_E_INVAL;
   if (!policy_params_measured(&p->prm))
-    measure = NULL; /* the rule is off */
-  else if (measure != NULL && p->sm == NULL) {
+    *measure = NULL; /* the rule is off */
+  else if (*measure != NULL && p->sm == NULL)
     /* the first measure: the rule's state is made now (an engine that is
      * never given one keeps the norms' cost, its SIMD path included) */
-    int rv = policy__measure_on(p);
-    if (rv != GNMR_OK)
-      return rv;
-  }
+    return policy__measure_on(p);
+  return GNMR_OK;
+}
 
-  policy__settle_owed(p); /* a snapshot still owed is of the state before t */
-  const policy_params *prm = &p->prm;
-  int early = t <= prm->early_steps;
-  double a = early && !isnan(prm->early_alpha) ? prm->early_alpha : prm->alpha;
-  double b = early && !isnan(prm->early_beta) ? prm->early_beta : prm->beta;
-  int warm = t <= prm->warmup_steps;
-  int rel = prm->job_relative != 0;
-  uint32_t n_pool = 0, n_risky = 0;
-  uint64_t before = p->last_step; /* the step decided before t */
+/* What one step shares between its phases. */
+typedef struct step_ctx {
+  uint64_t t, before; /* the step, and the step decided before it */
+  double a, b;        /* the thresholds in force */
+  int warm, rel;
+  uint32_t n_pool, n_risky;
+} step_ctx;
 
-  memset(res, 0, sizeof *res);
-  res->step = t;
-  uint32_t w = prm->window, simd_start = 0, simd_end = 0, simd_done = 0;
+/* Every unit's score (steps 1-3 of the spec, the measure's beside) and,
+ * but under the job-relative rule (decided after its medians), whether
+ * it is risky and in the pool. */
+static void score_all(policy *p, step_ctx *c, const double *norm,
+                      const uint8_t *input, const double *measure,
+                      policy_result *res) {
+  uint32_t w = p->prm.window, simd_start = 0, simd_end = 0, simd_done = 0;
   /* policy_simd.c; its blocks know nothing of a measure: off with the
-   * measured rule (docs/benchmarks.md has the cost) */
+   * measured rule's state (docs/benchmarks.md has the cost) */
   int simd = policy_simd_get() != POLICY_SIMD_OFF && p->sm == NULL;
-  policy__consts kc = {a, b, (w & (w - 1)) == 0 ? inv_pow2(w) : 0,
-                       policy__exact_recip(a), policy__exact_recip(b)};
+  policy__consts kc = {c->a, c->b, (w & (w - 1)) == 0 ? inv_pow2(w) : 0,
+                       policy__exact_recip(c->a), policy__exact_recip(c->b)};
   for (uint32_t u = 0; u < p->n; u++) {
     double s = 0;
     if (u >= simd_end && simd) { /* steady units several at a time */
@@ -812,7 +813,7 @@ int policy_step_measured(policy *p, uint64_t t, const double *norm,
       if (in == POLICY_MISSING)
         emit(p, res, POLICY_EV_MISSING, u, POLICY_OUT_NONE, 0);
     } else {
-      s = score_unit(p, u, norm[u], a, b);
+      s = score_unit(p, u, norm[u], c->a, c->b);
       if (isinf(s))
         emit(p, res, POLICY_EV_NONFINITE, u, POLICY_OUT_NONE, 0);
     }
@@ -824,33 +825,58 @@ int policy_step_measured(policy *p, uint64_t t, const double *norm,
       s = fmax(s, p->sm[u]);
     }
     p->s[u] = s;
-    if (rel) { /* decided after the medians: s can only go down */
+    if (c->rel) { /* decided after the medians: s can only go down */
       if (s > 1 || p->lock[u] > 0)
-        p->pool[n_pool++] = u;
+        p->pool[c->n_pool++] = u;
       continue;
     }
-    int risky = exceed(p, u, before, t, s);
-    n_risky += risky;
-    if (warm) {
+    int risky = exceed(p, u, c->before, c->t, s);
+    c->n_risky += risky;
+    if (c->warm) {
       if (risky)
         emit_exceed(p, res, u, POLICY_OUT_WARMUP);
     } else if (risky || p->lock[u] > 0) {
-      p->pool[n_pool++] = u;
+      p->pool[c->n_pool++] = u;
     }
   }
-  if (rel)
-    n_pool = relative_pool(p, res, a, b, warm, n_pool, &n_risky, before, t);
+}
 
-  select_top(p, n_pool);
-  apply_locks(p, res, n_pool, t, warm);
+int policy_step_measured(policy *p, uint64_t t, const double *norm,
+                         const uint8_t *input, const double *measure,
+                         policy_result *res) {
+  if (p == NULL || res == NULL || t == 0 || (norm == NULL && p->n > 0))
+    return GNMR_E_INVAL;
+  int rv = step_input(p, norm, input, &measure);
+  if (rv != GNMR_OK)
+    return rv;
+  policy__settle_owed(p); /* a snapshot still owed is of the state before t */
+  const policy_params *prm = &p->prm;
+  int early = t <= prm->early_steps;
+  step_ctx c = {
+      .t = t,
+      .before = p->last_step,
+      .a = early && !isnan(prm->early_alpha) ? prm->early_alpha : prm->alpha,
+      .b = early && !isnan(prm->early_beta) ? prm->early_beta : prm->beta,
+      .warm = t <= prm->warmup_steps,
+      .rel = prm->job_relative != 0,
+  };
+  memset(res, 0, sizeof *res);
+  res->step = t;
+  score_all(p, &c, norm, input, measure, res);
+  if (c.rel)
+    c.n_pool = relative_pool(p, res, c.a, c.b, c.warm, c.n_pool,
+                             &c.n_risky, c.before, t);
+
+  select_top(p, c.n_pool);
+  apply_locks(p, res, c.n_pool, t, c.warm);
   promote_demote(p, res);
   assert(res->n_events <= 3 * (size_t)p->n + 1);
 
   p->last_step = t;
   res->active = p->act;
   res->n_active = p->n_act;
-  res->n_risky = n_risky;
-  res->n_pool = n_pool;
+  res->n_risky = c.n_risky;
+  res->n_pool = c.n_pool;
   res->g = p->g;
   res->d = p->d;
   res->s = p->s;
