@@ -166,14 +166,28 @@ def float_blocks(w, fmt, block=TILE):
     return (fake_float(b / s, fmt) * s).reshape(o, i)
 
 
+def _padded(q, block):
+    """q applied to x's last dimension zero-padded to a multiple of block
+    (as kernels pad a GEMM's inner dimension: zeros change no amax), and
+    cut back."""
+    def padded(x):
+        n = x.shape[-1]
+        if n % block == 0:
+            return q(x)
+        p = torch.nn.functional.pad(x.float(), (0, block - n % block))
+        return q(p)[..., :n]
+    padded.__doc__ = q.__doc__
+    padded.__name__ = q.__name__
+    return padded
+
+
+@lambda q: _padded(q, 16)
 def nvfp4(x):
-    """x (2-D) through NVFP4 along its last dimension (blocks of 16), in
+    """x (2-D) through NVFP4 along its last dimension (blocks of 16; a
+    last dimension that does not split into them is zero-padded), in
     float32: the module doc's `nvfp4`."""
     xf = x.float()
     n = xf.shape[-1]
-    if n % 16:
-        raise ValueError(f"nvfp4: {n} values a row do not split into "
-                         "blocks of 16")
     amax = xf.abs().amax()
     if not amax > 0:        # all zero (or NaN: NaN everywhere, as torchao)
         return xf * 0 if amax == 0 else torch.full_like(xf, math.nan)
@@ -185,14 +199,13 @@ def nvfp4(x):
     return (v * (bs * ts)).reshape(xf.shape)
 
 
+@lambda q: _padded(q, 32)
 def mxfp4(x):
-    """x (2-D) through MXFP4 along its last dimension (blocks of 32), in
+    """x (2-D) through MXFP4 along its last dimension (blocks of 32; a
+    last dimension that does not split into them is zero-padded), in
     float32: the module doc's `mxfp4`."""
     xf = x.float()
     n = xf.shape[-1]
-    if n % 32:
-        raise ValueError(f"mxfp4: {n} values a row do not split into "
-                         "blocks of 32")
     g = xf.reshape(-1, n // 32, 32)
     amax = g.abs().amax(-1, keepdim=True)
     e = ((amax.view(torch.int32) >> 23) & 0xFF) - 127 - 2

@@ -14,14 +14,18 @@ measure its low path's damage, the `shadow` Controller asks of each unit.
                     shadow=r.shadow) as ctl: ...
 
 Names: "fp8" (FP8 activation storage with delayed scaling, FP8Linear),
-"int4" (4-bit activation storage, KBitLinear), "torchao-float8" and
+"int4" (4-bit activation storage, KBitLinear), "nvfp4" and "mxfp4" (NVIDIA's
+NVFP4 and OCP's MXFP4 in all three GEMMs, BF16 to recover:
+gnmr.quant.QuantLinear, emulated; its measure, `low_error`, goes to
+gnmrd as the measured signal), "torchao-float8" and
 "torchao-float8-RECIPE" (torchao's float8 training, one of
 recovery.torchao_recipes()), "te" (Transformer Engine's debug API: it
 converts nothing, gnmr.integrations.te binds the Controller).
 
 `gnmr.quant.Recipe` is another thing: the numeric formats of
 `gnmr.quant.QuantLinear`, the experiments' fine-grained recipes
-(docs/python.md); it is not a name here.
+(docs/python.md); "nvfp4" and "mxfp4" here are two of them as the
+callbacks' recipes.
 """
 import dataclasses
 
@@ -45,6 +49,7 @@ class Recipe:
     shadow: object = None
     select: tuple = (torch.nn.Linear,)
     binds: bool = False   # "te": gnmr.integrations.te binds the Controller
+    measure: object = None  # Controller's measure= (the measured signal)
 
 
 def _fp8(model, pattern=None):
@@ -62,11 +67,33 @@ def _torchao(which):
     return convert
 
 
+def _quant(low):
+    def convert(model, pattern=None):
+        from .quant import QuantLinear
+        return recovery.convert(model, QuantLinear, pattern=pattern,
+                                low=low, high="bf16")
+    return convert
+
+
+def _low_error(name, module):
+    """The recipe's measure of a QuantLinear's low path: low_error."""
+    return module.low_error
+
+
+def _quant_class():
+    from .quant import QuantLinear
+    return QuantLinear
+
+
 _FIXED = {
     "fp8": Recipe("fp8", _fp8, shadow=recovery.fp8_overflowed,
                   select=(recovery.FP8Linear,)),
     "int4": Recipe("int4", _int4, select=(recovery.KBitLinear,)),
     "te": Recipe("te", None, switch=None, binds=True),
+    "nvfp4": Recipe("nvfp4", _quant("nvfp4"), select=(_quant_class(),),
+                    measure=_low_error),
+    "mxfp4": Recipe("mxfp4", _quant("mxfp4"), select=(_quant_class(),),
+                    measure=_low_error),
 }
 _TORCHAO = "torchao-float8"
 _MADE = {}  # torchao's, made on first use (torchao is imported then)

@@ -311,6 +311,52 @@ class OverlapTest(unittest.TestCase):
         self.assertTrue(any(a for _, a in rows[0]), rows[0])
 
 
+class Fp4RecipeTest(unittest.TestCase):
+    """recipe="nvfp4" (issue 61): the callbacks' session converts the
+    linears to QuantLinear (NVFP4, BF16 to recover), sends their measure
+    as the measured signal, and a unit whose low path a latent outlier
+    spoils is moved to its recovery path, named as the measure's."""
+
+    def setUp(self):
+        self.d = Daemon()
+
+    def tearDown(self):
+        self.assertEqual(self.d.stop(), 0)
+
+    def test_nvfp4_sends_its_measure_and_recovers_by_it(self):
+        import gnmr
+        from gnmr import recipes
+        from gnmr.integrations._common import Session
+        from gnmr.quant import QuantLinear
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.ReLU(),
+                                  torch.nn.Linear(48, 24))
+        s = Session(job="nvfp4-job", endpoint=self.d.agents,
+                    recipe="nvfp4", wait_ms=5000, overlap=False,
+                    params=gnmr.default_params(warmup_steps=0))
+        s.prepare(net)
+        self.assertEqual(sorted(s.converted), ["0", "2"])
+        self.assertTrue(all(isinstance(net[i], QuantLinear) and
+                            net[i].low.name == "nvfp4" for i in (0, 2)))
+        ctl = s.start(net)
+        self.assertIs(ctl._reduction.measure, recipes.get("nvfp4").measure)
+        x = torch.randn(21, 32)   # 21 tokens: the wgrad's blocks padded
+        active = []
+        for t in range(1, 11):
+            s.begin_step()
+            net.zero_grad()
+            if t == 7:   # 3 features x4096 that the weights undo
+                net[2].latent = ([5, 21, 37], 4096.0)
+            net(x).pow(2).mean().backward()
+            res, _ = s.step(t, net)
+            active.append(list(res.active))
+        s.close()
+        self.assertEqual(active[:6], [[]] * 6)
+        self.assertEqual(active[6], ["2"])
+        rows = gnmrctl(self.d, "history", "nvfp4-job", "--kind", "exceed")
+        self.assertIn("signal=measure", rows)
+
+
 class RecipesTest(unittest.TestCase):
     """Issue 51: one registry from a recipe's name to (convert, switch,
     shadow), read by the callbacks and a loop of one's own alike."""

@@ -177,6 +177,8 @@ class Session:
             kw.setdefault("resume", bool(resumed))
         if self._recipe is not None and self._recipe.shadow is not None:
             kw.setdefault("shadow", self._recipe.shadow)
+        if self._recipe is not None and self._recipe.measure is not None:
+            kw.setdefault("measure", self._recipe.measure)
         self._switches = {}
         self.ctl = Controller(model, self.endpoint, job, select=select,
                               pattern=pattern, on_route=self._route, **kw)
