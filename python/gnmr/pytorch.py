@@ -136,6 +136,8 @@ from . import _layout
 from ._lib import default_endpoint
 from ._warn import warn as _warn
 from .agent import Agent
+from .options import DOCS as OPTIONS_DOC
+from .options import make as make_options
 from .reduction import Reduction
 from .units import identity, select_units
 
@@ -144,7 +146,6 @@ __all__ = ["Controller", "DecisionLog", "StepResult", "identity"]
 log = logging.getLogger("gnmr")
 
 
-_DAEMONS = ("auto", "private", "never")
 
 
 def _foreign_default(endpoint):
@@ -169,7 +170,7 @@ def _private_endpoint(endpoint, daemon, data_dir, job):
                 f"daemon='private': this job's {world} ranks are on more "
                 "than one machine, which a private gnmrd (ipc://, one "
                 "machine) cannot serve; start gnmrd on a node they all "
-                "reach and give its endpoint (docs/deployment.md)")
+                "reach and give its endpoint (docs/operations.md)")
         return endpoint, None
     got = None
     if rank == 0 and (daemon == "private" or
@@ -318,45 +319,56 @@ class DecisionLog:
 
 
 class Controller:
-    def __init__(self, model, endpoint=None, job=None,
-                 select=(torch.nn.Linear,), pattern=None, on_route=None,
-                 tp_size=None, tp_group=None, global_rank=None, wait_ms=50,
-                 on_decision=None, trace=None, warn_after=3,
-                 join_wait_ms=1000, reduce_threads=0, shadow=None,
-                 shadow_low=False, accumulate=1, experts=False,
-                 daemon="auto", data_dir=None, measure=None,
-                 same_step=False, **agent_kwargs):
-        job = job or os.environ.get("GNMR_JOB")
-        if not job:
+    def __init__(self, model, endpoint=None, job=None, options=None,
+                 **fields):
+        """model: the torch model; endpoint, job: as the options of those
+        names (the first two arguments, as ever); options: a gnmr.Options,
+        with fields (any option by name) on top. Every option is checked
+        before anything starts (gnmr.options)."""
+        for k, v in (("endpoint", endpoint), ("job", job)):
+            if v is not None:
+                fields[k] = v
+        self.options = o = make_options(options, **fields)
+        self.job = o.job or os.environ.get("GNMR_JOB")
+        if not self.job:
             raise ValueError("give job= (or set GNMR_JOB): the name that "
-                             "ties this run's ranks together in gnmrd")
-        if measure is not None and not callable(measure):
-            raise ValueError("measure is a function (name, module) -> a "
-                             "number >= 0, inf, or None (not measured)")
-        if same_step and measure is None:
-            raise ValueError("same_step=True switches units by their "
-                             "measure: give measure= too")
-        if daemon not in _DAEMONS:
-            raise ValueError(f"daemon={daemon!r}: 'auto' (a private gnmrd "
-                             "when none is configured or listening), "
-                             "'private' (always one) or 'never'")
+                             "ties this run's ranks together in gnmrd "
+                             f"({OPTIONS_DOC})")
+        self.accumulate, self._micro = o.accumulate, 0
+        frozen = self._choose_units(model, o)
+        if o.trace is not None and self.layout.reporters > 1:
+            raise ValueError("gnmr: trace= records whole-unit norms: with "
+                             "tp shards each rank has only its part")
         self._private = None
-        if not isinstance(accumulate, int) or accumulate < 1:
-            raise ValueError(f"accumulate={accumulate!r}: the micro-batches "
-                             "per optimizer step, 1 or more")
-        self.accumulate, self._micro = accumulate, 0
-        self.units = []
-        self._params = []
-        named = []
-        for name, m, params in select_units(model, select, pattern,
-                                             experts):
+        self._open_agent(o)
+        self._set_routes(o.on_route, o.on_decision)
+        self.wait_ms, self.warn_after = o.wait_ms, o.warn_after
+        # the gradients' reduction and what the last report sent
+        self._reduction = Reduction(
+            self.agent, self.units, self._params, self.layout,
+            o.reduce_threads, o.shadow, o.shadow_low, o.warn_after,
+            self.job, frozen=[u for u, (n, _) in enumerate(self.units)
+                              if n in frozen], measure=o.measure)
+        self._init_state()
+        self._trace = None
+        if o.trace is not None:
+            self._trace = open(o.trace, "w")
+            self._trace.write("step,unit,norm\n")
+
+    def _choose_units(self, model, o):
+        """The units (select_units), their layout over the ranks, the
+        same-step gates; returns the names of those that never have a
+        gradient (frozen), said once."""
+        self.units, self._params, named = [], [], []
+        for name, m, params in select_units(model, o.select, o.pattern,
+                                             o.experts):
             self.units.append((name, m))
             self._params.append(params)
             named.extend((name, p) for p in params)
-        self._gates = self._same_step_gates() if same_step else None
-        self.layout = lay = _layout.layout(named, global_rank, tp_size,
-                                           tp_group)
-        self.tp_rank, tp_size = lay.index, lay.reporters
+        self._gates = self._same_step_gates() if o.same_step else None
+        self.layout = _layout.layout(named, o.global_rank, o.tp_size,
+                                     o.tp_group)
+        self.tp_rank = self.layout.index
         frozen = [n for (n, _), ps in zip(self.units, self._params)
                   if not any(p.requires_grad for p in ps)]
         if frozen:
@@ -364,8 +376,15 @@ class Controller:
                   f"requires a gradient and will never be reported: "
                   f"{', '.join(frozen[:8])}{', ...' if len(frozen) > 8 else ''}"
                   " (frozen layers: leave them out with select=/pattern=)")
-        explicit = bool(endpoint or os.environ.get("GNMR_ENDPOINT"))
-        self.endpoint = endpoint or default_endpoint()
+        return frozen
+
+    def _open_agent(self, o):
+        """The endpoint (the user's, else the default, else a private
+        gnmrd's: never a default another account made), the agent, and
+        a bounded wait for it to join."""
+        daemon = o.daemon
+        explicit = bool(o.endpoint or os.environ.get("GNMR_ENDPOINT"))
+        self.endpoint = o.endpoint or default_endpoint()
         whose = None if explicit else _foreign_default(self.endpoint)
         if whose is not None:
             if daemon == "never":
@@ -380,23 +399,21 @@ class Controller:
             daemon = "private"
         if daemon == "private" or (daemon == "auto" and not explicit):
             self.endpoint, self._private = _private_endpoint(
-                self.endpoint, daemon, data_dir, job)
-        self.job = job
-        self.agent = Agent(self.endpoint, job, [n for n, _ in self.units],
-                           rank=self.tp_rank, reporters=tp_size,
-                           observer=lay.observer, **agent_kwargs)
-        self._ids = list(agent_kwargs.get("unit_ids") or
-                         range(len(self.units)))
+                self.endpoint, daemon, o.data_dir, self.job)
+        self.agent = Agent(self.endpoint, self.job,
+                           [n for n, _ in self.units], rank=self.tp_rank,
+                           reporters=self.layout.reporters,
+                           observer=self.layout.observer,
+                           **o.agent_kwargs())
+        self._ids = list(o.unit_ids or range(len(self.units)))
         # once, bounded: the first steps find the agent joined when gnmrd
         # is there; when it is not, steps never wait for it
         import time
-        deadline = time.monotonic() + join_wait_ms / 1000
+        deadline = time.monotonic() + o.join_wait_ms / 1000
         while not self.agent.joined and time.monotonic() < deadline:
             time.sleep(0.005)
-        if on_route is not None and on_route is not False and \
-                not callable(on_route):
-            raise ValueError("on_route is a function (name, module, high), "
-                             "or False to switch nothing")
+
+    def _set_routes(self, on_route, on_decision):
         self.on_route, self.on_decision = on_route, on_decision
         if on_route is not None and on_route is _recovery_switch() and not any(
                 hasattr(m, "recovery") for _, m in self.units):
@@ -405,20 +422,9 @@ class Controller:
                   "switch; convert them first (gnmr.recovery.convert) or "
                   "select= the converted type")
         self._said_no_route = on_route is not None
-        if shadow is not None and not callable(shadow):
-            raise ValueError("shadow is a function (name, module) -> bool")
-        if shadow_low and shadow is None:
-            raise ValueError("shadow_low=True asks shadow= of the units on "
-                             "their low-cost path too: give shadow=")
-        if not isinstance(reduce_threads, int) or reduce_threads < 0:
-            raise ValueError("reduce_threads is 0 (automatic) or more")
-        self.wait_ms, self.warn_after = wait_ms, warn_after
-        # the gradients' reduction and what the last report sent
-        self._reduction = Reduction(
-            self.agent, self.units, self._params, lay, reduce_threads,
-            shadow, bool(shadow_low), warn_after, job,
-            frozen=[u for u, (n, _) in enumerate(self.units)
-                    if n in frozen], measure=measure)
+
+    def _init_state(self):
+        """What the steps keep between them."""
         self.high = [None] * len(self.units)
         self._names = [n for n, _ in self.units]
         self._active = []       # the names of the units self.high routes
@@ -437,13 +443,6 @@ class Controller:
         self._not_joined = 0
         self._said_run = False  # what run gnmrd let this rank into
         self._late = []         # the last on-time flags, for the warning
-        self._trace = None
-        if trace is not None:
-            if tp_size > 1:
-                raise ValueError("trace= records whole-unit norms: with "
-                                 "tp shards each rank has only its part")
-            self._trace = open(trace, "w")
-            self._trace.write("step,unit,norm\n")
 
     def _same_step_gates(self):
         """The same-step mode's gates (gnmr.samestep), one a unit, set on

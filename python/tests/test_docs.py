@@ -38,6 +38,18 @@ def flags(text):
     return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text))
 
 
+class OptionsTableTest(unittest.TestCase):
+    def test_the_options_table_is_generated_and_current(self):
+        sys.path.insert(0, os.path.join(REPO, "python"))
+        from gnmr.options import table
+        with open(os.path.join(REPO, "docs", "python.md")) as f:
+            page = f.read()
+        got = page.split("<!-- options table: generated -->\n")[1] \
+            .split("\n<!-- end of the options table -->")[0]
+        self.assertEqual(got, table(), "docs/python.md's options table "
+                         "is stale: regenerate it from gnmr.options")
+
+
 class ManPagesTest(unittest.TestCase):
     def test_gnmrctl_1_has_every_command_and_option(self):
         page = man("man/man1/gnmrctl.1")

@@ -946,7 +946,7 @@ class ControllerTest(unittest.TestCase):
         measure trebles is promoted though its gradient is calm; a unit
         whose measure is always coarse is not; the history's exceed says
         which signal; a bad measure is a clear error."""
-        with self.assertRaisesRegex(ValueError, "measure is a function"):
+        with self.assertRaisesRegex(ValueError, "measure=0.5: a function"):
             Controller(Net(), self.d.agents, "measure-bad", measure=0.5)
         x = torch.randn(16, 8)
         level = {"a": 0.01, "b": 0.02, "c": 0.4}  # c: always coarse
@@ -1258,7 +1258,8 @@ class ExampleTest(unittest.TestCase):
             with open(js) as f:
                 doc = json.load(f)
             self.assertEqual(doc["seeds"], [1, 2])
-            self.assertRegex(doc["commit"], r"^([0-9a-f]{40}|unknown)$")
+            self.assertRegex(doc["commit"],
+                             r"^([0-9a-f]{40}(-dirty)?|unknown)$")
             self.assertIn("--seed-list 1,2", doc["command"])
             for v in self.qs.DEFAULT_VARIANTS:
                 for key in ("val", "share", "precision", "coverage"):

@@ -9,6 +9,7 @@ Run by `make check` (test-python) with GNMR_AGENT_LIB and GNMR_BIN_DIR.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -200,6 +201,62 @@ class PrivateDaemonTest(unittest.TestCase):
         for f in ("gnmrd.log", "gnmr.db"):
             self.assertEqual(os.stat(os.path.join(data, f)).st_mode & 0o077,
                              0, f)
+
+    def test_bad_options_raise_at_the_call_and_start_nothing(self):
+        """Issue 63: each bad option raises where it is given (the
+        Controller, or the trainer callback's constructor), names the
+        option, the value and the docs page, and leaves no gnmrd child,
+        socket directory or agent thread behind."""
+        from gnmr.integrations._common import Session
+
+        def children():
+            me = str(os.getpid())
+            out = []
+            for pid in os.listdir("/proc"):
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        if f.read().split(") ")[1].split()[1] == me:
+                            out.append(pid)
+                except (OSError, IndexError):
+                    pass
+            return sorted(out)
+
+        def threads():
+            return len(os.listdir("/proc/self/task"))
+
+        cases = [  # (fields, exception, words of its message)
+            (dict(params={"alpha": -1}), ValueError,
+             ["params", "alpha must be a finite number > 0", "-1"]),
+            (dict(alpha=8), TypeError,
+             ["not an option: 'alpha'", "params={'alpha': ...}"]),
+            (dict(wiat_ms=100), TypeError, ["'wiat_ms'", "wait_ms"]),
+            (dict(wait_ms=-1), ValueError, ["wait_ms=-1", "from 0"]),
+            (dict(reduce_threads=-1), ValueError,
+             ["reduce_threads=-1", "from 0"]),
+            (dict(daemon="sometimes"), ValueError,
+             ["daemon='sometimes'", "'auto' or 'private' or 'never'"]),
+            (dict(same_step=True), ValueError,
+             ["same_step=True", "give measure="]),
+            (dict(endpoint="localhost:5555"), ValueError,
+             ["endpoint='localhost:5555'", "tcp://HOST:PORT"]),
+            (dict(select=()), ValueError, ["select=()", "module types"]),
+            (dict(accumulate=0), ValueError, ["accumulate=0"]),
+        ]
+        before = (children(), threads(), sorted(os.listdir(self.tmp)))
+        for fields, exc, words in cases:
+            for make in (lambda: Controller(Net(), job="bad-option", **{
+                             "daemon": "private", **fields}),
+                         lambda: Session(job="bad-option", **fields)):
+                with self.assertRaises(exc) as cm:
+                    make()
+                msg = str(cm.exception)
+                for w in words:
+                    self.assertIn(w, msg, fields)
+                page = re.search(r"(docs/[a-z]+\.md)", msg)
+                self.assertTrue(page and os.path.exists(os.path.join(
+                    REPO, page.group(1))), msg)  # a page that exists
+        self.assertEqual((children(), threads(),
+                          sorted(os.listdir(self.tmp))), before)
 
     def test_an_endpoint_given_is_never_replaced(self):
         net = Net()
@@ -455,11 +512,12 @@ class WithoutDaemonTest(unittest.TestCase):
         self.assertAlmostEqual(ctl.agent.params.alpha, 1.1)
         self.assertEqual(ctl.agent.params.max_active, 1)
         ctl.close()
-        for params, part in [({"alpha": "x"}, "policy parameter alpha: 'x' "
-                              "is not a number"),
-                             ({"alfa": 2}, "unknown policy parameter "
-                              "'alfa' (the parameters: alpha, beta"),
-                             ([("alpha", 2)], "params: expected a dict")]:
+        for params, part in [({"alpha": "x"}, "params: alpha must be a "
+                              "finite number > 0, not 'x'"),
+                             ({"alfa": 2}, "unknown parameter 'alfa' (one "
+                              "of alpha, beta"),
+                             ([("alpha", 2)], "params=[('alpha', 2)]: a "
+                              "dict of policy parameters")]:
             with self.assertRaises(ValueError) as cm:
                 Controller(net, ep, "bad-params", join_wait_ms=10,
                            params=params)
@@ -996,7 +1054,8 @@ class WithDaemonTest(unittest.TestCase):
         texts, high = self.run_spike("route-false", on_route=False)
         self.assertTrue(high)
         self.assertEqual([t for t in texts if "on_route" in t], [], texts)
-        with self.assertRaisesRegex(ValueError, "on_route is a function"):
+        with self.assertRaisesRegex(ValueError, "on_route='switch': a "
+                                    "function, False or None"):
             Controller(Net(), self.d.agents, "bad-route", on_route="switch")
         # switch() on modules it cannot switch: said at once
         from gnmr.recovery import switch

@@ -10,6 +10,8 @@ import re
 import torch
 
 from .. import recipes, recovery
+from ..options import NAMES, Options
+from ..options import make as make_options
 from ..pytorch import Controller, _warn
 
 log = logging.getLogger("gnmr")
@@ -39,9 +41,17 @@ class Session:
     prepared on the model (conversion), started when the trainer has
     wrapped it (Controller), stepped once per optimizer step."""
 
-    def __init__(self, job=None, units="auto", recipe=None, endpoint=None,
-                 clip=True, skip_nonfinite=True, max_logged_units=16,
-                 overlap=True, **controller_kw):
+    def __init__(self, job=None, units="auto", recipe=None, clip=True,
+                 skip_nonfinite=True, max_logged_units=16, overlap=True,
+                 options=None, **fields):
+        """options, fields: the Controller's (gnmr.Options), checked here,
+        before the trainer starts anything; job= is the job's name."""
+        if job is not None:
+            fields["job"] = job
+        self.options = make_options(options, **fields)
+        # what the user set, which the session's own choices never replace
+        self._given = {f for f in NAMES if getattr(self.options, f) !=
+                       getattr(Options(), f)}
         if not (units == "auto" or isinstance(units, str)):
             raise ValueError(f"units={units!r}: 'auto' (every nn.Linear but "
                              "the output head, and MoE experts one by one) "
@@ -62,8 +72,8 @@ class Session:
                 raise ValueError(f"{e}, None (observe, no switch), or a "
                                  "function on_route(name, module, high)"
                                  ) from None
-        self.job, self.units, self.recipe = job, units, recipe
-        self.endpoint, self.clip = endpoint, clip
+        self.job, self.units, self.recipe = self.options.job, units, recipe
+        self.endpoint, self.clip = self.options.endpoint, clip
         self.skip_nonfinite = skip_nonfinite
         self.max_logged_units = max_logged_units
         # overlap: report before the optimizer step, skip from what the
@@ -72,7 +82,6 @@ class Session:
         # before the optimizer step (docs/python.md, "What waits")
         self.overlap = bool(overlap)
         self._open = None           # a reported step whose decision waits
-        self.kw = controller_kw
         self.ctl = None
         self.converted = set()
         self._said_frozen = False
@@ -168,20 +177,23 @@ class Session:
         (Controller's resume=, unless given)."""
         job = self.job or os.environ.get("GNMR_JOB") or default_job
         select, pattern = self._pattern(model)
-        kw = dict(self.kw)
+        mine = {"select": select or (torch.nn.Linear,), "pattern": pattern,
+                "on_route": self._route, "job": job,
+                "experts": self.units == "auto" and
+                not self._fused_left_out(model)}
         if default_data_dir and not os.environ.get("GNMR_DATA_DIR"):
-            kw.setdefault("data_dir", default_data_dir)
-        kw.setdefault("experts", self.units == "auto" and
-                      not self._fused_left_out(model))
+            mine["data_dir"] = default_data_dir
         if resumed is not None:
-            kw.setdefault("resume", bool(resumed))
-        if self._recipe is not None and self._recipe.shadow is not None:
-            kw.setdefault("shadow", self._recipe.shadow)
-        if self._recipe is not None and self._recipe.measure is not None:
-            kw.setdefault("measure", self._recipe.measure)
+            mine["resume"] = bool(resumed)
+        r = self._recipe
+        if r is not None and r.shadow is not None:
+            mine["shadow"] = r.shadow
+        if r is not None and r.measure is not None:
+            mine["measure"] = r.measure
         self._switches = {}
-        self.ctl = Controller(model, self.endpoint, job, select=select,
-                              pattern=pattern, on_route=self._route, **kw)
+        self.ctl = Controller(model, options=self.options.replace(**{
+            k: v for k, v in mine.items() if k not in self._given or
+            k in ("select", "pattern", "on_route")}))
         _same_units_everywhere([n for n, _ in self.ctl.units])
         # a unit switches the converted linears in it (itself, or those of
         # a block); an expert of fused weights has none

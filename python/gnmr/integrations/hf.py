@@ -71,8 +71,14 @@ if not hasattr(TrainerCallback, "on_pre_optimizer_step"):
 
 
 class GnmrCallback(TrainerCallback):
-    def __init__(self, job=None, units="auto", recipe=None, **kw):
-        self.session = Session(job=job, units=units, recipe=recipe, **kw)
+    def __init__(self, job=None, units="auto", recipe=None, clip=True,
+                 skip_nonfinite=True, max_logged_units=16, overlap=True,
+                 options=None, **fields):
+        """units, recipe, clip, skip_nonfinite, max_logged_units, overlap:
+        the callback's own (docs/python.md); options and fields: the
+        Controller's (gnmr.Options), checked here, before training."""
+        self.session = Session(job, units, recipe, clip, skip_nonfinite,
+                               max_logged_units, overlap, options, **fields)
         self._clip = None
         self._first = False
 

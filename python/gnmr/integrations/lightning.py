@@ -57,9 +57,13 @@ def _writes_logs(trainer):
 
 
 class GnmrCallback(Callback):
-    def __init__(self, job=None, units="auto", recipe=None, **kw):
-        kw.setdefault("clip", False)  # Lightning clips after the hook
-        self.session = Session(job=job, units=units, recipe=recipe, **kw)
+    def __init__(self, job=None, units="auto", recipe=None, clip=False,
+                 skip_nonfinite=True, max_logged_units=16, overlap=True,
+                 options=None, **fields):
+        """As gnmr.integrations.hf.GnmrCallback (clip False: Lightning
+        clips after the hook)."""
+        self.session = Session(job, units, recipe, clip, skip_nonfinite,
+                               max_logged_units, overlap, options, **fields)
 
     @property
     def controller(self):
