@@ -218,6 +218,35 @@ def long_functions(files, limit=MAX_LINES):
     return out
 
 
+MAX_FILE_LINES = 700
+PY_DIR = os.path.join("python", "gnmr")
+
+
+def python_sizes(root, limit=MAX_LINES, file_limit=MAX_FILE_LINES):
+    """The Python package's sizes, as C's (issue 63): (file, function,
+    lines) for each function or method longer than limit lines, and
+    (file, None, lines) for each module longer than file_limit."""
+    import ast
+    out = []
+    base = os.path.join(root, PY_DIR)
+    for d, _, names in sorted(os.walk(base)):
+        for n in sorted(names):
+            if not n.endswith(".py"):
+                continue
+            path = os.path.join(d, n)
+            rel = os.path.relpath(path, root)
+            with open(path) as f:
+                text = f.read()
+            if text.count("\n") > file_limit:
+                out.append((rel, None, text.count("\n")))
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    n_lines = node.end_lineno - node.lineno + 1
+                    if n_lines > limit:
+                        out.append((rel, node.name, n_lines))
+    return out
+
+
 def main(argv):
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
     dirs = argv or DIRS
@@ -234,6 +263,13 @@ def main(argv):
     for f, name, n in longs:
         print(f"layers: {f} defines {name}() in {n} lines, more than "
               f"{MAX_LINES}: split it into named phases")
+    if not argv:   # the tree itself: the Python package's sizes too
+        for f, name, n in python_sizes(root):
+            longs.append((f, name, n))
+            print(f"layers: {f} has {n} lines, more than {MAX_FILE_LINES}: "
+                  "split it along its concerns" if name is None else
+                  f"layers: {f} defines {name}() in {n} lines, more than "
+                  f"{MAX_LINES}: split it into named phases")
     edges = graph(files)
     bad = components(edges)
     for comp in bad:
@@ -251,7 +287,8 @@ def main(argv):
     if not dtors:
         print("layers: every destructor takes T ** and nulls it")
     if not longs:
-        print(f"layers: no function is longer than {MAX_LINES} lines")
+        print(f"layers: no function is longer than {MAX_LINES} lines, no "
+              f"module of {PY_DIR} longer than {MAX_FILE_LINES}")
     return 1 if bad or names or dtors or longs else 0
 
 

@@ -10,6 +10,7 @@ gnmrd is, in order: $GNMR_GNMRD, the one bundled in the wheel
 `python -m gnmr.ctl` (the `gnmr-ctl` command) runs gnmrctl the same way.
 """
 import atexit
+import logging
 import os
 import shutil
 import socket
@@ -17,6 +18,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+
+log = logging.getLogger("gnmr")
 
 
 def trusted(path):
@@ -214,6 +218,55 @@ class Private:
                 p.wait()
         shutil.rmtree(getattr(self, "run_dir", ""), ignore_errors=True)
         atexit.unregister(self.stop)
+
+
+def private_endpoint(endpoint, daemon, data_dir, job):
+    """(the endpoint to use, the Private gnmrd started or None): where
+    daemon= and the world say to start one, global rank 0 starts it and
+    the others of its machine are told its endpoint (a collective: every
+    rank builds its Controller). A job over more than one machine gets
+    none: another machine's ranks could not reach it."""
+    import torch.distributed as dist
+    world, rank = 1, 0
+    if dist.is_available() and dist.is_initialized():
+        world, rank = dist.get_world_size(), dist.get_rank()
+    if world > 1 and int(os.environ.get("LOCAL_WORLD_SIZE", world)) != world:
+        if daemon == "private":
+            raise ValueError(
+                f"daemon='private': this job's {world} ranks are on more "
+                "than one machine, which a private gnmrd (ipc://, one "
+                "machine) cannot serve; start gnmrd on a node they all "
+                "reach and give its endpoint (docs/operations.md)")
+        return endpoint, None
+    got = None
+    if rank == 0 and (daemon == "private" or
+                      not listening(endpoint)):
+        where = data_dir or os.environ.get("GNMR_DATA_DIR") or "gnmr"
+        try:
+            got = Private(where)
+        except Exception as e:  # every rank is told, then raises
+            got = e
+    if world > 1:
+        said = [got.agents if isinstance(got, Private) else
+                None if got is None else f"error: {got}"]
+        dist.broadcast_object_list(said, src=0)
+        if rank != 0 and said[0] is not None:
+            if said[0].startswith("error: "):
+                raise RuntimeError(f"gnmr: rank 0 could not start a private "
+                                   f"gnmrd: {said[0][7:]}")
+            return said[0], None
+    if isinstance(got, Exception):
+        raise got
+    if got is None:
+        return endpoint, None
+    msg = (f"gnmr: no gnmrd listening at {endpoint}: started a private "
+           f"gnmrd for job {job!r} (pid {got.pid}; history in "
+           f"{got.data_dir}, log {got.log_path}; it stops with this "
+           f"process; afterwards: gnmrctl --store {got.data_dir} "
+           f"decisions {job}). Give endpoint= or GNMR_ENDPOINT to use "
+           "a gnmrd of your own, daemon='never' for none")
+    log.warning(msg)
+    return got.agents, got
 
 
 def main(argv=None, name="gnmrd"):

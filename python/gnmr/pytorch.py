@@ -120,9 +120,7 @@ Nothing waits while the agent has not joined gnmrd; after `warn_after`
 such steps, and when most decisions come late, a warning (warnings and the
 "gnmr" logger) names the endpoint, job and rank.
 """
-import csv
 import ctypes
-import json
 import logging
 import math
 import os
@@ -133,12 +131,15 @@ from itertools import compress
 import torch
 
 from . import _layout
+from . import daemon as _daemon
 from ._lib import default_endpoint
 from ._warn import warn as _warn
 from .agent import Agent
 from .options import DOCS as OPTIONS_DOC
 from .options import make as make_options
 from .reduction import Reduction
+from .clipping import Clipping
+from .results import DecisionLog, StepResult, _flagged
 from .units import identity, select_units
 
 __all__ = ["Controller", "DecisionLog", "StepResult", "identity"]
@@ -148,73 +149,6 @@ log = logging.getLogger("gnmr")
 
 
 
-def _foreign_default(endpoint):
-    from . import daemon as _daemon
-    return _daemon.foreign(endpoint)
-
-
-def _private_endpoint(endpoint, daemon, data_dir, job):
-    """(the endpoint to use, the Private gnmrd started or None): where
-    daemon= and the world say to start one, global rank 0 starts it and
-    the others of its machine are told its endpoint (a collective: every
-    rank builds its Controller). A job over more than one machine gets
-    none: another machine's ranks could not reach it."""
-    from . import daemon as _daemon
-    import torch.distributed as dist
-    world, rank = 1, 0
-    if dist.is_available() and dist.is_initialized():
-        world, rank = dist.get_world_size(), dist.get_rank()
-    if world > 1 and int(os.environ.get("LOCAL_WORLD_SIZE", world)) != world:
-        if daemon == "private":
-            raise ValueError(
-                f"daemon='private': this job's {world} ranks are on more "
-                "than one machine, which a private gnmrd (ipc://, one "
-                "machine) cannot serve; start gnmrd on a node they all "
-                "reach and give its endpoint (docs/operations.md)")
-        return endpoint, None
-    got = None
-    if rank == 0 and (daemon == "private" or
-                      not _daemon.listening(endpoint)):
-        where = data_dir or os.environ.get("GNMR_DATA_DIR") or "gnmr"
-        try:
-            got = _daemon.Private(where)
-        except Exception as e:  # every rank is told, then raises
-            got = e
-    if world > 1:
-        said = [got.agents if isinstance(got, _daemon.Private) else
-                None if got is None else f"error: {got}"]
-        dist.broadcast_object_list(said, src=0)
-        if rank != 0 and said[0] is not None:
-            if said[0].startswith("error: "):
-                raise RuntimeError(f"gnmr: rank 0 could not start a private "
-                                   f"gnmrd: {said[0][7:]}")
-            return said[0], None
-    if isinstance(got, Exception):
-        raise got
-    if got is None:
-        return endpoint, None
-    msg = (f"gnmr: no gnmrd listening at {endpoint}: started a private "
-           f"gnmrd for job {job!r} (pid {got.pid}; history in "
-           f"{got.data_dir}, log {got.log_path}; it stops with this "
-           f"process; afterwards: gnmrctl --store {got.data_dir} "
-           f"decisions {job}). Give endpoint= or GNMR_ENDPOINT to use "
-           "a gnmrd of your own, daemon='never' for none")
-    log.warning(msg)
-    return got.agents, got
-
-
-def _flagged(names, flags):
-    """The names whose flag is nonzero. flags is a list or a ctypes array
-    (a host report's counts): an array of zeros, the common case, is told
-    by one comparison of its bytes (a memcmp; bytes.strip reads them one
-    at a time) rather than 10,000 reads of its items."""
-    if isinstance(flags, ctypes.Array):
-        raw = bytes(flags)
-        if raw == bytes(len(raw)):
-            return []
-    return list(compress(names, flags))
-
-
 def _recovery_switch():
     """gnmr.recovery.switch, when gnmr.recovery is imported (else None)."""
     import sys
@@ -222,103 +156,7 @@ def _recovery_switch():
     return getattr(mod, "switch", None)
 
 
-class StepResult:
-    """What a step gave. Truthy when its decision came in time.
-
-    step: your step number; on_time; joined (the agent is in gnmrd's job);
-    active: the units on the recovery path for the next step; changed: the
-    units whose route changed now; nonfinite: the units whose gradient had
-    NaN or Inf elements (None when not known here: gradients reduced by the
-    CUDA kernel, or an observer); norms: {unit: this rank's gradient norm}
-    (None likewise; with tp shards, this shard's part); risky: {unit:
-    (g, d, s)}, the units that exceeded a threshold at this step with their
-    GNMR, Delta-GNMR and score, gnmrd's reason for the active set ({} when
-    none did; None when the decision did not come in time); repeated: the
-    call repeated an earlier step and did nothing; shadowed: the units on
-    their recovery path that `shadow` said the low-cost path would have
-    damaged, reported to gnmrd as non-finite ([] without `shadow`); run:
-    on the first result after this rank joined gnmrd, {"run": the job's
-    run, "continued_after": the step gnmrd had decided up to, 0 for a new
-    run} (docs/python.md, "Runs and resumes"), else None; same_step: the
-    units the same-step mode moved to their recovery path within this
-    step ([] without it)."""
-
-    FIELDS = ("step", "on_time", "joined", "active", "changed",
-              "nonfinite", "norms", "risky", "repeated", "shadowed", "run",
-              "same_step")
-    __slots__ = tuple(f for f in FIELDS if f != "norms") + ("_norms", "_sums")
-
-    def __init__(self, step, on_time=False, joined=False, active=(),
-                 changed=(), nonfinite=None, norms=None, repeated=False,
-                 risky=None, shadowed=(), run=None, same_step=()):
-        self.step, self.on_time, self.joined = step, on_time, joined
-        self.same_step = list(same_step)
-        self.run = run
-        self.active, self.changed = list(active), list(changed)
-        self.nonfinite, self._norms, self._sums = nonfinite, norms, None
-        self.risky = risky
-        self.repeated = repeated
-        self.shadowed = list(shadowed)
-
-    @property
-    def norms(self):
-        # made when first read: a step of 10,000 units need not build a
-        # dictionary nobody reads
-        if self._norms is None and self._sums is not None:
-            names, sumsq, not_reported = self._sums
-            self._norms = {n: (s ** 0.5 if not skip else None)
-                           for n, s, skip in zip(names, sumsq, not_reported)}
-            self._sums = None
-        return self._norms
-
-    @norms.setter
-    def norms(self, value):
-        self._norms, self._sums = value, None
-
-    def __bool__(self):
-        return bool(self.on_time)
-
-    def as_dict(self):
-        return {k: getattr(self, k) for k in self.FIELDS}
-
-    def __repr__(self):
-        return (f"StepResult(step={self.step}, on_time={self.on_time}, "
-                f"active={self.active}, nonfinite={self.nonfinite})")
-
-
-class DecisionLog:
-    """Writes each StepResult as a CSV row or a JSON line; pass it as
-    on_decision (or call it from your own callback, or hand its rows to any
-    logger). Columns: step, on_time, joined, active, nonfinite (unit names
-    joined by spaces)."""
-
-    def __init__(self, path, fmt=None):
-        self.fmt = fmt or ("jsonl" if str(path).endswith(".jsonl") else "csv")
-        if self.fmt not in ("csv", "jsonl"):
-            raise ValueError("fmt is 'csv' or 'jsonl'")
-        self._f = open(path, "w", newline="")
-        self._csv = None
-        if self.fmt == "csv":
-            self._csv = csv.writer(self._f)
-            self._csv.writerow(["step", "on_time", "joined", "active",
-                                "nonfinite"])
-
-    def __call__(self, res):
-        if self.fmt == "jsonl":
-            d = res.as_dict()
-            d.pop("norms")
-            self._f.write(json.dumps(d) + "\n")
-        else:
-            self._csv.writerow([res.step, int(bool(res.on_time)),
-                                int(res.joined), " ".join(res.active),
-                                " ".join(res.nonfinite or [])])
-        self._f.flush()
-
-    def close(self):
-        self._f.close()
-
-
-class Controller:
+class Controller(Clipping):
     def __init__(self, model, endpoint=None, job=None, options=None,
                  **fields):
         """model: the torch model; endpoint, job: as the options of those
@@ -385,7 +223,7 @@ class Controller:
         daemon = o.daemon
         explicit = bool(o.endpoint or os.environ.get("GNMR_ENDPOINT"))
         self.endpoint = o.endpoint or default_endpoint()
-        whose = None if explicit else _foreign_default(self.endpoint)
+        whose = None if explicit else _daemon.foreign(self.endpoint)
         if whose is not None:
             if daemon == "never":
                 raise PermissionError(
@@ -398,7 +236,7 @@ class Controller:
                   "a private gnmrd on a path of its own serves this job")
             daemon = "private"
         if daemon == "private" or (daemon == "auto" and not explicit):
-            self.endpoint, self._private = _private_endpoint(
+            self.endpoint, self._private = _daemon.private_endpoint(
                 self.endpoint, daemon, o.data_dir, self.job)
         self.agent = Agent(self.endpoint, self.job,
                            [n for n, _ in self.units], rank=self.tp_rank,
@@ -796,98 +634,6 @@ class Controller:
         return self._reduction.local is not None
 
     # ---- gradient clipping on the report's sums ----------------------------
-
-    def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0,
-                        error_if_nonfinite=False, foreach=None):
-        """torch.nn.utils.clip_grad_norm_(parameters, max_norm, ...), called
-        after step() (or finish()) and before optimizer.step(): the sums of
-        squares this step's report computed stand in for torch's norms of
-        the units' gradients, so that the clip reads only the gradients of
-        parameters in no unit, and the gradients are scaled only when the
-        total norm is over max_norm (torch multiplies them by 1.0
-        otherwise, a pass that changes nothing).
-
-        GNMR sees the gradients before the clip, as it should: a clip
-        scales every gradient by the same factor when one unit spikes,
-        which hides the spike from the units' ratios.
-
-        The total is GNMR's fp64 sum (torch sums the norms in the
-        gradients' dtype), so it and the scaled gradients equal torch's to
-        about 1e-7 relative. It is torch's own clip_grad_norm_, unchanged,
-        where the sums cannot stand in: the first call (the sums are kept
-        from the next step on), norm_type other than 2, gradients that are
-        not fp32 on the host (CUDA, bf16), a unit whose gradients are not
-        all among `parameters`, a gradient changed since the report
-        (GradScaler.unscale_ after step(): unscale first), a non-finite
-        gradient in a unit, a step not reported (an observer replica,
-        report_async() of a later step), and error_if_nonfinite or foreach
-        given. Returns the total norm as a tensor, as torch does."""
-        if self._pending is not None:  # the pass must not race the clip
-            self._pending[1].exception()
-        if isinstance(parameters, torch.Tensor):
-            parameters = [parameters]
-        parameters = list(parameters)
-        first = not self._reduction.clipping
-        self._reduction.clipping = True
-        total = None
-        if not first and norm_type == 2.0 and not error_if_nonfinite and \
-                foreach is None:
-            total = self._total_from_report(parameters)
-        if total is None:
-            kw = {} if foreach is None else {"foreach": foreach}
-            return torch.nn.utils.clip_grad_norm_(
-                parameters, max_norm, norm_type,
-                error_if_nonfinite=error_if_nonfinite, **kw)
-        total_t = torch.tensor(total, dtype=torch.float32)
-        # torch's own scaling (clip_grads_with_norm_), skipped when it
-        # would multiply by 1.0; a NaN total scales (to NaN) as torch does
-        if not max_norm / (total + 1e-6) >= 1.0:
-            torch.nn.utils.clip_grads_with_norm_(parameters, max_norm,
-                                                 total_t)
-        return total_t
-
-    def _total_from_report(self, parameters):
-        """The total 2-norm of the gradients of `parameters` from the last
-        report's sums (units) and torch (the rest), or None where the
-        report's sums do not stand in (clip_grad_norm_ says when)."""
-        red = self._reduction
-        if red.reduced is None or red.local is None or \
-                red.reduced[0] != self._last:
-            return None
-        sumsq, nonfinite, _ = red.local
-        reduced = {id(p): (u, g, v) for u, p, g, v in red.reduced[1]}
-        per_unit = [0] * len(self._params)
-        for _, (u, _, _) in reduced.items():
-            per_unit[u] += 1
-        covered = [0] * len(self._params)
-        rest, ids = [], set()
-        for p in parameters:
-            g = p.grad
-            if g is None:
-                continue
-            if id(p) in ids:  # listed twice: torch counts it twice
-                return None
-            ids.add(id(p))
-            if g.is_cuda or g.dtype != torch.float32:
-                return None
-            r = reduced.get(id(p))
-            if r is None:
-                rest.append(g)
-            elif r[1] is not g or r[2] != g._version:
-                return None  # changed since the report read it
-            else:
-                covered[r[0]] += 1
-        total = 0.0
-        for u, n in enumerate(covered):
-            if n == 0:
-                continue
-            if n != per_unit[u] or nonfinite[u]:
-                return None  # part of a unit, or NaN/Inf: torch's clip
-            total += sumsq[u]
-        if rest:
-            rest_norm = torch.nn.utils.get_total_norm(rest, 2.0)
-            total += float(rest_norm.double()) ** 2
-        return total ** 0.5
 
     # ---- routes for evaluation, lifecycle ---------------------------------
 

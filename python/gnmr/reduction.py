@@ -82,6 +82,9 @@ class _HostTable:
         self.refs = list(map(weakref.ref, grads, repeat(dead, len(grads))))
 
 
+_WALK = object()  # _kept_still's answer: the step walks the parameters
+
+
 class Reduction:
     """One Controller's reduction (see the module's docstring): its
     tables, its CUDA reducer and what its last report sent.
@@ -270,6 +273,22 @@ class Reduction:
         pointers are rewritten: after zero_grad(set_to_none=True) (new
         tensors each step), a storage replaced in place (module.double()
         with gradients present)."""
+        flat = self._flat_list()
+        if flat is None:
+            return self._walk_table()
+        c = self._hcache
+        if c is not None:
+            got = self._kept_still(c, flat)
+            if got is _WALK:
+                return self._walk_table()
+            if got is not None:
+                return got
+        return self._new_table(flat, c)
+
+    def _flat_list(self):
+        """The parameters the kept table reads (made once, and again
+        after a parameter gained or lost its gradient), or None where the
+        table cannot stand (the step walks them)."""
         flat = self._flat
         if flat is None:
             pairs = [(u, p) for u, ps in enumerate(self._params) for p in ps]
@@ -289,37 +308,44 @@ class Reduction:
             # one of them has a gradient now: counted as the walk counts
             # it; the lists are made again at the next step
             self._flat = None
-            return self._walk_table()
-        if not flat:  # no parameter to keep
-            return self._walk_table()
-        c = self._hcache
-        if c is not None and c.died[0]:
+            return None
+        return flat or None  # no parameter to keep: the walk
+
+    def _kept_still(self, c, flat):
+        """The kept table c when it still holds (the table's answer), None
+        when it is to be made again, _WALK when the step must walk."""
+        if c.died[0]:
             self._fresh += 1  # new gradient tensors (set_to_none)
-        elif c is not None:
-            if c.storages is not None:
-                if self._static(c, flat):
-                    self._misses = self._fresh = 0
-                    # the buffers, held by the table, are what a kernel
-                    # reads
-                    return c.buf, len(flat), [], c.device
-                self._misses += 1
-                if self._misses >= 3:  # moved step after step: exact
-                    self.spot = 0
-            else:
-                try:  # one C-level pass: each gradient and its pointer
-                    if c.device is None:
-                        grads = []
-                        ptrs = list(map(_T.data_ptr, map(self._kept, flat)))
-                    else:  # a kernel reads them after this returns:
-                        # held until the next report, as the walk's are
-                        grads = list(map(self._kept, flat))
-                        ptrs = list(map(_T.data_ptr, grads))
-                except (TypeError, AttributeError):  # one without
-                    self._flat = None  # the lists made again next step
-                    return self._walk_table()
-                if ptrs == c.ptrs:
-                    self._fresh = 0
-                    return c.buf, len(ptrs), grads, c.device
+            return None
+        if c.storages is not None:
+            if self._static(c, flat):
+                self._misses = self._fresh = 0
+                # the buffers, held by the table, are what a kernel reads
+                return c.buf, len(flat), [], c.device
+            self._misses += 1
+            if self._misses >= 3:  # moved step after step: exact
+                self.spot = 0
+            return None
+        try:  # one C-level pass: each gradient and its pointer
+            if c.device is None:
+                grads = []
+                ptrs = list(map(_T.data_ptr, map(self._kept, flat)))
+            else:  # a kernel reads them after this returns: held until
+                # the next report, as the walk's are
+                grads = list(map(self._kept, flat))
+                ptrs = list(map(_T.data_ptr, grads))
+        except (TypeError, AttributeError):  # one without
+            self._flat = None  # the lists made again next step
+            return _WALK
+        if ptrs == c.ptrs:
+            self._fresh = 0
+            return c.buf, len(ptrs), grads, c.device
+        return None
+
+    def _new_table(self, flat, c):
+        """The gradients read again and checked (device, contiguity,
+        dtype, size) and the kept table's pointers rewritten (a new table
+        where dtypes or sizes changed); the walk where they do not fit."""
         try:
             grads = list(map(self._kept, flat))
             ptrs = list(map(_T.data_ptr, grads))

@@ -137,6 +137,27 @@ class LayersTest(unittest.TestCase):
     def test_the_tree_has_no_circle(self):
         r = run()
         self.assertEqual(r.returncode, 0, r.stdout)
+        self.assertIn("no module of python/gnmr longer than 700", r.stdout)
+
+    def test_python_functions_and_modules_have_the_c_limits(self):
+        """Issue 63: no function or method of the package over 100 lines,
+        no module over 700, as for C."""
+        sys.path.insert(0, os.path.join(ROOT, "scripts"))
+        import layers
+        with tempfile.TemporaryDirectory() as root:
+            pkg = os.path.join(root, "python", "gnmr")
+            os.makedirs(pkg)
+            body = "".join(f"    x{i} = {i}\n" for i in range(100))
+            with open(os.path.join(pkg, "a.py"), "w") as f:
+                f.write("class C:\n    def long(self):\n" +
+                        body.replace("    ", "        ") +
+                        "\ndef short():\n    return 1\n")
+            with open(os.path.join(pkg, "b.py"), "w") as f:
+                f.write("\n".join(f"y{i} = {i}" for i in range(701)) + "\n")
+            got = layers.python_sizes(root)
+        self.assertEqual(sorted(got), [
+            (os.path.join("python", "gnmr", "a.py"), "long", 101),
+            (os.path.join("python", "gnmr", "b.py"), None, 701)])
 
 
 if __name__ == "__main__":
