@@ -634,12 +634,12 @@ START_TEST(bad_queries_and_unreachable_daemon_fail_clearly) {
                   cases[i].err);
     tu_run_free(&r);
   }
-  /* no daemon: a clear message within the timeout */
+  /* no daemon: a clear message, at once */
   char *argv[] = {"gnmrctl", "--admin", "ipc:///nonexistent/admin.sock",
                   "jobs", "--timeout-ms", "300", NULL};
   run_result r = tu_run("gnmrctl", argv, NULL);
   ck_assert_int_eq(r.code, 1);
-  ck_assert_ptr_nonnull(strstr(r.err, "no answer from gnmrd"));
+  ck_assert_ptr_nonnull(strstr(r.err, "nothing listens at"));
   tu_run_free(&r);
   gnmr_agent_close(&a);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);

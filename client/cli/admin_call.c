@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "cli.h"
@@ -110,6 +112,22 @@ static Gnmr__Envelope *await_reply(void *s, void *mon, const uint8_t *buf,
   }
 }
 
+/* Whether an ipc:// endpoint's socket file is there, waiting up to 200 ms
+ * for it (a gnmrd starting); any other endpoint is taken as there. A
+ * missing socket is said at once (issue 63: it waited out the whole
+ * timeout, 3.3 s, to say "no answer"). */
+static int socket_there(const char *endpoint) {
+  if (strncmp(endpoint, "ipc://", 6) != 0 || endpoint[6] == '@')
+    return 1;
+  for (int tries = 0; tries < 10; tries++) {
+    struct stat st;
+    if (stat(endpoint + 6, &st) == 0)
+      return 1;
+    usleep(20000);
+  }
+  return 0;
+}
+
 Gnmr__Envelope *cli_admin_call(const cli_globals *g, Gnmr__Envelope *req,
                                int timeout_ms) {
   const char *endpoint = cli_admin_endpoint(g);
@@ -142,6 +160,13 @@ Gnmr__Envelope *cli_admin_call(const cli_globals *g, Gnmr__Envelope *req,
   char why[600];
   if (gnmr__ipc_dir_check_peer(endpoint, why, sizeof why) == GNMR_E_INVAL) {
     fprintf(stderr, "gnmrctl: %s\n", why);
+    goto out;
+  }
+  if (!socket_there(endpoint)) {
+    fprintf(stderr, "gnmrctl: nothing listens at %s (no socket there): is "
+                    "gnmrd running? Give --admin its admin endpoint, or "
+                    "--store DATA_DIR to read a history with no gnmrd\n",
+            endpoint);
     goto out;
   }
   /* the connection's drops, watched before it is made */
