@@ -47,6 +47,7 @@ typedef struct gnmrd {
   uint64_t term;           /* this gnmrd's leadership term (store_term) */
   const char *bound_agents, *bound_admin; /* as bound (serve()'s) */
   uint64_t started_ms;     /* uv_now at start: gnmrctl stats' uptime */
+  int64_t started_unix;    /* the wall clock at start: /metrics */
   uv_timer_t lease_wait;   /* steps wait while the lease is out (jobs.c) */
   int stopping;
 } gnmrd;

@@ -580,6 +580,7 @@ static int serve(startup *s) {
   d.bound_agents = bound_agents;
   d.bound_admin = bound_admin;
   d.started_ms = uv_now(&loop);
+  d.started_unix = (int64_t)time(NULL);
   if (pipe2(stop_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     LOG(ERROR, "SIGNAL", "no pipe for SIGTERM: %s", strerror(errno));
     goto out;

@@ -201,6 +201,14 @@ static void render(gnmrd *d, text *t) {
   jobs_quiesce_all(d); /* the gauges read engines */
   if (d->st)
     store_get_stats(d->st, &ss);
+  /* who answers, and since when (issue 63) */
+  put(t, "# HELP gnmr_build_info gnmrd's version.\n"
+         "# TYPE gnmr_build_info gauge\n"
+         "gnmr_build_info{version=\"%s\"} 1\n"
+         "# HELP gnmr_start_time_seconds When gnmrd started, in seconds "
+         "since the epoch.\n# TYPE gnmr_start_time_seconds gauge\n"
+         "gnmr_start_time_seconds %lld\n",
+      GNMR_VERSION, (long long)d->started_unix);
   put(t, "# HELP gnmr_jobs Jobs being served.\n# TYPE gnmr_jobs gauge\n"
          "gnmr_jobs %zu\n", n_jobs);
   counters(t, c);

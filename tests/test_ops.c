@@ -492,6 +492,15 @@ START_TEST(metrics_endpoint_serves_valid_prometheus_text) {
   char *text = tu_http_get(url, &status);
   ck_assert_int_eq(status, 200);
   ck_assert_ptr_nonnull(strstr(text, "gnmr_steps_decided_total 10\n"));
+  /* who answers, and since when (issue 63) */
+  ck_assert_ptr_nonnull(strstr(text, "gnmr_build_info{version=\"" GNMR_VERSION
+                                     "\"} 1\n"));
+  const char *since = strstr(text, "\ngnmr_start_time_seconds ");
+  ck_assert_ptr_nonnull(since);
+  long long started = atoll(since + 25);
+  ck_assert_msg(started > (long long)time(NULL) - 600 &&
+                    started <= (long long)time(NULL),
+                "start time %lld", started);
   ck_assert_ptr_nonnull(strstr(text, "gnmr_reports_total 10\n"));
   ck_assert_ptr_nonnull(
       strstr(text, "gnmr_decision_latency_seconds_count 10\n"));
