@@ -503,6 +503,31 @@ class WithoutDaemonTest(unittest.TestCase):
         self.assertEqual(ctl.high, [False] * 4)  # the fallback route
         ctl.close()
 
+    def test_a_warning_is_said_once_with_logging_configured_or_not(self):
+        """Issue 63: with logging configured a warning came out twice (the
+        warnings module and the logger); now once, by the logger when
+        there is one, else as a RuntimeWarning."""
+        import io
+        import logging
+        root = logging.getLogger()
+        ep = "tcp://127.0.0.1:9"
+        said = "have no parameter that requires a gradient"
+        for configured in (True, False):
+            stream = io.StringIO()
+            h = logging.StreamHandler(stream)
+            if configured:
+                root.addHandler(h)
+            try:
+                with warnings.catch_warnings(record=True) as w:
+                    warnings.simplefilter("always")
+                    Controller(Net(), ep, "once", join_wait_ms=10).close()
+            finally:
+                root.removeHandler(h)
+            logged = stream.getvalue().count(said)
+            warned = sum(said in str(m.message) for m in w)
+            self.assertEqual((logged, warned),
+                             (1, 0) if configured else (0, 1))
+
     def test_params_as_a_dict_and_bad_ones_named(self):
         # issue 48: params={"alpha": 1.1} failed with a ctypes TypeError
         net = Net()
