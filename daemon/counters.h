@@ -58,6 +58,8 @@
      "Times deciding paused: the store's leadership lease ran out.")          \
   XX(lease_unsent, "lease_unsent", "",                                         \
      "Decisions not sent: finished after the leadership lease ran out.")       \
+  XX(admin_queries_refused, "admin_queries_refused", "",                       \
+     "History queries refused: their connection had 8 in progress.")          \
   XX(durable_waits, "durable_waits", "",                                       \
      "Times a job's next step waited because as many of its decisions as "    \
      "its agents hold were sent and not yet committed.")                       \

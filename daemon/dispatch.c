@@ -20,8 +20,9 @@
 /* ---- messages ------------------------------------------------------------------ */
 
 /* The most bytes one unit takes in a Report, in any encoding protobuf
- * allows: an unpacked double (9), uint64 (11) and two bools (2 each). */
-#define REPORT_BYTES_PER_UNIT 24u
+ * allows: two unpacked doubles (sumsq and measure, 9 each), a uint64 (11:
+ * a ten-byte varint) and two bools (2 each). test_hostile sends it. */
+#define REPORT_BYTES_PER_UNIT 33u
 /* The rest: the job's name (at most 255 bytes), rank, step, the packed
  * fields' keys and lengths, with room for fields a newer agent adds. */
 #define REPORT_BYTES_SLACK 65536u
