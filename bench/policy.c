@@ -295,6 +295,53 @@ static double run_rules(uint32_t n, int steps, int rules, int report) {
   return per_step * 1e3;
 }
 
+/* The measured signal's cost (docs/policy.md, "Measured signal"): every
+ * unit measured at every step (the recipe's error beside its norm) against
+ * the same engine and norms without measures, as a ratio measured in this
+ * run. A measured job keeps a second set of statistics and windows and
+ * leaves the SIMD path (the scalar step scores both signals). */
+static double run_measured(uint32_t n, int steps, int measured) {
+  policy_params prm;
+  policy_params_default(&prm);
+  policy *p = NULL;
+  if (policy_create(&prm, n, &p) != 0) {
+    fprintf(stderr, "policy_create failed\n");
+    exit(1);
+  }
+  double *norm = malloc(n * sizeof *norm), *scale = malloc(n * sizeof *scale);
+  double *meas = malloc(n * sizeof *meas);
+  unsigned seed = 1;
+  for (uint32_t u = 0; u < n; u++)
+    scale[u] = pow(10, (rand_r(&seed) % 4000) / 1000.0 - 2);
+  policy_result r;
+  double spent = 0;
+  uint64_t t = 1;
+  for (int i = 0; i < 30 + steps; i++, t++) {
+    fill(norm, scale, n, t, &seed); /* not timed */
+    for (uint32_t u = 0; u < n; u++) /* a relative error near 5% */
+      meas[u] = isfinite(norm[u]) ? 0.05 * (0.5 + norm[u] / (scale[u] + norm[u]))
+                                  : INFINITY;
+    double t0 = now_s();
+    if (measured)
+      policy_step_measured(p, t, norm, NULL, meas, &r);
+    else
+      policy_step(p, t, norm, NULL, &r);
+    if (i >= 30)
+      spent += now_s() - t0;
+  }
+  policy_destroy(&p);
+  free(norm);
+  free(scale);
+  free(meas);
+  return spent / steps * 1e3;
+}
+
+static void measure_cost(uint32_t n, int steps) {
+  double off = run_measured(n, steps, 0), on = run_measured(n, steps, 1);
+  printf("policy %8u units: every unit measured %.3f ms/step, norms only "
+         "%.3f ms/step: %.2fx (target <= 4x)\n", n, on, off, on / off);
+}
+
 int main(void) {
   printf("policy SIMD path: %s (GNMR_POLICY_SIMD=off|avx2|avx512 narrows "
          "it)\n", policy_simd_name(policy_simd_get()));
@@ -302,5 +349,7 @@ int main(void) {
   run(1000000, 20);
   rules_cost(10000, 2000);
   rules_cost(1000000, 20);
+  measure_cost(10000, 2000);
+  measure_cost(1000000, 20);
   return 0;
 }
