@@ -142,15 +142,51 @@ def own_dir(path, what):
     return path
 
 
+RUN_PREFIX = "gnmr-private-"
+
+
+def sweep_stale(base):
+    """Removes the sockets' directories that private gnmrds of this user
+    left in base (RUN_PREFIX, made by mkdtemp) when their trainer was
+    killed (a SIGKILL leaves no one to remove them): each only when it
+    is this user's (owned, not a link), holds nothing but the two
+    sockets, was last changed over two minutes ago (one being made now
+    is empty until its gnmrd starts) and nothing listens on its
+    sockets. A live private gnmrd's, or anything else, is left alone."""
+    import stat as _stat
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(RUN_PREFIX):
+            continue
+        d = os.path.join(base, name)
+        try:
+            st = os.lstat(d)
+            held = set(os.listdir(d))
+        except OSError:
+            continue
+        if (not _stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or
+                not held <= {"agents.sock", "admin.sock"} or
+                time.time() - st.st_mtime < 120):
+            continue  # not a private gnmrd's, or one that may be starting
+        if any(listening("ipc://" + os.path.join(d, f)) for f in held):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+
+
 class Private:
     """A gnmrd started for one job, when none is configured or listening
     (the training side's daemon="auto", docs/python.md "A private
     gnmrd"): gnmrd as find_gnmrd() finds it, its history in data_dir
     (gnmrctl --store DATA_DIR reads it afterwards), its log in
     data_dir/gnmrd.log, its sockets in a fresh 0700 directory of
-    $XDG_RUNTIME_DIR (else the temporary directory). It stops with
+    $XDG_RUNTIME_DIR (else the temporary directory), in a session of its
+    own (a terminal's Ctrl-C is the trainer's to handle). It stops with
     stop(), at this interpreter's exit, and, through GNMRD_PARENT_PID,
-    when this process dies however it dies."""
+    when this process dies however it dies; its sockets' directory goes
+    with it."""
 
     def __init__(self, data_dir, wait_s=30.0):
         exe = find_gnmrd()
@@ -165,7 +201,8 @@ class Private:
         base = os.environ.get("XDG_RUNTIME_DIR")
         if not base or not os.path.isdir(base):
             base = None
-        self.run_dir = tempfile.mkdtemp(prefix="gnmr-", dir=base)
+        sweep_stale(base or tempfile.gettempdir())
+        self.run_dir = tempfile.mkdtemp(prefix=RUN_PREFIX, dir=base)
         self.agents = f"ipc://{self.run_dir}/agents.sock"
         self.admin = f"ipc://{self.run_dir}/admin.sock"
         self.log_path = os.path.join(self.data_dir, "gnmrd.log")
@@ -179,7 +216,12 @@ class Private:
                 [exe, "--data-dir", self.data_dir, "--agents", self.agents,
                  "--admin", self.admin], stdin=subprocess.DEVNULL,
                 stdout=log, stderr=log, env=env, close_fds=True,
-                umask=0o077)
+                umask=0o077,
+                # a session of its own: a terminal's Ctrl-C (SIGINT to
+                # the foreground group) reaches the trainer, which stops
+                # it on its way out; it never dies first under a trainer
+                # that goes on (issue 63)
+                start_new_session=True)
         atexit.register(self.stop)
         deadline = time.monotonic() + wait_s
         sock = os.path.join(self.run_dir, "admin.sock")

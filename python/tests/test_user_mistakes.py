@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -381,6 +382,104 @@ class PrivateDaemonTest(unittest.TestCase):
         self.assertFalse(alive(), "the private gnmrd outlived its trainer")
         with open(os.path.join(self.tmp, "k", "gnmrd.log")) as f:
             self.assertIn("stopped cleanly", f.read())
+
+
+    def test_a_terminals_ctrl_c_is_the_trainers_not_its_gnmrds(self):
+        """Issue 63: the private gnmrd was in the trainer's process group,
+        so a terminal's Ctrl-C (SIGINT to the whole group) stopped it while
+        the trainer caught KeyboardInterrupt and went on, its next steps
+        undecided. Now gnmrd is in a session of its own: the trainer that
+        catches the SIGINT still steps with it, and its exit stops it and
+        removes its sockets' directory."""
+        code = ("import os, signal, sys, time, torch\n"
+                "sys.path.insert(0, %r)\n"
+                "from test_gnmr import Net\n"
+                "from gnmr.pytorch import Controller\n"
+                "net = Net()\n"
+                "def backward(net):\n"
+                "    net.zero_grad()\n"
+                "    net(torch.randn(4, 8)).square().sum().backward()\n"
+                "ctl = Controller(net, job='ctrlc', data_dir=%r)\n"
+                "print(ctl._private.pid, ctl._private.run_dir, flush=True)\n"
+                "try:\n"
+                "    time.sleep(60)\n"
+                "except KeyboardInterrupt:\n"
+                "    print('interrupted', flush=True)\n"
+                "for t in (1, 2, 3):\n"
+                "    backward(net)\n"
+                "    r = ctl.step(t, wait_ms=20000)\n"
+                "    print('step', t, r.on_time, flush=True)\n"
+                % (os.path.dirname(os.path.abspath(__file__)),
+                   os.path.join(self.tmp, "c")))
+        p = subprocess.Popen([sys.executable, "-c", code],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+        first = p.stdout.readline().split()
+        self.assertEqual(len(first), 2, p.stderr.read() if p.poll() else "")
+        pid, run_dir = int(first[0]), first[1]
+        os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        out, err = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("interrupted", out)
+        for t in (1, 2, 3):
+            self.assertIn(f"step {t} True", out, err)
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{pid}") and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertFalse(os.path.exists(run_dir),
+                         "its sockets' directory was left behind")
+        with open(os.path.join(self.tmp, "c", "gnmrd.log")) as f:
+            self.assertIn("stopped cleanly", f.read())
+
+
+    def test_a_killed_trainers_sockets_directory_is_swept_by_the_next(self):
+        """Issue 63: a trainer killed with SIGKILL left its private gnmrd's
+        sockets' directory behind (nobody is left to remove it), one more
+        with every crash. The next private gnmrd's start removes this
+        user's stale ones (nothing listening, only sockets in them, older
+        than two minutes) and keeps a live one's and anything else."""
+        import socket as _socket
+        old = time.time() - 600
+
+        def made(name, files=(), live=False):
+            d = os.path.join(self.tmp, name)
+            os.mkdir(d, 0o700)
+            socks = []
+            for f in files:
+                s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+                s.bind(os.path.join(d, f))
+                if live:
+                    s.listen(1)
+                    socks.append(s)
+                else:
+                    s.close()  # the file stays, nothing listens
+            self.addCleanup(lambda: [s.close() for s in socks])
+            os.utime(d, (old, old))
+            return d
+        stale = made("gnmr-private-stale1", ("agents.sock", "admin.sock"))
+        empty = made("gnmr-private-empty1")
+        live = made("gnmr-private-live01", ("admin.sock",), live=True)
+        other = made("gnmr-private-other1")
+        with open(os.path.join(other, "notes.txt"), "w") as f:
+            f.write("not a socket\n")
+        os.utime(other, (old, old))
+        young = os.path.join(self.tmp, "gnmr-private-young1")
+        os.mkdir(young, 0o700)  # one being made now
+        foreign = made("gnmr-1000")  # not a private gnmrd's name
+        ctl = Controller(Net(), job="swept",
+                         data_dir=os.path.join(self.tmp, "s"))
+        try:
+            self.assertFalse(os.path.exists(stale))
+            self.assertFalse(os.path.exists(empty))
+            for kept in (live, other, young, foreign):
+                self.assertTrue(os.path.isdir(kept), kept)
+            mine = ctl._private.run_dir
+            self.assertTrue(os.path.basename(mine).startswith(
+                "gnmr-private-"))
+        finally:
+            ctl.close()
+        self.assertFalse(os.path.exists(mine))
 
 
 class RunsTest(unittest.TestCase):
