@@ -13,9 +13,14 @@ int cmd_keygen(const cli_globals *g, int argc, char **argv) {
   char pub[41], err[512];
   (void)g;
   if (argc != 2 || argv[1][0] == '-') {
-    fprintf(stderr, "usage: gnmrctl keygen PREFIX\n"
-                    "  writes PREFIX.key (secret, mode 0600) and PREFIX.pub\n");
-    return argc == 2 && strcmp(argv[1], "--help") == 0 ? CLI_OK : CLI_USAGE;
+    int help = argc == 2 && strcmp(argv[1], "--help") == 0;
+    fputs("usage: gnmrctl keygen PREFIX\n"
+          "\n"
+          "Makes a CURVE key pair: PREFIX.key (the secret, mode 0600) and\n"
+          "PREFIX.pub, never over existing files, and prints the public key\n"
+          "to list in gnmrd's curve_allow_file (docs/operations.md).\n",
+          help ? stdout : stderr);
+    return help ? CLI_OK : CLI_USAGE;
   }
   int rv = gnmr__keygen(argv[1], pub, err, sizeof err);
   if (rv != GNMR_OK) {

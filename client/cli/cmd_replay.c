@@ -14,16 +14,29 @@
 #include "replay.h"
 #include "trace.h"
 
+/* One line of the help a policy option, from the parameters' table. */
+#define PARAM_HELP_LINE(name, ctype, kind, opt, env, def, inh)               \
+  "    --" opt " " GNMR__PARAM_METAVAR_##kind "\n"
+
 static const char usage[] =
-    "usage: gnmrctl replay " GNMR_POLICY_OPTS_USAGE
-    " [--scores[=FILE]]\n                      [--schedule FILE] TRACE\n"
-    "  Prints the decisions CSV (step,active) for TRACE ('-' = stdin).\n"
+    "usage: gnmrctl replay [POLICY OPTIONS] [--scores[=FILE]] "
+    "[--schedule FILE] TRACE\n"
+    "\n"
+    "The policy, offline: reads a trace (step,unit,norm CSV, or\n"
+    "step,unit,norm,measure for a recipe's measured signal; '-' is standard\n"
+    "input) and prints the decisions CSV (step,active), one row a step, as\n"
+    "gnmrd would have decided them (docs/tools.md).\n"
+    "\n"
+    "options:\n"
     "  --scores[=FILE]  also write, per step, every risky or lock-held unit\n"
     "                   with norm, g, d, s and its outcome (selected,\n"
     "                   dropped, warmup, held) as CSV to FILE (default stderr)\n"
     "  --schedule FILE  the job's parameter changes: `gnmrctl export` output\n"
     "                   (its parameters, then every `set`), or lines\n"
-    "                   'STEP key=value...' applied from step STEP on\n";
+    "                   'STEP key=value...' applied from step STEP on\n"
+    "  POLICY OPTIONS, each a parameter of docs/policy.md (default: the\n"
+    "  policy's default; `gnmrctl set --help` lists their keys):\n"
+    GNMR_PARAMS_MAP(PARAM_HELP_LINE);
 
 /* Above 255 so that no value collides with a short option character. */
 enum { OPT_SCORES = 256, OPT_HELP, OPT_SCHEDULE, OPT_POLICY_BASE = 512 };

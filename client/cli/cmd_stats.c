@@ -13,8 +13,21 @@
 #include "wire.h"
 
 static const char usage[] =
-    "usage: gnmrctl [--admin ENDPOINT] stats [--json] [--timeout-ms MS]\n"
-    "  Prints gnmrd's counters and live jobs.\n";
+    "usage: gnmrctl stats [--json] [--timeout-ms MS]\n"
+    "\n"
+    "What gnmrd is and how it has done since it started: its version and\n"
+    "uptime; for operators its endpoints, data directory and leadership\n"
+    "term; its counters (reports, decisions, refusals, the store's queue;\n"
+    "the HELP lines of gnmrd's /metrics say what each counts) and its live\n"
+    "jobs. With tenancy on, an\n"
+    "agent key gets its own live jobs and no counters.\n"
+    "\n"
+    "options:\n"
+    "  --json           the answer as JSON\n"
+    "  --timeout-ms MS  how long to wait for gnmrd (default 2000)\n"
+    "global options, before the command: --admin ENDPOINT, "
+    "--curve-server-key,\n"
+    "--key-file (gnmrctl --help)\n";
 
 int cmd_stats(const cli_globals *g, int argc, char **argv) {
   static const struct option longopts[] = {

@@ -18,12 +18,21 @@
 #define NAME_MAX_COLS 60
 
 static const char usage[] =
-    "usage: gnmrctl [--admin ENDPOINT] watch JOB [--interval-ms MS] "
-    "[--count N] [--top N]\n"
-    "  Refreshes in place every MS (default 1000) until interrupted, or N\n"
-    "  times with --count. A poll that gnmrd does not answer within 2 s\n"
-    "  (busy, flooded, restarting) is said on stderr and asked again;\n"
-    "  a refusal (no such job) ends it; exit 1 when nothing was answered.\n";
+    "usage: gnmrctl watch JOB [--interval-ms MS] [--count N] [--top N]\n"
+    "\n"
+    "A running job, live: its step and steps a second, the units on the\n"
+    "recovery path, and the units with the highest scores, refreshed in\n"
+    "place until interrupted. A poll that gnmrd does not answer within 2 s\n"
+    "(busy, flooded, restarting) is said on stderr and asked again; a\n"
+    "refusal (no such job) ends it; exit 1 when nothing was answered.\n"
+    "\n"
+    "options:\n"
+    "  --interval-ms MS  refresh every MS, at least 50 (default 1000)\n"
+    "  --count N         refresh N times, then exit\n"
+    "  --top N           show the N highest-scoring units (default 8)\n"
+    "global options, before the command: --admin ENDPOINT, "
+    "--curve-server-key,\n"
+    "--key-file (gnmrctl --help)\n";
 
 /* The answer to cmd, or NULL: *silent says whether gnmrd did not answer
  * in time (a flood, a restart: watch goes on) rather than refuse. */
@@ -121,9 +130,15 @@ int cmd_watch(const cli_globals *g, int argc, char **argv) {
       fputs(usage, stdout);
       return CLI_OK;
     }
-    if (c == '?' || gnmr__parse_u64(optarg, 1000000, dst) != 0 ||
+    if (c == '?') {
+      fputs(usage, stderr);
+      return CLI_USAGE;
+    }
+    if (gnmr__parse_u64(optarg, 1000000, dst) != 0 || *dst < 1 ||
         (c == 'i' && *dst < 50)) {
-      fprintf(stderr, "gnmrctl watch: bad option value\n%s", usage);
+      fprintf(stderr, "gnmrctl watch: %s '%s': expected %s to 1000000\n%s",
+              c == 'i' ? "--interval-ms" : c == 'n' ? "--count" : "--top",
+              optarg, c == 'i' ? "50" : "1", usage);
       return CLI_USAGE;
     }
   }

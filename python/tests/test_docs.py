@@ -64,6 +64,15 @@ class ManPagesTest(unittest.TestCase):
         self.assertEqual(missing, set(), "global options not in gnmrctl(1)")
         for c in commands:
             sub = helptext("gnmrctl", c, "--help")
+            # every command's help as full as the others (issue 63: stats
+            # and watch had two-line synopses): its usage, a paragraph,
+            # and, where it takes options, each one said
+            self.assertTrue(sub.startswith(f"usage: gnmrctl {c}"), sub)
+            self.assertRegex(sub, r"\n\n[A-Z][^\n]+\n", f"{c}: {sub}")
+            body = sub.split("\n\n", 1)[-1]
+            for flag in flags(sub.split("\n\n", 1)[0]) - {"--help"}:
+                self.assertIn(flag, body, f"{c}: {flag} not described in "
+                              f"its help:\n{sub}")
             missing = flags(sub) - flags(page) - {"--help"}
             self.assertEqual(missing, set(),
                              f"gnmrctl {c} --help options not in gnmrctl(1)")
