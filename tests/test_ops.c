@@ -601,6 +601,48 @@ END_TEST
  * anything but a process id is refused naming the variable, never echoed;
  * a process that is not gnmrd's parent means the parent has gone: gnmrd
  * does not start. */
+/* Issue 63: tables cut their alignment at 20-24 characters, a longer job
+ * or unit name pushing the rest of its row out of line. A table's column
+ * is now as wide as its widest field (up to 120): every row's next column
+ * starts where the header's does. */
+static long column_at(const char *text, const char *line_start,
+                      const char *word) {
+  const char *l = strstr(text, line_start);
+  ck_assert_msg(l != NULL, "no line starting %s in:\n%s", line_start, text);
+  const char *end = strchr(l, '\n');
+  const char *w = strstr(l, word);
+  ck_assert_msg(w != NULL && (end == NULL || w < end), "no %s after %s in:\n%s",
+                word, line_start, text);
+  return (long)(w - l);
+}
+
+START_TEST(table_columns_are_as_wide_as_their_names) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  const char *lng = "team-llm.pretrain.fp8-recipe.seed-1234.run-2026-12-07";
+  const char *jobs[] = {lng, "short"};
+  for (int k = 0; k < 2; k++) {
+    char *argv[] = {"gnmr-sim", "--agents", d.agents, "--job", (char *)jobs[k],
+                    "--ranks", "1", "--units", "3", "--steps", "5", NULL};
+    run_result r = tu_run("gnmr-sim", argv, NULL);
+    ck_assert_msg(r.code == 0, "%s", r.err);
+    tu_run_free(&r);
+  }
+  char adm[300];
+  snprintf(adm, sizeof adm, "--admin=%s", d.admin);
+  char *jargs[] = {"gnmrctl", adm, "jobs", NULL};
+  run_result r = tu_run("gnmrctl", jargs, NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  long head = column_at(r.out, "JOB", "STATE");
+  ck_assert_int_gt(head, (long)strlen(lng));
+  ck_assert_int_eq(column_at(r.out, lng, "finished"), head);
+  ck_assert_int_eq(column_at(r.out, "short ", "finished"), head);
+  tu_run_free(&r);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(a_parent_pid_that_is_not_one_or_not_the_parent_stops_gnmrd) {
   static const char *bad[] = {"abc", "12x", "-5", "0", "1",
                               "99999999999999999999", "\x1b[31m7"};
@@ -645,6 +687,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, bash_completes_commands_options_and_job_names);
   tcase_add_test(tc, no_environment_means_no_guessed_data_directory);
   tcase_add_test(tc, a_parent_pid_that_is_not_one_or_not_the_parent_stops_gnmrd);
+  tcase_add_test(tc, table_columns_are_as_wide_as_their_names);
   suite_add_tcase(s, tc);
   return s;
 }

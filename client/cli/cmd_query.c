@@ -112,32 +112,57 @@ static void csv_field(const char *s) {
   putchar('"');
 }
 
+/* Row i's column c as text into buf (a table's times as ISO 8601). */
+static void field(const json_t *row, const column *col, enum fmt f, char *buf,
+                  size_t cap) {
+  const json_t *v = json_object_get(row, col->key);
+  size_t kl = strlen(col->key);
+  if (f == FMT_TABLE && kl > 3 && strcmp(col->key + kl - 3, "_at") == 0 &&
+      json_is_integer(v)) /* epoch ms: ISO 8601 UTC in a table */
+    iso_ms(json_integer_value(v), buf, cap);
+  else
+    cell(v, f, buf, cap);
+}
+
+/* The most columns a table gives one field: past it the column is not
+ * widened (the field overflows it, whole; CSV and JSON are never cut). */
+#define COL_MAX 120
+#define NCOLS_MAX 16
+
 static void render_rows(const json_t *arr, const column *cols, enum fmt f) {
   char buf[512];
   size_t i;
   const json_t *row;
-  for (int c = 0; cols[c].key; c++) {
+  int w[NCOLS_MAX] = {0}, n = 0;
+  /* a table's columns as wide as their widest field (issue 63: names cut
+   * the alignment at 20-24 characters) */
+  for (; cols[n].key && n < NCOLS_MAX; n++)
+    w[n] = cols[n].width;
+  if (f == FMT_TABLE)
+    json_array_foreach(arr, i, row) {
+      for (int c = 0; c < n; c++) {
+        field(row, &cols[c], f, buf, sizeof buf);
+        int len = (int)strlen(buf);
+        if (len > w[c])
+          w[c] = len > COL_MAX ? (w[c] > COL_MAX ? w[c] : COL_MAX) : len;
+      }
+    }
+  for (int c = 0; c < n; c++) {
     if (f == FMT_CSV)
       printf("%s%s", c ? "," : "", cols[c].key);
     else
-      printf(c ? " %-*s" : "%-*s", cols[c].width, cols[c].title);
+      printf(c ? " %-*s" : "%-*s", w[c], cols[c].title);
   }
   putchar('\n');
   json_array_foreach(arr, i, row) {
-    for (int c = 0; cols[c].key; c++) {
-      const json_t *v = json_object_get(row, cols[c].key);
-      size_t kl = strlen(cols[c].key);
-      if (f == FMT_TABLE && kl > 3 && strcmp(cols[c].key + kl - 3, "_at") == 0
-          && json_is_integer(v)) /* epoch ms: ISO 8601 UTC in a table */
-        iso_ms(json_integer_value(v), buf, sizeof buf);
-      else
-        cell(v, f, buf, sizeof buf);
+    for (int c = 0; c < n; c++) {
+      field(row, &cols[c], f, buf, sizeof buf);
       if (f == FMT_CSV) {
         if (c)
           putchar(',');
         csv_field(buf);
       } else {
-        printf(c ? " %-*s" : "%-*s", cols[c].width, buf);
+        printf(c ? " %-*s" : "%-*s", w[c], buf);
       }
     }
     putchar('\n');
