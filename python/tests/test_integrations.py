@@ -168,6 +168,15 @@ class TrainerTest(unittest.TestCase):
         skipped = [k for k in tb if k.endswith("gnmr/skipped_steps")]
         self.assertTrue(skipped, sorted(tb))
         self.assertEqual(max(v for _, v in tb[skipped[0]]), 1.0)
+        # at every logging step, quiet or not; a score only when finite
+        # (the NaN step's +inf was logged before, issue 63)
+        exceeded = [k for k in tb if k.endswith("gnmr/exceeded_units")]
+        self.assertTrue(exceeded, sorted(tb))
+        self.assertEqual(len(tb[exceeded[0]]), len(tb[skipped[0]]))
+        for k in tb:
+            if "gnmr/max_score" in k or "gnmr/score/" in k:
+                self.assertTrue(all(math.isfinite(v) for _, v in tb[k]),
+                                (k, tb[k]))
         return names
 
     def test_hf_trainer_one_process(self):

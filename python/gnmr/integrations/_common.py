@@ -283,27 +283,35 @@ class Session:
     def _reset_interval(self):
         self._i_steps = self._i_late = self._i_active = 0
         self._i_scores = {}
+        self._i_exceeded = set()
 
     def _note(self, res):
         self._i_steps += 1
         self._i_late += not res.on_time
         self._i_active += len(res.active)
         for name, (_, _, s) in (res.risky or {}).items():
-            if s > self._i_scores.get(name, -math.inf):
+            self._i_exceeded.add(name)
+            # a non-finite norm scores +inf: counted in skipped_steps and
+            # said at WARNING, never logged as a score (a logger's axis
+            # cannot show it; issue 63)
+            if math.isfinite(s) and s > self._i_scores.get(name, -math.inf):
                 self._i_scores[name] = s
 
     def metrics(self):
         """The figures since the last call, as a flat dict of floats:
         gnmr/active_units (at the last step), gnmr/active_unit_steps,
         gnmr/late_decisions, gnmr/skipped_steps (since the start),
-        gnmr/max_score and gnmr/score/UNIT for the units that exceeded a
-        threshold (the highest `max_logged_units`)."""
+        gnmr/exceeded_units (the units that exceeded a threshold, 0 on a
+        quiet interval: always there), and, when one exceeded with a
+        finite score, gnmr/max_score and gnmr/score/UNIT (the highest
+        `max_logged_units`; a non-finite step is in skipped_steps)."""
         if self.ctl is None or self._i_steps == 0:
             return {}
         out = {"gnmr/active_units": float(len(self.last.active)),
                "gnmr/active_unit_steps": float(self._i_active),
                "gnmr/late_decisions": float(self._i_late),
-               "gnmr/skipped_steps": float(self.skipped)}
+               "gnmr/skipped_steps": float(self.skipped),
+               "gnmr/exceeded_units": float(len(self._i_exceeded))}
         if self._i_scores:
             top = sorted(self._i_scores.items(), key=lambda kv: -kv[1])
             out["gnmr/max_score"] = float(top[0][1])
