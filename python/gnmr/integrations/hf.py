@@ -45,10 +45,13 @@ What it does, from the trainer's own state:
 - Logging: gnmr/* figures (GnmrSession.metrics) are added to the
   Trainer's logs at its logging steps, so TensorBoard and every other
   reporter in report_to show them; the callback moves itself first in
-  the Trainer's callback list for that.
+  the Trainer's callback list for that (docs/python.md, "The trainer
+  callbacks"). So a callback of yours that changes the gradients in
+  on_pre_optimizer_step runs after GNMR read them: change them in
+  the model's backward hooks, or pass them to GNMR yourself.
 
-Other keywords go to gnmr.pytorch.Controller (endpoint, wait_ms, params,
-trace, ...).
+options= (a gnmr.Options) or its fields as keywords go to the Controller;
+they are checked when the callback is made, before training starts.
 """
 import os
 import sys
