@@ -623,6 +623,22 @@ def fp8_overflowed(name, module):
     return getattr(module, "low_overflow", 0) > 0
 
 
+def low_error(name, module):
+    """A `measure` for Controller (the measured signal, docs/policy.md):
+    the relative L2 error of the unit's low-cost path at its last training
+    forward (`low_error` of FP8Linear, KBitLinear, gnmr.quant.QuantLinear;
+    for a unit that holds several, a block, the largest), measured on
+    either path; None when the unit has none (nothing measured). gnmrd
+    judges it against the unit's own history: no bound to choose."""
+    e = getattr(module, "low_error", None)
+    if e is not None:
+        return float(e)
+    found = [float(m.low_error) for m in module.modules()
+             if m is not module and isinstance(
+                 getattr(type(m), "low_error", None), property)]
+    return max(found) if found else None
+
+
 def switch(name, module, high):
     """An on_route for Controller: the unit takes its recovery path while
     gnmrd has it active."""

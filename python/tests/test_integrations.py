@@ -349,6 +349,8 @@ class Fp4RecipeTest(unittest.TestCase):
                             net[i].low.name == "nvfp4" for i in (0, 2)))
         ctl = s.start(net)
         self.assertIs(ctl._reduction.measure, recipes.get("nvfp4").measure)
+        self.assertIs(recipes.get("nvfp4").measure,
+                      __import__("gnmr.recovery").recovery.low_error)
         x = torch.randn(21, 32)   # 21 tokens: the wgrad's blocks padded
         active = []
         for t in range(1, 11):
@@ -366,6 +368,51 @@ class Fp4RecipeTest(unittest.TestCase):
         self.assertIn("signal=measure", rows)
 
 
+class Fp8SpikeTest(unittest.TestCase):
+    """Issue 61's acceptance: under recipe="fp8" at every default, a unit
+    promoted for a two-step gradient spike leaves its recovery path
+    within lock_steps + 2 steps (a user's trial saw 22), and clean steps
+    keep the budget empty."""
+
+    def setUp(self):
+        self.d = Daemon()
+
+    def tearDown(self):
+        self.assertEqual(self.d.stop(), 0)
+
+    def test_a_two_step_spike_is_held_at_most_lock_steps_plus_two(self):
+        import gnmr
+        from gnmr.integrations._common import Session
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                  torch.nn.Linear(32, 32), torch.nn.ReLU(),
+                                  torch.nn.Linear(32, 4))
+        s = Session(job="fp8-spike", endpoint=self.d.agents, recipe="fp8",
+                    wait_ms=5000, overlap=False)
+        s.prepare(net)
+        self.assertEqual(sorted(s.converted), ["0", "2", "4"])
+        s.start(net)
+        lock = gnmr.default_params().lock_steps
+        x = torch.randn(32, 16)
+        active = []
+        for t in range(1, 61):
+            s.begin_step()
+            net.zero_grad()
+            net(x * (1 + 0.1 * math.sin(t))).pow(2).mean().backward()
+            if t in (30, 31):  # a two-step spike in one unit
+                net[2].weight.grad.mul_(40.0)
+                net[2].bias.grad.mul_(40.0)
+            res, _ = s.step(t, net)
+            active.append(list(res.active))
+        s.close()
+        held = [t for t, a in enumerate(active, 1) if "2" in a]
+        self.assertTrue(held, active)  # the spike was acted on
+        self.assertLessEqual(len(held), lock + 2, (held, active))
+        self.assertTrue(all(t >= 30 for t in held), held)
+        quiet = [a for t, a in enumerate(active, 1) if t < 30 or t > 40]
+        self.assertEqual(sum(len(a) for a in quiet), 0, active)
+
+
 class RecipesTest(unittest.TestCase):
     """Issue 51: one registry from a recipe's name to (convert, switch,
     shadow), read by the callbacks and a loop of one's own alike."""
@@ -379,9 +426,11 @@ class RecipesTest(unittest.TestCase):
             self.assertEqual(Session(recipe=name)._recipe,
                              recipes.get(name))
         fp8 = recipes.get("fp8")
-        self.assertIs(fp8.shadow, recovery.fp8_overflowed)
+        # the measured signal, not the shadow (issue 61)
+        self.assertIs(fp8.measure, recovery.low_error)
+        self.assertIsNone(fp8.shadow)
         self.assertIs(fp8.switch, recovery.switch)
-        self.assertIsNone(recipes.get("int4").shadow)
+        self.assertIs(recipes.get("int4").measure, recovery.low_error)
         self.assertIsNone(recipes.get("te").convert)
         # a loop converts with the registry's recipe and switches with it
         model = W.small_model("llama")

@@ -36,7 +36,18 @@ class QuickstartTest(unittest.TestCase):
         blocks = quickstart_blocks()
         self.assertEqual([lang for lang, _ in blocks],
                          ["sh", "python", "python", "python", "sh"])
-        self.assertIn("pip install dist/gnmr-", blocks[0][1])
+        # the wheel with the extras the snippets use, each one the wheel
+        # declares (issue 63: torchao through its extra)
+        m = re.search(r'pip install "\$\(ls dist/gnmr-\*\.whl\)\[([a-z,]+)\]"',
+                      blocks[0][1])
+        self.assertIsNotNone(m, blocks[0][1])
+        extras = set(m.group(1).split(","))
+        self.assertLessEqual({"hf", "lightning", "torchao"}, extras)
+        with open(os.path.join(ROOT, "python", "pyproject.toml")) as f:
+            declared = set(re.findall(r"^(\w+) = \[", f.read().split(
+                "[project.optional-dependencies]", 1)[1].split("\n[", 1)[0],
+                re.M))
+        self.assertLessEqual(extras, declared)
         work = tempfile.mkdtemp(prefix="gnmr-quickstart-")
         self.addCleanup(shutil.rmtree, work, True)
         env = {k: v for k, v in os.environ.items()
