@@ -142,6 +142,32 @@ def own_dir(path, what):
     return path
 
 
+def held_by_another(data_dir):
+    """Raises RuntimeError when a gnmrd holds data_dir's lock (gnmrd.lock,
+    flock: what gnmrd itself takes), naming the likely cause: two jobs
+    given one output_dir (or data_dir) (issue 63: the second died with
+    the first gnmrd's log lines and no hint)."""
+    import fcntl
+    path = os.path.join(data_dir, "gnmrd.lock")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # none yet: nobody holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RuntimeError(
+            f"gnmr: another gnmrd already keeps its history in {data_dir} "
+            "(another job's private gnmrd: two jobs given one output_dir "
+            "or data_dir share it). Give this job its own output_dir or "
+            "data_dir=, or start one gnmrd for both (python -m gnmr.daemon) "
+            "and give its endpoint") from None
+    except OSError:
+        return
+    finally:
+        os.close(fd)
+
+
 RUN_PREFIX = "gnmr-private-"
 
 
@@ -198,6 +224,7 @@ class Private:
                 "its endpoint (GNMR_ENDPOINT)")
         self.data_dir = own_dir(data_dir, "the private gnmrd's data "
                                 "directory")
+        held_by_another(self.data_dir)
         base = os.environ.get("XDG_RUNTIME_DIR")
         if not base or not os.path.isdir(base):
             base = None
@@ -211,6 +238,8 @@ class Private:
         # files (the history, its snapshots) under umask 077
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND |
                      os.O_NOFOLLOW, 0o600)
+        # this gnmrd's part of a log an earlier one may have written
+        self._log_from = os.fstat(fd).st_size
         with os.fdopen(fd, "ab") as log:
             self.proc = subprocess.Popen(
                 [exe, "--data-dir", self.data_dir, "--agents", self.agents,
@@ -242,7 +271,7 @@ class Private:
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - n))
+                f.seek(max(getattr(self, "_log_from", 0), f.tell() - n))
                 return f.read().decode("utf-8", "backslashreplace")
         except OSError:
             return "(unreadable)"

@@ -301,6 +301,21 @@ class PrivateDaemonTest(unittest.TestCase):
         self.assertEqual([n for n in os.listdir(self.tmp)
                           if n.startswith("gnmr-")], [])
 
+    def test_two_jobs_given_one_data_dir_are_told_so(self):
+        """Issue 63: a second job with the first one's output_dir died
+        with the first gnmrd's log lines and no hint. Now it is told, at
+        its Controller, that another gnmrd keeps its history there and
+        what to do; the first job goes on."""
+        shared = os.path.join(self.tmp, "shared")
+        first = Controller(Net(), job="first", data_dir=shared)
+        try:
+            with self.assertRaisesRegex(RuntimeError, "two jobs given one "
+                                        "output_dir or data_dir share it"):
+                Controller(Net(), job="second", data_dir=shared)
+            self.assertIsNone(first._private.proc.poll())  # still serving
+        finally:
+            first.close()
+
     def test_a_ddp_job_on_one_machine_shares_rank_0s_private_gnmrd(self):
         """torchrun, 2 processes on gloo: rank 0 starts the private gnmrd
         and tells rank 1 its endpoint (a broadcast): one gnmrd, one job,
