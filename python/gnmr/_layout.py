@@ -43,9 +43,12 @@ _WRAPPER_ATTRS = ("_orig_mod", "_fsdp_wrapped_module",
 
 
 def _wrapper_types():
+    """The wrappers whose `module` attribute is the module the user wrote
+    (torch.compile's OptimizedModule keeps its in `_orig_mod`, above: it
+    is not imported here, which took torch._dynamo's 5 s import into the
+    first Controller of a script that compiles nothing)."""
     types = []
-    for mod, name in (("torch._dynamo.eval_frame", "OptimizedModule"),
-                      ("torch.nn.parallel", "DistributedDataParallel"),
+    for mod, name in (("torch.nn.parallel", "DistributedDataParallel"),
                       ("torch.nn", "DataParallel")):
         try:
             types.append(getattr(__import__(mod, fromlist=[name]), name))

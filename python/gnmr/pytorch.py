@@ -528,9 +528,29 @@ class Controller(Clipping):
         r.nonfinite = _flagged(self._names, nonfinite)
         return r
 
+    def _private_died(self, step):
+        """True when this rank started a private gnmrd that has exited;
+        said once, with its exit and its log's end (issue 63: it read as
+        an endpoint never joined)."""
+        p = getattr(self, "_private", None)
+        code = p.proc.poll() if p is not None else None
+        if code is None:
+            return False
+        if "private-died" not in self._warned:
+            self._warned.add("private-died")
+            how = (f"killed by signal {-code}" if code < 0 else
+                   f"exit status {code}")
+            _warn(f"gnmr: the private gnmrd of job {self.job!r} (pid "
+                  f"{p.pid}) has stopped ({how}) by step {step}; every unit "
+                  "stays on the fallback route, and its history in "
+                  f"{p.data_dir} keeps what it committed. Its log, "
+                  f"{p.log_path}, ends:\n{p._tail(800)}")
+        return True
+
     def _finish(self, step, wait_ms, grads_current=True):
         t, red = self._last, self._reduction
-        joined = self.agent.joined
+        died = self._private_died(step)
+        joined = self.agent.joined and not died
         if joined:
             self._not_joined = 0
             on_time = self.agent.wait(t, self.wait_ms if wait_ms is None
@@ -539,7 +559,9 @@ class Controller(Clipping):
         else:  # nothing to wait for: routes fall back at once
             on_time = False
             self._not_joined += 1
-            if self._not_joined == self.warn_after:
+            # a dead private gnmrd is said as such, not as an endpoint
+            # never joined
+            if not died and self._not_joined == self.warn_after:
                 code, why = self.agent.last_error()
                 _warn(f"gnmr: rank {self.tp_rank} of job {self.job!r} has "
                       f"not joined gnmrd at {self.endpoint} after "

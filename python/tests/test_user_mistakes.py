@@ -316,6 +316,39 @@ class PrivateDaemonTest(unittest.TestCase):
         finally:
             first.close()
 
+    def test_a_private_gnmrd_that_dies_is_said_as_such(self):
+        """Issue 63: a private gnmrd that died under its trainer was said
+        as "has not joined gnmrd at ... is gnmrd running there?", as if
+        the endpoint had never been right. Now the step that finds it
+        gone says once that it stopped, how, and where its log is, and
+        the steps go on at once on the fallback route."""
+        net, x = Net(), torch.randn(4, 8)
+        ctl = Controller(net, job="dies", data_dir=os.path.join(
+            self.tmp, "dies"), warn_after=2)
+        try:
+            for step in (1, 2):
+                backward(net, x)
+                self.assertTrue(ctl.step(step, wait_ms=10000))
+            os.kill(ctl._private.pid, signal.SIGKILL)
+            ctl._private.proc.wait(30)
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                t0 = time.monotonic()
+                for step in range(3, 9):
+                    backward(net, x)
+                    self.assertFalse(ctl.step(step, wait_ms=2000))
+                took = time.monotonic() - t0
+            said = [str(m.message) for m in w]
+            stopped = [m for m in said if "private gnmrd of job 'dies'" in m]
+            self.assertEqual(len(stopped), 1, said)
+            self.assertIn("killed by signal 9", stopped[0])
+            self.assertIn("gnmrd.log", stopped[0])
+            self.assertFalse([m for m in said if "has not joined" in m],
+                             said)
+            self.assertLess(took, 3.0, "steps waited for a dead gnmrd")
+        finally:
+            ctl.close()
+
     def test_a_ddp_job_on_one_machine_shares_rank_0s_private_gnmrd(self):
         """torchrun, 2 processes on gloo: rank 0 starts the private gnmrd
         and tells rank 1 its endpoint (a broadcast): one gnmrd, one job,
