@@ -403,6 +403,49 @@ START_TEST(large_snapshots_wait_for_the_store) {
 }
 END_TEST
 
+/* `gnmrctl --store DIR` of a run whose gnmrd was killed: the store says
+ * "running" for ever (issue 63). With no gnmrd holding DIR's lock it is
+ * said as "interrupted" in jobs and runs; while a gnmrd serves the store,
+ * a live run reads "running". */
+static run_result store_read(const char *dir, char *cmd, char *arg) {
+  char opt[1200];
+  snprintf(opt, sizeof opt, "--store=%s", dir);
+  char *with_job[] = {"gnmrctl", opt, cmd, arg, "--json", NULL};
+  char *without[] = {"gnmrctl", opt, cmd, "--json", NULL};
+  return tu_run("gnmrctl", arg != NULL ? with_job : without, NULL);
+}
+
+START_TEST(a_killed_run_reads_interrupted_from_the_store) {
+  tu_daemon d = {0};
+  char ep[160];
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
+  tu_daemon_start_in(&d, ep, NULL, d.dir, NULL);
+  gnmr_agent *a = open_agent(ep, "killed-run");
+  for (uint64_t t = 1; t <= 12; t++)
+    step_agent(a, t);
+  tu_sleep_ms(1200); /* committed */
+  char data[1100];
+  snprintf(data, sizeof data, "%s/data", d.dir);
+  run_result r = store_read(data, "jobs", NULL);
+  ck_assert_msg(r.code == 0 && strstr(r.out, "\"state\": \"running\""),
+                "served: exit %d\n%s%s", r.code, r.out, r.err);
+  tu_run_free(&r);
+  tu_daemon_stop(&d, SIGKILL);
+  gnmr_agent_close(&a);
+  r = store_read(data, "jobs", NULL);
+  ck_assert_msg(r.code == 0 && strstr(r.out, "\"state\": \"interrupted\"") &&
+                    !strstr(r.out, "\"running\""),
+                "after the kill: exit %d\n%s%s", r.code, r.out, r.err);
+  tu_run_free(&r);
+  r = store_read(data, "runs", "killed-run");
+  ck_assert_msg(r.code == 0 && strstr(r.out, "\"state\": \"interrupted\""),
+                "runs: exit %d\n%s%s", r.code, r.out, r.err);
+  tu_run_free(&r);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(sigkill_loses_no_committed_step_and_job_continues_from_snapshot) {
   tu_daemon d = {0};
   char ep[160];
@@ -1024,6 +1067,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, decisions_csv_after_sim_equals_expected_file);
   tcase_add_test(tc,
                  sigkill_loses_no_committed_step_and_job_continues_from_snapshot);
+  tcase_add_test(tc, a_killed_run_reads_interrupted_from_the_store);
   tcase_add_test(tc, sparse_unit_ids_survive_a_sigkill_through_the_snapshot);
   tcase_add_test(tc, large_snapshot_streams_into_sqlite_and_restores);
   tcase_add_test(tc, large_snapshots_wait_for_the_store);

@@ -5,13 +5,16 @@
  * (--json). `decisions --csv` prints exactly the decisions CSV of
  * docs/policy.md. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "gnmr/error.h"
@@ -589,6 +592,50 @@ static int render(int k, const json_t *v, enum fmt f) {
   return code;
 }
 
+/* Whether a gnmrd serves the SQLite store at target (a gnmr.db file):
+ * it holds its data directory's gnmrd.lock (flock) while it runs. 1 yes,
+ * 0 no, -1 not known (no lock file there, or it cannot be read). */
+static int store_served(const char *target) {
+  char dir[4200], lock[4300];
+  snprintf(dir, sizeof dir, "%s", target);
+  char *slash = strrchr(dir, '/');
+  if (slash != NULL)
+    *slash = '\0';
+  else
+    snprintf(dir, sizeof dir, ".");
+  snprintf(lock, sizeof lock, "%s/gnmrd.lock", dir);
+  int fd = open(lock, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0)
+    return -1;
+  int served = -1;
+  if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
+    served = 0; /* nobody holds it: no gnmrd */
+    flock(fd, LOCK_UN);
+  } else if (errno == EWOULDBLOCK) {
+    served = 1;
+  }
+  close(fd);
+  return served;
+}
+
+/* A run the store says is running while no gnmrd serves the store was
+ * interrupted (its gnmrd killed): said as "interrupted" in jobs, runs and
+ * status read with --store (issue 63: it read "running" for ever). */
+static void mark_interrupted(json_t *v) {
+  size_t i;
+  json_t *row;
+  if (json_is_object(v)) {
+    json_t *runs = json_object_get(v, "runs");
+    if (runs != NULL)
+      mark_interrupted(runs);
+    const char *st = json_string_value(json_object_get(v, "state"));
+    if (st != NULL && strcmp(st, "running") == 0)
+      json_object_set_new(v, "state", json_string("interrupted"));
+    return;
+  }
+  json_array_foreach(v, i, row) mark_interrupted(row);
+}
+
 /* gnmrctl --store: the history read straight from the database, gnmrd
  * up or not. Only the history's commands: a live job's views and changes
  * need gnmrd. */
@@ -633,6 +680,8 @@ static int from_store(const char *where, const char *cmd, store_query *q,
   } while (q->more && code == CLI_OK);
   store_query_clear(q);
   if (q->result != NULL) {
+    if (!db_target_is_pg(target) && store_served(target) == 0)
+      mark_interrupted(q->result);
     code = render(q->command, q->result, f);
     json_decref(q->result);
   } else if (fflush(stdout) != 0) {
