@@ -138,9 +138,15 @@ def series(export, units=None, steps=(None, None), most=6):
             prev = s
         if start is not None:
             bands.append((start, prev))
+        # the steps its gradient was not finite (g and d cannot be drawn
+        # there: marked at the axis' top instead, issue 63)
+        bad = sorted({e["step"] for e in export["events"]
+                      if e["unit"] == uid and e["kind"] in
+                      ("nonfinite", "shadowed") and inside(e["step"]) and
+                      e["pass"] == last_pass})
         out["units"].append({"id": uid, "name": names.get(uid, str(uid)),
                              "g": sorted(set(g)), "d": sorted(set(d)),
-                             "active": bands})
+                             "active": bands, "nonfinite": bad})
     params = [p for p in export["params"] if p["pass"] == last_pass] or \
         export["params"]
     out["alpha"] = [(p["from_step"], p["alpha"]) for p in params]
@@ -162,6 +168,17 @@ def _stairs(points, first, last):
     return xs, ys
 
 
+def _plain(v, _pos=None):
+    """A log axis' tick as a plain number: 0.01, 6, 200."""
+    return f"{v:g}"
+
+
+def _plain_minor(v, _pos=None):
+    """Minor ticks labelled 2 and 5 of each decade only."""
+    lead = f"{v:.0e}"[0]
+    return f"{v:g}" if lead in "25" else ""
+
+
 def draw(data, path):
     """Writes the picture of series() to path (.png or .svg)."""
     ext = os.path.splitext(path)[1].lower()
@@ -171,6 +188,7 @@ def draw(data, path):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib import ticker
     except ImportError as e:
         raise PlotError(f"matplotlib is not installed for {sys.executable} "
                         f"({e}): pip install matplotlib, or set GNMR_PYTHON "
@@ -197,9 +215,16 @@ def draw(data, path):
         if u["d"]:
             ax.plot(*zip(*u["d"]), "s", ms=3, color="tab:red",
                     label="Δ-GNMR d")
+        if u.get("nonfinite"):
+            ax.plot(u["nonfinite"], [0.92] * len(u["nonfinite"]), "x",
+                    ms=6, mew=1.5, color="k", label="non-finite gradient",
+                    transform=ax.get_xaxis_transform(), clip_on=False)
         ax.set_ylabel(u["name"], rotation=0, ha="right", va="center",
                       fontsize=8)
         ax.set_yscale("log")
+        # plain numbers on the log axis (it read 6×10^0 over a decade)
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(_plain))
+        ax.yaxis.set_minor_formatter(ticker.FuncFormatter(_plain_minor))
     if data["units"]:
         h, lab = axes[0].get_legend_handles_labels()
         h.append(plt.Rectangle((0, 0), 1, 1, color="tab:orange", alpha=0.18))

@@ -90,6 +90,22 @@ class PlotTest(unittest.TestCase):
                                             for s in sorted(active)])
         self.assertLessEqual(max(data["n_active"]), 2)  # the budget
         self.assertEqual(data["budget"], [(1, 2)])
+        # a unit's non-finite steps are in its series, to be marked
+        # (issue 63): one added to the history's events
+        u0 = data["units"][0]
+        nan_ev = dict(next(e for e in self.export["events"]
+                           if e["unit"] == u0["id"]), kind="nonfinite",
+                      step=41, g=None, d=None)
+        withnan = dict(self.export, events=self.export["events"] + [nan_ev])
+        got = plot.series(withnan, units=[u0["name"]])["units"][0]
+        self.assertEqual(got["nonfinite"], [41])
+        self.assertEqual(u0["nonfinite"], [])
+        out = os.path.join(self.dir, "nan.png")
+        plot.draw(plot.series(withnan, units=[u0["name"]]), out)
+        self.assertGreater(png_size(out)[0], 500)
+        self.assertEqual(plot._plain(6.0), "6")
+        self.assertEqual(plot._plain_minor(0.05), "0.05")
+        self.assertEqual(plot._plain_minor(0.07), "")
         # a step range and a unit chosen by a regular expression
         part = plot.series(self.export, units=[r"^unit\.1[0-5]$"],
                            steps=(30, 60))
