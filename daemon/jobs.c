@@ -9,8 +9,9 @@
  * dispatch.c (each message), hello.c (joining), lifecycle.c (endings,
  * restarts); it calls none of them. Loop thread only. */
 #include <assert.h>
-#include <stddef.h>
+#include <malloc.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,9 @@ static void release_held(void *owner) {
   free(h);
 }
 
+/* A job of at least this many units gives its memory back when it ends. */
+#define JOBS_TRIM_UNITS (1u << 16)
+
 static void job_timer_closed(uv_handle_t *h) { free(h->data); }
 
 /* Frees a job: its peers' memberships, its core state, then (via the loop)
@@ -112,6 +116,9 @@ void jobs__free(job **jp) {
   *jp = NULL;
   gnmrd *d = j->d;
   core_job *c = j->core;
+  /* a large job's tables (a million units: hundreds of MB) go back to the
+   * system when it ends, not only to malloc (issue 62) */
+  int large = c->n_units >= JOBS_TRIM_UNITS;
   jobs__quiesce(j);
   for (uint32_t r = 0; r < c->reporters + c->n_observers; r++) {
     core_rank *rr = r < c->reporters ? &c->ranks[r]
@@ -130,6 +137,8 @@ void jobs__free(job **jp) {
   core_job_free(&d->jobs, &j->core);
   uv_timer_stop(&j->timer);
   uv_close((uv_handle_t *)&j->timer, job_timer_closed);
+  if (large)
+    malloc_trim(0);
 }
 
 job *jobs__create(gnmrd *d, const char *name, const policy_params *prm,
