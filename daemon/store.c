@@ -12,8 +12,9 @@
 #include "store_sql.h"
 
 #include <errno.h>
-#include <sys/stat.h>
+#include <malloc.h>
 #include <math.h>
+#include <sys/stat.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -188,6 +189,8 @@ static void take_snapshots(store_rec *batch) {
 
 static void gap_flush(store *s);
 static uint64_t rec_bytes(const store_rec *r);
+/* A batch of at least this many bytes gives its memory back when freed. */
+#define STORE_TRIM_BYTES (8u << 20)
 
 /* After a failed commit the writer retries with at most half as many
  * records per transaction, down to one, and doubles again after each
@@ -300,13 +303,20 @@ static void release_batch(store *s, store_rec *batch, int committed) {
   for (store_rec *r = batch; r != NULL; r = r->next)
     run_account(s, r, 0);
   pthread_mutex_unlock(&s->mu);
+  size_t bytes = 0;
   while (batch) {
     store_rec *next = batch->next;
     if (committed && batch->kind == REC_STEP) /* agents may forget it */
       store_mark_advance(batch->mark, batch->pass, batch->step);
+    bytes += batch->held;
     store_rec_free(&batch);
     batch = next;
   }
+  /* a large batch (a large job's snapshot or unit rows: tens of MB) goes
+   * back to the system once written, not only to this thread's arena
+   * (issue 62) */
+  if (bytes >= STORE_TRIM_BYTES)
+    malloc_trim(0);
 }
 
 /* A damaged file: retrying cannot help, so the history stops here,
