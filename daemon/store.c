@@ -189,7 +189,8 @@ static void take_snapshots(store_rec *batch) {
 
 static void gap_flush(store *s);
 static uint64_t rec_bytes(const store_rec *r);
-/* A batch of at least this many bytes gives its memory back when freed. */
+/* A job's last snapshot of at least this many bytes gives its memory back
+ * once written. */
 #define STORE_TRIM_BYTES (8u << 20)
 
 /* After a failed commit the writer retries with at most half as many
@@ -308,13 +309,15 @@ static void release_batch(store *s, store_rec *batch, int committed) {
     store_rec *next = batch->next;
     if (committed && batch->kind == REC_STEP) /* agents may forget it */
       store_mark_advance(batch->mark, batch->pass, batch->step);
-    bytes += batch->held;
+    if (batch->kind == REC_SNAPSHOT) /* a job's last: at its end */
+      bytes += batch->held;
     store_rec_free(&batch);
     batch = next;
   }
-  /* a large batch (a large job's snapshot or unit rows: tens of MB) goes
+  /* a large job's last snapshot (tens of MB, written when it ends) goes
    * back to the system once written, not only to this thread's arena
-   * (issue 62) */
+   * (issue 62); a running job's batches are not trimmed: its next step
+   * would take the same pages again, faulting them in */
   if (bytes >= STORE_TRIM_BYTES)
     malloc_trim(0);
 }

@@ -1347,9 +1347,9 @@ END_TEST
 
 /* Issue 62: after refused 105 MB observer Hellos gnmrd kept +272 MB: a
  * large Hello's blocks, freed, stayed in the malloc arenas (glibc's mmap
- * threshold rises to each large block freed). gnmrd maps blocks of 4 MiB
+ * threshold rises to each large block freed). gnmrd maps blocks of 16 MiB
  * and more on their own and trims after a large Hello, a large job's end
- * and a large store batch: eight 2^19-unit Hellos (23 MB each), each
+ * and its last snapshot: eight 2^19-unit Hellos (23 MB each), each
  * decoded, checked and refused (a name listed twice), leave its RSS
  * within 16 MB of where it was; a 2^19-unit job that comes and goes,
  * within 96 MB (66 MB here). */
