@@ -193,10 +193,12 @@ static void histogram(text *t, const char *name, const char *help,
       (unsigned long long)count, name, sum, name, (unsigned long long)count);
 }
 
+static void render_jobs(gnmrd *d, text *t);
+
+/* The exposition: gnmrd's own families, then the jobs'. */
 static void render(gnmrd *d, text *t) {
   const gnmrd_counters *c = &d->c;
-  size_t n_jobs = core_count(&d->jobs), pos;
-  const core_job *j;
+  size_t n_jobs = core_count(&d->jobs);
   store_stats ss = {0};
   jobs_quiesce_all(d); /* the gauges read engines */
   if (d->st)
@@ -239,6 +241,13 @@ static void render(gnmrd *d, text *t) {
     histogram(t, "gnmr_store_commit_seconds", "Time of one batch commit.", b,
               count, sum);
   }
+  render_jobs(d, t);
+}
+
+/* The per-job families. */
+static void render_jobs(gnmrd *d, text *t) {
+  size_t pos;
+  const core_job *j;
   /* Any local user can read /metrics (plain HTTP on the loopback): with
    * tenancy on, a job is labelled by its run id, never by its name, so that
    * one tenant does not learn the others' job names; an operator maps run
