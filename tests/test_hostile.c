@@ -1932,7 +1932,7 @@ START_TEST(unread_admin_replies_are_bounded_in_bytes) {
    * of 1, one its decoder holds, part of one in its socket buffer),
    * which gnmrd cannot tell from read; the rest wait unread, at most 64
    * MB in all (and one answer past it: 18 here), and every other request
-   * is BUSY: 42-57 of the 128 built here in three runs, so at least 48
+   * is BUSY: 42 and 57 of the 128 built here in two runs, so at least 48
    * refused asked (none before: every one was built and kept) */
   long long refused = 0, requests = 0;
   const long long want = rss_tells() ? CONNS * REQS * 3 / 8 : 0;
