@@ -614,6 +614,9 @@ EXPERIMENT_SEEDS_FP4 ?= --seed-list 21,22,23,24,25 --steps 600 --jobs 2
 # one build while the tree changes)
 EXPERIMENT_BIN ?= $(abspath $(BUILD)/bin)
 EXPERIMENT_LIB ?= $(abspath $(SO_AGENT))
+# finished runs are kept here (experiments/runkeep.py): a sweep cut off
+# goes on where it stopped; KEEP_RUNS= runs everything again
+KEEP_RUNS ?= $(abspath $(BUILD))/experiments/runs
 # The clean-training evidence for the policy's parameters: clean runs (no
 # stress, no quantization) of each paper setting and the quickstart's
 # model on seeds 21-25, their norms as traces, and the exceedance table
@@ -657,7 +660,8 @@ experiment: deps-demo all venv
 	    *) seeds="$(EXPERIMENT_SEEDS)";; esac; \
 	  GNMR_AGENT_LIB=$(EXPERIMENT_LIB) GNMR_BIN_DIR=$(EXPERIMENT_BIN) \
 	    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PYTHON) $$cmd \
-	    $$seeds --json docs/results/$$s.json || exit 1; \
+	    $$seeds $(if $(KEEP_RUNS),--keep-runs $(KEEP_RUNS)) \
+	    --json docs/results/$$s.json || exit 1; \
 	done
 
 # `make bench` ends with what falls short of its target (every figure's

@@ -713,6 +713,11 @@ def common_args(p, setting, defaults):
                    help="write the results here, and a .md table and a .png "
                    "plot beside it")
     p.add_argument("--plot", default="", help="loss curves (PNG)")
+    p.add_argument("--keep-runs", default="", metavar="DIR",
+                   help="keep each finished run in DIR, and take the runs "
+                   "found there instead of running them again: a sweep cut "
+                   "off goes on where it stopped (experiments/runkeep.py: "
+                   "a run is kept under its options and the code's digest)")
     p.add_argument("--gnmrd-bin", default=os.environ.get(
         "GNMR_BIN_DIR", os.path.join(ROOT, "build", "bin")))
 
@@ -859,37 +864,62 @@ def run_all(setting, seeds, order, args):
     process running them in turn."""
     res = {}
     ref = args.share_of   # whose share random, rawnorm, ... take
+    kept = None
+    if args.keep_runs:
+        import runkeep
+        kept = runkeep.Kept(args.keep_runs, type(setting).__name__, args,
+                            ROOT)
+        for seed in seeds:
+            for v in order:
+                r = kept.get(seed, v)
+                if r is not None:
+                    res[seed, v] = r
+        args.kept_taken = kept.taken
+        if kept.taken:
+            print(f"{kept.taken} of {len(seeds) * len(order)} runs taken "
+                  f"from {args.keep_runs}", flush=True)
     if args.jobs <= 1:
         for seed in seeds:
             for v in order:
-                res[seed, v] = run_task(setting, seed, v, args,
-                                        res.get((seed, ref)))
+                if (seed, v) not in res:
+                    res[seed, v] = run_task(setting, seed, v, args,
+                                            res.get((seed, ref)))
+                    if kept:
+                        kept.put(seed, v, res[seed, v])
         return res
     import concurrent.futures as cf
     import multiprocessing
     with cf.ProcessPoolExecutor(
             args.jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
         pending = {}
+
+        def submit(seed, v):
+            if (seed, v) not in res:
+                pending[ex.submit(run_task, setting, seed, v, args,
+                                  res.get((seed, ref)))] = (seed, v)
+
         for seed in seeds:
             if ref in order:
-                pending[ex.submit(run_task, setting, seed, ref,
-                                  args)] = (seed, ref)
+                submit(seed, ref)
+                if (seed, ref) in res:   # kept: its followers may start
+                    for w in order:
+                        if w in NEEDS_GNMR:
+                            submit(seed, w)
         for seed in seeds:
             for v in order:
                 if v != ref and v not in NEEDS_GNMR:
-                    pending[ex.submit(run_task, setting, seed, v,
-                                      args)] = (seed, v)
+                    submit(seed, v)
         while pending:
             done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
             for f in done:
                 seed, v = pending.pop(f)
                 res[seed, v] = f.result()
+                if kept:
+                    kept.put(seed, v, res[seed, v])
                 if v == ref:
                     for w in order:
                         if w in NEEDS_GNMR:
-                            pending[ex.submit(run_task, setting, seed, w,
-                                              args, res[seed, v])] = (seed,
-                                                                      w)
+                            submit(seed, w)
     return res
 
 
@@ -919,6 +949,10 @@ def main(setting, argv=None, defaults=None, doc=""):
                     f"Commit: {summary['commit']}; seeds: {seeds}; "
                     f"machine: {m['cpu']} ({m['cpus']} CPUs, {m['blas']}), "
                     f"torch {summary['torch']}\n\n")
+            if getattr(args, "kept_taken", 0):
+                f.write(f"{args.kept_taken} of {len(seeds) * len(order)} "
+                        "runs were taken from --keep-runs (run earlier by "
+                        "the same code, by its digest)\n\n")
             f.write(table(summary, extras))
         plot(results, base + ".png")
         print(f"wrote {args.json}, {base}.md, {base}.png")

@@ -90,6 +90,49 @@ class PaperTest(unittest.TestCase):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def test_kept_runs_are_taken_again_and_only_for_the_same_run(self):
+        """--keep-runs: a sweep cut off goes on where it stopped. The
+        second sweep takes GNMR's run and random's from the directory (the
+        same numbers, nothing run: the pickles are the only source), a
+        changed option runs again, a torn file is run again, not read."""
+        tmp = tempfile.mkdtemp(prefix="gnmr-keep-test-")
+        try:
+            keep = ["--setting", "act4", "--seed-list", "2", "--keep-runs",
+                    tmp]
+            res, text = self.main(keep + ["--variants", "gnmr,random"])
+            self.assertNotIn("taken from", text)
+            kept = sorted(os.listdir(tmp))
+            self.assertEqual(len(kept), 2, kept)
+            again, text = self.main(keep + ["--variants", "gnmr,random"])
+            self.assertIn("2 of 2 runs taken from", text)
+            for v in ("gnmr", "random"):
+                self.assertEqual(again[v][0], res[v][0], v)
+            # what is taken is the file's: a changed kept value shows
+            import pickle
+            path = os.path.join(tmp, kept[0])
+            with open(path, "rb") as f:
+                r = pickle.load(f)
+            r["val"] = 123.0
+            with open(path, "wb") as f:
+                pickle.dump(r, f)
+            third, _ = self.main(keep + ["--variants", "gnmr,random"])
+            self.assertIn(123.0, [third[v][0]["val"] for v in third])
+            # a torn file is not a run: run again and rewritten
+            with open(path, "wb") as f:
+                f.write(b"\x80\x04trunc")
+            fourth, text = self.main(keep + ["--variants", "gnmr,random"])
+            self.assertIn("1 of 2 runs taken from", text)
+            self.assertEqual(sorted(os.listdir(tmp)), kept)
+            for v in ("gnmr", "random"):
+                self.assertEqual(fourth[v][0]["val"], res[v][0]["val"], v)
+            # another option is another run
+            _, text = self.main(keep + ["--variants", "gnmr", "--lr",
+                                        "0.002"])
+            self.assertNotIn("taken from", text)
+            self.assertEqual(len(os.listdir(tmp)), 3)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def test_fp8_on_mixtral_has_experts_as_units(self):
         import paper
         res, _ = self.main(["--setting", "fp8", "--experts", "4",
