@@ -190,7 +190,12 @@ $(SO_AGENT): $(AGENT_OBJ) $(LIB_WIRE) $(LIB_PARAMS) $(LIB_COMMON)
 	$(CC) -shared $(CFLAGS) $(LDFLAGS) -Wl,-soname,libgnmr-agent.so.0 $^ \
 	  $(NET_LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 
-$(GNMRCTL): $(call obj,$(GNMRCTL_SRC)) $(LIB_REPLAY) $(LIB_STORE) $(LIB_WIRE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON)
+# gnmrctl --store answers status, units and top as gnmrd does a finished
+# job's: from the job's last snapshot through gnmrd's own view code
+GNMRCTL_VIEW_SRC := daemon/store_view.c daemon/views.c daemon/core.c \
+  daemon/core_restart.c
+$(BUILD)/obj/client/cli/cmd_query.o: CPPFLAGS += -Idaemon
+$(GNMRCTL): $(call obj,$(GNMRCTL_SRC) $(GNMRCTL_VIEW_SRC)) $(LIB_REPLAY) $(LIB_STORE) $(LIB_WIRE) $(LIB_POLICY) $(LIB_PARAMS) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(DB_LIBS) $(NET_LIBS) $(LDLIBS) -o $@
 

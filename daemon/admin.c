@@ -23,6 +23,7 @@
 #include "keys.h"
 #include "log.h"
 #include "store_query.h"
+#include "store_view.h"
 #include "text.h"
 #include "validate.h"
 #include "views.h"
@@ -714,7 +715,7 @@ static void live_units_of(gnmrd *d, const void *id, size_t id_len,
     n = top;
   if (unread_refuses(d, id, id_len, user, n * UNITS_REPLY_PER_UNIT))
     return;
-  send_json(d, id, id_len, views_units(c, top));
+  send_json(d, id, id_len, views_units(c, top, 0));
 }
 
 static void live_units(gnmrd *d, const void *id, size_t id_len,

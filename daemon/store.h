@@ -112,11 +112,4 @@ uint64_t store_term(const store *s);
 const char *store_path(const store *s);
 void store_get_stats(store *s, store_stats *st);
 
-/* A job's status, units or top from the store (store_view.c): the view
- * of store_query (store_query.h). */
-struct store_query;
-struct db;
-struct json_t;
-struct json_t *store_view_job(struct store_query *q, struct db *db);
-
 #endif /* GNMRD_STORE_H */

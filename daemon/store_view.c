@@ -12,6 +12,7 @@
 #include "gnmr/error.h"
 #include "store.h"
 #include "store_query.h"
+#include "store_view.h"
 #include "store_restore.h"
 #include "views.h"
 
@@ -67,9 +68,8 @@ json_t *store_view_job(store_query *q, db_conn *db) {
     out = views_status(c);
     json_object_set_new(out, "state", json_string(state));
   } else {
-    out = views_units(c, q->command == GNMR_CMD_TOP ? (q->limit ? q->limit
-                                                                  : 10)
-                                                      : 0);
+    out = views_units(
+        c, q->command == GNMR_CMD_TOP ? (q->limit ? q->limit : 10) : 0, 1);
   }
 out:
   core_registry_clear(&reg); /* c with it */

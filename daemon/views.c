@@ -62,7 +62,7 @@ static int by_score_desc(const void *a, const void *b) {
   return x->u < y->u ? -1 : 1;
 }
 
-json_t *views_units(const core_job *c, uint32_t top) {
+json_t *views_units(const core_job *c, uint32_t top, int kept) {
   uint32_t n = c->n_units;
   ranked *order = malloc((n ? n : 1) * sizeof *order);
   json_t *arr = json_array();
@@ -70,11 +70,12 @@ json_t *views_units(const core_job *c, uint32_t top) {
     return arr;
   for (uint32_t u = 0; u < n; u++) {
     policy_unit_info info;
+    int ok = policy_unit(c->pol, u, &info) == GNMR_OK;
     order[u].u = u;
-    order[u].s = policy_unit(c->pol, u, &info) == GNMR_OK &&
-                         !isnan(info.last_s)
-                     ? info.last_s
-                     : 0;
+    if (kept) /* no last step: the units promoted most */
+      order[u].s = ok ? (double)info.promotions : 0;
+    else
+      order[u].s = ok && !isnan(info.last_s) ? info.last_s : 0;
   }
   if (top > 0) {
     qsort(order, n, sizeof *order, by_score_desc);
@@ -86,6 +87,8 @@ json_t *views_units(const core_job *c, uint32_t top) {
     policy_unit_info info;
     if (policy_unit(c->pol, u, &info) != GNMR_OK)
       continue;
+    if (kept) /* a snapshot keeps no step's G, D or score */
+      info.last_g = info.last_d = info.last_s = NAN;
     json_array_append_new(
         arr, json_pack("{s:I,s:s,s:I,s:I,s:o,s:o,s:o,s:o,s:I,s:b,s:I}", "id",
                        (json_int_t)c->unit_id[u], "name",

@@ -14,8 +14,11 @@
  * threshold reads as the one it inherits. */
 json_t *views_params(const policy_params *p);
 json_t *views_status(const core_job *c);
-/* Every unit in id order (top 0), or the top units by score. */
-json_t *views_units(const core_job *c, uint32_t top);
+/* Every unit in id order (top 0), or the top units by score. kept: a
+ * job read back from its last snapshot (finished, retired, or read with
+ * gnmrctl --store), which holds no step's G, D or score: they are null,
+ * and the top units are those promoted most (ties to the smaller id). */
+json_t *views_units(const core_job *c, uint32_t top, int kept);
 
 typedef struct view_gauges {
   uint64_t step;

@@ -54,12 +54,16 @@
      "units JOB [--run ID] [--json|--csv]",                                    \
      "a job's units with their statistics",                                    \
      "A job's units: reports, historical mean, GNMR (G), delta-GNMR (D),\n"    \
-     "score (S), lock, whether active, promotions.",                           \
+     "score (S), lock, whether active, promotions. A job that is not\n"        \
+     "running is read from its last snapshot, which keeps no step's G, D\n"   \
+     "or S (-).",                                                              \
      live_units, query_view, render_units)                                     \
   XX(TOP, "top", LIVE, 1, 1, 0, 0, 1, 0, "jclrT",                              \
      "top JOB [--limit N] [--run ID] [--json|--csv]",                          \
      "a job's units with the highest scores",                                  \
-     "A job's units with the highest scores (--limit, default 10).", live_top, \
+     "A job's units with the highest scores (--limit, default 10); of a\n"     \
+     "job that is not running, those promoted most.",                          \
+     live_top,                                                                 \
      query_view, render_units)                                                 \
   XX(HISTORY, "history", HISTORY, 1, 1, 0, 0, 1, 0, "jcftuklrT",               \
      "history JOB [--from S] [--to S] [--unit NAME] [--kind K]\n"              \

@@ -233,14 +233,15 @@ static int name_active(store_query *q, db_conn *db, json_t *decisions) {
  */
 
 /* status, units and top of a job that is not running: gnmrd's view of
- * its snapshot (q->view); gnmrctl --store has no policy engine */
+ * its snapshot (q->view: daemon/store_view.c, which gnmrd and gnmrctl
+ * --store both link) */
 static void query_view(store_query *q, db_conn *db) {
   if (q->view != NULL)
     q->result = q->view(q, db);
   else
     qfail(q, GNMR_E_INVAL,
-          "status, units and top of a job come from "
-          "gnmrd (its policy engine), not from the store");
+          "status, units and top of a job need a policy engine "
+          "to read its snapshot (no view was given)");
 }
 
 static void query_jobs(store_query *q, db_conn *db) {

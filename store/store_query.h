@@ -39,7 +39,7 @@ struct store_query {
   uint64_t resolved;      /* the run answered for */
   char err[256];
   /* status, units, top: a job's view from the store (gnmrd's
-   * store_view_job); NULL where there is no policy engine (gnmrctl) */
+   * store_view_job, linked by gnmrctl too); NULL: the query fails */
   json_t *(*view)(store_query *q, struct db *db);
 };
 

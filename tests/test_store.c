@@ -442,6 +442,17 @@ START_TEST(a_killed_run_reads_interrupted_from_the_store) {
   ck_assert_msg(r.code == 0 && strstr(r.out, "\"state\": \"interrupted\""),
                 "runs: exit %d\n%s%s", r.code, r.out, r.err);
   tu_run_free(&r);
+  /* status and units with no gnmrd, from what the store kept */
+  r = store_read(data, "status", "killed-run");
+  ck_assert_msg(r.code == 0 && strstr(r.out, "\"state\": \"interrupted\"") &&
+                    strstr(r.out, "\"job\": \"killed-run\""),
+                "status: exit %d\n%s%s", r.code, r.out, r.err);
+  tu_run_free(&r);
+  r = store_read(data, "units", "killed-run");
+  ck_assert_msg(r.code == 0 && strstr(r.out, "\"promotions\"") &&
+                    strstr(r.out, "\"g\": null"),
+                "units: exit %d\n%s%s", r.code, r.out, r.err);
+  tu_run_free(&r);
   tu_rmrf(d.dir);
 }
 END_TEST

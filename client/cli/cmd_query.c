@@ -24,6 +24,7 @@
 #include "params.h"
 #include "store_query.h"
 #include "store_schema.h"
+#include "store_view.h"
 #include "text.h"
 
 enum fmt { FMT_TABLE, FMT_CSV, FMT_JSON };
@@ -517,6 +518,7 @@ static int ask_store(const cli_globals *g, const query_args *a) {
   q.to = a->to;
   q.limit = a->limit ? (uint32_t)a->limit : 1000; /* gnmrd's default */
   q.run = a->run;
+  q.view = store_view_job; /* status, units, top: from the last snapshot */
   return from_store(g->store, a->cmd, &q, a->f);
 }
 
@@ -643,12 +645,9 @@ static int from_store(const char *where, const char *cmd, store_query *q,
                       enum fmt f) {
   char target[4200];
   struct stat st;
-  if (gnmr_admin_commands[q->command].where != GNMR_AT_HISTORY) {
-    fprintf(stderr, "gnmrctl %s: not with --store: a job's %s comes from "
-            "gnmrd (--admin)\n", cmd,
-            q->command == GNMR_CMD_SET || q->command == GNMR_CMD_FINISH
-                ? "change"
-                : "live view");
+  if (q->command == GNMR_CMD_SET || q->command == GNMR_CMD_FINISH) {
+    fprintf(stderr, "gnmrctl %s: not with --store: a job's change goes "
+            "to gnmrd (--admin)\n", cmd);
     return CLI_USAGE;
   }
   /* a URL, a SQLite file, or the data directory holding gnmr.db */

@@ -72,9 +72,10 @@ static void usage(FILE *f) {
         f);
   for (size_t i = 0; i < N_COMMANDS; i++)
     fprintf(f, "  %-10s %s\n", command_at(i).name, command_at(i).summary);
-  fputs("\n--store (or $GNMR_STORE) reads jobs, runs, history, decisions "
-        "and export\nstraight from a store, with no gnmrd: a PostgreSQL "
-        "URL, or a SQLite file\n(DATA_DIR/gnmr.db) or its directory.\n"
+  fputs("\n--store (or $GNMR_STORE) reads jobs, runs, status, units, top, "
+        "history,\ndecisions and export straight from a store, with no gnmrd: "
+        "a PostgreSQL\nURL, or a SQLite file (DATA_DIR/gnmr.db) or its "
+        "directory.\n"
         "'gnmrctl COMMAND --help' describes each command.\n", f);
 }
 
