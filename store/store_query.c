@@ -401,6 +401,9 @@ static void put_row(text *t, db_stmt *st) {
 }
 
 void store_query_clear(store_query *q) {
+  json_decref(q->stats);
+  q->stats = NULL;
+  q->stats_at = 0;
   if (q->cursor != NULL)
     db_finalize(q->cursor);
   if (q->db != NULL)
@@ -415,13 +418,82 @@ static const struct {
 } export_sections[] = {
     {"params", "SELECT job, pass, from_step, at" PARAM_COLS " FROM params "
                "WHERE run=? ORDER BY rowid"},
-    {"units", "SELECT id, name FROM units WHERE run=? ORDER BY id"},
+    /* each unit's promotions and exceedances, counted in the history
+     * (exact, whatever its last snapshot holds); events_by_unit finds
+     * them */
+    {"units", "SELECT u.id, u.name, (SELECT count(*) FROM events e WHERE "
+              "e.run=u.run AND e.unit=u.id AND e.kind='promote') AS "
+              "promotions, (SELECT count(*) FROM events e WHERE e.run=u.run "
+              "AND e.unit=u.id AND e.kind='exceed') AS exceeds FROM units u "
+              "WHERE u.run=?1 ORDER BY u.id"},
     {"steps", "SELECT pass, step, reports, risky, pool, n_active, active, "
               "missing, by_deadline, latency_us, at FROM steps WHERE run=? "
               "ORDER BY pass, step"},
     {"events", NULL}, /* events_sql_head, in (step, rowid) order */
+    {"unit_stats", NULL}, /* export_stats */
 };
-enum { N_EXPORT_SECTIONS = 4 };
+enum { N_EXPORT_SECTIONS = 5, STATS_SECTION = 4 };
+
+/* How many units the run has; UINT64_MAX when that cannot be read. */
+static uint64_t run_units(store_query *q) {
+  db_stmt *st;
+  uint64_t n = UINT64_MAX;
+  if (db_prepare(q->db, "SELECT count(*) FROM units WHERE run=?", &st) !=
+      GNMR_OK)
+    return n;
+  db_bind_int64(st, 1, (int64_t)q->resolved);
+  if (db_step(st) == DB_ROW)
+    n = (uint64_t)db_column_int64(st, 0);
+  db_finalize(st);
+  return n;
+}
+
+/* The last section: each unit's statistics in the run's last snapshot
+ * (reports, the policy's mean over its horizon, lock, promotions as the
+ * snapshot counted them), as `units` reads a job that is not running,
+ * through q->view; null where there is no view, nothing to read back,
+ * or more than STORE_EXPORT_STATS_MAX units (the view is built whole in
+ * memory, ~1 kB a unit: `gnmrctl units JOB` reads a larger job's; its
+ * "units" still count each unit's promotions and exceedances). Streamed
+ * an element at a time; 1 when it is whole. */
+static int export_stats(text *t, store_query *q) {
+  if (q->section_rows == 0 && q->stats == NULL) { /* it starts */
+    int command = q->command;
+    q->command = GNMR_CMD_UNITS;
+    if (q->view != NULL && run_units(q) <= STORE_EXPORT_STATS_MAX)
+      q->stats = q->view(q, q->db);
+    q->command = command;
+    if (!json_is_array(q->stats)) {
+      json_decref(q->stats);
+      q->stats = NULL;
+      q->code = GNMR_OK; /* the rest of the export stands */
+      q->err[0] = '\0';
+      puts_t(t, ",\n  \"unit_stats\": null");
+      return 1;
+    }
+    puts_t(t, ",\n  \"unit_stats\": [");
+    q->stats_at = 0;
+  }
+  size_t n = json_array_size(q->stats);
+  while (q->stats_at < n && t->len < STORE_EXPORT_CHUNK && !t->oom) {
+    char *e = json_dumps(json_array_get(q->stats, q->stats_at),
+                         JSON_ENSURE_ASCII | JSON_ENCODE_ANY);
+    if (e == NULL) {
+      t->oom = 1;
+      break;
+    }
+    puts_t(t, q->stats_at++ ? ",\n    " : "\n    ");
+    puts_t(t, e);
+    free(e);
+    q->section_rows++;
+  }
+  if (q->stats_at < n || t->oom)
+    return 0;
+  puts_t(t, n ? "\n  ]" : "]");
+  json_decref(q->stats);
+  q->stats = NULL;
+  return 1;
+}
 
 /* The next chunk of an export: the job's row first, then each section's
  * rows, at most about STORE_EXPORT_CHUNK bytes at a time. */
@@ -456,6 +528,13 @@ static void export_next(const char *path, store_query *q) {
   }
   while (q->section < N_EXPORT_SECTIONS && t.len < STORE_EXPORT_CHUNK &&
          !t.oom) {
+    if (q->section == STATS_SECTION) {
+      if (!export_stats(&t, q))
+        break; /* it goes on in the next chunk */
+      q->section++;
+      q->section_rows = 0;
+      continue;
+    }
     if (q->cursor == NULL) { /* a section starts */
       char sql[600];
       if (export_sections[q->section].sql != NULL)
@@ -497,6 +576,7 @@ static void export_next(const char *path, store_query *q) {
     q->cursor = NULL;
     puts_t(&t, q->section_rows ? "\n  ]" : "]");
     q->section++;
+    q->section_rows = 0;
   }
   if (t.oom) {
     free(t.p);

@@ -30,6 +30,8 @@ struct store_query {
   struct db_stmt *cursor;
   int section;
   uint64_t section_rows;  /* rows of the current section so far */
+  json_t *stats;          /* the unit_stats section (view's units) */
+  size_t stats_at;        /* its next element */
   char *chunk;            /* out: this chunk's text (the caller frees) */
   size_t chunk_len;
   int more;               /* out: another chunk follows */
@@ -58,6 +60,9 @@ const char *store_query_history_sql(int by_unit, int by_kind, char *buf,
 const char *store_query_decisions_sql(void);
 
 #define STORE_EXPORT_CHUNK (1u << 20)
+/* An export's unit_stats for runs of at most this many units (null for
+ * larger ones: the snapshot's view is built whole) */
+#define STORE_EXPORT_STATS_MAX (1u << 16)
 
 /* Ends an export stream early (its connection and cursor). */
 void store_query_clear(store_query *q);

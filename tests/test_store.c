@@ -4,6 +4,7 @@
  * middle of a job loses no committed step and the job continues from its
  * snapshot exactly as the engine would; live parameter changes; query
  * filters and every kind of bad query; readers while the daemon writes. */
+#include <jansson.h>
 #include <sqlite3.h>
 
 #include "storeutil.h"
@@ -609,6 +610,40 @@ START_TEST(live_job_views_and_parameter_changes) {
   ck_assert_ptr_nonnull(strstr(r.out, "\"steps\""));
   ck_assert_ptr_nonnull(strstr(r.out, "\"events\""));
   ck_assert_ptr_nonnull(strstr(r.out, "\"name\": \"q\""));
+  {
+    /* each unit's promotions and exceedances are the history's, and
+     * unit_stats holds each unit's mean from the last snapshot */
+    json_error_t je;
+    json_t *doc = json_loads(r.out, 0, &je);
+    ck_assert_msg(doc != NULL, "export is not JSON: %s", je.text);
+    json_t *units = json_object_get(doc, "units"), *ev, *u;
+    json_t *stats = json_object_get(doc, "unit_stats");
+    size_t i;
+    long want[2][4] = {{0}}, got[2][4] = {{0}};
+    json_array_foreach(json_object_get(doc, "events"), i, ev) {
+      const char *kind = json_string_value(json_object_get(ev, "kind"));
+      json_int_t id = json_integer_value(json_object_get(ev, "unit"));
+      if (kind != NULL && id >= 0 && id < 4)
+        want[strcmp(kind, "exceed") == 0][id] +=
+            !strcmp(kind, "promote") || !strcmp(kind, "exceed");
+    }
+    ck_assert_int_eq(json_array_size(units), 4);
+    json_array_foreach(units, i, u) {
+      got[0][i] = json_integer_value(json_object_get(u, "promotions"));
+      got[1][i] = json_integer_value(json_object_get(u, "exceeds"));
+    }
+    for (int k = 0; k < 4; k++) {
+      ck_assert_int_eq(got[0][k], want[0][k]);
+      ck_assert_int_eq(got[1][k], want[1][k]);
+    }
+    ck_assert_int_gt(want[0][0] + want[0][1] + want[0][2] + want[0][3], 0);
+    ck_assert_int_eq(json_array_size(stats), 4);
+    json_array_foreach(stats, i, u) {
+      ck_assert(json_is_real(json_object_get(u, "mean")));
+      ck_assert_int_gt(json_integer_value(json_object_get(u, "reports")), 0);
+    }
+    json_decref(doc);
+  }
   /* the replay of what was reported, with the export as its schedule
    * (the job's parameters, then the set before step 21), equals live */
   char exp_path[200], trace_path[200];
