@@ -440,6 +440,10 @@ class PrivateDaemonTest(unittest.TestCase):
         catches the SIGINT still steps with it, and its exit stops it and
         removes its sockets' directory."""
         code = ("import os, signal, sys, time, torch\n"
+                # as in a terminal: a shell's background job (make check
+                # started with &) inherits SIGINT ignored, and Python then
+                # raises no KeyboardInterrupt
+                "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
                 "sys.path.insert(0, %r)\n"
                 "from test_gnmr import Net\n"
                 "from gnmr.pytorch import Controller\n"
