@@ -97,7 +97,9 @@
   XX(RUNS, "runs", HISTORY, 1, 1, 0, 0, 0, 0, "jcT",                           \
      "runs JOB [--json|--csv]", "the runs of a job name, oldest first",        \
      "The runs of a job name, oldest first (tables show times in UTC,\n"       \
-     "ISO 8601; CSV and JSON in epoch milliseconds).",                         \
+     "ISO 8601; CSV and JSON in epoch milliseconds). RUN is the store's\n"     \
+     "run id (what --run takes), shared by every job name; NTH counts this\n" \
+     "name's runs (1 its first).",                                             \
      0, query_runs, render_runs)
 
 enum gnmr_admin_cmd {

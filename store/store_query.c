@@ -267,6 +267,11 @@ static void query_runs(store_query *q, db_conn *db) {
                    "barrier_ms, created_at, updated_at, owner FROM jobs "
                    "WHERE name=? ORDER BY run",
                    "t", q->job);
+  /* run ids are the store's, shared by every job name: nth is this
+   * name's own count (its 1st, 2nd... run), whoever asks */
+  for (size_t i = r ? json_array_size(r) : 0; i-- > 0;)
+    json_object_set_new(json_array_get(r, i), "nth",
+                        json_integer((json_int_t)i + 1));
   for (size_t i = r ? json_array_size(r) : 0; i-- > 0;)
     if (!visible(
             q, q->job,

@@ -103,6 +103,18 @@ START_TEST(a_name_used_again_is_a_new_run_and_overwrites_nothing) {
   ck_assert_msg(strstr(r.out, "\n1,finished,1,200,2,") != NULL, "%s", r.out);
   ck_assert_msg(strstr(r.out, "\n2,finished,1,300,2,") != NULL, "%s", r.out);
   tu_run_free(&r);
+  /* run ids are the store's: another name's run between gives "reused"
+   * run 4, its third (NTH, issue 63) */
+  sim(&d, "between", "small.csv", "4", "4");
+  sim(&d, "reused", "small.csv", "4", "4");
+  r = runs_until(&d, "reused", "\n4,finished,");
+  ck_assert_int_eq(r.code, 0);
+  const char *third = strstr(r.out, "\n4,finished,");
+  ck_assert_msg(third != NULL && strstr(third, ",3\n") != NULL &&
+                    strstr(r.out, ",nth\n") != NULL &&
+                    strstr(r.out, ",1\n2,finished") != NULL,
+                "%s", r.out);
+  tu_run_free(&r);
   /* each run's units and events are its own */
   r = ctl(&d, "history", "reused", "--run", "1", "--json");
   ck_assert_int_eq(r.code, 0);
@@ -133,8 +145,8 @@ START_TEST(a_name_used_again_is_a_new_run_and_overwrites_nothing) {
   tu_daemon_start_in(&d, NULL, NULL, d.dir, NULL);
   sim(&d, "other", "small.csv", "4", "4");
   free(decisions(&d, "other", NULL, 200));
-  r = runs_until(&d, "other", "\n3,finished,");
-  ck_assert_msg(strstr(r.out, "\n3,finished,") != NULL, "%s", r.out);
+  r = runs_until(&d, "other", "\n5,finished,");
+  ck_assert_msg(strstr(r.out, "\n5,finished,") != NULL, "%s", r.out);
   tu_run_free(&r);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
   tu_rmrf(d.dir);
@@ -199,12 +211,13 @@ START_TEST(a_version_2_database_migrates_to_runs) {
   /* runs numbered in the order the jobs were created: older, then old */
   ck_assert_msg(strstr(r.out, "\n2,finished,1,3,1,") != NULL, "%s", r.out);
   tu_run_free(&r);
-  /* a table shows times as ISO 8601 UTC; CSV keeps epoch ms (above) */
+  /* a table shows times as ISO 8601 UTC; CSV keeps epoch ms (above);
+   * then NTH: run 2 is the first of "old" */
   r = ctl(&d, "runs", "old", NULL, NULL, NULL);
   ck_assert_int_eq(r.code, 0);
   regex_t iso;
   ck_assert_int_eq(regcomp(&iso, " [0-9]{4}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:"
-                                 "[0-5][0-9]:[0-6][0-9]\\.[0-9]{3}Z\n",
+                                 "[0-5][0-9]:[0-6][0-9]\\.[0-9]{3}Z +1 *\n",
                            REG_EXTENDED), 0);
   ck_assert_msg(strstr(r.out, "CREATED (UTC)") != NULL &&
                     regexec(&iso, r.out, 0, NULL, 0) == 0,

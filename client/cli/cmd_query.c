@@ -42,7 +42,8 @@ static const column job_cols[] = {
 static const column run_cols[] = {
     {"run", "RUN", 6},        {"state", "STATE", 9}, {"pass", "PASS", 5},
     {"last_step", "STEP", 8}, {"reporters", "REPORTERS", 9},
-    {"created_at", "CREATED (UTC)", 24}, {NULL, NULL, 0}};
+    {"created_at", "CREATED (UTC)", 24}, {"nth", "NTH", 4},
+    {NULL, NULL, 0}};
 static const column unit_cols[] = {
     {"id", "ID", 6},        {"name", "NAME", 24},     {"shards", "SHARDS", 6},
     {"reports", "REPORTS", 8}, {"mean", "MEAN", 11},  {"g", "G", 9},
