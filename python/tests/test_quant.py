@@ -334,6 +334,37 @@ class QuantLinearTest(unittest.TestCase):
             lin(torch.randn(2, 32) * 100)
         self.assertEqual(lin.low_error, 0.0)
 
+    def test_compiled_it_runs_eagerly_with_the_same_numbers(self):
+        """Issue 63: QuantLinear's forward is torch.compiler.disable (said
+        in docs/python.md): under torch.compile the rest of the model is
+        compiled around it and it runs as in eager mode, each route as
+        switched, the numbers eager's."""
+        torch.manual_seed(4)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(32, 32), torch.nn.ReLU(),
+            QuantLinear(32, 32, low="nvfp4", high="bf16"),
+            torch.nn.ReLU(), torch.nn.Linear(32, 4)).train()
+        x = torch.randn(6, 32)
+        compiled = torch.compile(model, backend="eager")
+        q = model[2]
+        for high in (False, True, False):
+            switch("q", q, high)
+            outs = []
+            for m in (model, compiled):
+                model.zero_grad()
+                y = m(x)
+                y.square().sum().backward()
+                outs.append((y.detach(), q.weight.grad.clone(),
+                             q.low_error))
+            self.assertTrue(torch.equal(outs[0][0], outs[1][0]), high)
+            self.assertTrue(torch.equal(outs[0][1], outs[1][1]), high)
+            self.assertEqual(outs[0][2], outs[1][2])
+        # the two routes differ: the switch reached the compiled model
+        switch("q", q, False)
+        low = compiled(x).detach()
+        switch("q", q, True)
+        self.assertFalse(torch.equal(low, compiled(x).detach()))
+
 
 if __name__ == "__main__":
     unittest.main()
