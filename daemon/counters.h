@@ -60,6 +60,9 @@
      "Decisions not sent: finished after the leadership lease ran out.")       \
   XX(admin_queries_refused, "admin_queries_refused", "",                       \
      "History queries refused: their connection had 8 in progress.")          \
+  XX(resumes_busy, "resumes_busy", "",                                         \
+     "Resume Hellos answered BUSY for want of a read place: 8 reads at "      \
+     "once, one a connection, two a key under tenancy.")                      \
   XX(durable_waits, "durable_waits", "",                                       \
      "Times a job's next step waited because as many of its decisions as "    \
      "its agents hold were sent and not yet committed.")                       \

@@ -379,7 +379,8 @@ static int find_job(hello_ctx *hc) {
       !h->observer &&
       (d->allow == NULL ||
        gnmr__allow_may(d->allow, hc->user, hc->name_owner, h->job)) &&
-      reopen__ask(d, h->job) == REOPEN_PENDING)
+      reopen__ask(d, h->job, hc->id, hc->id_len,
+                  d->allow != NULL ? hc->user : NULL) == REOPEN_PENDING)
     /* a resume under a name whose run ended: read back first (reopen.c);
      * ref "run": the agent says Hello again soon */
     REFUSE(GNMR_E_BUSY, "run", "job %.64s has no live run: its newest run "

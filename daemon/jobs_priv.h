@@ -144,7 +144,10 @@ enum { REOPEN_NONE, REOPEN_PENDING };
  * name, which has no live job: REOPEN_PENDING while the name's newest run
  * is read back (answer BUSY "run": the agent says Hello again soon, and
  * then joins the run if it ended and was restored), REOPEN_NONE when there
- * is nothing to resume (a new run, as ever). */
-int reopen__ask(gnmrd *d, const char *name);
+ * is nothing to resume (a new run, as ever). id: the asking connection's
+ * routing id; key: its agent key under tenancy (NULL without): each has a
+ * bounded share of the reads. */
+int reopen__ask(gnmrd *d, const char *name, const void *id, size_t id_len,
+                const char *key);
 
 #endif /* GNMRD_JOBS_PRIV_H */

@@ -17,9 +17,16 @@
  * job. A read that found the history behind (the run's last records still
  * queued) is thrown away, and the next Hello reads again.
  *
- * At most REOPEN_MAX names are read at once; past that, BUSY as well.
- * Loop thread, but for the pool's read (reopen_work), which touches only
- * its own request. */
+ * At most REOPEN_MAX names are read at once, at most one for a
+ * connection (a rank resumes one job) and, under tenancy, at most
+ * REOPEN_PER_KEY for an agent key; past that, BUSY as well. A read that
+ * found nothing to resume holds no read place while its answer waits for
+ * the repeated Hello (issue 62: a peer's ~400 resume Hellos a second of
+ * fresh names left every place waiting for 10 s, and the owner's resume
+ * of its finished run got BUSY 60 times in 15 s): those answers are kept
+ * apart, at most REOPEN_NONE_KEPT, the oldest forgotten first (its Hello
+ * then reads again). Loop thread, but for the pool's read (reopen_work),
+ * which touches only its own request. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +36,9 @@
 #include "log.h"
 
 #define REOPEN_MAX 8
+#define REOPEN_PER_KEY 2
+#define REOPEN_NONE_KEPT 4096
+#define REOPEN_PEER_MAX 64 /* a ZeroMQ routing id: 1 to 255 bytes */
 /* How long "nothing to resume" waits for the repeated Hello it answers
  * (an agent that went away leaves it: it must not hold a place) */
 #define REOPEN_NONE_MS 10000
@@ -41,6 +51,9 @@ typedef struct reopen {
   char *name, *where; /* where: the store's path (store_target's) */
   int state; /* R_LOADING, then R_NONE (nothing to resume) or gone */
   uint64_t none_at; /* uv_now when it became R_NONE */
+  unsigned char peer[REOPEN_PEER_MAX]; /* the asking connection */
+  size_t peer_len;
+  char *key; /* the asking agent key (tenancy), or NULL */
   int rv;    /* the pool's: store_load_newest's */
   char run_state[32];
   char err[256];
@@ -48,13 +61,14 @@ typedef struct reopen {
   struct reopen *next;
 } reopen;
 
-static reopen *reopens; /* loop thread */
-static unsigned n_reopens;
+static reopen *reopens; /* loop thread, the newest first */
+static unsigned n_reopens, n_loading;
 
 static void reopen_free(reopen *r) {
   store__job_clear(&r->sj);
   free(r->name);
   free(r->where);
+  free(r->key);
   free(r);
 }
 
@@ -63,8 +77,48 @@ static void reopen_unlink(reopen *r) {
     if (*p == r) {
       *p = r->next;
       n_reopens--;
+      n_loading -= r->state == R_LOADING;
       return;
     }
+}
+
+/* A read's place back: its answer (nothing to resume) waits apart. */
+static void reopen_none(reopen *r, uint64_t now) {
+  n_loading -= r->state == R_LOADING;
+  r->state = R_NONE;
+  r->none_at = now;
+}
+
+/* Answers nobody came for within REOPEN_NONE_MS, and past
+ * REOPEN_NONE_KEPT the oldest, forgotten. */
+static void reopen_expire(uint64_t now) {
+  unsigned kept = 0;
+  for (reopen **p = &reopens; *p != NULL;) {
+    reopen *r = *p;
+    if (r->state == R_NONE &&
+        (now - r->none_at >= REOPEN_NONE_MS || ++kept > REOPEN_NONE_KEPT)) {
+      *p = r->next;
+      n_reopens--;
+      reopen_free(r);
+    } else {
+      p = &r->next;
+    }
+  }
+}
+
+/* Whether this connection, or this key, holds as many reads as it may. */
+static int reopen_peer_full(const void *id, size_t id_len, const char *key) {
+  unsigned of_key = 0;
+  for (reopen *r = reopens; r != NULL; r = r->next) {
+    if (r->state != R_LOADING)
+      continue;
+    if (r->peer_len == id_len && memcmp(r->peer, id, id_len) == 0)
+      return 1;
+    if (key != NULL && r->key != NULL && strcmp(r->key, key) == 0 &&
+        ++of_key >= REOPEN_PER_KEY)
+      return 1;
+  }
+  return 0;
 }
 
 static void reopen_work(uv_work_t *req) {
@@ -106,26 +160,16 @@ static void reopen_done(uv_work_t *req, int status) {
       return;
     }
   }
-  r->state = R_NONE; /* the next Hello begins a new run */
-  r->none_at = uv_now(d->loop);
+  reopen_none(r, uv_now(d->loop)); /* the next Hello begins a new run */
   store__job_clear(&r->sj);
   memset(&r->sj, 0, sizeof r->sj);
 }
 
-int reopen__ask(gnmrd *d, const char *name) {
+int reopen__ask(gnmrd *d, const char *name, const void *id, size_t id_len,
+                const char *key) {
   if (d->st == NULL || d->stopping)
     return REOPEN_NONE;
-  uint64_t now = uv_now(d->loop);
-  for (reopen **p = &reopens; *p != NULL;) { /* answers nobody came for */
-    reopen *r = *p;
-    if (r->state == R_NONE && now - r->none_at >= REOPEN_NONE_MS) {
-      *p = r->next;
-      n_reopens--;
-      reopen_free(r);
-    } else {
-      p = &r->next;
-    }
-  }
+  reopen_expire(uv_now(d->loop));
   for (reopen *r = reopens; r != NULL; r = r->next) {
     if (strcmp(r->name, name) != 0)
       continue;
@@ -135,17 +179,23 @@ int reopen__ask(gnmrd *d, const char *name) {
     reopen_free(r);
     return REOPEN_NONE;
   }
-  if (n_reopens >= REOPEN_MAX)
+  if (n_loading >= REOPEN_MAX || id_len > REOPEN_PEER_MAX ||
+      reopen_peer_full(id, id_len, key)) {
+    d->c.resumes_busy++;
     return REOPEN_PENDING;
+  }
   reopen *r = calloc(1, sizeof *r);
   if (r == NULL || (r->name = strdup(name)) == NULL ||
-      (r->where = strdup(store_path(d->st))) == NULL) {
+      (r->where = strdup(store_path(d->st))) == NULL ||
+      (key != NULL && (r->key = strdup(key)) == NULL)) {
     if (r != NULL)
       reopen_free(r);
     return REOPEN_NONE; /* out of memory: a new run, as before */
   }
   r->d = d;
   r->state = R_LOADING;
+  memcpy(r->peer, id, id_len);
+  r->peer_len = id_len;
   r->req.data = r;
   if (uv_queue_work(d->loop, &r->req, reopen_work, reopen_done) != 0) {
     reopen_free(r);
@@ -154,6 +204,7 @@ int reopen__ask(gnmrd *d, const char *name) {
   r->next = reopens;
   reopens = r;
   n_reopens++;
+  n_loading++;
   return REOPEN_PENDING;
 }
 

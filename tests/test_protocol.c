@@ -5,6 +5,8 @@
  * impersonation, extra frames. Each gets a clear Error or a counted drop,
  * and a well-behaved agent on the same daemon is served throughout. */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <zmq.h>
 
 #include "gnmr/agent.h"
@@ -670,6 +672,89 @@ START_TEST(a_resume_continues_a_run_that_ended) {
 }
 END_TEST
 
+/* Resume Hellos of fresh names from 4 connections that never read an
+ * answer, until told to stop: 1,600 a second (the round's peer sent
+ * 400), 160 under valgrind. */
+typedef struct resume_flood {
+  const char *agents;
+  atomic_int stop;
+  long sent;
+} resume_flood;
+
+static void *resume_flooder(void *arg) {
+  resume_flood *f = arg;
+  raw_peer p[4];
+  for (int k = 0; k < 4; k++)
+    p[k] = raw_open(f->agents);
+  char name[48];
+  while (!atomic_load(&f->stop)) {
+    for (int k = 0; k < 4; k++) {
+      snprintf(name, sizeof name, "flood-%d-%ld", k, f->sent++);
+      hello_start(&p[k], name, 2);
+    }
+    usleep(2500 * (unsigned)tu_slow());
+  }
+  for (int k = 0; k < 4; k++)
+    raw_close(&p[k]);
+  return NULL;
+}
+
+/* Issue 62: one peer's ~400 resume Hellos a second of fresh names held
+ * every read place (each read that found nothing kept its place 10 s,
+ * waiting for the repeated Hello), and the owner's resume of its finished
+ * run got BUSY for 15 s. Now a connection holds one read at a time and an
+ * answer waiting holds no read place: under a flood from 4 connections
+ * the owner's resume is read back and joins its run within hello_until's
+ * 3 s. */
+START_TEST(a_flood_of_fresh_resumes_does_not_keep_out_the_owner) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  raw_peer a = raw_open(d.agents);
+  uint64_t run1 = two_steps(&a, "owned-job", 0);
+  say_bye(&a, "owned-job", 0);
+  wait_run_state(&d, "owned-job", "finished");
+  raw_close(&a);
+  resume_flood f = {.agents = d.agents};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, resume_flooder, &f), 0);
+  usleep(500 * 1000); /* the flood under way */
+  raw_peer b = raw_open(d.agents);
+  Gnmr__Envelope *w = hello_until(&b, "owned-job", 2, 0);
+  atomic_store(&f.stop, 1);
+  pthread_join(th, NULL);
+  ck_assert_msg(w->body_case == GNMR__ENVELOPE__BODY_WELCOME,
+                "the owner's resume: body %d", (int)w->body_case);
+  ck_assert_uint_eq(w->welcome->run, run1);
+  gnmr__wire_free(&w);
+  raw_close(&b);
+  run_result r = ctl_run(&d, "stats", NULL, NULL, NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(f.sent > 200 && stat_value(r.out, "hellos_refused") > 200,
+                "the flood: %ld Hellos, %lld refused", f.sent,
+                stat_value(r.out, "hellos_refused"));
+  tu_run_free(&r);
+  /* a burst on one connection: one read at a time, the rest BUSY for
+   * want of a place, counted */
+  raw_peer c = raw_open(d.agents);
+  char name[32];
+  for (int k = 0; k < 64; k++) {
+    snprintf(name, sizeof name, "burst-%d", k);
+    hello_start(&c, name, 2);
+  }
+  for (int k = 0; k < 64; k++) {
+    Gnmr__Envelope *e = raw_recv(&c, raw_reply_ms());
+    ck_assert_ptr_nonnull(e);
+    gnmr__wire_free(&e);
+  }
+  raw_close(&c);
+  r = ctl_run(&d, "stats", NULL, NULL, NULL, NULL);
+  ck_assert_msg(stat_value(r.out, "resumes_busy") > 0, "%s", r.out);
+  tu_run_free(&r);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(late_rank_makes_units_missing_not_smaller) {
   /* Rank 1 of 2 joins after rank 0 reported three steps. Before the
    * job's first decision a deadline waits for every rank's first report
@@ -1073,6 +1158,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, late_rank_makes_units_missing_not_smaller);
   tcase_add_test(tc, a_fresh_start_ends_a_run_whose_processes_are_gone);
   tcase_add_test(tc, a_resume_continues_a_run_that_ended);
+  tcase_add_test(tc, a_flood_of_fresh_resumes_does_not_keep_out_the_owner);
   tcase_add_test(tc, many_connections_opening_and_closing_are_harmless);
   tcase_add_test(tc, admin_endpoint_refuses_non_admin_messages);
   tcase_add_test(tc, error_codes_in_the_proto_match_the_error_table);
