@@ -29,6 +29,9 @@
      "Hellos answered with an Error.")                                         \
   XX(hellos_away, "hellos_away", "",                                           \
      "Hellos over 1 MiB, decoded and checked off the loop.")                   \
+  XX(hellos_away_busy, "hellos_away_busy", "",                                 \
+     "Hellos over 1 MiB answered BUSY: 4 away at once, one a connection, "    \
+     "two a key under tenancy.")                                              \
   XX(jobs_created, "jobs_created", "", "Jobs created by a first Hello.")       \
   XX(jobs_finished, "jobs_finished", "", "Jobs whose every rank said Bye.")    \
   XX(reports, "reports", "", "Reports accepted.")                              \

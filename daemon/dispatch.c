@@ -172,10 +172,13 @@ static void on_bye(gnmrd *d, const void *id, size_t id_len,
  * past that a large Hello is answered BUSY, and the agent sends it again
  * (it repeats an unanswered Hello). The agent sends
  * nothing else before its Welcome (it holds its reports until joined),
- * so nothing of its overtakes the Hello; another Hello of the same
- * connection meanwhile is one more rejoin. */
+ * so nothing of its overtakes the Hello. A connection has one Hello away
+ * at a time and, under tenancy, an agent key HELLO_AWAY_PER_KEY (issue
+ * 62: one peer's Hellos held every place); another large Hello of theirs
+ * meanwhile is answered BUSY as well. */
 #define HELLO_AWAY_BYTES (1u << 20)
 #define HELLO_AWAY_MAX 4
+#define HELLO_AWAY_PER_KEY 2
 #define HELLO_AWAY_TOTAL ((size_t)256 << 20)
 
 typedef struct hello_away {
@@ -201,6 +204,30 @@ typedef struct hello_away {
 
 static unsigned hellos_away; /* loop thread */
 static size_t hello_away_bytes;
+static hello_away *away[HELLO_AWAY_MAX]; /* those on the pool */
+
+static void away_forget(const hello_away *a) {
+  for (int k = 0; k < HELLO_AWAY_MAX; k++)
+    if (away[k] == a)
+      away[k] = NULL;
+}
+
+/* Why this connection or key may send no more away, or NULL. */
+static const char *away_full(const void *id, size_t id_len,
+                             const char *user, int tenancy) {
+  unsigned of_key = 0;
+  for (int k = 0; k < HELLO_AWAY_MAX; k++) {
+    const hello_away *a = away[k];
+    if (a == NULL)
+      continue;
+    if (a->id_len == id_len && memcmp(a->id, id, id_len) == 0)
+      return "this connection's last one is being taken in";
+    if (tenancy && user != NULL && a->user != NULL &&
+        strcmp(a->user, user) == 0 && ++of_key >= HELLO_AWAY_PER_KEY)
+      return "this key's are being taken in";
+  }
+  return NULL;
+}
 
 /* What a's fields hold; a itself is the caller's. */
 static void hello_away_clear(hello_away *a) {
@@ -264,6 +291,7 @@ static void hello_away_done(uv_work_t *req, int status) {
   gnmrd *d = a->d;
   hellos_away--;
   hello_away_bytes -= a->len;
+  away_forget(a);
   if (status != 0 || d->stopping) {
     hello_away_free(a);
     return;
@@ -292,12 +320,15 @@ static void hello_away_done(uv_work_t *req, int status) {
 static int hello_send_away(gnmrd *d, const void *id, size_t id_len,
                            const void *data, size_t len, const char *user) {
   d->c.hellos++;
-  if (hellos_away >= HELLO_AWAY_MAX ||
+  const char *full = away_full(id, id_len, user, d->allow != NULL);
+  if (full != NULL || hellos_away >= HELLO_AWAY_MAX ||
       (hellos_away > 0 && hello_away_bytes + len > HELLO_AWAY_TOTAL)) {
     d->c.hellos_refused++;
+    d->c.hellos_away_busy++;
     jobs__reply_error(d, id, id_len, GNMR_E_BUSY, "hello", 0,
-                      "gnmrd is taking in %u other large Hellos; this one "
-                      "is sent again", hellos_away);
+                      "gnmrd is taking in %u other large Hellos%s%s; this "
+                      "one is sent again", hellos_away, full ? ": " : "",
+                      full ? full : "");
     return 1;
   }
   hello_away *a = calloc(1, sizeof *a);
@@ -330,6 +361,11 @@ static int hello_send_away(gnmrd *d, const void *id, size_t id_len,
   hellos_away++;
   hello_away_bytes += len;
   d->c.hellos_away++;
+  for (int k = 0; k < HELLO_AWAY_MAX; k++)
+    if (away[k] == NULL) {
+      away[k] = a;
+      break;
+    }
   return 1;
 }
 

@@ -1345,6 +1345,57 @@ START_TEST(a_large_hellos_refusals_are_a_small_ones) {
 }
 END_TEST
 
+/* Issue 62: one peer's large Hellos took every place gnmrd decodes them
+ * in (32 connections looping 2^20-unit Hellos kept a real large job BUSY
+ * for 21 s). A connection now has one away at a time: five pipelined
+ * from one connection are one decoded (refused: a name listed twice) and
+ * four BUSY, and another connection's, sent right after them, is taken
+ * in (before: four of the five away, the other's BUSY). */
+START_TEST(one_connection_has_one_large_hello_away) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  const int N = tu_slow() > 1 ? 1 << 15 : 1 << 16; /* over 1 MiB */
+  char **units = expert_names(N, 256, "up_proj");
+  raw_peer flood = raw_open(d.agents), other = raw_open(d.agents);
+  char *keep = units[N - 1];
+  units[N - 1] = units[3]; /* listed twice: refused after decoding */
+  for (int k = 0; k < 5; k++)
+    hello(&flood, "dup-large", 0, 1, units, (size_t)N, 2.0);
+  units[N - 1] = keep;
+  hello(&other, "good-large", 0, 1, units, (size_t)N, 2.0);
+  Gnmr__Envelope *e = raw_recv(&other, 60000);
+  ck_assert_ptr_nonnull(e);
+  ck_assert_msg(e->body_case == GNMR__ENVELOPE__BODY_WELCOME,
+                "the other connection's Hello: body %d (%s)",
+                (int)e->body_case,
+                e->body_case == GNMR__ENVELOPE__BODY_ERROR
+                    ? e->error->message
+                    : "");
+  gnmr__wire_free(&e);
+  int busy = 0, dup = 0;
+  for (int k = 0; k < 5; k++) {
+    e = raw_recv(&flood, 60000);
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_eq(e->body_case, GNMR__ENVELOPE__BODY_ERROR);
+    if (e->error->code == GNMR_E_BUSY) {
+      busy++;
+      ck_assert_msg(strstr(e->error->message, "this connection's") != NULL,
+                    "%s", e->error->message);
+    }
+    dup += e->error->code == GNMR_E_DUP;
+    gnmr__wire_free(&e);
+  }
+  ck_assert_int_ge(busy, 1);
+  ck_assert_int_eq(busy + dup, 5);
+  ck_assert_int_eq(tu_counter(&d, "hellos_away_busy"), busy);
+  raw_close(&flood);
+  raw_close(&other);
+  free_names(units, N);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 /* Issue 62: after refused 105 MB observer Hellos gnmrd kept +272 MB: a
  * large Hello's blocks, freed, stayed in the malloc arenas (glibc's mmap
  * threshold rises to each large block freed). gnmrd maps blocks of 16 MiB
@@ -2264,6 +2315,7 @@ static Suite *suite(void) {
   tcase_set_timeout(wide, 300);
   tcase_add_test(wide, a_million_unit_hello_does_not_stall_another_job);
   tcase_add_test(wide, a_large_hellos_refusals_are_a_small_ones);
+  tcase_add_test(wide, one_connection_has_one_large_hello_away);
   suite_add_tcase(s, wide);
   /* RSS after large Hellos and a large job: a case of its own, so that
    * nothing else in the process of the tests shares its figures */

@@ -729,7 +729,9 @@ START_TEST(a_flood_of_fresh_resumes_does_not_keep_out_the_owner) {
   raw_close(&b);
   run_result r = ctl_run(&d, "stats", NULL, NULL, NULL, NULL);
   ck_assert_int_eq(r.code, 0);
-  ck_assert_msg(f.sent > 200 && stat_value(r.out, "hellos_refused") > 200,
+  /* valgrind's flood is a tenth, and slower still */
+  long least = tu_slow() > 1 ? 20 : 200;
+  ck_assert_msg(f.sent > least && stat_value(r.out, "hellos_refused") > least,
                 "the flood: %ld Hellos, %lld refused", f.sent,
                 stat_value(r.out, "hellos_refused"));
   tu_run_free(&r);
