@@ -51,6 +51,9 @@ void store_mark_hold(store_mark *m, uint32_t pass, uint64_t step);
      "Failed commits (retried).")                                            \
   XX(dropped, "store_dropped", "store_dropped_total", counter,              \
      "Records lost: store queue full.")                                      \
+  XX(fair_batches, "store_fair_batches", "store_fair_batches_total",        \
+     counter,                                                                \
+     "Batches taken a fair share per job from a queue over 16 MB.")          \
   XX(queued, "store_queued", "store_queue_depth", gauge,                    \
      "Records waiting for the store.")                                       \
   XX(queued_bytes, "store_queued_bytes", "store_queue_bytes", gauge,        \

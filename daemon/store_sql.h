@@ -41,6 +41,7 @@ struct store {
   store_rec *head, *tail; /* queue, under mu */
   uint64_t queued, queued_bytes;
   uint64_t batch_bytes;     /* the writer's batch, until committed */
+  uint64_t fair_batches;    /* batches take_fair made (under mu) */
   uint64_t queue_cap_bytes; /* 0: none */
   int dropping;             /* in a drop episode (logged once) */
   /* per run: the bytes of its records held (queued, or in the writer's

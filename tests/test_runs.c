@@ -586,6 +586,84 @@ START_TEST(the_store_queue_is_capped_in_bytes_while_the_database_is_away) {
 }
 END_TEST
 
+/* Issue 62: a job whose every unit exceeds queued 513 MB of records, and
+ * another job's decisions waited behind all of it, in one transaction.
+ * The writer now takes a fair share per job name of a backlog: here 40
+ * MB of one job's snapshots wait (the database refusing writes) with 5
+ * small records of another's behind them; once writes are taken, the
+ * other job's records are in the history while most of the backlog is
+ * still queued (before: the whole backlog first, then them). */
+START_TEST(one_jobs_backlog_does_not_hold_back_anothers_records) {
+  const char *dir = tu_tmpdir();
+  char err[256], flag[300], fault[320], path[300];
+  store *s;
+  snprintf(flag, sizeof flag, "%s/readonly", dir);
+  tu_write_file(flag, "");
+  snprintf(fault, sizeof fault, "readonly-while:%s", flag);
+  setenv("GNMR_STORE_FAULT", fault, 1);
+  ck_assert_int_eq(store_open(dir, 1, 0, &s, err, sizeof err), GNMR_OK);
+  unsetenv("GNMR_STORE_FAULT");
+  enum { BULK = 40, SNAP = 1 << 20, OTHER = 5 };
+  for (int i = 0; i < BULK; i++) {
+    store_rec *r = store_rec_new(REC_SNAPSHOT, "bulk");
+    r->run = 1;
+    r->pass = 1;
+    r->step = (uint64_t)i + 1;
+    r->snapshot = calloc(1, SNAP);
+    r->snapshot_len = SNAP;
+    store_put(s, r);
+  }
+  for (int i = 0; i < OTHER; i++) {
+    store_rec *r = store_rec_new(REC_EVENT, "other");
+    r->run = 2;
+    r->pass = 1;
+    r->step = (uint64_t)i + 1;
+    r->rank = UINT32_MAX;
+    r->text = strdup("marker");
+    store_put(s, r);
+  }
+  store_stats st;
+  store_get_stats(s, &st);
+  for (int i = 0; i < 3000 && st.errors == 0; i++) {
+    tu_sleep_ms(10);
+    store_get_stats(s, &st);
+  }
+  ck_assert_uint_gt(st.errors, 0);
+  ck_assert_int_eq(unlink(flag), 0);
+  snprintf(path, sizeof path, "%s/gnmr.db", dir);
+  sqlite3 *db;
+  ck_assert_int_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL),
+                   SQLITE_OK);
+  sqlite3_busy_timeout(db, 1000);
+  long other = 0, bulk_then = -1;
+  for (int i = 0; i < 6000 && other < OTHER; i++) {
+    sqlite3_stmt *q;
+    if (sqlite3_prepare_v2(db, "SELECT (SELECT count(*) FROM events WHERE "
+                               "run=2), (SELECT coalesce(max(step), 0) FROM "
+                               "snapshots WHERE run=1)", -1, &q,
+                           NULL) == SQLITE_OK &&
+        sqlite3_step(q) == SQLITE_ROW) {
+      other = sqlite3_column_int64(q, 0);
+      bulk_then = sqlite3_column_int64(q, 1);
+    }
+    sqlite3_finalize(q);
+    if (other < OTHER)
+      tu_sleep_ms(5);
+  }
+  sqlite3_close(db);
+  store_get_stats(s, &st);
+  printf("fair share: the other job's %ld records in the history with %ld "
+         "of %d backlog snapshots before them; %llu fair batches\n", other,
+         bulk_then, BULK, (unsigned long long)st.fair_batches);
+  fflush(stdout);
+  ck_assert_int_eq(other, OTHER);
+  ck_assert_int_lt(bulk_then, BULK / 2);
+  ck_assert_uint_gt(st.fair_batches, 0);
+  store_close(&s);
+  tu_rmrf(dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("runs");
   TCase *tc = tcase_create("runs");
@@ -596,6 +674,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, export_streams_in_bounded_memory);
   tcase_add_test(tc, a_large_export_never_stalls_the_loop);
   tcase_add_test(tc, the_store_queue_is_capped_in_bytes_while_the_database_is_away);
+  tcase_add_test(tc, one_jobs_backlog_does_not_hold_back_anothers_records);
   suite_add_tcase(s, tc);
   return s;
 }
