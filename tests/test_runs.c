@@ -495,34 +495,48 @@ START_TEST(a_large_export_never_stalls_the_loop) {
 }
 END_TEST
 
-/* While the database refuses writes, records wait within the byte cap;
- * beyond it new ones are dropped and counted; once it takes writes again,
- * every record kept is committed. */
-START_TEST(the_store_queue_is_capped_in_bytes_while_the_database_is_away) {
-  const char *dir = tu_tmpdir();
-  char err[256], flag[300], fault[320];
+/* A store at dir whose database refuses writes while `flag` (dir's
+ * "readonly", its path written there) exists: records wait in its queue
+ * until the test removes the file (GNMR_STORE_FAULT). */
+static store *readonly_store(const char *dir, char *flag, size_t cap) {
+  char err[256], fault[320];
   store *s;
-  /* read-only while the flag file exists: until every put below is done
-   * and counted (a window of time was not enough on a loaded machine
-   * under ASan, 1.5 s nor 8 s: the writer committed some of the puts
-   * meanwhile, and a second gap began) */
-  snprintf(flag, sizeof flag, "%s/readonly", dir);
+  snprintf(flag, cap, "%s/readonly", dir);
   tu_write_file(flag, "");
   snprintf(fault, sizeof fault, "readonly-while:%s", flag);
   setenv("GNMR_STORE_FAULT", fault, 1);
   ck_assert_int_eq(store_open(dir, 1, 0, &s, err, sizeof err), GNMR_OK);
   unsetenv("GNMR_STORE_FAULT");
-  store_set_queue_cap(s, 1 << 20);
-  enum { N = 50, SNAP = 100 * 1024 };
-  for (int i = 0; i < N; i++) {
-    store_rec *r = store_rec_new(REC_SNAPSHOT, "capped");
+  return s;
+}
+
+/* n snapshots of `bytes` zeros, steps 1..n of job's run 1 pass 1. */
+static void put_snapshots(store *s, const char *job, int n, size_t bytes) {
+  for (int i = 0; i < n; i++) {
+    store_rec *r = store_rec_new(REC_SNAPSHOT, job);
     r->run = 1;
     r->pass = 1;
     r->step = (uint64_t)i + 1;
-    r->snapshot = calloc(1, SNAP);
-    r->snapshot_len = SNAP;
+    r->snapshot = calloc(1, bytes);
+    r->snapshot_len = bytes;
     store_put(s, r);
   }
+}
+
+/* While the database refuses writes, records wait within the byte cap;
+ * beyond it new ones are dropped and counted; once it takes writes again,
+ * every record kept is committed. */
+START_TEST(the_store_queue_is_capped_in_bytes_while_the_database_is_away) {
+  const char *dir = tu_tmpdir();
+  char flag[300];
+  /* read-only while the flag file exists: until every put below is done
+   * and counted (a window of time was not enough on a loaded machine
+   * under ASan, 1.5 s nor 8 s: the writer committed some of the puts
+   * meanwhile, and a second gap began) */
+  store *s = readonly_store(dir, flag, sizeof flag);
+  store_set_queue_cap(s, 1 << 20);
+  enum { N = 50, SNAP = 100 * 1024 };
+  put_snapshots(s, "capped", N, SNAP);
   store_stats st;
   store_get_stats(s, &st);
   ck_assert_uint_le(st.queued_bytes, 1 << 20);
@@ -595,24 +609,10 @@ END_TEST
  * still queued (before: the whole backlog first, then them). */
 START_TEST(one_jobs_backlog_does_not_hold_back_anothers_records) {
   const char *dir = tu_tmpdir();
-  char err[256], flag[300], fault[320], path[300];
-  store *s;
-  snprintf(flag, sizeof flag, "%s/readonly", dir);
-  tu_write_file(flag, "");
-  snprintf(fault, sizeof fault, "readonly-while:%s", flag);
-  setenv("GNMR_STORE_FAULT", fault, 1);
-  ck_assert_int_eq(store_open(dir, 1, 0, &s, err, sizeof err), GNMR_OK);
-  unsetenv("GNMR_STORE_FAULT");
+  char flag[300], path[300];
+  store *s = readonly_store(dir, flag, sizeof flag);
   enum { BULK = 40, SNAP = 1 << 20, OTHER = 5 };
-  for (int i = 0; i < BULK; i++) {
-    store_rec *r = store_rec_new(REC_SNAPSHOT, "bulk");
-    r->run = 1;
-    r->pass = 1;
-    r->step = (uint64_t)i + 1;
-    r->snapshot = calloc(1, SNAP);
-    r->snapshot_len = SNAP;
-    store_put(s, r);
-  }
+  put_snapshots(s, "bulk", BULK, SNAP);
   for (int i = 0; i < OTHER; i++) {
     store_rec *r = store_rec_new(REC_EVENT, "other");
     r->run = 2;
