@@ -237,7 +237,8 @@ typedef struct wbatch {
   int stop; /* gnmrd stops: this is the last of the queue */
 } wbatch;
 
-/* A queue of more than FAIR_BATCH_BYTES is taken a fair batch at a time:
+/* A queue of more than FAIR_BATCH_BYTES that holds more than one job name
+ * (queue_shared) is taken a fair batch at a time:
  * each job name at most FAIR_RUN_BYTES of it (its first record always),
  * its records in their order (every run of a name together: a fresh run
  * that ends the name's last one commits after that run's records, so no
@@ -329,9 +330,20 @@ static void take_fair(store *s, uint64_t limit, wbatch *w) {
   s->fair_batches++;
 }
 
+/* Whether the queue holds records of more than one job name (under mu):
+ * a queue of one name is taken as ever, whole or its first `limit`. */
+static int queue_shared(const store *s) {
+  uint64_t first = s->head != NULL ? fair_key(s->head->job) : 0;
+  for (const store_rec *r = s->head; r != NULL; r = r->next)
+    if (fair_key(r->job) != first)
+      return 1;
+  return 0;
+}
+
 /* Waits for records (or the stop), then takes the queue: all of it, a
- * fair batch of it when it holds more than FAIR_BATCH_BYTES, or its first
- * `limit` records after a failure (0: no limit). */
+ * fair batch of it when it holds more than FAIR_BATCH_BYTES of more than
+ * one job, or its first `limit` records after a failure (0: no limit;
+ * a fair batch again when the queue is shared). */
 static void take_batch(store *s, uint64_t limit, wbatch *w) {
   pthread_mutex_lock(&s->mu);
   for (;;) {
@@ -347,8 +359,10 @@ static void take_batch(store *s, uint64_t limit, wbatch *w) {
   w->head = s->head;
   w->n = s->queued;
   w->bytes = s->queued_bytes;
-  if (!s->stop && (s->queued_bytes > FAIR_BATCH_BYTES ||
-                    (limit != 0 && s->queued > limit))) {
+  if (!s->stop &&
+      (s->queued_bytes > FAIR_BATCH_BYTES ||
+       (limit != 0 && s->queued > limit)) &&
+      queue_shared(s)) {
     take_fair(s, limit, w);
   } else if (limit == 0 || w->n <= limit) {
     s->head = s->tail = NULL;
