@@ -18,6 +18,9 @@
 #include "text.h"
 #include "validate.h"
 
+/* How long a closing agent lets its Bye out (gnmr_agent_close). */
+#define BYE_LINGER_MS 500
+
 /* A report waiting for the daemon's Welcome. */
 typedef struct held_msg {
   void *buf;
@@ -514,7 +517,13 @@ void *gnmr__agent_io_main(void *arg) {
     env.bye = &bye;
     if (atomic_load(&a->joined) &&
         gnmr__wire_encode(&env, &buf, &len) == GNMR_OK) {
-      zmq_send(io.dealer, buf, len, ZMQ_DONTWAIT);
+      /* the Bye is let out before the socket closes (it lingered 0 ms
+       * and, under load, went with the socket: gnmrd kept the run
+       * 'running'); at most BYE_LINGER_MS, only where gnmrd is connected
+       * (ZMQ_IMMEDIATE queues nothing to a connection that is not) */
+      int linger = BYE_LINGER_MS;
+      if (zmq_send(io.dealer, buf, len, ZMQ_DONTWAIT) >= 0)
+        zmq_setsockopt(io.dealer, ZMQ_LINGER, &linger, sizeof linger);
       free(buf);
     }
   }

@@ -10,6 +10,7 @@ gnmrd is, in order: $GNMR_GNMRD, the one bundled in the wheel
 `python -m gnmr.ctl` (the `gnmr-ctl` command) runs gnmrctl the same way.
 """
 import atexit
+import json
 import logging
 import os
 import shutil
@@ -275,6 +276,33 @@ class Private:
                 return f.read().decode("utf-8", "backslashreplace")
         except OSError:
             return "(unreadable)"
+
+    def ended(self, job, wait_s=2.0):
+        """Waits (at most wait_s) until gnmrd has taken the job's Byes:
+        the job no longer live in `gnmrctl jobs`. A SIGTERM sent right
+        after the trainer's Bye could stop gnmrd before it read the Bye:
+        the run then stayed 'running' in the history, the next private
+        gnmrd on the same data directory took it up again (a new pass)
+        and `--store` reads called it interrupted (seen under load in the
+        README's quickstart, where two snippets share one directory).
+        Nothing to wait for when gnmrctl is not found."""
+        ctl = find_gnmrd("gnmrctl")
+        p = getattr(self, "proc", None)
+        if ctl is None or p is None or p.poll() is not None:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                r = subprocess.run([ctl, "--admin", self.admin, "jobs",
+                                    "--json"], capture_output=True,
+                                   text=True, timeout=wait_s)
+                live = [j for j in json.loads(r.stdout or "[]")
+                        if j.get("name") == job and j.get("live")]
+            except (OSError, ValueError, subprocess.SubprocessError):
+                return   # gnmrctl cannot tell: stop as before
+            if not live:
+                return
+            time.sleep(0.02)
 
     def stop(self, wait_s=30.0):
         """Stops gnmrd (SIGTERM: it commits what it holds and snapshots

@@ -692,5 +692,6 @@ class Controller(Clipping):
             self._trace = None
         self.agent.close()
         if self._private is not None:  # after the Bye: the job finished
+            self._private.ended(self.job)
             self._private.stop()
             self._private = None

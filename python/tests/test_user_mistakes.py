@@ -132,6 +132,48 @@ class PrivateDaemonTest(unittest.TestCase):
         r = self.ctl("--store", data, "jobs")
         self.assertRegex(r.stdout, r"private-job\s+finished")
 
+    def test_runs_sharing_a_data_dir_each_end_finished(self):
+        """The README's quickstart gives two snippets one data directory.
+        Once, in a make check on a loaded machine, the first's run read
+        'interrupted' in pass 2: it was still 'running' when its private
+        gnmrd stopped, and the next private gnmrd there took it up again.
+        Not reproduced on demand; two ways it can happen are closed: the
+        agent's Bye lingered 0 ms (it could go with its socket), and the
+        Controller sent SIGTERM right after the Bye (gnmrd could stop
+        before reading it): the Bye is let out now, and the Controller
+        stops its gnmrd once the job is no longer live. Six runs of two
+        jobs on one directory, gnmrd held still (SIGSTOP) for 0.5 s while
+        every other one closes: each run finished, in pass 1."""
+        import signal
+        import threading
+        net, x = Net(), torch.randn(4, 8)
+        data = os.path.join(self.tmp, "shared", "gnmr")
+        for k in range(6):
+            with self.assertLogs("gnmr", "WARNING"):
+                ctl = Controller(net, job=f"shared-{k % 2}", data_dir=data,
+                                 params=params(), on_route=False)
+            for step in range(1, 4):
+                backward(net, x)
+                self.assertTrue(ctl.step(step, wait_ms=5000).on_time)
+            if k % 2:
+                pid = ctl._private.pid
+                os.kill(pid, signal.SIGSTOP)
+                t = threading.Timer(0.5, os.kill, (pid, signal.SIGCONT))
+                t.start()
+                ctl.close()
+                t.join()
+            else:
+                ctl.close()
+        for job in ("shared-0", "shared-1"):
+            r = self.ctl("--store", data, "runs", job, "--csv")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            rows = [line.split(",") for line in
+                    r.stdout.strip().splitlines()[1:]]
+            self.assertEqual(len(rows), 3, r.stdout)
+            # run,state,pass,...: every run finished in its first pass
+            self.assertEqual({(row[1], row[2]) for row in rows},
+                             {("finished", "1")}, r.stdout)
+
     def test_a_default_endpoint_another_account_made_is_never_joined(self):
         """Issue 62: another account (a system one, uid < 1000, or an
         ordinary user) that makes this user's default socket directory
