@@ -809,8 +809,15 @@ class ControllerTest(unittest.TestCase):
         self.assertEqual(seen[k:], [want()[2]] * (4 - k))
         self.assertEqual(len(red._hcache.storages), 2)
         for step in range(7, 10):  # moved at every step: from the third,
-            st.resize_(0)  # every view is checked every step
+            before = buf.data_ptr()  # every view is checked every step
+            st.resize_(0)
+            # the freed block taken meanwhile, so that the buffer's new
+            # memory is elsewhere (the allocator gave the same block back
+            # once, and nothing had moved)
+            hold = torch.empty(total)
             st.resize_(nbytes)
+            self.assertNotEqual(buf.data_ptr(), before)
+            del hold
             buf.copy_(torch.randn(total))
             self.assertEqual(got(ctl.step(step, wait_ms=5000)), want())
         self.assertEqual(red.spot, 0)
