@@ -445,6 +445,8 @@ test-multinode: all
 
 check: deps-check layers
 	@$(MAKE) --no-print-directory test
+	@echo "== the benchmarks build (make bench runs them)"
+	@$(MAKE) --no-print-directory $(BENCHES)
 	@$(MAKE) --no-print-directory test-multinode
 	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory test-python-newest

@@ -31,7 +31,16 @@ static store_rec *make_rec(uint64_t step) {
   r->events = calloc(EVENTS_PER, sizeof *r->events);
   r->n_events = EVENTS_PER;
   for (int i = 0; i < EVENTS_PER; i++)
-    r->events[i] = (store_event){(uint32_t)i, 1, 1, 0, 1.5, 2.5, 3.5, 1.25};
+    r->events[i] = (store_event){.unit = (uint32_t)i,
+                                 .kind = 1,
+                                 .outcome = 1,
+                                 .norm = 1.5,
+                                 .g = 2.5,
+                                 .d = 3.5,
+                                 .s = 1.25,
+                                 .x = NAN,
+                                 .gm = NAN,
+                                 .dm = NAN};
   return r;
 }
 
