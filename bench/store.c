@@ -200,10 +200,10 @@ int main(void) {
     return 1;
   double raw = raw_inserts(dir);
   double ev = (double)RECORDS * EVENTS_PER;
-  printf("store %d step records x %d events: %.0f events/s persisted in %llu "
-         "batches (target >= 200000); raw batched SQLite inserts %.0f "
+  printf("store %d step records x %d events, persisted in %llu batches: "
+         "%.0f events/s (target >= 200000); raw batched SQLite inserts %.0f "
          "events/s: %.0f%% of raw\n",
-         RECORDS, EVENTS_PER, ev / dt, (unsigned long long)batches,
+         RECORDS, EVENTS_PER, (unsigned long long)batches, ev / dt,
          ev / raw, 100 * raw / dt);
   printf("store worst store_put() on the loop thread: %.1f us (it never "
          "waits on SQLite)\n", worst_put * 1e6);

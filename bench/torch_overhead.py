@@ -371,10 +371,11 @@ def main():
           f"{100 * (g - b) / b:+.2f}% (target <= 2%); late decisions {late}")
     for name, (pb, pd, pq1, pq3) in pairs:
         print(f"torch_overhead paired ({name}; two identical models, their "
-              f"steps alternated): median difference {pd * 1e3:+.2f} ms = "
-              f"{100 * pd / pb:+.2f}% of the {pb * 1e3:.2f} ms step (quartiles"
-              f" {100 * pq1 / pb:+.2f}% .. {100 * pq3 / pb:+.2f}%)" +
-              ("" if name.startswith("A/A") else " (target <= 2%)"))
+              f"steps alternated): median difference {pd * 1e3:+.2f} ms of "
+              f"the {pb * 1e3:.2f} ms step = {100 * pd / pb:+.2f}%" +
+              ("" if name.startswith("A/A") else " (target <= 2%)") +
+              f" (quartiles {100 * pq1 / pb:+.2f}% .. "
+              f"{100 * pq3 / pb:+.2f}%)")
     pb = pairs[1][1][0]
     print(f"torch_overhead CPU time per step of the step() pair beside the "
           f"training thread: gnmrd {cpu_gnmrd * 1e3:.2f} ms, the agent's "
@@ -385,9 +386,9 @@ def main():
     print(f"torch_overhead paired, both clipping to max_norm {CLIP} (A: "
           f"torch's clip_grad_norm_, B: step() + the controller's, which "
           f"reuses the report's sums): median difference {pd * 1e3:+.2f} ms"
-          f" = {100 * pd / pb:+.2f}% of the {pb * 1e3:.2f} ms step "
-          f"(quartiles {100 * pq1 / pb:+.2f}% .. {100 * pq3 / pb:+.2f}%) "
-          f"(target <= 2%); torch's clip {tc * 1e3:.2f} ms, step() + clip "
+          f" of the {pb * 1e3:.2f} ms step = {100 * pd / pb:+.2f}% "
+          f"(target <= 2%) (quartiles {100 * pq1 / pb:+.2f}% .. "
+          f"{100 * pq3 / pb:+.2f}%); torch's clip {tc * 1e3:.2f} ms, step() + clip "
           f"{gc * 1e3:.2f} ms: GNMR adds {(gc - tc) * 1e3:+.2f} ms = "
           f"{100 * (gc - tc) / pb:+.2f}% of the step (target <= 1%); "
           f"{scaled} of {n} steps scaled")

@@ -47,6 +47,20 @@ class BenchSummaryTest(unittest.TestCase):
         self.assertIn(r.stdout.strip(), written)
         self.assertRegex(written.splitlines()[0], r"^\d{4}-\d\d-\d\d$")
 
+    def test_the_figure_is_the_last_number_before_its_target(self):
+        # each benchmark prints its figure last before "(target": a count
+        # or a quartile there was read as the figure (a store run of 2
+        # batches read as 2 events/s, a paired step's upper quartile
+        # read as its median)
+        r, _ = self.run_on(
+            "store 5000 step records x 100 events, persisted in 2 batches: "
+            "485918 events/s (target >= 200000); raw 562015 events/s\n"
+            "torch_overhead paired (step(); two identical models, their "
+            "steps alternated): median difference +1.15 ms of the 57.52 ms "
+            "step = +2.00% (target <= 2%) (quartiles +0.90% .. +3.09%)\n")
+        self.assertIn("2 figures with a target, 2 within it, 0 short",
+                      r.stdout)
+
     def test_nothing_short_and_bad_input(self):
         r, _ = self.run_on("a = 1.0x raw (target <= 1.5x)\nno targets\n")
         self.assertIn("1 figures with a target, 1 within it, 0 short",
