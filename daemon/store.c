@@ -429,8 +429,13 @@ static void release_batch(store *s, store_rec *batch, int committed) {
    * back to the system once written, not only to this thread's arena
    * (issue 62); a running job's batches are not trimmed: its next step
    * would take the same pages again, faulting them in */
-  if (bytes >= STORE_TRIM_BYTES)
+  if (bytes >= STORE_TRIM_BYTES) {
+    /* and the snapshot buffers kept for reuse (a 2^19-unit job's: 56
+     * MB), which stayed until a larger snapshot came; a live job's next
+     * snapshot maps its buffer anew */
+    policy_snap_spares_drop();
     malloc_trim(0);
+  }
 }
 
 /* A damaged file: retrying cannot help, so the history stops here,

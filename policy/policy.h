@@ -230,6 +230,10 @@ void policy_snap_counts(uint64_t *snapshots, uint64_t *owner_helped);
  * bytes), and snapshots that found one. */
 void policy_snap_spares(uint32_t *buffers, uint64_t *bytes,
                         uint64_t *reused);
+/* Unmaps every kept buffer (a large job ended: its buffers would stay
+ * until a larger snapshot came); returns the bytes given back. Any
+ * thread; a snapshot after it maps its buffer anew. */
+uint64_t policy_snap_spares_drop(void);
 
 /* The steps' SIMD path (policy_simd.c): each lane does the scalar
  * engine's arithmetic in its order, so results are identical whichever

@@ -163,6 +163,26 @@ void policy_snap_spares(uint32_t *buffers, uint64_t *bytes,
     *reused = atomic_load(&n_reused);
 }
 
+uint64_t policy_snap_spares_drop(void) {
+  struct {
+    uint8_t *buf;
+    size_t cap;
+  } drop[POLICY_SNAP_SPARES];
+  pthread_mutex_lock(&spare_mu);
+  uint32_t n = n_spare;
+  uint64_t bytes = spare_bytes;
+  for (uint32_t i = 0; i < n; i++) {
+    drop[i].buf = spare[i].buf;
+    drop[i].cap = spare[i].cap;
+  }
+  n_spare = 0;
+  spare_bytes = 0;
+  pthread_mutex_unlock(&spare_mu);
+  for (uint32_t i = 0; i < n; i++) /* outside the lock: munmap is slow */
+    unmap(drop[i].buf, drop[i].cap);
+  return bytes;
+}
+
 /* Where piece k goes: after the header and k pieces of full windows. */
 static size_t piece_off(const policy_snap *s, uint32_t k) {
   return s->head + (size_t)k * SNAP_PIECE * s->unit_max;

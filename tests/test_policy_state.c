@@ -564,6 +564,12 @@ START_TEST(snapshot_buffers_are_reused_and_bounded) {
   ck_assert_uint_eq(nb, POLICY_SNAP_SPARES);
   /* the largest ones are kept, not the first ones returned */
   ck_assert_uint_ge(bytes, keep);
+  /* dropped (a large job ended): every one unmapped, the bytes said */
+  ck_assert_uint_eq(policy_snap_spares_drop(), bytes);
+  policy_snap_spares(&nb, &bytes, NULL);
+  ck_assert_uint_eq(nb, 0);
+  ck_assert_uint_eq(bytes, 0);
+  ck_assert_uint_eq(policy_snap_spares_drop(), 0);
   policy_destroy(&e);
 }
 END_TEST
