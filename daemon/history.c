@@ -41,6 +41,7 @@ static store_rec *rec(int kind, const core_job *j) {
   store_rec *r = store_rec_new(kind, j->name);
   if (r != NULL)
     r->run = j->run;
+  store_rec_tenant(r, j->owner); /* a tenant's jobs share one share */
   return r;
 }
 

@@ -128,6 +128,19 @@ void store_mark_advance(store_mark *m, uint32_t pass, uint64_t step) {
 
 /* ---- records ------------------------------------------------------------ */
 
+/* A 64-bit FNV-1a of a job name, or of a tenant's key after a 0x01 (no
+ * name holds a control character, so no name shares a tenant's); two that
+ * share one are served as one: their records then keep one order, which
+ * costs nothing. */
+static uint64_t fair_key(const char *prefix, const char *text) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const char *p = prefix; *p; p++)
+    h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+  for (const char *p = text ? text : ""; *p; p++)
+    h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+  return h;
+}
+
 store_rec *store_rec_new(int kind, const char *job) {
   store_rec *r = calloc(1, sizeof *r);
   if (r == NULL)
@@ -137,7 +150,13 @@ store_rec *store_rec_new(int kind, const char *job) {
     free(r);
     return NULL;
   }
+  r->share = fair_key("", job);
   return r;
+}
+
+void store_rec_tenant(store_rec *r, const char *owner) {
+  if (r != NULL)
+    r->share = owner != NULL ? fair_key("\x01", owner) : fair_key("", r->job);
 }
 
 void store_rec_free(store_rec **rp) {
@@ -237,12 +256,14 @@ typedef struct wbatch {
   int stop; /* gnmrd stops: this is the last of the queue */
 } wbatch;
 
-/* A queue of more than FAIR_BATCH_BYTES that holds more than one job name
- * (queue_shared) is taken a fair batch at a time:
- * each job name at most FAIR_RUN_BYTES of it (its first record always),
+/* A queue of more than FAIR_BATCH_BYTES that holds more than one share
+ * (queue_shared; a share: every job of one tenant, the CURVE key that
+ * created them, or one job name without tenancy) is taken a fair batch at
+ * a time: each share at most FAIR_RUN_BYTES of it (its first record always),
  * its records in their order (every run of a name together: a fresh run
  * that ends the name's last one commits after that run's records, so no
- * crash finds both running); the first FAIR_RUNS names met are served,
+ * crash finds both running); the first FAIR_RUNS shares and names met
+ * are served,
  * the rest wait for the next batch. One job's bulk (a job whose every
  * unit exceeds queued 513 MB in 8 s beside a 2-rank job: issue 62) then
  * holds another job's decisions back for one batch, not for the whole
@@ -252,18 +273,9 @@ typedef struct wbatch {
 #define FAIR_RUNS 64
 
 typedef struct fair_run {
-  uint64_t key, bytes, n; /* key: the job name's hash (fair_key) */
+  uint64_t key, bytes, n; /* key: the records' share (store_rec.share) */
   int used, closed;
 } fair_run;
-
-/* A job name's 64-bit FNV-1a (two names that share one are served as
- * one: their records then keep one order, which costs nothing). */
-static uint64_t fair_key(const char *job) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const char *p = job ? job : ""; *p; p++)
-    h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-  return h;
-}
 
 /* key's entry (a small open-addressed table of FAIR_RUNS * 2), NULL when
  * the table is full: that name waits for the next batch. */
@@ -289,21 +301,28 @@ static fair_run *fair_slot(fair_run *t, unsigned *n, uint64_t key) {
  * records come before its records left, so a failed batch requeued in
  * front (requeue) keeps every name's order. */
 static void take_fair(store *s, uint64_t limit, wbatch *w) {
-  fair_run t[FAIR_RUNS * 2];
-  unsigned n_runs = 0;
+  fair_run t[FAIR_RUNS * 2], names[FAIR_RUNS * 2];
+  unsigned n_runs = 0, n_names = 0;
   memset(t, 0, sizeof t);
+  memset(names, 0, sizeof names);
   store_rec *bh = NULL, **bt = &bh, *prev = NULL;
   uint64_t n = 0, bytes = 0;
   uint64_t per_name = limit ? (limit / 2 ? limit / 2 : 1) : UINT64_MAX;
   for (store_rec *r = s->head; r != NULL && bytes < FAIR_BATCH_BYTES &&
                                (limit == 0 || n < limit);) {
     store_rec *next = r->next;
-    fair_run *f = fair_slot(t, &n_runs, fair_key(r->job));
-    int take = f != NULL && !f->closed && f->n < per_name &&
+    fair_run *f = fair_slot(t, &n_runs, r->share);
+    /* a name's records keep their order whichever share took them (a
+     * name used again by another tenant) */
+    fair_run *nm = fair_slot(names, &n_names, fair_key("", r->job));
+    int take = f != NULL && nm != NULL && !f->closed && !nm->closed &&
+               f->n < per_name &&
                (f->bytes == 0 || f->bytes + r->held <= FAIR_RUN_BYTES);
     if (!take) {
       if (f != NULL)
-        f->closed = 1; /* nothing more of this run in this batch */
+        f->closed = 1; /* nothing more of this share in this batch */
+      if (nm != NULL)
+        nm->closed = 1; /* nor of this name */
       prev = r;
     } else { /* unlinked from the queue, appended to the batch */
       if (prev != NULL)
@@ -333,9 +352,9 @@ static void take_fair(store *s, uint64_t limit, wbatch *w) {
 /* Whether the queue holds records of more than one job name (under mu):
  * a queue of one name is taken as ever, whole or its first `limit`. */
 static int queue_shared(const store *s) {
-  uint64_t first = s->head != NULL ? fair_key(s->head->job) : 0;
+  uint64_t first = s->head != NULL ? s->head->share : 0;
   for (const store_rec *r = s->head; r != NULL; r = r->next)
-    if (fair_key(r->job) != first)
+    if (r->share != first)
       return 1;
   return 0;
 }

@@ -89,6 +89,10 @@ void store_put(store *s, store_rec *r);
 
 /* A new zeroed record of kind for job (copied). NULL on no memory. */
 store_rec *store_rec_new(int kind, const char *job);
+/* The record's job belongs to the tenant whose CURVE key is owner: it
+ * takes that tenant's fair share of the writer, with every other job of
+ * the key, not one of its own (NULL: its job name's, as made). */
+void store_rec_tenant(store_rec *r, const char *owner);
 void store_rec_free(store_rec **rp);
 
 /* The commit-time histogram: counts per bucket of latency.h's

@@ -44,6 +44,8 @@ typedef struct store_event {
 typedef struct store_rec {
   struct store_rec *next;
   int kind;
+  uint64_t share; /* whose fair share of the writer it takes: its job's
+                     tenant (store_rec_tenant), else its job name's */
   uint64_t held; /* the bytes the store's queue counts for it (store.c) */
   char *job;
   uint64_t run;          /* the run of the job (never reused) */
