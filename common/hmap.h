@@ -23,6 +23,11 @@ typedef struct hmap {
   int borrowed; /* keys are the caller's: put stores the pointer, and del
                    and free leave the bytes alone (set before the first
                    put; the caller keeps each key alive while it is in) */
+  int keyed;    /* keys a peer chose (unit names): hashed with this
+                   process's random key (SipHash-1-3, hmap_hash_keyed), so
+                   no peer can send keys that all fall in one probe run
+                   (set before the first put); else FNV-1a, whose order
+                   of iteration is the same in every process */
 } hmap;
 
 /* Returns 1 and sets *value when key is present, else 0. */
@@ -35,8 +40,16 @@ int hmap_add(hmap *m, const void *key, size_t len, uint64_t value);
 /* Makes room for n more keys without growing while they are put (one
  * rehash now, not one per doubling); 0 or GNMR_E_NOMEM. */
 int hmap_reserve(hmap *m, size_t n);
-/* The hash hmap uses for key (for callers' own tables of borrowed keys). */
+/* The hash an hmap uses for key (for callers' own tables of borrowed
+ * keys): FNV-1a, and SipHash-1-3 under a key drawn once per process from
+ * getrandom() for keys a peer chose (a multicollision of FNV-1a's low
+ * bits takes a few thousand tries a pair of blocks: 2^16 names that share
+ * one probe run cost 2^31 probes). */
 uint64_t hmap_hash(const void *key, size_t len);
+uint64_t hmap_hash_keyed(const void *key, size_t len);
+/* SipHash-c-d of key under (k0, k1), for tests against its reference. */
+uint64_t hmap__siphash(uint64_t k0, uint64_t k1, int c, int d,
+                       const void *key, size_t len);
 /* Removes key if present; returns 1 when it was. */
 int hmap_del(hmap *m, const void *key, size_t len);
 void hmap_clear(hmap *m);

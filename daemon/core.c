@@ -40,6 +40,7 @@ core_job *core_job_new(core_registry *reg, const char *name,
   /* the map's keys are the names in unit_names: one copy of each, kept
    * for the job's life (units are never removed from a job) */
   j->unit_ids.borrowed = 1;
+  j->unit_ids.keyed = 1; /* names a peer chose */
   j->hello_params = *prm;
   j->params = *prm;
   j->reporters = reporters;
@@ -423,6 +424,7 @@ int core_prepare_units(const char *const *names, size_t n,
       (p->names = calloc(n ? n : 1, sizeof *p->names)) == NULL)
     goto nomem;
   p->map.borrowed = 1;
+  p->map.keyed = 1; /* names a peer chose */
   if (hmap_reserve(&p->map, n) != GNMR_OK)
     goto nomem;
   for (size_t i = 0; i < n; i++) {

@@ -555,6 +555,9 @@ static int serve(startup *s) {
   uv_loop_init(&loop);
   d.loop = &loop;
   d.cfg = cfg;
+  /* job names a peer chose, kept after their jobs end: keyed (hmap.h) */
+  d.owners.keyed = 1;
+  d.ended.keyed = 1;
   d.allow = s->curve ? &s->allowed : NULL;
   d.zctx = zmq_ctx_new();
   start_workers(&d, cfg->workers);

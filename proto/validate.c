@@ -47,7 +47,7 @@ static int names_check(const Gnmr__Hello *h, const char **ref, char *msg,
       break;
     }
     size_t len = strlen(u);
-    uint64_t hv = hmap_hash(u, len);
+    uint64_t hv = hmap_hash_keyed(u, len); /* a peer chose the names */
     size_t k = hv & (cap - 1);
     for (; seen[k].name != NULL; k = (k + 1) & (cap - 1))
       if (seen[k].hash == hv && seen[k].len == len &&

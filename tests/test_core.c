@@ -14,6 +14,8 @@
 #include "core.h"
 #include "gnmr/error.h"
 #include "hmap.h"
+#include "validate.h"
+#include "wire.h"
 
 /* Held reports are tokens counted on release: every accepted report must
  * be released exactly once (ASan and valgrind see a leak or a double free
@@ -794,6 +796,160 @@ START_TEST(unit_name_map_reserves_adds_and_borrows) {
 }
 END_TEST
 
+/* SipHash: the reference's SipHash-2-4 vector (key 00..0f, message
+ * 00..0e), so that the rounds and the padding are the algorithm's; the
+ * keyed maps use SipHash-1-3 of the same code. */
+START_TEST(siphash_gives_its_reference_vector) {
+  unsigned char msg[15];
+  for (int i = 0; i < 15; i++)
+    msg[i] = (unsigned char)i;
+  ck_assert_uint_eq(hmap__siphash(0x0706050403020100ull,
+                                  0x0f0e0d0c0b0a0908ull, 2, 4, msg, 15),
+                    0xa129ca6149be45e5ull);
+  /* the empty message of the same key */
+  ck_assert_uint_eq(hmap__siphash(0x0706050403020100ull,
+                                  0x0f0e0d0c0b0a0908ull, 2, 4, msg, 0),
+                    0x726fdb47dd0e0e31ull);
+}
+END_TEST
+
+static uint64_t fnv1a(uint64_t h, const char *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
+  return h;
+}
+
+/* 2^BITS names that share FNV-1a's low BITS + 1 bits (a multicollision:
+ * BITS pairs of 3-character blocks, each pair meeting in those bits, any
+ * choice of one block of each pair): what a hostile peer can send in a
+ * Hello. Names "u" + 3 * BITS characters, in one block of NUL-ended
+ * strings; *names points into it. */
+static char *colliding_names(int bits, char ***names) {
+  enum { L = 1 + 3 * 20 };
+  const uint64_t mask = (2ull << bits) - 1;
+  static const char al[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  char pair[20][2][3];
+  uint64_t state = fnv1a(1469598103934665603ull, "u", 1);
+  for (int b = 0; b < bits; b++) {
+    /* a birthday search among the 36^3 blocks from this state */
+    static uint32_t seen[1 << 21];
+    memset(seen, 0, sizeof seen);
+    int found = 0;
+    for (int x = 0; x < 36 * 36 * 36 && !found; x++) {
+      char blk[3] = {al[x % 36], al[x / 36 % 36], al[x / 1296]};
+      uint64_t low = fnv1a(state, blk, 3) & mask;
+      if (seen[low] != 0) {
+        int y = (int)seen[low] - 1;
+        char other[3] = {al[y % 36], al[y / 36 % 36], al[y / 1296]};
+        memcpy(pair[b][0], other, 3);
+        memcpy(pair[b][1], blk, 3);
+        state = fnv1a(state, blk, 3); /* its low bits: the pair's */
+        found = 1;
+      } else {
+        seen[low] = (uint32_t)x + 1;
+      }
+    }
+    ck_assert_msg(found, "no pair of blocks at %d", b);
+  }
+  size_t n = (size_t)1 << bits;
+  char *block = malloc(n * (L + 1));
+  *names = malloc(n * sizeof **names);
+  ck_assert(block != NULL && *names != NULL);
+  for (size_t i = 0; i < n; i++) {
+    char *at = block + i * (L + 1);
+    (*names)[i] = at;
+    *at++ = 'u';
+    for (int b = 0; b < bits; b++) {
+      memcpy(at, pair[b][(i >> b) & 1], 3);
+      at += 3;
+    }
+    *at = '\0';
+  }
+  return block;
+}
+
+/* A peer's unit names cannot all fall in one probe run: the maps that
+ * hold them (a job's names, a prepared table, a Hello's duplicate check)
+ * hash them with a per-process key. 2^15 names that share FNV-1a's low
+ * 16 bits (the slot in a table of 2^16: every insert would probe past all
+ * the names before it, 2^29 probes in all) spread under the keyed hash as
+ * any names do; a keyed map finds each, and a duplicate among them is
+ * still found. */
+START_TEST(names_that_collide_under_fnv_do_not_under_the_keyed_hash) {
+  enum { BITS = 15, N = 1 << BITS };
+  char **names;
+  char *block = colliding_names(BITS, &names);
+  const uint64_t cap = 2 * N;
+  uint64_t first = hmap_hash(names[0], strlen(names[0])) & (cap - 1);
+  for (size_t i = 1; i < N; i++) /* the attack is real: one FNV slot */
+    ck_assert_uint_eq(hmap_hash(names[i], strlen(names[i])) & (cap - 1),
+                      first);
+  /* linear probing of the keyed hashes into 2N slots: about 1.5 probes a
+   * name, as for any names (one FNV run: N / 2 a name) */
+  uint8_t *used = calloc(cap, 1);
+  uint64_t probes = 0;
+  for (size_t i = 0; i < N; i++) {
+    uint64_t k = hmap_hash_keyed(names[i], strlen(names[i])) & (cap - 1);
+    for (probes++; used[k]; k = (k + 1) & (cap - 1))
+      probes++;
+    used[k] = 1;
+  }
+  free(used);
+  printf("colliding names: %d of them in one FNV-1a slot; keyed: %.2f "
+         "probes a name\n", N, (double)probes / N);
+  ck_assert_uint_lt(probes, 4 * (uint64_t)N);
+  hmap m = {0};
+  m.borrowed = 1;
+  m.keyed = 1;
+  for (size_t i = 0; i < N; i++)
+    ck_assert_int_eq(hmap_add(&m, names[i], strlen(names[i]), i), GNMR_OK);
+  uint64_t v = 0;
+  for (size_t i = 0; i < N; i += 97)
+    ck_assert(hmap_get(&m, names[i], strlen(names[i]), &v) && v == i);
+  ck_assert_int_eq(hmap_del(&m, names[5], strlen(names[5])), 1);
+  ck_assert(!hmap_get(&m, names[5], strlen(names[5]), NULL));
+  hmap_clear(&m);
+  ck_assert_int_eq(m.keyed, 1); /* kept through a clear, as borrowed */
+  hmap_clear(&m);
+  /* the core's maps of a job's names and of a prepared table are keyed,
+   * and take the colliding names as any */
+  char why[160];
+  core_job *a = new_job("keyed", 2, 10);
+  core_prepared *p;
+  ck_assert_int_eq(core_prepare_units((const char *const *)names, N, &p),
+                   GNMR_OK);
+  ck_assert_int_eq(p->map.keyed, 1);
+  ck_assert_int_eq(a->unit_ids.keyed, 1);
+  ck_assert_int_eq(core_register_prepared(a, &a->ranks[0], &p, 1, why,
+                                          sizeof why), GNMR_OK);
+  ck_assert_int_eq(core_register_units(a, &a->ranks[1],
+                                       (const char *const *)names, N, NULL, 1,
+                                       why, sizeof why), GNMR_OK);
+  ck_assert_uint_eq(a->n_units, N);
+  ck_assert_uint_eq(a->shards[N - 1], 2);
+  /* a Hello of them: accepted, and refused with one listed twice */
+  Gnmr__Hello h = GNMR__HELLO__INIT;
+  h.protocol = GNMR_PROTOCOL_VERSION;
+  h.job = "collide";
+  h.reporters = 1;
+  h.n_units = N;
+  h.units = names;
+  policy_params defaults, out;
+  policy_params_default(&defaults);
+  uint32_t barrier = 0;
+  const char *ref = NULL;
+  char msg[256];
+  ck_assert_int_eq(gnmr__validate_hello(&h, &defaults, 0, &out, &barrier,
+                                        &ref, msg, sizeof msg), GNMR_OK);
+  names[N - 1] = names[3];
+  ck_assert_int_eq(gnmr__validate_hello(&h, &defaults, 0, &out, &barrier,
+                                        &ref, msg, sizeof msg), GNMR_E_DUP);
+  ck_assert_str_eq(ref, "units");
+  free(names);
+  free(block);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("core");
   TCase *tc = tcase_create("core");
@@ -816,6 +972,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, sparse_ids_take_slots_in_id_order);
   tcase_add_test(tc, registry_finds_iterates_and_frees);
   tcase_add_test(tc, one_rank_far_ahead_cannot_freeze_the_job);
+  tcase_add_test(tc, siphash_gives_its_reference_vector);
+  tcase_add_test(tc, names_that_collide_under_fnv_do_not_under_the_keyed_hash);
   suite_add_tcase(s, tc);
   return s;
 }
