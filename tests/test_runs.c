@@ -600,21 +600,19 @@ START_TEST(the_store_queue_is_capped_in_bytes_while_the_database_is_away) {
 }
 END_TEST
 
-/* Issue 62: a job whose every unit exceeds queued 513 MB of records, and
- * another job's decisions waited behind all of it, in one transaction.
- * The writer now takes a fair share per job name of a backlog: here 40
- * MB of one job's snapshots wait (the database refusing writes) with 5
- * small records of another's behind them; once writes are taken, the
- * other job's records are in the history while most of the backlog is
- * still queued (before: the whole backlog first, then them). */
-START_TEST(one_jobs_backlog_does_not_hold_back_anothers_records) {
-  const char *dir = tu_tmpdir();
-  char flag[300], path[300];
-  store *s = readonly_store(dir, flag, sizeof flag);
-  enum { BULK = 40, SNAP = 1 << 20, OTHER = 5 };
-  put_snapshots(s, "bulk", BULK, SNAP);
+/* OTHER marker events of run 2 (tenant: its share's key, or NULL), queued
+ * behind a backlog; waits until the writer has failed (the database
+ * refusing writes), lets it write, and waits until they are in the
+ * history; *bulk_then: what bulk_sql counted of the backlog then. */
+static long other_records_after(store *s, const char *dir, const char *flag,
+                                const char *tenant, const char *bulk_sql,
+                                long *bulk_then) {
+  enum { OTHER = 5 };
+  char path[300], sql[256];
   for (int i = 0; i < OTHER; i++) {
     store_rec *r = store_rec_new(REC_EVENT, "other");
+    if (tenant != NULL)
+      store_rec_tenant(r, tenant);
     r->run = 2;
     r->pass = 1;
     r->step = (uint64_t)i + 1;
@@ -631,32 +629,54 @@ START_TEST(one_jobs_backlog_does_not_hold_back_anothers_records) {
   ck_assert_uint_gt(st.errors, 0);
   ck_assert_int_eq(unlink(flag), 0);
   snprintf(path, sizeof path, "%s/gnmr.db", dir);
+  snprintf(sql, sizeof sql, "SELECT (SELECT count(*) FROM events WHERE "
+           "run=2), (%s)", bulk_sql);
   sqlite3 *db;
   ck_assert_int_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL),
                    SQLITE_OK);
   sqlite3_busy_timeout(db, 1000);
-  long other = 0, bulk_then = -1;
+  long other = 0;
+  *bulk_then = -1;
   for (int i = 0; i < 6000 && other < OTHER; i++) {
     sqlite3_stmt *q;
-    if (sqlite3_prepare_v2(db, "SELECT (SELECT count(*) FROM events WHERE "
-                               "run=2), (SELECT coalesce(max(step), 0) FROM "
-                               "snapshots WHERE run=1)", -1, &q,
-                           NULL) == SQLITE_OK &&
+    if (sqlite3_prepare_v2(db, sql, -1, &q, NULL) == SQLITE_OK &&
         sqlite3_step(q) == SQLITE_ROW) {
       other = sqlite3_column_int64(q, 0);
-      bulk_then = sqlite3_column_int64(q, 1);
+      *bulk_then = sqlite3_column_int64(q, 1);
     }
     sqlite3_finalize(q);
     if (other < OTHER)
       tu_sleep_ms(5);
   }
   sqlite3_close(db);
+  ck_assert_int_eq(other, OTHER);
+  return other;
+}
+
+/* Issue 62: a job whose every unit exceeds queued 513 MB of records, and
+ * another job's decisions waited behind all of it, in one transaction.
+ * The writer now takes a fair share per job name of a backlog: here 40
+ * MB of one job's snapshots wait (the database refusing writes) with 5
+ * small records of another's behind them; once writes are taken, the
+ * other job's records are in the history while most of the backlog is
+ * still queued (before: the whole backlog first, then them). */
+START_TEST(one_jobs_backlog_does_not_hold_back_anothers_records) {
+  const char *dir = tu_tmpdir();
+  char flag[300];
+  store *s = readonly_store(dir, flag, sizeof flag);
+  enum { BULK = 40, SNAP = 1 << 20 };
+  put_snapshots(s, "bulk", BULK, SNAP);
+  long bulk_then;
+  long other = other_records_after(
+      s, dir, flag, NULL,
+      "SELECT coalesce(max(step), 0) FROM snapshots WHERE run=1",
+      &bulk_then);
+  store_stats st;
   store_get_stats(s, &st);
   printf("fair share: the other job's %ld records in the history with %ld "
          "of %d backlog snapshots before them; %llu fair batches\n", other,
          bulk_then, BULK, (unsigned long long)st.fair_batches);
   fflush(stdout);
-  ck_assert_int_eq(other, OTHER);
   ck_assert_int_lt(bulk_then, BULK / 2);
   ck_assert_uint_gt(st.fair_batches, 0);
   store_close(&s);
@@ -671,9 +691,9 @@ END_TEST
  * batch: the other's records waited for most of the 80 MB). */
 START_TEST(one_tenants_many_jobs_take_one_share) {
   const char *dir = tu_tmpdir();
-  char flag[300], path[300], name[32];
+  char flag[300], name[32];
   store *s = readonly_store(dir, flag, sizeof flag);
-  enum { JOBS = 10, PER = 8, SNAP = 1 << 20, OTHER = 5 };
+  enum { JOBS = 10, PER = 8, SNAP = 1 << 20 };
   for (int k = 0; k < PER; k++) /* the jobs' snapshots interleaved */
     for (int j = 0; j < JOBS; j++) {
       snprintf(name, sizeof name, "bulk-%d", j);
@@ -686,50 +706,14 @@ START_TEST(one_tenants_many_jobs_take_one_share) {
       r->snapshot_len = SNAP;
       store_put(s, r);
     }
-  for (int i = 0; i < OTHER; i++) {
-    store_rec *r = store_rec_new(REC_EVENT, "other");
-    store_rec_tenant(r, "tenant-b-key");
-    r->run = 2;
-    r->pass = 1;
-    r->step = (uint64_t)i + 1;
-    r->rank = UINT32_MAX;
-    r->text = strdup("marker");
-    store_put(s, r);
-  }
-  store_stats st;
-  store_get_stats(s, &st);
-  for (int i = 0; i < 3000 && st.errors == 0; i++) {
-    tu_sleep_ms(10);
-    store_get_stats(s, &st);
-  }
-  ck_assert_uint_gt(st.errors, 0);
-  ck_assert_int_eq(unlink(flag), 0);
-  snprintf(path, sizeof path, "%s/gnmr.db", dir);
-  sqlite3 *db;
-  ck_assert_int_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL),
-                   SQLITE_OK);
-  sqlite3_busy_timeout(db, 1000);
-  long other = 0, bulk_then = -1;
-  for (int i = 0; i < 6000 && other < OTHER; i++) {
-    sqlite3_stmt *q;
-    if (sqlite3_prepare_v2(db, "SELECT (SELECT count(*) FROM events WHERE "
-                               "run=2), (SELECT count(*) FROM snapshots "
-                               "WHERE run >= 10)", -1, &q,
-                           NULL) == SQLITE_OK &&
-        sqlite3_step(q) == SQLITE_ROW) {
-      other = sqlite3_column_int64(q, 0);
-      bulk_then = sqlite3_column_int64(q, 1);
-    }
-    sqlite3_finalize(q);
-    if (other < OTHER)
-      tu_sleep_ms(5);
-  }
-  sqlite3_close(db);
+  long bulk_then;
+  long other = other_records_after(
+      s, dir, flag, "tenant-b-key",
+      "SELECT count(*) FROM snapshots WHERE run >= 10", &bulk_then);
   printf("tenant share: the other tenant's %ld records in the history with "
          "%ld of %d backlog snapshots before them\n", other, bulk_then,
          JOBS * PER);
   fflush(stdout);
-  ck_assert_int_eq(other, OTHER);
   /* about one batch of the tenant's share (4 MB, and the failed batch's
    * first records): 5 here; a share per name let 20 in first */
   ck_assert_int_lt(bulk_then, 12);
