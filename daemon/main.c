@@ -541,6 +541,17 @@ static int open_endpoints(gnmrd *d, startup *s, char *bound_agents,
   return -1;
 }
 
+/* The daemon's state before anything is served. */
+static void gnmrd_init(gnmrd *d, uv_loop_t *loop, startup *s) {
+  d->loop = loop;
+  d->cfg = &s->cfg;
+  /* job names a peer chose, kept after their jobs end: keyed (hmap.h) */
+  d->owners.keyed = 1;
+  d->ended.keyed = 1;
+  d->allow = s->curve ? &s->allowed : NULL;
+  d->zctx = zmq_ctx_new();
+}
+
 /* Phase 5: serve until SIGTERM/SIGINT (or a lost leadership), then close
  * everything in order. */
 static int serve(startup *s) {
@@ -553,13 +564,7 @@ static int serve(startup *s) {
   uv_poll_t stop_poll;
   int stop_fds[2] = {-1, -1};
   uv_loop_init(&loop);
-  d.loop = &loop;
-  d.cfg = cfg;
-  /* job names a peer chose, kept after their jobs end: keyed (hmap.h) */
-  d.owners.keyed = 1;
-  d.ended.keyed = 1;
-  d.allow = s->curve ? &s->allowed : NULL;
-  d.zctx = zmq_ctx_new();
+  gnmrd_init(&d, &loop, s);
   start_workers(&d, cfg->workers);
   if (store_open(s->where, (uint32_t)cfg->snapshot_every, cfg->retain_steps,
                  &d.st, s->err, sizeof s->err) != GNMR_OK) {
