@@ -18,10 +18,13 @@ import json
 import os
 import pickle
 
-# options that say where output goes or how the runs are spread, never
-# what a run computes
+# options that say where output goes, how the runs are spread or which
+# runs a sweep holds, never what a run computes: a sweep of fewer
+# variants or other seeds takes the runs it shares with an earlier one
+# (a run reads no other variant's or seed's but GNMR's of its seed, whose
+# name, --share-of, stays in the key)
 NOT_IN_KEY = frozenset({"jobs", "json", "plot", "keep_runs", "gnmrd_bin",
-                        "kept_taken"})
+                        "kept_taken", "variants", "seeds", "seed_list"})
 
 
 def _digest_files(paths):

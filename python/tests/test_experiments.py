@@ -125,6 +125,11 @@ class PaperTest(unittest.TestCase):
             self.assertEqual(sorted(os.listdir(tmp)), kept)
             for v in ("gnmr", "random"):
                 self.assertEqual(fourth[v][0]["val"], res[v][0]["val"], v)
+            # a sweep of fewer variants (or other seeds) takes the runs
+            # it shares: which runs a sweep holds is not in the key
+            fifth, text = self.main(keep + ["--variants", "gnmr"])
+            self.assertIn("1 of 1 runs taken from", text)
+            self.assertEqual(fifth["gnmr"][0]["val"], res["gnmr"][0]["val"])
             # another option is another run
             _, text = self.main(keep + ["--variants", "gnmr", "--lr",
                                         "0.002"])
