@@ -248,7 +248,7 @@ class BenchChartTest(unittest.TestCase):
         self.assertEqual(len(rows), 17)
         tmp = tempfile.mkdtemp(prefix="gnmr-chart-")
         try:
-            for day in ("2026-11-30", "2026-12-01"):
+            for day in ("2026-11-30", "2026-12-01", "2026-12-07"):
                 base = os.path.join(REPO, "docs", "results", f"bench_{day}")
                 out = os.path.join(tmp, f"{day}.png")
                 self.assertEqual(bench_chart.main([base + ".txt", "-o", out]),
