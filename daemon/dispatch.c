@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fair.h"
 #include "gnmr/error.h"
 #include "history.h"
 #include "jobs_priv.h"
@@ -175,7 +176,9 @@ static void on_bye(gnmrd *d, const void *id, size_t id_len,
  * so nothing of its overtakes the Hello. A connection has one Hello away
  * at a time and, under tenancy, an agent key HELLO_AWAY_PER_KEY (issue
  * 62: one peer's Hellos held every place); another large Hello of theirs
- * meanwhile is answered BUSY as well. */
+ * meanwhile is answered BUSY as well. Without tenancy, a peer's address
+ * group holds at most HELLO_AWAY_PER_KEY while another group waits
+ * (fair.h: 32 connections of one host held every place). */
 #define HELLO_AWAY_BYTES (1u << 20)
 #define HELLO_AWAY_MAX 4
 #define HELLO_AWAY_PER_KEY 2
@@ -187,6 +190,7 @@ typedef struct hello_away {
   void *data, *id;
   size_t len, id_len;
   char *user;
+  char *group; /* its peer's address group (fair.h), or NULL */
   /* the settings as the Hello arrived */
   policy_params defaults;
   int has_defaults;
@@ -205,6 +209,7 @@ typedef struct hello_away {
 static unsigned hellos_away; /* loop thread */
 static size_t hello_away_bytes;
 static hello_away *away[HELLO_AWAY_MAX]; /* those on the pool */
+static fair_wait away_wait; /* who waited for a place lately (fair.h) */
 
 static void away_forget(const hello_away *a) {
   for (int k = 0; k < HELLO_AWAY_MAX; k++)
@@ -212,20 +217,31 @@ static void away_forget(const hello_away *a) {
       away[k] = NULL;
 }
 
-/* Why this connection or key may send no more away, or NULL. */
-static const char *away_full(const void *id, size_t id_len,
-                             const char *user, int tenancy) {
+/* Why this connection, key or address group may send no more away, or
+ * NULL; *of_group: what group holds away. Under tenancy a key holds at
+ * most HELLO_AWAY_PER_KEY; without, an address group as many while
+ * nobody else waits (fair.h), HELLO_AWAY_PER_KEY while another does. */
+static const char *away_full(gnmrd *d, const void *id, size_t id_len,
+                             const char *user, const char *group,
+                             unsigned *of_group) {
+  int tenancy = d->allow != NULL && user != NULL;
   unsigned of_key = 0;
+  *of_group = 0;
   for (int k = 0; k < HELLO_AWAY_MAX; k++) {
     const hello_away *a = away[k];
     if (a == NULL)
       continue;
     if (a->id_len == id_len && memcmp(a->id, id, id_len) == 0)
       return "this connection's last one is being taken in";
-    if (tenancy && user != NULL && a->user != NULL &&
-        strcmp(a->user, user) == 0 && ++of_key >= HELLO_AWAY_PER_KEY)
+    if (tenancy && a->user != NULL && strcmp(a->user, user) == 0 &&
+        ++of_key >= HELLO_AWAY_PER_KEY)
       return "this key's are being taken in";
+    if (group != NULL && a->group != NULL && strcmp(a->group, group) == 0)
+      ++*of_group;
   }
+  if (!tenancy && *of_group >= HELLO_AWAY_PER_KEY &&
+      fair_contested(&away_wait, group, uv_now(d->loop)))
+    return "this address's are being taken in while another's wait";
   return NULL;
 }
 
@@ -237,8 +253,9 @@ static void hello_away_clear(hello_away *a) {
   free(a->data);
   free(a->id);
   free(a->user);
+  free(a->group);
   a->data = a->id = NULL;
-  a->user = NULL;
+  a->user = a->group = NULL;
 }
 
 static void hello_away_free(hello_away *a) {
@@ -309,8 +326,10 @@ static void hello_away_done(uv_work_t *req, int status) {
     jobs__reply_error(d, a->id, a->id_len, a->rv, "envelope", 0, "%s",
                       a->why);
   } else {
+    d->hello_group = a->group;
     hello__on_hello_checked(d, a->id, a->id_len, a->env->hello, a->user,
                             &a->prm, a->barrier, &a->prep);
+    d->hello_group = NULL;
   }
   if (uv_queue_work(d->loop, &a->req, hello_free_work, hello_free_done) != 0)
     hello_away_free(a);
@@ -318,11 +337,16 @@ static void hello_away_done(uv_work_t *req, int status) {
 
 /* Sends a large Hello away; 1 when it went (or was answered BUSY). */
 static int hello_send_away(gnmrd *d, const void *id, size_t id_len,
-                           const void *data, size_t len, const char *user) {
+                           const void *data, size_t len, const char *user,
+                           const char *group) {
   d->c.hellos++;
-  const char *full = away_full(id, id_len, user, d->allow != NULL);
+  unsigned of_group;
+  const char *full = away_full(d, id, id_len, user, group, &of_group);
   if (full != NULL || hellos_away >= HELLO_AWAY_MAX ||
       (hellos_away > 0 && hello_away_bytes + len > HELLO_AWAY_TOTAL)) {
+    if (full == NULL)
+      fair_refused(&away_wait, group, of_group, HELLO_AWAY_PER_KEY,
+                   uv_now(d->loop));
     d->c.hellos_refused++;
     d->c.hellos_away_busy++;
     jobs__reply_error(d, id, id_len, GNMR_E_BUSY, "hello", 0,
@@ -334,7 +358,8 @@ static int hello_send_away(gnmrd *d, const void *id, size_t id_len,
   hello_away *a = calloc(1, sizeof *a);
   if (a == NULL || (a->data = malloc(len)) == NULL ||
       (a->id = malloc(id_len ? id_len : 1)) == NULL ||
-      (user != NULL && (a->user = strdup(user)) == NULL)) {
+      (user != NULL && (a->user = strdup(user)) == NULL) ||
+      (group != NULL && (a->group = strdup(group)) == NULL)) {
     if (a != NULL)
       hello_away_free(a);
     d->c.hellos_refused++;
@@ -431,7 +456,7 @@ void dispatch_on_message(server *s, const void *id, size_t id_len,
   }
   if (len > HELLO_AWAY_BYTES && version == GNMR_PROTOCOL_VERSION &&
       gnmr__wire_peek(data, len, NULL, NULL) == GNMR__ENVELOPE__BODY_HELLO &&
-      hello_send_away(d, id, id_len, data, len, user))
+      hello_send_away(d, id, id_len, data, len, user, server_msg_group(s)))
     return;
   int rv = gnmr__wire_decode(data, len, &env, err, sizeof err);
   if (rv != GNMR_OK) {
@@ -447,7 +472,9 @@ void dispatch_on_message(server *s, const void *id, size_t id_len,
   int kept = 0;
   switch (env->body_case) {
   case GNMR__ENVELOPE__BODY_HELLO:
+    d->hello_group = server_msg_group(s);
     hello__on_hello(d, id, id_len, env->hello, user);
+    d->hello_group = NULL;
     break;
   case GNMR__ENVELOPE__BODY_REPORT:
     kept = on_report(d, id, id_len, env, len);

@@ -49,6 +49,11 @@ typedef struct gnmrd {
   uint64_t started_ms;     /* uv_now at start: gnmrctl stats' uptime */
   int64_t started_unix;    /* the wall clock at start: /metrics */
   uv_timer_t lease_wait;   /* steps wait while the lease is out (jobs.c) */
+  /* the address group (server_msg_group) of the peer whose Hello is
+   * being taken in, NULL when none or unknown: set around
+   * hello__on_hello and hello__on_hello_checked (dispatch.c) for the
+   * places a Hello may take (fair.h) */
+  const char *hello_group;
   int stopping;
 } gnmrd;
 

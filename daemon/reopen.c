@@ -19,7 +19,8 @@
  *
  * At most REOPEN_MAX names are read at once, at most one for a
  * connection (a rank resumes one job) and, under tenancy, at most
- * REOPEN_PER_KEY for an agent key; past that, BUSY as well. A read that
+ * REOPEN_PER_KEY for an agent key (without tenancy, an address group
+ * as many while another group waits: fair.h); past that, BUSY as well. A read that
  * found nothing to resume holds no read place while its answer waits for
  * the repeated Hello (issue 62: a peer's ~400 resume Hellos a second of
  * fresh names left every place waiting for 10 s, and the owner's resume
@@ -31,6 +32,7 @@
 #include <string.h>
 
 #include "agents.h"
+#include "fair.h"
 #include "gnmr/error.h"
 #include "jobs_priv.h"
 #include "log.h"
@@ -54,6 +56,7 @@ typedef struct reopen {
   unsigned char peer[REOPEN_PEER_MAX]; /* the asking connection */
   size_t peer_len;
   char *key; /* the asking agent key (tenancy), or NULL */
+  char group[FAIR_GROUP_MAX]; /* the asker's address group, "" unknown */
   int rv;    /* the pool's: store_load_newest's */
   char run_state[32];
   char err[256];
@@ -62,6 +65,7 @@ typedef struct reopen {
 } reopen;
 
 static reopen *reopens; /* loop thread, the newest first */
+static fair_wait read_wait; /* who waited for a read place lately */
 static unsigned n_reopens, n_loading;
 
 static void reopen_free(reopen *r) {
@@ -106,9 +110,15 @@ static void reopen_expire(uint64_t now) {
   }
 }
 
-/* Whether this connection, or this key, holds as many reads as it may. */
-static int reopen_peer_full(const void *id, size_t id_len, const char *key) {
+/* Whether this connection, or this key, holds as many reads as it may;
+ * *of_group: the reads its address group holds. Without tenancy a group
+ * takes more than REOPEN_PER_KEY only while no other group waits
+ * (fair.h). */
+static int reopen_peer_full(const void *id, size_t id_len, const char *key,
+                            const char *group, unsigned *of_group,
+                            uint64_t now) {
   unsigned of_key = 0;
+  *of_group = 0;
   for (reopen *r = reopens; r != NULL; r = r->next) {
     if (r->state != R_LOADING)
       continue;
@@ -117,8 +127,11 @@ static int reopen_peer_full(const void *id, size_t id_len, const char *key) {
     if (key != NULL && r->key != NULL && strcmp(r->key, key) == 0 &&
         ++of_key >= REOPEN_PER_KEY)
       return 1;
+    if (group != NULL && strcmp(r->group, group) == 0)
+      ++*of_group;
   }
-  return 0;
+  return key == NULL && *of_group >= REOPEN_PER_KEY &&
+         fair_contested(&read_wait, group, now);
 }
 
 static void reopen_work(uv_work_t *req) {
@@ -179,8 +192,18 @@ int reopen__ask(gnmrd *d, const char *name, const void *id, size_t id_len,
     reopen_free(r);
     return REOPEN_NONE;
   }
-  if (n_loading >= REOPEN_MAX || id_len > REOPEN_PEER_MAX ||
-      reopen_peer_full(id, id_len, key)) {
+  const char *group = d->hello_group;
+  if (group != NULL && strlen(group) >= FAIR_GROUP_MAX)
+    group = NULL;
+  uint64_t now = uv_now(d->loop);
+  unsigned of_group;
+  if (id_len > REOPEN_PEER_MAX ||
+      reopen_peer_full(id, id_len, key, group, &of_group, now)) {
+    d->c.resumes_busy++;
+    return REOPEN_PENDING;
+  }
+  if (n_loading >= REOPEN_MAX) {
+    fair_refused(&read_wait, group, of_group, REOPEN_PER_KEY, now);
     d->c.resumes_busy++;
     return REOPEN_PENDING;
   }
@@ -196,6 +219,8 @@ int reopen__ask(gnmrd *d, const char *name, const void *id, size_t id_len,
   r->state = R_LOADING;
   memcpy(r->peer, id, id_len);
   r->peer_len = id_len;
+  if (group != NULL)
+    snprintf(r->group, sizeof r->group, "%s", group);
   r->req.data = r;
   if (uv_queue_work(d->loop, &r->req, reopen_work, reopen_done) != 0) {
     reopen_free(r);

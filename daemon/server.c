@@ -39,6 +39,7 @@ struct server {
   uint64_t *first_by_fd;
   size_t cap_first, n_first;
   int msg_fd; /* the connection of the message on_msg has */
+  char msg_group[64]; /* its peer's address group (server_msg_group) */
   /* the connection of the message on_readable holds while it drains the
    * monitor: it spoke, so evict_idle must not take it (-1: none) */
   int spoke_fd;
@@ -143,6 +144,7 @@ int server_fd_live(server *s, int fd) {
 }
 
 static void refused(server *s, server_refusal why);
+static void peer_group(const char *addr, char *out, size_t size);
 
 static over_conn *over_find(server *s, int fd) {
   for (size_t i = 0; i < s->n_over; i++)
@@ -313,6 +315,8 @@ static void on_readable(void *sock, void *ctx) {
     const char *user = s->o.curve_secret ? zmq_msg_gets(&body, "User-Id")
                                          : NULL;
     s->msg_fd = zmq_msg_get(&body, ZMQ_SRCFD);
+    peer_group(zmq_msg_gets(&body, "Peer-Address"), s->msg_group,
+               sizeof s->msg_group);
     if (s->o.key_max != 0 && user != NULL &&
         !key_admit(s, s->msg_fd, user)) {
       /* its key holds its places already: answered, then closed */
@@ -417,6 +421,22 @@ static int monitor_event(server *s, void *sock) {
   return 1;
 }
 
+/* A peer's address group from ZeroMQ's Peer-Address (NULL or "" where it
+ * says none): a TCP peer's IP address; an IPC peer's "localhost:UID:GID"
+ * (ZeroMQ says "localhost:UID:GID:PID": a user's processes are one
+ * group). Written to out, "" for none. */
+static void peer_group(const char *addr, char *out, size_t size) {
+  out[0] = '\0';
+  if (addr == NULL || addr[0] == '\0' || strlen(addr) >= size)
+    return;
+  snprintf(out, size, "%s", addr);
+  if (strncmp(out, "localhost:", 10) == 0) {
+    char *pid = strrchr(out, ':');
+    if (pid > out + 9)
+      *pid = '\0';
+  }
+}
+
 /* Every waiting monitor event (zwatch calls this per wake-up; the timer
  * and the cap check call it to be current). */
 static void on_monitor(void *sock, void *ctx) {
@@ -427,6 +447,10 @@ static void on_monitor(void *sock, void *ctx) {
 uint32_t server_connections(const server *s) { return s ? s->live : 0; }
 
 int server_msg_fd(const server *s) { return s ? s->msg_fd : -1; }
+
+const char *server_msg_group(const server *s) {
+  return s != NULL && s->msg_group[0] != '\0' ? s->msg_group : NULL;
+}
 
 static void free_timer(uv_handle_t *h) { free(h); }
 

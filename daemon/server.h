@@ -116,6 +116,11 @@ int server_send_owned(server *s, const void *id, size_t id_len, void *data,
 /* The descriptor of the connection whose message on_msg is given (valid
  * in on_msg; -1 when ZeroMQ does not say). */
 int server_msg_fd(const server *s);
+/* The address group of the peer whose message on_msg is given (valid in
+ * on_msg): its IP address over TCP, "localhost:UID:GID" over IPC; NULL
+ * when ZeroMQ does not say. What shares places fairly without tenancy
+ * (dispatch.c, reopen.c). */
+const char *server_msg_group(const server *s);
 /* Whether the connection on descriptor fd is still there (the monitor's
  * events read first). */
 int server_fd_live(server *s, int fd);

@@ -1396,6 +1396,127 @@ START_TEST(one_connection_has_one_large_hello_away) {
 }
 END_TEST
 
+/* A Hello of n units under `job` as bytes (the caller frees them), to be
+ * sent again and again without encoding it each time. */
+static uint8_t *hello_bytes(const char *job, char **units, size_t n,
+                            size_t *len) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Hello h = GNMR__HELLO__INIT;
+  Gnmr__Params wp;
+  policy_params prm;
+  policy_params_default(&prm);
+  prm.warmup_steps = 0;
+  gnmr__params_to_wire(&prm, &wp);
+  h.protocol = 1;
+  h.job = (char *)job;
+  h.reporters = 1;
+  h.n_units = n;
+  h.units = units;
+  h.params = &wp;
+  h.barrier_ms = 60000;
+  env.body_case = GNMR__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  uint8_t *buf;
+  ck_assert_int_eq(gnmr__wire_encode(&env, &buf, len), GNMR_OK);
+  return buf;
+}
+
+/* Issue 62, without tenancy: 32 connections of one host looping large
+ * Hellos refused only after decoding kept a real large job BUSY for 21 s
+ * (a place a connection: one host held all four, and took each place
+ * back the moment it came free). An address group takes no more than
+ * two places while another group waits (daemon/fair.h). Four connections
+ * from 127.0.0.1 take the four places (one Hello decoded in a fraction
+ * of the others' time); a job's Hello from 127.0.0.2 is BUSY and sent again every
+ * 100 ms; when the quick one is answered, a fifth connection of
+ * 127.0.0.1 is BUSY for its address (before: it took the free place), and
+ * the other host's next try takes it and is welcomed. */
+START_TEST(one_hosts_connections_leave_a_place_to_another) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  const int SLOW = tu_slow() > 1 ? 1 << 17 : 1 << 19,
+            QUICK = tu_slow() > 1 ? 1 << 15 : 1 << 17, GOOD = 1 << 15;
+  char **units = expert_names(SLOW, 256, "up_proj");
+  char *keep = units[QUICK - 1];
+  units[QUICK - 1] = units[3]; /* listed twice: refused after decoding */
+  size_t quick_len, slow_len, good_len;
+  uint8_t *quick = hello_bytes("flood", units, (size_t)QUICK, &quick_len);
+  units[QUICK - 1] = keep;
+  char *keep_last = units[SLOW - 1];
+  units[SLOW - 1] = units[3];
+  uint8_t *slow = hello_bytes("flood", units, (size_t)SLOW, &slow_len);
+  units[SLOW - 1] = keep_last;
+  uint8_t *good = hello_bytes("good-large", units, (size_t)GOOD, &good_len);
+  raw_peer a[5];
+  for (int k = 0; k < 5; k++)
+    a[k] = raw_open(d.agents);
+  char other_ep[600];
+  snprintf(other_ep, sizeof other_ep, "tcp://127.0.0.2:0;%s",
+           d.agents + strlen("tcp://"));
+  raw_peer b = raw_open(other_ep);
+  for (int k = 1; k < 4; k++)
+    raw_send(&a[k], slow, slow_len);
+  raw_send(&a[0], quick, quick_len);
+  for (int waited = 0; tu_counter(&d, "hellos_away") < 4; waited += 10) {
+    ck_assert_msg(waited < 60000, "the four Hellos did not arrive");
+    tu_sleep_ms(10);
+  }
+  /* the other host waits, sending again every 100 ms, until the quick
+   * one is answered */
+  int b_busy = 0;
+  Gnmr__Envelope *e = NULL;
+  for (;;) {
+    raw_send(&b, good, good_len);
+    e = raw_recv(&b, raw_reply_ms());
+    ck_assert_ptr_nonnull(e);
+    if (e->body_case == GNMR__ENVELOPE__BODY_WELCOME)
+      break; /* a place came free before the quick one's answer was read */
+    ck_assert_int_eq(e->body_case, GNMR__ENVELOPE__BODY_ERROR);
+    ck_assert_msg(e->error->code == GNMR_E_BUSY, "%s", e->error->message);
+    gnmr__wire_free(&e);
+    b_busy++;
+    e = raw_recv(&a[0], 100);
+    if (e != NULL)
+      break;
+  }
+  ck_assert_int_ge(b_busy, 1);
+  if (e->body_case == GNMR__ENVELOPE__BODY_ERROR) {
+    /* the quick one is answered: a place is free */
+    ck_assert_int_eq(e->error->code, GNMR_E_DUP);
+    gnmr__wire_free(&e);
+    raw_send(&a[4], slow, slow_len);
+    e = raw_recv(&a[4], raw_reply_ms());
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_eq(e->body_case, GNMR__ENVELOPE__BODY_ERROR);
+    ck_assert_msg(e->error->code == GNMR_E_BUSY &&
+                      strstr(e->error->message, "this address's") != NULL,
+                  "a fifth Hello of the flooding host, with a place free "
+                  "and another host waiting: %s", e->error->message);
+    gnmr__wire_free(&e);
+    raw_send(&b, good, good_len);
+    e = raw_recv(&b, raw_reply_ms());
+    ck_assert_ptr_nonnull(e);
+    ck_assert_msg(e->body_case == GNMR__ENVELOPE__BODY_WELCOME,
+                  "the other host's Hello: %s",
+                  e->body_case == GNMR__ENVELOPE__BODY_ERROR
+                      ? e->error->message
+                      : "not a Welcome");
+  }
+  gnmr__wire_free(&e);
+  printf("one host's four large Hellos away: another host's BUSY %d times, "
+         "then welcomed; the host's fifth told to share\n", b_busy);
+  for (int k = 0; k < 5; k++)
+    raw_close(&a[k]);
+  raw_close(&b);
+  free(quick);
+  free(slow);
+  free(good);
+  free_names(units, SLOW);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 /* Issue 62: after refused 105 MB observer Hellos gnmrd kept +272 MB: a
  * large Hello's blocks, freed, stayed in the malloc arenas (glibc's mmap
  * threshold rises to each large block freed). gnmrd maps blocks of 16 MiB
@@ -2319,6 +2440,7 @@ static Suite *suite(void) {
   tcase_add_test(wide, a_million_unit_hello_does_not_stall_another_job);
   tcase_add_test(wide, a_large_hellos_refusals_are_a_small_ones);
   tcase_add_test(wide, one_connection_has_one_large_hello_away);
+  tcase_add_test(wide, one_hosts_connections_leave_a_place_to_another);
   suite_add_tcase(s, wide);
   /* RSS after large Hellos and a large job: a case of its own, so that
    * nothing else in the process of the tests shares its figures */
