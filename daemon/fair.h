@@ -22,7 +22,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#define FAIR_WAIT_MS 1000
+/* longer than an agent waits before it sends a refused Hello again
+ * (cuda_agent/agent_priv.h, HELLO_REFUSED_MS: 5 s; a resume's, 250 ms),
+ * so that a waiting agent's next try finds the place kept for it */
+#define FAIR_WAIT_MS 6000
 #define FAIR_GROUP_MAX 64
 
 typedef struct fair_wait {

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <fcntl.h>
 #include <zmq.h>
 
 #include "gnmr/agent.h"
@@ -757,6 +758,88 @@ START_TEST(a_flood_of_fresh_resumes_does_not_keep_out_the_owner) {
 }
 END_TEST
 
+/* Holds (lock 1) or lets go (0) every read-mark lock of gnmrd's database
+ * (its WAL index, gnmr.db-shm: SQLite's read locks are bytes 123-127 of
+ * it): a read that begins meanwhile waits, as on a slow disk. */
+static void hold_history_reads(const tu_daemon *d, int lock) {
+  char path[300];
+  snprintf(path, sizeof path, "%s/data/gnmr.db-shm", d->dir);
+  static int fd = -1;
+  if (fd < 0)
+    fd = open(path, O_RDWR);
+  ck_assert_int_ge(fd, 0);
+  struct flock fl = {.l_type = lock ? F_WRLCK : F_UNLCK,
+                     .l_whence = SEEK_SET, .l_start = 123, .l_len = 5};
+  ck_assert_int_eq(fcntl(fd, F_SETLKW, &fl), 0);
+  if (!lock) {
+    close(fd);
+    fd = -1;
+  }
+}
+
+static long long resumes_busy(tu_daemon *d) {
+  run_result r = ctl_run(d, "stats", NULL, NULL, NULL, NULL);
+  ck_assert_int_eq(r.code, 0);
+  long long n = stat_value(r.out, "resumes_busy");
+  tu_run_free(&r);
+  return n;
+}
+
+/* Issue 62, without tenancy: a connection holds one resume read, so many
+ * connections of one host held every place. An address group holds more
+ * than two only while no other group waits (daemon/fair.h). With the
+ * history's reads held (they wait), eight connections of 127.0.0.1 take the
+ * eight places and 127.0.0.2's resume is refused one; the reads end; then
+ * three more of 127.0.0.1: two are taken, the third refused while
+ * 127.0.0.2 waits (before: taken), and 127.0.0.2's next try is taken and
+ * its job begins. */
+START_TEST(one_hosts_connections_leave_a_resume_read_to_another) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  char other_ep[600], name[32];
+  snprintf(other_ep, sizeof other_ep, "tcp://127.0.0.2:0;%s",
+           d.agents + strlen("tcp://"));
+  raw_peer a[11], b = raw_open(other_ep);
+  hold_history_reads(&d, 1);
+  for (int k = 0; k < 8; k++) {
+    a[k] = raw_open(d.agents);
+    snprintf(name, sizeof name, "flood-%d", k);
+    hello_start(&a[k], name, 2);
+    expect_error(&a[k], GNMR_E_BUSY, "read back");
+  }
+  ck_assert_int_eq(resumes_busy(&d), 0);
+  hello_start(&b, "other-host", 2);
+  expect_error(&b, GNMR_E_BUSY, "read back");
+  ck_assert_int_eq(resumes_busy(&d), 1); /* no place: it waits */
+  hold_history_reads(&d, 0); /* the eight reads end */
+  usleep(300 * 1000);
+  hold_history_reads(&d, 1);
+  for (int k = 8; k < 11; k++) {
+    a[k] = raw_open(d.agents);
+    snprintf(name, sizeof name, "flood-%d", k);
+    hello_start(&a[k], name, 2);
+    expect_error(&a[k], GNMR_E_BUSY, "read back");
+  }
+  long long busy = resumes_busy(&d);
+  ck_assert_msg(busy == 2, "three more resumes of the flooding host while "
+                "another host waits: %lld refused a read (one: the third "
+                "was taken)", busy - 1);
+  hello_start(&b, "other-host", 2);
+  expect_error(&b, GNMR_E_BUSY, "read back");
+  ck_assert_int_eq(resumes_busy(&d), 2); /* its read is taken */
+  hold_history_reads(&d, 0);
+  Gnmr__Envelope *w = hello_until(&b, "other-host", 2, 0);
+  ck_assert_msg(w->body_case == GNMR__ENVELOPE__BODY_WELCOME,
+                "the other host's resume: body %d", (int)w->body_case);
+  gnmr__wire_free(&w);
+  for (int k = 0; k < 11; k++)
+    raw_close(&a[k]);
+  raw_close(&b);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(late_rank_makes_units_missing_not_smaller) {
   /* Rank 1 of 2 joins after rank 0 reported three steps. Before the
    * job's first decision a deadline waits for every rank's first report
@@ -1161,6 +1244,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, a_fresh_start_ends_a_run_whose_processes_are_gone);
   tcase_add_test(tc, a_resume_continues_a_run_that_ended);
   tcase_add_test(tc, a_flood_of_fresh_resumes_does_not_keep_out_the_owner);
+  tcase_add_test(tc, one_hosts_connections_leave_a_resume_read_to_another);
   tcase_add_test(tc, many_connections_opening_and_closing_are_harmless);
   tcase_add_test(tc, admin_endpoint_refuses_non_admin_messages);
   tcase_add_test(tc, error_codes_in_the_proto_match_the_error_table);
