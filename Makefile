@@ -549,7 +549,7 @@ demo: deps-demo all venv
 # picks other kernels, and the stress figures differ in the fourth digit)
 # so that a rerun on another x86-64 gives the same figures.
 SETTINGS := stress stress_saturate act4 fp8 lora lora_latent lora_latent_w5 fp8_latent fp8_latent_mixed \
-  lora_latent_measure fp8_latent_mixed_measure fp4 fp4_latent
+  lora_latent_measure fp8_latent_mixed_measure fp4 fp4_latent fp4_block
 SETTING ?= $(SETTINGS)
 EXPERIMENT_SEEDS ?= --seed-list 21,22,23,24,25 --steps 300 --jobs 2
 PAPER_VARIANTS := fp,high,low,gnmr,random,oracle,rawnorm,global,nanonly,nanonly_random
@@ -616,6 +616,11 @@ EXPERIMENT_fp4 := experiments/paper.py --setting fp4 \
 EXPERIMENT_fp4_latent := experiments/paper.py --setting fp4 --episode-mode latent \
   --episode-scales 16,64,256,256,64 --episode-rate 0.015 \
   --variants high,low,static,random,gnmr_measure,gnmr_measure_now,measure_alone $(FP4_POLICY)
+# NVFP4 without its per-tensor scale (gnmr.quant's nvfp4-block, torchao's
+# to_nvfp4 when given none): what the pilot of issue 61 measured; most
+# output gradients round to zero (docs/experiments.md)
+EXPERIMENT_fp4_block := experiments/paper.py --setting fp4 --low nvfp4-block \
+  --variants high,low $(FP4_POLICY)
 EXPERIMENT_SEEDS_FP4 ?= --seed-list 21,22,23,24,25 --steps 600 --jobs 2
 # the gnmrd and agent library the runs use (a copy keeps a long sweep on
 # one build while the tree changes)
@@ -662,7 +667,8 @@ experiment: deps-demo all venv
 	    lora_latent_measure) cmd="$(EXPERIMENT_lora_latent_measure)";; \
 	    fp8_latent_mixed_measure) cmd="$(EXPERIMENT_fp8_latent_mixed_measure)";; \
 	    fp4) cmd="$(EXPERIMENT_fp4)";; \
-	    fp4_latent) cmd="$(EXPERIMENT_fp4_latent)";; esac; \
+	    fp4_latent) cmd="$(EXPERIMENT_fp4_latent)";; \
+	    fp4_block) cmd="$(EXPERIMENT_fp4_block)";; esac; \
 	  case $$s in fp4*) seeds="$(EXPERIMENT_SEEDS_FP4)";; \
 	    *) seeds="$(EXPERIMENT_SEEDS)";; esac; \
 	  GNMR_AGENT_LIB=$(EXPERIMENT_LIB) GNMR_BIN_DIR=$(EXPERIMENT_BIN) \

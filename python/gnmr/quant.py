@@ -33,12 +33,18 @@ name:
   gradient and the activation blocked along the tokens (NVIDIA's recipe
   also applies a random Hadamard transform and stochastic rounding to the
   weight gradient's operands; this one rounds to nearest everywhere).
+- `nvfp4-block`: `nvfp4` without its per-tensor scale, as torchao's
+  NVFP4Tensor.to_nvfp4 quantizes when given no per_tensor_scale (its
+  default): each block's scale is its amax over 6 as an E4M3 number, at
+  least E4M3's smallest normal 2^-6, so an element under 2^-8 in a block
+  whose amax is under 0.09 rounds to zero: most output gradients. Kept to
+  measure what leaving the per-tensor scale out costs (docs/experiments.md).
 - `mxfp4`: OCP's MXFP4 in all three GEMMs: blocks of 32, E2M1 values,
   each block's scale a power of two (E8M0), 2^(floor(log2 amax) - 2) as
   torchao's default (FLOOR) computes it, so a block's largest values
   saturate at 6.
-  The two are bit for bit what torchao's `mx_formats` quantize and
-  dequantize (NVFP4Tensor.to_nvfp4 with a per-tensor scale,
+  The three are bit for bit what torchao's `mx_formats` quantize and
+  dequantize (NVFP4Tensor.to_nvfp4 with a per-tensor scale and without,
   MXTensor.to_mx; tests check it), computed here in a few float32 passes.
 - `exact`: the layer as torch.nn.Linear computes it.
 
@@ -199,6 +205,19 @@ def nvfp4(x):
     return (v * (bs * ts)).reshape(xf.shape)
 
 
+@lambda q: _padded(q, 16)
+def nvfp4_block(x):
+    """x (2-D) through NVFP4's blocks without its per-tensor scale, in
+    float32: the module doc's `nvfp4-block`."""
+    xf = x.float()
+    n = xf.shape[-1]
+    g = xf.reshape(-1, n // 16, 16)
+    bs = (g.abs().amax(-1, keepdim=True) / 6.0).clamp(
+        E4M3_TINY, 448.0).to(torch.float8_e4m3fn).float()
+    v = fake_float((g * (1.0 / bs)).clamp(-6.0, 6.0), "e2m1")
+    return (v * bs).reshape(xf.shape)
+
+
 @lambda q: _padded(q, 32)
 def mxfp4(x):
     """x (2-D) through MXFP4 along its last dimension (blocks of 32; a
@@ -215,7 +234,7 @@ def mxfp4(x):
     return torch.where(torch.isnan(amax), amax, v * scale).reshape(xf.shape)
 
 
-FP4 = {"nvfp4": nvfp4, "mxfp4": mxfp4}
+FP4 = {"nvfp4": nvfp4, "nvfp4-block": nvfp4_block, "mxfp4": mxfp4}
 
 
 def _plain(t):
@@ -231,7 +250,7 @@ def _bf16_rows(t):
 _AS_ROWS = {"exact": _plain, "bf16": _bf16_rows}
 
 _RECIPE = re.compile(r"^(?:int([2-8])-(?:g(\d+)|(tok))|(e4m3|e5m2|e3m2|e2m3)"
-                     r"-tile|(int8-row)|(bf16)|(exact)|(nvfp4|mxfp4))$")
+                     r"-tile|(int8-row)|(bf16)|(exact)|(nvfp4|nvfp4-block|mxfp4))$")
 
 
 class Recipe:
@@ -248,7 +267,7 @@ class Recipe:
             raise ValueError(
                 f"unknown recipe {name!r}: int<2-8>-g<group>, int<2-8>-tok, "
                 "e4m3-tile, e5m2-tile, e3m2-tile, e2m3-tile, int8-row, "
-                "bf16, nvfp4, mxfp4 or exact")
+                "bf16, nvfp4, nvfp4-block, mxfp4 or exact")
         self.name = name
         bits, group, tok, fmt, row, bf16, exact, fp4 = m.groups()
         self.storage_only = bits is not None

@@ -14,7 +14,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from gnmr.quant import (FLOAT_FORMATS, QuantLinear, Recipe,  # noqa: E402
                         fake_float, float_blocks, float_tiles, int_grouped,
-                        mxfp4, nvfp4)
+                        mxfp4, nvfp4, nvfp4_block)
 from gnmr.recovery import switch  # noqa: E402
 
 
@@ -146,7 +146,7 @@ class Fp4Test(unittest.TestCase):
         # a row that does not split into blocks is zero-padded (as kernels
         # pad): the same values as the padded row's, cut back
         odd = torch.randn(3, 24)
-        for q, n in ((nvfp4, 32), (mxfp4, 64)):
+        for q, n in ((nvfp4, 32), (nvfp4_block, 32), (mxfp4, 64)):
             pad = torch.cat([odd, torch.zeros(3, n - 24)], 1)
             self.assertTrue(torch.equal(q(odd), q(pad)[:, :24]))
 
@@ -165,6 +165,16 @@ class Fp4Test(unittest.TestCase):
                 x, per_tensor_scale=per_tensor_amax_to_scale(
                     x.abs().amax())).dequantize(torch.float32)
             self.assertTrue(torch.equal(nvfp4(x), want), trial)
+            want = NVFP4Tensor.to_nvfp4(x).dequantize(torch.float32)
+            self.assertTrue(torch.equal(nvfp4_block(x), want), trial)
+            # values of a gradient's size: without the per-tensor scale
+            # nearly all round to zero
+            g = torch.randn(64, 128) * 1e-3
+            self.assertTrue(torch.equal(
+                nvfp4_block(g),
+                NVFP4Tensor.to_nvfp4(g).dequantize(torch.float32)), trial)
+            self.assertGreater((nvfp4_block(g) == 0).float().mean(), 0.8)
+            self.assertLess((nvfp4(g) == 0).float().mean(), 0.2)
             want = MXTensor.to_mx(x, torch.float4_e2m1fn_x2,
                                   32).dequantize(torch.float32)
             self.assertTrue(torch.equal(mxfp4(x), want), trial)
