@@ -106,6 +106,22 @@ static inline gnmr_agent *open_agent(const char *ep, const char *job) {
   return a;
 }
 
+/* The active set an agent acts on after a decision, as the history writes
+ * it ("3 17 2051"): its units' routes, offset by base (its first id). */
+static inline char *acted(gnmr_agent *a, uint32_t n, uint32_t base) {
+  uint8_t *r = malloc(n);
+  char *out = malloc((size_t)n * 11 + 1);
+  ck_assert(r && out);
+  ck_assert_uint_eq(gnmr_agent_routes(a, r, n), n);
+  size_t off = 0;
+  out[0] = '\0';
+  for (uint32_t u = 0; u < n; u++)
+    if (r[u] == GNMR_ROUTE_HIGH)
+      off += (size_t)sprintf(out + off, off ? " %u" : "%u", base + u);
+  free(r);
+  return out;
+}
+
 static inline void step_agent(gnmr_agent *a, uint64_t t) {
   double s[4];
   sums(t, s);

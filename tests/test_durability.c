@@ -61,22 +61,6 @@ static void rows_free(rows *r) {
   memset(r, 0, sizeof *r);
 }
 
-/* The active set an agent acts on after a decision, as the history writes
- * it ("3 17 2051"): its units' routes, offset by base (its first id). */
-static char *acted(gnmr_agent *a, uint32_t n, uint32_t base) {
-  uint8_t *r = malloc(n);
-  char *out = malloc((size_t)n * 11 + 1);
-  ck_assert(r && out);
-  ck_assert_uint_eq(gnmr_agent_routes(a, r, n), n);
-  size_t off = 0;
-  out[0] = '\0';
-  for (uint32_t u = 0; u < n; u++)
-    if (r[u] == GNMR_ROUTE_HIGH)
-      off += (size_t)sprintf(out + off, off ? " %u" : "%u", base + u);
-  free(r);
-  return out;
-}
-
 /* The rows of step: how many, and whether one has active set want. */
 static int rows_have(const rows *h, uint64_t step, const char *want,
                      int *count) {

@@ -22,6 +22,7 @@
 #include "store_schema.h"
 #include "rawpeer.h"
 #include "storeutil.h"
+#include "validate.h" /* GNMR_MAX_HELD */
 
 static char pg_dir[64]; /* the cluster's directory (its socket is there) */
 
@@ -325,6 +326,98 @@ START_TEST(server_killed_and_restarted_mid_job_loses_nothing) {
   free(log);
   gnmr_agent_close(&a);
   ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
+/* Issue 62 on PostgreSQL (test_durability has it on SQLite): with every
+ * commit of steps refused (a trigger raises, as a server that refuses
+ * writes), gnmrd sends at most GNMR_MAX_HELD (1024) decisions past its
+ * durable mark, the most an agent holds, and the steps after wait for the
+ * store. SIGKILLed and restarted on the same database with the writes
+ * allowed again, it takes the agent's held decisions back: every
+ * decision the agent acted on is in the history, once. */
+START_TEST(no_more_decisions_go_undurable_than_agents_hold) {
+  char url[256], ep[200];
+  fresh_db("durable", url, sizeof url);
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  snprintf(ep, sizeof ep, "ipc://%s/agents.sock", d.dir);
+  char *extra[] = {"--store", url, NULL};
+  tu_daemon_start_in(&d, ep, NULL, d.dir, extra);
+  psql("durable", "CREATE FUNCTION refuse() RETURNS trigger AS "
+                  "\\$\\$BEGIN RAISE EXCEPTION 'cannot execute INSERT in a "
+                  "read-only transaction' USING ERRCODE = '25006'; "
+                  "END\\$\\$ LANGUAGE plpgsql");
+  psql("durable", "CREATE TRIGGER refuse BEFORE INSERT ON steps FOR EACH "
+                  "ROW EXECUTE FUNCTION refuse()");
+  gnmr_agent *a = open_agent(ep, "pg-held-cap");
+  enum { N = GNMR_MAX_HELD + 6 };
+  char **seen = calloc(N + 11, sizeof *seen);
+  ck_assert_ptr_nonnull(seen);
+  uint64_t got = 0;
+  for (uint64_t t = 1; t <= N; t++) {
+    double sq[4];
+    sums(t, sq);
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, sq, NULL, NULL), GNMR_OK);
+    int ms = t <= GNMR_MAX_HELD ? (getenv("GNMR_VALGRIND") ? 60000 : 10000)
+                                : 300;
+    if (gnmr_agent_wait(a, t, ms) == GNMR_OK) {
+      got++;
+      seen[t] = acted(a, 4, 0);
+    }
+  }
+  ck_assert_uint_eq(got, GNMR_MAX_HELD); /* then the steps waited */
+  ck_assert_int_ge(tu_counter(&d, "durable_waits"), 1);
+  ck_assert_int_gt(tu_counter(&d, "store_errors"), 0);
+  tu_daemon_stop(&d, SIGKILL);
+  psql("durable", "DROP TRIGGER refuse ON steps");
+  tu_daemon_start_in(&d, ep, NULL, d.dir, extra);
+  for (uint64_t t = N + 1; t <= N + 10; t++) { /* gnmrd is back */
+    step_agent(a, t);
+    seen[t] = acted(a, 4, 0);
+  }
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  char *rows = psql_out("durable", "SELECT step, active, reports FROM "
+                                   "steps WHERE job='pg-held-cap' ORDER BY "
+                                   "step, pass");
+  ck_assert_ptr_nonnull(rows);
+  uint64_t restored = 0, n = 0;
+  int *count = calloc(N + 11, sizeof *count);
+  ck_assert_ptr_nonnull(count);
+  for (char *line = strtok(rows, "\n"); line != NULL;
+       line = strtok(NULL, "\n")) {
+    char *bar1 = strchr(line, '|'), *bar2 = bar1 ? strchr(bar1 + 1, '|') : 0;
+    ck_assert_msg(bar2 != NULL, "a row: %s", line);
+    *bar1 = *bar2 = '\0';
+    uint64_t t = strtoull(line, NULL, 10);
+    ck_assert_uint_le(t, N + 10);
+    restored += strcmp(bar2 + 1, "0") == 0;
+    n++;
+    if (seen[t] != NULL) {
+      ck_assert_msg(strcmp(bar1 + 1, seen[t]) == 0,
+                    "step %llu: acted on {%s}, the history has {%s}",
+                    (unsigned long long)t, seen[t], bar1 + 1);
+      count[t]++;
+    }
+  }
+  ck_assert_uint_eq(restored, GNMR_MAX_HELD); /* all from the agent */
+  for (uint64_t t = 1; t <= N + 10; t++) {
+    if (seen[t] == NULL)
+      continue; /* no decision came: the agent acted on its fallback */
+    ck_assert_msg(count[t] == 1, "step %llu: acted on {%s}, the history "
+                  "has %d rows of it", (unsigned long long)t, seen[t],
+                  count[t]);
+    free(seen[t]);
+  }
+  printf("PostgreSQL, every commit refused: %llu decisions sent, the "
+         "steps after waited; after a SIGKILL the history has all %llu "
+         "(%llu rows)\n", (unsigned long long)got,
+         (unsigned long long)got, (unsigned long long)n);
+  free(count);
+  free(seen);
+  free(rows);
   tu_rmrf(d.dir);
 }
 END_TEST
@@ -1098,6 +1191,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, a_connection_used_by_two_threads_at_once_aborts);
   tcase_add_test(tc, traces_give_the_same_decisions_and_history_as_sqlite);
   tcase_add_test(tc, server_killed_and_restarted_mid_job_loses_nothing);
+  tcase_add_test(tc, no_more_decisions_go_undurable_than_agents_hold);
   tcase_add_test(tc, standby_takes_over_with_the_decisions_of_a_restart);
   tcase_add_test(tc, a_deposed_active_stops_serving);
   tcase_add_test(tc, a_deposed_leader_never_decides_after_its_successor);
