@@ -410,6 +410,7 @@ static void take_batch(store *s, uint64_t limit, wbatch *w) {
  * step's run. GNMR_OK, or the error with its text in err. */
 static int commit_batch(store *s, store_rec *batch, char *err, size_t errlen) {
   int rv = file_still_ours(s, err, errlen);
+  store__discard(&s->sql); /* rows of a batch that failed */
   if (rv == GNMR_OK && (rv = db_begin(s->sql.db)) != GNMR_OK)
     snprintf(err, errlen, "%s", db_errmsg(s->sql.db));
   for (store_rec *r = batch; rv == GNMR_OK && r; r = r->next) {
@@ -419,6 +420,8 @@ static int commit_batch(store *s, store_rec *batch, char *err, size_t errlen) {
     if (rv != GNMR_OK)
       snprintf(err, errlen, "%s", db_errmsg(s->sql.db));
   }
+  if (rv == GNMR_OK && (rv = store__flush(&s->sql)) != GNMR_OK)
+    snprintf(err, errlen, "%s", db_errmsg(s->sql.db));
   if (rv == GNMR_OK)
     rv = store__exec(s->sql.db, "COMMIT", err, errlen);
   return rv;

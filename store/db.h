@@ -147,6 +147,14 @@ struct sqlite3 *db_sqlite_handle(db_conn *d);
  * zeroblob(len)) in pieces of `piece` bytes, so that a large value is
  * never copied into one record buffer. */
 void db_checkpoint(db_conn *d, int truncate);
+/* PostgreSQL only (GNMR_E_UNSUPPORTED elsewhere; db_copies says which):
+ * db_copy_in runs sql, a COPY ... FROM STDIN in text format, with len
+ * bytes of its rows (each a line of tab-separated fields, escaped as
+ * COPY's text format reads them, \N for NULL): one round trip for any
+ * number of rows, where an INSERT binds every value. GNMR_OK, or
+ * GNMR_E_STORE with db_errmsg and db_error_class as for any statement. */
+int db_copies(const db_conn *d);
+int db_copy_in(db_conn *d, const char *sql, const char *data, size_t len);
 int db_streams_blobs(db_conn *d);
 int db_blob_write(db_conn *d, const char *table, const char *column,
                   int64_t rowid, const void *data, size_t len, size_t piece);

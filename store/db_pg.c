@@ -533,6 +533,45 @@ static size_t pg_column_bytes(db_stmt *st, int c) {
   return (size_t)PQgetlength(s->res, s->row, c);
 }
 
+int db_copies(const db_conn *d) { return d != NULL && d->kind == DB_PG; }
+
+int db_copy_in(db_conn *d, const char *sql, const char *data, size_t len) {
+  if (!db_copies(d))
+    return GNMR_E_UNSUPPORTED;
+  pg *p = P(d);
+  PGresult *r = PQexec(p->c, sql);
+  if (r == NULL || PQresultStatus(r) != PGRES_COPY_IN) {
+    set_err(p, r);
+    PQclear(r);
+    return GNMR_E_STORE;
+  }
+  PQclear(r);
+  int sent = 1, done = 0;
+  for (size_t at = 0; sent && at < len;) {
+    size_t n = len - at < ((size_t)1 << 20) ? len - at : (size_t)1 << 20;
+    sent = PQputCopyData(p->c, data + at, (int)n) == 1;
+    at += n;
+  }
+  if (!sent)
+    set_err(p, NULL);
+  /* ended with an error message when the rows did not all go: the
+   * server then refuses the COPY, and nothing of it is kept */
+  if (PQputCopyEnd(p->c, sent ? NULL : "gnmrd could not send every row") !=
+          1 &&
+      sent) {
+    set_err(p, NULL);
+    sent = 0;
+  }
+  while ((r = PQgetResult(p->c)) != NULL) {
+    if (PQresultStatus(r) == PGRES_COMMAND_OK)
+      done = 1;
+    else if (sent)
+      set_err(p, r), sent = 0;
+    PQclear(r);
+  }
+  return sent && done ? GNMR_OK : GNMR_E_STORE;
+}
+
 static const struct db_ops pg_ops = {
     pg_exec,        pg_errmsg,        pg_begin,       pg_error_class,
     pg_reconnect,   pg_close,         pg_prepare,     pg_finalize,

@@ -1077,6 +1077,88 @@ START_TEST(both_backends_give_the_same_answers) {
 }
 END_TEST
 
+/* db_copy_in (PostgreSQL's COPY, the writer's events since issue 64):
+ * rows arrive as written (escapes, NULL, the extremes of a bigint, +-Inf,
+ * -0); a malformed row is refused with the server's reason and leaves
+ * the connection usable; SQLite says it has no COPY. Through gnmrd, a job
+ * name with a backslash and a space keeps them in its events. */
+START_TEST(copy_rows_arrive_as_written_and_bad_ones_are_refused) {
+  char url[256], err[512], path[128];
+  fresh_db("copyin", url, sizeof url);
+  db_conn *pg = NULL, *lite = NULL;
+  ck_assert_int_eq(db_open(url, 0, &pg, err, sizeof err), GNMR_OK);
+  ck_assert(db_copies(pg));
+  const char *dir = tu_tmpdir();
+  snprintf(path, sizeof path, "%s/t.db", dir);
+  ck_assert_int_eq(db_open(path, DB_CREATE, &lite, err, sizeof err), GNMR_OK);
+  ck_assert(!db_copies(lite));
+  ck_assert_int_eq(db_copy_in(lite, "COPY t FROM STDIN", "1\n", 2),
+                   GNMR_E_UNSUPPORTED);
+  db_close(&lite);
+  tu_rmrf(dir);
+  ck_assert_int_eq(db_exec(pg, "CREATE TABLE t(a TEXT, b BIGINT, c DOUBLE "
+                               "PRECISION)"),
+                   GNMR_OK);
+  static const char rows[] = "x\\\\y\\tz\\n\t-9223372036854775808\tInfinity\n"
+                             "\\N\t2\t-0\n"
+                             "\xc3\xa9\t9223372036854775807\t-Infinity\n";
+  ck_assert_int_eq(db_copy_in(pg, "COPY t(a, b, c) FROM STDIN", rows,
+                              sizeof rows - 1),
+                   GNMR_OK);
+  db_stmt *st;
+  ck_assert_int_eq(db_prepare(pg, "SELECT a, b, c FROM t ORDER BY b", &st),
+                   GNMR_OK);
+  ck_assert_int_eq(db_step(st), DB_ROW);
+  ck_assert_str_eq(db_column_text(st, 0), "x\\y\tz\n");
+  ck_assert(db_column_int64(st, 1) == INT64_MIN);
+  ck_assert(isinf(db_column_double(st, 2)) && db_column_double(st, 2) > 0);
+  ck_assert_int_eq(db_step(st), DB_ROW);
+  ck_assert_ptr_null(db_column_text(st, 0));
+  ck_assert(db_column_int64(st, 1) == 2);
+  ck_assert(db_column_double(st, 2) == 0 && signbit(db_column_double(st, 2)));
+  ck_assert_int_eq(db_step(st), DB_ROW);
+  ck_assert_str_eq(db_column_text(st, 0), "\xc3\xa9");
+  ck_assert(db_column_int64(st, 1) == INT64_MAX);
+  ck_assert_int_eq(db_step(st), DB_DONE);
+  db_finalize(st);
+  /* malformed: too few fields, a number that is not one; in a
+   * transaction, which the refusal aborts and a rollback ends */
+  static const char *const bad[] = {"only-one\n", "a\tnot-a-number\t1\n"};
+  static const char *const why[] = {"missing data", "invalid input syntax"};
+  for (int k = 0; k < 2; k++) {
+    ck_assert_int_eq(db_begin(pg), GNMR_OK);
+    ck_assert_int_eq(db_copy_in(pg, "COPY t(a, b, c) FROM STDIN", bad[k],
+                                strlen(bad[k])),
+                     GNMR_E_STORE);
+    ck_assert_msg(strstr(db_errmsg(pg), why[k]) != NULL, "%s",
+                  db_errmsg(pg));
+    ck_assert_int_eq(db_rollback(pg), GNMR_OK);
+  }
+  ck_assert_int_eq(db_copy_in(pg, "COPY nosuch FROM STDIN", "1\n", 2),
+                   GNMR_E_STORE);
+  ck_assert_int_eq(db_exec(pg, "SELECT 1"), GNMR_OK);
+  char *n = psql_out("copyin", "SELECT count(*) FROM t");
+  ck_assert_str_eq(n, "3\n");
+  free(n);
+  db_close(&pg);
+  /* through gnmrd's writer */
+  tu_daemon d = {0};
+  char *extra[] = {"--store", url, NULL};
+  tu_daemon_start_in(&d, NULL, NULL, NULL, extra);
+  gnmr_agent *a = open_agent(d.agents, "back\\slash job");
+  for (uint64_t t = 1; t <= 30; t++)
+    step_agent(a, t);
+  free(decisions_csv(&d, "back\\slash job", 30));
+  gnmr_agent_close(&a);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  n = psql_out("copyin", "SELECT DISTINCT job FROM events");
+  ck_assert_ptr_nonnull(n);
+  ck_assert_str_eq(n, "back\\slash job\n");
+  free(n);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(urls_are_shown_without_their_password) {
   static const struct {
     const char *in, *out;
@@ -1188,6 +1270,7 @@ static Suite *suite(void) {
   }
   tcase_add_test(tc, both_backends_give_the_same_answers);
   tcase_add_test(tc, urls_are_shown_without_their_password);
+  tcase_add_test(tc, copy_rows_arrive_as_written_and_bad_ones_are_refused);
   tcase_add_test(tc, a_connection_used_by_two_threads_at_once_aborts);
   tcase_add_test(tc, traces_give_the_same_decisions_and_history_as_sqlite);
   tcase_add_test(tc, server_killed_and_restarted_mid_job_loses_nothing);
