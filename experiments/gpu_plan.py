@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: MIT
 """experiments/gpu_plan.py — the paper's setting 1 (4-bit activation
-storage, natural outliers only: no injected episode) at the size a lent
-GPU reaches, run as many runs as a time budget allows, deciding what to
-run next from the time left and keeping every partial result (issue 50;
-scripts/gpu_experiment.sh runs it on the GPU machine).
+storage, natural outliers only: no injected episode), or with
+--experiment fp4 issue 61's 4-bit pre-training (EXPERIMENTS below), at
+the size a lent GPU reaches, run as many runs as a time budget allows,
+deciding what to run next from the time left and keeping every partial
+result (issue 50; scripts/gpu_experiment.sh runs it on the GPU machine).
 
     experiments/gpu_plan.py --out DIR --budget-s S [--device cuda]
-        [--parallel N] [--steps N] [--size 25m|60m|tiny] [--dry-run]
+        [--parallel N] [--steps N] [--size 25m|60m|tiny]
+        [--experiment act4|fp4] [--dry-run]
 
 In order, as processes of experiments/paper.py (several at once share the
 GPU), each started only when what it is expected to take fits the time
@@ -17,6 +19,10 @@ has finished, --guess-s):
   B  gnmr, random at its share and nanonly, seeds 1-3 (one process a seed:
      random takes GNMR's share from the same process), at every default
      in force.
+With --experiment fp4: A, low (every linear NVFP4) and high (BF16);
+B, static (the last block in BF16), random at its share and
+gnmr_measure at the same budget (7 units), seeds 1-3 (tuning seeds: a
+first look at whether NVFP4 hurts at this size, no held-out claim).
 A run still going at the deadline is stopped and said to be. Written to
 DIR (5 files): plan.jsonl (each start, finish, stop and skip, with its
 time), results.jsonl (each finished process's results: per variant and
@@ -46,8 +52,20 @@ sys.path.insert(0, HERE)
 import corpus  # noqa: E402
 
 SEEDS = (1, 2, 3)
-PHASES = (("A", ("low",)), ("A", ("high",)),
-          ("B", ("gnmr", "random", "nanonly")))
+# What each experiment runs, phase by phase (tasks()); --experiment picks.
+#   act4: the paper's setting 1 (issue 50): A, int4-g32 storage (low) and
+#     int8-g32 (high); B, GNMR, random at its share and nanonly.
+#   fp4: issue 61's 4-bit pre-training at a size the CPU cannot reach:
+#     A, every linear NVFP4 in its three GEMMs (low) and BF16 (high), the
+#     harm first; B, NVIDIA's static choice (the last block's linears in
+#     BF16), random at its share and GNMR on the recipe's measure at the
+#     same budget.
+EXPERIMENTS = {
+    "act4": (("A", ("low",)), ("A", ("high",)),
+             ("B", ("gnmr", "random", "nanonly"))),
+    "fp4": (("A", ("low",)), ("A", ("high",)),
+            ("B", ("static", "random", "gnmr_measure"))),
+}
 
 # The model sizes: Llama, byte vocabulary, paper.py's options. 25m: the
 # issue's 25.7M estimate (about 14 ms of an H200 a step at batch 64);
@@ -62,10 +80,10 @@ SIZES = {
 }
 
 
-def tasks():
+def tasks(experiment="act4"):
     """Every task in the order it is started: (phase, seed, variants)."""
     out = []
-    for phase, variants in PHASES:
+    for phase, variants in EXPERIMENTS[experiment]:
         for seed in SEEDS:
             out.append((phase, seed, variants))
     # A's two variants seed by seed (low 1, high 1, low 2, ...): a cut
@@ -79,14 +97,14 @@ class Plan:
     origin; deadline: clock() + budget at the start."""
 
     def __init__(self, budget_s, clock=time.monotonic, guess_s=60.0,
-                 margin=1.2, parallel=3):
+                 margin=1.2, parallel=3, experiment="act4"):
         if not budget_s > 0 or not guess_s > 0 or parallel < 1:
             raise ValueError("budget_s and guess_s must be > 0, parallel "
                              ">= 1")
         self.clock, self.guess_s, self.margin = clock, guess_s, margin
         self.parallel = parallel
         self.deadline = clock() + budget_s
-        self.todo = tasks()
+        self.todo = tasks(experiment)
         self.running = {}   # task -> start time
         self.took = {}      # variant -> [seconds a variant of a task took]
         self.skipped = []
@@ -140,16 +158,28 @@ POLICY = ["--alpha", "6", "--beta", "8", "--max-active", "4",
           "--job-relative", "1", "--confirm-steps", "2"]
 
 
+def fp4_policy(size):
+    """fp4's budget: NVIDIA's static choice, the last block's 7 linears
+    (paper.py's --static-pattern), and GNMR at the same number."""
+    layers = SIZES[size][SIZES[size].index("--layers") + 1]
+    return ["--alpha", "6", "--beta", "8", "--mean-horizon", "20",
+            "--job-relative", "1", "--confirm-steps", "2", "--warmup", "5",
+            "--max-active", "7", "--lock-steps", "2", "--static-pattern",
+            f"layers[.]{int(layers) - 1}[.]", "--share-of", "static"]
+
+
 def paper_args(task, args, js):
     """paper.py's arguments for a task."""
     phase, seed, variants = task
-    return ["--setting", "act4", "--corpus", "stdlib", "--corpus-mb",
+    fp4 = getattr(args, "experiment", "act4") == "fp4"
+    return ["--setting", "fp4" if fp4 else "act4", "--corpus", "stdlib",
+            "--corpus-mb",
             str(args.corpus_mb), "--device", args.device, "--steps",
             str(args.steps), "--episode-rate", "0", "--eval-every",
             str(max(1, args.steps // 10)), "--seed-list", str(seed),
             "--variants", ",".join(variants), "--json", js,
             *(["--gnmrd-bin", args.gnmrd_bin] if args.gnmrd_bin else []),
-            *POLICY, *SIZES[args.size]]
+            *(fp4_policy(args.size) if fp4 else POLICY), *SIZES[args.size]]
 
 
 def summary_md(results):
@@ -213,6 +243,8 @@ def main(argv=None):
     p.add_argument("--parallel", type=int, default=3)
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--size", choices=tuple(SIZES), default="25m")
+    p.add_argument("--experiment", choices=tuple(EXPERIMENTS),
+                   default="act4")
     p.add_argument("--corpus-mb", type=float, default=64.0)
     p.add_argument("--guess-s", type=float, default=60.0,
                    help="a variant's run time before any has finished")
@@ -229,7 +261,7 @@ def main(argv=None):
     files.write("corpus.json", json.dumps(info, indent=1, sort_keys=True)
                 + "\n")
     plan = Plan(args.budget_s, guess_s=args.guess_s,
-                parallel=args.parallel)
+                parallel=args.parallel, experiment=args.experiment)
     tmp = tempfile.mkdtemp(prefix="gnmr-gpu-plan-")
     try:
         return run(args, files, plan, tmp)
@@ -241,15 +273,16 @@ def run(args, files, plan, tmp):
     paper = os.path.join(HERE, "paper.py")
     if args.dry_run:
         import paper as P  # every task's arguments, parsed as paper.py does
-        for t in tasks():
-            P.harness.parse_args(P.Paper("act4"), paper_args(
+        e = args.experiment
+        for t in tasks(e):
+            P.harness.parse_args(P.Paper(e), paper_args(
                 t, dict_args(args, device="cpu"), os.path.join(tmp, "x")),
-                P.defaults_for("act4"), doc=P.__doc__)
+                P.defaults_for(e), doc=P.__doc__)
             files.event("planned", t, expected_s=round(plan.expected(t), 1))
         files.event("dry-run: nothing started", budget_s=args.budget_s)
         files.write("summary.md", summary_md([]))
-        print(f"gpu_plan: dry run, {len(tasks())} tasks planned in "
-              f"{args.out}")
+        print(f"gpu_plan: dry run, {len(tasks(e))} tasks of {e} planned "
+              f"in {args.out}")
         return 0
     procs, results = {}, []
     while not plan.done():

@@ -133,6 +133,21 @@ else
   bad "gpu_experiment.sh --dry-run: $(tail -n 8 "$work/exp.log" "$out/env.txt" 2>/dev/null)"
 fi
 [ "$(find "$out" -type f | wc -l)" -le 6 ] || bad "gpu_experiment.sh wrote more than 6 files: $(ls "$out")"
+# issue 61's fp4 on the GPU: its nine runs' arguments taken by paper.py
+out=$work/exp-fp4
+mkdir -p "$out"
+if OUT=$out GNMR_PYTHON=$PY scripts/gpu_experiment.sh --dry-run --experiment fp4 "$P" >"$work/exp4.log" 2>&1 &&
+   grep -q "experiment fp4" "$out/env.txt" &&
+   [ "$(grep -c '"event": "planned"' "$out/plan.jsonl")" = 9 ] &&
+   grep -q '"gnmr_measure"' "$out/plan.jsonl"; then
+  ok "gpu_experiment.sh --dry-run --experiment fp4: 9 runs planned"
+else
+  bad "gpu_experiment.sh --dry-run --experiment fp4: $(tail -n 8 "$work/exp4.log" "$out/env.txt" 2>/dev/null)"
+fi
+scripts/gpu_experiment.sh --experiment fp8 "$P" >"$work/e6" 2>&1; r4=$?
+[ $r4 = 2 ] && grep -q "takes act4 or fp4, not 'fp8'" "$work/e6" &&
+  ok "gpu_experiment.sh refuses an unknown experiment (exit 2)" ||
+  bad "gpu_experiment.sh --experiment fp8: $r4 $(cat "$work/e6")"
 scripts/gpu_experiment.sh --bogus >"$work/e3" 2>&1; r1=$?
 scripts/gpu_experiment.sh "$work/nowhere" >"$work/e4" 2>&1; r2=$?
 GNMR_GPU_EXPERIMENT_S=6m scripts/gpu_experiment.sh "$P" >"$work/e5" 2>&1; r3=$?

@@ -422,6 +422,30 @@ class PlanTest(unittest.TestCase):
             with self.assertRaises(ValueError):
                 gpu_plan.Plan(**bad)
 
+    def test_fp4_on_the_gpu_plans_its_harm_first_then_its_budget(self):
+        import argparse
+        import gpu_plan
+        t = gpu_plan.tasks("fp4")
+        self.assertEqual(t[:2], [("A", 1, ("low",)), ("A", 1, ("high",))])
+        self.assertEqual(t[-1], ("B", 3, ("static", "random",
+                                          "gnmr_measure")))
+        self.assertEqual(len(t), 9)
+        a = argparse.Namespace(experiment="fp4", corpus_mb=64.0,
+                               device="cuda", steps=1000, gnmrd_bin="",
+                               size="60m")
+        args = gpu_plan.paper_args(t[-1], a, "x.json")
+        self.assertEqual(args[:2], ["--setting", "fp4"])
+        # NVIDIA's static choice is the last block: layers.11 of 12
+        i = args.index("--static-pattern")
+        self.assertEqual(args[i + 1], "layers[.]11[.]")
+        self.assertEqual(args[args.index("--max-active") + 1], "7")
+        self.assertEqual(args[args.index("--share-of") + 1], "static")
+        a.experiment = "act4"
+        self.assertEqual(gpu_plan.paper_args(t[0], a, "x.json")[:2],
+                         ["--setting", "act4"])
+        with self.assertRaises(KeyError):
+            gpu_plan.tasks("fp8")
+
     def test_the_table_so_far(self):
         import gpu_plan
         r = {"seeds": [1], "variants": {
