@@ -280,6 +280,17 @@ static void hello_free_done(uv_work_t *req, int status) {
 
 static void hello_away_work(uv_work_t *req) {
   hello_away *a = req->data;
+  /* a name listed twice refuses it before it is decoded (no allocation
+   * a name) */
+  a->ref = "";
+  a->rv = gnmr__hello_bytes_dup(a->data, a->len, &a->ref, a->why,
+                                sizeof a->why);
+  if (a->rv != GNMR_OK) {
+    a->refused = 1;
+    free(a->data);
+    a->data = NULL;
+    return;
+  }
   a->rv = gnmr__wire_decode(a->data, a->len, &a->env, a->why, sizeof a->why);
   free(a->data);
   a->data = NULL;

@@ -155,6 +155,105 @@ int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
   return rv;
 }
 
+/* The Hello inside an Envelope's bytes, when the Envelope's body is one
+ * Hello and nothing else (a later body member would replace it). */
+static int hello_bytes(const uint8_t *p, const uint8_t *end,
+                       const uint8_t **hb, const uint8_t **he) {
+  int bodies = 0;
+  while (p < end) {
+    uint64_t key;
+    const uint8_t *at;
+    if (!gnmr__varint_get(&p, end, &key))
+      return 0;
+    at = p;
+    if (!gnmr__wire_skip(&p, end, (unsigned)(key & 7)))
+      return 0;
+    if ((key & 7) != GNMR_WIRE_LEN || key >> 3 < GNMR_WIRE_ENVELOPE_HELLO)
+      continue;
+    uint64_t n;
+    if (++bodies > 1 || key >> 3 != GNMR_WIRE_ENVELOPE_HELLO ||
+        !gnmr__varint_get(&at, p, &n))
+      return 0;
+    *hb = at;
+    *he = p;
+  }
+  return bodies == 1;
+}
+
+/* Hello.units' next name in [*p, end): its bytes as the decoder's C
+ * string holds them (up to a NUL). 1 with a name, 0 at the end, -1 for
+ * bytes this scan does not read. */
+static int next_unit(const uint8_t **p, const uint8_t *end,
+                     const char **name, size_t *len) {
+  while (*p < end) {
+    uint64_t key, n;
+    if (!gnmr__varint_get(p, end, &key))
+      return -1;
+    if (key != GNMR_WIRE_KEY(GNMR_WIRE_HELLO_UNITS, GNMR_WIRE_LEN)) {
+      if (!gnmr__wire_skip(p, end, (unsigned)(key & 7)))
+        return -1;
+      continue;
+    }
+    if (!gnmr__varint_get(p, end, &n) || n > (uint64_t)(end - *p))
+      return -1;
+    *name = (const char *)*p;
+    *len = strnlen(*name, (size_t)n);
+    *p += n;
+    return 1;
+  }
+  return 0;
+}
+
+int gnmr__hello_bytes_dup(const void *buf, size_t len, const char **ref,
+                          char *msg, size_t msglen) {
+  const uint8_t *hb, *he, *p;
+  const char *u;
+  size_t ul, n = 0;
+  int r;
+  if (!hello_bytes(buf, (const uint8_t *)buf + len, &hb, &he))
+    return GNMR_OK;
+  for (p = hb; (r = next_unit(&p, he, &u, &ul)) == 1;)
+    n++;
+  if (r < 0 || n < 2 || n > GNMR_MAX_AGENT_UNITS)
+    return GNMR_OK; /* the decoder says what is wrong */
+  size_t cap = 16;
+  while (cap < 2 * n)
+    cap *= 2;
+  typedef struct {
+    uint64_t hash;
+    const char *name;
+    size_t len;
+  } slot;
+  slot *seen = calloc(cap, sizeof *seen);
+  if (seen == NULL)
+    return GNMR_OK; /* the decoder's own check runs */
+  int rv = GNMR_OK;
+  for (p = hb; rv == GNMR_OK && next_unit(&p, he, &u, &ul) == 1;) {
+    uint64_t hv = hmap_hash_keyed(u, ul);
+    size_t k = hv & (cap - 1);
+    for (; seen[k].name != NULL; k = (k + 1) & (cap - 1))
+      if (seen[k].hash == hv && seen[k].len == ul &&
+          memcmp(seen[k].name, u, ul) == 0)
+        break;
+    if (seen[k].name == NULL) {
+      seen[k] = (slot){hv, u, ul};
+      continue;
+    }
+    char name[GNMR_MAX_UNIT_NAME + 1], why[96];
+    if (ul > GNMR_MAX_UNIT_NAME)
+      break; /* not a valid name: the decoder's check says so */
+    memcpy(name, u, ul);
+    name[ul] = '\0';
+    if (!gnmr__name_check(name, GNMR_MAX_UNIT_NAME, why, sizeof why))
+      break;
+    *ref = "units";
+    snprintf(msg, msglen, "unit name '%.64s' listed twice", name);
+    rv = GNMR_E_DUP;
+  }
+  free(seen);
+  return rv;
+}
+
 int gnmr__validate_report(const Gnmr__Report *r, uint32_t n_units,
                           const char **ref, char *msg, size_t msglen) {
   if (r->n_sumsq != n_units)

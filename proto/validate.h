@@ -45,6 +45,19 @@ int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
 
 /* Checks a Report against the n_units of its rank: array lengths, sums of
  * squares >= 0 (NaN refused), step >= 1. Same error convention. */
+/* A large Hello's duplicate unit names found in its bytes, before it is
+ * decoded (issue 62: a flood of 2^20-unit Hellos refused only after
+ * decoding held the places that take them in for seconds each): one
+ * pass over the names with the keyed hash and no copy of any, where the
+ * decoder allocates each. GNMR_E_DUP with the decoder's own message when
+ * a name is certainly listed twice (and valid, so that the message
+ * carries no byte a name may not have); GNMR_OK otherwise: no duplicate,
+ * or bytes this scan does not read as a plain Hello, which the decoder
+ * then judges. A Hello with a duplicate and another fault is refused for
+ * the duplicate. */
+int gnmr__hello_bytes_dup(const void *buf, size_t len, const char **ref,
+                          char *msg, size_t msglen);
+
 int gnmr__validate_report(const Gnmr__Report *r, uint32_t n_units,
                           const char **ref, char *msg, size_t msglen);
 

@@ -53,6 +53,8 @@ int gnmr__wire_error(int code, const char *message, const char *ref,
  * envelope's is tied to the generated code at compile time (wire.c), the
  * report's by test_protocol against the generated descriptors. */
 #define GNMR_WIRE_ENVELOPE_REPORT 12 /* Envelope.report */
+#define GNMR_WIRE_ENVELOPE_HELLO 10  /* Envelope.hello */
+#define GNMR_WIRE_HELLO_UNITS 5      /* Hello.units */
 #define GNMR_WIRE_REPORT_STEP 3      /* Report.step */
 #define GNMR_WIRE_REPORT_SUMSQ 4     /* Report.sumsq (packed doubles) */
 enum { GNMR_WIRE_VARINT = 0, GNMR_WIRE_I64 = 1, GNMR_WIRE_LEN = 2,

@@ -950,6 +950,104 @@ START_TEST(names_that_collide_under_fnv_do_not_under_the_keyed_hash) {
 }
 END_TEST
 
+/* The Envelope of a Hello of n names, as bytes (the caller frees). */
+static uint8_t *hello_envelope(char **names, size_t n, size_t *len) {
+  Gnmr__Envelope e = GNMR__ENVELOPE__INIT;
+  Gnmr__Hello h = GNMR__HELLO__INIT;
+  h.protocol = GNMR_PROTOCOL_VERSION;
+  h.job = "scan";
+  h.reporters = 1;
+  h.n_units = n;
+  h.units = names;
+  e.version = GNMR_PROTOCOL_VERSION;
+  e.body_case = GNMR__ENVELOPE__BODY_HELLO;
+  e.hello = &h;
+  uint8_t *buf;
+  ck_assert_int_eq(gnmr__wire_encode(&e, &buf, len), GNMR_OK);
+  return buf;
+}
+
+/* Decoded and validated, as gnmrd judges a Hello: the code, and its
+ * message in msg. */
+static int judged(const uint8_t *buf, size_t len, char *msg, size_t cap) {
+  Gnmr__Envelope *e = NULL;
+  int rv = gnmr__wire_decode(buf, len, &e, msg, cap);
+  if (rv != GNMR_OK)
+    return rv;
+  policy_params defaults, out;
+  policy_params_default(&defaults);
+  uint32_t barrier;
+  const char *ref;
+  rv = gnmr__validate_hello(e->hello, &defaults, 0, &out, &barrier, &ref,
+                            msg, cap);
+  gnmr__wire_free(&e);
+  return rv;
+}
+
+/* Issue 62: a large Hello's duplicate names are found in its bytes before
+ * it is decoded, with the decoder's own message; whatever the scan does
+ * not read plainly (a name that is not valid, bytes cut short, a body
+ * given twice) is left to the decoder. */
+START_TEST(a_hellos_duplicate_names_are_found_in_its_bytes) {
+  enum { N = 4096 };
+  char **names = malloc(N * sizeof *names);
+  for (int i = 0; i < N; i++) {
+    names[i] = malloc(48);
+    snprintf(names[i], 48, "model.layers.%d.mlp.experts.%d", i / 64, i % 64);
+  }
+  size_t len;
+  const char *ref = NULL;
+  char msg[256], want[256];
+  uint8_t *b = hello_envelope(names, N, &len);
+  ck_assert_int_eq(gnmr__hello_bytes_dup(b, len, &ref, msg, sizeof msg),
+                   GNMR_OK);
+  free(b);
+  char *keep = names[N - 1];
+  names[N - 1] = names[7];
+  b = hello_envelope(names, N, &len);
+  ck_assert_int_eq(gnmr__hello_bytes_dup(b, len, &ref, msg, sizeof msg),
+                   GNMR_E_DUP);
+  ck_assert_str_eq(ref, "units");
+  ck_assert_int_eq(judged(b, len, want, sizeof want), GNMR_E_DUP);
+  ck_assert_str_eq(msg, want); /* the decoder's own words */
+  /* cut short anywhere: left to the decoder, which refuses it */
+  for (size_t cut = 1; cut < 64; cut++)
+    ck_assert_int_eq(gnmr__hello_bytes_dup(b, len - cut, &ref, msg,
+                                           sizeof msg), GNMR_OK);
+  /* the Envelope's body twice: the decoder keeps the last */
+  uint8_t *twice = malloc(2 * len);
+  memcpy(twice, b, len);
+  memcpy(twice + len, b, len);
+  ck_assert_int_eq(gnmr__hello_bytes_dup(twice, 2 * len, &ref, msg,
+                                         sizeof msg), GNMR_OK);
+  free(twice);
+  free(b);
+  /* a name with a control character, listed twice: not a valid name,
+   * so the decoder's check says what is wrong (never the raw bytes in a
+   * message) */
+  char bad[] = "unit\x1b[31m";
+  char *keep2 = names[N - 2];
+  names[N - 1] = bad;
+  names[N - 2] = bad;
+  b = hello_envelope(names, N, &len);
+  ck_assert_int_eq(gnmr__hello_bytes_dup(b, len, &ref, msg, sizeof msg),
+                   GNMR_OK);
+  ck_assert_int_eq(judged(b, len, want, sizeof want), GNMR_E_INVAL);
+  free(b);
+  names[N - 1] = keep;
+  names[N - 2] = keep2;
+  /* not a Hello, junk, nothing: nothing said */
+  static const uint8_t junk[] = {0x52, 0x05, 0x2a, 0x03, 'a', 'b'};
+  ck_assert_int_eq(gnmr__hello_bytes_dup(junk, sizeof junk, &ref, msg,
+                                         sizeof msg), GNMR_OK);
+  ck_assert_int_eq(gnmr__hello_bytes_dup(junk, 0, &ref, msg, sizeof msg),
+                   GNMR_OK);
+  for (int i = 0; i < N; i++)
+    free(names[i]);
+  free(names);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("core");
   TCase *tc = tcase_create("core");
@@ -974,6 +1072,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, one_rank_far_ahead_cannot_freeze_the_job);
   tcase_add_test(tc, siphash_gives_its_reference_vector);
   tcase_add_test(tc, names_that_collide_under_fnv_do_not_under_the_keyed_hash);
+  tcase_add_test(tc, a_hellos_duplicate_names_are_found_in_its_bytes);
   suite_add_tcase(s, tc);
   return s;
 }
