@@ -105,10 +105,14 @@ static inline void expect_silence(raw_peer *p) {
 
 /* A Hello as an agent that names itself `instance` ("" : none) and says
  * `start` of itself (Hello.start). */
-static inline void hello_xis(raw_peer *p, const char *job, uint32_t rank,
-                             uint32_t reporters, char **units, size_t n,
-                             double alpha, uint32_t barrier_ms, int observer,
-                             const char *instance, uint32_t start) {
+/* A Hello's Envelope as bytes (the caller frees them): hello_xis's, to
+ * send again and again without encoding it each time. */
+static inline uint8_t *hello_encode(const char *job, uint32_t rank,
+                                    uint32_t reporters, char **units,
+                                    size_t n, double alpha,
+                                    uint32_t barrier_ms, int observer,
+                                    const char *instance, uint32_t start,
+                                    size_t *len) {
   Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
   Gnmr__Hello h = GNMR__HELLO__INIT;
   Gnmr__Params wp;
@@ -130,7 +134,20 @@ static inline void hello_xis(raw_peer *p, const char *job, uint32_t rank,
   h.start = start;
   env.body_case = GNMR__ENVELOPE__BODY_HELLO;
   env.hello = &h;
-  raw_send_env(p, &env);
+  uint8_t *buf;
+  ck_assert_int_eq(gnmr__wire_encode(&env, &buf, len), GNMR_OK);
+  return buf;
+}
+
+static inline void hello_xis(raw_peer *p, const char *job, uint32_t rank,
+                             uint32_t reporters, char **units, size_t n,
+                             double alpha, uint32_t barrier_ms, int observer,
+                             const char *instance, uint32_t start) {
+  size_t len;
+  uint8_t *buf = hello_encode(job, rank, reporters, units, n, alpha,
+                              barrier_ms, observer, instance, start, &len);
+  raw_send(p, buf, len);
+  free(buf);
 }
 
 /* A Hello as an agent that names itself `instance` ("" : none). */

@@ -122,6 +122,26 @@ static inline char *acted(gnmr_agent *a, uint32_t n, uint32_t base) {
   return out;
 }
 
+/* Reports steps 1..n (sums()) and waits for each decision: up to 10 s
+ * (60 s under valgrind) for the first `patient` steps, 300 ms after;
+ * seen[t] is the set acted on when step t's decision came (the caller
+ * frees it). Returns how many came. */
+static inline uint64_t report_and_wait(gnmr_agent *a, uint64_t n,
+                                       uint64_t patient, char **seen) {
+  uint64_t got = 0;
+  for (uint64_t t = 1; t <= n; t++) {
+    double sq[4];
+    sums(t, sq);
+    ck_assert_int_eq(gnmr_agent_report_sums(a, t, sq, NULL, NULL), GNMR_OK);
+    int ms = t <= patient ? (getenv("GNMR_VALGRIND") ? 60000 : 10000) : 300;
+    if (gnmr_agent_wait(a, t, ms) == GNMR_OK) {
+      got++;
+      seen[t] = acted(a, 4, 0);
+    }
+  }
+  return got;
+}
+
 static inline void step_agent(gnmr_agent *a, uint64_t t) {
   double s[4];
   sums(t, s);

@@ -435,18 +435,7 @@ START_TEST(no_more_decisions_go_undurable_than_agents_hold) {
   gnmr_agent *a = open_agent(ep, "held-cap");
   enum { N = GNMR_MAX_HELD + 6 };
   char **seen = calloc(N + 11, sizeof *seen);
-  uint64_t got = 0;
-  for (uint64_t t = 1; t <= N; t++) {
-    double sq[4];
-    sums(t, sq);
-    ck_assert_int_eq(gnmr_agent_report_sums(a, t, sq, NULL, NULL), GNMR_OK);
-    int ms = t <= GNMR_MAX_HELD ? (getenv("GNMR_VALGRIND") ? 60000 : 10000)
-                                : 300;
-    if (gnmr_agent_wait(a, t, ms) == GNMR_OK) {
-      got++;
-      seen[t] = acted(a, 4, 0);
-    }
-  }
+  uint64_t got = report_and_wait(a, N, GNMR_MAX_HELD, seen);
   ck_assert_uint_eq(got, GNMR_MAX_HELD); /* then the steps waited */
   ck_assert_uint_eq(gnmr_agent_decided_step(a), GNMR_MAX_HELD);
   char opt[300];

@@ -1400,25 +1400,7 @@ END_TEST
  * sent again and again without encoding it each time. */
 static uint8_t *hello_bytes(const char *job, char **units, size_t n,
                             size_t *len) {
-  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
-  Gnmr__Hello h = GNMR__HELLO__INIT;
-  Gnmr__Params wp;
-  policy_params prm;
-  policy_params_default(&prm);
-  prm.warmup_steps = 0;
-  gnmr__params_to_wire(&prm, &wp);
-  h.protocol = 1;
-  h.job = (char *)job;
-  h.reporters = 1;
-  h.n_units = n;
-  h.units = units;
-  h.params = &wp;
-  h.barrier_ms = 60000;
-  env.body_case = GNMR__ENVELOPE__BODY_HELLO;
-  env.hello = &h;
-  uint8_t *buf;
-  ck_assert_int_eq(gnmr__wire_encode(&env, &buf, len), GNMR_OK);
-  return buf;
+  return hello_encode(job, 0, 1, units, n, 2.0, 60000, 0, "", 0, len);
 }
 
 /* Issue 62, without tenancy: 32 connections of one host looping large

@@ -355,18 +355,7 @@ START_TEST(no_more_decisions_go_undurable_than_agents_hold) {
   enum { N = GNMR_MAX_HELD + 6 };
   char **seen = calloc(N + 11, sizeof *seen);
   ck_assert_ptr_nonnull(seen);
-  uint64_t got = 0;
-  for (uint64_t t = 1; t <= N; t++) {
-    double sq[4];
-    sums(t, sq);
-    ck_assert_int_eq(gnmr_agent_report_sums(a, t, sq, NULL, NULL), GNMR_OK);
-    int ms = t <= GNMR_MAX_HELD ? (getenv("GNMR_VALGRIND") ? 60000 : 10000)
-                                : 300;
-    if (gnmr_agent_wait(a, t, ms) == GNMR_OK) {
-      got++;
-      seen[t] = acted(a, 4, 0);
-    }
-  }
+  uint64_t got = report_and_wait(a, N, GNMR_MAX_HELD, seen);
   ck_assert_uint_eq(got, GNMR_MAX_HELD); /* then the steps waited */
   ck_assert_int_ge(tu_counter(&d, "durable_waits"), 1);
   ck_assert_int_gt(tu_counter(&d, "store_errors"), 0);
