@@ -811,8 +811,9 @@ START_TEST(one_hosts_connections_leave_a_resume_read_to_another) {
   hello_start(&b, "other-host", 2);
   expect_error(&b, GNMR_E_BUSY, "read back");
   ck_assert_int_eq(resumes_busy(&d), 1); /* no place: it waits */
-  hold_history_reads(&d, 0); /* the eight reads end */
-  usleep(300 * 1000);
+  hold_history_reads(&d, 0); /* the eight reads end (within 6 s of the
+                                 other's wait: fair.h) */
+  usleep(300 * 1000 * (useconds_t)tu_slow());
   hold_history_reads(&d, 1);
   for (int k = 8; k < 11; k++) {
     a[k] = raw_open(d.agents);
