@@ -1414,18 +1414,30 @@ static uint8_t *hello_bytes(const char *job, char **units, size_t n,
  * 127.0.0.1 is BUSY for its address (before: it took the free place), and
  * the other host's next try takes it and is welcomed. */
 START_TEST(one_hosts_connections_leave_a_place_to_another) {
+  if (tu_slow() > 1) {
+    /* the order it needs (the quick Hello still away when the other
+     * host first asks, answered while the slow ones are) comes from the
+     * Hellos' decode times, which valgrind's one thread at a time and
+     * its slow gnmrctl make a matter of chance; the plain and ASan runs
+     * hold it */
+    printf("one_hosts_connections_leave_a_place_to_another: skipped under "
+           "valgrind (its order comes from decode times)\n");
+    return;
+  }
   tu_daemon d = {0};
   tu_daemon_start(&d);
-  const int SLOW = tu_slow() > 1 ? 1 << 17 : 1 << 19,
-            QUICK = tu_slow() > 1 ? 1 << 15 : 1 << 17, GOOD = 1 << 15;
+  const int SLOW = 1 << 19, QUICK = 1 << 17, GOOD = 1 << 15;
   char **units = expert_names(SLOW, 256, "up_proj");
+  /* the last name not a valid one: refused only once decoded and checked
+   * (a name listed twice is found before decoding) */
+  char bad[] = "bad\x01name";
   char *keep = units[QUICK - 1];
-  units[QUICK - 1] = units[3]; /* listed twice: refused after decoding */
+  units[QUICK - 1] = bad;
   size_t quick_len, slow_len, good_len;
   uint8_t *quick = hello_bytes("flood", units, (size_t)QUICK, &quick_len);
   units[QUICK - 1] = keep;
   char *keep_last = units[SLOW - 1];
-  units[SLOW - 1] = units[3];
+  units[SLOW - 1] = bad;
   uint8_t *slow = hello_bytes("flood", units, (size_t)SLOW, &slow_len);
   units[SLOW - 1] = keep_last;
   uint8_t *good = hello_bytes("good-large", units, (size_t)GOOD, &good_len);
@@ -1464,7 +1476,7 @@ START_TEST(one_hosts_connections_leave_a_place_to_another) {
   ck_assert_int_ge(b_busy, 1);
   if (e->body_case == GNMR__ENVELOPE__BODY_ERROR) {
     /* the quick one is answered: a place is free */
-    ck_assert_int_eq(e->error->code, GNMR_E_DUP);
+    ck_assert_int_eq(e->error->code, GNMR_E_INVAL);
     gnmr__wire_free(&e);
     raw_send(&a[4], slow, slow_len);
     e = raw_recv(&a[4], raw_reply_ms());
@@ -1476,9 +1488,7 @@ START_TEST(one_hosts_connections_leave_a_place_to_another) {
                   "and another host waiting: %s", e->error->message);
     gnmr__wire_free(&e);
     raw_send(&b, good, good_len);
-    /* decoded beside the three slow ones (one thread at a time under
-     * valgrind) */
-    e = raw_recv(&b, 4 * raw_reply_ms());
+    e = raw_recv(&b, raw_reply_ms());
     ck_assert_ptr_nonnull(e);
     ck_assert_msg(e->body_case == GNMR__ENVELOPE__BODY_WELCOME,
                   "the other host's Hello: %s",
