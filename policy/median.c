@@ -96,12 +96,15 @@ static void radix_narrow(double *v, size_t *n, size_t *k, int shift) {
   *k -= below;
 }
 
-double policy__lower_median(double *v, size_t n) {
-  if (n == 0)
+double policy__kth(double *v, size_t n, size_t k) {
+  if (k >= n)
     return (double)NAN;
-  size_t k = (n - 1) / 2;
   /* sign and exponent, then the mantissa's top 11 bits, then the next */
   for (int shift = 52; shift >= 30 && n >= RADIX_MIN; shift -= 11)
     radix_narrow(v, &n, &k, shift);
   return select_kth(v, n, k);
+}
+
+double policy__lower_median(double *v, size_t n) {
+  return n == 0 ? (double)NAN : policy__kth(v, n, (n - 1) / 2);
 }

@@ -602,30 +602,21 @@ const char *policy_signal_name(int signal) {
  * pass, and a selection only on a step where the job rose. */
 static void step_medians(policy *p, const double *gv, const double *dv,
                          double *mg, double *md) {
-  size_t ng = 0, nd = 0, lg = 0, ld = 0;
-  for (uint32_t u = 0; u < p->n; u++) {
-    double g = gv[u], d = dv[u];
-    int has_g = !isnan(g), has_d = has_g && !isnan(d);
-    ng += has_g;
-    lg += has_g && g <= 1;
-    nd += has_d;
-    ld += has_d && d <= 1;
-  }
-  /* one value is its own median: a job of one unit keeps the plain rule */
+  size_t c[4];
+  policy__median_counts(gv, dv, p->n, c);
+  size_t ng = c[0], lg = c[1], nd = c[2], ld = c[3];
+  /* one value is its own median: a job of one unit keeps the plain rule.
+   * A median above 1 is the (k - below)-th smallest of the values above
+   * 1 (k its rank among all, below of them at or below 1): only those are
+   * gathered and selected among, about half a step's values. */
   *mg = *md = 1;
   if (ng > 1 && lg < (ng - 1) / 2 + 1) {
-    size_t k = 0;
-    for (uint32_t u = 0; u < p->n; u++)
-      if (!isnan(gv[u]))
-        p->med[k++] = gv[u];
-    *mg = policy__lower_median(p->med, k); /* > 1 here */
+    size_t m = policy__above_one(gv, gv, p->n, p->med);
+    *mg = policy__kth(p->med, m, (ng - 1) / 2 - lg); /* > 1 here */
   }
   if (nd > 1 && ld < (nd - 1) / 2 + 1) {
-    size_t k = 0;
-    for (uint32_t u = 0; u < p->n; u++)
-      if (!isnan(gv[u]) && !isnan(dv[u]))
-        p->med[k++] = dv[u];
-    *md = policy__lower_median(p->med, k);
+    size_t m = policy__above_one(dv, gv, p->n, p->med);
+    *md = policy__kth(p->med, m, (nd - 1) / 2 - ld);
   }
 }
 

@@ -111,9 +111,23 @@ typedef struct policy__consts {
  * SIMD level allows). */
 int policy__bad_norms(const double *x, const uint8_t *in, uint32_t n);
 
+/* The job-relative rule's counts over a step's g[0..n) and d[0..n)
+ * (NaN: none): c[0] the g that are not NaN, c[1] of them those <= 1,
+ * c[2] the d not NaN where g is not either, c[3] of them those <= 1
+ * (policy_simd.c: 8 at a time with AVX-512). */
+void policy__median_counts(const double *g, const double *d, uint32_t n,
+                           size_t c[4]);
+/* Copies into out (n places) the v[i] > 1 whose g[i] is not NaN, in
+ * order; returns how many. */
+size_t policy__above_one(const double *v, const double *g, uint32_t n,
+                         double *out);
+
 /* The ceil(n/2)-th smallest of v[0..n) (n > 0, no NaN; v is reordered):
  * median.c. */
 double policy__lower_median(double *v, size_t n);
+/* The k-th smallest (0-based) of v[0..n) (NaN when k >= n); v is
+ * reordered. No NaN in v. */
+double policy__kth(double *v, size_t n, size_t k);
 
 /* 1/x when x is a power of two with a normal reciprocal, else 0. */
 double policy__exact_recip(double x);

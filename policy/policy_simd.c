@@ -278,6 +278,91 @@ __attribute__((target("avx2"))) static int neg256(const double *x,
 }
 #endif
 
+#if SIMD_X86
+/* policy__median_counts and policy__above_one, 8 units at a time: the
+ * same comparisons as the scalar loops (ordered: a NaN is never <= 1 nor
+ * > 1), counted by popcount; the values kept compressed in a register,
+ * then stored whole (a compressing store to memory is slow on some CPUs),
+ * the lanes past the kept ones overwritten by the next store. */
+__attribute__((target("avx512f"))) static void
+counts512(const double *g, const double *d, uint32_t n, size_t c[4]) {
+  size_t ng = 0, lg = 0, nd = 0, ld = 0;
+  uint32_t i = 0;
+  const __m512d one = _mm512_set1_pd(1);
+  for (; i + 8 <= n; i += 8) {
+    __m512d gv = _mm512_loadu_pd(g + i), dv = _mm512_loadu_pd(d + i);
+    __mmask8 hg = _mm512_cmp_pd_mask(gv, gv, _CMP_ORD_Q);
+    __mmask8 hd = hg & _mm512_cmp_pd_mask(dv, dv, _CMP_ORD_Q);
+    ng += (size_t)__builtin_popcount(hg);
+    nd += (size_t)__builtin_popcount(hd);
+    lg += (size_t)__builtin_popcount(_mm512_cmp_pd_mask(gv, one, _CMP_LE_OQ));
+    ld += (size_t)__builtin_popcount(
+        hd & _mm512_cmp_pd_mask(dv, one, _CMP_LE_OQ));
+  }
+  for (; i < n; i++) {
+    int has_g = !isnan(g[i]), has_d = has_g && !isnan(d[i]);
+    ng += has_g;
+    lg += has_g && g[i] <= 1;
+    nd += has_d;
+    ld += has_d && d[i] <= 1;
+  }
+  c[0] = ng, c[1] = lg, c[2] = nd, c[3] = ld;
+}
+
+__attribute__((target("avx512f"))) static size_t
+above512(const double *v, const double *g, uint32_t n, double *out) {
+  size_t m = 0;
+  uint32_t i = 0;
+  const __m512d one = _mm512_set1_pd(1);
+  for (; i + 8 <= n; i += 8) {
+    __m512d x = _mm512_loadu_pd(v + i), gv = _mm512_loadu_pd(g + i);
+    __mmask8 k = _mm512_cmp_pd_mask(x, one, _CMP_GT_OQ) &
+                 _mm512_cmp_pd_mask(gv, gv, _CMP_ORD_Q);
+    /* out has n places and m + 8 <= i + 8 <= n: a whole store fits */
+    _mm512_storeu_pd(out + m, _mm512_maskz_compress_pd(k, x));
+    m += (size_t)__builtin_popcount(k);
+  }
+  for (; i < n; i++) {
+    out[m] = v[i];
+    m += !isnan(g[i]) && v[i] > 1;
+  }
+  return m;
+}
+#endif
+
+void policy__median_counts(const double *g, const double *d, uint32_t n,
+                           size_t c[4]) {
+#if SIMD_X86
+  if (policy_simd_get() == POLICY_SIMD_AVX512) {
+    counts512(g, d, n, c);
+    return;
+  }
+#endif
+  size_t ng = 0, lg = 0, nd = 0, ld = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    int has_g = !isnan(g[i]), has_d = has_g && !isnan(d[i]);
+    ng += has_g;
+    lg += has_g && g[i] <= 1;
+    nd += has_d;
+    ld += has_d && d[i] <= 1;
+  }
+  c[0] = ng, c[1] = lg, c[2] = nd, c[3] = ld;
+}
+
+size_t policy__above_one(const double *v, const double *g, uint32_t n,
+                         double *out) {
+#if SIMD_X86
+  if (policy_simd_get() == POLICY_SIMD_AVX512)
+    return above512(v, g, n, out);
+#endif
+  size_t m = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    out[m] = v[i];
+    m += !isnan(g[i]) && v[i] > 1;
+  }
+  return m;
+}
+
 int policy__bad_norms(const double *x, const uint8_t *in, uint32_t n) {
   int r = 0;
 #if SIMD_X86

@@ -301,12 +301,70 @@ START_TEST(lower_median_is_the_sorted_one) {
 }
 END_TEST
 
+/* The job-relative rule's passes (policy_simd.c) at every level the CPU
+ * has: the counts of g and d not NaN and at or below 1, and the values
+ * above 1 gathered in order, as a plain loop finds them; every length
+ * around a block of 8, NaN in g or d, +inf, exactly 1, the next double
+ * above 1. A median above 1 is then the one among them (policy__kth). */
+START_TEST(median_passes_match_a_plain_loop_at_every_level) {
+  uint64_t rng = 47;
+  static const double pick[] = {NAN, 0.5, 1.0, 0x1.0000000000001p0, 1.5,
+                                INFINITY, 0.0, 3.0};
+  for (int l = POLICY_SIMD_OFF; l <= POLICY_SIMD_AVX512; l++) {
+    if (policy_simd_set(l) != GNMR_OK)
+      continue;
+    for (uint32_t n = 0; n <= 41; n++) {
+      double g[41], d[41], out[41], want[41];
+      for (uint32_t i = 0; i < n; i++) {
+        g[i] = pick[rng_next(&rng) % 8];
+        d[i] = pick[rng_next(&rng) % 8];
+      }
+      size_t c[4] = {9, 9, 9, 9}, w[4] = {0, 0, 0, 0};
+      size_t wm = 0;
+      for (uint32_t i = 0; i < n; i++) {
+        if (isnan(g[i]))
+          continue;
+        w[0]++;
+        w[1] += g[i] <= 1;
+        if (!isnan(d[i])) {
+          w[2]++;
+          w[3] += d[i] <= 1;
+          if (d[i] > 1)
+            want[wm++] = d[i];
+        }
+      }
+      policy__median_counts(g, d, n, c);
+      for (int k = 0; k < 4; k++)
+        ck_assert_msg(c[k] == w[k], "level %d n %u count %d: %zu, want %zu",
+                      l, n, k, c[k], w[k]);
+      size_t m = policy__above_one(d, g, n, out);
+      ck_assert_msg(m == wm, "level %d n %u: %zu kept, want %zu", l, n, m,
+                    wm);
+      for (size_t i = 0; i < m; i++)
+        ck_assert_msg(out[i] == want[i], "level %d n %u: kept %zu is %g",
+                      l, n, i, out[i]);
+      m = policy__above_one(g, g, n, out);
+      size_t above = 0;
+      for (uint32_t i = 0; i < n; i++)
+        above += g[i] > 1;
+      ck_assert_uint_eq(m, above);
+    }
+  }
+  policy_simd_set(POLICY_SIMD_OFF);
+  double v[5] = {3, 1.5, 2, 1.5, 7};
+  ck_assert(policy__kth(v, 5, 0) == 1.5);
+  ck_assert(policy__kth(v, 5, 4) == 7);
+  ck_assert(isnan(policy__kth(v, 5, 5)));
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("policy_simd");
   TCase *tc = tcase_create("simd");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, levels_can_be_chosen_and_off_is_always_there);
   tcase_add_test(tc, lower_median_is_the_sorted_one);
+  tcase_add_test(tc, median_passes_match_a_plain_loop_at_every_level);
   tcase_add_test(tc, exact_reciprocals_only_for_powers_of_two);
   tcase_add_test(tc, input_check_finds_a_bad_value_at_every_position);
   tcase_add_test(tc, avx2_matches_scalar_bit_for_bit);
