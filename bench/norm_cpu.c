@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "gnmr/agent.h"
+#include "reduce_cpu.h"
 
 #define N_TENSORS 97
 #define TOTAL 100000000ull
@@ -186,6 +187,15 @@ static double run_limit_f32(void *arg) {
   double s = 0;
   for (int i = 0; i < N_TENSORS; i++)
     s += stream_f32(j->t[i].data, j->t[i].numel);
+  j->sink = s;
+  return s;
+}
+
+static double run_limit_bf16_avx2(void *arg) {
+  job *j = arg;
+  double s = 0;
+  for (int i = 0; i < N_TENSORS; i++)
+    s += stream_bf16_avx2(j->t[i].data, j->t[i].numel);
   j->sink = s;
   return s;
 }
@@ -363,6 +373,18 @@ int main(void) {
          TOTAL, ours * 1e3, gb / ours, lim * 1e3, gb / lim,
          100 * lim / ours);
   torch_compare(&j, "bf16", ours);
+  if (__builtin_cpu_supports("avx512f")) {
+    /* what a CPU with AVX2 but not AVX-512 runs: its kernels, against
+     * the same streaming sum in AVX2 lanes (printed without a target:
+     * the figure above is this CPU's) */
+    gnmr__reduce_set_simd(1);
+    lim = best_of(run_limit_bf16_avx2, &j);
+    ours = best_of(run_gnmr, &j);
+    gnmr__reduce_set_simd(-1);
+    printf("norm_cpu bf16  AVX2 kernels: gnmr %.1f ms (%.2f GB/s), AVX2 "
+           "streaming limit %.1f ms (%.2f GB/s): %.0f%% of it\n",
+           ours * 1e3, gb / ours, lim * 1e3, gb / lim, 100 * lim / ours);
+  }
   for (int i = 0; i < N_TENSORS; i++)
     free((void *)j.t[i].data);
   return 0;
