@@ -110,6 +110,9 @@ void core_job_free(core_registry *reg, core_job **jp) {
   free(j->nrc);
   free(j->nfc);
   free(j->shd);
+  free(j->mis);
+  free(j->part);
+  free(j->tch);
   free(j->meas);
   hmap_clear(&j->unit_ids);
   policy_destroy(&j->pol);
@@ -159,6 +162,9 @@ static int reserve_units(core_job *j, uint32_t n) {
   GROW(nrc);
   GROW(nfc);
   GROW(shd);
+  GROW(mis);
+  GROW(part);
+  GROW(tch);
   GROW(meas);
 #undef GROW
   j->cap_units = cap;
@@ -625,8 +631,39 @@ static uint32_t expected(const core_job *j) {
   return e ? e : 1;
 }
 
-/* Sums p's shards in rank order into the scratch arrays and classifies
- * each unit; returns the number of units with a missing shard. */
+/* One rank's shards of p into the scratch arrays: their sums into sum
+ * (acc, or the node's part), the counts, flags and largest measure. */
+static void add_rank(core_job *j, const core_report *h, const core_rank *rr,
+                     double *sum, int node) {
+  for (uint32_t i = 0; i < rr->n_units; i++) {
+    uint32_t id = rr->slots[i]; /* a slot */
+    j->got[id]++;
+    if (h->missing && h->missing[i])
+      j->mis[id] = 1;
+    if (h->not_reported && h->not_reported[i]) {
+      j->nrc[id]++;
+      continue;
+    }
+    sum[id] += h->sumsq[i];
+    j->tch[id] |= (uint8_t)node;
+    if (h->nonfinite)
+      j->nfc[id] += h->nonfinite[i];
+    if (h->shadowed && h->shadowed[i])
+      j->shd[id] = 1;
+    /* a sharded unit's measure: its largest shard's (docs/policy.md) */
+    if (h->measure && !isnan(h->measure[i]) &&
+        !(h->measure[i] <= j->meas[id])) {
+      j->meas[id] = h->measure[i];
+      j->measured = 1;
+    }
+  }
+}
+
+/* Sums p's shards into the scratch arrays and classifies each unit;
+ * returns the number of units with a missing shard. The sum goes node by
+ * node (docs/policy.md, "Norm"): each node's shards in rank order into
+ * part, then each node's part into acc in node order; with one rank a
+ * node, 0 + x is x and this is the plain sum in rank order. */
 static uint32_t sum_shards(core_job *j, const core_pending *p) {
   uint32_t n = j->n_units;
   memset(j->acc, 0, n * sizeof *j->acc);
@@ -634,31 +671,34 @@ static uint32_t sum_shards(core_job *j, const core_pending *p) {
   memset(j->nrc, 0, n * sizeof *j->nrc);
   memset(j->nfc, 0, n * sizeof *j->nfc);
   memset(j->shd, 0, n * sizeof *j->shd);
+  memset(j->mis, 0, n * sizeof *j->mis);
+  memset(j->tch, 0, n * sizeof *j->tch);
   for (uint32_t u = 0; u < n; u++)
     j->meas[u] = NAN;
   j->measured = 0;
-  for (uint32_t r = 0; r < j->reporters; r++) { /* rank order */
-    const core_report *h = &p->by_rank[r];
-    const core_rank *rr = &j->ranks[r];
-    if (h->owner == NULL)
+  uint32_t per = j->node_ranks > 1 ? j->node_ranks : 1;
+  if (per > 1)
+    memset(j->part, 0, n * sizeof *j->part);
+  for (uint32_t first = 0; first < j->reporters; first += per) {
+    uint32_t end = j->reporters - first < per ? j->reporters : first + per;
+    for (uint32_t r = first; r < end; r++) /* rank order */
+      if (p->by_rank[r].owner != NULL)
+        add_rank(j, &p->by_rank[r], &j->ranks[r], per > 1 ? j->part : j->acc,
+                 per > 1);
+    if (per == 1)
       continue;
-    for (uint32_t i = 0; i < rr->n_units; i++) {
-      uint32_t id = rr->slots[i]; /* a slot */
-      j->got[id]++;
-      if (h->not_reported && h->not_reported[i]) {
-        j->nrc[id]++;
+    /* the node's parts into acc, each unit once */
+    for (uint32_t r = first; r < end; r++) {
+      const core_rank *rr = &j->ranks[r];
+      if (p->by_rank[r].owner == NULL)
         continue;
-      }
-      j->acc[id] += h->sumsq[i];
-      if (h->nonfinite)
-        j->nfc[id] += h->nonfinite[i];
-      if (h->shadowed && h->shadowed[i])
-        j->shd[id] = 1;
-      /* a sharded unit's measure: its largest shard's (docs/policy.md) */
-      if (h->measure && !isnan(h->measure[i]) &&
-          !(h->measure[i] <= j->meas[id])) {
-        j->meas[id] = h->measure[i];
-        j->measured = 1;
+      for (uint32_t i = 0; i < rr->n_units; i++) {
+        uint32_t id = rr->slots[i];
+        if (j->tch[id]) {
+          j->acc[id] += j->part[id];
+          j->part[id] = 0;
+          j->tch[id] = 0;
+        }
       }
     }
   }
@@ -672,7 +712,7 @@ static uint32_t sum_shards(core_job *j, const core_pending *p) {
   uint32_t missing = 0;
   for (uint32_t u = 0; u < n; u++) {
     j->norm[u] = 0;
-    if (!layout_known || j->got[u] < j->shards[u] ||
+    if (!layout_known || j->got[u] < j->shards[u] || j->mis[u] ||
         (j->nrc[u] > 0 && j->nrc[u] < j->got[u])) {
       j->input[u] = POLICY_MISSING;
       j->shd[u] = 0;

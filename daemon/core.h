@@ -48,6 +48,7 @@ typedef struct core_report {
   const int *not_reported;   /* NULL: all reported */
   const int *shadowed;       /* NULL: none (Report.shadowed) */
   const double *measure;     /* NULL: none measured (Report.measure) */
+  const int *missing;        /* NULL: none (Report.missing) */
 } core_report;
 
 typedef struct core_pending {
@@ -72,6 +73,11 @@ typedef struct core_job {
   policy_params hello_params;/* what its agents send (fixed) */
   policy_params params;      /* in force (changed by gnmrctl set) */
   uint32_t reporters, barrier_ms, byes;
+  /* Hello.node_ranks: a unit's shards are summed node by node, ranks
+   * r / node_ranks alike sharing one (0 and 1: each rank its own); a
+   * restored job takes its first Hello's (node_ranks_set 0 until then) */
+  uint32_t node_ranks;
+  int node_ranks_set;
   uint32_t max_units;        /* ids and units above it are refused */
   /* Units live in slots 0..n_units-1 in ascending id order: the engine's
    * unit u is slot u, so memory follows the units that exist, not the
@@ -104,6 +110,9 @@ typedef struct core_job {
   uint32_t *got, *nrc;
   uint64_t *nfc;
   uint8_t *shd; /* by slot: shadowed by a rank, with no NaN/Inf of its own */
+  uint8_t *mis; /* by slot: a shard said missing (Report.missing) */
+  double *part; /* by slot: the node's partial sum (node_ranks > 1) */
+  uint8_t *tch; /* by slot: part holds a shard of the node being summed */
   double *meas; /* by slot: the largest measure of its shards (NaN: none) */
   int measured; /* some unit had a measure at the step decided */
   uint32_t *act_ids;         /* the decision's active set, as ids */

@@ -23,8 +23,9 @@
 
 /* The most bytes one unit takes in a Report, in any encoding protobuf
  * allows: two unpacked doubles (sumsq and measure, 9 each), a uint64 (11:
- * a ten-byte varint) and two bools (2 each). test_hostile sends it. */
-#define REPORT_BYTES_PER_UNIT 33u
+ * a ten-byte varint) and three bools (not_reported, shadowed, missing: 2
+ * each). test_hostile sends it. */
+#define REPORT_BYTES_PER_UNIT 35u
 /* The rest: the job's name (at most 255 bytes), rank, step, the packed
  * fields' keys and lengths, with room for fields a newer agent adds. */
 #define REPORT_BYTES_SLACK 65536u
@@ -82,7 +83,8 @@ static int on_report(gnmrd *d, const void *id, size_t id_len,
   core_report rep = {hd, r->sumsq, r->n_nonfinite ? r->nonfinite : NULL,
                      r->n_not_reported ? (const int *)r->not_reported : NULL,
                      r->n_shadowed ? (const int *)r->shadowed : NULL,
-                     r->n_measure ? r->measure : NULL};
+                     r->n_measure ? r->measure : NULL,
+                     r->n_missing ? (const int *)r->missing : NULL};
   core_clock now = {uv_now(d->loop), uv_hrtime()};
   char detail[128];
   int resumed;

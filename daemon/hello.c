@@ -397,6 +397,9 @@ static int find_job(hello_ctx *hc) {
   return 0;
 }
 
+/* Hello.node_ranks: 0 and 1 both say each rank is its own node */
+#define NODE_RANKS(x) ((x) > 1 ? (x) : 1u)
+
 /* Phase 2a: a live job's settings must be the Hello's. */
 static int match_job(hello_ctx *hc) {
   core_job *c = hc->j->core;
@@ -412,6 +415,10 @@ static int match_job(hello_ctx *hc) {
     REFUSE(GNMR_E_MISMATCH, "barrier_ms",
            "job %.64s has a %u ms barrier, this agent says %u", c->name,
            c->barrier_ms, hc->barrier);
+  if (c->node_ranks_set && NODE_RANKS(c->node_ranks) != NODE_RANKS(h->node_ranks))
+    REFUSE(GNMR_E_MISMATCH, "node_ranks",
+           "job %.64s sums %u ranks a node, this agent says %u", c->name,
+           NODE_RANKS(c->node_ranks), NODE_RANKS(h->node_ranks));
   return 0;
 }
 
@@ -454,6 +461,8 @@ static int create_job(hello_ctx *hc) {
     REFUSE(GNMR_E_NOMEM, "job", "out of memory");
   hc->created = 1;
   job *j = hc->j;
+  j->core->node_ranks = NODE_RANKS(h->node_ranks);
+  j->core->node_ranks_set = 1;
   j->core->run = d->last_run + 1; /* taken when the Hello is accepted */
   /* decisions of a run the history never recorded (gnmrd killed before
    * its first commit, or with its disk full): the run goes on under its
@@ -555,6 +564,10 @@ static void rank_joined(hello_ctx *hc, int registered, int returning) {
   snprintf(rank_text, sizeof rank_text, "rank %u", h->rank);
   if (hc->created)
     job_accepted(hc->j);
+  if (!c->node_ranks_set) { /* a restored job: its first rank says */
+    c->node_ranks = NODE_RANKS(h->node_ranks);
+    c->node_ranks_set = 1;
+  }
   if (registered)
     history_rank(d->st, c, h->rank);
   if (hc->user != NULL && rr->user == NULL)

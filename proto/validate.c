@@ -87,6 +87,10 @@ int gnmr__validate_hello(const Gnmr__Hello *h, const policy_params *defaults,
   if (h->start > 2) /* gnmr/agent.h: GNMR_START_RESUME */
     FAIL(GNMR_E_INVAL, "start", "start %u: 0 (nothing said), 1 (a fresh "
          "start) or 2 (a resume)", h->start);
+  if (h->node_ranks > GNMR_MAX_REPORTERS)
+    FAIL(GNMR_E_INVAL, "node_ranks", "node_ranks %u: at most %u ranks a "
+         "node (0 or 1: every rank its own)", h->node_ranks,
+         GNMR_MAX_REPORTERS);
   if (h->n_held > GNMR_MAX_HELD)
     FAIL(GNMR_E_RANGE, "held", "%zu held decisions: an agent holds at most "
          "%u", h->n_held, GNMR_MAX_HELD);
@@ -266,6 +270,10 @@ int gnmr__validate_report(const Gnmr__Report *r, uint32_t n_units,
   if (r->n_not_reported != 0 && r->n_not_reported != n_units)
     FAIL(GNMR_E_PROTO, "not_reported",
          "not_reported has %zu entries: expected 0 or %u", r->n_not_reported,
+         n_units);
+  if (r->n_missing != 0 && r->n_missing != n_units)
+    FAIL(GNMR_E_PROTO, "missing",
+         "missing has %zu entries: expected 0 or %u", r->n_missing,
          n_units);
   if (r->n_shadowed != 0 && r->n_shadowed != n_units)
     FAIL(GNMR_E_PROTO, "shadowed",

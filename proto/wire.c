@@ -348,6 +348,8 @@ void gnmr__report_plan(gnmr__report_layout *pl, const Gnmr__Report *r) {
   post.shadowed = r->shadowed;
   post.n_measure = r->n_measure;
   post.measure = r->measure;
+  post.n_missing = r->n_missing;
+  post.missing = r->missing;
   pl->head = head;
   pl->pre = pre;
   pl->post = post;
@@ -364,7 +366,8 @@ void gnmr__report_plan(gnmr__report_layout *pl, const Gnmr__Report *r) {
 uint8_t *gnmr__report_pack_head(const gnmr__report_layout *pl, uint8_t *out) {
   /* protobuf-c's bytes exactly (fields in number order): the envelope's
    * version, its report holding job, rank, step, then the sums (packed
-   * doubles), then nonfinite, not_reported, shadowed and measure */
+   * doubles), then nonfinite, not_reported, shadowed, measure and
+   * missing */
   uint8_t *o = out;
   o += gnmr__envelope__pack(&pl->head, o);
   *o++ = (uint8_t)GNMR_WIRE_KEY(GNMR_WIRE_ENVELOPE_REPORT, GNMR_WIRE_LEN);

@@ -60,7 +60,7 @@ static int report(core_job *j, uint32_t rank, uint64_t step,
                   const double *sumsq, uint64_t now) {
   int resumed;
   char detail[128];
-  core_report rep = {malloc(1), sumsq, NULL, NULL, NULL, NULL};
+  core_report rep = {malloc(1), sumsq, NULL, NULL, NULL, NULL, NULL};
   int rc = core_report_step(j, rank, step, &rep, (core_clock){now, now * 1000},
                             &resumed, detail, sizeof detail);
   if (rc != CORE_ACCEPTED)
@@ -102,6 +102,82 @@ START_TEST(shards_are_summed_in_rank_order_not_arrival_order) {
   ck_assert(o.norm[0] == 1.0);
   ck_assert_int_eq(core_decide_next(j, 0, &o), 0);
   ck_assert_int_eq(released, 3);
+}
+END_TEST
+
+/* With node_ranks N a unit's shards are summed node by node (each
+ * node's in rank order, then the nodes' sums in node order), the sums a
+ * reporter standing for each node (one partial sum a unit) makes: a job
+ * of 4 ranks, 2 a node, and a job of its 2 nodes' sums decide the same
+ * bits; the plain order differs. A node that is not full (5 ranks, 2 a
+ * node: the last alone) and a unit held on some ranks only. */
+START_TEST(shards_are_summed_node_by_node_as_a_relay_sums_them) {
+  static const double big[] = {1.0, 2.0}, tiny[] = {1e-16, 3.0};
+  static const char *const wx[] = {"w", "x"};
+  core_job *j = new_job("nodes", 4, 100);
+  j->node_ranks = 2;
+  for (uint32_t r = 0; r < 4; r++)
+    join(j, r, r == 1 || r == 2 ? wx : one, r == 1 || r == 2 ? 2 : 1);
+  ck_assert_int_eq(report(j, 3, 1, tiny, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 2, 1, tiny, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 1, 1, tiny, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(report(j, 0, 1, big, 0), CORE_ACCEPTED);
+  core_outcome o;
+  ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
+  ck_assert_uint_eq(o.missing, 0);
+  double node0 = (0.0 + 1.0) + 1e-16, node1 = (0.0 + 1e-16) + 1e-16;
+  ck_assert(j->acc[0] == (0.0 + node0) + node1);
+  ck_assert(j->acc[0] != ((1.0 + 1e-16) + 1e-16) + 1e-16); /* rank order */
+  ck_assert(j->acc[1] == 6.0);                              /* x: 3 + 3 */
+  double grouped = j->acc[0];
+  /* what relays send: each node's partial sum, as one reporter each */
+  core_job *k = new_job("relayed", 2, 100);
+  join(k, 0, wx, 2);
+  join(k, 1, wx, 2);
+  double p0[] = {node0, 3.0}, p1[] = {node1, 3.0};
+  ck_assert_int_eq(report(k, 0, 1, p0, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(report(k, 1, 1, p1, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(core_decide_next(k, 0, &o), 1);
+  ck_assert(k->acc[0] == grouped);
+  ck_assert(k->acc[1] == 6.0);
+  /* 5 ranks, 2 a node: nodes {0, 1}, {2, 3}, {4} */
+  core_job *f = new_job("ragged", 5, 100);
+  f->node_ranks = 2;
+  for (uint32_t r = 0; r < 5; r++)
+    join(f, r, one, 1);
+  for (uint32_t r = 0; r < 5; r++)
+    ck_assert_int_eq(report(f, r, 1, r == 4 ? big : tiny, 0), CORE_ACCEPTED);
+  ck_assert_int_eq(core_decide_next(f, 0, &o), 1);
+  double n01 = (0.0 + 1e-16) + 1e-16;
+  ck_assert(f->acc[0] == ((0.0 + n01) + n01) + 1.0);
+  ck_assert_int_eq(released, 11);
+}
+END_TEST
+
+/* Report.missing: a reporter that knows a unit's value incomplete (a
+ * node's shard that did not come) makes that unit missing at the step,
+ * its other units as reported. */
+START_TEST(a_shard_said_missing_makes_its_unit_missing) {
+  static const double s0[] = {1.0, 4.0}, s1[] = {3.0, 5.0};
+  static const int mis[] = {0, 1};
+  core_job *j = new_job("miss", 2, 10);
+  join(j, 0, two, 2);
+  join(j, 1, two, 2);
+  int resumed;
+  char d[64];
+  core_report r0 = {malloc(1), s0, NULL, NULL, NULL, NULL, NULL},
+              r1 = {malloc(1), s1, NULL, NULL, NULL, NULL, mis};
+  core_clock t = {0, 0};
+  ck_assert_int_eq(core_report_step(j, 0, 1, &r0, t, &resumed, d, sizeof d),
+                   CORE_ACCEPTED);
+  ck_assert_int_eq(core_report_step(j, 1, 1, &r1, t, &resumed, d, sizeof d),
+                   CORE_ACCEPTED);
+  core_outcome o;
+  ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
+  ck_assert_int_eq(o.input[0], POLICY_REPORTED);
+  ck_assert(o.norm[0] == 2.0);
+  ck_assert_int_eq(o.input[1], POLICY_MISSING);
+  ck_assert_uint_eq(o.missing, 1);
 }
 END_TEST
 
@@ -298,8 +374,8 @@ START_TEST(not_reported_nonfinite_and_partial) {
   join(j, 1, two, 2);
   int resumed;
   char d[64];
-  core_report r0 = {malloc(1), s0, NULL, nr0, NULL, NULL},
-              r1 = {malloc(1), s1, nf, nr1, NULL, NULL};
+  core_report r0 = {malloc(1), s0, NULL, nr0, NULL, NULL, NULL},
+              r1 = {malloc(1), s1, nf, nr1, NULL, NULL, NULL};
   core_clock t = {0, 0};
   ck_assert_int_eq(core_report_step(j, 0, 1, &r0, t, &resumed, d, sizeof d),
                    CORE_ACCEPTED);
@@ -312,8 +388,8 @@ START_TEST(not_reported_nonfinite_and_partial) {
   ck_assert(isnan(o.norm[1])); /* one shard was not finite */
   /* one shard reported, the other not: the unit is missing */
   static const int nr_half[] = {0, 0};
-  core_report h0 = {malloc(1), s0, NULL, nr_half, NULL, NULL},
-              h1 = {malloc(1), s1, NULL, nr1, NULL, NULL};
+  core_report h0 = {malloc(1), s0, NULL, nr_half, NULL, NULL, NULL},
+              h1 = {malloc(1), s1, NULL, nr1, NULL, NULL, NULL};
   ck_assert_int_eq(core_report_step(j, 0, 2, &h0, t, &resumed, d, sizeof d),
                    CORE_ACCEPTED);
   ck_assert_int_eq(core_report_step(j, 1, 2, &h1, t, &resumed, d, sizeof d),
@@ -337,8 +413,8 @@ START_TEST(a_sharded_units_measure_is_its_largest_shards) {
   int resumed;
   char d[64];
   core_clock t = {0, 0};
-  core_report r0 = {malloc(1), s0, NULL, NULL, NULL, m0},
-              r1 = {malloc(1), s1, NULL, NULL, NULL, m1};
+  core_report r0 = {malloc(1), s0, NULL, NULL, NULL, m0, NULL},
+              r1 = {malloc(1), s1, NULL, NULL, NULL, m1, NULL};
   ck_assert_int_eq(core_report_step(j, 0, 1, &r0, t, &resumed, d, sizeof d),
                    CORE_ACCEPTED);
   ck_assert_int_eq(core_report_step(j, 1, 1, &r1, t, &resumed, d, sizeof d),
@@ -347,8 +423,8 @@ START_TEST(a_sharded_units_measure_is_its_largest_shards) {
   ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
   ck_assert(o.measure[0] == 0.5 && isnan(o.measure[1]));
   /* rank 1 without measures: rank 0's alone; then rank 1 missing */
-  core_report h0 = {malloc(1), s0, NULL, NULL, NULL, m2},
-              h1 = {malloc(1), s1, NULL, NULL, NULL, NULL};
+  core_report h0 = {malloc(1), s0, NULL, NULL, NULL, m2, NULL},
+              h1 = {malloc(1), s1, NULL, NULL, NULL, NULL, NULL};
   ck_assert_int_eq(core_report_step(j, 0, 2, &h0, t, &resumed, d, sizeof d),
                    CORE_ACCEPTED);
   ck_assert_int_eq(core_report_step(j, 1, 2, &h1, t, &resumed, d, sizeof d),
@@ -356,15 +432,15 @@ START_TEST(a_sharded_units_measure_is_its_largest_shards) {
   ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
   ck_assert(isnan(o.measure[0]) && o.measure[1] == 0.3);
   /* no rank with a measure: none given to the engine */
-  core_report n0 = {malloc(1), s0, NULL, NULL, NULL, NULL},
-              n1 = {malloc(1), s1, NULL, NULL, NULL, NULL};
+  core_report n0 = {malloc(1), s0, NULL, NULL, NULL, NULL, NULL},
+              n1 = {malloc(1), s1, NULL, NULL, NULL, NULL, NULL};
   ck_assert_int_eq(core_report_step(j, 0, 3, &n0, t, &resumed, d, sizeof d),
                    CORE_ACCEPTED);
   ck_assert_int_eq(core_report_step(j, 1, 3, &n1, t, &resumed, d, sizeof d),
                    CORE_ACCEPTED);
   ck_assert_int_eq(core_decide_next(j, 0, &o), 1);
   ck_assert_ptr_null(o.measure);
-  core_report g0 = {malloc(1), s0, NULL, NULL, NULL, m0};
+  core_report g0 = {malloc(1), s0, NULL, NULL, NULL, m0, NULL};
   ck_assert_int_eq(core_report_step(j, 0, 4, &g0, t, &resumed, d, sizeof d),
                    CORE_ACCEPTED);
   ck_assert_int_eq(core_decide_next(j, 100, &o), 1); /* by its deadline */
@@ -510,7 +586,7 @@ START_TEST(a_rank_back_below_its_step_starts_a_new_pass) {
   core_join(j, 0, 0);
   int resumed;
   char detail[128];
-  core_report rep = {malloc(1), s, NULL, NULL, NULL, NULL};
+  core_report rep = {malloc(1), s, NULL, NULL, NULL, NULL, NULL};
   ck_assert_int_eq(core_report_step(j, 0, 3, &rep, (core_clock){7, 7},
                                     &resumed, detail, sizeof detail),
                    CORE_ACCEPTED);
@@ -1053,6 +1129,8 @@ static Suite *suite(void) {
   TCase *tc = tcase_create("core");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, shards_are_summed_in_rank_order_not_arrival_order);
+  tcase_add_test(tc, shards_are_summed_node_by_node_as_a_relay_sums_them);
+  tcase_add_test(tc, a_shard_said_missing_makes_its_unit_missing);
   tcase_add_test(tc, unit_name_map_reserves_adds_and_borrows);
   tcase_add_test(tc, a_prepared_unit_table_registers_as_the_names_would);
   tcase_add_test(tc, deadline_decides_with_missing_shards);

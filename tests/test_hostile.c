@@ -1784,7 +1784,7 @@ static void free_names(char **units, int n) {
 /* The length bound is the most a Report can take, not what the agent
  * sends: a valid Report in protobuf's widest encoding (every per-unit
  * field unpacked: a tagged double for sumsq and measure, a ten-byte
- * varint count, two tagged bools) of a rank wide enough that the 64 KiB
+ * varint count, three tagged bools) of a rank wide enough that the 64 KiB
  * slack does not hide it is decoded and decided. Before the measure
  * field counted (24 bytes a unit) it was refused as oversized. */
 static uint8_t *put_varint(uint8_t *o, uint64_t v) {
@@ -1805,7 +1805,7 @@ static uint8_t *put_double(uint8_t *o, uint8_t key, double v) {
 START_TEST(the_widest_encoding_of_a_valid_report_is_accepted) {
   tu_daemon d = {0};
   tu_daemon_start(&d);
-  enum { N = 1 << 14 };
+  enum { N = 1 << 16 }; /* 2 bytes a unit over N: more than the slack */
   raw_peer ag = raw_open(d.agents);
   char **units = wide_job(&ag, "wideenc", N);
   size_t cap = (size_t)N * 40 + 256;
@@ -1839,6 +1839,10 @@ START_TEST(the_widest_encoding_of_a_valid_report_is_accepted) {
   }
   for (int i = 0; i < N; i++)
     o = put_double(o, 0x41, NAN); /* measure: not measured */
+  for (int i = 0; i < N; i++) {
+    *o++ = 0x48; /* missing */
+    *o++ = 0;
+  }
   size_t rep_len = (size_t)(o - rep);
   uint8_t *m = msg;
   *m++ = 0x08; /* version 1 */

@@ -893,6 +893,83 @@ START_TEST(late_rank_makes_units_missing_not_smaller) {
 }
 END_TEST
 
+/* Hello.node_ranks: at most 4096, and every rank of a job says the same
+ * (0 and 1 alike); Report.missing: empty or one per unit, and a unit a
+ * reporter says missing is missing at that step (counted), its other
+ * units decided as reported. */
+static void hello_nodes(raw_peer *p, const char *job, uint32_t rank,
+                        uint32_t node_ranks) {
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Hello h = GNMR__HELLO__INIT;
+  Gnmr__Params wp;
+  policy_params prm;
+  policy_params_default(&prm);
+  prm.warmup_steps = 0;
+  gnmr__params_to_wire(&prm, &wp);
+  h.protocol = 1;
+  h.job = (char *)job;
+  h.rank = rank;
+  h.reporters = 2;
+  h.n_units = 2;
+  h.units = unit_names2;
+  h.params = &wp;
+  h.barrier_ms = 60000;
+  h.node_ranks = node_ranks;
+  env.body_case = GNMR__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  raw_send_env(p, &env);
+}
+
+START_TEST(node_ranks_must_agree_and_missing_shards_make_units_missing) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  raw_peer r0 = raw_open(d.agents), r1 = raw_open(d.agents);
+  hello_nodes(&r0, "nodes-job", 0, 4097);
+  expect_error(&r0, GNMR_E_INVAL, "node_ranks 4097: at most 4096");
+  hello_nodes(&r0, "nodes-job", 0, 2);
+  expect_welcome(&r0);
+  hello_nodes(&r1, "nodes-job", 1, 1);
+  expect_error(&r1, GNMR_E_MISMATCH, "sums 2 ranks a node, this agent says 1");
+  hello_nodes(&r1, "nodes-job", 1, 0);
+  expect_error(&r1, GNMR_E_MISMATCH, "sums 2 ranks a node, this agent says 1");
+  hello_nodes(&r1, "nodes-job", 1, 2);
+  expect_welcome(&r1);
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__Report r = GNMR__REPORT__INIT;
+  double s[2] = {1.0, 4.0};
+  protobuf_c_boolean m3[3] = {0, 0, 0}, m2[2] = {0, 1};
+  r.job = "nodes-job";
+  r.rank = 1;
+  r.step = 1;
+  r.n_sumsq = 2;
+  r.sumsq = s;
+  r.n_missing = 3;
+  r.missing = m3;
+  env.body_case = GNMR__ENVELOPE__BODY_REPORT;
+  env.report = &r;
+  raw_send_env(&r1, &env);
+  expect_error(&r1, GNMR_E_PROTO, "missing has 3 entries: expected 0 or 2");
+  r.n_missing = 2;
+  r.missing = m2;
+  raw_send_env(&r1, &env);
+  report(&r0, "nodes-job", 0, 1, s, 2, NULL, 0);
+  Gnmr__Envelope *e = expect_body(&r0, GNMR__ENVELOPE__BODY_DECISION);
+  ck_assert_uint_eq(e->decision->step, 1);
+  gnmr__wire_free(&e);
+  expect_decision(&r1, 1);
+  run_result st = ctl_run(&d, "stats", NULL, NULL, NULL, NULL);
+  ck_assert_int_eq(st.code, 0);
+  ck_assert_int_eq(stat_value(st.out, "missing_units"), 1); /* b only */
+  ck_assert_int_eq(stat_value(st.out, "reports_refused"), 1);
+  ck_assert_int_eq(stat_value(st.out, "hellos_refused"), 3);
+  tu_run_free(&st);
+  raw_close(&r0);
+  raw_close(&r1);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 START_TEST(oversize_frame_drops_only_that_peer) {
   tu_daemon d = {0};
   char *limit[] = {"--max-msg", "65536", NULL}; /* 64 KiB messages */
@@ -1242,6 +1319,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, rank_back_from_a_partition_starts_no_new_pass);
   tcase_add_test(tc, reconnecting_observers_leak_no_slots_and_no_sends);
   tcase_add_test(tc, late_rank_makes_units_missing_not_smaller);
+  tcase_add_test(tc,
+                 node_ranks_must_agree_and_missing_shards_make_units_missing);
   tcase_add_test(tc, a_fresh_start_ends_a_run_whose_processes_are_gone);
   tcase_add_test(tc, a_resume_continues_a_run_that_ended);
   tcase_add_test(tc, a_flood_of_fresh_resumes_does_not_keep_out_the_owner);
