@@ -110,6 +110,7 @@ static int copy_config(gnmr_agent *a, const gnmr_agent_config *cfg) {
   a->n_words = (cfg->n_units + 63) / 64;
   a->observer = cfg->observer != 0;
   a->start = cfg->start;
+  a->node_ranks = cfg->node_ranks;
   int64_t spin = gnmr__wait_spin_env(); /* bad: config_from_env said so */
   a->wait_spin_us = (uint32_t)(spin >= 0 ? spin : WAIT_SPIN_US);
   a->quota_cpus = a->wait_spin_us ? gnmr__process_cgroup_cpus() : 0;

@@ -45,7 +45,8 @@ int gnmr__agent_check_config(const gnmr_agent_config *c) {
       !gnmr__printable(c->job, GNMR_MAX_JOB_NAME) || c->reporters == 0 ||
       c->rank >= c->reporters || c->n_units == 0 || c->unit_names == NULL ||
       c->fallback_route > GNMR_ROUTE_HIGH || c->barrier_ms > 600000 ||
-      c->observer > 1 || c->start > GNMR_START_RESUME)
+      c->observer > 1 || c->start > GNMR_START_RESUME ||
+      c->node_ranks > 4096)
     return GNMR_E_INVAL;
   for (uint32_t i = 0; i < c->n_units; i++)
     if (!gnmr__printable(c->unit_names[i], GNMR_MAX_UNIT_NAME))
@@ -99,6 +100,7 @@ int gnmr_agent_config_from_env(gnmr_agent_config *cfg, const char **bad_var) {
       GNMR_PARAMS_MAP(GNMR__PARAM_ENV)
 #undef GNMR__PARAM_ENV
       {"GNMR_OBSERVER", offsetof(gnmr_agent_config, observer), 1},
+      {"GNMR_NODE_RANKS", offsetof(gnmr_agent_config, node_ranks), 1},
       {"GNMR_CURVE_SERVER_KEY", offsetof(gnmr_agent_config, curve_server_key),
        0},
       {"GNMR_CURVE_PUBLIC_KEY", offsetof(gnmr_agent_config, curve_public_key),

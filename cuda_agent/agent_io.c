@@ -150,6 +150,7 @@ static void send_hello(gnmr_agent *a, io_state *io) {
   /* the training side's word is for its first join: a re-join (a gnmrd
    * restarted under the run) continues what it joined */
   h.start = io->welcomed ? GNMR_START_ANY : a->start;
+  h.node_ranks = a->node_ranks;
   /* the newest held decisions whose active sets fit GNMR_MAX_HELD_IDS
    * (gnmrd refuses a Hello with more); an observer's are never history,
    * and gnmrd refuses them */

@@ -61,6 +61,7 @@ struct gnmr_agent {
   uint64_t *req_ids; /* requested job-wide ids (as sent), or NULL */
   int observer;      /* receives decisions, never reports */
   uint32_t start;    /* enum gnmr_start: the first Hello says it */
+  uint32_t node_ranks; /* Hello.node_ranks */
   char instance[160];/* "HOST pid N agent K": Hello.instance */
   gnmr_params params;
 

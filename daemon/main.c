@@ -32,6 +32,7 @@
 #include "keys.h"
 #include "leader.h"
 #include "log.h"
+#include "relay.h"
 #include "metrics.h"
 #include "notify.h"
 #include "num.h"
@@ -63,6 +64,7 @@ static const char usage[] =
     "             [--workers N]\n"
     "             [--curve-key FILE --curve-allow FILE] [--insecure]\n"
     "             [--metrics HOST:PORT] [--store postgresql://... [--standby]]\n"
+    "       gnmrd --relay-to ENDPOINT --agents ENDPOINT   (a node relay)\n"
     "  Runs in the foreground; stops cleanly on SIGTERM or SIGINT.\n"
     "  Endpoints are ZeroMQ addresses: ipc:///path or tcp://HOST:PORT\n"
     "  (tcp://127.0.0.1:* picks a free port; the bound one is printed).\n"
@@ -694,6 +696,10 @@ int main(int argc, char **argv) {
    * ms without (this VM, busy; 4 MiB with trims after every store batch
    * measured 102-124 ms) */
   mallopt(M_MMAP_THRESHOLD, 16 << 20);
+  for (int i = 1; i < argc; i++) /* a node relay is another program */
+    if (strcmp(argv[i], "--relay-to") == 0 ||
+        strncmp(argv[i], "--relay-to=", 11) == 0)
+      return relay_main(argc, argv);
   stop_signals_install();
   int code = follow_parent();
   if (code < 0)

@@ -78,6 +78,11 @@ typedef struct gnmr_agent_config {
    * under the name of a run that did not finish (its processes gone)
    * ends that run and begins a new one instead of taking its state */
   uint32_t start;
+  /* Ranks per node (Hello.node_ranks, docs/protocol.md): the ranks r with
+   * the same r / node_ranks share a node, whose relay sums their shards
+   * ("Node relays"); every rank of a job says the same. 0 and 1: each
+   * rank its own node. At most 4096. GNMR_NODE_RANKS. */
+  uint32_t node_ranks;
 } gnmr_agent_config;
 
 /* One tensor of a report: numel elements of dtype at data (host memory for
@@ -145,7 +150,7 @@ GNMR_EXPORT int gnmr_agent_open(const gnmr_agent_config *cfg,
  *   GNMR_CURVE_PUBLIC_KEY curve_public_key GNMR_OBSERVER       observer (0/1)
  *   GNMR_CURVE_SECRET_KEY curve_secret_key GNMR_MEAN_HORIZON   params.mean_horizon
  *                                          GNMR_JOB_RELATIVE   params.job_relative
- *                                          GNMR_CONFIRM_STEPS  params.confirm_steps
+ *   GNMR_NODE_RANKS      node_ranks        GNMR_CONFIRM_STEPS  params.confirm_steps
  *
  * and checks GNMR_WAIT_SPIN_US (gnmr_agent_wait), which is not a field:
  * gnmr_agent_open reads it, and takes the default for a bad value.

@@ -42,6 +42,7 @@ class AgentConfig(ctypes.Structure):
         ("curve_public_key", ctypes.c_char_p),
         ("curve_secret_key", ctypes.c_char_p),
         ("start", ctypes.c_uint32),
+        ("node_ranks", ctypes.c_uint32),
     ]
 
 
