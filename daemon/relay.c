@@ -32,6 +32,7 @@
 #include "gnmr/error.h"
 #include "hmap.h"
 #include "ipc.h"
+#include "keys.h"
 #include "log.h"
 #include "params.h"
 #include "relay.h"
@@ -80,6 +81,8 @@ typedef struct rjob {
 typedef struct relay {
   void *ctx, *local;
   const char *upstream;
+  int curve;                     /* CURVE toward gnmrd: the keys below */
+  char server_key[41], pub[41], sec[41];
   char host[64];
   rjob *jobs[RELAY_MAX_JOBS];
   uint32_t n_jobs;
@@ -230,6 +233,10 @@ static rjob *job_new(relay *r, const Gnmr__Hello *h, uint32_t barrier) {
   int zero = 0;
   if (j->lr == NULL || j->up == NULL ||
       zmq_setsockopt(j->up, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+      (r->curve &&
+       (zmq_setsockopt(j->up, ZMQ_CURVE_SERVERKEY, r->server_key, 41) != 0 ||
+        zmq_setsockopt(j->up, ZMQ_CURVE_PUBLICKEY, r->pub, 41) != 0 ||
+        zmq_setsockopt(j->up, ZMQ_CURVE_SECRETKEY, r->sec, 41) != 0)) ||
       zmq_connect(j->up, r->upstream) != 0) {
     job_free(&j);
     return NULL;
@@ -905,20 +912,31 @@ static int relay_loop(relay *r) {
 
 static const char relay_usage[] =
     "usage: gnmrd --relay-to ENDPOINT --agents ENDPOINT [--log-level LEVEL]\n"
+    "             [--curve-server-key KEY|FILE --key-file FILE] [--insecure]\n"
     "  A node relay: the ranks of this node say Hello and report to\n"
     "  --agents (ipc:// or a loopback tcp:// endpoint); the relay joins\n"
     "  each job at the gnmrd of --relay-to as the node's one reporter\n"
     "  (the ranks' Hello.node_ranks says the nodes), sends one Report a\n"
     "  step with each unit's shards summed in rank order, and hands\n"
     "  gnmrd's decisions to every rank of the node (docs/protocol.md,\n"
-    "  \"Node relays\").\n";
+    "  \"Node relays\"). --curve-server-key (gnmrd's public key) and\n"
+    "  --key-file (the relay's key pair, gnmrctl keygen) connect to gnmrd\n"
+    "  with CURVE; a non-loopback tcp:// gnmrd without CURVE needs\n"
+    "  --insecure.\n";
 
-static int relay_args(int argc, char **argv, const char **up,
-                      const char **agents) {
+typedef struct relay_opts {
+  const char *up, *agents, *server_key, *key_file;
+  int insecure;
+} relay_opts;
+
+static int relay_args(int argc, char **argv, relay_opts *o) {
   static const struct option longopts[] = {
       {"relay-to", required_argument, NULL, 'r'},
       {"agents", required_argument, NULL, 'a'},
       {"log-level", required_argument, NULL, 'l'},
+      {"curve-server-key", required_argument, NULL, 'k'},
+      {"key-file", required_argument, NULL, 'f'},
+      {"insecure", no_argument, NULL, 'I'},
       {"help", no_argument, NULL, 'h'},
       {0},
   };
@@ -927,10 +945,19 @@ static int relay_args(int argc, char **argv, const char **up,
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
     case 'r':
-      *up = optarg;
+      o->up = optarg;
       break;
     case 'a':
-      *agents = optarg;
+      o->agents = optarg;
+      break;
+    case 'k':
+      o->server_key = optarg;
+      break;
+    case 'f':
+      o->key_file = optarg;
+      break;
+    case 'I':
+      o->insecure = 1;
       break;
     case 'l':
       if (gnmr__log_parse_level(optarg, &gnmr__log_level) != GNMR_OK) {
@@ -947,11 +974,52 @@ static int relay_args(int argc, char **argv, const char **up,
       return 2;
     }
   }
-  if (optind != argc || *up == NULL || *agents == NULL) {
+  if (optind != argc || o->up == NULL || o->agents == NULL ||
+      (o->server_key == NULL) != (o->key_file == NULL)) {
+    if (optind == argc && o->up && o->agents)
+      fprintf(stderr, "gnmrd: CURVE needs both --curve-server-key and "
+                      "--key-file\n");
     fputs(relay_usage, stderr);
     return 2;
   }
   return -1;
+}
+
+static int loopback(const char *ep) {
+  return strncmp(ep, "tcp://127.", 10) == 0 ||
+         strncmp(ep, "tcp://localhost:", 16) == 0 ||
+         strncmp(ep, "tcp://[::1]:", 12) == 0;
+}
+
+/* The keys toward gnmrd, and the rule gnmrd itself keeps: no plaintext
+ * beyond loopback unless said. */
+static int relay_keys(relay *r, const relay_opts *o) {
+  char err[300];
+  if (o->server_key != NULL) {
+    if (gnmr__key_valid(o->server_key))
+      memcpy(r->server_key, o->server_key, 41);
+    else if (gnmr__key_file_read(o->server_key, r->server_key, NULL, err,
+                                 sizeof err) != GNMR_OK) {
+      LOG(ERROR, "RELAY-KEYS", "--curve-server-key: %s", err);
+      return 1;
+    }
+    if (gnmr__key_file_read(o->key_file, r->pub, r->sec, err, sizeof err) !=
+        GNMR_OK) {
+      LOG(ERROR, "RELAY-KEYS", "--key-file: %s", err);
+      return 1;
+    }
+    r->curve = 1;
+    return 0;
+  }
+  for (const char *p = o->up; p != NULL; p = strchr(p, ',')) {
+    p += *p == ',';
+    if (strncmp(p, "tcp://", 6) == 0 && !loopback(p) && !o->insecure) {
+      LOG(ERROR, "RELAY-ENDPOINT", "%s: gnmrd beyond loopback without CURVE "
+          "(give --curve-server-key and --key-file, or --insecure)", o->up);
+      return 1;
+    }
+  }
+  return 0;
 }
 
 /* Binds the node's endpoint as gnmrd binds its own: a safe socket
@@ -966,9 +1034,7 @@ static int relay_bind(relay *r, const char *agents) {
     LOG(ERROR, "RELAY-ENDPOINT", "%s", err);
     return 1;
   }
-  if (strncmp(agents, "tcp://", 6) == 0 &&
-      strncmp(agents, "tcp://127.", 10) != 0 &&
-      strncmp(agents, "tcp://localhost:", 16) != 0) {
+  if (strncmp(agents, "tcp://", 6) == 0 && !loopback(agents)) {
     LOG(ERROR, "RELAY-ENDPOINT", "%s: a relay serves its node's ranks on "
         "ipc:// or loopback tcp:// only (no CURVE of its own)", agents);
     return 1;
@@ -986,12 +1052,14 @@ static int relay_bind(relay *r, const char *agents) {
 }
 
 int relay_main(int argc, char **argv) {
-  const char *up = NULL, *agents = NULL;
-  int code = relay_args(argc, argv, &up, &agents);
+  relay_opts o = {0};
+  int code = relay_args(argc, argv, &o);
   if (code >= 0)
     return code;
   static relay r;
-  r.upstream = up;
+  r.upstream = o.up;
+  if (relay_keys(&r, &o) != 0)
+    return 1;
   if (gethostname(r.host, sizeof r.host) != 0)
     snprintf(r.host, sizeof r.host, "localhost");
   r.host[sizeof r.host - 1] = '\0';
@@ -999,9 +1067,10 @@ int relay_main(int argc, char **argv) {
   signal(SIGTERM, on_stop);
   signal(SIGINT, on_stop);
   r.ctx = zmq_ctx_new();
-  code = r.ctx == NULL || relay_bind(&r, agents) != 0;
+  code = r.ctx == NULL || relay_bind(&r, o.agents) != 0;
   if (code == 0) {
-    LOG(INFO, "RELAY-START", "relaying %s to %s", agents, up);
+    LOG(INFO, "RELAY-START", "relaying %s to %s%s", o.agents, o.up,
+        r.curve ? " (CURVE)" : "");
     code = relay_loop(&r);
   }
   for (uint32_t i = 0; i < r.n_jobs; i++)

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "agentutil.h"
+#include "keys.h"
 #include "storeutil.h"
 #include "gnmr/agent.h"
 #include "testutil.h"
@@ -31,8 +32,8 @@ typedef struct relay_proc {
   char log[200];
 } relay_proc;
 
-static void relay_start(relay_proc *r, const char *dir, int node,
-                        const char *upstream) {
+static void relay_start_x(relay_proc *r, const char *dir, int node,
+                          const char *upstream, char *const *extra) {
   char path[512];
   snprintf(path, sizeof path, "%s/gnmrd", tu_bin_dir());
   snprintf(r->ep, sizeof r->ep, "ipc://%s/node%d.sock", dir, node);
@@ -51,6 +52,8 @@ static void relay_start(relay_proc *r, const char *dir, int node,
   argv[n++] = (char *)upstream;
   argv[n++] = "--agents";
   argv[n++] = r->ep;
+  for (int i = 0; extra != NULL && extra[i] != NULL && n < 15; i++)
+    argv[n++] = extra[i];
   argv[n] = NULL;
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -62,6 +65,11 @@ static void relay_start(relay_proc *r, const char *dir, int node,
   posix_spawn_file_actions_destroy(&fa);
   ck_assert_msg(rv == 0, "spawn relay: %s", strerror(rv));
   tu_track_daemon(r->pid, 1);
+}
+
+static void relay_start(relay_proc *r, const char *dir, int node,
+                        const char *upstream) {
+  relay_start_x(r, dir, node, upstream, NULL);
 }
 
 /* Stops a relay; returns its exit status (SIGTERM: 0 when clean). */
@@ -391,6 +399,105 @@ START_TEST(a_relay_refuses_what_it_does_not_serve_and_says_why) {
 }
 END_TEST
 
+typedef struct keypair {
+  char pub[41], sec[41], path[160];
+} keypair;
+
+static keypair keygen(const char *dir, const char *name) {
+  keypair k;
+  char prefix[140];
+  snprintf(prefix, sizeof prefix, "%s/%s", dir, name);
+  char *argv[] = {"gnmrctl", "keygen", prefix, NULL};
+  run_result r = tu_run("gnmrctl", argv, NULL);
+  ck_assert_msg(r.code == 0, "keygen: %s", r.err);
+  snprintf(k.path, sizeof k.path, "%s.key", prefix);
+  char err[256];
+  ck_assert_int_eq(gnmr__key_file_read(k.path, k.pub, k.sec, err, sizeof err),
+                   GNMR_OK);
+  tu_run_free(&r);
+  return k;
+}
+
+/* Toward a gnmrd with CURVE and tenancy, each relay is one peer with its
+ * own key: the listed relays' nodes are served (the job's name matching
+ * their grant), a relay whose key is not listed never gets in, and its
+ * node's ranks never join; a relay with half its keys does not start. */
+START_TEST(relays_connect_with_curve_and_gnmrd_sees_their_keys) {
+  tu_daemon d = {0};
+  snprintf(d.dir, sizeof d.dir, "%s", tu_tmpdir());
+  keypair server = keygen(d.dir, "server"), k0 = keygen(d.dir, "relay0"),
+          k1 = keygen(d.dir, "relay1"), stranger = keygen(d.dir, "x"),
+          op = keygen(d.dir, "op");
+  char allow[400], allow_path[200];
+  snprintf(allow, sizeof allow,
+           "%s node-0 role=agent jobs=secure*\n%s node-1 role=agent "
+           "jobs=secure*\n%s ops role=operator\n", k0.pub, k1.pub, op.pub);
+  snprintf(allow_path, sizeof allow_path, "%s/allowed", d.dir);
+  tu_write_file(allow_path, allow);
+  char *extra[] = {"--curve-key", server.path, "--curve-allow", allow_path,
+                   NULL};
+  tu_daemon_start_in(&d, NULL, NULL, d.dir, extra);
+  relay_proc rl[3];
+  keypair *keys[3] = {&k0, &k1, &stranger};
+  for (int k = 0; k < 3; k++) {
+    char *rx[] = {"--curve-server-key", server.pub, "--key-file",
+                  keys[k]->path, NULL};
+    relay_start_x(&rl[k], d.dir, k, d.agents, rx);
+  }
+  gnmr_agent *a[RANKS];
+  for (int r = 0; r < RANKS; r++)
+    a[r] = open_rank(rl[r / PER_NODE].ep, "secure-job", r);
+  wait_joined(a, RANKS);
+  for (uint64_t t = 1; t <= 5; t++) {
+    for (int r = 0; r < RANKS; r++) {
+      double s[3];
+      sums_of(r, t, s);
+      ck_assert_int_eq(gnmr_agent_report_sums(a[r], t, s, NULL, NULL),
+                       GNMR_OK);
+    }
+    for (int r = 0; r < RANKS; r++)
+      ck_assert_int_eq(gnmr_agent_wait(a[r], t, 10000 * tu_slow()), 0);
+  }
+  /* the stranger's node: its relay is refused at the handshake */
+  gnmr_agent *lost = open_rank(rl[2].ep, "secure-other", 0);
+  tu_sleep_ms(1500 * tu_slow());
+  ck_assert(!gnmr_agent_joined(lost));
+  char admin[300], tmo[32];
+  snprintf(admin, sizeof admin, "--admin=%s", d.admin);
+  snprintf(tmo, sizeof tmo, "--timeout-ms=%d", 3000 * tu_slow());
+  char *st[] = {"gnmrctl", admin, "--curve-server-key", server.pub,
+                "--key-file", op.path, "stats", tmo, NULL};
+  run_result sr = tu_run("gnmrctl", st, NULL);
+  ck_assert_msg(sr.code == 0, "%s", sr.err);
+  const char *ad = strstr(sr.out, "auth_denied ");
+  ck_assert_msg(ad != NULL && strtoll(ad + 12, NULL, 10) >= 1, "%s", sr.out);
+  tu_run_free(&sr);
+  gnmr_agent_close(&lost);
+  for (int r = 0; r < RANKS; r++)
+    gnmr_agent_close(&a[r]);
+  for (int k = 0; k < 3; k++)
+    ck_assert_int_eq(relay_stop(&rl[k], SIGTERM), 0);
+  /* both keys or none */
+  char *half[] = {"gnmrd", "--relay-to", d.agents, "--agents",
+                  "ipc:///tmp/gnmr-relay-half.sock", "--curve-server-key",
+                  server.pub, NULL};
+  run_result bad = tu_run("gnmrd", half, NULL);
+  ck_assert_int_eq(bad.code, 2);
+  ck_assert_msg(strstr(bad.err, "needs both --curve-server-key and "
+                                "--key-file") != NULL, "%s", bad.err);
+  tu_run_free(&bad);
+  /* plaintext toward a gnmrd beyond loopback: only when said */
+  char *far[] = {"gnmrd", "--relay-to", "tcp://10.1.2.3:5555", "--agents",
+                 "ipc:///tmp/gnmr-relay-far.sock", NULL};
+  bad = tu_run("gnmrd", far, NULL);
+  ck_assert_int_eq(bad.code, 1);
+  ck_assert_msg(strstr(bad.err, "without CURVE") != NULL, "%s", bad.err);
+  tu_run_free(&bad);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("relay");
   TCase *tc = tcase_create("relay");
@@ -399,6 +506,7 @@ static Suite *suite(void) {
   tcase_add_test(
       tc, a_silent_rank_a_killed_relay_and_a_restarted_gnmrd_cost_steps_not_the_job);
   tcase_add_test(tc, a_relay_refuses_what_it_does_not_serve_and_says_why);
+  tcase_add_test(tc, relays_connect_with_curve_and_gnmrd_sees_their_keys);
   suite_add_tcase(s, tc);
   return s;
 }
