@@ -42,6 +42,7 @@
 #define RELAY_MAX_JOBS 64
 #define RELAY_MAX_PENDING 16 /* steps of a job waiting for local reports */
 #define RELAY_RETRY_MS 2000  /* an unanswered or refused upstream Hello */
+#define RELAY_MAX_PROXIES 256 /* observers passed through, one connection each */
 
 typedef struct lrank { /* one rank of the node */
   char *conn;          /* its connection's identity; NULL: not joined */
@@ -78,8 +79,20 @@ typedef struct rjob {
   uint32_t n_held;
 } rjob;
 
+/* An observer passed through: every message of its connection goes to
+ * gnmrd on a connection of its own, and back, unchanged (an observer
+ * reports nothing a relay could sum, and its units need not be the
+ * node's). */
+typedef struct proxy {
+  char *conn;
+  size_t conn_len;
+  void *up;
+} proxy;
+
 typedef struct relay {
   void *ctx, *local;
+  proxy proxies[RELAY_MAX_PROXIES];
+  uint32_t n_proxies;
   const char *upstream;
   int curve;                     /* CURVE toward gnmrd: the keys below */
   char server_key[41], pub[41], sec[41];
@@ -213,6 +226,24 @@ static rjob *conn_find(relay *r, const void *id, size_t id_len, uint32_t *li) {
   return NULL;
 }
 
+/* A connection to gnmrd, with the relay's CURVE keys when it has them. */
+static void *up_socket(relay *r) {
+  void *up = zmq_socket(r->ctx, ZMQ_DEALER);
+  int zero = 0;
+  if (up == NULL ||
+      zmq_setsockopt(up, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+      (r->curve &&
+       (zmq_setsockopt(up, ZMQ_CURVE_SERVERKEY, r->server_key, 41) != 0 ||
+        zmq_setsockopt(up, ZMQ_CURVE_PUBLICKEY, r->pub, 41) != 0 ||
+        zmq_setsockopt(up, ZMQ_CURVE_SECRETKEY, r->sec, 41) != 0)) ||
+      zmq_connect(up, r->upstream) != 0) {
+    if (up != NULL)
+      zmq_close(up);
+    return NULL;
+  }
+  return up;
+}
+
 static rjob *job_new(relay *r, const Gnmr__Hello *h, uint32_t barrier) {
   uint32_t per = h->node_ranks > 1 ? h->node_ranks : 1;
   rjob *j = calloc(1, sizeof *j);
@@ -229,15 +260,8 @@ static rjob *job_new(relay *r, const Gnmr__Hello *h, uint32_t barrier) {
   j->n_local = h->reporters - j->first < per ? h->reporters - j->first : per;
   j->slots.keyed = 1;
   j->lr = calloc(j->n_local, sizeof *j->lr);
-  j->up = zmq_socket(r->ctx, ZMQ_DEALER);
-  int zero = 0;
-  if (j->lr == NULL || j->up == NULL ||
-      zmq_setsockopt(j->up, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
-      (r->curve &&
-       (zmq_setsockopt(j->up, ZMQ_CURVE_SERVERKEY, r->server_key, 41) != 0 ||
-        zmq_setsockopt(j->up, ZMQ_CURVE_PUBLICKEY, r->pub, 41) != 0 ||
-        zmq_setsockopt(j->up, ZMQ_CURVE_SECRETKEY, r->sec, 41) != 0)) ||
-      zmq_connect(j->up, r->upstream) != 0) {
+  j->up = up_socket(r);
+  if (j->lr == NULL || j->up == NULL) {
     job_free(&j);
     return NULL;
   }
@@ -668,6 +692,70 @@ static void on_report(relay *r, const void *id, size_t id_len,
     flush_through(r, j, k);
 }
 
+/* ---- observers, passed through --------------------------------------------------- */
+
+static proxy *proxy_find(relay *r, const void *id, size_t id_len) {
+  for (uint32_t i = 0; i < r->n_proxies; i++)
+    if (r->proxies[i].conn_len == id_len &&
+        memcmp(r->proxies[i].conn, id, id_len) == 0)
+      return &r->proxies[i];
+  return NULL;
+}
+
+static void proxy_drop(relay *r, uint32_t i) {
+  zmq_close(r->proxies[i].up);
+  free(r->proxies[i].conn);
+  r->proxies[i] = r->proxies[--r->n_proxies];
+}
+
+/* An observer's Hello (as the relay joins it: the nodes for reporters):
+ * its own connection to gnmrd. */
+static void proxy_hello(relay *r, const void *id, size_t id_len,
+                        const void *buf, size_t len) {
+  proxy *px = proxy_find(r, id, id_len);
+  if (px == NULL) {
+    if (r->n_proxies == RELAY_MAX_PROXIES) {
+      reply_error(r, id, id_len, GNMR_E_BUSY, "observer", 0,
+                  "this relay passes %u observers already; connect to "
+                  "gnmrd itself", RELAY_MAX_PROXIES);
+      return;
+    }
+    px = &r->proxies[r->n_proxies];
+    px->up = up_socket(r);
+    px->conn = malloc(id_len ? id_len : 1);
+    if (px->up == NULL || px->conn == NULL) {
+      if (px->up != NULL)
+        zmq_close(px->up);
+      free(px->conn);
+      reply_error(r, id, id_len, GNMR_E_NOMEM, "observer", 0,
+                  "out of memory");
+      return;
+    }
+    memcpy(px->conn, id, id_len);
+    px->conn_len = id_len;
+    r->n_proxies++;
+  }
+  zmq_send(px->up, buf, len, ZMQ_DONTWAIT);
+}
+
+/* gnmrd's messages to a passed-through observer; one whose connection
+ * is gone (its agent restarted under a new identity) is dropped. */
+static void on_proxy(relay *r, uint32_t i) {
+  zmq_msg_t m;
+  zmq_msg_init(&m);
+  proxy *px = &r->proxies[i];
+  int gone = 0;
+  while (zmq_msg_recv(&m, px->up, ZMQ_DONTWAIT) >= 0)
+    if (zmq_send(r->local, px->conn, px->conn_len,
+                 ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(r->local, zmq_msg_data(&m), zmq_msg_size(&m),
+                 ZMQ_DONTWAIT) < 0)
+      gone |= errno == EHOSTUNREACH;
+  zmq_msg_close(&m);
+  if (gone)
+    proxy_drop(r, i);
+}
+
 /* ---- the node's ranks joining -------------------------------------------------- */
 
 /* A Hello's job as this relay serves it: found (its settings the
@@ -723,7 +811,7 @@ static int same_units(const Gnmr__Hello *a, const Gnmr__Hello *b) {
 
 static void on_hello(relay *r, const void *id, size_t id_len,
                      Gnmr__Envelope *env) {
-  const Gnmr__Hello *h = env->hello;
+  Gnmr__Hello *h = env->hello;
   policy_params defaults, prm;
   policy_params_default(&defaults);
   uint32_t barrier;
@@ -732,10 +820,18 @@ static void on_hello(relay *r, const void *id, size_t id_len,
   int rv = gnmr__validate_hello(h, &defaults, 0, &prm, &barrier, &ref, why,
                                 sizeof why);
   if (rv == GNMR_OK && h->observer) {
-    rv = GNMR_E_UNSUPPORTED;
-    ref = "observer";
-    snprintf(why, sizeof why, "an observer joins gnmrd itself, not a node "
-             "relay (docs/protocol.md, \"Node relays\")");
+    /* gnmrd's job has the nodes as its reporters, summed as they are */
+    uint32_t per = h->node_ranks > 1 ? h->node_ranks : 1;
+    h->reporters = (h->reporters + per - 1) / per;
+    h->node_ranks = 0;
+    uint8_t *buf;
+    size_t len;
+    if (gnmr__wire_encode(env, &buf, &len) == GNMR_OK) {
+      proxy_hello(r, id, id_len, buf, len);
+      free(buf);
+    }
+    gnmr__wire_free(&env);
+    return;
   }
   rjob *j = rv == GNMR_OK ? hello_job(r, id, id_len, h, barrier) : NULL;
   if (rv != GNMR_OK)
@@ -836,6 +932,11 @@ static void on_local(relay *r) {
     }
     const void *id = zmq_msg_data(&idm);
     size_t id_len = zmq_msg_size(&idm);
+    proxy *px = proxy_find(r, id, id_len);
+    if (px != NULL) { /* a passed-through observer's: as it is */
+      zmq_send(px->up, zmq_msg_data(&m), zmq_msg_size(&m), ZMQ_DONTWAIT);
+      continue;
+    }
     Gnmr__Envelope *env = NULL;
     char err[256];
     int rv = gnmr__wire_decode(zmq_msg_data(&m), zmq_msg_size(&m), &env, err,
@@ -888,22 +989,37 @@ static long tick(relay *r) {
 }
 
 static int relay_loop(relay *r) {
-  zmq_pollitem_t items[1 + RELAY_MAX_JOBS];
+  static zmq_pollitem_t items[1 + RELAY_MAX_JOBS + RELAY_MAX_PROXIES];
+  void *socks[RELAY_MAX_JOBS + RELAY_MAX_PROXIES];
   while (!stopping) {
     long wait = tick(r);
     items[0] = (zmq_pollitem_t){r->local, 0, ZMQ_POLLIN, 0};
+    uint32_t n = 0;
     for (uint32_t k = 0; k < r->n_jobs; k++)
-      items[1 + k] = (zmq_pollitem_t){r->jobs[k]->up, 0, ZMQ_POLLIN, 0};
-    uint32_t n = r->n_jobs;
+      socks[n++] = r->jobs[k]->up;
+    for (uint32_t k = 0; k < r->n_proxies; k++)
+      socks[n++] = r->proxies[k].up;
+    for (uint32_t k = 0; k < n; k++)
+      items[1 + k] = (zmq_pollitem_t){socks[k], 0, ZMQ_POLLIN, 0};
     if (zmq_poll(items, (int)(1 + n), wait) < 0) {
       if (errno == EINTR)
         continue;
       LOG(ERROR, "RELAY-POLL", "%s", zmq_strerror(errno));
       return 1;
     }
-    for (uint32_t k = 0; k < n && k < r->n_jobs; k++)
-      if (items[1 + k].revents & ZMQ_POLLIN)
-        on_upstream(r, r->jobs[k]);
+    /* by socket: a job or a proxy may have gone meanwhile */
+    for (uint32_t k = 0; k < n; k++) {
+      if (!(items[1 + k].revents & ZMQ_POLLIN))
+        continue;
+      for (uint32_t i = 0; i < r->n_jobs; i++)
+        if (r->jobs[i]->up == socks[k])
+          on_upstream(r, r->jobs[i]);
+      for (uint32_t i = 0; i < r->n_proxies; i++)
+        if (r->proxies[i].up == socks[k]) {
+          on_proxy(r, i);
+          break;
+        }
+    }
     if (items[0].revents & ZMQ_POLLIN)
       on_local(r);
   }
@@ -1075,6 +1191,8 @@ int relay_main(int argc, char **argv) {
   }
   for (uint32_t i = 0; i < r.n_jobs; i++)
     job_free(&r.jobs[i]);
+  while (r.n_proxies > 0)
+    proxy_drop(&r, 0);
   if (r.local != NULL)
     zmq_close(r.local);
   if (r.ctx != NULL)
