@@ -150,6 +150,28 @@ def _env_int(*names):
     return None, None
 
 
+def node_ranks(layout):
+    """Hello.node_ranks for this layout: the launcher's ranks per node
+    (torchrun's LOCAL_WORLD_SIZE, Slurm's SLURM_NTASKS_PER_NODE) when every
+    rank reports (its reporter number its global rank) and the launcher
+    lays ranks out a node at a time (rank % per == the local rank), as
+    torchrun does and Slurm's block distribution; else 0, each rank its
+    own node (docs/protocol.md, "Node relays")."""
+    if layout.world <= 1 or layout.reporters != layout.world or \
+            layout.index != layout.rank:
+        return 0
+    per, _ = _env_int("LOCAL_WORLD_SIZE")
+    local, _ = _env_int("LOCAL_RANK")
+    if per is None:
+        v = os.environ.get("SLURM_NTASKS_PER_NODE", "")
+        per = int(v) if v.isdigit() else None  # "4(x2)": not one count
+        local, _ = _env_int("SLURM_LOCALID")
+    if not per or local is None or per > 4096 or layout.world % per or \
+            layout.rank % per != local:
+        return 0
+    return per
+
+
 class Layout:
     """rank (global), world, index (this rank's reporter number),
     reporters, observer, mesh (the DeviceMesh, or None), describe()."""

@@ -136,7 +136,8 @@ class Agent:
     def __init__(self, endpoint, job, unit_names, rank=0, reporters=1,
                  params=None, barrier_ms=0, fallback_route="low",
                  fallback_after=0, observer=False, unit_ids=None,
-                 curve_keys=None, from_env=False, resume=None):
+                 curve_keys=None, from_env=False, resume=None,
+                 node_ranks=0):
         self._a = ctypes.c_void_p()
         self._routes_buf = None
         if endpoint is None:
@@ -169,6 +170,7 @@ class Agent:
                               else _lib.ROUTE_LOW)
         cfg.fallback_after = fallback_after
         cfg.observer = 1 if observer else 0
+        cfg.node_ranks = node_ranks  # Hello.node_ranks (a node relay's)
         # what this process says of itself on its first Hello: None
         # nothing, False a fresh start, True a resume (docs/python.md,
         # "Runs and resumes")

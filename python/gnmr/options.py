@@ -67,6 +67,8 @@ FIELDS = [
      "checkpoint; False: a fresh start (docs/python.md, 'Runs and "
      "resumes')"),
     ("barrier_ms", 0, "gnmrd's per-step barrier, ms (0: its default)"),
+    ("node_ranks", None, "reporters per node, for a node relay (else the "
+     "launcher's ranks per node when every rank reports; 0: each its own)"),
     ("fallback_route", "low", "the route while no decision is fresh: "
      "'low' or 'high'"),
     ("fallback_after", 0, "steps a stale decision is still used (0: 3)"),
@@ -218,6 +220,7 @@ _CHECKS = {
     "global_rank": lambda v: v is None or _int("global_rank", v, 0),
     "resume": lambda v: _one_of("resume", v, (None, True, False)),
     "barrier_ms": lambda v: _int("barrier_ms", v, 0, 600000),
+    "node_ranks": lambda v: v is None or _int("node_ranks", v, 0, 4096),
     "fallback_route": lambda v: _one_of("fallback_route", v,
                                         ("low", "high")),
     "fallback_after": lambda v: _int("fallback_after", v, 0, 2 ** 32 - 1),
@@ -264,6 +267,7 @@ class Options:
     global_rank: object = None
     resume: object = None
     barrier_ms: object = 0
+    node_ranks: object = None
     fallback_route: object = "low"
     fallback_after: object = 0
     unit_ids: object = None

@@ -242,6 +242,9 @@ class Controller(Clipping):
                            [n for n, _ in self.units], rank=self.tp_rank,
                            reporters=self.layout.reporters,
                            observer=self.layout.observer,
+                           node_ranks=(_layout.node_ranks(self.layout)
+                                       if o.node_ranks is None
+                                       else o.node_ranks),
                            **o.agent_kwargs())
         self._ids = list(o.unit_ids or range(len(self.units)))
         # once, bounded: the first steps find the agent joined when gnmrd

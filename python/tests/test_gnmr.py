@@ -1067,6 +1067,82 @@ class ControllerTest(unittest.TestCase):
         replica.close()
 
 
+class RelayTest(unittest.TestCase):
+    """A node relay between the Controller and gnmrd (docs/protocol.md,
+    "Node relays"): the Controller finds it as it finds a gnmrd, and the
+    node's ranks per node come from the launcher."""
+
+    def test_node_ranks_come_from_the_launcher_when_every_rank_reports(self):
+        from gnmr._layout import Layout, node_ranks
+        keep = dict(os.environ)
+        try:
+            for var in ("LOCAL_WORLD_SIZE", "LOCAL_RANK",
+                        "SLURM_NTASKS_PER_NODE", "SLURM_LOCALID"):
+                os.environ.pop(var, None)
+            every = Layout(5, 8, 5, 8, False)  # rank 5 of 8, all report
+            self.assertEqual(node_ranks(every), 0)  # no launcher said
+            os.environ.update(LOCAL_WORLD_SIZE="4", LOCAL_RANK="1")
+            self.assertEqual(node_ranks(every), 4)  # torchrun: 5 = 4 + 1
+            os.environ["LOCAL_RANK"] = "2"  # not a node at a time
+            self.assertEqual(node_ranks(every), 0)
+            os.environ["LOCAL_RANK"] = "1"
+            # replica 0 reports its 2 shards, the others observe: the
+            # reporters are not the launcher's ranks
+            self.assertEqual(node_ranks(Layout(1, 8, 1, 2, False)), 0)
+            self.assertEqual(node_ranks(Layout(0, 1, 0, 1, False)), 0)
+            os.environ.update(LOCAL_WORLD_SIZE="3")  # 8 % 3 != 0
+            self.assertEqual(node_ranks(every), 0)
+            for var in ("LOCAL_WORLD_SIZE", "LOCAL_RANK"):
+                os.environ.pop(var)
+            os.environ.update(SLURM_NTASKS_PER_NODE="2", SLURM_LOCALID="1")
+            self.assertEqual(node_ranks(every), 2)
+            os.environ["SLURM_NTASKS_PER_NODE"] = "4(x2)"
+            self.assertEqual(node_ranks(every), 0)
+        finally:
+            os.environ.clear()
+            os.environ.update(keep)
+        with self.assertRaisesRegex(ValueError, "node_ranks=4097: an "
+                                    "integer from 0 to 4096"):
+            Controller(Net(), "ipc:///nonexistent/x", "j", node_ranks=4097)
+
+    def test_a_controller_steps_through_a_relay(self):
+        d = Daemon()
+        ep = f"ipc://{d.dir}/node0.sock"
+        with open(d.dir + "/relay.err", "wb") as err:
+            relay = subprocess.Popen(
+                [os.path.join(BIN, "gnmrd"), "--relay-to", d.agents,
+                 "--agents", ep], stderr=err)
+        try:
+            net, x = Net(), torch.randn(32, 8)
+            ctl = Controller(net, ep, "relayed-job", join_wait_ms=10000,
+                             params=gnmr.default_params(
+                                 warmup_steps=0, max_active=1, lock_steps=0,
+                                 confirm_steps=1, mean_horizon=0,
+                                 job_relative=0))
+            for step in range(1, 12):
+                net.zero_grad()
+                net(x).pow(2).mean().backward()
+                if step == 8:  # a spike in b
+                    for p in net.b.parameters():
+                        p.grad.mul_(1e3)
+                res = ctl.step(step, wait_ms=10000)
+                self.assertTrue(res, f"no decision of step {step}")
+                if step == 8:
+                    self.assertIn("b", res.risky)
+            ctl.close()
+            out = subprocess.run(
+                [os.path.join(BIN, "gnmrctl"), f"--admin=ipc://{d.dir}/"
+                 "admin.sock", "status", "relayed-job", "--json"],
+                capture_output=True, text=True, timeout=30)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            st = json.loads(out.stdout)
+            self.assertEqual((st["step"], st["reporters"]), (11, 1))
+        finally:
+            relay.send_signal(signal.SIGTERM)
+            self.assertEqual(relay.wait(timeout=30), 0)
+            self.assertEqual(d.stop(), 0)
+
+
 class ClipNet(torch.nn.Module):
     """Three units (a, b, c) and parameters in no unit (the norm, a bias
     of the root)."""
