@@ -933,7 +933,10 @@ static void on_local(relay *r) {
     const void *id = zmq_msg_data(&idm);
     size_t id_len = zmq_msg_size(&idm);
     proxy *px = proxy_find(r, id, id_len);
-    if (px != NULL) { /* a passed-through observer's: as it is */
+    if (px != NULL && gnmr__wire_peek_body(zmq_msg_data(&m), zmq_msg_size(
+                          &m)) != GNMR__ENVELOPE__BODY_HELLO) {
+      /* a passed-through observer's: as it is (a Hello again is read
+       * again: its reporters are the nodes at gnmrd) */
       zmq_send(px->up, zmq_msg_data(&m), zmq_msg_size(&m), ZMQ_DONTWAIT);
       continue;
     }

@@ -37,6 +37,7 @@ static const char usage[] =
     "                [--barrier-ms MS] [--timeout-ms MS] [--write-trace FILE]\n"
     "                [--local-ranks LIST | --rank N] [--start-delay RANK:MS]...\n"
     "                [--curve-server-key KEY|FILE --key-file FILE] [--step-ms MS]\n"
+    "                [--node-ranks N]\n"
     "  Prints the decisions CSV on stdout, latency on stderr. Without\n"
     "  --trace, generates N units (default 64) over S steps (default 300)\n"
     "  with transient spikes; --write-trace saves the trace it reported.\n"
@@ -47,13 +48,17 @@ static const char usage[] =
     "  as for any agent; flags override them. --start-delay RANK:MS opens\n"
     "  that rank MS ms late: it joins the running job and reports from the\n"
     "  step the run has reached. --step-ms MS makes each step last at least\n"
-    "  MS ms (a training step's compute).\n";
+    "  MS ms (a training step's compute). --node-ranks N (or\n"
+    "  GNMR_NODE_RANKS) says N ranks a node (Hello.node_ranks, for node\n"
+    "  relays); with --shards N too, each unit's shards lie on the ranks of\n"
+    "  one node (unit u on node u mod R/N), as tensor parallelism within a\n"
+    "  node lays them.\n";
 
 enum {
   OPT_AGENTS = 256, OPT_JOB, OPT_RANKS, OPT_SHARDS, OPT_TRACE, OPT_UNITS,
   OPT_STEPS, OPT_SEED, OPT_BARRIER, OPT_TIMEOUT, OPT_WRITE, OPT_HELP,
   OPT_LOCAL, OPT_RANK, OPT_DELAY, OPT_SKEY, OPT_KEYFILE, OPT_STEPMS,
-  OPT_POLICY_BASE = 512
+  OPT_NODE_RANKS, OPT_POLICY_BASE = 512
 };
 
 typedef struct sim_rank {
@@ -150,7 +155,8 @@ typedef struct sim {
   policy_params prm;
   const char *trace_path, *write_path, *local_list, *skey, *key_file;
   uint64_t ranks, shards, units, steps, seed, barrier, timeout, one_rank,
-      step_ms;
+      step_ms, node_ranks;
+  uint32_t node_shards; /* N > 1: each unit's K = N shards on one node */
   int have_rank;
   char *delays[64];
   int n_delays;
@@ -191,6 +197,7 @@ static int settings_from_env(sim *m) {
   m->timeout = 5000;
   m->have_rank = getenv("GNMR_RANK") != NULL;
   m->one_rank = base->rank;
+  m->node_ranks = base->node_ranks;
   policy_params_from_public(&base->params, &m->prm);
   return -1;
 }
@@ -198,7 +205,7 @@ static int settings_from_env(sim *m) {
 /* Phase 1: the environment, then the flags. -1 to go on, else the exit
  * status. */
 static int parse_command_line(sim *m, int argc, char **argv) {
-  struct option longopts[GNMR_POLICY_NOPTS + 19] = {
+  struct option longopts[GNMR_POLICY_NOPTS + 20] = {
       {"agents", required_argument, NULL, OPT_AGENTS},
       {"job", required_argument, NULL, OPT_JOB},
       {"ranks", required_argument, NULL, OPT_RANKS},
@@ -217,6 +224,7 @@ static int parse_command_line(sim *m, int argc, char **argv) {
       {"curve-server-key", required_argument, NULL, OPT_SKEY},
       {"key-file", required_argument, NULL, OPT_KEYFILE},
       {"step-ms", required_argument, NULL, OPT_STEPMS},
+      {"node-ranks", required_argument, NULL, OPT_NODE_RANKS},
   };
   gnmr_agent_config *base = &m->base;
   int rv = settings_from_env(m);
@@ -224,7 +232,7 @@ static int parse_command_line(sim *m, int argc, char **argv) {
     return rv;
   char msg[256];
   int c;
-  gnmr__policy_opts_longopts(&longopts[18], OPT_POLICY_BASE);
+  gnmr__policy_opts_longopts(&longopts[19], OPT_POLICY_BASE);
   /* the integer options and their largest values */
   const struct {
     int opt;
@@ -234,7 +242,7 @@ static int parse_command_line(sim *m, int argc, char **argv) {
       {OPT_SHARDS, &m->shards, 1024},     {OPT_UNITS, &m->units, 1u << 20},
       {OPT_STEPS, &m->steps, 10000000},   {OPT_SEED, &m->seed, UINT32_MAX},
       {OPT_BARRIER, &m->barrier, 600000}, {OPT_TIMEOUT, &m->timeout, 600000},
-      {OPT_STEPMS, &m->step_ms, 600000}};
+      {OPT_STEPMS, &m->step_ms, 600000},  {OPT_NODE_RANKS, &m->node_ranks, 4096}};
   /* the text options */
   const struct {
     int opt;
@@ -297,6 +305,13 @@ static int check_settings(sim *m) {
                      "(or GNMR_ENDPOINT, GNMR_JOB, GNMR_REPORTERS)");
   if (m->shards == 0 || m->shards > m->ranks)
     return die_usage("--shards must be from 1 to --ranks");
+  m->base.node_ranks = (uint32_t)m->node_ranks;
+  if (m->node_ranks > 1 && m->shards == m->node_ranks) {
+    if (m->ranks % m->node_ranks != 0)
+      return die_usage("--node-ranks with --shards N: --ranks a multiple of "
+                       "N (whole nodes)");
+    m->node_shards = (uint32_t)m->node_ranks;
+  }
   if (m->barrier == 0 || m->units == 0 || m->steps == 0)
     return die_usage("--barrier-ms, --units and --steps must be >= 1");
   if (gnmr__policy_opts_check(&m->prm, msg, sizeof msg) != 0)
@@ -403,8 +418,15 @@ static int load_trace(sim *m) {
   return -1;
 }
 
-/* Phase 5: the layout, rank r holding unit u when (r - u) mod R < K, and
- * each step's buffers. */
+/* The rank of unit u's shard j: (u + j) mod R, or with node shards rank
+ * j of node u mod R/N. */
+static uint32_t shard_rank(const sim *m, uint32_t u, uint32_t j) {
+  uint32_t N = m->node_shards;
+  return N > 1 ? u % (m->R / N) * N + j : (u % m->R + j) % m->R;
+}
+
+/* Phase 5: the layout, rank r holding unit u when (r - u) mod R < K (or
+ * u's node is r's, with node shards), and each step's buffers. */
 static int lay_out(sim *m) {
   uint32_t R = m->R, K = m->K, U = m->U;
   m->rk = calloc(R, sizeof *m->rk);
@@ -432,7 +454,9 @@ static int lay_out(sim *m) {
     if (k->units == NULL)
       return 1;
     for (uint32_t u = 0; u < U; u++) {
-      uint32_t j = (r + R - u % R) % R;
+      uint32_t N = m->node_shards, j = (r + R - u % R) % R;
+      if (N > 1) /* on node u mod R/N, shard j on its rank j */
+        j = r / N == u % (R / N) ? r % N : K;
       if (j < K) {
         m->local_of[(size_t)u * K + j] = n;
         k->units[n++] = u;
@@ -526,10 +550,11 @@ static void split_step(sim *m, uint64_t step, size_t *row) {
     int present = m->present[u], nonfinite = present && !isfinite(n);
     if (present && !nonfinite)
       sim_split_norm(n, K, m->parts);
-    /* shard j of u lives on rank (u + j) % R; partials go in rank order */
-    uint32_t first = u % R;
+    /* shard j of u lives on rank (u + j) % R (with node shards, on rank
+     * j of node u mod R/N); partials go in rank order */
+    uint32_t first = shard_rank(m, u, 0);
     for (uint32_t j = 0; j < K; j++) {
-      uint32_t r = (first + j) % R;
+      uint32_t r = shard_rank(m, u, j);
       /* index of this shard among u's shards sorted by rank */
       uint32_t order = 0;
       for (uint32_t q = 0; q < K; q++)
@@ -546,11 +571,11 @@ static void split_step(sim *m, uint64_t step, size_t *row) {
  * say HIGH (all shards here must agree); with ranks elsewhere, the
  * observer's route is the answer. Printed as a CSV row. 0 or -1. */
 static int print_decision(sim *m, uint64_t step) {
-  uint32_t R = m->R, K = m->K, U = m->U, n_act = 0;
+  uint32_t K = m->K, U = m->U, n_act = 0;
   for (uint32_t u = 0; u < U; u++) {
     int high = -1;
     for (uint32_t j = 0; j < K; j++) {
-      uint32_t r = (u % R + j) % R;
+      uint32_t r = shard_rank(m, u, j);
       if (m->rk[r].agent == NULL)
         continue;
       int h =

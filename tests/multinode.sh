@@ -16,7 +16,11 @@
 #      (at most the few steps the others reported ahead of it go without
 #      it), every step stored, and it starts no new pass;
 #   E  gnmrd SIGKILLed and restarted: pass 2, every node re-joined, the run
-#      completes.
+#      completes;
+#   F  node relays (gnmrd --relay-to, CURVE to the head): each node's two
+#      ranks report through its relay, and every node's decisions equal
+#      those of the same job without relays; a relay SIGKILLed and started
+#      again mid-run: every node finishes its steps.
 # Partitions take the node's link down (the kernel may lack netem).
 # Where user namespaces are not allowed it says so and skips, and only then.
 # Prints "ok - ..." / "not ok - ..." per check and "N passed, M failed".
@@ -47,7 +51,7 @@ check() { local what=$1; shift; if "$@"; then ok "$what"; else no "$what"; fi; }
 GNMRD_PID=
 cleanup() {
   [ -n "$GNMRD_PID" ] && kill -9 "$GNMRD_PID" 2>/dev/null
-  for p in "${SIMS[@]}"; do kill -9 "$p" 2>/dev/null; done
+  for p in "${SIMS[@]}" "${RELAYS[@]}"; do kill -9 "$p" 2>/dev/null; done
   rm -rf "$T"
 }
 trap cleanup EXIT
@@ -242,6 +246,55 @@ check "E: the job went on in pass 2" \
   grep -q "pass 2: gnmrd restarted" <(ctl history mn-e --kind job_resumed --csv 2>/dev/null)
 check "E: every node finished its 400 steps" \
   test "$(cat "$T"/e[123].csv | grep -c '^[0-9]')" = 1200
+
+# ---- F: node relays ----
+RELAYS=()
+# node N's relay, on an ipc endpoint of its own, CURVE to the head
+relay() {
+  nsenter --net=/run/netns/"n$1" "$B/gnmrd" --relay-to "$HEAD_EP" \
+    --agents "ipc://$T/relay$1.sock" --curve-server-key "$T/server.pub" \
+    --key-file "$T/node$1.key" 2>>"$T/relay$1.err" &
+  RELAYS[$1]=$!
+}
+# node N runs ranks 2N-2 and 2N-1 of a 6-rank job, two a node; to the head
+# (CURVE) or, with "relay" first, through its relay
+fsim() {
+  local node=$1; shift
+  local to=(--agents "$HEAD_EP" --curve-server-key "$T/server.pub"
+            --key-file "$T/node$node.key")
+  if [ "$1" = relay ]; then shift; to=(--agents "ipc://$T/relay$node.sock"); fi
+  in_ns "n$node" "$B/gnmr-sim" "${to[@]}" --ranks 6 --shards 2 --node-ranks 2 \
+    --local-ranks $((2 * node - 2))-$((2 * node - 1)) "$@"
+}
+F=(--units 96 --steps 150 --seed 5 --barrier-ms 20000)
+for n in 1 2 3; do fsim $n --job mn-f1 "${F[@]}" >"$T/f1-$n.csv" 2>"$T/f1-$n.err" & SIMS+=($!); done
+wait_sims
+for n in 1 2 3; do relay $n; done
+for n in 1 2 3; do fsim $n relay --job mn-f2 "${F[@]}" >"$T/f2-$n.csv" 2>"$T/f2-$n.err" & SIMS+=($!); done
+f_ok=0
+wait_sims || f_ok=1
+check "F: three nodes ran the job through their relays without a late decision" test $f_ok = 0
+for n in 1 2 3; do
+  check "F: node $n's decisions through its relay equal those without" \
+    cmp -s "$T/f1-$n.csv" "$T/f2-$n.csv"
+done
+check "F: the head sees the relayed job's three nodes as its reporters" \
+  grep -q '"reporters": 3' <(ctl status mn-f2 --json 2>/dev/null)
+for n in 1 2 3; do
+  fsim $n relay --job mn-f3 --units 48 --steps 400 --seed 11 --barrier-ms 300 \
+    --timeout-ms 2000 --step-ms 20 >"$T/f3-$n.csv" 2>"$T/f3-$n.err" &
+  SIMS+=($!)
+done
+sleep 1.5
+kill -9 "${RELAYS[3]}"
+wait "${RELAYS[3]}" 2>/dev/null
+sleep 1
+relay 3
+wait_sims
+check "F: with node 3's relay killed and started again, every node finished its 400 steps" \
+  test "$(cat "$T"/f3-[123].csv | grep -c '^[0-9]')" = 1200
+for n in 1 2 3; do kill "${RELAYS[$n]}" 2>/dev/null; wait "${RELAYS[$n]}" 2>/dev/null; done
+RELAYS=()
 
 kill "$GNMRD_PID" 2>/dev/null
 wait "$GNMRD_PID" 2>/dev/null

@@ -17,6 +17,10 @@ static const struct {
      {"--alpha", "2", "--beta", "2", "--window", "2", "--max-active", "1",
       "--lock-steps", "1", "--warmup-steps", "0", NULL}},
     {"small.csv", "small.defaults.decisions.csv", "4", "2", {NULL}},
+    /* two ranks a node, each unit's two shards on one node's ranks,
+     * summed node by node (Hello.node_ranks) */
+    {"small.csv", "small.defaults.decisions.csv", "4", "2",
+     {"--node-ranks", "2", NULL}},
     {"moe_idle.csv", "moe_idle.k2_l6.decisions.csv", "3", "3",
      {"--max-active", "2", "--lock-steps", "6", NULL}},
     {"burst.csv", "burst.a1.8_b1.6_w4_k3_l2_wu10_ea3_eb3_es60.decisions.csv",
@@ -87,7 +91,8 @@ static void run_all_cases(const tu_daemon *d) {
   ck_assert_int_eq(tu_counter(d, "deadline_decisions"), 0);
   ck_assert_int_eq(tu_counter(d, "missing_units"), 0);
   ck_assert_int_eq(tu_counter(d, "late_reports"), 0);
-  ck_assert_int_eq(tu_counter(d, "jobs_finished"), 4);
+  ck_assert_int_eq(tu_counter(d, "jobs_finished"),
+                   (long long)(sizeof cases / sizeof cases[0]));
 }
 
 /* Issue 48: gnmrctl watch cut unit names to their first 24 characters, so
@@ -483,6 +488,11 @@ START_TEST(bad_command_lines_exit_2_with_a_message) {
        "--alpha", "0", NULL},
       {"--agents", "tcp://127.0.0.1:1", "--job", "j", "--ranks", "1",
        "--steps", "0", NULL},
+      /* shards on the ranks of one node: whole nodes only */
+      {"--agents", "tcp://127.0.0.1:1", "--job", "j", "--ranks", "5",
+       "--shards", "2", "--node-ranks", "2", NULL},
+      {"--agents", "tcp://127.0.0.1:1", "--job", "j", "--ranks", "4",
+       "--node-ranks", "4097", NULL},
   };
   for (size_t i = 0; i < sizeof sim_bad / sizeof sim_bad[0]; i++) {
     char *argv[14] = {"gnmr-sim"};
