@@ -69,6 +69,8 @@ typedef struct rjob {
   uint32_t n_units;
   uint32_t *ids;        /* the job-wide ids (upstream Welcome) */
   void *up;             /* DEALER to the central gnmrd */
+  void *mon;            /* its failed handshakes (a refused key) */
+  uint64_t said_refused; /* when that was last logged (ms) */
   int up_state;         /* 0 not asked, 1 Hello sent, 2 welcomed */
   uint64_t next_hello;
   Gnmr__Envelope *welcome;
@@ -199,6 +201,8 @@ static void job_free(rjob **jp) {
   gnmr__wire_free(&j->welcome);
   if (j->up != NULL)
     zmq_close(j->up);
+  if (j->mon != NULL)
+    zmq_close(j->mon);
   free(j->lr);
   free(j->name);
   free(j);
@@ -226,10 +230,25 @@ static rjob *conn_find(relay *r, const void *id, size_t id_len, uint32_t *li) {
   return NULL;
 }
 
-/* A connection to gnmrd, with the relay's CURVE keys when it has them. */
-static void *up_socket(relay *r) {
+/* A connection to gnmrd, with the relay's CURVE keys when it has them;
+ * with mon, a PAIR that hears of its failed handshakes too. */
+static void *up_socket(relay *r, void **mon) {
   void *up = zmq_socket(r->ctx, ZMQ_DEALER);
   int zero = 0;
+  static unsigned seq;
+  char ep[64];
+  snprintf(ep, sizeof ep, "inproc://relay-monitor-%u", seq++);
+  if (mon != NULL && up != NULL &&
+      (zmq_socket_monitor(up, ep, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                      ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                      ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) !=
+           0 ||
+       (*mon = zmq_socket(r->ctx, ZMQ_PAIR)) == NULL ||
+       zmq_setsockopt(*mon, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+       zmq_connect(*mon, ep) != 0)) {
+    zmq_close(up);
+    return NULL;
+  }
   if (up == NULL ||
       zmq_setsockopt(up, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
       (r->curve &&
@@ -260,7 +279,7 @@ static rjob *job_new(relay *r, const Gnmr__Hello *h, uint32_t barrier) {
   j->n_local = h->reporters - j->first < per ? h->reporters - j->first : per;
   j->slots.keyed = 1;
   j->lr = calloc(j->n_local, sizeof *j->lr);
-  j->up = up_socket(r);
+  j->up = up_socket(r, &j->mon);
   if (j->lr == NULL || j->up == NULL) {
     job_free(&j);
     return NULL;
@@ -472,6 +491,25 @@ static void hold_decision(rjob *j, Gnmr__Envelope *env) {
     j->n_held--;
   }
   j->held[j->n_held++] = env;
+}
+
+/* A failed handshake with gnmrd: said at most every 10 s a job (gnmrd
+ * counts and logs its side: auth_denied, handshake_failures). */
+static void on_monitor(rjob *j, const char *upstream) {
+  zmq_msg_t m;
+  zmq_msg_init(&m);
+  int events = 0;
+  while (zmq_msg_recv(&m, j->mon, ZMQ_DONTWAIT) >= 0)
+    events += !zmq_msg_more(&m); /* an event is two frames */
+  zmq_msg_close(&m);
+  uint64_t now = now_ms();
+  if (events > 0 && now - j->said_refused >= 10000) {
+    j->said_refused = now;
+    LOG(ERROR, "RELAY-REFUSED", "job %s: gnmrd at %s refused this relay's "
+        "connection (CURVE: its key not in gnmrd's allow list, the wrong "
+        "server key, or CURVE on one side only); its ranks wait", j->name,
+        upstream);
+  }
 }
 
 static void on_upstream(relay *r, rjob *j) {
@@ -721,7 +759,7 @@ static void proxy_hello(relay *r, const void *id, size_t id_len,
       return;
     }
     px = &r->proxies[r->n_proxies];
-    px->up = up_socket(r);
+    px->up = up_socket(r, NULL);
     px->conn = malloc(id_len ? id_len : 1);
     if (px->up == NULL || px->conn == NULL) {
       if (px->up != NULL)
@@ -992,14 +1030,16 @@ static long tick(relay *r) {
 }
 
 static int relay_loop(relay *r) {
-  static zmq_pollitem_t items[1 + RELAY_MAX_JOBS + RELAY_MAX_PROXIES];
-  void *socks[RELAY_MAX_JOBS + RELAY_MAX_PROXIES];
+  static zmq_pollitem_t items[1 + 2 * RELAY_MAX_JOBS + RELAY_MAX_PROXIES];
+  void *socks[2 * RELAY_MAX_JOBS + RELAY_MAX_PROXIES];
   while (!stopping) {
     long wait = tick(r);
     items[0] = (zmq_pollitem_t){r->local, 0, ZMQ_POLLIN, 0};
     uint32_t n = 0;
-    for (uint32_t k = 0; k < r->n_jobs; k++)
+    for (uint32_t k = 0; k < r->n_jobs; k++) {
       socks[n++] = r->jobs[k]->up;
+      socks[n++] = r->jobs[k]->mon;
+    }
     for (uint32_t k = 0; k < r->n_proxies; k++)
       socks[n++] = r->proxies[k].up;
     for (uint32_t k = 0; k < n; k++)
@@ -1014,9 +1054,12 @@ static int relay_loop(relay *r) {
     for (uint32_t k = 0; k < n; k++) {
       if (!(items[1 + k].revents & ZMQ_POLLIN))
         continue;
-      for (uint32_t i = 0; i < r->n_jobs; i++)
+      for (uint32_t i = 0; i < r->n_jobs; i++) {
         if (r->jobs[i]->up == socks[k])
           on_upstream(r, r->jobs[i]);
+        else if (r->jobs[i]->mon == socks[k])
+          on_monitor(r->jobs[i], r->upstream);
+      }
       for (uint32_t i = 0; i < r->n_proxies; i++)
         if (r->proxies[i].up == socks[k]) {
           on_proxy(r, i);

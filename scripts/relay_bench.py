@@ -27,6 +27,7 @@ import tempfile
 import time
 
 TICK = os.sysconf("SC_CLK_TCK")
+WARM = 5  # steps left to the joins before the CPU times are read
 
 
 def cpu_s(pid):
@@ -62,7 +63,6 @@ def run(bin_dir, ranks, per, steps, relays):
                 [os.path.join(bin_dir, "gnmrd"), "--relay-to", ep,
                  "--agents", f"ipc://{d}/node{k}.sock"],
                 stderr=open(os.path.join(d, f"relay{k}.err"), "w")))
-    g0 = cpu_s(gnmrd.pid)
     sims = []
     for k in range(nodes):
         sims.append(subprocess.Popen(
@@ -74,9 +74,22 @@ def run(bin_dir, ranks, per, steps, relays):
              "--local-ranks", f"{k * per}-{k * per + per - 1}"],
             stdout=open(os.path.join(d, f"sim{k}.csv"), "w"),
             stderr=open(os.path.join(d, f"sim{k}.err"), "w")))
+    # the steady state: from the first decided step past the joins (every
+    # rank's and observer's Hello) to the last
+    first = 0
+    while first < WARM and all(s.poll() is None for s in sims):
+        time.sleep(0.05)
+        st = subprocess.run([os.path.join(bin_dir, "gnmrctl"),
+                             f"--admin=ipc://{d}/admin.sock", "status",
+                             "fanin", "--json"], capture_output=True,
+                            text=True)
+        m = re.search(r'"step": (\d+)', st.stdout)
+        first = int(m.group(1)) if st.returncode == 0 and m else 0
+    g0, r0 = cpu_s(gnmrd.pid), sum(cpu_s(p.pid) for p in rel)
     codes = [s.wait(timeout=3600) for s in sims]
     g = cpu_s(gnmrd.pid) - g0
-    r = sum(cpu_s(p.pid) for p in rel)
+    r = sum(cpu_s(p.pid) for p in rel) - r0
+    steps -= first
     for p in rel:
         p.terminate()
         p.wait(timeout=60)

@@ -466,6 +466,12 @@ START_TEST(relays_connect_with_curve_and_gnmrd_sees_their_keys) {
   gnmr_agent *lost = open_rank(rl[2].ep, "secure-other", 0);
   tu_sleep_ms(1500 * tu_slow());
   ck_assert(!gnmr_agent_joined(lost));
+  size_t nlog = 0;
+  char *log = tu_read_file(rl[2].log, &nlog);
+  ck_assert_msg(log != NULL && strstr(log, "RELAY-REFUSED") != NULL &&
+                    strstr(log, "refused this relay's connection") != NULL,
+                "the refused relay said nothing: %s", log ? log : "(no log)");
+  free(log);
   char admin[300], tmo[32];
   snprintf(admin, sizeof admin, "--admin=%s", d.admin);
   snprintf(tmo, sizeof tmo, "--timeout-ms=%d", 3000 * tu_slow());
