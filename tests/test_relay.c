@@ -17,6 +17,7 @@
 
 #include "agentutil.h"
 #include "keys.h"
+#include "keyutil.h"
 #include "storeutil.h"
 #include "gnmr/agent.h"
 #include "testutil.h"
@@ -39,14 +40,7 @@ static void relay_start_x(relay_proc *r, const char *dir, int node,
   snprintf(r->ep, sizeof r->ep, "ipc://%s/node%d.sock", dir, node);
   snprintf(r->log, sizeof r->log, "%s/relay%d.err", dir, node);
   char *argv[16];
-  int n = 0;
-  if (getenv("GNMR_VALGRIND") != NULL) {
-    argv[n++] = "valgrind";
-    argv[n++] = "-q";
-    argv[n++] = "--error-exitcode=99";
-    argv[n++] = "--leak-check=full";
-    argv[n++] = "--errors-for-leak-kinds=definite,indirect";
-  }
+  int n = tu_valgrind_argv(argv);
   argv[n++] = path;
   argv[n++] = "--relay-to";
   argv[n++] = (char *)upstream;
@@ -403,24 +397,6 @@ START_TEST(a_relay_refuses_what_it_does_not_serve_and_says_why) {
 }
 END_TEST
 
-typedef struct keypair {
-  char pub[41], sec[41], path[160];
-} keypair;
-
-static keypair keygen(const char *dir, const char *name) {
-  keypair k;
-  char prefix[140];
-  snprintf(prefix, sizeof prefix, "%s/%s", dir, name);
-  char *argv[] = {"gnmrctl", "keygen", prefix, NULL};
-  run_result r = tu_run("gnmrctl", argv, NULL);
-  ck_assert_msg(r.code == 0, "keygen: %s", r.err);
-  snprintf(k.path, sizeof k.path, "%s.key", prefix);
-  char err[256];
-  ck_assert_int_eq(gnmr__key_file_read(k.path, k.pub, k.sec, err, sizeof err),
-                   GNMR_OK);
-  tu_run_free(&r);
-  return k;
-}
 
 /* Toward a gnmrd with CURVE and tenancy, each relay is one peer with its
  * own key: the listed relays' nodes are served (the job's name matching

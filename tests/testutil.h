@@ -222,6 +222,21 @@ static inline void tu_sleep_ms(int ms) {
 static inline void tu_daemon_wait_ready(tu_daemon *d, int timeout_ms);
 
 /* (a standby prints its endpoints only once it takes over) */
+/* Under GNMR_VALGRIND, valgrind's words before a program the suite
+ * starts (gnmrd, a relay), as make test-valgrind runs the suites; the
+ * count put in argv (0 without). */
+static inline int tu_valgrind_argv(char **argv) {
+  int n = 0;
+  if (getenv("GNMR_VALGRIND") != NULL) {
+    argv[n++] = "valgrind";
+    argv[n++] = "-q";
+    argv[n++] = "--error-exitcode=99";
+    argv[n++] = "--leak-check=full";
+    argv[n++] = "--errors-for-leak-kinds=definite,indirect";
+  }
+  return n;
+}
+
 static inline void tu_daemon_spawn_in(tu_daemon *d, const char *agents,
                                       const char *admin, const char *dir,
                                       char *const *extra) {
@@ -238,14 +253,7 @@ static inline void tu_daemon_spawn_in(tu_daemon *d, const char *agents,
   char path[512];
   snprintf(path, sizeof path, "%s/gnmrd", tu_bin_dir());
   char *argv[32];
-  int n = 0;
-  if (getenv("GNMR_VALGRIND") != NULL) {
-    argv[n++] = "valgrind";
-    argv[n++] = "-q";
-    argv[n++] = "--error-exitcode=99";
-    argv[n++] = "--leak-check=full";
-    argv[n++] = "--errors-for-leak-kinds=definite,indirect";
-  }
+  int n = tu_valgrind_argv(argv);
   argv[n++] = path;
   argv[n++] = "--data-dir";
   argv[n++] = data;
