@@ -125,6 +125,16 @@ static void send_to(relay *r, const char *conn, size_t conn_len,
   zmq_send(r->local, buf, len, ZMQ_DONTWAIT);
 }
 
+/* An envelope to gnmrd on sock. */
+static void send_up(void *sock, Gnmr__Envelope *env) {
+  uint8_t *buf;
+  size_t len;
+  if (gnmr__wire_encode(env, &buf, &len) != GNMR_OK)
+    return;
+  zmq_send(sock, buf, len, ZMQ_DONTWAIT);
+  free(buf);
+}
+
 static void send_env_to(relay *r, const char *conn, size_t conn_len,
                         Gnmr__Envelope *env) {
   uint8_t *buf;
@@ -406,12 +416,7 @@ static void up_hello(relay *r, rjob *j) {
   h.held = held;
   env.body_case = GNMR__ENVELOPE__BODY_HELLO;
   env.hello = &h;
-  uint8_t *buf;
-  size_t len;
-  if (gnmr__wire_encode(&env, &buf, &len) == GNMR_OK) {
-    zmq_send(j->up, buf, len, ZMQ_DONTWAIT);
-    free(buf);
-  }
+  send_up(j->up, &env);
   free(held);
   j->up_state = 1;
   j->next_hello = now_ms() + RELAY_RETRY_MS;
@@ -629,12 +634,7 @@ static void flush_step(relay *r, rjob *j, lstep *s) {
   rep.missing = mis;
   env.body_case = GNMR__ENVELOPE__BODY_REPORT;
   env.report = &rep;
-  uint8_t *buf;
-  size_t len;
-  if (gnmr__wire_encode(&env, &buf, &len) == GNMR_OK) {
-    zmq_send(j->up, buf, len, ZMQ_DONTWAIT);
-    free(buf);
-  }
+  send_up(j->up, &env);
 out:
   free(sum);
   free(meas);
@@ -940,12 +940,7 @@ static void on_bye(relay *r, const void *id, size_t id_len,
   b.rank = j->node;
   out.body_case = GNMR__ENVELOPE__BODY_BYE;
   out.bye = &b;
-  uint8_t *buf;
-  size_t len;
-  if (gnmr__wire_encode(&out, &buf, &len) == GNMR_OK) {
-    zmq_send(j->up, buf, len, ZMQ_DONTWAIT);
-    free(buf);
-  }
+  send_up(j->up, &out);
   LOG(INFO, "RELAY-BYE", "job %s: node %u's ranks all left", j->name,
       j->node);
   for (uint32_t i = 0; i < r->n_jobs; i++)

@@ -278,6 +278,27 @@ __attribute__((target("avx2"))) static int neg256(const double *x,
 }
 #endif
 
+/* The scalar passes, from unit i on (the SIMD ones end with them). */
+static void counts_from(const double *g, const double *d, uint32_t i,
+                        uint32_t n, size_t c[4]) {
+  for (; i < n; i++) {
+    int has_g = !isnan(g[i]), has_d = has_g && !isnan(d[i]);
+    c[0] += has_g;
+    c[1] += has_g && g[i] <= 1;
+    c[2] += has_d;
+    c[3] += has_d && d[i] <= 1;
+  }
+}
+
+static size_t above_from(const double *v, const double *g, uint32_t i,
+                         uint32_t n, double *out, size_t m) {
+  for (; i < n; i++) {
+    out[m] = v[i];
+    m += !isnan(g[i]) && v[i] > 1;
+  }
+  return m;
+}
+
 #if SIMD_X86
 /* policy__median_counts and policy__above_one, 8 units at a time: the
  * same comparisons as the scalar loops (ordered: a NaN is never <= 1 nor
@@ -299,14 +320,8 @@ counts512(const double *g, const double *d, uint32_t n, size_t c[4]) {
     ld += (size_t)__builtin_popcount(
         hd & _mm512_cmp_pd_mask(dv, one, _CMP_LE_OQ));
   }
-  for (; i < n; i++) {
-    int has_g = !isnan(g[i]), has_d = has_g && !isnan(d[i]);
-    ng += has_g;
-    lg += has_g && g[i] <= 1;
-    nd += has_d;
-    ld += has_d && d[i] <= 1;
-  }
   c[0] = ng, c[1] = lg, c[2] = nd, c[3] = ld;
+  counts_from(g, d, i, n, c);
 }
 
 __attribute__((target("avx512f"))) static size_t
@@ -322,11 +337,7 @@ above512(const double *v, const double *g, uint32_t n, double *out) {
     _mm512_storeu_pd(out + m, _mm512_maskz_compress_pd(k, x));
     m += (size_t)__builtin_popcount(k);
   }
-  for (; i < n; i++) {
-    out[m] = v[i];
-    m += !isnan(g[i]) && v[i] > 1;
-  }
-  return m;
+  return above_from(v, g, i, n, out, m);
 }
 #endif
 
@@ -338,15 +349,8 @@ void policy__median_counts(const double *g, const double *d, uint32_t n,
     return;
   }
 #endif
-  size_t ng = 0, lg = 0, nd = 0, ld = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    int has_g = !isnan(g[i]), has_d = has_g && !isnan(d[i]);
-    ng += has_g;
-    lg += has_g && g[i] <= 1;
-    nd += has_d;
-    ld += has_d && d[i] <= 1;
-  }
-  c[0] = ng, c[1] = lg, c[2] = nd, c[3] = ld;
+  c[0] = c[1] = c[2] = c[3] = 0;
+  counts_from(g, d, 0, n, c);
 }
 
 size_t policy__above_one(const double *v, const double *g, uint32_t n,
@@ -355,12 +359,7 @@ size_t policy__above_one(const double *v, const double *g, uint32_t n,
   if (policy_simd_get() == POLICY_SIMD_AVX512)
     return above512(v, g, n, out);
 #endif
-  size_t m = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    out[m] = v[i];
-    m += !isnan(g[i]) && v[i] > 1;
-  }
-  return m;
+  return above_from(v, g, 0, n, out, 0);
 }
 
 int policy__bad_norms(const double *x, const uint8_t *in, uint32_t n) {
