@@ -32,6 +32,7 @@
 #include "gnmr/error.h"
 #include "hmap.h"
 #include "ipc.h"
+#include "text.h"
 #include "keys.h"
 #include "log.h"
 #include "params.h"
@@ -43,6 +44,9 @@
 #define RELAY_MAX_PENDING 16 /* steps of a job waiting for local reports */
 #define RELAY_RETRY_MS 2000  /* an unanswered or refused upstream Hello */
 #define RELAY_MAX_PROXIES 256 /* observers passed through, one connection each */
+/* the largest message either side may send (gnmrd's default --max-msg):
+ * a larger one closes its connection before anything is read */
+#define RELAY_MAX_MSG ((int64_t)256 << 20)
 
 typedef struct lrank { /* one rank of the node */
   char *conn;          /* its connection's identity; NULL: not joined */
@@ -259,8 +263,10 @@ static void *up_socket(relay *r, void **mon) {
     zmq_close(up);
     return NULL;
   }
+  int64_t max_msg = RELAY_MAX_MSG;
   if (up == NULL ||
       zmq_setsockopt(up, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+      zmq_setsockopt(up, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg) != 0 ||
       (r->curve &&
        (zmq_setsockopt(up, ZMQ_CURVE_SERVERKEY, r->server_key, 41) != 0 ||
         zmq_setsockopt(up, ZMQ_CURVE_PUBLICKEY, r->pub, 41) != 0 ||
@@ -538,9 +544,14 @@ static void on_upstream(relay *r, rjob *j) {
       hold_decision(j, env);
       continue;
     case GNMR__ENVELOPE__BODY_ERROR:
-      LOG(WARN, "RELAY-REFUSED", "job %s node %u: gnmrd says %.300s (%d)",
-          j->name, j->node, env->error->message ? env->error->message : "",
+    {
+      char esc[400]; /* a peer's words: escaped before they are logged */
+      LOG(WARN, "RELAY-REFUSED", "job %s node %u: gnmrd says %s (%d)",
+          j->name, j->node,
+          gnmr__escape(env->error->message ? env->error->message : "", esc,
+                       sizeof esc),
           env->error->code);
+    }
       if (env->error->code == GNMR_E_NOJOB || j->up_state != 2) {
         j->up_state = 0; /* joins again (a restarted gnmrd) */
         j->next_hello = now_ms() + (env->error->code == GNMR_E_NOJOB
@@ -1197,8 +1208,11 @@ static int relay_bind(relay *r, const char *agents) {
     return 1;
   }
   int zero = 0, mand = 1;
+  int64_t max_msg = RELAY_MAX_MSG;
   if ((r->local = zmq_socket(r->ctx, ZMQ_ROUTER)) == NULL ||
       zmq_setsockopt(r->local, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+      zmq_setsockopt(r->local, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg) !=
+          0 ||
       zmq_setsockopt(r->local, ZMQ_ROUTER_MANDATORY, &mand, sizeof mand) !=
           0 ||
       zmq_bind(r->local, agents) != 0) {

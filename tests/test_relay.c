@@ -18,6 +18,7 @@
 #include "agentutil.h"
 #include "keys.h"
 #include "keyutil.h"
+#include "rawpeer.h"
 #include "storeutil.h"
 #include "gnmr/agent.h"
 #include "testutil.h"
@@ -364,7 +365,17 @@ START_TEST(a_relay_refuses_what_it_does_not_serve_and_says_why) {
   relay_proc rl;
   relay_start(&rl, d.dir, 0, d.agents);
   gnmr_agent *a0 = open_rank(rl.ep, "refuse", 0);
-  tu_sleep_ms(300);
+  /* the relay serves node 0 of the job once rank 0's Hello is in (before
+   * that, rank 3's could come first and make it node 1's) */
+  int seen_job = 0;
+  for (int k = 0; k < 1000 * tu_slow() && !seen_job; k++) {
+    char *log = tu_read_file(rl.log, NULL);
+    seen_job = log != NULL && strstr(log, "job refuse: node 0 of 2") != NULL;
+    free(log);
+    if (!seen_job)
+      tu_sleep_ms(10);
+  }
+  ck_assert_msg(seen_job, "the relay did not take rank 0's Hello");
   /* rank 3 is node 1's */
   gnmr_agent *other = open_rank(rl.ep, "refuse", 3);
   char why[512] = "";
@@ -484,6 +495,60 @@ START_TEST(relays_connect_with_curve_and_gnmrd_sees_their_keys) {
 }
 END_TEST
 
+static char *unit_names1[] = {"u0"};
+
+/* Bad input at a relay gets the answer gnmrd would give and loses
+ * nothing: bytes that are not an envelope, a message of three frames, a
+ * Report from a connection that said no Hello, a body a relay does not
+ * take, a Hello that is not valid, a Report of the wrong length; the
+ * node's good rank is served all along. */
+START_TEST(a_relay_answers_bad_input_as_gnmrd_does_and_goes_on) {
+  tu_daemon d = {0};
+  tu_daemon_start(&d);
+  relay_proc rl;
+  relay_start(&rl, d.dir, 0, d.agents);
+  raw_peer p = raw_open(rl.ep);
+  raw_send(&p, "\xff\xff\xff", 3);
+  expect_error(&p, GNMR_E_PARSE, "");
+  ck_assert_int_ge(zmq_send(p.sock, "a", 1, ZMQ_SNDMORE), 0);
+  ck_assert_int_ge(zmq_send(p.sock, "b", 1, 0), 0); /* [id][a][b]: dropped */
+  expect_silence(&p);
+  double s2[2] = {1, 4};
+  report(&p, "bad", 0, 1, s2, 2, NULL, 0);
+  expect_error(&p, GNMR_E_NOJOB, "unknown agent: send Hello first");
+  Gnmr__Envelope env = GNMR__ENVELOPE__INIT;
+  Gnmr__StatsRequest sr = GNMR__STATS_REQUEST__INIT;
+  env.body_case = GNMR__ENVELOPE__BODY_STATS_REQUEST;
+  env.stats_request = &sr;
+  raw_send_env(&p, &env);
+  expect_error(&p, GNMR_E_UNSUPPORTED, "a node relay takes Hello, Report");
+  char *bad_names[] = {"ok", "bad\x1b[31m"};
+  hello(&p, "bad", 0, 1, bad_names, 2, 2.0); /* a control character */
+  expect_error(&p, GNMR_E_INVAL, "control character");
+  hello(&p, "bad\xc0\xaf", 0, 1, unit_names1, 1, 2.0); /* overlong UTF-8 */
+  expect_error(&p, GNMR_E_INVAL, "job name");
+  hello(&p, "bad", 0, 1, unit_names1, 1, 2.0);
+  Gnmr__Envelope *w = raw_recv(&p, raw_reply_ms() * tu_slow());
+  ck_assert_msg(w != NULL && w->body_case == GNMR__ENVELOPE__BODY_WELCOME,
+                "no Welcome through the relay");
+  gnmr__wire_free(&w);
+  report(&p, "bad", 0, 1, s2, 2, NULL, 0); /* one unit, two sums */
+  expect_error(&p, GNMR_E_PROTO, "sumsq has 2 entries");
+  report(&p, "bad", 0, 1, s2, 1, NULL, 0);
+  w = raw_recv(&p, raw_reply_ms() * tu_slow());
+  ck_assert_msg(w != NULL && w->body_case == GNMR__ENVELOPE__BODY_DECISION,
+                "no decision through the relay");
+  ck_assert_uint_eq(w->decision->step, 1);
+  gnmr__wire_free(&w);
+  report(&p, "bad", 0, 1, s2, 1, NULL, 0); /* late: its step went */
+  expect_silence(&p);
+  raw_close(&p);
+  ck_assert_int_eq(relay_stop(&rl, SIGTERM), 0);
+  ck_assert_int_eq(tu_daemon_stop(&d, SIGTERM), 0);
+  tu_rmrf(d.dir);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("relay");
   TCase *tc = tcase_create("relay");
@@ -493,6 +558,7 @@ static Suite *suite(void) {
       tc, a_silent_rank_a_killed_relay_and_a_restarted_gnmrd_cost_steps_not_the_job);
   tcase_add_test(tc, a_relay_refuses_what_it_does_not_serve_and_says_why);
   tcase_add_test(tc, relays_connect_with_curve_and_gnmrd_sees_their_keys);
+  tcase_add_test(tc, a_relay_answers_bad_input_as_gnmrd_does_and_goes_on);
   suite_add_tcase(s, tc);
   return s;
 }
