@@ -180,7 +180,7 @@ END_TEST
 static pid_t spawn_sim(size_t i, const char *endpoint, const char *job,
                        const char *out) {
   char *argv[80], trace_p[512], path[512];
-  static char keep_trace[4][512];
+  static char keep_trace[sizeof cases / sizeof cases[0]][512];
   sim_argv(argv, i, endpoint, job, trace_p, sizeof trace_p);
   snprintf(keep_trace[i], sizeof keep_trace[i], "%s", trace_p);
   for (int k = 0; argv[k]; k++)
