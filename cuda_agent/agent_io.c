@@ -227,9 +227,23 @@ static void drop_stale(gnmr_agent *a, io_state *io, uint64_t last_step) {
   io->n_held = n;
 }
 
+/* Sends what was held; the newest becomes the report in flight, kept
+ * until its step is decided (requeue_inflight: sent again after a
+ * re-join, were this connection's reports refused or lost). */
 static void flush_held(gnmr_agent *a, io_state *io) {
   for (int i = 0; i < io->n_held; i++) {
     send_report(a, io, io->held[i].buf, io->held[i].len);
+    if (i == io->n_held - 1) {
+      if (io->have_inflight)
+        zmq_msg_close(&io->inflight);
+      io->have_inflight =
+          zmq_msg_init_size(&io->inflight, io->held[i].len) == 0;
+      if (io->have_inflight) {
+        memcpy(zmq_msg_data(&io->inflight), io->held[i].buf,
+               io->held[i].len);
+        io->inflight_step = held_step(&io->held[i]);
+      }
+    }
     free(io->held[i].buf);
   }
   io->n_held = 0;
@@ -352,6 +366,8 @@ static int on_decision(gnmr_agent *a, io_state *io, const Gnmr__Decision *d) {
   return 1;
 }
 
+static void requeue_inflight(gnmr_agent *a, io_state *io);
+
 static void on_message(gnmr_agent *a, io_state *io, const void *buf,
                        size_t len) {
   Gnmr__Envelope *env;
@@ -376,9 +392,14 @@ static void on_message(gnmr_agent *a, io_state *io, const void *buf,
                  a->last_error_text, sizeof a->last_error_text);
     pthread_mutex_unlock(&a->err_mu);
     if (env->error->code == GNMR_E_NOJOB) {
-      /* the daemon does not know us (restarted): join again now */
+      /* the daemon does not know us (restarted, or this connection is a
+       * new one it has not seen a Hello on): join again now, and send
+       * the report it refused again after the Welcome. Lost, a job's
+       * first step would wait for this rank for good (docs/protocol.md:
+       * no deadline decides before every rank has reported once). */
       atomic_store(&a->joined, 0);
       io->next_hello = 0;
+      requeue_inflight(a, io);
     } else if (!atomic_load(&a->joined)) {
       /* our Hello was refused (mismatch, bad config): retry slowly; an
        * observer early for its job's ranks, or a resume while gnmrd

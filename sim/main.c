@@ -164,8 +164,11 @@ typedef struct sim {
   int *want;       /* [R]: runs here */
   uint64_t *delay; /* [R]: opens this many ms late */
   int all_local;
-  trace t;
+  trace t;        /* --trace's rows */
+  sim_synth gen;  /* else the synthetic trace, a step at a time */
+  int synth;
   uint32_t R, K, U;
+  uint32_t *mine, n_mine; /* the units with a shard on a local rank */
   sim_rank *rk;
   uint32_t *local_of; /* [u][j]: shard j of unit u's local index */
   double *parts, *norm, *lat;
@@ -404,12 +407,22 @@ static int load_trace(sim *m) {
               terr.msg);
       return 1;
     }
-  } else if (sim_synth(&m->t, (uint32_t)m->units, m->steps,
+  } else {
+    /* made a step at a time (split_step): the rows are never held */
+    if (sim_synth_open(&m->gen, (uint32_t)m->units, m->steps,
                        (unsigned)m->seed) != 0) {
-    fprintf(stderr, "gnmr-sim: out of memory\n");
-    return 1;
+      fprintf(stderr, "gnmr-sim: out of memory\n");
+      return 1;
+    }
+    m->synth = 1;
+    m->t.first_step = 1;
+    m->t.last_step = m->steps;
+    m->t.n_units = (uint32_t)m->units;
   }
-  if (m->write_path != NULL && sim_write_trace(m->write_path, &m->t) != 0) {
+  if (m->write_path != NULL &&
+      (m->synth ? sim_synth_write(m->write_path, (uint32_t)m->units,
+                                  m->steps, (unsigned)m->seed)
+                : sim_write_trace(m->write_path, &m->t)) != 0) {
     fprintf(stderr, "gnmr-sim: %s: %s\n", m->write_path, strerror(errno));
     return 1;
   }
@@ -464,6 +477,15 @@ static int lay_out(sim *m) {
     }
     k->n_local = n;
   }
+  m->mine = malloc((U ? U : 1) * sizeof *m->mine);
+  if (m->mine == NULL)
+    return 1;
+  for (uint32_t u = 0; u < U; u++)
+    for (uint32_t j = 0; j < K; j++)
+      if (m->rk[shard_rank(m, u, j)].local) {
+        m->mine[m->n_mine++] = u;
+        break;
+      }
   /* The ranks with no units (K < R with few units) do not join: the job
    * expects every rank, so refuse that layout up front. */
   for (uint32_t r = 0; r < R; r++)
@@ -540,12 +562,18 @@ static int join(sim *m) {
  * shard partials. */
 static void split_step(sim *m, uint64_t step, size_t *row) {
   uint32_t R = m->R, K = m->K, U = m->U;
-  memset(m->present, 0, U);
-  for (; *row < m->t.n_rows && m->t.rows[*row].step == step; (*row)++) {
-    m->norm[m->t.rows[*row].unit] = m->t.rows[*row].norm;
-    m->present[m->t.rows[*row].unit] = 1;
+  if (m->synth) {
+    sim_synth_step(&m->gen, m->norm);
+    memset(m->present, 1, U);
+  } else {
+    memset(m->present, 0, U);
+    for (; *row < m->t.n_rows && m->t.rows[*row].step == step; (*row)++) {
+      m->norm[m->t.rows[*row].unit] = m->t.rows[*row].norm;
+      m->present[m->t.rows[*row].unit] = 1;
+    }
   }
-  for (uint32_t u = 0; u < U; u++) {
+  for (uint32_t i_u = 0; i_u < m->n_mine; i_u++) {
+    uint32_t u = m->mine[i_u];
     double n = m->norm[u];
     int present = m->present[u], nonfinite = present && !isfinite(n);
     if (present && !nonfinite)
@@ -555,10 +583,16 @@ static void split_step(sim *m, uint64_t step, size_t *row) {
     uint32_t first = shard_rank(m, u, 0);
     for (uint32_t j = 0; j < K; j++) {
       uint32_t r = shard_rank(m, u, j);
-      /* index of this shard among u's shards sorted by rank */
+      if (!m->rk[r].local)
+        continue;
+      /* index of this shard among u's shards sorted by rank (a node's
+       * shards are in rank order already) */
       uint32_t order = 0;
-      for (uint32_t q = 0; q < K; q++)
-        order += (first + q) % R < r;
+      if (m->node_shards > 1)
+        order = j;
+      else
+        for (uint32_t q = 0; q < K; q++)
+          order += (first + q) % R < r;
       uint32_t i = m->local_of[(size_t)u * K + j];
       m->rk[r].nr[i] = !present;
       m->rk[r].nonfinite[i] = nonfinite ? 1 : 0;
@@ -681,9 +715,11 @@ static void sim_clear(sim *m) {
   free(m->active);
   free(m->lat);
   free(m->all_ids);
+  free(m->mine);
   free(m->want);
   free(m->delay);
   trace_clear(&m->t);
+  sim_synth_close(&m->gen);
 }
 
 int main(int argc, char **argv) {

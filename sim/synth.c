@@ -2,6 +2,7 @@
 /* synth.c — gnmr-sim's synthetic traces (synth.h). */
 #include "synth.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,54 +31,75 @@ void sim_split_norm(double n, uint32_t k, double *parts) {
  * transient spikes (1-3 steps, 4-20x) starting in about 0.2% of
  * unit-steps, a burst at two thirds of the run where a quarter of the
  * units spike together for two steps (the budget saturates), and a few
- * idle steps. */
-int sim_synth(trace *t, uint32_t units, uint64_t steps, unsigned seed) {
-  size_t n = (size_t)units * steps;
-  t->rows = calloc(n, sizeof *t->rows);
-  if (t->rows == NULL)
-    return -1;
-  double *scale = malloc(units * sizeof *scale);
-  uint32_t *spike_left = calloc(units, sizeof *spike_left);
-  double *spike_mag = calloc(units, sizeof *spike_mag);
-  if (!scale || !spike_left || !spike_mag) {
-    free(scale);
-    free(spike_left);
-    free(spike_mag);
+ * idle steps. Made a step at a time, so that a simulator holds one
+ * step's norms, not the run's (a node of a 1,024-rank job would hold
+ * units x steps rows otherwise). */
+int sim_synth_open(sim_synth *g, uint32_t units, uint64_t steps,
+                   unsigned seed) {
+  *g = (sim_synth){.units = units, .steps = steps, .seed = seed};
+  g->scale = malloc((units ? units : 1) * sizeof *g->scale);
+  g->spike_left = calloc(units ? units : 1, sizeof *g->spike_left);
+  g->spike_mag = calloc(units ? units : 1, sizeof *g->spike_mag);
+  if (!g->scale || !g->spike_left || !g->spike_mag) {
+    sim_synth_close(g);
     return -1;
   }
   for (uint32_t u = 0; u < units; u++)
-    scale[u] = pow(10, (rand_r(&seed) % 4000) / 1000.0 - 2);
-  size_t k = 0;
-  uint64_t burst = steps * 2 / 3;
-  for (uint64_t s = 1; s <= steps; s++) {
-    for (uint32_t u = 0; u < units; u++) {
-      double x = scale[u] * (0.9 + 0.2 * (rand_r(&seed) % 1000) / 1000.0);
-      if (s == burst && burst > 25 && u % 4 == 1) {
-        spike_left[u] = 2;
-        spike_mag[u] = 6 + (rand_r(&seed) % 1000) / 100.0;
-      }
-      if (spike_left[u] == 0 && s > 25 && rand_r(&seed) % 1000 < 2) {
-        spike_left[u] = 1 + (uint32_t)(rand_r(&seed) % 3);
-        spike_mag[u] = 4 + (rand_r(&seed) % 1600) / 100.0;
-      }
-      if (spike_left[u] > 0) {
-        x *= spike_mag[u];
-        spike_left[u]--;
-      } else if (rand_r(&seed) % 1000 < 2) {
-        x = 0; /* idle */
-      }
-      t->rows[k++] = (trace_row){.step = s, .norm = x, .measure = NAN,
-                                 .unit = u, .line = 0};
+    g->scale[u] = pow(10, (rand_r(&g->seed) % 4000) / 1000.0 - 2);
+  return 0;
+}
+
+void sim_synth_step(sim_synth *g, double *norm) {
+  uint64_t s = ++g->step, burst = g->steps * 2 / 3;
+  for (uint32_t u = 0; u < g->units; u++) {
+    double x = g->scale[u] * (0.9 + 0.2 * (rand_r(&g->seed) % 1000) / 1000.0);
+    if (s == burst && burst > 25 && u % 4 == 1) {
+      g->spike_left[u] = 2;
+      g->spike_mag[u] = 6 + (rand_r(&g->seed) % 1000) / 100.0;
+    }
+    if (g->spike_left[u] == 0 && s > 25 && rand_r(&g->seed) % 1000 < 2) {
+      g->spike_left[u] = 1 + (uint32_t)(rand_r(&g->seed) % 3);
+      g->spike_mag[u] = 4 + (rand_r(&g->seed) % 1600) / 100.0;
+    }
+    if (g->spike_left[u] > 0) {
+      x *= g->spike_mag[u];
+      g->spike_left[u]--;
+    } else if (rand_r(&g->seed) % 1000 < 2) {
+      x = 0; /* idle */
+    }
+    norm[u] = x;
+  }
+}
+
+void sim_synth_close(sim_synth *g) {
+  free(g->scale);
+  free(g->spike_left);
+  free(g->spike_mag);
+  g->scale = g->spike_mag = NULL;
+  g->spike_left = NULL;
+}
+
+int sim_synth_write(const char *path, uint32_t units, uint64_t steps,
+                    unsigned seed) {
+  sim_synth g;
+  double *norm = malloc((units ? units : 1) * sizeof *norm);
+  if (norm == NULL || sim_synth_open(&g, units, steps, seed) != 0) {
+    free(norm);
+    errno = ENOMEM;
+    return -1;
+  }
+  FILE *f = fopen(path, "w");
+  if (f != NULL) {
+    fputs("step,unit,norm\n", f);
+    for (uint64_t s = 1; s <= steps; s++) {
+      sim_synth_step(&g, norm);
+      for (uint32_t u = 0; u < units; u++)
+        fprintf(f, "%llu,%u,%.17g\n", (unsigned long long)s, u, norm[u]);
     }
   }
-  t->n_rows = k;
-  t->first_step = 1;
-  t->last_step = steps;
-  t->n_units = units;
-  free(scale);
-  free(spike_left);
-  free(spike_mag);
-  return 0;
+  sim_synth_close(&g);
+  free(norm);
+  return f == NULL ? -1 : fclose(f);
 }
 
 int sim_write_trace(const char *path, const trace *t) {

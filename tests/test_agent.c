@@ -1470,6 +1470,69 @@ START_TEST(a_report_the_daemon_died_with_goes_to_the_next_one) {
 }
 END_TEST
 
+/* Sends the agent an Error "unknown agent" (NOJOB) for a report of step,
+ * as gnmrd answers a Report on a connection it has seen no Hello on. */
+static void fake_unknown(fake_daemon *f, uint64_t step) {
+  Gnmr__Envelope out = GNMR__ENVELOPE__INIT;
+  Gnmr__Error e = GNMR__ERROR__INIT;
+  e.code = GNMR_E_NOJOB;
+  e.ref = "hello";
+  e.message = "unknown agent: send Hello first";
+  e.step = step;
+  out.body_case = GNMR__ENVELOPE__BODY_ERROR;
+  out.error = &e;
+  fake_send(f, &out);
+}
+
+START_TEST(a_report_refused_as_unknown_is_sent_again_after_the_rejoin) {
+  /* 1,024 ranks joining one gnmrd at once: a rank's connection came back
+   * under a new identity and gnmrd refused its first report ("unknown
+   * agent"). The agent joined again but the report was gone, and a job
+   * decides nothing before every rank has reported once: the job hung
+   * at step 1. The refused report goes again after the re-join, whether
+   * it was sent joined (step 1) or held before the Welcome (step 2). */
+  const char *dir = tu_tmpdir();
+  fake_daemon f = {0};
+  gnmr_agent *a = fake_and_agent(&f, dir, "unknown-job");
+  fake_welcome(&f, 0);
+  wait_joined(a, 1);
+  double s[2] = {1, 2};
+  uint64_t got[16];
+  ck_assert_int_eq(gnmr_agent_report_sums(a, 1, s, NULL, NULL), GNMR_OK);
+  ck_assert_int_eq(fake_steps(&f, got, 16, 200), 1);
+  fake_unknown(&f, 1);
+  fake_welcome(&f, 0); /* the agent's Hello comes first */
+  ck_assert_int_eq(fake_steps(&f, got, 16, 300), 1);
+  ck_assert_uint_eq(got[0], 1);
+  fake_decide_term(&f, "unknown-job", 1, 0, NULL, 0);
+  ck_assert_int_eq(gnmr_agent_wait(a, 1, 2000 * tu_slow()), GNMR_OK);
+  /* a report held before the Welcome, then flushed and refused */
+  fake_unknown(&f, 0);
+  wait_joined(a, 0);
+  ck_assert_int_eq(gnmr_agent_report_sums(a, 2, s, NULL, NULL), GNMR_OK);
+  fake_welcome(&f, 1);
+  ck_assert_int_eq(fake_steps(&f, got, 16, 300), 1);
+  ck_assert_uint_eq(got[0], 2);
+  fake_unknown(&f, 2);
+  fake_welcome(&f, 1);
+  ck_assert_int_eq(fake_steps(&f, got, 16, 300), 1);
+  ck_assert_uint_eq(got[0], 2);
+  fake_decide_term(&f, "unknown-job", 2, 0, NULL, 0);
+  ck_assert_int_eq(gnmr_agent_wait(a, 2, 2000 * tu_slow()), GNMR_OK);
+  /* a decided step is not sent again */
+  fake_unknown(&f, 2);
+  fake_welcome(&f, 2);
+  ck_assert_int_eq(fake_steps(&f, got, 16, 300), 0);
+  gnmr_agent_stats st;
+  ck_assert_int_eq(gnmr_agent_stats_get(a, &st), GNMR_OK);
+  ck_assert_uint_eq(st.reports_dropped, 0);
+  gnmr_agent_close(&a);
+  zmq_close(f.router);
+  zmq_ctx_term(f.ctx);
+  tu_rmrf(dir);
+}
+END_TEST
+
 /* Issue 47: a hostile gnmrd's Error text reached the Python Controller's
  * warning with raw escape sequences. The agent keeps a peer's text
  * escaped (\xHH for control and format characters), so no caller prints
@@ -1699,6 +1762,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, lagging_rank_is_decided_missing_at_the_barrier_deadline);
   tcase_add_test(tc, rejoining_agent_drops_reports_the_job_decided_without_it);
   tcase_add_test(tc, a_report_the_daemon_died_with_goes_to_the_next_one);
+  tcase_add_test(tc, a_report_refused_as_unknown_is_sent_again_after_the_rejoin);
   suite_add_tcase(s, tc);
   return s;
 }
