@@ -719,7 +719,7 @@ static void sim_clear(sim *m) {
   free(m->want);
   free(m->delay);
   trace_clear(&m->t);
-  sim_synth_close(&m->gen);
+  sim_synth_clear(&m->gen);
 }
 
 int main(int argc, char **argv) {

@@ -41,7 +41,7 @@ int sim_synth_open(sim_synth *g, uint32_t units, uint64_t steps,
   g->spike_left = calloc(units ? units : 1, sizeof *g->spike_left);
   g->spike_mag = calloc(units ? units : 1, sizeof *g->spike_mag);
   if (!g->scale || !g->spike_left || !g->spike_mag) {
-    sim_synth_close(g);
+    sim_synth_clear(g);
     return -1;
   }
   for (uint32_t u = 0; u < units; u++)
@@ -71,7 +71,7 @@ void sim_synth_step(sim_synth *g, double *norm) {
   }
 }
 
-void sim_synth_close(sim_synth *g) {
+void sim_synth_clear(sim_synth *g) {
   free(g->scale);
   free(g->spike_left);
   free(g->spike_mag);
@@ -97,7 +97,7 @@ int sim_synth_write(const char *path, uint32_t units, uint64_t steps,
         fprintf(f, "%llu,%u,%.17g\n", (unsigned long long)s, u, norm[u]);
     }
   }
-  sim_synth_close(&g);
+  sim_synth_clear(&g);
   free(norm);
   return f == NULL ? -1 : fclose(f);
 }

@@ -23,7 +23,8 @@ int sim_synth_open(sim_synth *g, uint32_t units, uint64_t steps,
                    unsigned seed);
 /* The next step's norms, norm[u] for every unit (0: idle). */
 void sim_synth_step(sim_synth *g, double *norm);
-void sim_synth_close(sim_synth *g);
+/* Frees what g holds (g may be zeroed or cleared already). */
+void sim_synth_clear(sim_synth *g);
 /* Writes the trace sim_synth_open(units, steps, seed) makes as a
  * step,unit,norm CSV; 0 or -1 (errno set). */
 int sim_synth_write(const char *path, uint32_t units, uint64_t steps,
