@@ -63,10 +63,11 @@ def read_damage(path, bound):
     return out
 
 
-def run(trace, n, meas, kw):
+def run(trace, n, meas, kw, make=Policy):
     """(decisions [(t, A_t)], measure-risky unit-steps after warm-up,
-    reported unit-steps after warm-up, promotions)."""
-    pol = Policy(n, **dict(DEFAULTS, **kw))
+    reported unit-steps after warm-up, promotions) of make(n, **params)
+    (gnmr.policy's Policy, or a candidate rule's)."""
+    pol = make(n, **dict(DEFAULTS, **kw))
     out, risky, elig, prom, prev = [], 0, 0, 0, set()
     for t in range(min(trace), max(trace) + 1):
         row = trace.get(t, {})
@@ -94,8 +95,11 @@ def routed(decisions, damage, n):
     return cov, hit / rec if rec else 0.0, rec / (n * len(steps))
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None, sets=None, doc=__doc__):
+    """The tables for sets [(label, params) or (label, params, make)]."""
+    sets = [x if len(x) == 3 else (x[0], x[1], Policy)
+            for x in (SETS if sets is None else sets)]
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("clean", nargs="*")
     p.add_argument("--damaged", action="append", default=[])
     p.add_argument("--damage-error", type=float, action="append",
@@ -126,10 +130,10 @@ def main(argv=None):
         print("| parameters | " + " | ".join(x[0] for x in clean) +
               " | max |")
         print("|---" * (len(clean) + 2) + "|")
-        for label, kw in SETS:
+        for label, kw, make in sets:
             cells, worst = [], 0.0
             for _, trace, n, meas in clean:
-                _, risky, elig, prom = run(trace, n, meas, kw)
+                _, risky, elig, prom = run(trace, n, meas, kw, make)
                 rate = 100 * risky / max(elig, 1)
                 worst = max(worst, rate)
                 steps = max(trace) - min(trace) + 1
@@ -140,8 +144,8 @@ def main(argv=None):
               " coverage / precision / share of the routes\n")
         print("| parameters | coverage | precision | share |\n"
               "|---|---|---|---|")
-        for label, kw in SETS:
-            dec, _, _, _ = run(trace, n, meas, kw)
+        for label, kw, make in sets:
+            dec, _, _, _ = run(trace, n, meas, kw, make)
             cov, prec, share = routed(dec, dmg, n)
             print(f"| {label} | {cov:.2f} | {prec:.2f} | {share:.3f} |")
 

@@ -1418,6 +1418,14 @@ static gnmr_agent *fake_and_agent(fake_daemon *f, const char *dir,
   return a;
 }
 
+/* Closes the agent, then the stand-in daemon, and removes dir. */
+static void fake_done(fake_daemon *f, gnmr_agent **a, const char *dir) {
+  gnmr_agent_close(a);
+  zmq_close(f->router);
+  zmq_ctx_term(f->ctx);
+  tu_rmrf(dir);
+}
+
 START_TEST(a_report_the_daemon_died_with_goes_to_the_next_one) {
   /* Step 3's report reached a daemon that died before deciding it (or a
    * standby took over): the agent sends it again on its re-join, so the
@@ -1463,10 +1471,7 @@ START_TEST(a_report_the_daemon_died_with_goes_to_the_next_one) {
   ck_assert_int_eq(gnmr_agent_stats_get(a, &st), GNMR_OK);
   ck_assert_uint_eq(st.reports_stale, 0);
   ck_assert_uint_eq(st.reports_dropped, 0);
-  gnmr_agent_close(&a);
-  zmq_close(f.router);
-  zmq_ctx_term(f.ctx);
-  tu_rmrf(dir);
+  fake_done(&f, &a, dir);
 }
 END_TEST
 
@@ -1526,10 +1531,7 @@ START_TEST(a_report_refused_as_unknown_is_sent_again_after_the_rejoin) {
   gnmr_agent_stats st;
   ck_assert_int_eq(gnmr_agent_stats_get(a, &st), GNMR_OK);
   ck_assert_uint_eq(st.reports_dropped, 0);
-  gnmr_agent_close(&a);
-  zmq_close(f.router);
-  zmq_ctx_term(f.ctx);
-  tu_rmrf(dir);
+  fake_done(&f, &a, dir);
 }
 END_TEST
 
@@ -1564,10 +1566,7 @@ START_TEST(a_peers_error_text_is_kept_escaped) {
                 "raw control or format characters kept: %s", text);
   ck_assert_str_eq(text, "busy \\x1b]0;owned\\x07\\x1b[2J"
                          "\\xe2\\x80\\xae now");
-  gnmr_agent_close(&a);
-  zmq_close(f.router);
-  zmq_ctx_term(f.ctx);
-  tu_rmrf(dir);
+  fake_done(&f, &a, dir);
 }
 END_TEST
 
@@ -1608,10 +1607,7 @@ START_TEST(decisions_of_an_older_leadership_term_are_dropped) {
   ck_assert_int_eq(gnmr_agent_wait(a, 4, 100), GNMR_E_TIMEDOUT);
   ck_assert_int_eq(gnmr_agent_stats_get(a, &st), GNMR_OK);
   ck_assert_uint_eq(st.decisions_fenced, 3);
-  gnmr_agent_close(&a);
-  zmq_close(f.router);
-  zmq_ctx_term(f.ctx);
-  tu_rmrf(dir);
+  fake_done(&f, &a, dir);
 }
 END_TEST
 
@@ -1677,10 +1673,7 @@ START_TEST(rejoining_agent_drops_reports_the_job_decided_without_it) {
   ck_assert_uint_eq(got[1], 6);
   ck_assert_int_eq(gnmr_agent_stats_get(a, &st), GNMR_OK);
   ck_assert_uint_eq(st.reports_stale, 0);
-  gnmr_agent_close(&a);
-  zmq_close(f.router);
-  zmq_ctx_term(f.ctx);
-  tu_rmrf(dir);
+  fake_done(&f, &a, dir);
 }
 END_TEST
 
