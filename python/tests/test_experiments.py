@@ -494,3 +494,95 @@ class ReadsTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def _measured_trace(path, seed, episodes=()):
+    """A measured trace of 8 units over 300 steps: steady norms, a
+    steady measure (1% noise), and in each (unit, first step) of
+    episodes a 5-step outlier that doubles the unit's measure, with its
+    damage lines (0.5 in the episode, 0.01 outside)."""
+    import random
+    rng = random.Random(seed)
+    ep = {(t, u) for u, t0 in episodes for t in range(t0, t0 + 5)}
+    with open(path, "w") as f:
+        for u in range(8):
+            f.write(f"# unit {u} model.layers.0.u{u}\n")
+        for t, u in sorted(ep):
+            f.write(f"# episode {t} {u}\n")
+        for t in range(1, 301):
+            for u in range(8):
+                f.write(f"# damage {t} {u} {0.5 if (t, u) in ep else 0.01}\n")
+        f.write("step,unit,norm,measure\n")
+        for t in range(1, 301):
+            for u in range(8):
+                x = (0.1 + 0.01 * u) * (1 + 0.01 * rng.uniform(-1, 1))
+                if (t, u) in ep:
+                    x *= 2
+                n = 1 + 0.05 * rng.uniform(-1, 1)
+                f.write(f"{t},{u},{n!r},{x!r}\n")
+
+
+class NoiseRuleTest(unittest.TestCase):
+    """experiments/measure_noise.py: the measure judged in units of each
+    unit's own noise, replayed offline beside the ratios in force."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gnmr-noise-test-")
+        self.clean = os.path.join(self.tmp, "clean.csv")
+        self.hurt = os.path.join(self.tmp, "hurt.csv")
+        _measured_trace(self.clean, 1)
+        _measured_trace(self.hurt, 2, [(u, 40 + 30 * u) for u in range(8)])
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_a_doubled_steady_measure_is_seen_in_its_own_noise(self):
+        import measure_noise as mn
+        import measure_defaults as md
+        from gnmr.policy import read_trace
+        trace, n, meas = read_trace(self.hurt, measures=True)
+        dmg = md.read_damage(self.hurt, 0.2)
+        self.assertEqual(len(dmg), 40)
+        force = dict(measure_alpha=4, measure_beta=3)
+        dec, _, _, _ = md.run(trace, n, meas, force)
+        self.assertEqual(md.routed(dec, dmg, n)[0], 0.0)  # 2x < αm 4
+        make = lambda n, **kw: mn.NoisePolicy(n, 8, clip=True, **kw)  # noqa
+        dec, _, _, _ = md.run(trace, n, meas, force, make)
+        cov, prec, share = md.routed(dec, dmg, n)
+        self.assertGreaterEqual(cov, 0.6)   # the first step is the lag's
+        self.assertGreater(prec, 0.3)  # the base rate: 40 of 2,400
+        # quiet on the clean trace: no measured exceedance
+        trace, n, meas = read_trace(self.clean, measures=True)
+        _, risky, elig, _ = md.run(trace, n, meas, force, make)
+        self.assertEqual(risky, 0)
+        self.assertGreater(elig, 0)
+        # a κ no z reaches: the policy's own decisions, step for step
+        huge = lambda n, **kw: mn.NoisePolicy(n, 1e12, **kw)  # noqa
+        trace, n, meas = read_trace(self.hurt, measures=True)
+        self.assertEqual(md.run(trace, n, meas, force)[0],
+                         md.run(trace, n, meas, force, huge)[0])
+
+    def test_the_tables_and_baselines_print_and_bad_input_is_refused(self):
+        import measure_noise as mn
+        bounds = os.path.join(self.tmp, "tuned.json")
+        with open(bounds, "w") as f:
+            json.dump({"bounds": {f"model.layers.0.u{u}": 0.13 + 0.01 * u
+                                  for u in range(8)}}, f)
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            mn.md.main([self.clean, "--damaged", self.hurt,
+                        "--damage-error", "0.2"], sets=mn.SETS,
+                       doc=mn.__doc__)
+            mn.baselines([self.hurt], bounds, 0.2)
+        out = buf.getvalue()
+        self.assertIn("| am=4 bm=3 + kappa=8 clipped |", out)
+        self.assertIn("the measure alone", out)
+        self.assertIn("40 unit-steps in an episode", out)
+        bad = os.path.join(self.tmp, "bad.csv")
+        with open(bad, "w") as f:
+            f.write("# damage 1 x 0.5\nstep,unit,norm,measure\n1,0,1,0.1\n")
+        with self.assertRaises(ValueError):
+            mn.md.read_damage(bad, 0.2)
+        with contextlib.redirect_stderr(io.StringIO()), \
+                self.assertRaises(SystemExit):
+            mn.md.main([os.path.join(self.tmp, "absent.csv")], sets=mn.SETS)
